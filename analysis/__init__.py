@@ -1,0 +1,1 @@
+"""Reads result files and writes tables, figures and reports (no ray)."""

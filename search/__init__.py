@@ -1,0 +1,1 @@
+"""Wiring and the `layerswap` command line."""

@@ -1,0 +1,1 @@
+"""Typed configs and search spaces: pure data, no torch, no ray."""

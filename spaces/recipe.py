@@ -1,0 +1,308 @@
+"""Merge recipes as validated data: layer swap, soups, TIES, task arithmetic, revert.
+
+A recipe is loaded once from YAML (`load_recipe`) into typed, frozen pydantic models and carries
+a stable hash id (`recipe_id`). Pure data: no torch, no I/O beyond reading/writing the YAML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from spaces.partitions import PARTITIONS, PartitionName
+
+Side = Literal["task", "language"]
+Component = Literal["attention", "mlp"]
+COMPONENTS: tuple[Component, ...] = ("attention", "mlp")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be loaded or does not fit the models it names."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Zones(StrictModel):
+    """Layer-swap boundaries (DESIGN.md §1): bottom `b`, top `u`, transitions `t_b`, `t_u`."""
+
+    bottom: int = Field(ge=0)
+    top: int = Field(ge=0)
+    bottom_transition: int = Field(0, ge=0)
+    top_transition: int = Field(0, ge=0)
+
+    @property
+    def min_depth(self) -> int:
+        return self.bottom + self.bottom_transition + self.top_transition + self.top
+
+
+class SideWeights(StrictModel):
+    """Explicit transition/average weights of the two experts."""
+
+    task: float = Field(1.0, ge=0)
+    language: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> SideWeights:
+        if self.task + self.language <= 0:
+            raise ValueError(
+                f"transition_weights must not both be zero (task={self.task}, "
+                f"language={self.language})"
+            )
+        return self
+
+
+SoupWeights = Union[Literal["uniform", "magnitude"], list[float]]
+
+
+def _check_soup_weights(weights: SoupWeights, n: int, field: str) -> None:
+    if isinstance(weights, list):
+        if len(weights) != n:
+            raise ValueError(f"{field}: {len(weights)} weights given for {n} models")
+        if any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"{field}: weights must be >= 0 with a positive sum, got {weights}")
+
+
+class ExpertSoup(StrictModel):
+    """An expert given as a soup of checkpoints (e.g. three language experts averaged)."""
+
+    soup: list[str] = Field(min_length=1)
+    weights: SoupWeights = "uniform"
+
+    @model_validator(mode="after")
+    def _weights_fit(self) -> ExpertSoup:
+        _check_soup_weights(self.weights, len(self.soup), "soup.weights")
+        return self
+
+
+ModelRef = Union[str, ExpertSoup]
+
+
+class RevertSpec(StrictModel):
+    """Reset parameters to the base model after merging (train-then-revert).
+
+    Either explicit `layers` (with `components`), or everything a `partition` allocates to
+    `side`; `non_layer` also resets embeddings, final norm and lm_head.
+    """
+
+    layers: list[int] | None = None
+    components: list[Component] = Field(default_factory=lambda: list(COMPONENTS), min_length=1)
+    partition: PartitionName | None = None
+    side: Side | None = None
+    non_layer: bool = False
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> RevertSpec:
+        if self.partition is not None and self.side is None:
+            raise ValueError(f"revert: partition {self.partition!r} needs side: task|language")
+        if self.side is not None and self.partition is None:
+            raise ValueError(f"revert: side {self.side!r} needs a partition")
+        if self.partition is not None and self.layers is not None:
+            raise ValueError("revert: give either layers or partition, not both")
+        if self.partition is None and self.layers is None and not self.non_layer:
+            raise ValueError("revert: selects nothing; give layers, partition+side or non_layer")
+        if self.layers is not None and any(i < 0 for i in self.layers):
+            raise ValueError(f"revert.layers must be >= 0, got {self.layers}")
+        return self
+
+
+class _RecipeBase(StrictModel):
+    base: str | None = None
+    revert: list[RevertSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _revert_needs_base(self):
+        if self.revert and self.base is None:
+            raise ValueError("revert needs `base` (the checkpoint to reset parameters to)")
+        return self
+
+
+class LayerSwapRecipe(_RecipeBase):
+    """Layer swapping of a task (math) expert and a language expert (ICLR 2025, Alg. 1).
+
+    Layers outside [b, L-u) come from the language expert, the middle from the task expert,
+    transition zones are weighted averages. `attention`/`mlp` override the layer-level zones per
+    component (a whole side, or zones of their own), which is how partitions A/B/C are written.
+    """
+
+    method: Literal["layer_swap"]
+    task_expert: ModelRef
+    language_expert: ModelRef
+    bottom: int = Field(ge=0)
+    top: int = Field(ge=0)
+    bottom_transition: int = Field(0, ge=0)
+    top_transition: int = Field(0, ge=0)
+    attention: Zones | Side | None = None
+    mlp: Zones | Side | None = None
+    transition_weights: SideWeights | Literal["magnitude"] = SideWeights()
+    non_layer: Literal["average", "language", "task"] = "average"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_partition(cls, data):
+        # `partition: A` is shorthand for the component zones it stands for; the stored recipe
+        # is the expanded form, so its hash equals that of the same recipe written out by hand.
+        if isinstance(data, dict) and "partition" in data:
+            data = dict(data)
+            name = data.pop("partition")
+            if name not in PARTITIONS:
+                raise ValueError(f"partition: unknown {name!r}; known: {sorted(PARTITIONS)}")
+            for key, value in PARTITIONS[name].items():
+                if key in data and data[key] != value:
+                    raise ValueError(f"partition {name} sets {key}; do not also give {key}")
+                data[key] = value
+        return data
+
+    @model_validator(mode="after")
+    def _magnitude_needs_base(self) -> LayerSwapRecipe:
+        needs = self.transition_weights == "magnitude" or any(
+            isinstance(e, ExpertSoup) and e.weights == "magnitude"
+            for e in (self.task_expert, self.language_expert)
+        )
+        if needs and self.base is None:
+            raise ValueError("magnitude weights need `base` (deltas are measured from it)")
+        return self
+
+    @property
+    def zones(self) -> Zones:
+        return Zones(
+            bottom=self.bottom,
+            top=self.top,
+            bottom_transition=self.bottom_transition,
+            top_transition=self.top_transition,
+        )
+
+    def component_zones(self, component: Component) -> Zones | Side:
+        override = getattr(self, component)
+        return self.zones if override is None else override
+
+
+class SoupRecipe(_RecipeBase):
+    """Model soup: a (uniform, magnitude-adjusted or explicit) weighted average of N models."""
+
+    method: Literal["soup"]
+    models: list[str] = Field(min_length=2)
+    weights: SoupWeights = "uniform"
+
+    @model_validator(mode="after")
+    def _weights_fit(self) -> SoupRecipe:
+        _check_soup_weights(self.weights, len(self.models), "weights")
+        if self.weights == "magnitude" and self.base is None:
+            raise ValueError("magnitude weights need `base` (deltas are measured from it)")
+        return self
+
+
+class _DeltaRecipe(_RecipeBase):
+    base: str
+    models: list[str] = Field(min_length=1)
+    weights: list[float] | None = None
+    scale: float = 1.0
+
+    @model_validator(mode="after")
+    def _weights_fit(self):
+        if self.weights is not None and len(self.weights) != len(self.models):
+            raise ValueError(f"weights: {len(self.weights)} given for {len(self.models)} models")
+        return self
+
+    @property
+    def model_weights(self) -> list[float]:
+        return self.weights if self.weights is not None else [1.0] * len(self.models)
+
+
+class TaskArithmeticRecipe(_DeltaRecipe):
+    """base + scale * sum_i w_i (theta_i - base)  (Ilharco et al., 2023)."""
+
+    method: Literal["task_arithmetic"]
+
+
+class TiesRecipe(_DeltaRecipe):
+    """TIES (Yadav et al., 2023): trim deltas to `density`, elect signs, disjoint weighted mean."""
+
+    method: Literal["ties"]
+    density: float = Field(0.2, gt=0, le=1)
+
+
+Recipe = Annotated[
+    LayerSwapRecipe | SoupRecipe | TaskArithmeticRecipe | TiesRecipe,
+    Field(discriminator="method"),
+]
+_RECIPE = TypeAdapter(Recipe)
+
+
+def parse_recipe(data: object, source: str = "recipe") -> Recipe:
+    """Validate a mapping into a recipe; errors name `source` and every offending field."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with a `method` key, got {data!r}")
+    try:
+        return _RECIPE.validate_python(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {loc or '<recipe>'}: {err['msg']}")
+        raise RecipeError(f"{source}: invalid recipe\n" + "\n".join(lines)) from None
+
+
+def _resolve_paths(data: dict, root: Path) -> dict:
+    """Resolve relative checkpoint paths against the recipe file's folder when they exist there.
+
+    Anything else (absolute paths, hub ids such as `meta-llama/Llama-3.1-8B`) is kept as written.
+    """
+
+    def fix(ref):
+        if isinstance(ref, str) and not Path(ref).is_absolute() and (root / ref).exists():
+            return str((root / ref).resolve())
+        if isinstance(ref, dict) and isinstance(ref.get("soup"), list):
+            return {**ref, "soup": [fix(r) for r in ref["soup"]]}
+        return ref
+
+    out = dict(data)
+    for key in ("task_expert", "language_expert", "base"):
+        if key in out:
+            out[key] = fix(out[key])
+    if isinstance(out.get("models"), list):
+        out["models"] = [fix(r) for r in out["models"]]
+    return out
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe YAML file.
+
+    Args:
+        path: the YAML file.
+    Returns:
+        The typed recipe (relative checkpoint paths resolved against the file's folder).
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise RecipeError(f"{path}: cannot read recipe: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    if isinstance(data, dict):
+        data = _resolve_paths(data, path.parent)
+    return parse_recipe(data, source=str(path))
+
+
+def recipe_dict(recipe: Recipe) -> dict:
+    """The recipe as plain data (what goes to YAML and into the hash)."""
+    return recipe.model_dump(mode="json", exclude_defaults=False)
+
+
+def recipe_id(recipe: Recipe) -> str:
+    """Stable 12-hex-digit id: sha256 of the canonical JSON of the recipe's fields."""
+    canon = json.dumps(recipe_dict(recipe), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """YAML text that `load_recipe` reads back into an equal recipe (with its id as a comment)."""
+    header = f"# layerswap recipe {recipe_id(recipe)}\n"
+    return header + yaml.safe_dump(recipe_dict(recipe), sort_keys=False)

@@ -1,0 +1,93 @@
+"""Which expert owns each layer of a layer swap: the zone table of DESIGN.md §1, as pure functions.
+
+Used by the merge planner and by anything (search, training) that reasons about swap boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from spaces.recipe import (
+    COMPONENTS,
+    Component,
+    LayerSwapRecipe,
+    RecipeError,
+    RevertSpec,
+    Side,
+    Zones,
+)
+
+LayerSource = Literal["language", "task", "transition"]
+
+
+def check_fits(zones: Zones, num_layers: int, field: str = "recipe") -> None:
+    """Raise RecipeError unless b + t_b + t_u + u <= L."""
+    if zones.min_depth > num_layers:
+        raise RecipeError(
+            f"{field}: bottom ({zones.bottom}) + bottom_transition ({zones.bottom_transition}) + "
+            f"top_transition ({zones.top_transition}) + top ({zones.top}) = {zones.min_depth} "
+            f"exceeds the model's {num_layers} layers"
+        )
+
+
+def layer_source(zones: Zones, num_layers: int, layer: int) -> LayerSource:
+    """Source of transformer layer `layer` (0-based) in a model of `num_layers` layers.
+
+    [0, b) language | [b, b+t_b) transition | [b+t_b, L-u-t_u) task |
+    [L-u-t_u, L-u) transition | [L-u, L) language.
+    """
+    b, u, tb, tu, n = (
+        zones.bottom,
+        zones.top,
+        zones.bottom_transition,
+        zones.top_transition,
+        num_layers,
+    )
+    if not 0 <= layer < n:
+        raise IndexError(f"layer {layer} outside [0, {n})")
+    if layer < b or layer >= n - u:
+        return "language"
+    if layer < b + tb or layer >= n - u - tu:
+        return "transition"
+    return "task"
+
+
+def layer_map(recipe: LayerSwapRecipe, num_layers: int) -> dict[Component, list[LayerSource]]:
+    """Per component, the source of every layer. Validates the boundaries against the depth."""
+    out: dict[Component, list[LayerSource]] = {}
+    for comp in COMPONENTS:
+        spec = recipe.component_zones(comp)
+        if isinstance(spec, str):  # a whole side
+            out[comp] = [spec] * num_layers
+        else:
+            field = "recipe" if getattr(recipe, comp) is None else f"recipe.{comp}"
+            check_fits(spec, num_layers, field)
+            out[comp] = [layer_source(spec, num_layers, i) for i in range(num_layers)]
+    return out
+
+
+def reverted(specs: list[RevertSpec], num_layers: int) -> tuple[set[tuple[int, Component]], bool]:
+    """The (layer, component) pairs the revert specs reset to base, and whether non-layer is reset."""
+
+    cells: set[tuple[int, Component]] = set()
+    non_layer = False
+    for spec in specs:
+        non_layer |= spec.non_layer
+        if spec.layers is not None:
+            bad = [i for i in spec.layers if i >= num_layers]
+            if bad:
+                raise RecipeError(f"revert.layers {bad} outside the model's {num_layers} layers")
+            cells |= {(i, c) for i in spec.layers for c in spec.components}
+        if spec.partition is not None:
+            part = LayerSwapRecipe.model_validate(
+                {
+                    "method": "layer_swap",
+                    "task_expert": "-",
+                    "language_expert": "-",
+                    "partition": spec.partition,
+                }
+            )
+            owner = layer_map(part, num_layers)
+            side: Side = spec.side  # type: ignore[assignment]
+            cells |= {(i, c) for c in spec.components for i, s in enumerate(owner[c]) if s == side}
+    return cells, non_layer

@@ -1,0 +1,284 @@
+"""The merge engine on disk: a recipe streamed from safetensors checkpoints to a new checkpoint.
+
+Run it as `layerswap merge RECIPE.yaml --out DIR`; `merge_to_disk` is the function behind it.
+Everything is validated before the first byte is written; output appears atomically.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from spaces.recipe import LayerSwapRecipe, Recipe, dump_recipe
+from trainables.arch import ARCH_FIELDS, check_model_type, num_layers
+from trainables.atomic import atomic_dir
+from trainables.checkpoint import (
+    FLOAT_TAGS,
+    Checkpoint,
+    CheckpointError,
+    OutSpec,
+    ShardWriter,
+    row_chunks,
+)
+from trainables.modelcard import model_card
+from trainables.ops import delta_merge, linear_combine, row_mav_sum
+from trainables.plan import DeltaMerge, Linear, Plan, Terms, build_plan, recipe_refs
+
+CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
+DEFAULT_SHARD_BYTES = 5 * 1024**3
+# Files other than weights that make a checkpoint usable; copied from the primary expert.
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+)
+RECIPE_FILE = "layerswap_recipe.yaml"
+
+
+def resolve_ref(ref: str) -> Path:
+    """A local checkpoint folder for a recipe reference (a path, or a hub id when online)."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{ref}: expected a checkpoint folder, found a file")
+    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(
+                snapshot_download(
+                    ref, allow_patterns=["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja"]
+                )
+            )
+        except Exception as e:  # offline, unknown repo, auth: one clear message
+            raise CheckpointError(f"{ref}: not a local folder and not downloadable ({e})") from None
+    raise CheckpointError(f"{ref}: checkpoint folder not found")
+
+
+def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
+    """Open and cross-check every checkpoint a recipe names.
+
+    Raises:
+        CheckpointError / ArchitectureError naming the folder, field or tensor that disagrees.
+    """
+    ckpts = {ref: Checkpoint.open(resolve_ref(ref)) for ref in refs}
+    first_ref = refs[0]
+    first = ckpts[first_ref]
+    adapter = "peft_type" in first.config
+    if not adapter:
+        check_model_type(first.config, str(first.root / "config.json"))
+    for _ref, ck in ckpts.items():
+        if ck is first:
+            continue
+        for field in ARCH_FIELDS if not adapter else ():
+            a, b = first.config.get(field), ck.config.get(field)
+            if a != b:
+                raise CheckpointError(
+                    f"different architectures: config.json field {field!r} is {a!r} in "
+                    f"{first.root} but {b!r} in {ck.root}"
+                )
+        missing = sorted(set(first.tensors) - set(ck.tensors))
+        extra = sorted(set(ck.tensors) - set(first.tensors))
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+            if extra:
+                parts.append(f"has {len(extra)} extra tensor(s), e.g. {extra[:3]}")
+            raise CheckpointError(f"{ck.root}: compared with {first.root}, " + "; ".join(parts))
+        for name, info in first.tensors.items():
+            other = ck.tensors[name]
+            if other.shape != info.shape or other.dtype != info.dtype:
+                raise CheckpointError(
+                    f"tensor {name!r}: {list(info.shape)} {info.dtype} in {first.root} but "
+                    f"{list(other.shape)} {other.dtype} in {ck.root}"
+                )
+    return ckpts
+
+
+def check_finite(t: torch.Tensor, ck: Checkpoint, name: str) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"{ck.root}: tensor {name!r} contains NaN or Inf")
+
+
+def disk_mav_oracle(ckpts: dict[str, Checkpoint], base: str) -> Callable[[Terms], float]:
+    """Mean row-wise MAV of (combination - base) over all 1-D/2-D tensors, streamed by rows."""
+    cache: dict[Terms, float] = {}
+    base_ck = ckpts[base]
+
+    def mav(terms: Terms) -> float:
+        if terms not in cache:
+            total, rows = 0.0, 0
+            for name, info in base_ck.tensors.items():
+                if len(info.shape) not in (1, 2) or info.dtype not in FLOAT_TAGS:
+                    continue
+                for start, count in row_chunks(info.shape, CHUNK_ELEMS):
+                    parts = []
+                    for ref, _ in terms:
+                        t = ckpts[ref].read(name, start, count)
+                        check_finite(t, ckpts[ref], name)
+                        parts.append(t)
+                    b = base_ck.read(name, start, count)
+                    check_finite(b, base_ck, name)
+                    delta = linear_combine(parts, [c for _, c in terms], torch.float32) - b.float()
+                    shape = (
+                        (count // _row(info.shape), _row(info.shape))
+                        if len(info.shape) == 2
+                        else (count,)
+                    )
+                    s, r = row_mav_sum(delta.view(shape))
+                    total, rows = total + s, rows + r
+            cache[terms] = total / rows if rows else 0.0
+        return cache[terms]
+
+    return mav
+
+
+def _row(shape: tuple[int, ...]) -> int:
+    return shape[1] if len(shape) == 2 else 1
+
+
+def plan_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Plan, int]:
+    """Build the tensor plan for opened checkpoints. Returns (plan, num_layers)."""
+    first = next(iter(ckpts.values()))
+    depth = num_layers(first.config, str(first.root / "config.json"))
+    mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
+    return build_plan(recipe, first.tensors, depth, mav), depth
+
+
+def _primary(recipe: Recipe) -> str:
+    """The checkpoint whose config and tokenizer the output carries."""
+    if isinstance(recipe, LayerSwapRecipe):
+        e = recipe.task_expert
+        return e if isinstance(e, str) else e.soup[0]
+    return recipe.models[0]
+
+
+def _as_bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.contiguous().view(torch.uint8).numpy()).cast("B")
+
+
+def write_plan(
+    plan: Plan,
+    ckpts: dict[str, Checkpoint],
+    out_dir: Path,
+    *,
+    max_shard_bytes: int,
+    progress: bool = False,
+) -> None:
+    """Execute a plan into safetensors shards in `out_dir`, one chunk at a time."""
+    first = next(iter(ckpts.values()))
+    order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
+    specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
+    writer = ShardWriter(out_dir, specs, max_shard_bytes)
+    bar = tqdm(
+        total=writer.total_bytes, unit="B", unit_scale=True, desc="merge", disable=not progress
+    )
+    copy_buf = bytearray(CHUNK_ELEMS * 4)
+    for name in order:
+        op, info = plan[name], first.tensors[name]
+        if isinstance(op, Linear) and op.take is not None:
+            src = ckpts[op.take]
+            step = len(copy_buf) - len(copy_buf) % info.itemsize
+            for off in range(0, info.nbytes, step) or [0]:
+                view = memoryview(copy_buf)[: min(step, info.nbytes - off)]
+                src.read_into(src.tensors[name], off, view)
+                if info.dtype in FLOAT_TAGS and len(view):
+                    check_finite(torch.frombuffer(view, dtype=info.torch_dtype), src, name)
+                writer.write(name, view)
+                bar.update(len(view))
+        elif isinstance(op, Linear):
+            if info.dtype not in FLOAT_TAGS:
+                raise CheckpointError(f"tensor {name!r}: cannot average a {info.dtype} tensor")
+            for start, count in row_chunks(info.shape, CHUNK_ELEMS):
+                parts = []
+                for ref, _ in op.terms:
+                    t = ckpts[ref].read(name, start, count)
+                    check_finite(t, ckpts[ref], name)
+                    parts.append(t)
+                out = linear_combine(parts, [c for _, c in op.terms], info.torch_dtype)
+                writer.write(name, _as_bytes(out))
+                bar.update(out.numel() * info.itemsize)
+        else:
+            out = _delta_tensor(op, ckpts, name)
+            writer.write(name, _as_bytes(out))
+            bar.update(info.nbytes)
+    writer.close()
+    bar.close()
+
+
+def _delta_tensor(op: DeltaMerge, ckpts: dict[str, Checkpoint], name: str) -> torch.Tensor:
+    tensors = []
+    for ref in (op.base, *op.models):
+        t = ckpts[ref].read(name)
+        check_finite(t, ckpts[ref], name)
+        tensors.append(t)
+    return delta_merge(tensors[0], tensors[1:], op.weights, op.scale, op.density)
+
+
+def merge_to_disk(
+    recipe: Recipe,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: bool = False,
+) -> Path:
+    """Apply a recipe to checkpoints on disk and write the merged checkpoint.
+
+    Args:
+        recipe: a validated recipe.
+        out: output folder; must not exist unless `overwrite`.
+        max_shard_bytes: largest safetensors shard to write.
+        progress: show a progress bar.
+    Returns:
+        The output folder, complete: weights (+ index), config, tokenizer, recipe, model card.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+    ckpts = open_checkpoints(recipe_refs(recipe))
+    try:
+        if "peft_type" in next(iter(ckpts.values())).config:
+            raise CheckpointError(
+                f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use merge_lora_adapters"
+            )
+        plan, depth = plan_for(recipe, ckpts)
+        primary = ckpts[_primary(recipe)]
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            write_plan(plan, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
+            copy_side_files(primary.root, tmp)
+            (tmp / RECIPE_FILE).write_text(dump_recipe(recipe))
+            (tmp / "README.md").write_text(model_card(recipe, depth))
+    finally:
+        for ck in ckpts.values():
+            ck.close()
+    return out
+
+
+def copy_side_files(src: Path, dst: Path) -> None:
+    """Config, generation config and tokenizer files of `src`, as they are."""
+    for name in SIDE_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+
+
+def read_recipe_of(model_dir: str | Path) -> str:
+    """The recipe YAML a merged model carries (to rebuild it outside Ray)."""
+    path = Path(model_dir) / RECIPE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a layerswap output (no {RECIPE_FILE})")
+    return path.read_text()

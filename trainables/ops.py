@@ -1,0 +1,89 @@
+"""Tensor arithmetic of the merges: weighted averages, task arithmetic, TIES, row-wise MAV.
+
+Plain torch, no I/O: the disk engine calls these per chunk or per tensor, the in-memory
+composer per tensor. Everything is computed in float32 and cast back to the input dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def linear_combine(
+    tensors: Sequence[torch.Tensor], coeffs: Sequence[float], out_dtype: torch.dtype
+) -> torch.Tensor:
+    """sum_i c_i * t_i, accumulated in float32, cast to `out_dtype`.
+
+    Args:
+        tensors: same-shape tensors [*].
+        coeffs: one coefficient per tensor (the planner normalises them to sum to 1).
+        out_dtype: dtype of the result (the checkpoints' own dtype).
+    Returns:
+        A new tensor [*].
+    """
+    acc = tensors[0].to(torch.float32) * coeffs[0]
+    for t, c in zip(tensors[1:], coeffs[1:], strict=True):
+        acc.add_(t.to(torch.float32), alpha=c)
+    return acc.to(out_dtype)
+
+
+def _trim(delta: torch.Tensor, density: float) -> torch.Tensor:
+    """Keep the top-`density` fraction of entries by magnitude (ties at the threshold kept)."""
+    if density >= 1.0:
+        return delta
+    k = round(density * delta.numel())
+    if k <= 0:
+        return torch.zeros_like(delta)
+    flat = delta.abs().flatten()
+    # kthvalue of the (n-k+1)-th smallest == k-th largest magnitude.
+    threshold = flat.kthvalue(flat.numel() - k + 1).values
+    return torch.where(delta.abs() >= threshold, delta, torch.zeros_like(delta))
+
+
+def delta_merge(
+    base: torch.Tensor,
+    models: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    scale: float,
+    density: float | None,
+) -> torch.Tensor:
+    """Task arithmetic (density None) or TIES (density in (0, 1]) on one tensor.
+
+    Task arithmetic: base + scale * sum_i w_i (m_i - base).
+    TIES: trim each delta to its top-`density` magnitudes, elect the sign of sum_i w_i tau_i
+    per entry, and take the disjoint weighted mean of the entries that agree with it:
+    base + scale * sum_i w_i tau_i [agree] / sum_i w_i [agree and tau_i != 0].
+
+    Returns:
+        A new tensor, base's shape and dtype.
+    """
+    b = base.to(torch.float32)
+    deltas = [m.to(torch.float32) - b for m in models]
+    if density is None:
+        merged = torch.zeros_like(b)
+        for d, w in zip(deltas, weights, strict=True):
+            merged.add_(d, alpha=w)
+    else:
+        taus = [_trim(d, density) for d in deltas]
+        weighted = torch.stack([t * w for t, w in zip(taus, weights, strict=True)])  # [n, *]
+        elected = torch.sign(weighted.sum(dim=0))  # [*]
+        agree = (torch.sign(weighted) == elected) & (weighted != 0)  # [n, *]
+        w = torch.tensor(weights, dtype=torch.float32).view(-1, *([1] * b.dim()))
+        num = (weighted * agree).sum(dim=0)
+        den = (w * agree).sum(dim=0)
+        merged = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))
+    return (b + scale * merged).to(base.dtype)
+
+
+def row_mav_sum(delta: torch.Tensor) -> tuple[float, int]:
+    """Sum of row-wise mean absolute values of a 1-D or 2-D delta, and the number of rows.
+
+    A 1-D tensor is one row (DESIGN.md §1). Other ranks contribute nothing.
+    """
+    if delta.dim() == 1:
+        return float(delta.abs().to(torch.float64).mean()), 1
+    if delta.dim() == 2:
+        return float(delta.abs().to(torch.float64).mean(dim=1).sum()), delta.shape[0]
+    return 0.0, 0
