@@ -58,7 +58,7 @@ class SideWeights(StrictModel):
         return self
 
 
-SoupWeights = Union[Literal["uniform", "magnitude"], list[float]]
+SoupWeights = Literal["uniform", "magnitude"] | list[float]
 
 
 def _check_soup_weights(weights: SoupWeights, n: int, field: str) -> None:
@@ -81,7 +81,7 @@ class ExpertSoup(StrictModel):
         return self
 
 
-ModelRef = Union[str, ExpertSoup]
+ModelRef = str | ExpertSoup
 
 
 class RevertSpec(StrictModel):
