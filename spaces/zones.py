@@ -91,3 +91,15 @@ def reverted(specs: list[RevertSpec], num_layers: int) -> tuple[set[tuple[int, C
             side: Side = spec.side  # type: ignore[assignment]
             cells |= {(i, c) for c in spec.components for i, s in enumerate(owner[c]) if s == side}
     return cells, non_layer
+
+
+def paper_default(num_layers: int) -> Zones:
+    """The ICLR paper's default swap (b=5, u=2, no transitions on 32 layers), scaled to depth.
+
+    Rounds half up so 16 layers -> b=3, u=1; never fewer than one bottom language layer.
+    """
+    if num_layers < 2:
+        raise RecipeError(f"layer swapping needs at least 2 layers, got {num_layers}")
+    bottom = max(1, int(5 * num_layers / 32 + 0.5))
+    top = int(2 * num_layers / 32 + 0.5)
+    return Zones(bottom=min(bottom, num_layers - 1), top=top)

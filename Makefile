@@ -1,0 +1,34 @@
+# One entry point for humans and CI: `make demo`, `make test` (each sets up .venv on first use).
+# torch is installed before the project so a CPU machine takes the CPU wheel (torch==2.13.0 is on
+# this kind of machine's disk) instead of pulling a multi-GB CUDA build through the torch>=2.4 range.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test lint format bench-merge
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/layerswap demo --out runs/demo --overwrite
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench-merge: install
+	$(PY) benchmarks/bench_merge.py
