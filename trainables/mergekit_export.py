@@ -119,7 +119,8 @@ def to_mergekit(
         mav: magnitude oracle (as in trainables.plan); needed only for transition_weights
             'magnitude', whose weights are then 1/MAV of each expert.
         dtype: mergekit's `dtype` (load and output dtype); default: the experts' config.json
-            dtype when both agree, else left out (mergekit then keeps the stored dtypes).
+            dtype when both agree, else left out (mergekit then uses the stored dtypes,
+            promoting mixed ones).
     Returns:
         A dict that `mergekit.config.MergeConfiguration.model_validate` accepts.
     Raises:
