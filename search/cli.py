@@ -37,7 +37,6 @@ def parse_size(text: str) -> int:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from spaces.recipe import LayerSwapRecipe, load_recipe, recipe_id
-    from trainables.checkpoint import Checkpoint
     from trainables.merge import merge_to_disk, resolve_ref
 
     recipe = load_recipe(args.recipe)
@@ -49,14 +48,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
         if not isinstance(recipe, LayerSwapRecipe):
             raise ValueError(f"--export-mergekit: only layer_swap recipes, not {recipe.method!r}")
-        expert = recipe.task_expert if isinstance(recipe.task_expert, str) else None
-        if expert is None:
-            raise ValueError("--export-mergekit: mergekit cannot express expert soups")
-        ck = Checkpoint.open(resolve_ref(expert))
-        ck.close()
-        atomic_write_text(
-            Path(args.export_mergekit), mergekit_yaml(recipe, ck.config["num_hidden_layers"])
-        )
+        from trainables.merge import disk_mav_oracle, plan_refs_depth
+
+        ckpts, depth = plan_refs_depth(recipe)
+        try:
+            mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
+            text = mergekit_yaml(recipe, depth, mav=mav)
+        finally:
+            for ck in ckpts.values():
+                ck.close()
+        atomic_write_text(Path(args.export_mergekit), text)
         print(f"wrote mergekit config {args.export_mergekit}")
     if args.out is not None:
         from trainables.lora import is_lora_adapter, merge_lora_to_disk

@@ -151,6 +151,13 @@ def _row(shape: tuple[int, ...]) -> int:
     return shape[1] if len(shape) == 2 else 1
 
 
+def plan_refs_depth(recipe: Recipe) -> tuple[dict[str, Checkpoint], int]:
+    """Open (and cross-check) a recipe's checkpoints; returns them with the depth. Caller closes."""
+    ckpts = open_checkpoints(recipe_refs(recipe))
+    first = next(iter(ckpts.values()))
+    return ckpts, num_layers(first.config, str(first.root / "config.json"))
+
+
 def plan_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Plan, int]:
     """Build the tensor plan for opened checkpoints. Returns (plan, num_layers)."""
     first = next(iter(ckpts.values()))
