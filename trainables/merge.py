@@ -261,7 +261,7 @@ def merge_to_disk(
     try:
         if "peft_type" in next(iter(ckpts.values())).config:
             raise CheckpointError(
-                f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use merge_lora_adapters"
+                f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.lora.merge_lora_to_disk (layerswap merge does this for layer_swap recipes)"
             )
         plan, depth = plan_for(recipe, ckpts)
         primary = ckpts[_primary(recipe)]
