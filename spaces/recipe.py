@@ -227,6 +227,14 @@ class TiesRecipe(_DeltaRecipe):
     method: Literal["ties"]
     density: float = Field(0.2, gt=0, le=1)
 
+    @model_validator(mode="after")
+    def _weights_non_negative(self) -> TiesRecipe:
+        # The disjoint mean divides by the sum of agreeing weights: a negative weight would
+        # make that sum <= 0 and silently zero the entry. Negation is task arithmetic's job.
+        if self.weights is not None and any(w < 0 for w in self.weights):
+            raise ValueError(f"ties: weights must be >= 0, got {self.weights}")
+        return self
+
 
 Recipe = Annotated[
     LayerSwapRecipe | SoupRecipe | TaskArithmeticRecipe | TiesRecipe,

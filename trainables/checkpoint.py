@@ -99,6 +99,14 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             tag, shape, (lo, hi) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: tensor {name!r}: malformed header entry") from None
+        # JSON of the wrong types (strings, floats, negative sizes) is as corrupt as bad JSON.
+        if not (
+            isinstance(tag, str)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and type(lo) is int
+            and type(hi) is int
+        ):
+            raise CheckpointError(f"{path}: tensor {name!r}: malformed header entry")
         if tag not in DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r}: unsupported dtype {tag}")
         if hi > data_len:

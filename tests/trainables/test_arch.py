@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import transformers
@@ -68,7 +70,7 @@ def test_param_slot(name, layer, component):
 
 
 def test_unknown_layer_parameter_is_an_error():
-    with pytest.raises(ArchitectureError, match="model.layers.2.router.weight"):
+    with pytest.raises(ArchitectureError, match=re.escape("model.layers.2.router.weight")):
         param_slot("model.layers.2.router.weight")
 
 

@@ -1,0 +1,163 @@
+"""Shared fixtures: tiny Llama families built once per session, and checkpoint helpers.
+
+Every family has a `base` and two perturbed experts (`task` noise 0.02, `language` noise 0.04)
+written by `search.tiny.make_tiny_family`. Tests read checkpoints back with the safetensors
+library itself, never with the engine's own reader, so expectations stay independent.
+"""
+
+from __future__ import annotations
+
+import os
+
+# No network, ever: huggingface_hub / datasets read these when first imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+NUM_LAYERS = 12
+# Everything a checkpoint folder carries besides its weights.
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def load_dir(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder (all its .safetensors shards), via safetensors."""
+    out: dict[str, torch.Tensor] = {}
+    files = sorted(Path(folder).glob("*.safetensors"))
+    assert files, f"no safetensors in {folder}"
+    for f in files:
+        part = load_file(f)
+        assert not set(part) & set(out), f"tensor in two shards: {set(part) & set(out)}"
+        out.update(part)
+    return out
+
+
+def write_checkpoint(
+    dst: str | Path,
+    state: dict[str, torch.Tensor],
+    like: str | Path,
+    config_updates: dict | None = None,
+) -> Path:
+    """A checkpoint folder at `dst`: `state` as one model.safetensors, side files of `like`."""
+    dst = Path(dst)
+    dst.mkdir(parents=True)
+    for name in SIDE_FILES:
+        if (Path(like) / name).exists():
+            shutil.copyfile(Path(like) / name, dst / name)
+    if config_updates:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(config_updates)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, dst / "model.safetensors", {"format": "pt"}
+    )
+    return dst
+
+
+def perturb(state: dict[str, torch.Tensor], scale: float, seed: int) -> dict[str, torch.Tensor]:
+    """`state` plus seeded Gaussian noise (computed in float32, cast back)."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        k: (v.float() + scale * torch.randn(v.shape, generator=g)).to(v.dtype)
+        for k, v in state.items()
+    }
+
+
+@dataclass
+class Family:
+    """Checkpoints of one tiny family: paths by role and their tensors (loaded once)."""
+
+    root: Path
+    paths: dict[str, Path]
+    dtype: torch.dtype
+    tie: bool
+    num_layers: int = NUM_LAYERS
+    _states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    def ref(self, role: str) -> str:
+        return str(self.paths[role])
+
+    def state(self, role: str) -> dict[str, torch.Tensor]:
+        if role not in self._states:
+            self._states[role] = load_dir(self.paths[role])
+        return self._states[role]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.state("base"))
+
+
+def _build(tmp_path_factory, label: str, **kw) -> Family:
+    from search.tiny import make_tiny_family
+
+    root = tmp_path_factory.mktemp(label)
+    paths = dict(make_tiny_family(root, num_layers=NUM_LAYERS, **kw))
+    return Family(
+        root=root,
+        paths=paths,
+        dtype=kw.get("dtype", torch.float32),
+        tie=kw.get("tie", False),
+    )
+
+
+@pytest.fixture(scope="session")
+def family(tmp_path_factory) -> Family:
+    """float32, 12 layers, untied; plus extra experts `task2` (noise 0.03), `lang2` (0.05)."""
+    fam = _build(tmp_path_factory, "f32")
+    base = fam.state("base")
+    for role, scale, seed in (("task2", 0.03, 101), ("lang2", 0.05, 102)):
+        fam.paths[role] = write_checkpoint(
+            fam.root / role, perturb(base, scale, seed), like=fam.paths["task"]
+        )
+    return fam
+
+
+@pytest.fixture(scope="session")
+def bf16_family(tmp_path_factory) -> Family:
+    return _build(tmp_path_factory, "bf16", dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def tied_family(tmp_path_factory) -> Family:
+    return _build(tmp_path_factory, "tied", tie=True)
+
+
+@pytest.fixture(scope="session")
+def sharded_family(tmp_path_factory) -> Family:
+    """Same weights as `family` (same seed), saved by transformers in many small shards."""
+    fam = _build(tmp_path_factory, "sharded", max_shard_size="20KB")
+    shards = list(fam.paths["task"].glob("*.safetensors"))
+    assert len(shards) > 2 and (fam.paths["task"] / "model.safetensors.index.json").exists()
+    return fam
+
+
+def assert_nothing_written(out: Path) -> None:
+    """Neither the output folder nor a temporary sibling `.NAME.tmp-*` / `.NAME.old-*` exists."""
+    out = Path(out)
+    assert not out.exists(), f"{out} was written"
+    leftovers = [p.name for p in out.parent.glob(f".{out.name}.*")]
+    assert not leftovers, f"temporary folders left behind: {leftovers}"
+
+
+@pytest.fixture
+def nothing_written():
+    return assert_nothing_written
+
+
+@pytest.fixture
+def ckpt():
+    """Checkpoint helpers: load_dir, write_checkpoint, perturb."""
+
+    class Helpers:
+        load = staticmethod(load_dir)
+        write = staticmethod(write_checkpoint)
+        perturb = staticmethod(perturb)
+
+    return Helpers
