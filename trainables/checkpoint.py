@@ -184,6 +184,10 @@ class Checkpoint:
                 tensors[name] = info
         return cls(root, tensors, config)
 
+    def fd(self, path: Path) -> int:
+        """The open read-only descriptor of one of this checkpoint's shards."""
+        return self._fd(path)
+
     def _fd(self, path: Path) -> int:
         if path not in self._fds:
             self._fds[path] = os.open(path, os.O_RDONLY)
@@ -207,12 +211,9 @@ class Checkpoint:
         info = self.tensors[name]
         whole = elem_start == 0 and count is None
         count = info.numel - elem_start if count is None else count
-        buf = bytearray(count * info.itemsize)
-        if buf:
-            self.read_into(info, elem_start * info.itemsize, memoryview(buf))
-            t = torch.frombuffer(buf, dtype=info.torch_dtype)
-        else:
-            t = torch.empty(0, dtype=info.torch_dtype)
+        t = torch.empty(count, dtype=info.torch_dtype)  # no zero-fill: read_into overwrites it
+        if count:
+            self.read_into(info, elem_start * info.itemsize, byte_view(t))
         return t.view(info.shape) if whole else t
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -229,6 +230,11 @@ class Checkpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A contiguous tensor's storage as a writable flat byte view (no copy)."""
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
 
 
 def row_chunks(shape: tuple[int, ...], max_elems: int) -> Iterator[tuple[int, int]]:
@@ -312,7 +318,7 @@ class ShardWriter:
             self._file.close()
         self._shard += 1
         name, group = self.shards[self._shard]
-        self._file = open(self.out_dir / name, "wb")
+        self._file = open(self.out_dir / name, "wb", buffering=0)  # writes are MiB-sized
         self._file.write(_header_bytes(group, {"format": "pt"}))
 
     def write(self, name: str, data: memoryview | bytes) -> None:
@@ -326,6 +332,38 @@ class ShardWriter:
         self._written += len(data)
         if self._written > spec.nbytes:
             raise RuntimeError(f"ShardWriter: too many bytes for {name!r}")
+        if self._written == spec.nbytes:
+            self._pos += 1
+            self._written = 0
+            self._shard_left[self._shard] -= 1
+
+    def copy_range(self, name: str, src_fd: int, src_offset: int, count: int) -> None:
+        """Append `count` bytes of tensor `name` from another file, copied inside the kernel.
+
+        Same contract as `write` (spec order, each tensor completely); the bytes never enter
+        user space (copy_file_range), with a pread/write fallback where that is unsupported.
+        """
+        spec = self._order[self._pos]
+        if name != spec.name:
+            raise RuntimeError(f"ShardWriter: expected {spec.name!r}, got {name!r}")
+        if self._written + count > spec.nbytes:
+            raise RuntimeError(f"ShardWriter: too many bytes for {name!r}")
+        if self._file is None or self._shard_left[self._shard] == 0:
+            self._open_next()
+        dst, done = self._file.fileno(), 0
+        while done < count:
+            try:
+                n = os.copy_file_range(src_fd, dst, count - done, src_offset + done)
+            except OSError:  # EXDEV/EINVAL/ENOSYS on some kernels and filesystems
+                n = 0
+            if n == 0:
+                data = os.pread(src_fd, min(count - done, 1 << 25), src_offset + done)
+                if not data:
+                    raise CheckpointError(f"copy of {name!r}: unexpected end of source file")
+                self._file.write(data)
+                n = len(data)
+            done += n
+        self._written += count
         if self._written == spec.nbytes:
             self._pos += 1
             self._written = 0

@@ -19,7 +19,7 @@ from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe
 from spaces.zones import layer_map, reverted
 from trainables.arch import check_model_type, num_layers, param_slot
 from trainables.atomic import atomic_dir
-from trainables.checkpoint import Checkpoint, CheckpointError, OutSpec, ShardWriter
+from trainables.checkpoint import Checkpoint, CheckpointError, OutSpec, ShardWriter, byte_view
 from trainables.merge import (
     CHUNK_ELEMS,
     DEFAULT_SHARD_BYTES,
@@ -302,10 +302,6 @@ def _adapter_config(task: Adapter, merged: dict[str, Merged]) -> dict:
     return cfg
 
 
-def _as_bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.contiguous().view(torch.uint8).numpy()).cast("B")
-
-
 def _fold(base: Checkpoint, merged: dict[str, Merged], out: Path, progress: bool) -> None:
     """Write base + merged deltas, one base tensor in memory at a time."""
     for name, m in merged.items():
@@ -330,7 +326,7 @@ def _fold(base: Checkpoint, merged: dict[str, Merged], out: Path, progress: bool
             for f, weight in m.terms:
                 acc += f.delta(weight)
             w = acc.to(w.dtype)
-        writer.write(name, _as_bytes(w))
+        writer.write(name, byte_view(w.contiguous()))
     writer.close()
 
 

@@ -10,9 +10,16 @@ from collections.abc import Sequence
 
 import torch
 
+# Elements per step of linear_combine: its float32 work buffers (4 MiB each) stay in cache and
+# are reused, instead of whole-tensor float32 temporaries that are page-faulted on every call.
+BLOCK_ELEMS = 1024 * 1024
+
 
 def linear_combine(
-    tensors: Sequence[torch.Tensor], coeffs: Sequence[float], out_dtype: torch.dtype
+    tensors: Sequence[torch.Tensor],
+    coeffs: Sequence[float],
+    out_dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_i c_i * t_i, accumulated in float32, cast to `out_dtype`.
 
@@ -20,13 +27,27 @@ def linear_combine(
         tensors: same-shape tensors [*].
         coeffs: one coefficient per tensor (the planner normalises them to sum to 1).
         out_dtype: dtype of the result (the checkpoints' own dtype).
+        out: optional contiguous tensor [*] of `out_dtype` to write the result into.
     Returns:
-        A new tensor [*].
+        `out`, or a new tensor [*].
     """
-    acc = tensors[0].to(torch.float32) * coeffs[0]
-    for t, c in zip(tensors[1:], coeffs[1:], strict=True):
-        acc.add_(t.to(torch.float32), alpha=c)
-    return acc.to(out_dtype)
+    if len(tensors) != len(coeffs):
+        raise ValueError(f"linear_combine: {len(tensors)} tensors but {len(coeffs)} coefficients")
+    if out is None:
+        out = torch.empty(tensors[0].shape, dtype=out_dtype)
+    flat_out = out.view(-1)
+    flats = [t.reshape(-1) for t in tensors]
+    n = flat_out.numel()
+    acc = torch.empty(min(n, BLOCK_ELEMS), dtype=torch.float32)
+    tmp = torch.empty_like(acc) if len(tensors) > 1 else acc
+    for s in range(0, n, BLOCK_ELEMS):
+        e = min(n, s + BLOCK_ELEMS)
+        a = acc[: e - s]
+        a.copy_(flats[0][s:e]).mul_(coeffs[0])  # same float32 operations as before, blockwise
+        for t, c in zip(flats[1:], coeffs[1:], strict=True):
+            a.add_(tmp[: e - s].copy_(t[s:e]), alpha=c)
+        flat_out[s:e].copy_(a)
+    return out
 
 
 def _trim(delta: torch.Tensor, density: float) -> torch.Tensor:
