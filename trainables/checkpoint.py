@@ -10,6 +10,7 @@ import json
 import math
 import os
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +156,7 @@ class Checkpoint:
         self.tensors = tensors
         self.config = config
         self._fds: dict[Path, int] = {}
+        self._fd_lock = threading.Lock()  # the engine reads from two threads
 
     @classmethod
     def open(cls, root: str | Path) -> Checkpoint:
@@ -189,9 +191,10 @@ class Checkpoint:
         return self._fd(path)
 
     def _fd(self, path: Path) -> int:
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY)
-        return self._fds[path]
+        with self._fd_lock:
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            return self._fds[path]
 
     def read_into(self, info: TensorInfo, offset: int, buf: memoryview) -> None:
         """Fill `buf` with the tensor's bytes from byte `offset` (relative to the tensor)."""
@@ -279,10 +282,12 @@ def _header_bytes(specs: list[OutSpec], metadata: dict[str, str]) -> bytes:
 
 
 class ShardWriter:
-    """Streams tensors, in a fixed order, into HF-style safetensors shards plus an index.
+    """Writes tensors into HF-style safetensors shards plus an index, in any order, from threads.
 
-    The layout (which tensor in which shard, at which offset) is fixed up front from the specs,
-    so each shard's header is written first and tensor bytes are appended as they are produced.
+    The layout (which tensor in which shard, at which offset) is fixed up front from the specs:
+    every shard's header is written and the file sized at construction, then each tensor's bytes
+    land at their final offsets with positional writes. Bytes of one tensor arrive in order (each
+    call appends to that tensor); different tensors may be written concurrently.
     """
 
     def __init__(
@@ -306,79 +311,80 @@ class ShardWriter:
         )
         self.shards = list(zip(names, groups, strict=True))
         self.total_bytes = sum(s.nbytes for s in specs)
-        self._order = [s for _, g in self.shards for s in g]
-        self._pos = 0  # index into _order of the tensor being written
-        self._written = 0  # bytes written of that tensor
-        self._shard = -1
-        self._file = None
-        self._shard_left: list[int] = [len(g) for _, g in self.shards]
+        self._lock = threading.Lock()
+        self._fds: list[int] = []
+        # name -> (fd, absolute offset, nbytes); name -> bytes written so far
+        self._where: dict[str, tuple[int, int, int]] = {}
+        self._done: dict[str, int] = {}
+        for fname, group in self.shards:
+            header = _header_bytes(group, {"format": "pt"})
+            fd = os.open(out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fds.append(fd)
+            _pwrite_all(fd, header, 0)
+            offset = len(header)
+            for s in group:
+                self._where[s.name] = (fd, offset, s.nbytes)
+                self._done[s.name] = 0
+                offset += s.nbytes
+            os.ftruncate(fd, offset)
 
-    def _open_next(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._shard += 1
-        name, group = self.shards[self._shard]
-        self._file = open(self.out_dir / name, "wb", buffering=0)  # writes are MiB-sized
-        self._file.write(_header_bytes(group, {"format": "pt"}))
+    def _claim(self, name: str, count: int) -> tuple[int, int]:
+        """Reserve the next `count` bytes of tensor `name`; returns (fd, absolute offset)."""
+        with self._lock:
+            if name not in self._where:
+                raise RuntimeError(f"ShardWriter: unknown tensor {name!r}")
+            fd, start, nbytes = self._where[name]
+            done = self._done[name]
+            if done + count > nbytes:
+                raise RuntimeError(f"ShardWriter: too many bytes for {name!r}")
+            self._done[name] = done + count
+            return fd, start + done
 
     def write(self, name: str, data: memoryview | bytes) -> None:
-        """Append bytes of tensor `name`; tensors must arrive in spec order, each completely."""
-        spec = self._order[self._pos]
-        if name != spec.name:
-            raise RuntimeError(f"ShardWriter: expected {spec.name!r}, got {name!r}")
-        if self._file is None or self._shard_left[self._shard] == 0:
-            self._open_next()
-        self._file.write(data)
-        self._written += len(data)
-        if self._written > spec.nbytes:
-            raise RuntimeError(f"ShardWriter: too many bytes for {name!r}")
-        if self._written == spec.nbytes:
-            self._pos += 1
-            self._written = 0
-            self._shard_left[self._shard] -= 1
+        """Append bytes to tensor `name`."""
+        fd, pos = self._claim(name, len(data))
+        _pwrite_all(fd, data, pos)
 
     def copy_range(self, name: str, src_fd: int, src_offset: int, count: int) -> None:
-        """Append `count` bytes of tensor `name` from another file, copied inside the kernel.
+        """Append `count` bytes to tensor `name` from another file, copied inside the kernel.
 
-        Same contract as `write` (spec order, each tensor completely); the bytes never enter
-        user space (copy_file_range), with a pread/write fallback where that is unsupported.
+        The bytes never enter user space (copy_file_range), with a pread/pwrite fallback where
+        the kernel or filesystem does not support it.
         """
-        spec = self._order[self._pos]
-        if name != spec.name:
-            raise RuntimeError(f"ShardWriter: expected {spec.name!r}, got {name!r}")
-        if self._written + count > spec.nbytes:
-            raise RuntimeError(f"ShardWriter: too many bytes for {name!r}")
-        if self._file is None or self._shard_left[self._shard] == 0:
-            self._open_next()
-        dst, done = self._file.fileno(), 0
+        fd, pos = self._claim(name, count)
+        done = 0
         while done < count:
             try:
-                n = os.copy_file_range(src_fd, dst, count - done, src_offset + done)
+                n = os.copy_file_range(src_fd, fd, count - done, src_offset + done, pos + done)
             except OSError:  # EXDEV/EINVAL/ENOSYS on some kernels and filesystems
                 n = 0
             if n == 0:
                 data = os.pread(src_fd, min(count - done, 1 << 25), src_offset + done)
                 if not data:
                     raise CheckpointError(f"copy of {name!r}: unexpected end of source file")
-                self._file.write(data)
+                _pwrite_all(fd, data, pos + done)
                 n = len(data)
             done += n
-        self._written += count
-        if self._written == spec.nbytes:
-            self._pos += 1
-            self._written = 0
-            self._shard_left[self._shard] -= 1
+
+    def close_files(self) -> None:
+        """Close the shard files (idempotent); `close` also checks completeness and indexes."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
 
     def close(self) -> None:
-        """Finish the last shard and write the index (only when there are several shards)."""
-        if self._file is None and self._order:
-            raise RuntimeError("ShardWriter: nothing written")
-        if self._file is None:  # a model with no tensors: still a valid empty file
-            self._open_next()
-        self._file.close()
-        self._file = None
-        if self._pos != len(self._order):
-            raise RuntimeError(f"ShardWriter: {len(self._order) - self._pos} tensors not written")
+        """Close the shards and write the index (only when there are several shards).
+
+        Raises:
+            RuntimeError if any tensor is incomplete (the caller's temporary folder is then
+            discarded, so an incomplete file never becomes visible).
+        """
+        self.close_files()
+        missing = [n for n, (_, _, nb) in self._where.items() if self._done[n] != nb]
+        if missing:
+            raise RuntimeError(
+                f"ShardWriter: {len(missing)} tensors not written, e.g. {missing[:3]}"
+            )
         if len(self.shards) > 1:
             index = {
                 "metadata": {"total_size": self.total_bytes},
@@ -387,3 +393,10 @@ class ShardWriter:
             (self.out_dir / f"{self.stem}.safetensors.index.json").write_text(
                 json.dumps(index, indent=2) + "\n"
             )
+
+
+def _pwrite_all(fd: int, data: memoryview | bytes, pos: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import mmap
 import shutil
+import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -29,7 +31,7 @@ from trainables.checkpoint import (
 )
 from trainables.modelcard import model_card
 from trainables.ops import delta_merge, linear_combine, row_mav_sum
-from trainables.plan import DeltaMerge, Linear, Plan, Terms, build_plan, recipe_refs
+from trainables.plan import DeltaMerge, Linear, Op, Plan, Terms, build_plan, recipe_refs
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -112,13 +114,18 @@ def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
     return ckpts
 
 
-def check_finite(t: torch.Tensor, ck: Checkpoint, name: str) -> None:
+def _all_finite(t: torch.Tensor) -> bool:
     # One vectorised min/max pass: NaN propagates to both, +Inf shows in the max and -Inf in the
     # min. torch.isfinite(t).all() on bf16 has no vectorised CPU kernel and is ~10-50x slower.
-    if t.is_floating_point() and t.numel():
-        lo, hi = torch.aminmax(t)
-        if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
-            raise CheckpointError(f"{ck.root}: tensor {name!r} contains NaN or Inf")
+    if not t.is_floating_point() or not t.numel():
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+def check_finite(t: torch.Tensor, ck: Checkpoint, name: str) -> None:
+    if not _all_finite(t):
+        raise CheckpointError(f"{ck.root}: tensor {name!r} contains NaN or Inf")
 
 
 def copy_checked(src: Checkpoint, name: str, writer: ShardWriter, step: int) -> None:
@@ -226,42 +233,78 @@ def write_plan(
     max_shard_bytes: int,
     progress: bool = False,
 ) -> None:
-    """Execute a plan into safetensors shards in `out_dir`, one chunk at a time."""
+    """Execute a plan into safetensors shards in `out_dir`, one chunk at a time.
+
+    Tensors taken whole are checked and copied in the kernel on a second thread while this
+    thread computes the merged ones: the two kinds of work overlap (both release the GIL), and
+    every tensor has its own fixed offset in the output, so the order of writes does not matter.
+    """
     first = next(iter(ckpts.values()))
     order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
     specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
+    is_take = {n: isinstance(plan[n], Linear) and plan[n].take is not None for n in order}
+    takes = [n for n in order if is_take[n]]
+    computed = [n for n in order if not is_take[n]]
     writer = ShardWriter(out_dir, specs, max_shard_bytes)
     bar = tqdm(
         total=writer.total_bytes, unit="B", unit_scale=True, desc="merge", disable=not progress
     )
-    bufs = _Buffers()
-    for name in order:
-        op, info = plan[name], first.tensors[name]
-        if isinstance(op, Linear) and op.take is not None:
-            step = CHUNK_ELEMS * 4  # bytes; a multiple of every itemsize
-            copy_checked(ckpts[op.take], name, writer, step)
-            bar.update(info.nbytes)
-        elif isinstance(op, Linear):
-            if info.dtype not in FLOAT_TAGS:
-                raise CheckpointError(f"tensor {name!r}: cannot average a {info.dtype} tensor")
-            for start, count in row_chunks(info.shape, CHUNK_ELEMS):
-                parts = []
-                for k, (ref, _) in enumerate(op.terms):
-                    src = ckpts[ref]
-                    t = bufs.get(("in", k), count, info.torch_dtype)
-                    src.read_into(src.tensors[name], start * info.itemsize, byte_view(t))
-                    check_finite(t, src, name)
-                    parts.append(t)
-                out = bufs.get("out", count, info.torch_dtype)
-                linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
-                writer.write(name, byte_view(out))
-                bar.update(out.numel() * info.itemsize)
-        else:
-            out = _delta_tensor(op, ckpts, name)
-            writer.write(name, byte_view(out.contiguous()))
-            bar.update(info.nbytes)
+    stop = threading.Event()
+
+    def copy_all() -> None:
+        for name in takes:
+            if stop.is_set():
+                return
+            copy_checked(ckpts[plan[name].take], name, writer, CHUNK_ELEMS * 4)
+            bar.update(first.tensors[name].nbytes)
+
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerswap-copy") as pool:
+            copying = pool.submit(copy_all)
+            try:
+                bufs = _Buffers()
+                for name in computed:
+                    if copying.done():
+                        copying.result()  # surface a copy error now, not after all the work
+                    _write_computed(name, plan[name], ckpts, writer, bufs)
+                    bar.update(first.tensors[name].nbytes)
+            except BaseException:
+                stop.set()
+                raise
+            copying.result()
+    finally:
+        writer.close_files()
+        bar.close()
     writer.close()
-    bar.close()
+
+
+def _write_computed(
+    name: str, op: Op, ckpts: dict[str, Checkpoint], writer: ShardWriter, bufs: _Buffers
+) -> None:
+    """One merged (not taken) tensor: a weighted average chunk by chunk, or a delta merge."""
+    info = next(iter(ckpts.values())).tensors[name]
+    if isinstance(op, DeltaMerge):
+        out = _delta_tensor(op, ckpts, name)
+        writer.write(name, byte_view(out.contiguous()))
+        return
+    if info.dtype not in FLOAT_TAGS:
+        raise CheckpointError(f"tensor {name!r}: cannot average a {info.dtype} tensor")
+    for start, count in row_chunks(info.shape, CHUNK_ELEMS):
+        parts = []
+        for k, (ref, _) in enumerate(op.terms):
+            src = ckpts[ref]
+            t = bufs.get(("in", k), count, info.torch_dtype)
+            src.read_into(src.tensors[name], start * info.itemsize, byte_view(t))
+            parts.append(t)
+        out = bufs.get("out", count, info.torch_dtype)
+        linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
+        if not _all_finite(out):
+            # A positive combination is non-finite iff an input is (or it overflows): name the
+            # input, checking the inputs only on this rare path.
+            for (ref, _), t in zip(op.terms, parts, strict=True):
+                check_finite(t, ckpts[ref], name)
+            raise CheckpointError(f"tensor {name!r}: weighted average overflows to Inf")
+        writer.write(name, byte_view(out))
 
 
 def _delta_tensor(op: DeltaMerge, ckpts: dict[str, Checkpoint], name: str) -> torch.Tensor:
