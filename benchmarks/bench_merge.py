@@ -12,6 +12,8 @@ weights, non-layer tensors averaged):
   mergekit   `mergekit-yaml CONFIG OUT` (CPU) on the config `to_mergekit` makes of the same recipe;
              wall time and peak RSS. Once, its output is compared with ours tensor by tensor.
   compose    in-process `compose_recipe` on state dicts loaded once beforehand (load untimed)
+  engine     in-process `merge_to_disk` alone: the merge without the CLI's fixed cost of
+             starting Python and importing torch (see `startup`)
   roundtrip  in-process `merge_to_disk` + `safetensors.torch.load_file` of every output shard:
              what compose saves a search trial
   startup    `python -c "import search.cli, trainables.merge"`: the fixed interpreter start,
@@ -22,7 +24,7 @@ repeat. Each repeat runs every contender once, in an order rotated per repeat; b
 the output is deleted and `os.sync()` is called (untimed), so no contender pays for another's
 writeback. The table shows medians; targets are judged on ratios of medians:
 
-  merge / copy        <= 1.33
+  merge / copy        <= 1.33   (judged twice: CLI wall time, and the in-process engine)
   mergekit / merge    >= 2      (layerswap at least 2x faster than mergekit)
   peak RSS of merge   <= 1024 MiB (the largest over repeats)
   compose / roundtrip (reported, no target)
@@ -451,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loaded both state dicts for compose (untimed): {time.perf_counter() - t0:.1f} s")
 
     times: dict[str, list[float]] = {
-        k: [] for k in ("copy", "merge", "mergekit", "compose", "roundtrip", "startup")
+        k: [] for k in ("copy", "merge", "engine", "mergekit", "compose", "roundtrip", "startup")
     }
     rss: dict[str, list[float]] = {"merge": [], "mergekit": [], "startup": []}
     keep: dict[str, Path] = {}  # repeat 0: outputs kept for the equality checks
@@ -495,6 +497,13 @@ def main(argv: list[str] | None = None) -> int:
             keep["compose"] = merged  # type: ignore[assignment]
         del merged
 
+    def c_engine(r: int) -> None:
+        out = run_dir / f"engine-{r}"
+        t = time.perf_counter()
+        merge_to_disk(recipe, out)
+        times["engine"].append(time.perf_counter() - t)
+        remove(out)
+
     def c_roundtrip(r: int) -> None:
         out = run_dir / f"roundtrip-{r}"
         t = time.perf_counter()
@@ -514,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     contenders: list[tuple[str, Callable[[int], None]]] = [
         ("copy", c_copy),
         ("merge", c_merge),
+        ("engine", c_engine),
         ("mergekit", c_mergekit),
         ("compose", c_compose),
         ("roundtrip", c_roundtrip),
@@ -544,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_merge = max(rss["merge"])
     ratios = {
         "merge_over_copy": med["merge"] / med["copy"],
+        "engine_over_copy": med["engine"] / med["copy"],
         "mergekit_over_merge": med["mergekit"] / med["merge"],
         "peak_rss_merge_mib": peak_merge,
         "compose_over_roundtrip": med["compose"] / med["roundtrip"],
@@ -554,11 +565,13 @@ def main(argv: list[str] | None = None) -> int:
 
     paired = {
         "merge_over_copy": paired_ratio("merge", "copy"),
+        "engine_over_copy": paired_ratio("engine", "copy"),
         "mergekit_over_merge": paired_ratio("mergekit", "merge"),
         "compose_over_roundtrip": paired_ratio("compose", "roundtrip"),
     }
     verdict = {
         "merge_over_copy": ratios["merge_over_copy"] <= TARGET_MERGE_OVER_COPY,
+        "engine_over_copy": ratios["engine_over_copy"] <= TARGET_MERGE_OVER_COPY,
         "mergekit_over_merge": ratios["mergekit_over_merge"] >= TARGET_MERGEKIT_OVER_MERGE,
         "peak_rss_merge_mib": peak_merge <= TARGET_PEAK_RSS_MIB,
     }
@@ -578,7 +591,18 @@ def main(argv: list[str] | None = None) -> int:
         mark = "" if ok is None else ("PASS" if ok else "MISS")
         print(f"{label:<24} {value:>12}  {target:<18} {mark}")
 
-    line("merge / copy", f"{ratios['merge_over_copy']:.2f}", verdict["merge_over_copy"], "<= 1.33")
+    line(
+        "merge (CLI) / copy",
+        f"{ratios['merge_over_copy']:.2f}",
+        verdict["merge_over_copy"],
+        "<= 1.33",
+    )
+    line(
+        "engine / copy",
+        f"{ratios['engine_over_copy']:.2f}",
+        verdict["engine_over_copy"],
+        "<= 1.33",
+    )
     line(
         "mergekit / merge",
         f"{ratios['mergekit_over_merge']:.2f}",
@@ -611,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         "paired_ratio_medians": paired,
         "targets": {
             "merge_over_copy": f"<= {TARGET_MERGE_OVER_COPY}",
+            "engine_over_copy": f"<= {TARGET_MERGE_OVER_COPY}",
             "mergekit_over_merge": f">= {TARGET_MERGEKIT_OVER_MERGE}",
             "peak_rss_merge_mib": f"<= {TARGET_PEAK_RSS_MIB}",
         },

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import threading
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +221,33 @@ class Checkpoint:
         if count:
             self.read_into(info, elem_start * info.itemsize, byte_view(t))
         return t.view(info.shape) if whole else t
+
+    @contextmanager
+    def mapped(self, name: str, elem_start: int = 0, count: int | None = None):
+        """A read-only flat tensor over a range of a tensor's elements, straight from the page
+        cache (mmap, no copy); valid only inside the `with` block.
+
+        Yields:
+            A flat [count] tensor of the tensor's dtype (do not keep references to it).
+        """
+        info = self.tensors[name]
+        count = info.numel - elem_start if count is None else count
+        if count == 0:
+            yield torch.empty(0, dtype=info.torch_dtype)
+            return
+        pos = info.start + elem_start * info.itemsize
+        base = pos - pos % mmap.ALLOCATIONGRANULARITY
+        nbytes = count * info.itemsize
+        with mmap.mmap(
+            self._fd(info.path), pos + nbytes - base, offset=base, access=mmap.ACCESS_READ
+        ) as mm:
+            with warnings.catch_warnings():  # torch warns that the buffer is read-only: it is
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.frombuffer(mm, dtype=info.torch_dtype, offset=pos - base, count=count)
+            try:
+                yield t
+            finally:
+                del t  # release the buffer export before the map closes
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor, loaded (for in-memory composition of models that fit)."""

@@ -6,12 +6,12 @@ Everything is validated before the first byte is written; output appears atomica
 
 from __future__ import annotations
 
-import mmap
+import os
 import shutil
 import threading
-import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from trainables.plan import DeltaMerge, Linear, Op, Plan, Terms, build_plan, rec
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3
+MAX_WORKERS = 4  # threads; merging is memory-bandwidth bound beyond a few cores
 # Files other than weights that make a checkpoint usable; copied from the primary expert.
 SIDE_FILES = (
     "config.json",
@@ -137,19 +138,13 @@ def copy_checked(src: Checkpoint, name: str, writer: ShardWriter, step: int) -> 
     """
     info = src.tensors[name]
     fd = src.fd(info.path)
+    step -= step % info.itemsize
     for off in range(0, info.nbytes, step) or [0]:
-        n, pos = min(step, info.nbytes - off), info.start + off
+        n = min(step, info.nbytes - off)
         if info.dtype in FLOAT_TAGS and n:
-            base = pos - pos % mmap.ALLOCATIONGRANULARITY
-            with mmap.mmap(fd, pos + n - base, offset=base, access=mmap.ACCESS_READ) as mm:
-                with warnings.catch_warnings():  # torch warns about read-only buffers
-                    warnings.simplefilter("ignore", UserWarning)
-                    t = torch.frombuffer(
-                        mm, dtype=info.torch_dtype, offset=pos - base, count=n // info.itemsize
-                    )
+            with src.mapped(name, off // info.itemsize, n // info.itemsize) as t:
                 check_finite(t, src, name)
-                del t  # release the export before the mmap closes
-        writer.copy_range(name, fd, pos, n)
+        writer.copy_range(name, fd, info.start + off, n)
 
 
 class _Buffers:
@@ -235,43 +230,44 @@ def write_plan(
 ) -> None:
     """Execute a plan into safetensors shards in `out_dir`, one chunk at a time.
 
-    Tensors taken whole are checked and copied in the kernel on a second thread while this
-    thread computes the merged ones: the two kinds of work overlap (both release the GIL), and
-    every tensor has its own fixed offset in the output, so the order of writes does not matter.
+    Every tensor has a fixed offset in the output, so tensors are independent tasks: a small
+    thread pool takes them largest first (whole-tensor kernel copies and float32 merges both
+    release the GIL), which keeps the cores busy until the end.
     """
     first = next(iter(ckpts.values()))
     order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
     specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
-    is_take = {n: isinstance(plan[n], Linear) and plan[n].take is not None for n in order}
-    takes = [n for n in order if is_take[n]]
-    computed = [n for n in order if not is_take[n]]
     writer = ShardWriter(out_dir, specs, max_shard_bytes)
     bar = tqdm(
         total=writer.total_bytes, unit="B", unit_scale=True, desc="merge", disable=not progress
     )
     stop = threading.Event()
+    local = threading.local()  # per-thread work buffers
 
-    def copy_all() -> None:
-        for name in takes:
-            if stop.is_set():
-                return
-            copy_checked(ckpts[plan[name].take], name, writer, CHUNK_ELEMS * 4)
-            bar.update(first.tensors[name].nbytes)
+    def run(name: str) -> None:
+        if stop.is_set():
+            return
+        op = plan[name]
+        if isinstance(op, Linear) and op.take is not None:
+            copy_checked(ckpts[op.take], name, writer, CHUNK_ELEMS * 4)
+        else:
+            if not hasattr(local, "bufs"):
+                local.bufs = _Buffers()
+            _write_computed(name, op, ckpts, writer, local.bufs)
+        bar.update(first.tensors[name].nbytes)
 
+    workers = max(1, min(MAX_WORKERS, os.cpu_count() or 1))
     try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerswap-copy") as pool:
-            copying = pool.submit(copy_all)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerswap") as pool:
+            tasks = sorted(order, key=lambda n: -first.tensors[n].nbytes)
+            futures = [pool.submit(run, n) for n in tasks]
             try:
-                bufs = _Buffers()
-                for name in computed:
-                    if copying.done():
-                        copying.result()  # surface a copy error now, not after all the work
-                    _write_computed(name, plan[name], ckpts, writer, bufs)
-                    bar.update(first.tensors[name].nbytes)
+                for f in as_completed(futures):
+                    f.result()
             except BaseException:
                 stop.set()
+                pool.shutdown(cancel_futures=True)
                 raise
-            copying.result()
     finally:
         writer.close_files()
         bar.close()
@@ -290,20 +286,19 @@ def _write_computed(
     if info.dtype not in FLOAT_TAGS:
         raise CheckpointError(f"tensor {name!r}: cannot average a {info.dtype} tensor")
     for start, count in row_chunks(info.shape, CHUNK_ELEMS):
-        parts = []
-        for k, (ref, _) in enumerate(op.terms):
-            src = ckpts[ref]
-            t = bufs.get(("in", k), count, info.torch_dtype)
-            src.read_into(src.tensors[name], start * info.itemsize, byte_view(t))
-            parts.append(t)
-        out = bufs.get("out", count, info.torch_dtype)
-        linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
-        if not _all_finite(out):
-            # A positive combination is non-finite iff an input is (or it overflows): name the
-            # input, checking the inputs only on this rare path.
-            for (ref, _), t in zip(op.terms, parts, strict=True):
-                check_finite(t, ckpts[ref], name)
-            raise CheckpointError(f"tensor {name!r}: weighted average overflows to Inf")
+        with ExitStack() as stack:
+            # Inputs straight from the page cache: no copy into user space before the math.
+            parts = [
+                stack.enter_context(ckpts[ref].mapped(name, start, count)) for ref, _ in op.terms
+            ]
+            out = bufs.get("out", count, info.torch_dtype)
+            linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
+            if not _all_finite(out):
+                # A positive combination is non-finite iff an input is (or it overflows): name
+                # the input, checking the inputs only on this rare path.
+                for (ref, _), t in zip(op.terms, parts, strict=True):
+                    check_finite(t, ckpts[ref], name)
+                raise CheckpointError(f"tensor {name!r}: weighted average overflows to Inf")
         writer.write(name, byte_view(out))
 
 
