@@ -103,3 +103,11 @@ def test_demo_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "MISMATCH" not in out
     assert (tmp_path / "demo" / "merged" / "layerswap_recipe.yaml").exists()
+
+
+def test_eval_subcommand_is_wired():
+    proc = subprocess.run(
+        [sys.executable, "-m", "search.cli", "eval", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert "--world" in proc.stdout and "MODEL_DIR" in proc.stdout
