@@ -130,8 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     m.set_defaults(func=_cmd_merge)
 
+    from search.world import add_world_parser
     from trainables.evaluate import add_eval_parser  # light: lm_eval loads only when run
 
+    add_world_parser(sub)
     add_eval_parser(sub)
 
     d = sub.add_parser(

@@ -111,3 +111,9 @@ def test_eval_subcommand_is_wired():
     )
     assert proc.returncode == 0
     assert "--world" in proc.stdout and "MODEL_DIR" in proc.stdout
+
+
+def test_world_build_tiny_via_cli(tmp_path, capsys):
+    assert main(["world", "build", "--out", str(tmp_path / "w"), "--size", "tiny"]) == 0
+    manifest = (tmp_path / "w" / "world.json").read_text()
+    assert '"size": "tiny"' in manifest

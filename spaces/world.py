@@ -1,0 +1,114 @@
+"""Config of the embedded world (DESIGN.md §3): dataset sizes, corpus mix, model shape, training.
+
+Pure data. `world_config("full" | "tiny", seed)` gives the two presets `layerswap world build` uses.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WORLD_VERSION = "1"
+WorldSize = Literal["full", "tiny"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorldModelConfig(StrictModel):
+    """Shape of the Llama base model and its CPU pretraining run."""
+
+    num_layers: int = Field(12, ge=1)
+    hidden_size: int = Field(64, ge=8)
+    intermediate_size: int = Field(192, ge=8)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    vocab_size: int = Field(1500, ge=300)
+    seq_len: int = Field(128, ge=16)
+    batch_size: int = Field(16, ge=1)
+    steps: int = Field(500, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup: int = Field(30, ge=0)
+    threads: int = Field(1, ge=1)  # 2 threads ran 5x slower on 2 shared cores (OMP spinning)
+
+
+class CorpusMix(StrictModel):
+    """Number of pretraining documents per kind (a document is a few sentences or one item)."""
+
+    en_math: int = Field(3000, ge=0)
+    en_text: int = Field(1000, ge=0)
+    en_belebele: int = Field(1500, ge=0)
+    xa_text: int = Field(3000, ge=0)
+    xb_text: int = Field(300, ge=0)
+    xa_parallel: int = Field(600, ge=0)
+    xb_parallel: int = Field(80, ge=0)
+    xa_math: int = Field(150, ge=0)
+    xb_math: int = Field(15, ge=0)
+    xa_belebele: int = Field(60, ge=0)
+    xb_belebele: int = Field(6, ge=0)
+
+
+class WorldConfig(StrictModel):
+    """Everything that determines a world; with the seed it fixes every byte of the output."""
+
+    seed: int = 0
+    size: WorldSize = "full"
+    version: str = WORLD_VERSION
+    math_sft: int = Field(4000, ge=1)
+    lang_sft: int = Field(4000, ge=1)
+    mgsm_dev: int = Field(100, ge=1)
+    mgsm_test: int = Field(250, ge=1)
+    belebele_dev: int = Field(100, ge=4)
+    belebele_test: int = Field(200, ge=4)
+    corpus: CorpusMix = CorpusMix()
+    model: WorldModelConfig = WorldModelConfig()
+
+
+def world_config(size: WorldSize = "full", seed: int = 0) -> WorldConfig:
+    """The preset for `size`: "full" (a few CPU minutes) or "tiny" (seconds, for tests).
+
+    Args:
+        size: "full" or "tiny".
+        seed: world seed.
+    Returns:
+        the validated WorldConfig.
+    """
+    if size == "full":
+        return WorldConfig(seed=seed, size=size)
+    if size == "tiny":
+        return WorldConfig(
+            seed=seed,
+            size=size,
+            math_sft=120,
+            lang_sft=120,
+            mgsm_dev=20,
+            mgsm_test=20,
+            belebele_dev=20,
+            belebele_test=20,
+            corpus=CorpusMix(
+                en_math=120,
+                en_text=60,
+                en_belebele=40,
+                xa_text=100,
+                xb_text=15,
+                xa_parallel=30,
+                xb_parallel=5,
+                xa_math=10,
+                xb_math=2,
+                xa_belebele=4,
+                xb_belebele=1,
+            ),
+            model=WorldModelConfig(
+                num_layers=4,
+                hidden_size=32,
+                intermediate_size=64,
+                vocab_size=400,
+                seq_len=48,
+                batch_size=4,
+                steps=8,
+                warmup=2,
+            ),
+        )
+    raise ValueError(f"unknown world size {size!r} (expected 'full' or 'tiny')")
