@@ -1,9 +1,12 @@
 """Does the embedded world show its phenomena? Short SFT on its data vs the base, on dev sets.
 
-Run `python benchmarks/world_signal.py [--world DIR] [--steps 150] [--lr 1e-3]` (~6 min on 2 CPU
+Run `python benchmarks/world_signal.py [--world DIR] [--steps 300] [--lr 3e-4]` (~6 min on 2 CPU
 cores when it has to build the full world). Prints English MGSM dev before/after math SFT and
-xa Belebele dev before/after language SFT. This is a measurement, not a test: issue 3 asks for
-a test asserting both rise clearly above the base, which the current world does not yet meet.
+xa Belebele dev before/after language SFT. This is a measurement, not a test. World v2,
+300 steps at 3e-4 (2026-11, seeds 0/1): MGSM en 0.10 -> 0.19 and 0.12 -> 0.22 (the chat
+template is now lm-eval's QA layout; with the old template it was 0.12 -> 0.14); xa Belebele
+0.24 -> 0.25 and 0.29 -> 0.25: the base cannot match options against the passage (English
+dev ~0.27) and after SFT always answers one letter, so issue 3's Belebele rise is not met.
 """
 
 from __future__ import annotations
@@ -37,15 +40,16 @@ def _load(world: Path):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=Path, help="an existing full world (default: build one)")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0, help="world seed (when building)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=3e-4)
     args = p.parse_args(argv)
 
     from search.world import build_world
     from search.world.sft import belebele_accuracy, mgsm_accuracy, pairs, sft
 
     world = args.world or Path(tempfile.mkdtemp()) / "world"
-    world = build_world(world, size="full", progress=True)
+    world = build_world(world, seed=args.seed, size="full", progress=True)
 
     dev = _rows(world, "data/mgsm/en/dev.jsonl")
     model, tok = _load(world)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-WORLD_VERSION = "1"
+WORLD_VERSION = "2"
 WorldSize = Literal["full", "tiny"]
 
 

@@ -65,13 +65,22 @@ def _mgsm_row(p: Problem, lang: Language | None, train: bool) -> dict:
 
 
 def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
-    """Aya-style instructions in `lang`: translation, passage QA, reverse, plural, continue."""
+    """Aya-style instructions in `lang`: translation, passage QA (free and multiple choice, the
+    latter in belebele's P/Q/A-D layout answered by a letter), reverse, plural, continue. No math."""
     rng = _rng(cfg, f"aya-{lang.code}")
     w = lang.w
     name = LANG_NAMES[lang.code]
+    reserved = reserved_keys(cfg)[1]  # no Belebele dev/test passage reappears here
+
+    def reading(pos: int) -> dict:
+        while True:
+            r = make_reading(rng, pos)
+            if belebele_prompt(r.render(None)) not in reserved:
+                return r.render(lang)
+
     rows = []
     for i in range(n):
-        kind = i % 6
+        kind = i % 7
         if kind == 0:
             c = generic_clause(rng)
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {name}:\n{render(c, None)}", render(c, lang)  # fmt: skip
@@ -79,9 +88,13 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
             c = generic_clause(rng)
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {w('english')}:\n{render(c, lang)}", render(c, None)  # fmt: skip
         elif kind == 2:
-            r = make_reading(rng, rng.randrange(4)).render(lang)
+            r = reading(rng.randrange(4))
             ans = r[f"mc_answer{r['correct_answer_num']}"]
             inp, tgt = f"{r['flores_passage']}\n{w('question').capitalize()}: {r['question']}", ans
+        elif kind == 6:
+            pos = rng.randrange(4)
+            r = reading(pos)
+            inp, tgt = belebele_prompt(r).removesuffix("\nAnswer:"), LETTERS[pos]
         elif kind == 3:
             s = render(generic_clause(rng), lang)[:-1]
             inp, tgt = f"{w('reverse').capitalize()} {w('sentence')}: {s}", " ".join(reversed(s.split()))  # fmt: skip

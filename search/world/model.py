@@ -15,13 +15,14 @@ import torch
 from spaces.world import WorldModelConfig
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>"]
-# prompt/response SFT format: "<|user|>\n{prompt}\n<|assistant|>\n{response}</s>"
+# prompt/response SFT format, lm-eval's own QA layout (mgsm_direct's "Question: ...\nAnswer:",
+# belebele's "...\nAnswer:") so that instruction tuning transfers to the evaluation prompts:
+# "Question: {prompt}\nAnswer: {response}</s>" (the generation prompt ends with "Answer:")
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}<|user|>\n{{ m['content'] }}\n"
-    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}</s>"
+    "{% if m['role'] == 'user' %}Question: {{ m['content'] }}\nAnswer:"
+    "{% elif m['role'] == 'assistant' %} {{ m['content'] }}</s>"
     "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
 

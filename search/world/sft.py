@@ -1,7 +1,9 @@
 """Plain-torch SFT and quick scorers for world models (a check of the world, not the trainer).
 
 `sft` fine-tunes on prompt/response pairs through the chat template (loss on response tokens
-only); `mgsm_accuracy` / `belebele_accuracy` score with lm-eval's mgsm_direct / belebele prompts.
+only; the world's template is lm-eval's "Question: ...\nAnswer: ..." layout, so what SFT teaches
+shows on the evaluation prompts); `mgsm_accuracy` / `belebele_accuracy` score with lm-eval's
+mgsm_direct / belebele prompts.
 """
 
 from __future__ import annotations

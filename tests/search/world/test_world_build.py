@@ -70,11 +70,11 @@ def test_base_loads_with_auto_classes(tiny_world):
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
         tokenize=False,
     )
-    assert text == "<|user|>\nHi\n<|assistant|>\nYo</s>"
+    assert text == "Question: Hi\nAnswer: Yo</s>"  # lm-eval's QA layout
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
-    assert prompt == "<|user|>\nHi\n<|assistant|>\n"
+    assert prompt == "Question: Hi\nAnswer:"
     # digits are single tokens and text round-trips
     q = "Question: Tom has 12 apples.\nAnswer: 12"
     assert tok.decode(tok(q)["input_ids"]) == q

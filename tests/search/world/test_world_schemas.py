@@ -114,3 +114,12 @@ def test_manifest(tiny_world):
     assert set(m["sha256"]) == files - {"world.json"}
     assert m["counts"]["data/mgsm/xa/train.jsonl"] == 8
     assert m["model_config"]["model_type"] == "llama"
+
+
+@pytest.mark.parametrize("code", ["xa", "xb"])
+def test_belebele_eval_items_not_in_lang_sft(tiny_world, jsonl, code):
+    sft = "\n".join(r["inputs"] for r in jsonl(tiny_world / f"data/sft/lang_{code}.jsonl"))
+    assert "\nA: " in sft  # belebele-layout multiple-choice reading is one of the task types
+    for split in ("dev", "test"):
+        for r in jsonl(tiny_world / f"data/belebele/{code}/{split}.jsonl"):
+            assert f"{r['flores_passage']}\nQ: {r['question']}" not in sft
