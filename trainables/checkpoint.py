@@ -13,7 +13,6 @@ import os
 import struct
 import threading
 import warnings
-from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,21 +267,6 @@ class Checkpoint:
 def byte_view(t: torch.Tensor) -> memoryview:
     """A contiguous tensor's storage as a writable flat byte view (no copy)."""
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
-
-
-def row_chunks(shape: tuple[int, ...], max_elems: int) -> Iterator[tuple[int, int]]:
-    """(element start, element count) pieces of a tensor, whole rows each, <= max_elems if possible.
-
-    1-D and 0-D tensors are one piece: their MAV is over the whole vector.
-    """
-    n = math.prod(shape)
-    if len(shape) < 2 or n <= max_elems:
-        yield 0, n
-        return
-    row = math.prod(shape[1:])
-    rows_per = max(1, max_elems // row)
-    for r in range(0, shape[0], rows_per):
-        yield r * row, min(rows_per, shape[0] - r) * row
 
 
 @dataclass(frozen=True)

@@ -11,28 +11,23 @@ from collections.abc import Mapping
 import torch
 
 from spaces.recipe import Recipe, RecipeError
-from trainables.ops import delta_merge, linear_combine, row_mav_sum
+from trainables.ops import delta_merge, linear_combine, mean_row_mav
 from trainables.plan import DeltaMerge, Linear, Plan, Terms, build_plan, recipe_refs
 
 StateDict = Mapping[str, torch.Tensor]
 
 
-def memory_mav_oracle(sources: Mapping[str, StateDict], base: str):
+def memory_mav_oracle(sources: Mapping[str, StateDict], base: str, chunk_elems: int = 1 << 23):
     """Mean row-wise MAV of (combination - base) over all 1-D/2-D float tensors."""
     cache: dict[Terms, float] = {}
+    shapes = {n: tuple(t.shape) for n, t in sources[base].items() if t.is_floating_point()}
+
+    def read(ref: str, name: str, start: int, count: int) -> torch.Tensor:
+        return sources[ref][name].reshape(-1)[start : start + count]
 
     def mav(terms: Terms) -> float:
         if terms not in cache:
-            total, rows = 0.0, 0
-            for name, b in sources[base].items():
-                if b.dim() not in (1, 2) or not b.is_floating_point():
-                    continue
-                combo = linear_combine(
-                    [sources[r][name] for r, _ in terms], [c for _, c in terms], torch.float32
-                )
-                s, r = row_mav_sum(combo - b.float())
-                total, rows = total + s, rows + r
-            cache[terms] = total / rows if rows else 0.0
+            cache[terms] = mean_row_mav(terms, base, shapes, read, chunk_elems)
         return cache[terms]
 
     return mav

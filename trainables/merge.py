@@ -27,10 +27,9 @@ from trainables.checkpoint import (
     OutSpec,
     ShardWriter,
     byte_view,
-    row_chunks,
 )
 from trainables.modelcard import model_card
-from trainables.ops import delta_merge, linear_combine, row_mav_sum
+from trainables.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
 from trainables.plan import DeltaMerge, Linear, Op, Plan, Terms, build_plan, recipe_refs
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
@@ -163,51 +162,36 @@ class _Buffers:
 def disk_mav_oracle(ckpts: dict[str, Checkpoint], base: str) -> Callable[[Terms], float]:
     """Mean row-wise MAV of (combination - base) over all 1-D/2-D tensors, streamed by rows."""
     cache: dict[Terms, float] = {}
-    base_ck = ckpts[base]
+    shapes = {n: i.shape for n, i in ckpts[base].tensors.items() if i.dtype in FLOAT_TAGS}
+
+    def read(ref: str, name: str, start: int, count: int) -> torch.Tensor:
+        t = ckpts[ref].read(name, start, count)
+        check_finite(t, ckpts[ref], name)
+        return t
 
     def mav(terms: Terms) -> float:
         if terms not in cache:
-            total, rows = 0.0, 0
-            for name, info in base_ck.tensors.items():
-                if len(info.shape) not in (1, 2) or info.dtype not in FLOAT_TAGS:
-                    continue
-                for start, count in row_chunks(info.shape, CHUNK_ELEMS):
-                    parts = []
-                    for ref, _ in terms:
-                        t = ckpts[ref].read(name, start, count)
-                        check_finite(t, ckpts[ref], name)
-                        parts.append(t)
-                    b = base_ck.read(name, start, count)
-                    check_finite(b, base_ck, name)
-                    delta = linear_combine(parts, [c for _, c in terms], torch.float32) - b.float()
-                    shape = (
-                        (count // _row(info.shape), _row(info.shape))
-                        if len(info.shape) == 2
-                        else (count,)
-                    )
-                    s, r = row_mav_sum(delta.view(shape))
-                    total, rows = total + s, rows + r
-            cache[terms] = total / rows if rows else 0.0
+            cache[terms] = mean_row_mav(terms, base, shapes, read, CHUNK_ELEMS)
         return cache[terms]
 
     return mav
 
 
-def _row(shape: tuple[int, ...]) -> int:
-    return shape[1] if len(shape) == 2 else 1
+def _depth(ckpts: dict[str, Checkpoint]) -> int:
+    first = next(iter(ckpts.values()))  # open_checkpoints has checked that all agree
+    return num_layers(first.config, str(first.root / "config.json"))
 
 
 def plan_refs_depth(recipe: Recipe) -> tuple[dict[str, Checkpoint], int]:
     """Open (and cross-check) a recipe's checkpoints; returns them with the depth. Caller closes."""
     ckpts = open_checkpoints(recipe_refs(recipe))
-    first = next(iter(ckpts.values()))
-    return ckpts, num_layers(first.config, str(first.root / "config.json"))
+    return ckpts, _depth(ckpts)
 
 
 def plan_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Plan, int]:
     """Build the tensor plan for opened checkpoints. Returns (plan, num_layers)."""
     first = next(iter(ckpts.values()))
-    depth = num_layers(first.config, str(first.root / "config.json"))
+    depth = _depth(ckpts)
     mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
     return build_plan(recipe, first.tensors, depth, mav), depth
 

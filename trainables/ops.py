@@ -6,7 +6,8 @@ composer per tensor. Everything is computed in float32 and cast back to the inpu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -121,3 +122,56 @@ def row_mav_sum(delta: torch.Tensor) -> tuple[float, int]:
     if delta.dim() == 2:
         return float(delta.abs().to(torch.float64).mean(dim=1).sum()), delta.shape[0]
     return 0.0, 0
+
+
+def row_chunks(shape: tuple[int, ...], max_elems: int) -> Iterator[tuple[int, int]]:
+    """(element start, element count) pieces of a tensor, whole rows each, <= max_elems if possible.
+
+    1-D and 0-D tensors are one piece: their MAV is over the whole vector.
+    """
+    n = math.prod(shape)
+    if len(shape) < 2 or n <= max_elems:
+        yield 0, n
+        return
+    row = math.prod(shape[1:])
+    rows_per = max(1, max_elems // row)
+    for r in range(0, shape[0], rows_per):
+        yield r * row, min(rows_per, shape[0] - r) * row
+
+
+# (checkpoint ref, tensor name, element start, count) -> flat tensor of those elements
+Reader = Callable[[str, str, int, int], torch.Tensor]
+
+
+def mean_row_mav(
+    terms: Sequence[tuple[str, float]],
+    base: str,
+    shapes: Mapping[str, tuple[int, ...]],
+    read: Reader,
+    chunk_elems: int,
+) -> float:
+    """Mean row-wise MAV of (sum_i c_i * checkpoint_i - base) over the given 1-D/2-D tensors.
+
+    The one definition behind magnitude weights, whether tensors come from disk (streamed in
+    row chunks) or from loaded state dicts.
+
+    Args:
+        terms: ((checkpoint ref, coefficient), ...).
+        base: ref of the base checkpoint.
+        shapes: {tensor name: shape} of the float tensors to include.
+        read: fetches a flat range of a tensor's elements.
+        chunk_elems: largest piece read at once (whole rows).
+    Returns:
+        The mean over all rows (0.0 if there are none).
+    """
+    total, rows = 0.0, 0
+    for name, shape in shapes.items():
+        if len(shape) not in (1, 2):
+            continue
+        for start, count in row_chunks(shape, chunk_elems):
+            parts = [read(ref, name, start, count) for ref, _ in terms]
+            combo = linear_combine(parts, [c for _, c in terms], torch.float32)
+            delta = combo - read(base, name, start, count).float()  # flat [count]
+            s, r = row_mav_sum(delta.view(-1, shape[1]) if len(shape) == 2 else delta)
+            total, rows = total + s, rows + r
+    return total / rows if rows else 0.0

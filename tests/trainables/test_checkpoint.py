@@ -22,8 +22,8 @@ from trainables.checkpoint import (
     OutSpec,
     ShardWriter,
     read_header,
-    row_chunks,
 )
+from trainables.ops import row_chunks
 
 
 def write_raw(path: Path, header: dict, data: bytes) -> Path:
