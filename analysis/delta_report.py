@@ -1,0 +1,176 @@
+"""The "where the experts changed" report section: ΔW heatmaps per expert, the math-minus-language
+contrast and the (b, u) it suggests. Experts come from experts/registry.parquet (path, base) or,
+for a demo-style run, from RUN/recipe.yaml (task_expert, language_expert, base)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.delta import Boundaries, DeltaMap, row_mav, suggest_boundaries
+from analysis.figures import heatmap
+from analysis.load import RunData, ok_trials
+from analysis.sections import Section, absent
+
+TITLE = "Where the experts changed (ΔW)"
+
+
+@dataclass(frozen=True)
+class ExpertRef:
+    label: str
+    kind: str  # "math" | "language"
+    path: Path
+    base: Path
+
+
+def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], list[str]]:
+    """Experts to map: those of the best trial first, then registry order; up to
+    `max_per_kind` per kind. Returns (experts, notes on what was skipped)."""
+    notes: list[str] = []
+    out: list[ExpertRef] = []
+    reg = run.registry
+    if reg is not None and {"path", "base"} <= set(reg.columns):
+        first = []
+        t = ok_trials(run)
+        if t is not None and "objective" in t.columns and t["objective"].notna().any():
+            best = t.loc[t["objective"].idxmax()]
+            first = [best.get("task_expert_id"), best.get("language_expert_id")]
+        order = sorted(range(len(reg)), key=lambda i: reg.iloc[i]["expert_id"] not in first)
+        for i in order:
+            r = reg.iloc[i]
+            kind = str(r.get("kind"))
+            if sum(e.kind == kind for e in out) >= max_per_kind:
+                continue
+            if str(r.get("mode")) == "lora":
+                notes.append(f"{r['expert_id']}: LoRA adapter, not mapped")
+                continue
+            path, base = run.resolve(r["path"]), run.resolve(r["base"])
+            if path is None or base is None or not path.is_dir() or not base.is_dir():
+                notes.append(f"{r['expert_id']}: checkpoint or base not found ({r['path']})")
+                continue
+            out.append(ExpertRef(f"{kind} expert {r['expert_id']}", kind, path, base))
+    elif run.recipe_yaml is not None:
+        from spaces.recipe import LayerSwapRecipe, load_recipe
+
+        recipe = load_recipe(run.recipe_yaml)
+        if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
+            for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):
+                if isinstance(ref, str) and Path(ref).is_dir():
+                    out.append(
+                        ExpertRef(
+                            f"{kind} expert ({Path(ref).name})", kind, Path(ref), Path(recipe.base)
+                        )
+                    )
+    return out, notes
+
+
+def delta_section(
+    run: RunData, *, threshold: float | None = None, max_per_kind: int = 2
+) -> Section:
+    """ΔW heatmaps (fraction of rows per layer × type whose mean |ΔW| exceeds the threshold)."""
+    experts, notes = pick_experts(run, max_per_kind)
+    if not experts:
+        why = "no expert checkpoints with a base (experts/registry.parquet path/base, or recipe.yaml)."
+        sec = absent("delta", TITLE, why + (" " + "; ".join(notes) if notes else ""))
+        return sec
+    sec = Section("delta", TITLE)
+    thr_text = (
+        f"absolute threshold {threshold:g}"
+        if threshold is not None
+        else "per-expert threshold = the median row MAV of that expert over all its 2-D layer parameters"
+    )
+    sec.text(
+        "For each expert against its base: per layer and parameter type, the fraction of rows "
+        f"whose mean |W_expert - W_base| exceeds the threshold ({thr_text}), as in the layer-"
+        "swapping paper's Fig. 2. Computed streaming from safetensors, a row chunk at a time."
+    )
+    if notes:
+        more = f"; and {len(notes) - 4} more" if len(notes) > 4 else ""
+        sec.text("Skipped: " + "; ".join(notes[:4]) + more + ".")
+    maps: list[tuple[ExpertRef, DeltaMap]] = []
+    for e in experts:
+        dm = row_mav(e.path, e.base)
+        maps.append((e, dm))
+        frac = dm.fractions(threshold)
+        thr = dm.threshold_auto() if threshold is None else threshold
+        nrows = sum(len(v) for v in dm.mav.values())
+        png = heatmap(
+            frac,
+            dm.types,
+            [str(i) for i in range(dm.num_layers)],
+            title=f"{e.label}: rows changed (thr {thr:.2e})",
+            vmin=0.0,
+            vmax=1.0,
+            cmap="Greens",
+            xlabel="parameter type",
+            ylabel="layer",
+            cbar_label="fraction of rows > threshold",
+        )
+        sec.figure(
+            f"delta_{e.kind}_{len(maps)}",
+            png,
+            f"{e.label} ({e.path}) vs base ({e.base}): {len(dm.mav)} 2-D parameters, "
+            f"{nrows} rows, {dm.num_layers} layers.",
+        )
+    math_maps = [m for m in maps if m[0].kind == "math"]
+    lang_maps = [m for m in maps if m[0].kind == "language"]
+    if not (math_maps and lang_maps):
+        sec.text("Contrast and suggested boundaries: need one math and one language expert.")
+        return sec
+    (me, mm), (le, lm) = math_maps[0], lang_maps[0]
+    if mm.types != lm.types or mm.num_layers != lm.num_layers:
+        sec.text("Contrast: the math and language experts' parameter layouts differ.")
+        return sec
+    fm, fl = mm.fractions(threshold), lm.fractions(threshold)
+    png = heatmap(
+        fm - fl,
+        mm.types,
+        [str(i) for i in range(mm.num_layers)],
+        title="math - language (fraction of rows changed)",
+        cmap="RdBu_r",
+        center=True,
+        xlabel="parameter type",
+        ylabel="layer",
+        cbar_label="math − language",
+    )
+    sec.figure(
+        "delta_contrast",
+        png,
+        f"{me.label} minus {le.label}: red = the math expert changed more rows, blue = the "
+        "language expert did.",
+    )
+    b = suggest_boundaries(fl, fm)
+    sec.table(
+        "Language dominance per layer (mean over types of language − math fraction) and the "
+        "zone the suggested boundaries give it.",
+        _dominance_table(b),
+    )
+    sec.text(
+        f"Suggested warm start: b = {b.bottom}, u = {b.top} (layers [0, {b.bottom}) and "
+        f"[{mm.num_layers - b.top}, {mm.num_layers}) from the language expert): the split into "
+        "language bottom / math middle / language top that agrees most with the per-layer "
+        "dominance (see analysis.delta.suggest_boundaries)."
+    )
+    sec.data["suggested_boundaries"] = {
+        "bottom": b.bottom,
+        "top": b.top,
+        "dominance": b.dominance,
+        "math_expert": str(me.path),
+        "language_expert": str(le.path),
+        "threshold": threshold,
+    }
+    return sec
+
+
+def _dominance_table(b: Boundaries) -> pd.DataFrame:
+    num = len(b.dominance)
+    zone = ["language" if (i < b.bottom or i >= num - b.top) else "math" for i in range(num)]
+    return pd.DataFrame(
+        {
+            "layer": range(num),
+            "language dominance": [f"{d:+.3f}" for d in b.dominance],
+            "zone": zone,
+        }
+    )

@@ -1,0 +1,118 @@
+"""Matplotlib (Agg) figure helpers shared by the report sections; each returns PNG bytes.
+
+Every figure carries a caption elsewhere (the report) saying what data it rests on.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never needs a display
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def to_png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)  # constrained layout: no second "tight" pass
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def heatmap(
+    values: np.ndarray,
+    xlabels: list[str],
+    ylabels: list[str],
+    *,
+    title: str,
+    cmap: str = "Greens",
+    center: bool = False,
+    annotate: bool = False,
+    xlabel: str = "",
+    ylabel: str = "",
+    cbar_label: str = "",
+    counts: np.ndarray | None = None,
+    origin_lower: bool = True,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> bytes:
+    """A labelled heatmap (NaN cells blank). center: symmetric diverging scale around 0;
+    vmin/vmax: a fixed scale (e.g. 0..1 for fractions, comparable across experts)."""
+    h = max(3.4, min(9.0, 0.28 * len(ylabels) + 1.5))
+    w = max(4.8, min(10.0, 0.6 * len(xlabels) + 2.5))
+    fig, ax = plt.subplots(layout="constrained", figsize=(w, h))
+    v = np.ma.masked_invalid(values)
+    kw = {"vmin": vmin, "vmax": vmax}
+    if center:
+        lim = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+        kw = {"vmin": -lim or -1, "vmax": lim or 1}
+    im = ax.imshow(v, cmap=cmap, aspect="auto", origin="lower" if origin_lower else "upper", **kw)
+    ax.set_xticks(range(len(xlabels)), xlabels, rotation=0 if len(xlabels) < 10 else 90)
+    step = max(1, len(ylabels) // 32)
+    ax.set_yticks(range(0, len(ylabels), step), ylabels[::step])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    cb = fig.colorbar(im, ax=ax)
+    cb.set_label(cbar_label)
+    if annotate and values.size <= 400:
+        for (i, j), val in np.ndenumerate(values):
+            if np.isfinite(val):
+                txt = f"{val:.2f}" if counts is None else f"{val:.2f}\nn={int(counts[i, j])}"
+                r, g, b, _ = im.cmap(im.norm(val))
+                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"  # legible
+                ax.text(j, i, txt, ha="center", va="center", fontsize=7, color=ink)
+    return to_png(fig)
+
+
+def scatter(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    labels: list[str] | None = None,
+    fit: bool = True,
+) -> bytes:
+    """A scatter plot with an optional least-squares line and point labels."""
+    fig, ax = plt.subplots(layout="constrained", figsize=(4.6, 3.6))
+    ax.scatter(x, y, s=22, alpha=0.8, color="tab:blue")
+    if fit and len(x) >= 2 and np.ptp(x) > 0:
+        a, b = np.polyfit(x, y, 1)
+        xs = np.linspace(np.min(x), np.max(x), 20)
+        ax.plot(xs, a * xs + b, color="tab:gray", lw=1, ls="--")
+    if labels and len(labels) <= 25:
+        for xi, yi, lab in zip(x, y, labels, strict=True):
+            ax.annotate(lab, (xi, yi), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    return to_png(fig)
+
+
+def best_so_far(objective: np.ndarray, *, title: str, ylabel: str) -> bytes:
+    """Each trial's objective (dots) and the running best (line), in finishing order."""
+    fig, ax = plt.subplots(layout="constrained", figsize=(5.5, 3.4))
+    xs = np.arange(1, len(objective) + 1)
+    ax.scatter(xs, objective, s=12, alpha=0.6, label="trial")
+    ax.plot(xs, np.fmax.accumulate(objective), color="tab:red", lw=1.5, label="best so far")
+    ax.set_xlabel("trial (finishing order)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return to_png(fig)
+
+
+def bars(names: list[str], values: list[float], *, title: str, xlabel: str) -> bytes:
+    """Horizontal bars (largest on top)."""
+    fig, ax = plt.subplots(layout="constrained", figsize=(5.0, max(2.0, 0.35 * len(names) + 1)))
+    order = np.argsort(values)
+    ax.barh([names[i] for i in order], [values[i] for i in order], color="tab:green")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    return to_png(fig)

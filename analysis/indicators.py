@@ -1,0 +1,188 @@
+"""Merging indicators: does a cheap signal predict the target score of the merged models?
+
+Points are the promoted candidates (fully evaluated merges). Merge-level indicators are each
+candidate's own search scores (proxy__* columns and the objective, from search/trials.parquet);
+expert-level indicators are the ind__* scores of the experts it was built from
+(experts/registry.parquet). Each is correlated with the candidate's target score (MGSM test in
+the target language, promotion/results.parquet).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.figures import scatter
+from analysis.load import (
+    RunData,
+    indicator_columns,
+    proxy_columns,
+    short,
+    target_scores,
+    target_tasks,
+    trial_by_recipe,
+)
+from analysis.sections import Figure, Section, absent, fmt_ci
+from analysis.stats import correlate, topk_agreement
+
+TITLE = "Merging indicators vs target score"
+MAX_SCATTERS = 24
+
+
+def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, str]]:
+    """One row per promoted candidate with a target score on `task`, one column per indicator.
+
+    Returns:
+        (table with columns `recipe_id`, `target` and the indicators; {indicator: level}).
+    """
+    tgt = target_scores(run, task)
+    tgt = tgt[tgt["recipe_id"].notna()]
+    if "kind" in tgt.columns:
+        tgt = tgt[tgt["kind"].fillna("candidate") == "candidate"]
+    trials = trial_by_recipe(run)
+    if tgt.empty or trials is None:
+        return pd.DataFrame(columns=["recipe_id", "target"]), {}
+    rows, levels = [], {}
+    reg = None
+    if run.registry is not None and "expert_id" in run.registry.columns:
+        reg = run.registry.drop_duplicates("expert_id").set_index("expert_id")
+    for _, r in tgt.iterrows():
+        rid = r["recipe_id"]
+        if rid not in trials.index:
+            continue
+        tr = trials.loc[rid]
+        row = {
+            "recipe_id": rid,
+            "target": float(r["value"]),
+            "_n_items": r.get("n_items"),
+            "_fidelity": tr.get("fidelity") if "fidelity" in trials.columns else None,
+        }
+        for c in [*proxy_columns(trials), "objective"]:
+            if c in trials.columns:
+                name = f"merge: {short(c[len('proxy__') :]) if c != 'objective' else c}"
+                row[name] = tr[c]
+                levels[name] = "merge"
+        for side, col in (
+            ("math expert", "task_expert_id"),
+            ("language expert", "language_expert_id"),
+        ):
+            eid = tr.get(col) if col in trials.columns else None
+            if reg is None or eid is None or eid not in reg.index:
+                continue
+            for c in indicator_columns(reg):
+                name = f"{side}: {short(c[len('ind__') :])}"
+                row[name] = reg.loc[eid, c]
+                levels[name] = "expert"
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for c in levels:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df, levels
+
+
+def indicators_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> Section:
+    """The indicator-correlation section (table + one scatter per indicator)."""
+    tasks = target_tasks(run)
+    if run.promotion is None:
+        return absent(
+            "indicators", TITLE, "no promotion/results.parquet (no fully evaluated merges)."
+        )
+    if run.trials is None:
+        return absent("indicators", TITLE, "no search/trials.parquet (no candidate indicators).")
+    if not tasks:
+        return absent(
+            "indicators", TITLE, "no target-language MGSM test task in the promotion results."
+        )
+    sec = Section("indicators", TITLE)
+    sec.text(
+        "Each point is a merged model the promotion step fully evaluated. Correlations are "
+        f"with its target score; 95% CIs are percentile bootstraps ({n_resamples} paired "
+        f"resamples, seed {seed}). Top-k: overlap of the k best merges by the indicator with the "
+        "k best by target; top-1 hit: the indicator's best merge is among the target's k best; "
+        "regret: best target minus the target of the indicator's best merge. Expert-level "
+        "indicators repeat across the merges built from the same expert, so their points are not "
+        "independent; read their CIs as optimistic."
+    )
+    any_rows = False
+    for task in tasks:
+        df, levels = indicator_table(run, task)
+        if len(df) < 2 or not levels:
+            sec.text(
+                f"{task}: {len(df)} promoted candidate(s) with a target score and search "
+                "indicators; at least 2 are needed."
+            )
+            continue
+        any_rows = True
+        items = _items(df)
+        rows, figs, nfig = [], [], 0
+        for ind, level in sorted(levels.items(), key=lambda kv: (kv[1] != "expert", kv[0])):
+            pair = df[[ind, "target"]].dropna()
+            x, y = pair[ind].to_numpy(float), pair["target"].to_numpy(float)
+            cors = {c.method: c for c in correlate(x, y, n_resamples=n_resamples, seed=seed)}
+            tk = {t.k: t for t in topk_agreement(x, y)}
+            spread = len(x) >= 2 and np.ptp(x) > 0
+            rows.append(
+                {
+                    "level": level,
+                    "indicator": ind,
+                    "n": len(x),
+                    "spearman [95% CI]": fmt_ci(*_e(cors["spearman"])) if spread else "constant",
+                    "kendall [95% CI]": fmt_ci(*_e(cors["kendall"])),
+                    "pearson [95% CI]": fmt_ci(*_e(cors["pearson"])),
+                    "top-3 overlap": f"{tk[3].overlap:.2f}" if 3 in tk else "–",
+                    "top-1 in target top-3": ("yes" if tk[3].hit else "no") if 3 in tk else "–",
+                    "regret": f"{tk[1].regret:.3f}" if 1 in tk else "–",
+                    "_rho": cors["spearman"].estimate,
+                }
+            )
+            if nfig < MAX_SCATTERS and spread:
+                nfig += 1
+                labels = [str(r)[:6] for r in df.loc[pair.index, "recipe_id"]]
+                png = scatter(
+                    x,
+                    y,
+                    title=f"{ind}\nSpearman {cors['spearman'].estimate:+.2f}",
+                    xlabel=ind,
+                    ylabel=f"target: {short(task)}",
+                    labels=labels,
+                )
+                figs.append(
+                    Figure(
+                        f"indicator_{short(task)}_{nfig:02d}",
+                        png,
+                        f"{ind} vs {task} (test) of {len(x)} promoted merges (labels: recipe id); "
+                        f"{items}. "
+                        f"Sources: {'search/trials.parquet' if level == 'merge' else 'experts/registry.parquet'}"
+                        f" + promotion/results.parquet.",
+                    )
+                )
+        table = pd.DataFrame(rows).sort_values(["level", "_rho"], ascending=[True, False])
+        sec.table(
+            f"Indicators vs {task} (test split), {len(df)} promoted merges ({items}); expert-level rows "
+            "first, each sorted by Spearman.",
+            table.drop(columns="_rho").reset_index(drop=True),
+        )
+        sec.blocks.extend(figs)
+        sec.data[task] = table.drop(columns="_rho").to_dict(orient="records")
+    if not any_rows:
+        sec.blocks.insert(0, "Not in this run: too few promoted candidates to correlate.")
+    return sec
+
+
+def _e(c) -> tuple[float, float, float]:
+    return c.estimate, c.low, c.high
+
+
+def _items(df: pd.DataFrame) -> str:
+    """How many items the numbers rest on: target test items, search proxy fidelity."""
+
+    def span(col: str) -> str:
+        v = pd.to_numeric(df[col], errors="coerce").dropna() if col in df else pd.Series([])
+        if v.empty:
+            return "unknown"
+        lo, hi = int(v.min()), int(v.max())
+        return str(lo) if lo == hi else f"{lo}-{hi}"
+
+    return (
+        f"target scored on {span('_n_items')} test items, proxies on {span('_fidelity')} dev items"
+    )

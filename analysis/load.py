@@ -1,0 +1,202 @@
+"""Read a run directory's result files (the contract's schema) into pandas, tolerating absences.
+
+`load_run(RUN)` returns a `RunData`; every file is optional, but a file that exists and cannot be
+read (or lacks a required column) raises ValueError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+REGISTRY = Path("experts/registry.parquet")
+TRIALS = Path("search/trials.parquet")
+STUDY = Path("search/study.db")
+PROMOTION = Path("promotion/results.parquet")
+
+# Columns without which a file's rows mean nothing; everything else is optional.
+REQUIRED = {
+    REGISTRY: ("expert_id", "kind"),
+    TRIALS: ("trial_id",),
+    PROMOTION: ("model", "task", "value"),
+}
+
+
+@dataclass
+class RunData:
+    """Everything analysis reads from one run directory (None: the file is not in this run)."""
+
+    root: Path
+    registry: pd.DataFrame | None = None
+    trials: pd.DataFrame | None = None
+    promotion: pd.DataFrame | None = None
+    study_db: Path | None = None
+    recipe_yaml: Path | None = None  # a demo-style run: one recipe naming base and experts
+    notes: list[str] = field(default_factory=list)
+
+    def resolve(self, path: str | None) -> Path | None:
+        """A checkpoint path from a result file: absolute, or relative to the run directory."""
+        if path is None or (isinstance(path, float) and pd.isna(path)) or path == "":
+            return None
+        p = Path(path)
+        return p if p.is_absolute() else self.root / p
+
+
+def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Read one Parquet file, naming the file in any error.
+
+    Args:
+        path: the .parquet file.
+        required: columns that must be present.
+    Returns:
+        The table.
+    Raises:
+        ValueError naming the file for an unreadable file or a missing required column.
+    """
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        raise ValueError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing required column(s) {missing}")
+    return df
+
+
+def load_run(root: str | Path) -> RunData:
+    """Load whatever result files a run directory has.
+
+    Args:
+        root: the run directory.
+    Returns:
+        RunData with None for files the run does not have.
+    Raises:
+        ValueError when `root` is not a directory or a present file is malformed.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"{root}: run directory does not exist")
+    run = RunData(root=root)
+    for rel, attr in ((REGISTRY, "registry"), (TRIALS, "trials"), (PROMOTION, "promotion")):
+        if (root / rel).exists():
+            setattr(run, attr, read_table(root / rel, REQUIRED[rel]))
+    if (root / STUDY).exists():
+        run.study_db = root / STUDY
+    if (root / "recipe.yaml").exists():
+        run.recipe_yaml = root / "recipe.yaml"
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Task names: world_mgsm_direct_<lang>[_dev], world_belebele_<lang>[_dev], mgsm_direct_<lang>, ...
+
+
+def task_language(task: str) -> str:
+    """The language code a task name ends with (`world_mgsm_direct_xa_dev` -> `xa`)."""
+    stem = task[: -len("_dev")] if task.endswith("_dev") else task
+    return stem.rsplit("_", 1)[-1]
+
+
+def is_mgsm(task: str) -> bool:
+    return "mgsm" in task
+
+
+def test_name(task: str) -> str:
+    """The test split's task name (the name without `_dev`)."""
+    return task[: -len("_dev")] if task.endswith("_dev") else task
+
+
+def target_tasks(run: RunData) -> list[str]:
+    """The target tasks: MGSM test tasks in a non-English language.
+
+    Taken from the promotion results (split "test") when present, else from the registry's
+    indicator columns. Returns test-split task names, sorted.
+    """
+    found: set[str] = set()
+    if run.promotion is not None:
+        prom = run.promotion
+        test = prom[prom["split"] == "test"] if "split" in prom.columns else prom
+        for t in test["task"].dropna().unique():
+            if is_mgsm(t) and not t.endswith("_dev") and task_language(t) != "en":
+                found.add(str(t))
+    if not found and run.registry is not None:
+        for c in indicator_columns(run.registry):
+            t = c[len("ind__") :]
+            if is_mgsm(t) and task_language(t) != "en":
+                found.add(test_name(t))
+    return sorted(found)
+
+
+def indicator_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith("ind__")]
+
+
+def proxy_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith("proxy__")]
+
+
+def target_scores(run: RunData, task: str) -> pd.DataFrame:
+    """Per promoted model, its score on `task` (test split): columns model, kind, recipe_id,
+    value, n_items. Empty when the run has no promotion results for it."""
+    cols = ["model", "kind", "recipe_id", "value", "n_items"]
+    if run.promotion is None:
+        return pd.DataFrame(columns=cols)
+    p = run.promotion
+    sel = p["task"] == task
+    if "split" in p.columns:
+        sel &= p["split"].fillna("test") == "test"
+    p = p[sel].copy()
+    for c in cols:
+        if c not in p.columns:
+            p[c] = None
+    # One row per (model, task) by contract; if a producer wrote several, average them.
+    agg = p.groupby("model", as_index=False).agg(
+        kind=("kind", "first"),
+        recipe_id=("recipe_id", "first"),
+        value=("value", "mean"),
+        n_items=("n_items", "max"),
+    )
+    return agg[cols]
+
+
+def ok_trials(run: RunData) -> pd.DataFrame | None:
+    """Trials that finished (status "ok" when the column exists), in finishing order."""
+    t = run.trials
+    if t is None or t.empty:
+        return None
+    if "status" in t.columns:
+        t = t[t["status"] == "ok"]
+    if "finished_at" in t.columns:
+        t = t.sort_values("finished_at", kind="stable")
+    return t.reset_index(drop=True)
+
+
+def trial_by_recipe(run: RunData) -> pd.DataFrame | None:
+    """One trial row per recipe_id: the highest-fidelity, latest ok trial of that recipe."""
+    t = ok_trials(run)
+    if t is None or "recipe_id" not in t.columns:
+        return None
+    if "fidelity" in t.columns:
+        t = t.sort_values("fidelity", kind="stable")
+    return t.drop_duplicates("recipe_id", keep="last").set_index("recipe_id")
+
+
+def hparams(row: pd.Series) -> dict:
+    """An expert's hparams JSON as a dict ({} when absent or unparsable)."""
+    raw = row.get("hparams")
+    if not isinstance(raw, str):
+        return {}
+    try:
+        out = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def short(task: str) -> str:
+    """A compact label for a task name in figures."""
+    return re.sub(r"^world_", "", task)

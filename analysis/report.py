@@ -1,0 +1,196 @@
+"""Assemble the analysis of one run directory into a report folder, written atomically:
+
+    OUT/report.html     self-contained (PNG figures embedded as base64)
+    OUT/report.md       Markdown summary with the tables, linking figures/*.png
+    OUT/figures/*.png   every figure
+    OUT/summary.json    machine-readable results (e.g. the ΔW-suggested boundaries)
+
+Run: `layerswap analyze RUN_DIR [--out DIR]`, or `analyze_run(run_dir, out)` from Python.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.load import load_run
+from analysis.sections import Figure, Section, Table
+
+CSS = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.85em}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:right} th{background:#f3f3f3}
+td:first-child,th:first-child,td:nth-child(2),th:nth-child(2){text-align:left}
+figure{display:inline-block;margin:.5em 1em 1em 0;vertical-align:top;max-width:520px}
+figure img{max-width:100%} figcaption{font-size:.8em;color:#555}
+caption{caption-side:top;text-align:left;font-size:.85em;color:#444;padding:.3em 0}
+.note{color:#666}
+"""
+
+
+def build_sections(
+    run_dir: Path,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    delta_threshold: float | None = None,
+    max_experts: int = 2,
+) -> tuple[list[Section], list[str]]:
+    """Compute every report section from whatever the run has.
+
+    Returns:
+        (sections, list of the run's files that were read).
+    """
+    from analysis.delta_report import delta_section
+    from analysis.indicators import indicators_section
+    from analysis.search_plots import search_section
+    from analysis.treatments import treatments_section
+
+    run = load_run(run_dir)
+    sections = [
+        indicators_section(run, n_resamples=n_resamples, seed=seed),
+        delta_section(run, threshold=delta_threshold, max_per_kind=max_experts),
+        search_section(run),
+        treatments_section(run),
+    ]
+    present = [
+        str(p.relative_to(run.root))
+        for p in (
+            run.root / "experts/registry.parquet",
+            run.root / "search/trials.parquet",
+            run.root / "search/study.db",
+            run.root / "promotion/results.parquet",
+            run.root / "recipe.yaml",
+        )
+        if p.exists()
+    ]
+    return sections, present
+
+
+def _table_html(t: Table) -> str:
+    body = t.df.to_html(index=not isinstance(t.df.index, pd.RangeIndex), escape=True, border=0)
+    cut = body.index(">") + 1  # after the opening <table ...> tag
+    return body[:cut] + f"<caption>{html.escape(t.caption)}</caption>" + body[cut:]
+
+
+def render_html(sections: list[Section], title: str, header: str) -> str:
+    """The self-contained HTML report (figures inlined as data: URIs)."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p class='note'>{html.escape(header)}</p>",
+        "<ul>"
+        + "".join(f"<li><a href='#{s.key}'>{html.escape(s.title)}</a></li>" for s in sections)
+        + "</ul>",
+    ]
+    for s in sections:
+        parts.append(f"<h2 id='{s.key}'>{html.escape(s.title)}</h2>")
+        for b in s.blocks:
+            if isinstance(b, Figure):
+                data = base64.b64encode(b.png).decode()
+                parts.append(
+                    f"<figure><img alt='{html.escape(b.name)}' src='data:image/png;base64,{data}'>"
+                    f"<figcaption>{html.escape(b.caption)}</figcaption></figure>"
+                )
+            elif isinstance(b, Table):
+                parts.append(_table_html(b))
+            else:
+                parts.append(f"<p>{html.escape(b)}</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    show = df if isinstance(df.index, pd.RangeIndex) else df.reset_index()
+    cols = [str(c) for c in show.columns]
+    esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(map(esc, cols)) + " |", "|" + "---|" * len(cols)]
+    for row in show.itertuples(index=False):
+        lines.append("| " + " | ".join(esc(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(sections: list[Section], title: str, header: str) -> str:
+    """The Markdown summary (tables inline, figures linked from figures/)."""
+    out = [f"# {title}", "", header, ""]
+    for s in sections:
+        out += [f"## {s.title}", ""]
+        for b in s.blocks:
+            if isinstance(b, Figure):
+                out += [f"![{b.name}](figures/{b.name}.png)", "", f"*{b.caption}*", ""]
+            elif isinstance(b, Table):
+                out += [f"**{b.caption}**", "", _md_table(b.df), ""]
+            else:
+                out += [b, ""]
+    return "\n".join(out)
+
+
+def analyze_run(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    overwrite: bool = False,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    delta_threshold: float | None = None,
+    max_experts: int = 2,
+) -> Path:
+    """Analyze a run directory and write the report folder atomically.
+
+    Args:
+        run_dir: the run (layout in the project contract / README).
+        out: report folder (default RUN_DIR/analysis).
+        overwrite: replace an existing report folder.
+        n_resamples, seed: bootstrap settings for the correlation CIs.
+        delta_threshold: absolute ΔW row threshold (None: per-expert median).
+        max_experts: ΔW maps per expert kind.
+    Returns:
+        The report folder.
+    Raises:
+        ValueError naming the file for a missing run directory or malformed result file;
+        FileExistsError when `out` exists and not `overwrite`. Nothing is written then.
+    """
+    from trainables.atomic import atomic_dir
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: run directory does not exist")
+    out = Path(out) if out is not None else run_dir / "analysis"
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+    sections, present = build_sections(
+        run_dir,
+        n_resamples=n_resamples,
+        seed=seed,
+        delta_threshold=delta_threshold,
+        max_experts=max_experts,
+    )
+    title = f"layerswap analysis: {run_dir.resolve().name}"
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (
+        f"Run directory {run_dir.resolve()}; files read: {', '.join(present) or 'none'}. "
+        f"Generated {stamp}."
+    )
+    names = [f.name for s in sections for f in s.figures]
+    if len(names) != len(set(names)):
+        raise RuntimeError(f"duplicate figure names: {names}")
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        (tmp / "figures").mkdir()
+        for s in sections:
+            for f in s.figures:
+                (tmp / "figures" / f"{f.name}.png").write_bytes(f.png)
+        (tmp / "report.html").write_text(render_html(sections, title, header), encoding="utf-8")
+        (tmp / "report.md").write_text(render_markdown(sections, title, header), encoding="utf-8")
+        summary = {
+            "run_dir": str(run_dir.resolve()),
+            "files": present,
+            "sections": {s.key: s.data for s in sections},
+        }
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return out

@@ -1,0 +1,230 @@
+"""The merge search itself: score over (b, u) and over the transitions, best-so-far vs trials,
+Optuna parameter importances, and proxy vs target for the promoted recipes."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.figures import bars, best_so_far, heatmap, scatter
+from analysis.load import RunData, ok_trials, short, target_scores, target_tasks, trial_by_recipe
+from analysis.sections import Section, absent, fmt
+
+TITLE = "The merge search"
+
+
+def _grid(t: pd.DataFrame, xcol: str, ycol: str) -> tuple[np.ndarray, np.ndarray, list, list]:
+    """Max objective and trial count per (y, x) cell."""
+    xs = sorted(int(v) for v in t[xcol].dropna().unique())
+    ys = sorted(int(v) for v in t[ycol].dropna().unique())
+    best = np.full((len(ys), len(xs)), np.nan)
+    count = np.zeros_like(best)
+    for (y, x), g in t.groupby([ycol, xcol]):
+        i, j = ys.index(int(y)), xs.index(int(x))
+        best[i, j] = g["objective"].max()
+        count[i, j] = len(g)
+    return best, count, xs, ys
+
+
+def search_section(run: RunData) -> Section:
+    """The search section (from search/trials.parquet, search/study.db, promotion results)."""
+    if run.trials is None:
+        sec = absent("search", TITLE, "no search/trials.parquet.")
+        if run.study_db is not None:
+            _importances(sec, run.study_db)
+        return sec
+    sec = Section("search", TITLE)
+    raw = run.trials
+    if "status" in raw.columns:
+        counts = raw["status"].value_counts().to_dict()
+        sec.text(
+            f"{len(raw)} trials: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            + ". Failed and duplicate trials are left out below."
+        )
+    t = ok_trials(run)
+    if t is None or "objective" not in t.columns or t["objective"].notna().sum() == 0:
+        sec.text("Not in this run: no finished trial has an objective.")
+        return sec
+    t = t[t["objective"].notna()]
+    fid = ""
+    if "fidelity" in t.columns and t["fidelity"].nunique() > 1:
+        fid = (
+            " Trials were scored at several fidelities ("
+            + ", ".join(
+                f"{int(k)} items: {v}" for k, v in sorted(t["fidelity"].value_counts().items())
+            )
+            + "); early-stopped trials report their low-fidelity score."
+        )
+    png = best_so_far(t["objective"].to_numpy(float), title="Search progress", ylabel="objective")
+    sec.figure(
+        "search_progress",
+        png,
+        f"Objective of {len(t)} finished trials in finishing order and the best so far "
+        f"(search/trials.parquet).{fid}",
+    )
+    ls = t[t["method"] == "layer_swap"] if "method" in t.columns else t
+    if {"bottom", "top"} <= set(ls.columns) and ls[["bottom", "top"]].notna().all(axis=1).any():
+        ls = ls[ls[["bottom", "top"]].notna().all(axis=1)]
+        best, count, xs, ys = _grid(ls, "top", "bottom")
+        png = heatmap(
+            best,
+            [str(x) for x in xs],
+            [str(y) for y in ys],
+            title="Best objective over (b, u)",
+            cmap="viridis",
+            annotate=True,
+            counts=count,
+            xlabel="u (top language layers)",
+            ylabel="b (bottom language layers)",
+            cbar_label="max objective",
+        )
+        sec.figure(
+            "search_bu",
+            png,
+            f"Max objective per (b, u) over {len(ls)} finished layer-swap trials; n = trials "
+            "per cell (search/trials.parquet).",
+        )
+        tcols = ["bottom_transition", "top_transition"]
+        if set(tcols) <= set(ls.columns) and ls[tcols].notna().all(axis=1).any():
+            lt = ls[ls[tcols].notna().all(axis=1)]
+            best, count, xs, ys = _grid(lt, "top_transition", "bottom_transition")
+            png = heatmap(
+                best,
+                [str(x) for x in xs],
+                [str(y) for y in ys],
+                title="Best objective over transitions",
+                cmap="viridis",
+                annotate=True,
+                counts=count,
+                xlabel="t_u (top transition)",
+                ylabel="t_b (bottom transition)",
+                cbar_label="max objective",
+            )
+            sec.figure(
+                "search_transitions",
+                png,
+                f"Max objective per (t_b, t_u) over {len(lt)} finished layer-swap trials.",
+            )
+    else:
+        sec.text("No layer-swap trials with (b, u) in this run.")
+    _importances(sec, run.study_db)
+    _promoted(sec, run)
+    return sec
+
+
+def _importances(sec: Section, db: Path | None) -> None:
+    """Optuna parameter importances of each study in the run's SQLite storage.
+
+    The database is copied to a temporary file first: opening an RDB storage may create or
+    migrate tables, and analysis must never write into the run.
+    """
+    if db is None:
+        sec.text("Parameter importances: not in this run (no search/study.db).")
+        return
+    import optuna
+    from optuna.importance import get_param_importances
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="layerswap-analyze-") as tmp:
+        copy = Path(tmp) / "study.db"
+        shutil.copyfile(db, copy)
+        storage = f"sqlite:///{copy}"
+        try:
+            names = optuna.study.get_all_study_names(storage=storage)
+            studies = [optuna.load_study(study_name=n, storage=storage) for n in names]
+        except Exception as e:  # a corrupt or foreign SQLite file
+            raise ValueError(f"{db}: not a readable Optuna study database ({e})") from None
+        if not studies:
+            sec.text(f"Parameter importances: {db} holds no study.")
+        for study in studies:
+            name = study.study_name
+            done = [tr for tr in study.trials if tr.state == optuna.trial.TrialState.COMPLETE]
+            evaluator, label = _evaluator()
+            try:
+                imp = get_param_importances(study, evaluator=evaluator)
+            except Exception as e:  # too few trials, no common parameters, multi-objective, ...
+                sec.text(f"Parameter importances of study {name!r}: not computable ({e}).")
+                continue
+            if not imp:
+                sec.text(f"Parameter importances of study {name!r}: no parameters.")
+                continue
+            png = bars(
+                list(imp),
+                list(imp.values()),
+                title=f"{label} importance ({name})",
+                xlabel="importance",
+            )
+            sec.figure(
+                f"importance_{len(sec.figures):02d}",
+                png,
+                f"Optuna {label} parameter importances (seed 0) of study {name!r}, over its "
+                f"{len(done)} complete trials and the parameters common to them (search/study.db).",
+            )
+
+
+def _evaluator():
+    """fANOVA (Optuna's default; needs scikit-learn), else PED-ANOVA (no extra dependency)."""
+    from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
+
+    try:
+        import sklearn  # noqa: F401
+
+        return FanovaImportanceEvaluator(seed=0), "fANOVA"
+    except ImportError:
+        return PedAnovaImportanceEvaluator(), "PED-ANOVA"
+
+
+def _promoted(sec: Section, run: RunData) -> None:
+    trials = trial_by_recipe(run)
+    tasks = target_tasks(run)
+    if run.promotion is None or trials is None or not tasks:
+        sec.text("Proxy vs target: not in this run (no promotion results with a target task).")
+        return
+    for task in tasks:
+        tgt = target_scores(run, task)
+        tgt = tgt[tgt["recipe_id"].notna() & tgt["recipe_id"].isin(trials.index)]
+        if tgt.empty:
+            sec.text(f"Proxy vs target on {task}: no promoted candidate matches a trial.")
+            continue
+        cols = [
+            c
+            for c in ("method", "bottom", "top", "bottom_transition", "top_transition", "objective")
+            if c in trials.columns
+        ]
+        rows = []
+        for _, r in tgt.iterrows():
+            tr = trials.loc[r["recipe_id"]]
+            rows.append(
+                {
+                    "model": r["model"],
+                    "recipe_id": r["recipe_id"],
+                    **{c: tr[c] for c in cols},
+                    "target": r["value"],
+                    "n_items": r["n_items"],
+                }
+            )
+        df = pd.DataFrame(rows).sort_values("target", ascending=False)
+        sec.table(
+            f"Promoted recipes: search objective vs {task} (test), best first.",
+            df.map(fmt).reset_index(drop=True),
+        )
+        if "objective" in df.columns and len(df) >= 2:
+            png = scatter(
+                df["objective"].to_numpy(float),
+                df["target"].to_numpy(float),
+                title="Proxy (search objective) vs target",
+                xlabel="search objective (dev proxies)",
+                ylabel=f"target: {short(task)} (test)",
+                labels=[str(r)[:6] for r in df["recipe_id"]],
+            )
+            sec.figure(
+                f"proxy_target_{short(task)}",
+                png,
+                f"{len(df)} promoted models whose recipe the search tried: search objective (search/trials.parquet) vs "
+                f"{task} test score (promotion/results.parquet).",
+            )

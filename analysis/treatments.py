@@ -1,0 +1,312 @@
+"""Treatments compared on the target task, in the shape of the follow-up paper's Table 1/Table 3,
+with a Friedman test across treatments over the conditions (base model × language) present.
+
+Where values come from: promotion/results.parquet (test split) for the base, the baselines and
+the promoted layer-swap candidates; experts/registry.parquet for the SFT treatments
+(math-only, language-only, data mixing, simultaneous: `kind` and `mode`), read from the column
+`ind__<target task>` or, failing that, `ind__<target task>_dev` (marked as dev in the table).
+A promotion value wins over a registry value for the same treatment, mode and language.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import (
+    RunData,
+    hparams,
+    is_mgsm,
+    target_tasks,
+    task_language,
+    test_name,
+    trial_by_recipe,
+)
+from analysis.sections import Section, absent
+from analysis.stats import friedman
+
+TITLE = "Treatments"
+ROWS = ["base model", "math-only", "language-only", "data mixing", "simultaneous", "layer swap"]
+MODES = ["partial", "lora", "full"]  # the paper's column order (Partial, LoRA, Full SFT)
+BASELINE_ROWS = {
+    "base": "base model",
+    "math_expert": "math-only",
+    "language_expert": "language-only",
+    "soup_uniform": "model soup (uniform)",
+    "soup_magnitude": "model soup (magnitude)",
+    "ties": "TIES",
+    "paper_default": "layer swap (paper default)",
+}
+
+
+def _expert_mode(row: pd.Series) -> str:
+    """The table column of an expert: its mode, with mix/simultaneous placed by their hparams
+    (the paper puts data mixing under LoRA/Full and simultaneous SFT under the partial columns)."""
+    mode = str(row.get("mode", "full"))
+    if mode in MODES:
+        return mode
+    hp = hparams(row)
+    lora = any(
+        k in hp and hp[k] not in (None, False, 0) for k in ("lora", "lora_r", "lora_rank", "peft")
+    )
+    if mode == "simultaneous":
+        return "partial"
+    return "lora" if lora else "full"
+
+
+def _expert_row(row: pd.Series) -> str | None:
+    mode, kind = str(row.get("mode", "full")), str(row.get("kind", ""))
+    if mode == "mix":
+        return "data mixing"
+    if mode == "simultaneous":
+        return "simultaneous"
+    return {"math": "math-only", "language": "language-only"}.get(kind)
+
+
+def treatment_values(run: RunData) -> pd.DataFrame:
+    """Long table: treatment, mode, language, block, value, split, source (one row per model)."""
+    tasks = target_tasks(run)
+    base_name = "run"
+    reg = run.registry
+    if reg is not None and "base" in reg.columns and reg["base"].nunique() == 1:
+        base_name = str(reg["base"].iloc[0])
+    recs = []
+    prom = run.promotion
+    modes_by_recipe = _layer_swap_modes(run)
+    for task in tasks:
+        lang = task_language(task)
+        if prom is not None:
+            sel = prom[prom["task"] == task]
+            if "split" in sel.columns:
+                sel = sel[sel["split"].fillna("test") == "test"]
+            for _, r in sel.iterrows():
+                model = str(r["model"])
+                kind = r.get("kind")
+                if kind == "candidate" or model.startswith("candidate_"):
+                    treat, mode = "layer swap", modes_by_recipe.get(r.get("recipe_id"), "full")
+                elif "revert" in model:
+                    continue  # the revert table's
+                else:
+                    # math_expert_2, language_expert_3: further experts of the pool
+                    key = re.sub(r"^(math_expert|language_expert)_\d+$", r"\1", model)
+                    treat, mode = BASELINE_ROWS.get(key, model), "full"
+                if treat == "base model":
+                    mode = "base"
+                recs.append(
+                    (treat, mode, lang, (base_name, lang), float(r["value"]), "test", "promotion")
+                )
+        if reg is not None:
+            col = next((c for c in (f"ind__{task}", f"ind__{task}_dev") if c in reg.columns), None)
+            if col is None:
+                continue
+            for _, r in reg.iterrows():
+                treat = _expert_row(r)
+                if treat is None or pd.isna(r[col]):
+                    continue
+                if treat != "math-only" and "language" in r.index and str(r["language"]) != lang:
+                    continue  # a language expert for another language
+                block = (str(r.get("base", base_name)), lang)
+                split = "dev" if col.endswith("_dev") else "test"
+                recs.append((treat, _expert_mode(r), lang, block, float(r[col]), split, "registry"))
+    df = pd.DataFrame(
+        recs, columns=["treatment", "mode", "language", "block", "value", "split", "source"]
+    )
+    if df.empty:
+        return df
+    # A promotion value wins over registry values of the same cell and language.
+    has_prom = df[df["source"] == "promotion"].groupby(["treatment", "mode", "language"]).size()
+    keep = [
+        not (s == "registry" and (t, m, lang) in has_prom.index)
+        for t, m, lang, s in zip(
+            df["treatment"], df["mode"], df["language"], df["source"], strict=True
+        )
+    ]
+    return df[keep].reset_index(drop=True)
+
+
+def _layer_swap_modes(run: RunData) -> dict[str, str]:
+    """recipe_id -> the experts' mode (full/lora/partial) via trials and the registry."""
+    trials, reg = trial_by_recipe(run), run.registry
+    if trials is None or reg is None or "mode" not in reg.columns:
+        return {}
+    modes = reg.drop_duplicates("expert_id").set_index("expert_id")["mode"].to_dict()
+    out = {}
+    for rid, tr in trials.iterrows():
+        ms = {modes.get(tr.get("task_expert_id")), modes.get(tr.get("language_expert_id"))}
+        ms.discard(None)
+        out[rid] = ms.pop() if len(ms) == 1 and next(iter(ms)) in MODES else "full"
+    return out
+
+
+def _cell(g: pd.DataFrame) -> str:
+    mark = "†" if (g["split"] == "dev").any() else ""
+    n = f" (n={len(g)})" if len(g) > 1 else ""
+    return f"{g['value'].mean():.3f}{mark}{n}"
+
+
+def treatment_tables(vals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(Table-1 shape: treatments × modes, averaged over languages; Table-3 shape: languages
+    (+ average) × treatment/mode). Cells are means over instances (n shown when > 1)."""
+    langs = sorted(vals["language"].unique())
+    order = ROWS + sorted(set(vals["treatment"]) - set(ROWS))
+    t1 = {}
+    for treat in [t for t in order if t in set(vals["treatment"])]:
+        row = {}
+        for mode in ["base", *MODES]:
+            g = vals[(vals["treatment"] == treat) & (vals["mode"] == mode)]
+            if g.empty:
+                continue
+            per_lang = g.groupby("language")["value"].mean()
+            full = len(per_lang) == len(langs)
+            row[mode] = (
+                f"{per_lang.mean():.3f}{'' if full else '*'}{'†' if (g['split'] == 'dev').any() else ''}"
+            )
+        t1[treat] = row
+    table1 = (
+        pd.DataFrame.from_dict(t1, orient="index")
+        .reindex(columns=[c for c in ["base", *MODES] if any(c in r for r in t1.values())])
+        .fillna("–")
+    )
+    cells = [
+        (t, m)
+        for t in order
+        for m in ["base", *MODES]
+        if ((vals["treatment"] == t) & (vals["mode"] == m)).any()
+    ]
+    t3 = {}
+    for lang in langs:
+        t3[lang] = {
+            _label(t, m): _cell(g)
+            if not (
+                g := vals[
+                    (vals["treatment"] == t) & (vals["mode"] == m) & (vals["language"] == lang)
+                ]
+            ).empty
+            else "–"
+            for t, m in cells
+        }
+    if len(langs) > 1:
+        avg = {}
+        for t, m in cells:
+            per = (
+                vals[(vals["treatment"] == t) & (vals["mode"] == m)]
+                .groupby("language")["value"]
+                .mean()
+            )
+            avg[_label(t, m)] = f"{per.mean():.3f}" if len(per) == len(langs) else "–"
+        t3["average"] = avg
+    table1.index.name = "treatment"
+    table3 = pd.DataFrame.from_dict(t3, orient="index")
+    table3.index.name = "language"
+    return table1, table3
+
+
+def _label(treat: str, mode: str) -> str:
+    return treat if mode == "base" else f"{treat} / {mode}"
+
+
+def friedman_matrix(vals: pd.DataFrame) -> tuple[np.ndarray, list[str], list[str]]:
+    """Blocks × treatments matrix of mean values over the paper's treatments (math-only,
+    language-only, data mixing, simultaneous, layer swap; each SFT type a treatment; the base
+    model and extra baselines excluded), with missing cells
+    removed greedily: repeatedly drop the row or column with the largest share of gaps."""
+    v = vals[vals["treatment"].isin(ROWS[1:])].copy()
+    v["label"] = [_label(t, m) for t, m in zip(v["treatment"], v["mode"], strict=True)]
+    v["blk"] = [f"{b[0]} / {b[1]}" for b in v["block"]]
+    m = v.pivot_table(index="blk", columns="label", values="value", aggfunc="mean")
+    while m.size and m.isna().to_numpy().any():
+        rows, cols = m.isna().mean(axis=1), m.isna().mean(axis=0)
+        if rows.max() >= cols.max():
+            m = m.drop(index=rows.idxmax())
+        else:
+            m = m.drop(columns=cols.idxmax())
+    return m.to_numpy(float), list(m.columns), list(m.index)
+
+
+def treatments_section(run: RunData) -> Section:
+    """The treatments section: Table-1/Table-3 shaped tables, Friedman test, revert table."""
+    vals = (
+        treatment_values(run) if (run.promotion is not None or run.registry is not None) else None
+    )
+    if vals is None or vals.empty:
+        sec = absent(
+            "treatments",
+            TITLE,
+            "no target-task scores of any treatment (promotion results or expert indicators).",
+        )
+        _revert(sec, run)
+        return sec
+    sec = Section("treatments", TITLE)
+    t1, t3 = treatment_tables(vals)
+    srcs = ", ".join(f"{k}: {v}" for k, v in vals["source"].value_counts().items())
+    prom = run.promotion
+    if prom is not None and "n_items" in prom.columns:
+        n = pd.to_numeric(prom[prom["task"].isin(target_tasks(run))]["n_items"], errors="coerce")
+        if n.notna().any():
+            lo, hi = int(n.min()), int(n.max())
+            srcs += f" (promotion scores on {lo if lo == hi else f'{lo}-{hi}'} test items)"
+    sec.table(
+        "Target MGSM by treatment and SFT type, averaged over the target languages "
+        f"({', '.join(sorted(vals['language'].unique()))}); values from {srcs} models. "
+        "* not every language present; † includes dev-split expert scores.",
+        t1,
+    )
+    sec.table("Per language (rows) and treatment / SFT type (columns); n = instances averaged.", t3)
+    mat, treats, blocks = friedman_matrix(vals)
+    if len(treats) >= 3 and len(blocks) >= 2:
+        f = friedman(mat, treats)
+        ranks = ", ".join(
+            f"{t} {r:.2f}" for t, r in sorted(f.mean_ranks.items(), key=lambda kv: -kv[1])
+        )
+        sec.text(
+            f"Friedman test across {f.k} treatments (the table's rows × SFT types, base and extra "
+            f"baselines excluded) over {f.n} conditions ({', '.join(blocks)}): "
+            f"χ² = {f.statistic:.3f}, p = {f.p_value:.4f}. Mean ranks (higher = better): {ranks}."
+        )
+    else:
+        sec.text(
+            f"Friedman test: not computable (needs >= 3 treatments with scores in >= 2 common "
+            f"conditions; this run has {len(treats)} treatment(s) over {len(blocks)} condition(s))."
+        )
+    _revert(sec, run)
+    return sec
+
+
+def _revert(sec: Section, run: RunData) -> None:
+    """Freeze-then-train (experts of mode "partial") vs train-then-revert (promoted models named
+    *revert*), per MGSM task (test name; † marks dev-split scores)."""
+    recs = []
+    if run.registry is not None and "mode" in run.registry.columns:
+        part = run.registry[run.registry["mode"] == "partial"]
+        for c in [c for c in part.columns if c.startswith("ind__") and is_mgsm(c)]:
+            for _, r in part.iterrows():
+                if pd.notna(r[c]):
+                    task = c[len("ind__") :]
+                    recs.append((str(r.get("kind", "")), test_name(task), "freeze-then-train", float(r[c]), task != test_name(task)))  # fmt: skip
+    if run.promotion is not None:
+        p = run.promotion[run.promotion["model"].astype(str).str.contains("revert")]
+        for _, r in p.iterrows():
+            if is_mgsm(str(r["task"])):
+                kind = "language" if "lang" in str(r["model"]) else "math"
+                split = str(r.get("split", "test"))
+                recs.append((kind, test_name(str(r["task"])), "train-then-revert", float(r["value"]), split == "dev"))  # fmt: skip
+    if not recs:
+        sec.text(
+            "Freeze-then-train vs train-then-revert: not in this run (no partial-SFT experts or "
+            "revert models)."
+        )
+        return
+    df = pd.DataFrame(recs, columns=["expert", "task", "treatment", "value", "dev"])
+    cells = {}
+    for (kind, task, treat), g in df.groupby(["expert", "task", "treatment"]):
+        mark = "†" if g["dev"].any() else ""
+        cells.setdefault((kind, task), {})[treat] = f"{g['value'].mean():.3f}{mark} (n={len(g)})"
+    tab = pd.DataFrame.from_dict(cells, orient="index").fillna("–")
+    tab.index = pd.MultiIndex.from_tuples(tab.index, names=["expert", "task"])
+    sec.table(
+        "Freeze-then-train (partial-SFT experts, registry indicators) vs train-then-revert "
+        "(promoted *revert* models): mean score over n models; † dev split.",
+        tab.reset_index(),
+    )

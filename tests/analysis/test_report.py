@@ -1,0 +1,151 @@
+"""`layerswap analyze`: the report renders from a synthetic run directory (HTML embeds every
+figure, Markdown has the tables), absent files give "not in this run", bad input exits 2 and
+writes nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from analysis.indicators import indicator_table
+from analysis.load import load_run, target_tasks
+from analysis.treatments import friedman_matrix, treatment_tables, treatment_values
+from search.cli import main
+
+
+@pytest.mark.slow
+def test_report_renders_with_embedded_figures_and_tables(report):
+    html = (report / "report.html").read_text()
+    md = (report / "report.md").read_text()
+    pngs = sorted((report / "figures").glob("*.png"))
+    assert len(pngs) >= 10
+    embedded = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    assert len(embedded) == len(pngs)
+    assert {base64.b64decode(e) for e in embedded} == {p.read_bytes() for p in pngs}
+    assert "<img" in html and "src='figures/" not in html  # self-contained
+    for title in (
+        "Merging indicators",
+        "Where the experts changed",
+        "The merge search",
+        "Treatments",
+    ):
+        assert title in html and f"## {title}" in md
+    assert "| level | indicator | n | spearman [95% CI]" in md
+    assert "| treatment | base | partial | lora | full |" in md
+    assert "Friedman test across" in md and "not in this run" not in md.lower()
+    for p in pngs:  # every figure is linked from the Markdown with its caption
+        assert f"(figures/{p.name})" in md
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["sections"]["delta"]["suggested_boundaries"]["bottom"] == 2
+    assert summary["sections"]["delta"]["suggested_boundaries"]["top"] == 1
+
+
+@pytest.mark.slow
+def test_rerun_needs_overwrite(run_dir, report, capsys):
+    assert main(["analyze", str(run_dir), "--out", str(report)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_indicator_table_joins_experts_and_trials(run_dir):
+    run = load_run(run_dir)
+    assert target_tasks(run) == ["world_mgsm_direct_xa", "world_mgsm_direct_xb"]
+    df, levels = indicator_table(run, "world_mgsm_direct_xa")
+    assert len(df) == 8 and levels["merge: objective"] == "merge"
+    assert levels["language expert: belebele_xa_dev"] == "expert"
+    trials = pd.read_parquet(run_dir / "search" / "trials.parquet").set_index("recipe_id")
+    reg = pd.read_parquet(run_dir / "experts" / "registry.parquet").set_index("expert_id")
+    for _, r in df.iterrows():
+        tr = trials.loc[r["recipe_id"]]
+        assert r["merge: objective"] == tr["objective"]
+        want = reg.loc[tr["task_expert_id"], "ind__world_mgsm_direct_en_dev"]
+        assert r["math expert: mgsm_direct_en_dev"] == want
+
+
+def test_treatments_table_and_friedman_matrix(run_dir):
+    vals = treatment_values(load_run(run_dir))
+    t1, t3 = treatment_tables(vals)
+    assert t1.loc["base model", "base"] == "0.070"  # (0.08 + 0.06) / 2 from promotion
+    assert t1.loc["simultaneous", "partial"] == "0.165†"  # registry, dev split
+    assert t3.loc["xa", "layer swap / full"].endswith("(n=8)")
+    mat, treats, blocks = friedman_matrix(vals)
+    assert mat.shape == (2, len(treats)) and len(blocks) == 2
+    assert "base model" not in treats and "TIES / full" not in treats
+    assert "layer swap / full" in treats
+
+
+def test_friedman_matrix_drops_gaps():
+    rows = [
+        ("math-only", "full", "xa", ("b", "xa"), 0.1, "test", "promotion"),
+        ("math-only", "full", "xb", ("b", "xb"), 0.2, "test", "promotion"),
+        ("layer swap", "full", "xa", ("b", "xa"), 0.3, "test", "promotion"),
+        ("layer swap", "full", "xb", ("b", "xb"), 0.4, "test", "promotion"),
+        ("data mixing", "full", "xa", ("b", "xa"), 0.2, "test", "promotion"),
+    ]
+    vals = pd.DataFrame(rows, columns=["treatment", "mode", "language", "block", "value", "split", "source"])  # fmt: skip
+    mat, treats, _ = friedman_matrix(vals)
+    assert treats == ["layer swap / full", "math-only / full"] and mat.shape == (2, 2)
+
+
+def test_missing_files_say_not_in_this_run(tmp_path):
+    run = tmp_path / "empty_run"
+    run.mkdir()
+    out = tmp_path / "rep"
+    assert main(["analyze", str(run), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert md.count("Not in this run") == 4
+    assert list((out / "figures").iterdir()) == []
+
+
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, nothing_written):
+    out = tmp_path / "rep"
+    assert main(["analyze", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "run directory does not exist" in capsys.readouterr().err
+    run = tmp_path / "run"
+    (run / "search").mkdir(parents=True)
+    (run / "search" / "trials.parquet").write_bytes(b"PAR1 this is not parquet")
+    assert main(["analyze", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "trials.parquet" in err and "not a readable Parquet file" in err
+    nothing_written(out)
+    (run / "search" / "trials.parquet").unlink()
+    (run / "promotion").mkdir()
+    pd.DataFrame({"model": ["base"], "value": [0.1]}).to_parquet(
+        run / "promotion" / "results.parquet"
+    )
+    assert main(["analyze", str(run), "--out", str(out)]) == 2
+    assert "results.parquet: missing required column(s) ['task']" in capsys.readouterr().err
+    nothing_written(out)
+    (run / "promotion" / "results.parquet").unlink()
+    (run / "search" / "study.db").write_bytes(b"not sqlite at all" * 100)
+    assert main(["analyze", str(run), "--out", str(out)]) == 2
+    assert "study.db: not a readable Optuna study database" in capsys.readouterr().err
+    nothing_written(out)
+    with pytest.raises(SystemExit) as e:
+        main(["analyze", str(run), "--resamples", "0"])
+    assert e.value.code == 2
+
+
+def test_help_lists_analyze(capsys):
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    text = capsys.readouterr().out
+    assert "RUN_DIR" in text and "--out" in text and "report.html" in text
+
+
+@pytest.mark.slow
+def test_demo_style_run_maps_the_recipe_experts(tmp_path):
+    """A `layerswap demo` folder (recipe.yaml + models/) gets the ΔW section."""
+    from search.demo import run_demo
+
+    demo = tmp_path / "demo"
+    run_demo(demo)
+    out = tmp_path / "rep"
+    assert main(["analyze", str(demo), "--out", str(out), "--max-experts", "1"]) == 0
+    md = (out / "report.md").read_text()
+    assert "Suggested warm start: b =" in md
+    assert (out / "figures" / "delta_contrast.png").exists()
+    assert md.count("Not in this run") == 3
