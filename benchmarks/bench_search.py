@@ -1,0 +1,300 @@
+"""Merge-search benchmark on the embedded world: throughput, compose share, search efficiency.
+
+Run: nice -n 10 .venv/bin/python benchmarks/bench_search.py [--world DIR] [--size tiny] [--recipes 6] [--seeds 5]
+
+(a) the search (Ray Tune + OptunaSearch, in-memory composition, cached proxy evaluator) on N
+    recipes vs a loop that, for the same recipes, merges to disk, reloads and scores with lm-eval:
+    per-recipe proxy scores must be equal; trials/hour ratio (target >= 5x).
+(b) share of trial time spent composing (t_compose / t_total over the search's trials; <= 2%).
+(c) every recipe of a grid scored once (in-process TrialRunner); then TPE (as the search runs it:
+    seeded, paper default enqueued, repeats served from results) and random search, 5 seeds each,
+    replay against that table: distinct evaluations to reach a top-5% recipe (<= 15% of the grid,
+    better than random). Writes bench-out/bench_search.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "search"))  # expert builders shared with the tests
+
+
+def enumerate_space(space, depth, pool) -> list[dict]:
+    """Every params dict the define-by-run space can produce (DFS over its suggest calls)."""
+    from spaces.search_space import suggest
+
+    class Path_:
+        def __init__(self, prefix):
+            self.prefix, self.i, self.params, self.branches = prefix, 0, {}, []
+
+        def _pick(self, name, options):
+            if self.i < len(self.prefix):
+                v = self.prefix[self.i]
+            else:
+                v = options[0]
+                self.branches.append((self.i, options))
+            self.i += 1
+            self.params[name] = v
+            return v
+
+        def suggest_int(self, name, low, high):
+            return self._pick(name, list(range(low, high + 1)))
+
+        def suggest_categorical(self, name, choices):
+            return self._pick(name, list(choices))
+
+        def suggest_float(self, name, low, high):
+            return self._pick(name, [(low + high) / 2])
+
+    out, stack = [], [[]]
+    while stack:
+        prefix = stack.pop()
+        t = Path_(prefix)
+        suggest(t, space, depth, pool)
+        if any(len(o) > 1 for _, o in t.branches):
+            i, options = next((i, o) for i, o in t.branches if len(o) > 1)
+            taken = [t.params[k] for k in list(t.params)[:i]]
+            stack += [[*taken, v] for v in options]
+        else:
+            out.append(t.params)
+    return out
+
+
+def replay(space, depth, pool, table: dict, sampler, budget: int, top: set, warm: dict | None):
+    """Distinct evaluations until a top recipe is evaluated (None if not within budget)."""
+    import optuna
+
+    from spaces.recipe import recipe_id
+    from spaces.search_space import decode, suggest
+
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    if warm is not None:
+        study.enqueue_trial(warm)
+    seen: list[str] = []
+    for _ in range(budget * 20):  # repeats are served, not counted; bound the loop anyway
+        t = study.ask()
+        suggest(t, space, depth, pool)
+        rid = recipe_id(decode(t.params, space, depth, pool))
+        study.tell(t, table[rid])
+        if rid not in seen:
+            seen.append(rid)
+            if rid in top:
+                return len(seen)
+        if len(seen) >= budget:
+            return None
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--world", type=Path, help="world folder (default: build a tiny one in a temp dir)"
+    )
+    ap.add_argument("--size", default="tiny", choices=["tiny", "full"])
+    ap.add_argument("--recipes", type=int, default=6, help="(a): recipes in the throughput race")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=0.3, help="(c): search budget, share of grid")
+    ap.add_argument("--grid-from", type=Path, help="(c): reuse the grid table of an earlier output JSON")  # fmt: skip
+    ap.add_argument("--only-c", action="store_true", help="skip (a) and (b)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_search.json")
+    args = ap.parse_args()
+
+    import optuna
+    import torch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    torch.set_num_threads(1)
+    from search_fixtures import make_experts
+
+    from search.world import build_world
+    from spaces.recipe import recipe_id
+    from spaces.search_config import Experiment
+    from spaces.search_space import ExpertPool, decode, warm_start
+    from trainables.eval_tasks import write_world_tasks
+    from trainables.trial import TrialRunner
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
+    world = args.world or build_world(tmp / "world", size=args.size, progress=False)
+    paths = make_experts(world, tmp / "experts")
+    depth = json.loads((Path(paths["task"]) / "config.json").read_text())["num_hidden_layers"]
+    exp = Experiment.model_validate(
+        {
+            "name": "bench",
+            "language": "xa",
+            "base": str(paths["base"]),
+            "task_experts": [str(paths["task"])],
+            "language_experts": [str(paths["language"])],
+            "world": str(world),
+            "proxy_eval": {"max_gen_toks": 8},
+            "space": {
+                "bottom": {"low": 0, "high": max(1, depth // 2)},
+                "top": {"low": 0, "high": max(1, depth // 4)},
+                "bottom_transition": {"low": 0, "high": 1},
+                "top_transition": {"low": 0, "high": 1},
+                "non_layer": ["average", "language", "task"],
+            },
+            "search": {
+                "num_samples": args.recipes,
+                "max_concurrent": 1,
+                "fidelity": {"screen": None},
+            },
+        }
+    )
+    pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
+    grid = enumerate_space(exp.space, depth, pool)
+    report: dict = {"world": str(world), "depth": depth, "grid_size": len(grid)}
+    print(f"grid: {len(grid)} recipes (depth {depth})", flush=True)
+
+    # (c) first: the exhaustive table, in-process (also gives per-trial timings)
+    tasks = tmp / "tasks"
+    write_world_tasks(world, tasks)
+    table, t0, tc, tt = {}, time.perf_counter(), 0.0, 1e-9
+    if args.grid_from is not None:
+        # saved as [params, objective] pairs: recipe ids name this run's expert paths
+        saved = json.loads(args.grid_from.read_text())["grid_table"]
+        table = {recipe_id(decode(p, exp.space, depth, pool)): v for p, v in saved}
+        assert len(table) == len(grid), "the grid changed since that run"
+    runner = TrialRunner(exp, pool, [str(tasks)]) if not table else None
+    for i, params in enumerate(grid if not table else []):
+        if i % 20 == 0:
+            print(f"grid: {i}/{len(grid)} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        rec = decode(params, exp.space, depth, pool)
+        res = runner.run(rec)
+        assert res.status == "ok", res.error
+        table[recipe_id(rec)] = res.objective
+        tc, tt = tc + res.t_compose_s, tt + res.t_total_s
+    report["grid_compose_share"] = round(tc / tt, 4)
+    report["grid_seconds"] = round(time.perf_counter() - t0, 1)
+    values = sorted(table.values(), reverse=True)
+    cut = values[max(0, int(0.05 * len(values)) - 1)]
+    top = {r for r, v in table.items() if v >= cut}
+    budget = max(1, int(args.budget * len(table)))
+    report["grid_table"] = [[p, table[recipe_id(decode(p, exp.space, depth, pool))]] for p in grid]
+    from search.search import make_sampler
+
+    def exp_s(seed):  # the search's own sampler settings, with this budget and seed
+        return exp.model_copy(
+            update={"search": exp.search.model_copy(update={"seed": seed, "num_samples": budget})}
+        )
+
+    res_c = {
+        "distinct_recipes": len(table),
+        "top5_threshold": cut,
+        "top5_count": len(top),
+        "budget": budget,
+    }
+    for name, make, warm in (
+        ("tpe", lambda s: make_sampler(exp_s(s)), warm_start(exp.space, depth, pool)),
+        ("tpe_no_warm_start", lambda s: make_sampler(exp_s(s)), None),
+        ("random", lambda s: optuna.samplers.RandomSampler(seed=s), None),
+    ):
+        hits = [
+            replay(exp.space, depth, pool, table, make(s), budget, top, warm)
+            for s in range(args.seeds)
+        ]
+        found = [h for h in hits if h is not None]
+        res_c[name] = {
+            "evals_to_top5": hits,
+            "found": f"{len(found)}/{len(hits)}",
+            "median_evals": statistics.median([h if h is not None else budget + 1 for h in hits]),
+            "median_share_of_grid": round(
+                statistics.median([h if h is not None else budget + 1 for h in hits]) / len(table),
+                3,
+            ),
+        }
+    report["c_search_efficiency"] = res_c
+    print(json.dumps(res_c, indent=1), flush=True)
+    if args.only_c:
+        import shutil
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+
+    # (a) + (b): the search through Ray on N recipes, then the disk + lm-eval loop on the same
+    import pyarrow.parquet as pq
+    import ray
+
+    from search.search import run_search
+    from trainables.evaluate import evaluate, task_score
+    from trainables.merge import merge_to_disk
+
+    step = max(1, len(grid) // args.recipes)
+    chosen = grid[::step][: args.recipes]
+    exp_a = exp.model_copy(
+        update={"search": exp.search.model_copy(update={"points_to_evaluate": chosen[1:]})}
+    )
+    ray_tmp = tempfile.mkdtemp(prefix="lsb", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        _temp_dir=ray_tmp,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    t0 = time.perf_counter()
+    run_search(exp_a, tmp / "run", progress=False)
+    t_search = time.perf_counter() - t0
+    ray.shutdown()
+    rows = pq.read_table(tmp / "run" / "search" / "trials.parquet").to_pylist()
+    evaluated = [r for r in rows if r["status"] == "ok"]
+    proxies = [p.task for p in exp.proxy_list]
+    t0 = time.perf_counter()
+    mismatches = []
+    for r in evaluated:
+        import yaml
+
+        from spaces.recipe import parse_recipe
+
+        out = tmp / "disk" / r["recipe_id"]
+        merge_to_disk(parse_recipe(yaml.safe_load(r["recipe_yaml"])), out, overwrite=True)
+        raw = evaluate(
+            str(out), proxies, include_path=str(tmp / "run" / "search" / "tasks"), max_gen_toks=8
+        )
+        for t in proxies:
+            if abs(task_score(raw, t) - r[f"proxy__{t}"]) > 1e-9:
+                mismatches.append((r["recipe_id"], t, task_score(raw, t), r[f"proxy__{t}"]))
+    t_loop = time.perf_counter() - t0
+    n = len(evaluated)
+    comp = sum(r["t_compose_s"] for r in evaluated) / max(
+        1e-9, sum(r["t_total_s"] for r in evaluated)
+    )
+    report["a_throughput"] = {
+        "recipes": n,
+        "search_seconds_incl_ray_setup": round(t_search, 1),
+        "search_trial_seconds": round(sum(r["t_total_s"] for r in evaluated), 2),
+        "loop_seconds": round(t_loop, 1),
+        "search_trials_per_hour": round(3600 * n / t_search, 1),
+        "loop_trials_per_hour": round(3600 * n / t_loop, 1),
+        "speedup_wall": round(t_loop / t_search, 2),
+        "speedup_per_trial": round(t_loop / max(1e-9, sum(r["t_total_s"] for r in evaluated)), 2),
+        "score_mismatches": mismatches,
+    }
+    report["b_compose_share"] = {
+        "search_trials": round(comp, 4),
+        "grid_trials": report["grid_compose_share"],
+    }
+    print(json.dumps({k: report[k] for k in ("a_throughput", "b_compose_share")}, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

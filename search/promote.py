@@ -1,0 +1,290 @@
+"""Promotion: the search's top-k recipes and the baselines get lm-eval's full evaluation.
+
+`promote(experiment, run_dir)` after `run_search`; writes RUN/promotion/results.parquet, raw
+lm-eval JSON per model and task, RUN/leaderboard.md and the best model in RUN/best/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from search.results import TrialStore, write_parquet_atomic
+from spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
+from spaces.search_config import Experiment, heldout_task
+from spaces.search_space import ExpertPool
+from spaces.zones import paper_default
+from trainables.atomic import atomic_write_text
+
+RESULT_COLUMNS = {
+    "model": pa.string(),
+    "kind": pa.string(),
+    "recipe_id": pa.string(),
+    "task": pa.string(),
+    "split": pa.string(),
+    "metric": pa.string(),
+    "value": pa.float64(),
+    "n_items": pa.int64(),
+    "raw_json": pa.string(),
+}
+
+
+@dataclass
+class Promotion:
+    results_path: Path
+    leaderboard: Path
+    best_dir: Path | None
+    best_model: str | None
+    rows: list[dict] = field(default_factory=list)
+
+
+def baselines(exp: Experiment, pool: ExpertPool, depth: int) -> list[tuple[str, object]]:
+    """(model name, checkpoint path or recipe) for every configured baseline."""
+    t0, l0 = pool.task[0].path, pool.language[0].path
+    out: list[tuple[str, object]] = []
+    want = exp.promote.baselines
+    if "base" in want and pool.base is not None:
+        out.append(("base", pool.base))
+    if "experts" in want:
+        for side, refs in (("math_expert", pool.task), ("language_expert", pool.language)):
+            for i, r in enumerate(refs):
+                out.append((side if i == 0 else f"{side}_{i + 1}", r.path))
+    if "soup_uniform" in want:
+        out.append(("soup_uniform", SoupRecipe(method="soup", models=[t0, l0])))
+    if "soup_magnitude" in want and pool.base is not None:
+        out.append(
+            (
+                "soup_magnitude",
+                SoupRecipe(method="soup", models=[t0, l0], weights="magnitude", base=pool.base),
+            )
+        )
+    if "ties" in want and pool.base is not None:
+        out.append(
+            (
+                "ties",
+                TiesRecipe(
+                    method="ties", base=pool.base, models=[t0, l0], density=exp.promote.ties_density
+                ),
+            )
+        )
+    if "paper_default" in want:
+        z = paper_default(depth)
+        out.append(
+            (
+                "paper_default",
+                LayerSwapRecipe(
+                    method="layer_swap",
+                    task_expert=t0,
+                    language_expert=l0,
+                    base=pool.base,
+                    bottom=z.bottom,
+                    top=z.top,
+                ),
+            )
+        )
+    return out
+
+
+def _split_raw(raw: dict, task: str) -> dict:
+    """lm-eval's raw result restricted to one task (what promotion/lm_eval/<model>/<task>.json holds)."""
+    out = {
+        k: v
+        for k, v in raw.items()
+        if k
+        not in (
+            "results",
+            "configs",
+            "samples",
+            "n-samples",
+            "versions",
+            "higher_is_better",
+            "n-shot",
+            "group_subtasks",
+        )
+    }
+    for key in (
+        "results",
+        "configs",
+        "samples",
+        "n-samples",
+        "versions",
+        "higher_is_better",
+        "n-shot",
+    ):
+        if isinstance(raw.get(key), dict) and task in raw[key]:
+            out[key] = {task: raw[key][task]}
+    return out
+
+
+def _select(exp: Experiment, cands: list[tuple[str, dict]], scores: dict) -> str | None:
+    if not cands:
+        return None
+    if exp.promote.select_by == "target":
+        return max(
+            cands, key=lambda c: (scores.get((c[0], exp.target_task), -1.0), -cands.index(c))
+        )[0]
+    return cands[0][0]  # the search's best by proxy objective (the test split does not choose)
+
+
+def promote(experiment: Experiment, run_dir: str | Path, *, progress: bool = True) -> Promotion:
+    """Evaluate the top-k recipes and the baselines with lm-eval; write results and the best model.
+
+    Args:
+        experiment: the experiment the search ran.
+        run_dir: RUN (reads RUN/search/trials.parquet and pool.json).
+        progress: print one line per evaluated model.
+    Returns:
+        Promotion with the written paths, the best model's name and the result rows.
+    """
+    from search.search import include_paths, model_depth, resolve_pool
+    from trainables.evaluate import evaluate, score_key
+    from trainables.trial import ExpertCache, LiveModel
+
+    exp = experiment
+    run_dir = Path(run_dir).resolve()
+    pdir = run_dir / "promotion"
+    pool_file = run_dir / "search" / "pool.json"
+    pool = (
+        ExpertPool.model_validate_json(pool_file.read_text())
+        if pool_file.exists()
+        else resolve_pool(exp)
+    )
+    depth = model_depth(pool)
+    store = TrialStore(run_dir / "search" / "trials.parquet")
+    cands = [(f"candidate_{r['recipe_id']}", r) for r in store.best(exp.promote.top_k)]
+    proxies = [p.task for p in exp.proxy_list]
+    tasks = [exp.target_task, *(heldout_task(t) for t in proxies), *proxies]
+    tasks = list(dict.fromkeys(tasks))
+    inc = include_paths(exp, pdir)
+    import yaml
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        pool.task[0].path if pool.task[0].kind == "full" else pool.base
+    )
+    live = LiveModel(ExpertCache(pool.base), pool)
+    models: list[tuple[str, str, str | None, object]] = [
+        (
+            name,
+            "candidate",
+            row["recipe_id"],
+            parse_recipe(yaml.safe_load(row["recipe_yaml"])),
+        )
+        for name, row in cands
+    ]
+    models += [
+        (n, "baseline", recipe_id(x) if not isinstance(x, str) else None, x)
+        for n, x in baselines(exp, pool, depth)
+    ]
+    rows: list[dict] = []
+    scores: dict[tuple[str, str], float] = {}
+    failed: list[str] = []
+    for name, kind, rid, what in models:
+        t0 = time.perf_counter()
+        try:
+            live.load_ref(what) if isinstance(what, str) else live.load(what)
+            raw = evaluate(
+                live.model,
+                tasks,
+                tokenizer=tok,
+                include_path=inc,
+                limit=exp.promote.limit,
+                max_gen_toks=exp.promote.max_gen_toks,
+            )
+        except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
+            print(f"promotion: {name}: failed: {type(e).__name__}: {e}", flush=True)
+            failed.append(name)
+            continue
+        for task in tasks:
+            path = pdir / "lm_eval" / name / f"{task}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(_split_raw(raw, task), ensure_ascii=False, indent=1))
+            metric, filt = score_key(raw, task)
+            value = float(raw["results"][task][f"{metric},{filt}"])
+            scores[(name, task)] = value
+            n = (raw.get("n-samples") or {}).get(task, {}).get("effective")
+            rows.append(
+                {
+                    "model": name,
+                    "kind": kind,
+                    "recipe_id": rid,
+                    "task": task,
+                    "split": "dev" if task.endswith("_dev") else "test",
+                    "metric": f"{metric},{filt}",
+                    "value": value,
+                    "n_items": n,
+                    "raw_json": str(path),
+                }
+            )
+        if progress:
+            print(
+                f"promotion: {name:<24} target {exp.target_task} = {scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
+                flush=True,
+            )
+    pdir.mkdir(parents=True, exist_ok=True)
+    results_path = pdir / "results.parquet"
+    write_parquet_atomic(results_path, rows, RESULT_COLUMNS)
+    best = _select(exp, [c for c in cands if c[0] not in failed], scores)
+    best_dir = None
+    if best is not None and exp.promote.write_best:
+        best_dir = write_best(dict(cands)[best], run_dir / "best")
+    board = run_dir / "leaderboard.md"
+    atomic_write_text(board, leaderboard(exp, models, scores, best, dict(cands), failed))
+    return Promotion(results_path, board, best_dir, best, rows)
+
+
+def write_best(row: dict, out: Path) -> Path:
+    """Merge the best recipe to disk (weights, recipe YAML, model card) with the merge engine."""
+    import yaml
+
+    from trainables.lora import is_lora_adapter, merge_lora_to_disk
+    from trainables.merge import merge_to_disk
+
+    recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))
+    if isinstance(recipe.task_expert, str) and is_lora_adapter(recipe.task_expert):
+        return merge_lora_to_disk(recipe, out, overwrite=True, fold=True)
+    return merge_to_disk(recipe, out, overwrite=True)
+
+
+def leaderboard(
+    exp: Experiment,
+    models: list,
+    scores: dict,
+    best: str | None,
+    cands: dict,
+    failed: list[str] = (),
+) -> str:
+    """Markdown: model, kind, recipe id, proxy dev scores, proxy test scores, target test score."""
+    proxies = [p.task for p in exp.proxy_list]
+    head = ["model", "kind", "recipe id", "search objective"]
+    head += [f"{t} (dev)" for t in proxies] + [f"{heldout_task(t)} (test)" for t in proxies]
+    head += [f"**{exp.target_task} (target, test)**"]
+    lines = [
+        f"# Leaderboard: {exp.name} (target language {exp.language})",
+        "",
+        f"Candidates are the search's top {exp.promote.top_k} recipes by proxy objective (dev splits "
+        f"only); the best model ({best or 'none'}) was selected by "
+        f"{'the proxy objective' if exp.promote.select_by == 'proxy' else 'the target test score'}.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    order = sorted(models, key=lambda m: -scores.get((m[0], exp.target_task), -1))
+    for name, kind, rid, _ in order:
+        obj = cands.get(name, {}).get("objective")
+        label = f"**{name}** (best)" if name == best else name
+        cells = [
+            f"{label} (failed)" if name in failed else label,
+            kind,
+            rid or "",
+            "" if obj is None else f"{obj:.4f}",
+        ]
+        cells += [f"{scores.get((name, t), float('nan')):.4f}" for t in proxies]
+        cells += [f"{scores.get((name, heldout_task(t)), float('nan')):.4f}" for t in proxies]
+        cells += [f"{scores.get((name, exp.target_task), float('nan')):.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,119 @@
+"""RUN/search/trials.parquet: one row per merge-search trial, rewritten atomically as trials finish.
+
+`TrialStore(path)` loads existing rows (for --resume); `append(row)` adds one and rewrites the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# The contract's columns (notes/contract.md), in order; proxy__<task> columns follow.
+COLUMNS: dict[str, pa.DataType] = {
+    "trial_id": pa.string(),
+    "recipe_id": pa.string(),
+    "recipe_yaml": pa.string(),
+    "method": pa.string(),
+    "params": pa.string(),
+    "bottom": pa.int64(),
+    "top": pa.int64(),
+    "bottom_transition": pa.int64(),
+    "top_transition": pa.int64(),
+    "weights": pa.string(),
+    "non_layer": pa.string(),
+    "granularity": pa.string(),
+    "task_expert_id": pa.string(),
+    "language_expert_id": pa.string(),
+    "status": pa.string(),
+    "error": pa.string(),
+    "fidelity": pa.int64(),
+    "objective": pa.float64(),
+    "t_compose_s": pa.float64(),
+    "t_eval_s": pa.float64(),
+    "t_total_s": pa.float64(),
+    "finished_at": pa.string(),
+}
+PROXY_PREFIX = "proxy__"
+
+
+def write_parquet_atomic(path: Path, rows: list[dict], columns: dict[str, pa.DataType]) -> None:
+    """Write rows (missing keys -> null) with the given typed columns plus any extra float ones."""
+    extra = sorted({k for r in rows for k in r} - set(columns))
+    schema = pa.schema([*columns.items(), *((k, pa.float64()) for k in extra)])
+    table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class TrialStore:
+    """The trial table in memory and on disk; lookups by recipe id for serving repeats.
+
+    Args:
+        path: RUN/search/trials.parquet (loaded if it exists).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.rows: list[dict] = []
+        if self.path.exists():
+            self.rows = pq.read_table(self.path).to_pylist()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def ids(self) -> set[str]:
+        return {r["trial_id"] for r in self.rows}
+
+    def append(self, row: dict) -> None:
+        if row["trial_id"] in self.ids():
+            raise ValueError(f"trial {row['trial_id']} is already in {self.path}")
+        self.rows.append(row)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(self.path, self.rows, COLUMNS)
+
+    def evaluated(self, recipe_id: str) -> dict | None:
+        """The row that evaluated this recipe (status ok/failed/pruned), if any."""
+        for r in self.rows:
+            if r["recipe_id"] == recipe_id and r["status"] != "duplicate":
+                return r
+        return None
+
+    def kth_best(self, k: int) -> float | None:
+        """The k-th best full-fidelity objective so far (None until k trials are complete)."""
+        vals = sorted(
+            (
+                r["objective"]
+                for r in self.rows
+                if r["status"] == "ok" and r["objective"] is not None
+            ),
+            reverse=True,
+        )
+        return vals[k - 1] if len(vals) >= k else None
+
+    def best(self, k: int) -> list[dict]:
+        """Top-k distinct recipes by objective among full-fidelity (status ok) rows."""
+        seen, out = set(), []
+        ok = [r for r in self.rows if r["status"] == "ok" and r["objective"] is not None]
+        for r in sorted(ok, key=lambda r: (-r["objective"], r["trial_id"])):
+            if r["recipe_id"] not in seen:
+                seen.add(r["recipe_id"])
+                out.append(r)
+        return out[:k]
+
+
+def proxies_of(row: dict) -> dict[str, float]:
+    return {k[len(PROXY_PREFIX) :]: v for k, v in row.items() if k.startswith(PROXY_PREFIX)}
+
+
+def params_of(row: dict) -> dict:
+    return json.loads(row["params"])

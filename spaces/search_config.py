@@ -1,0 +1,186 @@
+"""The merge-search experiment: experts, proxies, objective, space, budget, fidelity, promotion.
+
+`load_experiment("search.yaml")` validates the YAML once (pydantic, extra="forbid"); run it with
+`layerswap search search.yaml [--resume]`. Pure data: no torch, no ray.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spaces.search_space import SearchSpace
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegistrySource(StrictModel):
+    """Experts from RUN/experts/registry.parquet: the top_k of each kind by an indicator column."""
+
+    registry: str
+    top_k: int = Field(2, ge=1)
+    language: str | None = None  # language experts of this language (default: the target's)
+    task_indicator: str | None = None  # e.g. ind__world_mgsm_direct_en_dev (default: first ind__)
+    language_indicator: str | None = None
+
+
+class Proxy(StrictModel):
+    """One proxy task and how it enters the objective: weight * (score - chance) / (1 - chance)."""
+
+    task: str
+    weight: float = Field(1.0, ge=0)
+    chance: float = Field(0.0, ge=0, lt=1)
+
+
+class Fidelity(StrictModel):
+    """Early rejection inside a trial (see search/search.py): screen a prefix, maybe stop.
+
+    A trial scores `screen` of every proxy's items first; if even a Hoeffding upper bound (at
+    confidence 1 - delta) of its full-fidelity objective is below the `keep_top`-th best full
+    objective so far, it stops and is told to Optuna as PRUNED, never as a completed value.
+    """
+
+    screen: float | None = Field(0.25, gt=0, lt=1)
+    delta: float = Field(0.05, gt=0, lt=1)
+    keep_top: int = Field(3, ge=1)
+
+
+class ProxyEvalSettings(StrictModel):
+    limit: int | None = Field(None, ge=1)  # first N dev docs per proxy (None: all)
+    max_gen_toks: int = Field(32, ge=1)
+    gen_batch_size: int = Field(1, ge=1)
+
+
+class SearchSettings(StrictModel):
+    num_samples: int = Field(20, ge=1)
+    seed: int = 0
+    max_concurrent: int | None = Field(None, ge=1)  # default: cluster CPUs // cpus_per_trial
+    cpus_per_trial: float = Field(1.0, gt=0)
+    torch_threads: int = Field(1, ge=1)
+    multi_objective: bool = False  # Pareto over the proxies instead of their weighted mean
+    # Extra warm-start points (Optuna params), evaluated after the paper default.
+    points_to_evaluate: list[dict] = Field(default_factory=list)
+    fidelity: Fidelity = Fidelity()
+
+
+class PromoteSettings(StrictModel):
+    top_k: int = Field(3, ge=1)
+    limit: int | None = Field(None, ge=1)  # lm-eval docs per task (None: all)
+    max_gen_toks: int = Field(32, ge=1)
+    baselines: list[
+        Literal[
+            "base",
+            "experts",
+            "soup_uniform",
+            "soup_magnitude",
+            "ties",
+            "paper_default",
+        ]
+    ] = Field(
+        default_factory=lambda: [
+            "base",
+            "experts",
+            "soup_uniform",
+            "soup_magnitude",
+            "ties",
+            "paper_default",
+        ]
+    )
+    ties_density: float = Field(0.2, gt=0, le=1)
+    select_by: Literal["proxy", "target"] = "proxy"  # "target" picks the best on the test split
+    write_best: bool = True
+
+
+class Experiment(StrictModel):
+    """A merge search on one target language."""
+
+    name: str = Field("search", pattern=r"^[A-Za-z0-9_.-]+$")
+    language: str  # target language code, e.g. "xa" or "sw"
+    base: str | None = None
+    task_experts: list[str] = Field(default_factory=list)
+    language_experts: list[str] = Field(default_factory=list)
+    experts: RegistrySource | None = None
+    world: str | None = None  # an embedded world folder: its lm-eval tasks are added
+    include_path: list[str] = Field(default_factory=list)  # extra task YAML folders
+    proxies: list[Proxy] | None = None  # default: target Belebele dev + English MGSM dev
+    target: str | None = None  # default: world_mgsm_direct_<language> (test split)
+    space: SearchSpace = SearchSpace()
+    search: SearchSettings = SearchSettings()
+    proxy_eval: ProxyEvalSettings = ProxyEvalSettings()
+    promote: PromoteSettings = PromoteSettings()
+
+    @model_validator(mode="after")
+    def _valid(self) -> Experiment:
+        explicit = bool(self.task_experts) or bool(self.language_experts)
+        if explicit and self.experts is not None:
+            raise ValueError("give either task_experts/language_experts or experts.registry")
+        if self.experts is None and not (self.task_experts and self.language_experts):
+            raise ValueError("task_experts and language_experts: at least one of each needed")
+        if self.target_task in {p.task for p in self.proxy_list}:
+            raise ValueError(f"target {self.target_task!r} must not be a proxy")
+        if "magnitude" in self.space.weighting and self.base is None:
+            raise ValueError("space.weighting magnitude needs `base`")
+        return self
+
+    @property
+    def proxy_list(self) -> list[Proxy]:
+        if self.proxies is not None:
+            return list(self.proxies)
+        return [
+            Proxy(task=f"world_belebele_{self.language}_dev", chance=0.25),
+            Proxy(task="world_mgsm_direct_en_dev"),
+        ]
+
+    @property
+    def target_task(self) -> str:
+        return self.target or f"world_mgsm_direct_{self.language}"
+
+
+def heldout_task(task: str) -> str:
+    """The test-split variant of a world dev task (`..._dev` -> `...`); others unchanged."""
+    return task[: -len("_dev")] if task.endswith("_dev") else task
+
+
+def _resolve(data: dict, root: Path) -> dict:
+    def fix(p):
+        return str((root / p).resolve()) if isinstance(p, str) and not Path(p).is_absolute() else p
+
+    out = dict(data)
+    for key in ("base", "world"):
+        if out.get(key) is not None:
+            out[key] = fix(out[key])
+    for key in ("task_experts", "language_experts", "include_path"):
+        if isinstance(out.get(key), list):
+            out[key] = [fix(p) for p in out[key]]
+    if isinstance(out.get("experts"), dict) and "registry" in out["experts"]:
+        out["experts"] = {**out["experts"], "registry": fix(out["experts"]["registry"])}
+    return out
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate a search experiment YAML (relative paths: against the file's folder).
+
+    Raises:
+        ValueError naming the file and every offending field.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read experiment: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping")
+    try:
+        return Experiment.model_validate(_resolve(data, path.parent))
+    except ValidationError as e:
+        lines = [
+            f"  {'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()
+        ]
+        raise ValueError(f"{path}: invalid search experiment\n" + "\n".join(lines)) from None

@@ -1,0 +1,149 @@
+"""The searcher's bookkeeping without Ray: rows, repeats served or held, what Optuna is told, resume.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_searcher.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from search.results import TrialStore
+from search.search import LayerswapSearch, reconcile
+from spaces.search_config import Experiment
+from spaces.search_space import ExpertPool
+from trainables.tune_trial import META
+
+S = optuna.trial.TrialState
+POINT = {"bottom": 1, "top": 0, "bottom_transition": 0, "weights": "uniform"}
+
+
+def _searcher(tmp_path, multi=False, points=None, **search):
+    exp = Experiment.model_validate(
+        {
+            "name": "s",
+            "language": "xa",
+            "base": "/b",
+            "task_experts": ["/t"],
+            "language_experts": ["/l"],
+            "space": {"bottom": {"low": 0, "high": 2}, "top": {"low": 0, "high": 1}},
+            "search": {"multi_objective": multi, **search},
+        }
+    )
+    pool = ExpertPool.from_paths(["/t"], ["/l"], "/b")
+    store = TrialStore(tmp_path / "trials.parquet")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    metric = ["objective_0", "objective_1"] if multi else "objective"
+    mode = ["max", "max"] if multi else "max"
+    s = LayerswapSearch(
+        exp=exp,
+        pool=pool,
+        depth=4,
+        store=store,
+        progress=False,
+        metric=metric,
+        mode=mode,
+        sampler=optuna.samplers.TPESampler(seed=0),
+        storage=storage,
+        study_name="s",
+        points_to_evaluate=points,
+    )
+    return s, store, storage
+
+
+def _ok(obj, **kw):
+    return {"status": "ok", "objective": obj, "fidelity": 8, "proxy__a_dev": obj, "t_total_s": 1.0, **kw}  # fmt: skip
+
+
+def test_repeat_waits_then_is_served_and_optuna_hears_the_truth(tmp_path):
+    s, store, _ = _searcher(tmp_path, points=[POINT, POINT, POINT])
+    c0 = s.suggest("a")
+    assert c0[META]["served"] is None and c0[META]["reject_below"] is None
+    assert s.suggest("b") is None  # same recipe running: held, not evaluated twice
+    s.on_trial_complete("a", _ok(0.5))
+    c1 = s.suggest("c")  # the held trial, now served from the table
+    assert c1[META]["served"]["trial_id"] == "0000"
+    s.on_trial_complete("c", {**c1[META]["served"], "status": "duplicate", "served_from": "0000", "source_status": "ok"})  # fmt: skip
+    c2 = s.suggest("d")
+    s.on_trial_complete("d", {"status": "pruned", "fidelity": 4, "low_fidelity_objective": 0.1, "objective": math.nan, "proxy__a_dev": 0.1})  # fmt: skip
+    c3 = s.suggest("e")
+    s.on_trial_complete("e", {"status": "failed", "error": "ValueError: boom", "objective": math.nan})  # fmt: skip
+    assert c2 is not None and c3 is not None
+    rows = TrialStore(store.path).rows
+    assert [r["status"] for r in rows] == ["ok", "duplicate", "pruned", "failed"]
+    assert rows[1]["objective"] == 0.5 and rows[1]["recipe_id"] == rows[0]["recipe_id"]
+    assert rows[2]["objective"] is None and rows[2]["proxy__a_dev"] == 0.1 and rows[2]["fidelity"] == 4  # fmt: skip
+    states = [t.state for t in s._ot_study.trials]
+    assert states == [S.COMPLETE, S.COMPLETE, S.PRUNED, S.FAIL]
+    assert s._ot_study.trials[2].intermediate_values == {4: 0.1}  # never a COMPLETE value
+
+
+def test_reject_threshold_is_the_kth_best_full_objective(tmp_path):
+    s, store, _ = _searcher(tmp_path, fidelity={"screen": 0.25, "keep_top": 2})
+    for i, v in enumerate([0.2, 0.6, 0.4]):
+        s.suggest(f"t{i}")
+        s.on_trial_complete(f"t{i}", _ok(v))
+    assert store.kth_best(2) == 0.4
+    cfg = s.suggest("t9")
+    assert cfg[META]["reject_below"] == 0.4 or cfg[META]["served"] is not None
+
+
+def test_reconcile_after_a_crash(tmp_path):
+    s, store, storage = _searcher(tmp_path)
+    s.suggest("a")
+    s.suggest("b")
+    s.on_trial_complete("a", _ok(0.3))
+    # crash 1: row written, Optuna not told; crash 2: trial "b" still running
+    s.suggest("c")
+    row_c = s._row(s.meta["c"], _ok(0.7))
+    store.append(row_c)
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert reconcile(study, TrialStore(store.path)) == 1
+    states = {t.number: t.state for t in study.trials}
+    assert states[0] == S.COMPLETE and states[2] == S.COMPLETE and states[1] == S.FAIL
+    assert study.trials[2].value == 0.7
+    waiting = [t for t in study.trials if t.state == S.WAITING]
+    assert len(waiting) == 1
+    assert waiting[0].system_attrs["fixed_params"] == study.trials[1].params  # re-queued
+
+
+def test_multi_objective_tells_every_proxy(tmp_path):
+    s, _, _ = _searcher(tmp_path, multi=True)
+    s.suggest("a")
+    s.on_trial_complete("a", _ok(0.5, objective_0=0.2, objective_1=0.8))
+    t = s._ot_study.trials[0]
+    assert t.state == S.COMPLETE and t.values == [0.2, 0.8]
+
+
+def test_store_refuses_a_trial_twice(tmp_path):
+    store = TrialStore(tmp_path / "x.parquet")
+    store.append({"trial_id": "0001", "recipe_id": "r", "status": "ok", "objective": 1.0})
+    with pytest.raises(ValueError, match="already"):
+        store.append({"trial_id": "0001", "recipe_id": "r", "status": "ok"})
+
+
+def test_pool_from_the_expert_registry(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from search.search import resolve_pool
+
+    def row(i, kind, lang, mode, ind_m, ind_b):
+        return {"expert_id": f"e{i}", "kind": kind, "language": lang, "mode": mode, "path": f"/x/e{i}", "base": "/b", "ind__world_mgsm_direct_en_dev": ind_m, "ind__world_belebele_xa_dev": ind_b}  # fmt: skip
+
+    rows = [
+        row(0, "math", "en", "full", 0.1, 0.3),
+        row(1, "math", "en", "lora", 0.5, 0.2),
+        row(2, "math", "en", "full", 0.3, 0.9),
+        row(3, "language", "xa", "full", 0.0, 0.4),
+        row(4, "language", "xb", "full", 0.0, 0.9),
+        row(5, "language", "xa", "full", 0.0, 0.6),
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "registry.parquet")
+    exp = Experiment.model_validate({"language": "xa", "base": "/b", "experts": {"registry": str(tmp_path / "registry.parquet"), "top_k": 2}})  # fmt: skip
+    pool = resolve_pool(exp)
+    assert [(r.expert_id, r.kind) for r in pool.task] == [("e1", "lora"), ("e2", "full")]
+    assert [r.expert_id for r in pool.language] == ["e5", "e3"]
+    assert pool.base == "/b"
