@@ -1,0 +1,392 @@
+"""Expert sweeps: a Ray Tune search over training hyperparameters, checkpoints scored on indicators.
+
+`run_sweep(load_experiment("exp.yaml"), Path("runs/r1"))` (what `layerswap train` runs for an
+experiment with a `search:` block); rows land in RUN/experts/registry.parquet as trials finish.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from search.registry import append_rows, expert_id, read_rows, registry_path, top_k
+from spaces.experiment import Experiment, experiment_json, parse_experiment, with_overrides
+from spaces.sweep import Choice, SweepConfig
+
+METRIC = "indicator"  # what a trial reports to the searcher: its best checkpoint's indicator so far
+ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appends them
+
+
+@dataclass
+class SweepPlan:
+    """Everything a trial needs, resolved once in the driver (plain data, pickled to trials)."""
+
+    experiment: dict  # the experiment as JSON data
+    sweep: SweepConfig
+    tasks: list[str]
+    metric_task: str
+    include_path: str | None
+    int_params: set[str]
+    executor: str  # "in_trial" | "ray_train"
+    storage: str  # RUN/train/<experiment name>
+
+
+@dataclass
+class SweepResult:
+    registry: Path
+    rows: list[dict]  # this sweep's registry rows
+    best: list[dict]  # top_k of this sweep's experts on the metric task
+    metric_task: str
+    seconds: float
+    trials: dict[str, str] = field(default_factory=dict)  # trial_id -> status
+
+
+def world_dir(experiment: Experiment) -> Path | None:
+    """The embedded world of an experiment: `search.world`, or the base's parent with world.json."""
+    sweep = experiment.search
+    if sweep is not None and sweep.world is not None:
+        w = Path(sweep.world)
+        if not (w / "world.json").is_file():
+            raise ValueError(f"search.world: {w} is not a world folder (no world.json)")
+        return w
+    parent = Path(experiment.base).parent
+    return parent if (parent / "world.json").is_file() else None
+
+
+def absolute_paths(experiment: Experiment) -> Experiment:
+    """The experiment with relative local paths (base, datasets, search.world) made absolute.
+
+    Trials run in Tune's own working folders, so a path relative to the caller's folder (the
+    examples' `runs/world/base`) must be resolved in the driver.
+    """
+
+    def fix(p):
+        if isinstance(p, str) and p and not Path(p).is_absolute() and Path(p).exists():
+            return str(Path(p).resolve())
+        return p
+
+    data = experiment_json(experiment)
+    data["base"] = fix(data["base"])
+    for ds in data["datasets"]:
+        ds["path"] = fix(ds.get("path"))
+        if isinstance(ds.get("data_files"), list):
+            ds["data_files"] = [fix(f) for f in ds["data_files"]]
+    if data.get("search") and data["search"].get("world"):
+        data["search"]["world"] = fix(data["search"]["world"])
+    return parse_experiment(data, source=experiment.name)
+
+
+def plan_sweep(experiment: Experiment, run_dir: Path) -> SweepPlan:
+    """Resolve the sweep's tasks, int parameters, executor and storage; writes world task YAMLs.
+
+    Raises:
+        ValueError: no `search:` block, or a parameter/indicator that does not fit.
+    """
+    if experiment.search is None:
+        raise ValueError(f"experiment {experiment.name!r} has no search: block")
+    experiment = absolute_paths(experiment)
+    sweep = experiment.search
+    data = experiment_json(experiment)
+    int_params = sweep.int_params(data)
+    world = world_dir(experiment)
+    include = None
+    if world is not None:
+        from trainables.eval_tasks import write_world_tasks
+
+        tasks_dir = Path(run_dir) / "experts" / "tasks"
+        write_world_tasks(world, tasks_dir)
+        include = str(tasks_dir.resolve())
+    kind, lang = experiment.kind, experiment.language
+    tasks = sweep.tasks_for(kind, lang, world=world is not None)
+    executor = sweep.executor
+    if executor == "auto":
+        sc = experiment.scaling
+        executor = "in_trial" if sc.num_workers == 1 and not sc.use_gpu else "ray_train"
+    return SweepPlan(
+        experiment=data,
+        sweep=sweep,
+        tasks=tasks,
+        metric_task=sweep.metric_for(kind, lang, world=world is not None),
+        include_path=include,
+        int_params=int_params,
+        executor=executor,
+        storage=str((Path(run_dir) / "train").resolve()),
+    )
+
+
+def trial_seed(base_seed: int, params: dict[str, Any]) -> int:
+    """A trial's data seed: the experiment's seed plus a hash of its sampled parameters.
+
+    Each run samples its data with its own seed (the paper's practice); the same parameters
+    give the same seed, so a trial is reproducible from its registry row alone.
+    """
+    if "hyper.seed" in params:
+        return int(params["hyper.seed"])
+    text = json.dumps(params, sort_keys=True, default=str)
+    return base_seed + zlib.crc32(text.encode()) % 1_000_000
+
+
+def _flat_params(config: dict) -> dict[str, Any]:
+    """Tune configs may nest dotted keys ("hyper.lr" -> {"hyper": {"lr": ...}}): flatten back."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in _flat_params(v).items()})
+        else:
+            out[k] = v
+    return out
+
+
+_SCORERS: dict[tuple, Any] = {}  # per worker process: reused actors keep their cached prompts
+
+
+def _scorer(plan: SweepPlan, base: str):
+    from trainables.indicators import IndicatorScorer, load_tokenizer
+
+    key = (tuple(plan.tasks), plan.include_path, base, plan.sweep.limit, plan.sweep.num_fewshot,
+           plan.sweep.max_gen_toks, plan.sweep.backend)  # fmt: skip
+    if key not in _SCORERS:
+        _SCORERS[key] = IndicatorScorer(
+            plan.tasks,
+            load_tokenizer(base),
+            include_path=plan.include_path,
+            limit=plan.sweep.limit,
+            num_fewshot=plan.sweep.num_fewshot,
+            max_gen_toks=plan.sweep.max_gen_toks,
+            backend=plan.sweep.backend,
+        )
+    return _SCORERS[key]
+
+
+def _train(variant: Experiment, workdir: Path, executor: str) -> list[Path]:
+    """Train one variant into `workdir`; returns its checkpoint folders in step order.
+
+    in_trial: the plain loop in this process; a retried trial resumes from its last checkpoint
+    (data order is a function of seed and step, so no step is lost or repeated). ray_train: a
+    nested TorchTrainer (storage workdir/, FailureConfig from the experiment) whose reports reach
+    Tune through TuneReportCallback.
+    """
+    from trainables.train import find_checkpoints
+
+    if executor == "in_trial":
+        from trainables.train import run_training
+
+        done = find_checkpoints(workdir) if workdir.is_dir() else []
+        run_training(variant, workdir=workdir, resume_from=done[-1] if done else None)
+    else:
+        from trainables.ray_train import trainer_for
+
+        result = trainer_for(
+            variant, storage_path=str(workdir.parent), name=workdir.name, callbacks=[_tune_report()]
+        ).fit()
+        if result.error is not None:
+            raise RuntimeError(f"{variant.name}: nested TorchTrainer failed: {result.error!r}")
+    return find_checkpoints(workdir)
+
+
+def _tune_report():
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class TrainToTune(TuneReportCallback):
+        """Forwards training metrics to Tune with a placeholder indicator (-1: not scored yet);
+        Tune requires the search metric in every result, and indicators lie in [0, 1]."""
+
+        def after_report(self, run_context, metrics, checkpoint):
+            metrics = [{**m, METRIC: -1.0} for m in metrics]
+            super().after_report(run_context, metrics, checkpoint)
+
+    return TrainToTune()
+
+
+def score_rows(plan: SweepPlan, checkpoints: list[Path], trial_id: str, params: dict) -> list[dict]:
+    """Score checkpoints on the plan's indicators; one registry row each (the trial's last
+    checkpoint only when `checkpoints: last`)."""
+    from trainables.train import read_manifest
+
+    exp = plan.experiment
+    chosen = checkpoints[-1:] if plan.sweep.checkpoints == "last" else checkpoints
+    scorer = _scorer(plan, exp["base"])
+    rows = []
+    for ck in chosen:
+        man = read_manifest(ck)
+        scores = scorer.score_checkpoint(
+            ck, base=exp["base"], trust_remote_code=exp.get("trust_remote_code", False)
+        )
+        hparams = dict(man.get("hparams") or {})
+        hparams.update({k: v for k, v in params.items() if not k.startswith("hyper.")})
+        rows.append(
+            {
+                "expert_id": expert_id(exp["name"], trial_id, man["step"]),
+                "kind": exp["kind"],
+                "language": exp["language"],
+                "mode": exp["mode"]["type"],
+                "path": str(Path(ck).resolve()),
+                "base": exp["base"],
+                "trial_id": trial_id,
+                "step": int(man["step"]),
+                "samples": int(man["samples"]),
+                "seed": int(man["seed"]),
+                "hparams": json.dumps(hparams, sort_keys=True),
+                **scores.columns(),
+            }
+        )
+    return rows
+
+
+def sweep_trial(config: dict, plan: SweepPlan) -> None:
+    """The Tune function trainable: train one sampled variant, score its checkpoints, report.
+
+    Reports once per scored checkpoint (step order): `indicator` = the best score so far on the
+    metric task (a trial is worth its best checkpoint), plus that checkpoint's registry row.
+    """
+    import torch
+    from ray import tune
+
+    torch.set_num_threads(max(1, int(plan.sweep.cpus_per_trial)))
+    ctx = tune.get_context()
+    trial_id = ctx.get_trial_id()
+    params = _flat_params(config)
+    exp = Experiment.model_validate(plan.experiment)
+    overrides = dict(params)
+    overrides["hyper.seed"] = trial_seed(exp.hyper.seed, params)
+    variant = with_overrides(exp, overrides)
+    # Not Tune's trial dir: that is a local staging folder in Ray's session dir. RUN must be
+    # shared storage on a multi-node cluster (the registry records these paths).
+    workdir = Path(plan.storage) / exp.name / trial_id
+    checkpoints = _train(variant, workdir, plan.executor)
+    if not checkpoints:
+        raise RuntimeError(f"trial {trial_id}: training wrote no checkpoint under {workdir}")
+    best = float("-inf")
+    col = f"ind__{plan.metric_task}"
+    chosen = checkpoints[-1:] if plan.sweep.checkpoints == "last" else checkpoints
+    for ck in chosen:
+        (row,) = score_rows(plan, [ck], trial_id, params)
+        best = max(best, row[col])
+        tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})
+
+
+def _append_callback(path: Path):
+    from ray.tune import Callback
+
+    class AppendRows(Callback):
+        """Driver side: append each reported row to the registry as it arrives (one writer)."""
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result.get(ROWS_KEY):
+                append_rows(path, json.loads(result[ROWS_KEY]))
+
+    return AppendRows()
+
+
+@dataclass
+class _Space:
+    """Picklable define-by-run space (OptunaSearch pickles its state into the experiment dir)."""
+
+    sweep: SweepConfig
+    int_params: set[str]
+
+    def __call__(self, trial) -> None:
+        self.sweep.suggest(trial, self.int_params)
+
+
+def _searcher(plan: SweepPlan):
+    sweep = plan.sweep
+    if sweep.algorithm == "optuna":
+        from ray.tune.search import ConcurrencyLimiter
+        from ray.tune.search.optuna import OptunaSearch
+
+        alg = OptunaSearch(
+            space=_Space(sweep, plan.int_params), metric=METRIC, mode="max", seed=sweep.seed
+        )
+        return ConcurrencyLimiter(alg, max_concurrent=sweep.max_concurrent), None
+    from ray import tune
+    from ray.tune.search import BasicVariantGenerator
+
+    param_space = {}
+    for name, dim in sweep.params.items():
+        if isinstance(dim, Choice):
+            param_space[name] = tune.choice(list(dim.choices))
+        elif name in plan.int_params:
+            lo, hi = int(dim.low), int(dim.high) + 1  # Tune's int upper bound is exclusive
+            param_space[name] = tune.lograndint(lo, hi) if dim.log else tune.randint(lo, hi)
+        else:
+            param_space[name] = (tune.loguniform if dim.log else tune.uniform)(dim.low, dim.high)
+    alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
+    return alg, param_space
+
+
+def run_sweep(experiment: Experiment, run_dir: str | Path, *, verbose: int = 0) -> SweepResult:
+    """Run the experiment's expert sweep; every scored checkpoint becomes a registry row.
+
+    Starts a local Ray instance unless one is already initialised (tests pass their own).
+
+    Args:
+        experiment: a validated experiment with a `search:` block.
+        run_dir: RUN; trials train under RUN/train/<name>/<trial_id>/, rows go to
+            RUN/experts/registry.parquet.
+        verbose: Tune's verbosity.
+    Returns:
+        SweepResult with this sweep's rows and its top_k experts on the metric task.
+    """
+    import ray
+    from ray import tune
+
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    plan = plan_sweep(experiment, run_dir)
+    reg = registry_path(run_dir)
+    if not ray.is_initialized():
+        ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=verbose > 0)
+    alg, param_space = _searcher(plan)
+    # A trial that nests a TorchTrainer only drives it: its workers reserve their own CPUs.
+    cpus = plan.sweep.cpus_per_trial if plan.executor == "in_trial" else 0.01
+    trainable = tune.with_resources(tune.with_parameters(sweep_trial, plan=plan), {"cpu": cpus})
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=alg,
+            num_samples=plan.sweep.num_samples,
+            metric=METRIC,
+            mode="max",
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=experiment.name,
+            storage_path=plan.storage,
+            callbacks=[_append_callback(reg)],
+            # A failed in_trial trial restarts and resumes from its last checkpoint (_train).
+            failure_config=tune.FailureConfig(max_failures=experiment.failure.max_failures),
+            verbose=verbose,
+        ),
+    )
+    grid = tuner.fit()
+    statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error else "ok") for r in grid}
+    ids = set(statuses)
+    rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]
+    best = top_k(rows, experiment.kind, experiment.language, plan.metric_task, plan.sweep.top_k)
+    return SweepResult(reg, rows, best, plan.metric_task, time.perf_counter() - t0, statuses)
+
+
+def sweep_cli(experiment: Experiment, run_dir: str | Path) -> int:
+    """`layerswap train EXP.yaml` with a `search:` block: run the sweep, print the top experts.
+
+    Returns:
+        0 when every trial finished, 1 when some failed (their rows are still kept).
+    """
+    res = run_sweep(experiment, run_dir)
+    failed = sorted(t for t, s in res.trials.items() if s != "ok")
+    print(
+        f"expert sweep {experiment.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
+        f"scored in {res.seconds:.0f}s -> {res.registry}"
+    )
+    col = f"ind__{res.metric_task}"
+    for i, r in enumerate(res.best, 1):
+        print(f"  #{i} {res.metric_task}={r[col]:.4f} step {r['step']} trial {r['trial_id']}: {r['path']}")  # fmt: skip
+    if failed:
+        print(f"  failed trials: {', '.join(failed)}")
+    return 1 if failed else 0

@@ -1,0 +1,247 @@
+"""The `search:` block of a training experiment: an expert sweep over training hyperparameters.
+
+Pure data (no torch, no ray). `SweepConfig.model_validate(yaml_dict)`; `search/sweep.py` runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ExpertKind = Literal["math", "language"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Range(StrictModel):
+    """A numeric range, sampled uniformly (or log-uniformly); ints for integer hyperparameters."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if not self.low <= self.high:
+            raise ValueError(f"range low={self.low} must be <= high={self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log range needs low > 0, got low={self.low}")
+        return self
+
+
+class Choice(StrictModel):
+    """A categorical choice among listed values."""
+
+    choices: list[Any] = Field(min_length=1)
+
+
+Dim = Annotated[Range | Choice, Field(union_mode="left_to_right")]
+
+# The ranges of the ICLR 2025 paper's Table 4 (the hyperparameters of its Llama 3.1 8B experts),
+# as dotted paths into the experiment: learning rates 2e-8..2e-7, batch 4 or 8, weight decay
+# 0.01..0.1, clip 0.5 or 1.0, warmup 300..1000 steps, beta2 0.99..0.999. They suit the real
+# models; the embedded world's configs give their own `params` (tiny models want ~1e-4..1e-3).
+TABLE4: dict[str, Range | Choice] = {
+    "hyper.lr": Range(low=2e-8, high=2e-7, log=True),
+    "hyper.batch_size": Choice(choices=[4, 8]),
+    "hyper.weight_decay": Choice(choices=[0.01, 0.05, 0.1]),
+    "hyper.grad_clip": Choice(choices=[0.5, 1.0]),
+    "hyper.warmup_steps": Choice(choices=[300, 500, 1000]),
+    "hyper.beta2": Choice(choices=[0.99, 0.995, 0.999]),
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def param_is_int(dim: Range | Choice, current: Any) -> bool:
+    """Whether a parameter is sampled as an int: the experiment's value is one (or, when it is
+    unset, a numeric range with integral bounds)."""
+    if isinstance(dim, Choice):
+        return False
+    if current is None:
+        return float(dim.low).is_integer() and float(dim.high).is_integer()
+    return _is_int(current)
+
+
+class SweepConfig(StrictModel):
+    """An expert sweep: Tune trials over `params`, each checkpoint scored on its kind's indicators.
+
+    Fields:
+        num_samples: trials.
+        seed: seeds the searcher (each trial's data seed derives from its parameters).
+        algorithm: "optuna" (TPE, define-by-run) or "random".
+        params: ranges by dotted path into the experiment (`hyper.lr`, `mode.rank`), each
+            {low, high[, log]} or {choices}; default TABLE4. Giving `params` replaces TABLE4.
+        indicators: lm-eval task names to score; default by kind (see `indicator_tasks`).
+        global_mmlu: add Global-MMLU to a language expert's default indicators (real models).
+        metric: the indicator a trial reports to the searcher (default: the first indicator).
+        max_concurrent: trials running at once.
+        checkpoints: score "all" of a trial's checkpoints or only its "last".
+        top_k: how many experts per kind the merge search takes from the registry.
+        limit: first N items of each indicator task (None: all).
+        num_fewshot: few-shot examples in indicator prompts.
+        max_gen_toks: generation budget of generate_until indicators (MGSM).
+        backend: "proxy" (cached ProxyEvaluator, lm-eval's per-item predictions) or "lm_eval".
+        executor: "in_trial" runs the plain training loop inside the Tune trial (1 CPU worker,
+            no Ray Train start-up); "ray_train" nests the experiment's TorchTrainer (workers,
+            GPUs, fault tolerance); "auto" picks in_trial for one CPU worker, else ray_train.
+        cpus_per_trial: CPUs a trial reserves (the nested TorchTrainer's workers reserve theirs).
+        world: embedded-world folder whose dev tasks score the experts (default: the base
+            model's parent folder when it holds world.json; otherwise lm-eval built-in tasks).
+    """
+
+    num_samples: int = Field(4, ge=1)
+    seed: int = 0
+    algorithm: Literal["optuna", "random"] = "optuna"
+    params: dict[str, Dim] = Field(default_factory=lambda: dict(TABLE4))
+    indicators: list[str] | None = Field(None, min_length=1)
+    global_mmlu: bool = False
+    metric: str | None = None
+    max_concurrent: int = Field(1, ge=1)
+    checkpoints: Literal["all", "last"] = "all"
+    top_k: int = Field(3, ge=1)
+    limit: int | None = Field(None, ge=1)
+    num_fewshot: int = Field(0, ge=0)
+    max_gen_toks: int = Field(256, ge=1)
+    backend: Literal["proxy", "lm_eval"] = "proxy"
+    executor: Literal["auto", "in_trial", "ray_train"] = "auto"
+    cpus_per_trial: float = Field(1.0, gt=0)
+    world: str | None = None
+
+    @model_validator(mode="after")
+    def _metric_is_indicator(self) -> SweepConfig:
+        if not self.params:
+            raise ValueError("search.params: give at least one hyperparameter to vary")
+        if self.metric is not None and self.indicators is not None:
+            if self.metric not in self.indicators:
+                raise ValueError(
+                    f"search.metric {self.metric!r} is not one of search.indicators "
+                    f"{self.indicators}"
+                )
+        return self
+
+    def tasks_for(self, kind: ExpertKind, language: str, *, world: bool) -> list[str]:
+        """The indicator tasks of an expert (explicit `indicators`, else the kind's defaults)."""
+        if self.indicators is not None:
+            return list(self.indicators)
+        return indicator_tasks(kind, language, world=world, global_mmlu=self.global_mmlu)
+
+    def metric_for(self, kind: ExpertKind, language: str, *, world: bool) -> str:
+        """The task whose score a trial reports to the searcher."""
+        tasks = self.tasks_for(kind, language, world=world)
+        if self.metric is None:
+            return tasks[0]
+        if self.metric not in tasks:
+            raise ValueError(f"search.metric {self.metric!r} is not one of the indicators {tasks}")
+        return self.metric
+
+    def int_params(self, experiment: dict) -> set[str]:
+        """Dotted paths sampled as ints, checked against the experiment's values.
+
+        Args:
+            experiment: the experiment as JSON data (`Experiment.model_dump(mode="json")`).
+        Returns:
+            the paths whose current value is an int (or unset with integral range bounds).
+        Raises:
+            ValueError: naming a path that is not a field, or an int field with fractional bounds.
+        """
+        out = set()
+        for path, dim in self.params.items():
+            node: Any = experiment
+            for part in path.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    raise ValueError(f"search.params: {path!r} is not a field of the experiment")
+                node = node[part]
+            if param_is_int(dim, node):
+                if not (float(dim.low).is_integer() and float(dim.high).is_integer()):
+                    raise ValueError(
+                        f"search.params.{path}: integer field needs integer bounds, "
+                        f"got {dim.low}..{dim.high}"
+                    )
+                out.add(path)
+        return out
+
+    def suggest(self, trial, int_params: set[str]) -> None:
+        """Optuna define-by-run space (duck-typed `optuna.Trial`; used by OptunaSearch).
+
+        Args:
+            trial: the Optuna trial.
+            int_params: dotted paths sampled as ints (see `param_is_int`).
+        """
+        for name, dim in self.params.items():
+            if isinstance(dim, Choice):
+                trial.suggest_categorical(name, list(dim.choices))
+            elif name in int_params:
+                trial.suggest_int(name, int(dim.low), int(dim.high), log=dim.log)
+            else:
+                trial.suggest_float(name, float(dim.low), float(dim.high), log=dim.log)
+
+
+# Real-model indicator tasks per language code (ISO 639-1 or 639-3, as experiments write them):
+# (Belebele FLORES code, Global-MMLU code).
+LANG_CODES: dict[str, tuple[str, str]] = {}
+for _codes, _bele, _gmmlu in [
+    (("en", "eng"), "eng_Latn", "en"),
+    (("sw", "swh", "swa"), "swh_Latn", "sw"),
+    (("bn", "ben"), "ben_Beng", "bn"),
+    (("te", "tel"), "tel_Telu", "te"),
+    (("ja", "jpn"), "jpn_Jpan", "ja"),
+    (("de", "deu"), "deu_Latn", "de"),
+    (("fr", "fra"), "fra_Latn", "fr"),
+    (("es", "spa"), "spa_Latn", "es"),
+    (("ru", "rus"), "rus_Cyrl", "ru"),
+    (("zh", "zho"), "zho_Hans", "zh"),
+]:
+    for _c in _codes:
+        LANG_CODES[_c] = (_bele, _gmmlu)
+WORLD_LANGUAGES = {"en", "xa", "xb"}
+
+
+def indicator_tasks(
+    kind: ExpertKind, language: str, *, world: bool, global_mmlu: bool = False
+) -> list[str]:
+    """The merging indicators of an expert (follow-up paper §5), as lm-eval task names.
+
+    A math expert is scored on English MGSM, a language expert on target-language Belebele
+    (plus Global-MMLU when asked, real models only). World experts use the world's dev splits.
+    Real models use lm-eval's built-in tasks; note that `mgsm_direct_en` shares its problems
+    with the target-language MGSM test set, so pass `indicators:` explicitly (e.g. a GSM8K
+    split) when that overlap matters.
+
+    Args:
+        kind: "math" or "language".
+        language: the expert's language code (world: en/xa/xb; real: e.g. sw or swh).
+        world: the embedded world (dev-split tasks) or real models (built-in tasks).
+        global_mmlu: add global_mmlu_full_<code> for a real language expert.
+    Returns:
+        task names, the first one being the default sweep metric.
+    """
+    if kind not in ("math", "language"):
+        raise ValueError(f"unknown expert kind {kind!r} (expected 'math' or 'language')")
+    if world:
+        if language not in WORLD_LANGUAGES:
+            raise ValueError(
+                f"world language {language!r} unknown (have {sorted(WORLD_LANGUAGES)})"
+            )
+        if global_mmlu:
+            raise ValueError("search.global_mmlu: the embedded world has no Global-MMLU")
+        if kind == "math":
+            return ["world_mgsm_direct_en_dev"]
+        return [f"world_belebele_{language}_dev"]
+    if kind == "math":
+        return ["mgsm_direct_en"]
+    if language not in LANG_CODES:
+        raise ValueError(
+            f"language {language!r}: no default Belebele task (known: {sorted(LANG_CODES)}); "
+            f"give search.indicators explicitly"
+        )
+    bele, gmmlu = LANG_CODES[language]
+    tasks = [f"belebele_{bele}"]
+    if global_mmlu:
+        tasks.append(f"global_mmlu_full_{gmmlu}")
+    return tasks

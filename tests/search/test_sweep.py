@@ -1,0 +1,199 @@
+"""Expert sweeps: planning, seeds, search spaces, and a 4-trial Ray Tune sweep whose registry
+scores equal lm-eval's re-evaluation of the chosen checkpoints.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_sweep.py   (the sweep is marked slow)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from search.registry import read_rows, registry_path, top_k
+from search.sweep import _flat_params, _searcher, plan_sweep, run_sweep, score_rows, trial_seed
+from spaces.experiment import parse_experiment
+
+MGSM, BELE = "world_mgsm_direct_en_dev", "world_belebele_en_dev"
+LIMIT, GEN_TOKS = 8, 16
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """The tiny world, seed 0 (build_world is idempotent: other modules reuse this folder)."""
+    from search.world import build_world
+
+    return build_world(
+        tmp_path_factory.getbasetemp() / "sweep_world" / "world",
+        seed=0,
+        size="tiny",
+        progress=False,
+    )
+
+
+def experiment(world: Path, search: dict, **kw):
+    data = {
+        "name": "sweep_math",
+        "base": str(world / "base"),
+        "kind": "math",
+        "language": "en",
+        "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
+        "mode": "full",
+        "hyper": {"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "warmup_steps": 1},
+        "checkpoint_every_samples": 8,
+        "search": search,
+    }
+    data.update(kw)
+    return parse_experiment(data)
+
+
+SPACE = {
+    "hyper.lr": {"low": 1e-4, "high": 3e-3, "log": True},
+    "hyper.warmup_steps": {"low": 0, "high": 2},
+}
+
+
+def test_plan_resolves_world_tasks_and_executor(world, tmp_path):
+    plan = plan_sweep(experiment(world, {"params": SPACE}), tmp_path)
+    assert plan.tasks == [MGSM] and plan.metric_task == MGSM
+    assert (Path(plan.include_path) / f"{MGSM}.yaml").is_file()
+    assert plan.int_params == {"hyper.warmup_steps"}
+    assert plan.executor == "in_trial"
+    assert plan.storage == str((tmp_path / "train").resolve())
+    two = experiment(world, {"params": SPACE}, scaling={"num_workers": 2})
+    assert plan_sweep(two, tmp_path).executor == "ray_train"
+    lang = experiment(world, {"params": SPACE}, kind="language", language="xa")
+    assert plan_sweep(lang, tmp_path).tasks == ["world_belebele_xa_dev"]
+    with pytest.raises(ValueError, match="no search"):
+        plan_sweep(experiment(world, None), tmp_path)
+
+
+def test_relative_paths_are_resolved_in_the_driver(world, tmp_path, monkeypatch):
+    """Trials run in Tune's folders: the examples' relative `runs/world/base` must not reach them."""
+    monkeypatch.chdir(world.parent)
+    exp = experiment(world, {"params": SPACE}, base="world/base")
+    exp = exp.model_copy(update={"datasets": [exp.datasets[0].model_copy(update={"path": "world/data/sft/math_en.jsonl"})]})  # fmt: skip
+    plan = plan_sweep(exp, tmp_path)
+    assert plan.experiment["base"] == str(world / "base")
+    assert plan.experiment["datasets"][0]["path"] == str(world / "data/sft/math_en.jsonl")
+    assert plan.include_path is not None  # the world was found through the resolved base
+
+
+def test_real_base_uses_builtin_tasks(world, tmp_path):
+    exp = experiment(world, {"params": SPACE}, base="meta-llama/Llama-3.1-8B-Instruct")
+    exp = exp.model_copy(update={"language": "swh", "kind": "language"})
+    plan = plan_sweep(exp, tmp_path)
+    assert plan.tasks == ["belebele_swh_Latn"] and plan.include_path is None
+
+
+def test_trial_seed_and_params():
+    a = trial_seed(0, {"hyper.lr": 1e-3})
+    assert a == trial_seed(0, {"hyper.lr": 1e-3}) and a != trial_seed(0, {"hyper.lr": 2e-3})
+    assert trial_seed(5, {"hyper.lr": 1e-3}) == a + 5
+    assert trial_seed(0, {"hyper.seed": 9}) == 9
+    assert _flat_params({"hyper": {"lr": 1.0}, "mode.rank": 4}) == {"hyper.lr": 1.0, "mode.rank": 4}
+
+
+def test_random_search_space(world, tmp_path):
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    search = {"algorithm": "random", "params": {**SPACE, "hyper.schedule": {"choices": ["linear", "wsd"]}}}  # fmt: skip
+    _, space = _searcher(plan_sweep(experiment(world, search), tmp_path))
+    assert isinstance(space["hyper.lr"], Float)
+    assert isinstance(space["hyper.warmup_steps"], Integer)
+    assert (space["hyper.warmup_steps"].lower, space["hyper.warmup_steps"].upper) == (0, 3)
+    assert isinstance(space["hyper.schedule"], Categorical)
+
+
+def test_score_rows_last_checkpoint(world, tmp_path):
+    """Rows straight from the plain loop's checkpoints (no Ray): `checkpoints: last` keeps one."""
+    from trainables.train import find_checkpoints, run_training
+
+    search = {"params": SPACE, "checkpoints": "last", "limit": 4, "max_gen_toks": 8}
+    exp = experiment(world, search, hyper={"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "seed": 3})  # fmt: skip
+    run_training(exp, workdir=tmp_path / "t0")
+    cks = find_checkpoints(tmp_path / "t0")
+    assert len(cks) == 2
+    (row,) = score_rows(plan_sweep(exp, tmp_path), cks, "t0", {"hyper.lr": 1e-3, "mode.x": 1})
+    assert (row["step"], row["samples"], row["seed"], row["trial_id"]) == (4, 16, 3, "t0")
+    assert row["path"] == str(cks[-1].resolve()) and row["mode"] == "full"
+    assert json.loads(row["hparams"])["lr"] == 1e-3 and json.loads(row["hparams"])["mode.x"] == 1
+    assert row[f"n_items__{MGSM}"] == 4 and 0 <= row[f"ind__{MGSM}"] <= 1
+
+
+@pytest.fixture
+def ray_local():
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="lswsw", dir="/tmp")  # short: Ray's socket paths have a limit
+    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
+    from trainables.evaluate import evaluate, task_score
+
+    search = {
+        "num_samples": 4,
+        "seed": 0,
+        "params": SPACE,
+        # Belebele too: its multiple-choice scores move with every weight, unlike tiny MGSM.
+        "indicators": [BELE, MGSM],
+        "limit": LIMIT,
+        "max_gen_toks": GEN_TOKS,
+        "top_k": 3,
+    }
+    exp = experiment(world, search)
+    res = run_sweep(exp, tmp_path)
+    assert len(res.trials) == 4 and set(res.trials.values()) == {"ok"}
+
+    rows = read_rows(registry_path(tmp_path))
+    assert rows == res.rows and len(rows) == 8  # 2 checkpoints (8 and 16 samples) per trial
+    assert {r["trial_id"] for r in rows} == set(res.trials)
+    assert sorted({r["samples"] for r in rows}) == [8, 16]
+    assert len({json.loads(r["hparams"])["lr"] for r in rows}) == 4  # every trial sampled its own
+    assert len({r["seed"] for r in rows}) == 4
+    for r in rows:
+        assert Path(r["path"]).is_relative_to(tmp_path / "train" / "sweep_math" / r["trial_id"])
+        assert r[f"n_items__{BELE}"] == LIMIT and r[f"n_items__{MGSM}"] == LIMIT
+
+    chosen = top_k(tmp_path / "experts" / "registry.parquet", "math", "en", BELE, k=3)
+    assert chosen == res.best and len(chosen) == 3
+    for r in chosen:  # lm-eval itself, from the checkpoint folder on disk
+        raw = evaluate(
+            r["path"], [BELE, MGSM], include_path=str(tmp_path / "experts" / "tasks"),
+            limit=LIMIT, num_fewshot=0, max_gen_toks=GEN_TOKS,
+        )  # fmt: skip
+        assert r[f"ind__{BELE}"] == pytest.approx(task_score(raw, BELE), abs=1e-12)
+        assert r[f"ind__{MGSM}"] == pytest.approx(task_score(raw, MGSM), abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("LAYERSWAP_TEST_NESTED_TRAIN") != "1",
+    reason="Ray Train start-up per trial: measured 65-220 s on the shared 2-core box; "
+    "set LAYERSWAP_TEST_NESTED_TRAIN=1",
+)
+def test_sweep_nested_torch_trainer(world, tmp_path, ray_local):
+    """executor: ray_train drives the experiment's TorchTrainer inside the Tune trial."""
+    search = {
+        "num_samples": 1,
+        "params": {"hyper.lr": {"choices": [1e-3]}},
+        "executor": "ray_train",
+        "checkpoints": "last",
+        "limit": 4,
+        "max_gen_toks": 8,
+    }
+    exp = experiment(world, search)
+    res = run_sweep(exp, tmp_path)
+    assert list(res.trials.values()) == ["ok"]
+    (row,) = res.rows
+    assert row["samples"] == 16 and Path(row["path"]).name == "samples_000000016"
+    assert Path(row["path"]).parent == tmp_path / "train" / "sweep_math" / row["trial_id"]
