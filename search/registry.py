@@ -49,6 +49,45 @@ def expert_id(experiment: str, trial_id: str, step: int) -> str:
     return hashlib.sha256(f"{experiment}\x00{trial_id}\x00{int(step)}".encode()).hexdigest()[:12]
 
 
+def expert_row(
+    experiment: dict,
+    checkpoint: str | Path,
+    manifest: dict,
+    trial_id: str,
+    columns: dict,
+    extra_hparams: dict | None = None,
+) -> dict[str, Any]:
+    """One registry row for a scored checkpoint.
+
+    Args:
+        experiment: the training experiment as JSON data (name, kind, language, mode, base).
+        checkpoint: the checkpoint folder.
+        manifest: its training manifest (trainables.train.read_manifest).
+        trial_id: the sweep trial (or run) that wrote it.
+        columns: indicator columns (`IndicatorScores.columns()`).
+        extra_hparams: sampled values outside `hyper` (e.g. mode.rank), merged into hparams.
+    Returns:
+        the row (contract schema).
+    """
+    import json
+
+    hparams = dict(manifest.get("hparams") or {}) | dict(extra_hparams or {})
+    return {
+        "expert_id": expert_id(experiment["name"], trial_id, manifest["step"]),
+        "kind": experiment["kind"],
+        "language": experiment["language"],
+        "mode": experiment["mode"]["type"],
+        "path": str(Path(checkpoint).resolve()),
+        "base": experiment["base"],
+        "trial_id": trial_id,
+        "step": int(manifest["step"]),
+        "samples": int(manifest["samples"]),
+        "seed": int(manifest["seed"]),
+        "hparams": json.dumps(hparams, sort_keys=True),
+        **columns,
+    }
+
+
 def indicator_names(columns: list[str]) -> list[str]:
     """Task names that have an indicator column (`ind__<task>`)."""
     return [c[len(IND) :] for c in columns if c.startswith(IND)]

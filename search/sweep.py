@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search.registry import append_rows, expert_id, read_rows, registry_path, top_k
+from search.registry import append_rows, expert_row, read_rows, registry_path, top_k
 from spaces.experiment import Experiment, experiment_json, parse_experiment, with_overrides
 from spaces.sweep import Choice, SweepConfig
 
@@ -212,28 +212,11 @@ def score_rows(plan: SweepPlan, checkpoints: list[Path], trial_id: str, params: 
     scorer = _scorer(plan, exp["base"])
     rows = []
     for ck in chosen:
-        man = read_manifest(ck)
         scores = scorer.score_checkpoint(
             ck, base=exp["base"], trust_remote_code=exp.get("trust_remote_code", False)
         )
-        hparams = dict(man.get("hparams") or {})
-        hparams.update({k: v for k, v in params.items() if not k.startswith("hyper.")})
-        rows.append(
-            {
-                "expert_id": expert_id(exp["name"], trial_id, man["step"]),
-                "kind": exp["kind"],
-                "language": exp["language"],
-                "mode": exp["mode"]["type"],
-                "path": str(Path(ck).resolve()),
-                "base": exp["base"],
-                "trial_id": trial_id,
-                "step": int(man["step"]),
-                "samples": int(man["samples"]),
-                "seed": int(man["seed"]),
-                "hparams": json.dumps(hparams, sort_keys=True),
-                **scores.columns(),
-            }
-        )
+        extra = {k: v for k, v in params.items() if not k.startswith("hyper.")}
+        rows.append(expert_row(exp, ck, read_manifest(ck), trial_id, scores.columns(), extra))
     return rows
 
 
