@@ -43,6 +43,8 @@ def resolve_pool(exp: Experiment) -> ExpertPool:
         return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
     import pyarrow.parquet as pq
 
+    from trainables.lora import is_lora_adapter
+
     src = exp.experts
     rows = pq.read_table(src.registry).to_pylist()
     if not rows:
@@ -62,7 +64,8 @@ def resolve_pool(exp: Experiment) -> ExpertPool:
             ExpertRef(
                 path=r["path"],
                 expert_id=r["expert_id"],
-                kind="lora" if r["mode"] == "lora" else "full",
+                # partial/simultaneous/mix runs may write adapters too: ask the folder itself
+                kind="lora" if r["mode"] == "lora" or is_lora_adapter(r["path"]) else "full",
             )
             for r in cand[: src.top_k]
         ]
