@@ -194,6 +194,7 @@ def promote(experiment: Experiment, run_dir: str | Path, *, progress: bool = Tru
                 include_path=inc,
                 limit=exp.promote.limit,
                 max_gen_toks=exp.promote.max_gen_toks,
+                batch_size=exp.promote.batch_size,
             )
         except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
             print(f"promotion: {name}: failed: {type(e).__name__}: {e}", flush=True)

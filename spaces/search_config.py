@@ -72,6 +72,7 @@ class PromoteSettings(StrictModel):
     top_k: int = Field(3, ge=1)
     limit: int | None = Field(None, ge=1)  # lm-eval docs per task (None: all)
     max_gen_toks: int = Field(32, ge=1)
+    batch_size: int = Field(16, ge=1)  # lm-eval HFLM batch size (batched greedy generation)
     baselines: list[
         Literal[
             "base",
