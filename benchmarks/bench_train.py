@@ -1,0 +1,138 @@
+"""Training throughput under Ray Train (1 worker) vs the plain loop, same model, data and steps.
+
+Run `python benchmarks/bench_train.py [--steps 60] [--hidden 256] [--threads 1] [--out F.json]`
+(~2-3 min on 2 CPU cores). Tokens/s are measured between the first and the last training step
+(from the loop's per-step log), so Ray's fixed start-up (cluster, worker group, process group,
+model load) is excluded and reported separately as the time from `fit()` to the first step.
+Both arms run the same `run_training` on the same thread count and report every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def make_base(world: Path, out: Path, hidden: int, layers: int) -> Path:
+    """A randomly initialised Llama of the given width on the world's tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(world / "base")
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers = hidden, 3 * hidden, layers
+    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 8, 4, hidden // 8
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(world / "base").save_pretrained(out)
+    return out
+
+
+def throughput(log: Path) -> dict:
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    a, b = rows[0], rows[-1]
+    dt = b["time"] - a["time"]
+    return {
+        "steps": len(rows),
+        "tokens": b["tokens"] - a["tokens"],
+        "seconds": dt,
+        "tokens_per_s": (b["tokens"] - a["tokens"]) / dt,
+        "first_step_time": a["time"],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=10, help="steps between reports (default 10)")
+    p.add_argument("--skip-plain2", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+
+    import ray
+    import torch
+
+    from search.world import build_world
+    from spaces.experiment import parse_experiment
+    from trainables.ray_train import train_with_ray
+    from trainables.train import run_training
+
+    torch.set_num_threads(args.threads)
+    root = Path(tempfile.mkdtemp(prefix="bench_train_"))
+    try:
+        world = build_world(root / "world", seed=0, size="tiny", progress=False)
+        base = make_base(world, root / "base", args.hidden, args.layers)
+
+        def exp(tag: str):
+            return parse_experiment(
+                {
+                    "name": f"bench_{tag}",
+                    "base": str(base),
+                    "kind": "math",
+                    "language": "en",
+                    "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
+                    "mode": "full",
+                    "hyper": {
+                        "lr": 1e-3,
+                        "batch_size": args.batch_size,
+                        "max_steps": args.steps,
+                        "seq_len": 128,
+                        "val_share": 0.02,
+                        "log_every": args.log_every,
+                    },
+                    "scaling": {"num_workers": 1, "cpus_per_worker": args.threads},
+                    "storage_path": str(root / "ray"),
+                    "debug": {"step_log": str(root / f"{tag}.jsonl")},
+                }
+            )
+
+        results: dict = {"config": vars(args) | {"out": str(args.out) if args.out else None}}
+        t = time.time()
+        run_training(exp("plain1"), workdir=root / "plain1", report=lambda m, c: None)
+        results["plain1"] = throughput(root / "plain1.jsonl")
+        results["plain1"]["startup_s"] = results["plain1"].pop("first_step_time") - t
+
+        t = time.time()
+        ray.init(num_cpus=max(2, args.threads), _temp_dir=tempfile.mkdtemp(prefix="lsb", dir="/tmp"), include_dashboard=False, log_to_driver=False)  # fmt: skip
+        t_init = time.time() - t
+        t = time.time()
+        res = train_with_ray(exp("ray"))
+        t_fit = time.time() - t
+        ray.shutdown()
+        assert res.error is None, res.error
+        results["ray"] = throughput(root / "ray.jsonl")
+        results["ray"]["startup_s"] = results["ray"].pop("first_step_time") - t
+        results["ray"] |= {"ray_init_s": t_init, "fit_total_s": t_fit}
+
+        t = time.time()
+        run_training(exp("plain2"), workdir=root / "plain2", report=lambda m, c: None)
+        results["plain2"] = throughput(root / "plain2.jsonl")
+        results["plain2"]["startup_s"] = results["plain2"].pop("first_step_time") - t
+
+        plain = (results["plain1"]["tokens_per_s"] + results["plain2"]["tokens_per_s"]) / 2
+        results["ratio_ray_over_plain"] = results["ray"]["tokens_per_s"] / plain
+        for k in ("plain1", "ray", "plain2"):
+            r = results[k]
+            print(f"{k:7s} {r['tokens_per_s']:9.0f} tok/s over {r['steps']} steps ({r['seconds']:.1f}s), start-up to first step {r['startup_s']:.1f}s")  # fmt: skip
+        print(f"ray.init {t_init:.1f}s; fit() total {t_fit:.1f}s")
+        print(f"Ray Train / plain loop tokens/s: {results['ratio_ray_over_plain']:.3f} (target >= 0.9)")  # fmt: skip
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

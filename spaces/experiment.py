@@ -1,0 +1,358 @@
+"""Training experiments as validated data: base, datasets, mode, hyperparameters, scaling, storage.
+
+Load with `load_experiment("spaces/examples/world_math_full.yaml")`; `layerswap train FILE` runs
+it. Pure data: no torch, no ray. The modes and what they mean are in trainables/train/.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from spaces.partitions import PARTITIONS, PartitionName
+from spaces.recipe import Side, Zones
+from spaces.sweep import Choice, Range, SweepConfig
+
+Kind = Literal["math", "language"]
+Schedule = Literal["linear", "wsd", "constant_with_warmup"]
+# Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSpec(StrictModel):
+    """One SFT dataset: a local JSONL/JSON/Parquet file, or a registered source.
+
+    `path`: rows in Orca (question/answer), Aya (inputs/targets) or record (prompt/response)
+    schema. `source`: a name of trainables/datasets.py SOURCES (read from the Hub, or from
+    `data_files` in the source's schema), with `language` for multilingual sources.
+    """
+
+    path: str | None = None
+    source: str | None = None
+    language: str | None = None
+    data_files: list[str] | None = None
+    limit: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> DatasetSpec:
+        if (self.path is None) == (self.source is None):
+            raise ValueError("give exactly one of `path` (local file) or `source` (SOURCES name)")
+        if self.path is not None and self.data_files is not None:
+            raise ValueError("data_files goes with `source`; a `path` dataset is one file")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.path if self.path is not None else f"{self.source}:{self.language or ''}"
+
+
+class PartitionSpec(StrictModel):
+    """A custom partition in layer-swap vocabulary: layers [0, bottom) and [L-top, L) are the
+    language side, the middle the task side; `attention`/`mlp` override per component (zones of
+    their own, or a whole side). `non_layer` (embeddings, final norm, lm_head): which side owns
+    them, or None = frozen for every side."""
+
+    bottom: int = Field(ge=0)
+    top: int = Field(ge=0)
+    attention: Zones | Side | None = None
+    mlp: Zones | Side | None = None
+    non_layer: Side | None = None
+
+    @model_validator(mode="after")
+    def _no_transitions(self) -> PartitionSpec:
+        for comp in ("attention", "mlp"):
+            z = getattr(self, comp)
+            if isinstance(z, Zones) and (z.bottom_transition or z.top_transition):
+                raise ValueError(f"{comp}: a training partition has no transition zones")
+        return self
+
+
+def partition_spec(p: PartitionName | PartitionSpec) -> PartitionSpec:
+    """A named partition (A, B, C of DESIGN.md §1) as a PartitionSpec (non-layer frozen)."""
+    return p if isinstance(p, PartitionSpec) else PartitionSpec(**PARTITIONS[p])
+
+
+class LoraSpec(StrictModel):
+    """Rank-stabilised LoRA (PEFT) on attention and MLP projections."""
+
+    rank: int = Field(16, gt=0)
+    alpha: float = Field(32.0, gt=0)
+    rslora: bool = True
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+
+
+class FullMode(StrictModel):
+    type: Literal["full"]
+
+
+class LoraMode(LoraSpec):
+    type: Literal["lora"]
+
+
+class PartialMode(StrictModel):
+    """Train only `train`'s side of `partition`; the rest stays bit-identical to base.
+    `lora`: adapters only on the allocated partition's projections instead of full weights."""
+
+    type: Literal["partial"]
+    partition: PartitionName | PartitionSpec
+    train: Side
+    lora: LoraSpec | None = None
+
+
+class SimultaneousMode(StrictModel):
+    """Alternate datasets every `k` steps; dataset i trains only side `sides[i]` of `partition`.
+    Each side has its own AdamW; the idle side's moments do not move."""
+
+    type: Literal["simultaneous"]
+    partition: PartitionName | PartitionSpec
+    k: int = Field(1, ge=1)
+    sides: tuple[Side, Side] = ("task", "language")
+    lora: LoraSpec | None = None
+
+    @model_validator(mode="after")
+    def _distinct(self) -> SimultaneousMode:
+        if self.sides[0] == self.sides[1]:
+            raise ValueError(
+                f"sides: the two datasets must train different sides, got {self.sides}"
+            )
+        return self
+
+
+class MixMode(StrictModel):
+    """One run on the shuffled union of the datasets (all parameters, or LoRA)."""
+
+    type: Literal["mix"]
+    lora: LoraSpec | None = None
+
+
+Mode = Annotated[
+    FullMode | LoraMode | PartialMode | SimultaneousMode | MixMode, Field(discriminator="type")
+]
+MODE_NAMES = ("full", "lora", "partial", "simultaneous", "mix")
+
+
+class Hyper(StrictModel):
+    """Optimisation. `batch_size` is global (samples per optimizer step over all workers)."""
+
+    lr: float = Field(gt=0)
+    schedule: Schedule = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    wsd_decay_frac: float = Field(0.1, ge=0, le=1)  # WSD: final fraction of steps decays to 0
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    batch_size: int = Field(8, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    epochs: float | None = Field(None, gt=0)
+    seq_len: int = Field(1024, gt=1)
+    seed: int = 0
+    val_share: float = Field(0.05, ge=0, lt=1)
+    log_every: int = Field(1, ge=1)
+    gradient_checkpointing: bool = False  # trade compute for activation memory (big models)
+
+    @model_validator(mode="after")
+    def _length(self) -> Hyper:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("give exactly one of max_steps or epochs")
+        return self
+
+
+class Scaling(StrictModel):
+    num_workers: int = Field(1, ge=1)
+    use_gpu: bool = False
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    cpus_per_worker: float = Field(1.0, gt=0)
+
+
+class Failure(StrictModel):
+    max_failures: int = Field(0, ge=-1)  # -1: retry forever (Ray's convention)
+
+
+# The `search:` block (expert sweep) is owned by spaces/sweep.py; aliases keep the old names.
+SearchSpec = SweepConfig
+ParamRange = Range | Choice
+
+
+class Debug(StrictModel):
+    """Fault injection for tests: raise once at `fail_at_step` (the marker file makes it once)."""
+
+    fail_at_step: int | None = Field(None, ge=0)
+    fail_marker: str | None = None
+    step_log: str | None = None  # rank 0 appends {step, start, group, time, tokens} per step
+
+    @model_validator(mode="after")
+    def _marker(self) -> Debug:
+        if self.fail_at_step is not None and self.fail_marker is None:
+            raise ValueError("debug.fail_at_step needs debug.fail_marker (so it fails only once)")
+        return self
+
+
+class Experiment(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    base: str
+    kind: Kind
+    language: str = Field(min_length=1)
+    datasets: list[DatasetSpec] = Field(min_length=1, max_length=2)
+    mode: Mode
+    hyper: Hyper
+    checkpoint_every_samples: int | None = Field(None, gt=0)
+    keep_checkpoints: int | None = Field(None, ge=1)
+    scaling: Scaling = Scaling()
+    storage_path: str = "runs/train"
+    failure: Failure = Failure()
+    search: SearchSpec | None = None
+    debug: Debug = Debug()
+    trust_remote_code: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_shorthand(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("mode"), str):
+            data = {**data, "mode": {"type": data["mode"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _datasets_fit_mode(self) -> Experiment:
+        two = self.mode.type in ("simultaneous", "mix")
+        if two and len(self.datasets) != 2:
+            raise ValueError(f"mode {self.mode.type}: needs exactly 2 datasets, got {len(self.datasets)}")  # fmt: skip
+        if not two and len(self.datasets) != 1:
+            raise ValueError(f"mode {self.mode.type}: takes 1 dataset, got {len(self.datasets)} (use mix for a union)")  # fmt: skip
+        if self.hyper.batch_size % self.scaling.num_workers:
+            raise ValueError(
+                f"hyper.batch_size ({self.hyper.batch_size}) must be divisible by "
+                f"scaling.num_workers ({self.scaling.num_workers})"
+            )
+        if self.search is not None:
+            for key in self.search.params:
+                _check_path(self, key)
+        return self
+
+    @property
+    def is_lora(self) -> bool:
+        m = self.mode
+        return m.type == "lora" or getattr(m, "lora", None) is not None
+
+
+def _check_path(exp: Experiment, dotted: str) -> None:
+    node: object = exp
+    for part in dotted.split("."):
+        if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+            raise ValueError(f"search.params: {dotted!r} is not a field of the experiment")
+        node = getattr(node, part)
+
+
+_EXPERIMENT = TypeAdapter(Experiment)
+
+
+def parse_experiment(data: object, source: str = "experiment") -> Experiment:
+    """Validate a mapping into an Experiment; ValueError names `source` and each bad field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a mapping, got {type(data).__name__}")
+    try:
+        return _EXPERIMENT.validate_python(data)
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in e.errors()]  # fmt: skip
+        raise ValueError(f"{source}: invalid experiment\n" + "\n".join(lines)) from None
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment YAML.
+
+    Relative `base` and dataset paths that exist next to the file are resolved against it.
+    Args:
+        path: the YAML file.
+    Returns:
+        The typed experiment.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read experiment: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if isinstance(data, dict):
+        data = _resolve(data, path.parent)
+    return parse_experiment(data, source=str(path))
+
+
+def _resolve(data: dict, root: Path) -> dict:
+    def fix(p):
+        if isinstance(p, str) and not Path(p).is_absolute() and (root / p).exists():
+            return str((root / p).resolve())
+        return p
+
+    out = copy.deepcopy(data)
+    out["base"] = fix(out.get("base"))
+    for ds in out.get("datasets") or []:
+        if isinstance(ds, dict):
+            if "path" in ds:
+                ds["path"] = fix(ds["path"])
+            if isinstance(ds.get("data_files"), list):
+                ds["data_files"] = [fix(f) for f in ds["data_files"]]
+    return out
+
+
+def absolute_local_paths(exp: Experiment, cwd: str | Path | None = None) -> Experiment:
+    """`exp` with relative local paths (base, dataset files, storage) made absolute against
+    `cwd` (default: the current folder), so workers started elsewhere (Ray) find them.
+    Hub ids and cloud URIs are kept as written."""
+    root = Path(cwd) if cwd is not None else Path.cwd()
+
+    def fix(p: str) -> str:
+        if "://" in p or Path(p).is_absolute() or not (root / p).exists():
+            return p
+        return str((root / p).resolve())
+
+    data = exp.model_dump(mode="json")
+    data["base"] = fix(data["base"])
+    for ds in data["datasets"]:
+        if ds.get("path"):
+            ds["path"] = fix(ds["path"])
+        if ds.get("data_files"):
+            ds["data_files"] = [fix(f) for f in ds["data_files"]]
+    sp = data["storage_path"]
+    if "://" not in sp and not Path(sp).is_absolute():
+        data["storage_path"] = str((root / sp).resolve())
+    return parse_experiment(data, source=exp.name)
+
+
+def with_overrides(exp: Experiment, overrides: dict[str, object]) -> Experiment:
+    """A copy of `exp` with dotted-path fields replaced (`{"hyper.lr": 1e-4}`), re-validated."""
+    data = exp.model_dump(mode="json")
+    for dotted, value in overrides.items():
+        node = data
+        *head, last = dotted.split(".")
+        for part in head:
+            if not isinstance(node.get(part), dict):
+                raise ValueError(f"override {dotted!r}: {part!r} is not a section")
+            node = node[part]
+        if last not in node:
+            raise ValueError(f"override {dotted!r}: no field {last!r}")
+        node[last] = value
+    return parse_experiment(data, source=f"{exp.name} with {overrides}")
+
+
+def experiment_json(exp: Experiment) -> dict:
+    """The experiment as plain JSON data (what checkpoint manifests record)."""
+    return exp.model_dump(mode="json")
+
+
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def slug(text: str) -> str:
+    return _SLUG.sub("-", text).strip("-") or "x"

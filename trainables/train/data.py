@@ -1,0 +1,186 @@
+"""SFT data for the trainer: load, encode through the chat template, split, order, batch.
+
+Loss is on response tokens only (prompt tokens are labelled -100). The order of examples is a
+pure function of (seed, stream, epoch), and which examples a step sees a pure function of the
+step, so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spaces.experiment import DatasetSpec, Experiment
+
+Pair = tuple[str, str]
+Encoded = tuple[list[int], list[int]]  # input ids, labels
+
+
+def _row_pair(row: dict, where: str) -> Pair:
+    for p, r in (("prompt", "response"), ("question", "answer"), ("inputs", "targets")):
+        if p in row and r in row:
+            return str(row[p]).strip(), str(row[r]).strip()
+    raise ValueError(
+        f"{where}: row has none of prompt/response, question/answer (Orca), inputs/targets "
+        f"(Aya); keys: {sorted(row)}"
+    )
+
+
+def load_pairs(spec: DatasetSpec) -> list[Pair]:
+    """(prompt, response) pairs of one dataset, in file order, empty sides dropped.
+
+    Args:
+        spec: a local file (`path`: .jsonl/.json/.parquet) or a registered `source`.
+    Returns:
+        The pairs (at most `spec.limit`).
+    """
+    if spec.source is not None:
+        from trainables.datasets import load_sft
+
+        recs = load_sft(spec.source, language=spec.language, data_files=spec.data_files, limit=spec.limit)  # fmt: skip
+        pairs = [(r["prompt"], r["response"]) for r in recs]
+    else:
+        path = Path(spec.path)  # type: ignore[arg-type]
+        if not path.is_file():
+            raise ValueError(f"datasets: file {path} does not exist")
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        elif path.suffix == ".json":
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            text = path.read_text(encoding="utf-8")
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        pairs = [_row_pair(r, f"{path}:{i + 1}") for i, r in enumerate(rows)]
+        pairs = [p for p in pairs if p[0] and p[1]]
+        if spec.limit is not None:
+            pairs = pairs[: spec.limit]
+    if not pairs:
+        raise ValueError(f"datasets: {spec.label} has no usable examples")
+    return pairs
+
+
+def encode(tok, prompt: str, response: str, seq_len: int) -> Encoded | None:
+    """Token ids of the chat-formatted pair and labels with the prompt masked (-100).
+
+    Returns None when truncation to `seq_len` leaves no response token.
+    """
+    head = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)  # fmt: skip
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
+        tokenize=False,
+    )
+    if not full.startswith(head):  # templates that rewrite the prompt turn would mis-mask
+        raise ValueError("chat template: the prompt turn is not a prefix of the full chat")
+    n_head = len(tok(head, add_special_tokens=False)["input_ids"])
+    ids = tok(full, add_special_tokens=False)["input_ids"][:seq_len]
+    if len(ids) <= n_head:
+        return None
+    return ids, [-100] * n_head + ids[n_head:]
+
+
+def _seed(*parts: object) -> int:
+    h = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class Stream:
+    """The training examples of one stream, visited in seeded per-epoch permutations."""
+
+    examples: list[Encoded]
+    seed: int
+    index: int
+    _perms: dict[int, list[int]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def at(self, sample: int) -> Encoded:
+        """The `sample`-th example this stream ever yields (epoch = sample // len)."""
+        epoch, pos = divmod(sample, len(self.examples))
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(_seed(self.seed, self.index, epoch))
+            self._perms = {epoch: torch.randperm(len(self.examples), generator=g).tolist()}
+        return self.examples[self._perms[epoch][pos]]
+
+
+@dataclass
+class TrainData:
+    streams: list[Stream]  # simultaneous: one per dataset; mix: one (the union); else one
+    val: list[list[Encoded]]  # validation examples per dataset
+    info: list[dict]  # per dataset: spec, n_train, n_val, n_dropped
+
+
+def build_data(exp: Experiment, tok) -> TrainData:
+    """Load, encode and split the experiment's datasets (deterministic in `hyper.seed`).
+
+    Validation takes the same number of examples from every dataset (a `val_share` of the
+    smallest), drawn by a seeded shuffle; the rest trains.
+    """
+    h = exp.hyper
+    encoded: list[list[Encoded]] = []
+    info = []
+    for spec in exp.datasets:
+        enc = [encode(tok, p, r, h.seq_len) for p, r in load_pairs(spec)]
+        kept = [e for e in enc if e is not None]
+        if len(kept) < 2:
+            raise ValueError(f"datasets: {spec.label}: fewer than 2 examples fit seq_len {h.seq_len}")  # fmt: skip
+        encoded.append(kept)
+        info.append({"spec": spec.model_dump(mode="json"), "n_dropped": len(enc) - len(kept)})
+    n_val = round(h.val_share * min(len(e) for e in encoded)) if h.val_share > 0 else 0
+    n_val = max(n_val, 1) if h.val_share > 0 else 0
+    train, val = [], []
+    for i, enc in enumerate(encoded):
+        g = torch.Generator().manual_seed(_seed(h.seed, "val", i))
+        order = torch.randperm(len(enc), generator=g).tolist()
+        val.append([enc[j] for j in order[:n_val]])
+        train.append([enc[j] for j in sorted(order[n_val:])])
+        info[i] |= {"n_train": len(train[-1]), "n_val": n_val}
+    if exp.mode.type == "mix":
+        streams = [Stream(train[0] + train[1], h.seed, 0)]
+    else:
+        streams = [Stream(t, h.seed, i) for i, t in enumerate(train)]
+    return TrainData(streams, val, info)
+
+
+def stream_step(step: int, n_streams: int, k: int) -> tuple[int, int]:
+    """(stream, that stream's own step count) for global `step`: streams take turns every k steps."""
+    if n_streams == 1:
+        return 0, step
+    cycle, rem = divmod(step, n_streams * k)
+    stream = rem // k
+    return stream, cycle * k + rem % k
+
+
+def total_steps(exp: Experiment, data: TrainData) -> int:
+    h = exp.hyper
+    if h.max_steps is not None:
+        return h.max_steps
+    n = sum(len(s) for s in data.streams)
+    return max(1, -(-int(h.epochs * n) // h.batch_size))  # type: ignore[operator]
+
+
+def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask / labels (-100 on padding)."""
+    width = max(len(x) for x, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (x, y) in enumerate(examples):
+        ids[row, : len(x)] = torch.tensor(x)
+        labels[row, : len(y)] = torch.tensor(y)
+        mask[row, : len(x)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def local_batch(stream: Stream, own_step: int, batch_size: int, rank: int, world: int) -> list[Encoded]:  # fmt: skip
+    """This rank's share (a contiguous slice) of the global batch number `own_step`."""
+    per = batch_size // world
+    start = own_step * batch_size + rank * per
+    return [stream.at(start + i) for i in range(per)]

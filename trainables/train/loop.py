@@ -1,0 +1,297 @@
+"""The training loop: one plain function, the same in one process and under torch.distributed.
+
+`run_training(exp, workdir=Path("out"))` trains rank 0 of 1; under an initialised process group
+(gloo on CPU, nccl on GPU) every rank calls it and the model is wrapped in DDP. Ray Train calls
+it from trainables/ray_train.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from spaces.experiment import Experiment, experiment_json
+from trainables.train.data import (
+    TrainData,
+    _seed,
+    build_data,
+    collate,
+    local_batch,
+    total_steps,
+)
+from trainables.train.modes import Prepared, prepare
+from trainables.train.schedules import lr_at
+from trainables.train.state import (
+    STATE_DIR,
+    load_optimizer,
+    read_manifest,
+    read_state,
+    save_checkpoint,
+)
+
+__all__ = ["TrainResult", "read_manifest", "run_training"]
+
+
+@dataclass
+class TrainResult:
+    final_checkpoint: Path | None  # rank 0 only
+    step: int
+    samples: int
+    losses: list[float] = field(default_factory=list)  # this rank's per-step train losses
+    checkpoints: list[Path] = field(default_factory=list)  # rank 0 only
+
+
+def _dist() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _sum(values: list[float], world: int, device) -> list[float]:
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _adamw(named, exp: Experiment) -> torch.optim.AdamW:
+    h = exp.hyper
+    # HF convention: no weight decay on biases and norm weights (1-D tensors).
+    decay = [p for _, p in named if p.ndim >= 2]
+    no_decay = [p for _, p in named if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": h.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
+
+
+def _load(exp: Experiment, resume_from: Path | None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trc = exp.trust_remote_code
+    tok = AutoTokenizer.from_pretrained(exp.base, trust_remote_code=trc)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    # Full-weight modes resume from the checkpoint's own weights; LoRA from base + adapter.
+    src = resume_from if (resume_from is not None and not exp.is_lora) else exp.base
+    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", trust_remote_code=trc)
+    return tok, model
+
+
+def _val_losses(model, data: TrainData, exp: Experiment, rank: int, world: int, device, pad: int) -> list[float]:  # fmt: skip
+    """Token-weighted validation loss per dataset (each rank scores a strided share)."""
+    sums = []
+    model.eval()
+    per = max(1, exp.hyper.batch_size // world)
+    with torch.no_grad():
+        for val in data.val:
+            mine = val[rank::world]
+            loss_sum, n_tok = 0.0, 0.0
+            for i in range(0, len(mine), per):
+                b = {k: v.to(device) for k, v in collate(mine[i : i + per], pad).items()}
+                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                lab = b["labels"][:, 1:]
+                ce = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                    lab.reshape(-1),
+                    ignore_index=-100,
+                    reduction="sum",
+                )
+                loss_sum += ce.item()
+                n_tok += (lab != -100).sum().item()
+            sums += [loss_sum, n_tok]
+    model.train()
+    sums = _sum(sums, world, device) if sums else sums
+    return [sums[i] / max(1.0, sums[i + 1]) for i in range(0, len(sums), 2)]
+
+
+def _maybe_fail(exp: Experiment, step: int, rank: int) -> None:
+    d = exp.debug
+    if d.fail_at_step is None or step != d.fail_at_step:
+        return
+    marker = Path(f"{d.fail_marker}.rank{rank}")
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        raise RuntimeError(f"injected failure at step {step} (rank {rank})")
+
+
+def _manifest(exp: Experiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None) -> dict:  # fmt: skip
+    n_train = sum(len(s) for s in data.streams)
+    return {
+        "experiment": experiment_json(exp),
+        "name": exp.name,
+        "kind": exp.kind,
+        "language": exp.language,
+        "mode": exp.mode.type,
+        "base": exp.base,
+        "step": step,
+        "samples": samples,
+        "epoch": samples / n_train,
+        "seed": exp.hyper.seed,
+        "world_size": world,
+        "hparams": exp.hyper.model_dump(mode="json"),
+        "data": data.info,
+        "val_loss": (sum(val) / len(val)) if val else None,
+        "val_losses": val,
+        "train_loss": train_loss,
+        "is_lora": prep.is_lora,
+        "groups": {g: len(v) for g, v in prep.groups.items()},
+    }
+
+
+def run_training(
+    exp: Experiment,
+    *,
+    workdir: str | Path,
+    resume_from: str | Path | None = None,
+    report=None,
+    device: str | torch.device | None = None,
+) -> TrainResult:
+    """Train the experiment's expert; checkpoints go to `workdir/checkpoints/samples_*`.
+
+    Args:
+        exp: the validated experiment.
+        workdir: this process's output folder (rank 0 writes checkpoints there).
+        resume_from: a checkpoint dir written by this function; training continues at its step.
+        report: callable(metrics: dict, checkpoint: Path | None), called on every rank at each
+            log step and checkpoint (checkpoint set on rank 0 only).
+        device: default cuda:$LOCAL_RANK when scaling.use_gpu and CUDA is there, else cpu.
+    Returns:
+        TrainResult.
+    """
+    rank, world = _dist()
+    h = exp.hyper
+    if h.batch_size % world:
+        raise ValueError(f"hyper.batch_size {h.batch_size} not divisible by {world} workers")
+    if exp.scaling.strategy == "fsdp" and world > 1:
+        raise ValueError("scaling.strategy fsdp is not implemented yet; use ddp")
+    if device is None:
+        use_gpu = exp.scaling.use_gpu and torch.cuda.is_available()
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if use_gpu else "cpu"
+    device = torch.device(device)
+    workdir = Path(workdir)
+    resume = Path(resume_from) if resume_from is not None else None
+    torch.manual_seed(h.seed)  # LoRA init and anything else drawn at set-up
+    tok, model = _load(exp, resume)
+    data = build_data(exp, tok)
+    total = total_steps(exp, data)
+    prep = prepare(model, exp, model.config.num_hidden_layers)
+    if h.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if prep.is_lora:
+            model.enable_input_require_grads()
+    if resume is not None and prep.is_lora:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(prep.model, load_file(resume / "adapter_model.safetensors"))
+    prep.model.to(device)
+    names = {id(p): n for n, p in prep.model.named_parameters()}
+    optimizers = {g: _adamw(named, exp) for g, named in prep.groups.items()}
+    start = 0
+    if resume is not None:
+        st = read_state(resume)
+        start = st["step"]
+        for g, opt in optimizers.items():
+            f = resume / STATE_DIR / f"optimizer__{g}.safetensors"
+            if f.exists():
+                load_optimizer(opt, prep.groups[g], f)
+    net = prep.model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(prep.model, device_ids=[device.index] if device.type == "cuda" else None)
+    pad = tok.pad_token_id
+    every = exp.checkpoint_every_samples
+    result = TrainResult(None, start, start * h.batch_size)
+    tokens_local = 0.0
+    t0 = time.time()
+    step_log = Path(exp.debug.step_log) if exp.debug.step_log and rank == 0 else None
+    net.train()
+    for step in range(start, total):
+        _maybe_fail(exp, step, rank)
+        stream, own, group = prep.active(step)
+        batch = collate(local_batch(data.streams[stream], own, h.batch_size, rank, world), pad)
+        tokens_local += float(batch["attention_mask"].sum())
+        batch = {k: v.to(device) for k, v in batch.items()}
+        lr = lr_at(h, step, total)
+        for opt in optimizers.values():
+            for g in opt.param_groups:
+                g["lr"] = lr
+        torch.manual_seed(_seed(h.seed, "step", step, rank))  # dropout: exact on resume
+        loss = net(**batch).loss
+        loss.backward()
+        params = [p for _, p in prep.groups[group]]
+        clip = h.grad_clip if h.grad_clip is not None else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        optimizers[group].step()  # only the active group: idle moments stay as they are
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        result.losses.append(loss.item())
+        done, samples = step + 1, (step + 1) * h.batch_size
+        result.step, result.samples = done, samples
+        if step_log is not None:
+            with open(step_log, "a") as f:
+                row = {"step": done, "start": start, "group": group, "time": time.time(), "tokens": tokens_local}  # fmt: skip
+                f.write(json.dumps(row) + "\n")
+        ckpt_due = done == total or (every is not None and samples // every > (samples - h.batch_size) // every)  # fmt: skip
+        if not (ckpt_due or done % h.log_every == 0):
+            continue
+        loss_sum, tokens = _sum([loss.item(), tokens_local], world, device)
+        metrics = {
+            "step": done,
+            "samples": samples,
+            "epoch": samples / sum(len(s) for s in data.streams),
+            "loss": loss_sum / world,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "active": group,
+            "stream": stream,
+            "tokens": tokens,
+            "elapsed_s": time.time() - t0,
+            "time": time.time(),
+            "checkpoint": ckpt_due,  # on every rank (the path itself only exists on rank 0)
+        }
+        path = None
+        if ckpt_due:
+            val = _val_losses(prep.model, data, exp, rank, world, device, pad)
+            if val:
+                metrics["val_loss"] = sum(val) / len(val)
+                metrics |= {f"val_loss__{i}": v for i, v in enumerate(val)}
+            if rank == 0:
+                path = workdir / "checkpoints" / f"samples_{samples:09d}"
+                if path.exists():  # a re-run of the same deterministic step writes the same
+                    shutil.rmtree(path)
+                save_checkpoint(
+                    path,
+                    model=prep.model,
+                    tokenizer=tok,
+                    optimizers=optimizers,
+                    names=names,
+                    manifest=_manifest(exp, prep, data, done, samples, world, val, metrics["loss"]),
+                    state={"step": done, "samples": samples, "lr": lr, "total_steps": total},
+                )
+                result.checkpoints.append(path)
+                result.final_checkpoint = path
+                _prune(result.checkpoints, exp.keep_checkpoints)
+            if world > 1:
+                dist.barrier()
+        if report is not None:
+            report(metrics, path)
+    return result
+
+
+def _prune(paths: list[Path], keep: int | None) -> None:
+    while keep is not None and len(paths) > keep:
+        old = paths.pop(0)
+        if old.exists():
+            shutil.rmtree(old)

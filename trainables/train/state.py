@@ -1,0 +1,99 @@
+"""Training checkpoints without pickle: HF safetensors (or PEFT adapter) + manifest + optimizer.
+
+A checkpoint dir holds the model as HF writes it, `layerswap_train.json` (the manifest) and
+`trainer_state/`: one safetensors file of AdamW moments per parameter group, keyed by parameter
+name, and `state.json` (step, samples, lr). Written atomically (trainables/atomic.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from trainables.atomic import atomic_dir
+
+MANIFEST = "layerswap_train.json"
+STATE_DIR = "trainer_state"
+
+
+def read_manifest(ckpt: str | Path) -> dict:
+    """The manifest of a training checkpoint (see trainables/train/__init__.py for the keys)."""
+    path = Path(ckpt) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{ckpt}: not a layerswap training checkpoint ({e.strerror})") from None
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
+    """AdamW state as flat tensors `<param name>::<key>` (cpu, contiguous)."""
+    out = {}
+    for p, st in opt.state.items():
+        for key, value in st.items():
+            t = value if torch.is_tensor(value) else torch.tensor(float(value))
+            out[f"{names[id(p)]}::{key}"] = t.detach().to("cpu").contiguous().clone()
+    return out
+
+
+def load_optimizer(opt: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]], path: Path) -> None:  # fmt: skip
+    """Restore the moments written by optimizer_tensors into a fresh optimizer over `named`."""
+    flat = load_file(path)
+    by_name = dict(named)
+    for key, t in flat.items():
+        name, field = key.rsplit("::", 1)
+        if name not in by_name:
+            raise ValueError(f"{path}: optimizer state for unknown parameter {name!r}")
+        p = by_name[name]
+        st = opt.state[p]
+        st[field] = t if field == "step" else t.to(device=p.device, dtype=p.dtype)
+
+
+def save_checkpoint(
+    out: Path,
+    *,
+    model,
+    tokenizer,
+    optimizers: dict[str, torch.optim.Optimizer],
+    names: dict[int, str],
+    manifest: dict,
+    state: dict,
+) -> Path:
+    """Write one checkpoint dir atomically and return it.
+
+    Args:
+        out: destination (must not exist).
+        model: the unwrapped model (a PeftModel writes its adapter only).
+        tokenizer: saved beside the weights so the dir loads on its own.
+        optimizers: group name -> AdamW.
+        names: id(parameter) -> name used in the optimizer files.
+        manifest: written as layerswap_train.json.
+        state: loop state for resuming (JSON).
+    """
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)  # safetensors (HF and PEFT default)
+        tokenizer.save_pretrained(tmp)
+        sd = tmp / STATE_DIR
+        sd.mkdir()
+        for group, opt in optimizers.items():
+            save_file(optimizer_tensors(opt, names), sd / f"optimizer__{group}.safetensors")
+        (sd / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+        full = {**manifest, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (tmp / MANIFEST).write_text(json.dumps(full, indent=1, sort_keys=True))
+        bad = sorted(p.name for p in tmp.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
+        if bad:  # never ship a pickle next to the weights
+            raise RuntimeError(f"checkpoint would contain pickled files: {bad}")
+    return out
+
+
+def read_state(ckpt: Path) -> dict:
+    return json.loads((Path(ckpt) / STATE_DIR / "state.json").read_text())
+
+
+def find_checkpoints(root: str | Path) -> list[Path]:
+    """Every training checkpoint under `root` (plain-loop or Ray storage), by (step, path)."""
+    found = [p.parent for p in Path(root).rglob(MANIFEST) if not p.parent.name.startswith(".")]
+    return sorted(found, key=lambda p: (read_manifest(p)["step"], str(p)))
