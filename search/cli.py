@@ -86,9 +86,20 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from search.demo import run_demo
+    if args.merge_only:
+        from search.merge_demo import run_merge_demo
 
-    run_demo(Path(args.out), overwrite=args.overwrite)
+        run_merge_demo(Path(args.out), overwrite=args.overwrite)
+        return 0
+    from search.demo import DemoSettings, run_demo
+
+    settings = DemoSettings(
+        world_size=args.world_size,
+        seed=args.seed,
+        train_steps=args.train_steps,
+        trials=args.trials,
+    )
+    run_demo(Path(args.out), overwrite=args.overwrite, settings=settings)
     return 0
 
 
@@ -135,17 +146,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_world_parser(sub)
     add_eval_parser(sub)
+    from search.search_cli import add_search_parser  # light: ray/optuna load only when run
+
+    add_search_parser(sub)
+    from search.train_cli import add_train_parser  # light: torch/ray load only when run
+
+    add_train_parser(sub)
+    from analysis.cli import add_analyze_parser  # light: pandas/matplotlib load only when run
+
+    add_analyze_parser(sub)
 
     d = sub.add_parser(
         "demo",
-        help="generate a tiny model family and merge it end to end (CPU, seconds)",
-        description="Generate a tiny Llama base and two perturbed experts, layer-swap them with "
-        "the paper's default recipe scaled to depth, reload the result and generate.",
+        help="the whole pipeline on the embedded world: train experts, search, promote (CPU)",
+        description="Build the embedded world, train an English-math and an xa language expert "
+        "with Ray Train, score their merging indicators, search layer-swap recipes with Ray Tune "
+        "+ Optuna on the proxies' dev splits, evaluate the best recipes and the baselines with "
+        "lm-eval on the test splits, and write the leaderboard and the best model (about ten "
+        "minutes on 2 CPU cores). --merge-only: just one layer swap of a generated tiny family.",
     )
     d.add_argument(
-        "--out", type=Path, default=Path("runs/demo"), help="folder (default: runs/demo)"
+        "--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)"
     )
-    d.add_argument("--overwrite", action="store_true", help="replace an existing demo folder")
+    d.add_argument("--overwrite", action="store_true", help="replace an existing demo run")
+    d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
+    d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
+    d.add_argument("--trials", type=int, default=16, help="merge-search trials (default: 16)")
+    d.add_argument(
+        "--train-steps", type=int, help="expert training steps (default: the example configs')"
+    )
+    d.add_argument(
+        "--merge-only",
+        action="store_true",
+        help="only merge a generated tiny family (seconds; no world, training or search)",
+    )
     d.set_defaults(func=_cmd_demo)
     return p
 

@@ -1,4 +1,4 @@
-"""`layerswap demo`: a real layer swap, end to end, on a tiny model family generated here.
+"""`layerswap demo --merge-only`: one layer swap, end to end, on a tiny model family made here.
 
 Runs on CPU in seconds: generate base + two experts, write a recipe, merge to disk, reload the
 merged model with transformers, check every layer's source, generate a few tokens.
@@ -37,7 +37,7 @@ def _layer_sources(merged: Path, paths: dict[str, Path], num_layers: int) -> lis
     return result
 
 
-def run_demo(out: Path, *, overwrite: bool = False) -> None:
+def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     """Build the tiny family, merge it, reload and report. Writes everything under `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

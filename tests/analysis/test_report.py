@@ -139,10 +139,10 @@ def test_help_lists_analyze(capsys):
 @pytest.mark.slow
 def test_demo_style_run_maps_the_recipe_experts(tmp_path):
     """A `layerswap demo` folder (recipe.yaml + models/) gets the ΔW section."""
-    from search.demo import run_demo
+    from search.merge_demo import run_merge_demo
 
     demo = tmp_path / "demo"
-    run_demo(demo)
+    run_merge_demo(demo)
     out = tmp_path / "rep"
     assert main(["analyze", str(demo), "--out", str(out), "--max-experts", "1"]) == 0
     md = (out / "report.md").read_text()

@@ -99,7 +99,7 @@ def test_help_runs_as_console_script():
 
 
 def test_demo_end_to_end(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
+    assert main(["demo", "--merge-only", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert "MISMATCH" not in out
     assert (tmp_path / "demo" / "merged" / "layerswap_recipe.yaml").exists()

@@ -1,0 +1,203 @@
+"""`layerswap demo --out DIR`: the whole pipeline on the embedded world, on CPU, in minutes.
+
+Builds the world, trains an English-math expert and an xa language expert with Ray Train (the
+shipped example configs), scores them on their merging indicators into the expert registry,
+runs the Ray Tune + Optuna merge search on the proxies' dev splits, promotes the best recipes
+to the full lm-eval evaluation beside the baselines, and writes the leaderboard and best model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+LANGUAGE = "xa"  # the world's higher-resource synthetic target language
+EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_full.yaml"}
+
+
+@dataclass
+class DemoSettings:
+    """Knobs of the demo; the defaults fit 2 CPU cores in about ten minutes."""
+
+    world_size: str = "full"
+    seed: int = 0
+    train_steps: int | None = None  # None: the example configs' own max_steps
+    trials: int = 16
+    proxy_limit: int | None = 60  # dev items per proxy during the search
+    promote_top_k: int = 2
+    promote_limit: int | None = 120  # test items per task in promotion
+    max_gen_toks: int = 16
+
+
+@dataclass
+class DemoResult:
+    run_dir: Path
+    leaderboard: Path
+    best_dir: Path | None
+    experts: dict[str, Path]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None):
+    """The shipped example training config for `kind`, pointed at `world` and `run_dir`.
+
+    Args:
+        kind: "math" or "language".
+        world: the embedded world folder (base/, data/).
+        run_dir: RUN; checkpoints go to RUN/train/<name>/.
+        steps: override of hyper.max_steps (None keeps the example's).
+    Returns:
+        the validated spaces.experiment.Experiment.
+    """
+    from spaces.experiment import parse_experiment
+
+    name = EXAMPLES[kind]
+    text = (resources.files("spaces") / "examples" / name).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    # The examples name the world as runs/world (their documented build location).
+    data["base"] = str((world / "base").resolve())
+    for ds in data["datasets"]:
+        ds["path"] = str((world / Path(ds["path"]).relative_to("runs/world")).resolve())
+    data["storage_path"] = str((run_dir / "train").resolve())
+    if steps is not None:
+        data["hyper"]["max_steps"] = steps
+        samples = steps * data["hyper"]["batch_size"]
+        data["checkpoint_every_samples"] = max(1, samples // 2)  # a mid-run and a final one
+    return parse_experiment(data, source=f"spaces/examples/{name}")
+
+
+def _score_experts(run_dir: Path, world: Path, trained: dict, limit: int | None, gen: int) -> None:
+    """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
+    from search.registry import append_rows, expert_row, registry_path
+    from spaces.experiment import experiment_json
+    from trainables.eval_tasks import write_world_tasks
+    from trainables.indicators import IndicatorScorer, load_tokenizer
+    from trainables.train import find_checkpoints, read_manifest
+
+    tasks_dir = run_dir / "experts" / "tasks"
+    write_world_tasks(world, tasks_dir)
+    tasks = ["world_mgsm_direct_en_dev", f"world_belebele_{LANGUAGE}_dev"]
+    scorer = IndicatorScorer(
+        tasks,
+        load_tokenizer(world / "base"),
+        include_path=str(tasks_dir),
+        limit=limit,
+        max_gen_toks=gen,
+    )
+    base = scorer.score_checkpoint(world / "base").scores
+    print("  base          " + "  ".join(f"{t} {base[t]:.3f}" for t in tasks))
+    rows = []
+    for kind, (exp, result) in trained.items():
+        for ck in find_checkpoints(result.path):
+            s = scorer.score_checkpoint(ck)
+            man = read_manifest(ck)
+            rows.append(expert_row(experiment_json(exp), ck, man, exp.name, s.columns()))
+            print(
+                f"  {kind:<8} step {man['step']:>4}  "
+                + "  ".join(f"{t} {s.scores[t]:.3f}" for t in tasks)
+            )
+    append_rows(registry_path(run_dir), rows)
+
+
+def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | None = None) -> DemoResult:  # fmt: skip
+    """Run the pipeline into `out` (reuses a finished world under out/world).
+
+    Args:
+        out: the run folder (RUN of the run-directory layout).
+        overwrite: replace an existing run (the world is kept; it is cached by seed and size).
+        settings: sizes and budgets (DemoSettings()).
+    Returns:
+        DemoResult with the leaderboard, the best model and the wall time per stage.
+    """
+    import shutil
+
+    import ray
+
+    from search.promote import promote
+    from search.search import run_search
+    from search.world import build_world
+    from spaces.search_config import Experiment
+    from trainables.eval_tasks import offline_defaults
+    from trainables.ray_train import train_with_ray
+
+    offline_defaults()
+    st = settings or DemoSettings()
+    out = Path(out).resolve()
+    stages = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
+    if any((out / s).exists() for s in stages):
+        if not overwrite:
+            raise FileExistsError(f"{out}: a demo run exists; pass --overwrite to replace it")
+        for s in stages:
+            p = out / s
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    print(f"[1/5] world ({st.world_size}, seed {st.seed}) -> {out / 'world'}")
+    world = build_world(out / "world", seed=st.seed, size=st.world_size, progress=True)
+    seconds["world"] = time.perf_counter() - t0
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        t0 = time.perf_counter()
+        trained = {}
+        for kind in ("math", "language"):
+            exp = example_experiment(kind, world, out, st.train_steps)
+            print(f"[2/5] Ray Train: {kind} expert {exp.name} ({exp.hyper.max_steps} steps)")
+            res = train_with_ray(exp, storage_path=exp.storage_path)
+            if res.error is not None or res.checkpoint is None:
+                raise RuntimeError(f"training {exp.name} failed: {res.error}")
+            trained[kind] = (exp, res)
+        seconds["train"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        print("[3/5] merging indicators of the experts (dev splits) -> experts/registry.parquet")
+        _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks)
+        seconds["indicators"] = time.perf_counter() - t0
+
+        exp = Experiment.model_validate(
+            {
+                "name": "demo",
+                "language": LANGUAGE,
+                "base": str(world / "base"),
+                "experts": {"registry": str(out / "experts" / "registry.parquet"), "top_k": 1},
+                "world": str(world),
+                "proxy_eval": {"limit": st.proxy_limit, "max_gen_toks": st.max_gen_toks},
+                "search": {"num_samples": st.trials, "seed": st.seed},
+                "promote": {
+                    "top_k": st.promote_top_k,
+                    "limit": st.promote_limit,
+                    "max_gen_toks": st.max_gen_toks,
+                },
+            }
+        )
+        t0 = time.perf_counter()
+        print(f"[4/5] merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits")
+        run_search(exp, out)
+        seconds["search"] = time.perf_counter() - t0
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+    t0 = time.perf_counter()
+    print(f"[5/5] promotion: top {st.promote_top_k} recipes + baselines, lm-eval on test splits")
+    prom = promote(exp, out)
+    seconds["promotion"] = time.perf_counter() - t0
+    print()
+    print(Path(prom.leaderboard).read_text(encoding="utf-8"))
+    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+    print(f"next: layerswap analyze {out}")
+    return DemoResult(
+        out,
+        Path(prom.leaderboard),
+        Path(prom.best_dir) if prom.best_dir else None,
+        {k: r.checkpoint for k, (_, r) in trained.items()},
+        seconds,
+    )
