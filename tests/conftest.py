@@ -161,3 +161,18 @@ def ckpt():
         perturb = staticmethod(perturb)
 
     return Helpers
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A 2-CPU local Ray for one test module, in its own short temp dir (Ray's socket paths are
+    length-limited, and a shared /tmp/ray would mix sessions of concurrent runs)."""
+    import tempfile
+
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="lsr", dir="/tmp")
+    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)

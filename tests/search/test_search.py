@@ -31,19 +31,6 @@ def world_and_experts(tmp_path_factory):
     return world, paths
 
 
-@pytest.fixture
-def ray_session():
-    import tempfile
-
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lsr", dir="/tmp")  # short: Ray's socket paths are limited
-    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _rows(run: Path) -> list[dict]:
     return pq.read_table(run / "search" / "trials.parquet").to_pylist()
 

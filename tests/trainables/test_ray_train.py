@@ -7,8 +7,6 @@ Run: .venv/bin/python -m pytest tests/trainables/test_ray_train.py  (slow: Ray s
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,17 +20,6 @@ def tiny_world(tmp_path_factory) -> Path:
     from search.world import build_world
 
     return build_world(tmp_path_factory.getbasetemp() / "tiny_world", seed=0, size="tiny", progress=False)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lsr", dir="/tmp")  # short: Ray's socket paths are limited
-    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _cfg(world: Path, tmp: Path, **over) -> dict:
@@ -57,7 +44,7 @@ def _cfg(world: Path, tmp: Path, **over) -> dict:
     return cfg | over
 
 
-def test_two_workers_survive_a_failure_without_losing_or_repeating_steps(tiny_world, tmp_path, ray_cluster):  # fmt: skip
+def test_two_workers_survive_a_failure_without_losing_or_repeating_steps(tiny_world, tmp_path, ray_session):  # fmt: skip
     from spaces.experiment import parse_experiment
     from trainables.ray_train import train_with_ray
     from trainables.train import find_checkpoints, read_manifest
@@ -95,7 +82,7 @@ def test_two_workers_survive_a_failure_without_losing_or_repeating_steps(tiny_wo
     assert res.metrics["step"] == 12 and res.metrics["val_loss"] < read_manifest(ckpts[0])["val_loss"]  # fmt: skip
 
 
-def test_cli_trains_lora_on_ray(tiny_world, tmp_path, ray_cluster, capsys):
+def test_cli_trains_lora_on_ray(tiny_world, tmp_path, ray_session, capsys):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
