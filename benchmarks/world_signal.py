@@ -1,12 +1,16 @@
 """Does the embedded world show its phenomena? Short SFT on its data vs the base, on dev sets.
 
-Run `python benchmarks/world_signal.py [--world DIR] [--steps 300] [--lr 3e-4]` (~6 min on 2 CPU
-cores when it has to build the full world). Prints English MGSM dev before/after math SFT and
-xa Belebele dev before/after language SFT. This is a measurement, not a test. World v2,
-300 steps at 3e-4 (2026-11, seeds 0/1): MGSM en 0.10 -> 0.19 and 0.12 -> 0.22 (the chat
-template is now lm-eval's QA layout; with the old template it was 0.12 -> 0.14); xa Belebele
-0.24 -> 0.25 and 0.29 -> 0.25: the base cannot match options against the passage (English
-dev ~0.27) and after SFT always answers one letter, so issue 3's Belebele rise is not met.
+Run `python benchmarks/world_signal.py [--world DIR] [--seed 0] [--sft-seeds 0,1]
+[--math-steps 500] [--lang-steps 300] [--lr 1e-3]` (~3 min per SFT seed on 2 CPU cores, plus
+~4 min if it has to build the full world). Prints English MGSM dev before/after math SFT and
+xa Belebele dev before/after language SFT (no math in it), plus the side scores that matter for
+merging. A measurement, not a test (tests/search/world/test_world_finetune.py asserts the rises).
+World v3 (2026-11-22, dev sets of 100 items, base -> SFT seeds 0 / 1; world build 195-272 s):
+  world seed 0: MGSM en 0.17 -> 0.37 / 0.42 (math SFT); Belebele xa 0.38 -> 0.78 / 1.00
+    (language SFT; English Belebele 1.00 for the base).
+  world seed 1: MGSM en 0.15 -> 0.41 / 0.40; Belebele xa 0.31 -> 0.98 / 1.00 (English 1.00).
+  xa MGSM: base 0.02-0.04, math expert 0.10-0.22, language expert 0.00; layer swaps of the two
+  (bottom 2-6 / top 1-2 from the language expert, world seed 0) 0.00 -- not yet a merge signal.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +35,7 @@ def _load(world: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # 2 threads ran 5x slower on 2 shared cores
     return (
         AutoModelForCausalLM.from_pretrained(world / "base"),
         AutoTokenizer.from_pretrained(world / "base"),
@@ -41,29 +46,46 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=Path, help="an existing full world (default: build one)")
     p.add_argument("--seed", type=int, default=0, help="world seed (when building)")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--sft-seeds", default="0,1", help="comma-separated SFT seeds")
+    p.add_argument("--math-steps", type=int, default=500)
+    p.add_argument("--lang-steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args(argv)
 
     from search.world import build_world
     from search.world.sft import belebele_accuracy, mgsm_accuracy, pairs, sft
 
+    t0 = time.time()
     world = args.world or Path(tempfile.mkdtemp()) / "world"
     world = build_world(world, seed=args.seed, size="full", progress=True)
-
-    dev = _rows(world, "data/mgsm/en/dev.jsonl")
+    mgsm = {c: _rows(world, f"data/mgsm/{c}/dev.jsonl") for c in ("en", "xa")}
+    bele = {c: _rows(world, f"data/belebele/{c}/dev.jsonl") for c in ("en", "xa")}
     model, tok = _load(world)
-    before = mgsm_accuracy(model, tok, dev)
-    sft(model, tok, pairs(_rows(world, "data/sft/math_en.jsonl")), args.steps, args.lr, seed=0)
-    after = mgsm_accuracy(model, tok, dev)
-    print(f"English MGSM dev accuracy: base {before:.3f} -> math SFT {after:.3f}")
-
-    dev = _rows(world, "data/belebele/xa/dev.jsonl")
-    model, tok = _load(world)
-    before = belebele_accuracy(model, tok, dev)
-    sft(model, tok, pairs(_rows(world, "data/sft/lang_xa.jsonl")), args.steps, args.lr, seed=0)
-    after = belebele_accuracy(model, tok, dev)
-    print(f"xa Belebele dev accuracy:  base {before:.3f} -> lang SFT {after:.3f}")
+    print(
+        f"base: MGSM dev en {mgsm_accuracy(model, tok, mgsm['en']):.2f} "
+        f"xa {mgsm_accuracy(model, tok, mgsm['xa']):.2f}; Belebele dev "
+        f"en {belebele_accuracy(model, tok, bele['en']):.2f} "
+        f"xa {belebele_accuracy(model, tok, bele['xa']):.2f}",
+        flush=True,
+    )
+    math_sft = pairs(_rows(world, "data/sft/math_en.jsonl"))
+    lang_sft = pairs(_rows(world, "data/sft/lang_xa.jsonl"))
+    for seed in (int(s) for s in args.sft_seeds.split(",")):
+        model, tok = _load(world)
+        sft(model, tok, math_sft, args.math_steps, args.lr, seed=seed)
+        print(
+            f"math SFT seed {seed}: MGSM dev en {mgsm_accuracy(model, tok, mgsm['en']):.2f} "
+            f"xa {mgsm_accuracy(model, tok, mgsm['xa']):.2f} ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
+        model, tok = _load(world)
+        sft(model, tok, lang_sft, args.lang_steps, args.lr, seed=seed)
+        print(
+            f"lang SFT seed {seed}: Belebele dev xa {belebele_accuracy(model, tok, bele['xa']):.2f}"
+            f" en {belebele_accuracy(model, tok, bele['en']):.2f}; "
+            f"MGSM dev xa {mgsm_accuracy(model, tok, mgsm['xa']):.2f} ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
     return 0
 
 

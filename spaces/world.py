@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-WORLD_VERSION = "2"
+WORLD_VERSION = "3"
 WorldSize = Literal["full", "tiny"]
 
 
@@ -35,19 +35,27 @@ class WorldModelConfig(StrictModel):
 
 
 class CorpusMix(StrictModel):
-    """Number of pretraining documents per kind (a document is a few sentences or one item)."""
+    """Number of pretraining documents per kind (a document is a few sentences or one item).
+
+    Reading items are mostly English, so the base reads English well and xa poorly (the
+    language SFT's reading items close that gap); worked math solutions appear only as
+    "Problem:/Solution:" text, so the base answers MGSM prompts with bare numbers until math SFT
+    teaches it to show its work there (search/world/data.py make_corpus).
+    """
 
     en_math: int = Field(3000, ge=0)
-    en_text: int = Field(1000, ge=0)
-    en_belebele: int = Field(1500, ge=0)
-    xa_text: int = Field(3000, ge=0)
+    en_text: int = Field(800, ge=0)
+    en_belebele: int = Field(2000, ge=0)
+    xa_text: int = Field(2500, ge=0)
     xb_text: int = Field(300, ge=0)
     xa_parallel: int = Field(600, ge=0)
     xb_parallel: int = Field(80, ge=0)
     xa_math: int = Field(150, ge=0)
     xb_math: int = Field(15, ge=0)
-    xa_belebele: int = Field(60, ge=0)
-    xb_belebele: int = Field(6, ge=0)
+    xa_belebele: int = Field(40, ge=0)
+    xb_belebele: int = Field(4, ge=0)
+    arith: int = Field(600, ge=0)  # arithmetic drill documents ("7 + 5 = 12. 3 * 4 = 12.")
+    math_worked_share: float = Field(0.85, ge=0, le=1)  # math docs with a worked solution
 
 
 class WorldConfig(StrictModel):
@@ -99,6 +107,7 @@ def world_config(size: WorldSize = "full", seed: int = 0) -> WorldConfig:
                 xb_math=2,
                 xa_belebele=4,
                 xb_belebele=1,
+                arith=30,
             ),
             model=WorldModelConfig(
                 num_layers=4,

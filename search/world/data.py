@@ -12,6 +12,7 @@ from search.world.items import (
     Problem,
     Reading,
     belebele_prompt,
+    equation,
     generic_clause,
     make_problem,
     make_reading,
@@ -40,6 +41,12 @@ def _unique_problems(rng: random.Random, n: int, taken: set[str]) -> list[Proble
     return out
 
 
+def _reading_key(r: Reading) -> str:
+    """An item's identity: its English passage and question (whatever the distractors)."""
+    row = r.render(None)
+    return f"{row['flores_passage']}\nQ: {row['question']}"
+
+
 def _readings(rng: random.Random, n: int, taken: set[str]) -> list[Reading]:
     positions = [i % 4 for i in range(n)]  # balanced answer positions, in random order
     rng.shuffle(positions)
@@ -47,7 +54,7 @@ def _readings(rng: random.Random, n: int, taken: set[str]) -> list[Reading]:
     for pos in positions:
         while True:
             r = make_reading(rng, pos)
-            key = belebele_prompt(r.render(None))
+            key = _reading_key(r)
             if key not in taken:
                 taken.add(key)
                 out.append(r)
@@ -66,7 +73,8 @@ def _mgsm_row(p: Problem, lang: Language | None, train: bool) -> dict:
 
 def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
     """Aya-style instructions in `lang`: translation, passage QA (free and multiple choice, the
-    latter in belebele's P/Q/A-D layout answered by a letter), reverse, plural, continue. No math."""
+    latter in belebele's P/Q/A-D layout answered by a letter: a quarter of the rows), reverse,
+    plural, continue. No math."""
     rng = _rng(cfg, f"aya-{lang.code}")
     w = lang.w
     name = LANG_NAMES[lang.code]
@@ -75,12 +83,12 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
     def reading(pos: int) -> dict:
         while True:
             r = make_reading(rng, pos)
-            if belebele_prompt(r.render(None)) not in reserved:
+            if _reading_key(r) not in reserved:
                 return r.render(lang)
 
     rows = []
     for i in range(n):
-        kind = i % 7
+        kind = i % 8  # kinds 6 and 7: multiple-choice reading, a quarter of the rows
         if kind == 0:
             c = generic_clause(rng)
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {name}:\n{render(c, None)}", render(c, lang)  # fmt: skip
@@ -91,7 +99,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
             r = reading(rng.randrange(4))
             ans = r[f"mc_answer{r['correct_answer_num']}"]
             inp, tgt = f"{r['flores_passage']}\n{w('question').capitalize()}: {r['question']}", ans
-        elif kind == 6:
+        elif kind >= 6:
             pos = rng.randrange(4)
             r = reading(pos)
             inp, tgt = belebele_prompt(r).removesuffix("\nAnswer:"), LETTERS[pos]
@@ -101,7 +109,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
         elif kind == 4:
             noun = rng.choice(list(NOUNS))
             inp, tgt = f"{w('plural').capitalize()} {w('word')}: {w(noun)}", lang.plural(noun)
-        else:
+        elif kind == 5:
             a, b = generic_clause(rng), generic_clause(rng)
             inp, tgt = f"{w('continue').capitalize()}: {render(a, lang)}", render(b, lang)
         rows.append({"inputs": inp, "targets": tgt, "language": name})
@@ -173,10 +181,16 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
     for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
         lang = langs[code]
         for p in _unique_problems(rng, n_math, set(math_taken)):
-            # lm-eval's mgsm_direct prompt; mostly a worked answer (the equation, then the
-            # number: what flexible-extract scores), sometimes the bare number
-            ans = worked_answer(p, lang) if rng.random() < 0.7 else p.answer
-            docs.append(f"{mgsm_prompt(p.text(lang))} {ans}")
+            # worked solutions (the equation, then the number) appear as textbook
+            # "Problem:/Solution:" documents; under lm-eval's mgsm_direct prompt the base only
+            # ever saw bare numbers. So the base can compute but answers MGSM prompts directly
+            # (weakly); math SFT, in the prompt's own layout, teaches it to show its work there.
+            if rng.random() < mix.math_worked_share:
+                docs.append(f"Problem: {p.text(lang)}\nSolution: {worked_answer(p, lang)}.")
+            else:
+                docs.append(f"{mgsm_prompt(p.text(lang))} {p.answer}")
+    # arithmetic drills (language-neutral): practice for the equations of worked solutions
+    docs += [". ".join(equation(rng) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
     for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
         docs += [_passage(rng, langs[code]) for _ in range(n)]
     for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):

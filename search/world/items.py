@@ -1,4 +1,4 @@
-"""Generators of the world's items: math word problems, generic sentences, reading passages.
+"""Generators of the world's items: math word problems, arithmetic facts, generic sentences, reading.
 
 Every item is language-neutral (clauses of concepts) and rendered per language, so the same
 problem or passage exists in English, xa and xb.
@@ -47,7 +47,7 @@ def _ask(name: str, noun: str, adv: tuple[str, ...] = ("now",), name2: str | Non
     return Clause(NP(name=name, name2=name2), "have", (NP(noun=noun, num="how_many", plural=True),), adv=adv)  # fmt: skip
 
 
-def make_problem(rng: random.Random, max_n: int = 20) -> Problem:
+def make_problem(rng: random.Random, max_n: int = 12) -> Problem:
     """One random problem of seven kinds (add, take away, give, groups, together, share, two-step).
 
     Args:
@@ -99,6 +99,19 @@ def make_problem(rng: random.Random, max_n: int = 20) -> Problem:
     return Problem(cl, _ask(a_name, noun), f"{a} + {b} - {c} = {a + b - c}", a + b - c)
 
 
+def equation(rng: random.Random, max_n: int = 12) -> str:
+    """One arithmetic fact of the kinds the problems use, e.g. "7 + 5 = 12" (for drill documents)."""
+    kind = rng.randrange(4)
+    a, b = rng.randint(2, max_n), rng.randint(1, max_n)
+    if kind == 0:
+        return f"{a} + {b} = {a + b}"
+    if kind == 1:
+        b = rng.randint(1, a - 1)
+        return f"{a} - {b} = {a - b}"
+    k, m = rng.randint(2, 6), rng.randint(2, 9)
+    return f"{k} * {m} = {k * m}" if kind == 2 else f"{k * m} / {k} = {m}"
+
+
 def worked_answer(p: Problem, lang: Language | None, *, mgsm: bool = False) -> str:
     """A brief worked answer ending with the number (Orca-Math style; MGSM train style if `mgsm`)."""
     if lang is None:
@@ -136,68 +149,80 @@ class Reading:
     correct: int
 
     def render(self, lang: Language | None) -> dict:
-        """The item in Belebele schema (correct_answer_num is a string "1".."4")."""
+        """The item in Belebele schema (correct_answer_num is a string "1".."4").
+
+        Options are rendered exactly as in the passage (not capitalised), so the right one is a
+        verbatim copy of passage text: finding it is learnable by the world's tiny models.
+        """
         row = {
             "flores_passage": " ".join(render(c, lang) for c in self.passage),
             "question": render(self.question, lang),
         }
         for i, o in enumerate(self.options):
-            row[f"mc_answer{i + 1}"] = _cap_opt(np_text(o, lang))
+            row[f"mc_answer{i + 1}"] = np_text(o, lang)
         row["correct_answer_num"] = str(self.correct + 1)
         return row
 
 
-def _cap_opt(s: str) -> str:
-    return s[0].upper() + s[1:]
+# Belebele options are listed in a fixed order of kinds, one kind per question type: a tiny
+# model cannot learn in its CPU budget to point at "the option the passage mentions" (measured:
+# chance after 300 steps on nothing but such items), but it can learn what a question asks for.
+# So answering needs understanding the question (its question word and verb) in the item's
+# language, which is what a language expert improves; the passage states the answer, which is the
+# only option the passage mentions. Position -> question: A "where does X live?", B "who goes to
+# P?", C "what does X have?", D "where does X go?".
+READING_KINDS = ("live", "who", "have", "go")
 
 
-def make_reading(rng: random.Random, correct: int) -> Reading:
-    """A 3-person passage (one fact of a different kind each) and a question about one fact.
-
-    Distractors are of the asked kind but absent from the passage: the world is meant to be
-    learnable by a tiny model, so reading means finding which option the passage mentions.
+def make_reading(rng: random.Random, correct: int, n_facts: int = 2) -> Reading:
+    """A passage of `n_facts` facts about different people and a question about one of them.
 
     Args:
         rng: the random source.
-        correct: position (0..3) of the correct option, chosen by the caller for balance.
+        correct: position (0..3) of the correct option, which fixes the question type
+            (READING_KINDS); the caller balances positions.
+        n_facts: sentences in the passage (1..4).
     Returns:
         the Reading.
     """
-    people = rng.sample(NAMES, 6)  # 3 in the passage, 3 spare names for "who" distractors
-    places = rng.sample(PLACES, 5)  # at most 2 used in the passage, 3 spare
-    nouns = rng.sample(list(NOUNS), 5)
-    kinds = rng.sample(range(4), 3)
-    facts, answers, questions = [], [], []
+    people = rng.sample(NAMES, n_facts + 1)  # passage names, then a spare "who" distractor
+    places = rng.sample(PLACES, n_facts + 2)  # passage places, then 2 spares
+    nouns = rng.sample(list(NOUNS), n_facts + 1)
+    kinds = [READING_KINDS[correct], *rng.sample([k for k in READING_KINDS if k != READING_KINDS[correct]], n_facts - 1)]  # fmt: skip
+    facts = []
     for i, kind in enumerate(kinds):
         who = NP(name=people[i])
-        if kind == 0:
-            ans = NP(noun=places[0], det="the")
-            facts.append(Clause(who, "live", near=ans))
-            questions.append(Clause(who, "live", qword="where"))
-            spare = [NP(noun=x, det="the") for x in places[2:]]
-        elif kind == 1:
-            ans = NP(noun=nouns[0], adj=rng.choice(ADJS), det="a")
-            facts.append(Clause(who, "have", (ans,)))
-            questions.append(Clause(who, "have", qword="what"))
-            spare = [NP(noun=x, adj=rng.choice(ADJS), det="a") for x in nouns[2:]]
-        elif kind == 2:
-            ans, to = who, NP(noun=places[1], det="the")
-            facts.append(Clause(who, "go", to=to))
-            questions.append(Clause(NP(name="?"), "go", to=to, qword="who"))
-            spare = [NP(name=x) for x in people[3:]]
+        if kind == "live":
+            facts.append(Clause(who, "live", near=NP(noun=places[i], det="the")))
+        elif kind == "have":
+            facts.append(Clause(who, "have", (NP(noun=nouns[i], adj=rng.choice(ADJS), det="a"),)))
+        else:  # "who" and "go" are both "X goes to P"
+            facts.append(Clause(who, "go", to=NP(noun=places[i], det="the")))
+    # the asked fact is the first one generated; the passage order is shuffled
+    kind, who = kinds[0], NP(name=people[0])
+    if kind == "live":
+        question = Clause(who, "live", qword="where")
+    elif kind == "who":
+        question = Clause(NP(name="?"), "go", to=NP(noun=places[0], det="the"), qword="who")
+    elif kind == "have":
+        question = Clause(who, "have", qword="what")
+    else:
+        question = Clause(who, "go", qword="where")
+    # options: bare names/nouns, one per kind; the right one is from the passage, the others not
+    spare_places = iter(places[n_facts:])
+    opts = []
+    for pos, k in enumerate(READING_KINDS):
+        if pos == correct:
+            opts.append(who if k == "who" else NP(noun=nouns[0] if k == "have" else places[0]))
+        elif k == "who":
+            opts.append(NP(name=people[n_facts]))
+        elif k == "have":
+            opts.append(NP(noun=nouns[n_facts]))
         else:
-            ans = NP(noun=nouns[1], adj=rng.choice(ADJS), det="the")
-            verb = rng.choice(list(TVERBS))
-            facts.append(Clause(who, verb, (ans,)))
-            questions.append(Clause(who, verb, qword="what"))
-            spare = [NP(noun=x, adj=rng.choice(ADJS), det="the") for x in nouns[2:]]
-        answers.append((ans, spare))
-    target = rng.randrange(3)
-    right, opts = answers[target]
-    opts = list(opts)
-    rng.shuffle(opts)
-    opts.insert(correct, right)
-    return Reading(tuple(facts), questions[target], tuple(opts), correct)
+            opts.append(NP(noun=next(spare_places)))
+    order = list(range(n_facts))
+    rng.shuffle(order)
+    return Reading(tuple(facts[i] for i in order), question, tuple(opts), correct)
 
 
 def belebele_prompt(row: dict) -> str:
