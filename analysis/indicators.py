@@ -1,10 +1,12 @@
 """Merging indicators: does a cheap signal predict the target score of the merged models?
 
-Points are the promoted candidates (fully evaluated merges). Merge-level indicators are each
-candidate's own search scores (proxy__* columns and the objective, from search/trials.parquet);
-expert-level indicators are the ind__* scores of the experts it was built from
-(experts/registry.parquet). Each is correlated with the candidate's target score (MGSM test in
-the target language, promotion/results.parquet).
+Points are the fully evaluated merges: the promoted candidates and the merged baselines (soups,
+TIES, the paper's default swap). Merge-level indicators are each merge's proxy scores on the dev
+splits — from promotion/results.parquet when promotion scored them (the same lm-eval items for
+every point), else the search's proxy__* columns — and, for candidates, the search objective;
+expert-level indicators are the ind__* scores of the experts a candidate was built from
+(experts/registry.parquet). Each is correlated with the merge's target score (MGSM test in the
+target language, promotion/results.parquet).
 """
 
 from __future__ import annotations
@@ -29,44 +31,67 @@ TITLE = "Merging indicators vs target score"
 MAX_SCATTERS = 24
 
 
+def _dev_scores(run: RunData) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(model, task): (value, n_items)} of the promotion's dev-split rows (empty without them)."""
+    p = run.promotion
+    if p is None or "split" not in p.columns:
+        return {}
+    dev = p[p["split"] == "dev"]
+    n = dev["n_items"] if "n_items" in dev.columns else [None] * len(dev)
+    return {
+        (m, t): (float(v), k)
+        for m, t, v, k in zip(dev["model"], dev["task"], dev["value"], n, strict=True)
+    }
+
+
 def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, str]]:
-    """One row per promoted candidate with a target score on `task`, one column per indicator.
+    """One row per fully evaluated merge with a target score on `task`, one column per indicator.
 
     Returns:
         (table with columns `recipe_id`, `target` and the indicators; {indicator: level}).
     """
     tgt = target_scores(run, task)
-    tgt = tgt[tgt["recipe_id"].notna()]
-    if "kind" in tgt.columns:
-        tgt = tgt[tgt["kind"].fillna("candidate") == "candidate"]
+    tgt = tgt[tgt["recipe_id"].notna()]  # merges only: base and the experts have no recipe
     trials = trial_by_recipe(run)
     if tgt.empty or trials is None:
         return pd.DataFrame(columns=["recipe_id", "target"]), {}
+    dev = _dev_scores(run)
     rows, levels = [], {}
     reg = None
     if run.registry is not None and "expert_id" in run.registry.columns:
         reg = run.registry.drop_duplicates("expert_id").set_index("expert_id")
     for _, r in tgt.iterrows():
         rid = r["recipe_id"]
-        if rid not in trials.index:
+        tr = trials.loc[rid] if rid in trials.index else None
+        if tr is None and r.get("kind") != "baseline":
             continue
-        tr = trials.loc[rid]
         row = {
             "recipe_id": rid,
             "target": float(r["value"]),
             "_n_items": r.get("n_items"),
-            "_fidelity": tr.get("fidelity") if "fidelity" in trials.columns else None,
+            "_fidelity": tr.get("fidelity")
+            if tr is not None and "fidelity" in trials.columns
+            else None,
         }
         for c in [*proxy_columns(trials), "objective"]:
-            if c in trials.columns:
-                name = f"merge: {short(c[len('proxy__') :]) if c != 'objective' else c}"
-                row[name] = tr[c]
-                levels[name] = "merge"
+            if c == "objective":
+                if tr is None or c not in trials.columns:
+                    continue
+                name, value = "merge: objective", tr[c]
+            else:
+                proxy = c[len("proxy__") :]
+                name = f"merge: {short(proxy)}"
+                if (r["model"], proxy) in dev:  # promotion's lm-eval items, same for all
+                    value, row["_fidelity"] = dev[(r["model"], proxy)]
+                else:
+                    value = tr[c] if tr is not None else None
+            row[name] = value
+            levels[name] = "merge"
         for side, col in (
             ("math expert", "task_expert_id"),
             ("language expert", "language_expert_id"),
         ):
-            eid = tr.get(col) if col in trials.columns else None
+            eid = tr.get(col) if tr is not None and col in trials.columns else None
             if reg is None or eid is None or eid not in reg.index:
                 continue
             for c in indicator_columns(reg):
@@ -95,7 +120,8 @@ def indicators_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) 
         )
     sec = Section("indicators", TITLE)
     sec.text(
-        "Each point is a merged model the promotion step fully evaluated. Correlations are "
+        "Each point is a merged model the promotion step fully evaluated (candidates and merged "
+        "baselines). Correlations are "
         f"with its target score; 95% CIs are percentile bootstraps ({n_resamples} paired "
         f"resamples, seed {seed}). Top-k: overlap of the k best merges by the indicator with the "
         "k best by target; top-1 hit: the indicator's best merge is among the target's k best; "
@@ -152,7 +178,7 @@ def indicators_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) 
                         png,
                         f"{ind} vs {task} (test) of {len(x)} promoted merges (labels: recipe id); "
                         f"{items}. "
-                        f"Sources: {'search/trials.parquet' if level == 'merge' else 'experts/registry.parquet'}"
+                        f"Sources: {'promotion dev rows (else search/trials.parquet)' if level == 'merge' else 'experts/registry.parquet'}"
                         f" + promotion/results.parquet.",
                     )
                 )

@@ -1,12 +1,13 @@
 """Documented check: render an analysis report in headless Chromium and save a screenshot.
 
-By default it runs `layerswap demo` into a temporary folder, runs `layerswap analyze` on it and
-screenshots report.html; `--synthetic` uses the analysis tests' synthetic run (registry, trials,
+By default it runs `layerswap demo` on the tiny world into a temporary folder (`--run DIR`: an
+existing run, e.g. a full `layerswap demo`), runs `layerswap analyze` on it and screenshots
+report.html; `--synthetic` uses the analysis tests' synthetic run (registry, trials,
 Optuna study, promotion results) so every section has content; `--html FILE` screenshots an
 existing report. Needs a `chromium` (or `chromium-browser`/`google-chrome`) binary on PATH
 (Debian: `apt-get install -y chromium`).
 
-    python benchmarks/screenshot_report.py [--synthetic] [--html FILE] [--out report.png]
+    python benchmarks/screenshot_report.py [--run DIR | --synthetic | --html FILE] [--out report.png]
 
 Prints the screenshot path and checks the PNG is non-trivial (not blank, expected size).
 """
@@ -80,6 +81,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--html", type=Path, help="an existing report.html (skips demo + analyze)")
+    p.add_argument("--run", type=Path, help="an existing run folder to analyze (skips the demo)")
     p.add_argument(
         "--synthetic",
         action="store_true",
@@ -108,9 +110,12 @@ def main() -> int:
                 from analysis_synth import make_run
 
                 run = make_run(root)
+            elif args.run is not None:
+                run = args.run
             else:
                 run = root / "demo"
-                if cli(["demo", "--out", str(run), "--overwrite"]) != 0:
+                demo = ["demo", "--world-size", "tiny", "--trials", "4", "--train-steps", "6"]
+                if cli([*demo, "--out", str(run), "--overwrite"]) != 0:
                     return 1
             report = root / "report"
             if (

@@ -28,7 +28,7 @@ class DemoSettings:
     train_steps: int | None = None  # None: the example configs' own max_steps
     trials: int = 16
     proxy_limit: int | None = 60  # dev items per proxy during the search
-    promote_top_k: int = 2
+    promote_top_k: int = 3
     promote_limit: int | None = 120  # test items per task in promotion
     max_gen_toks: int = 16
 
