@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from spaces.errors import field_errors
 from spaces.partitions import PARTITIONS, PartitionName
 from spaces.recipe import Side, Zones
 from spaces.sweep import Choice, Range, SweepConfig
@@ -264,8 +265,7 @@ def parse_experiment(data: object, source: str = "experiment") -> Experiment:
     try:
         return _EXPERIMENT.validate_python(data)
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}" for err in e.errors()]  # fmt: skip
-        raise ValueError(f"{source}: invalid experiment\n" + "\n".join(lines)) from None
+        raise ValueError(f"{source}: invalid experiment\n" + field_errors(e, "<top>")) from None
 
 
 def load_experiment(path: str | Path) -> Experiment:

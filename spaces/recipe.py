@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from spaces.errors import field_errors
 from spaces.partitions import PARTITIONS, PartitionName
 
 Side = Literal["task", "language"]
@@ -250,11 +251,7 @@ def parse_recipe(data: object, source: str = "recipe") -> Recipe:
     try:
         return _RECIPE.validate_python(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {loc or '<recipe>'}: {err['msg']}")
-        raise RecipeError(f"{source}: invalid recipe\n" + "\n".join(lines)) from None
+        raise RecipeError(f"{source}: invalid recipe\n" + field_errors(e, "<recipe>")) from None
 
 
 def _resolve_paths(data: dict, root: Path) -> dict:

@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from spaces.errors import field_errors
 from spaces.search_space import SearchSpace
 
 
@@ -181,7 +182,6 @@ def load_experiment(path: str | Path) -> Experiment:
     try:
         return Experiment.model_validate(_resolve(data, path.parent))
     except ValidationError as e:
-        lines = [
-            f"  {'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()
-        ]
-        raise ValueError(f"{path}: invalid search experiment\n" + "\n".join(lines)) from None
+        raise ValueError(
+            f"{path}: invalid search experiment\n" + field_errors(e, "<root>")
+        ) from None
