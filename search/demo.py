@@ -8,6 +8,7 @@ to the full lm-eval evaluation beside the baselines, and writes the leaderboard 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -125,6 +126,9 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     from trainables.ray_train import train_with_ray
 
     offline_defaults()
+    # lm-eval warns three times per evaluated model that it was handed an in-memory model and
+    # gen_kwargs; expected here, and it would bury the demo's own progress lines.
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     st = settings or DemoSettings()
     out = Path(out).resolve()
     stages = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
