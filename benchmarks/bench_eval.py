@@ -46,8 +46,8 @@ def main() -> None:
     from proxy_fixtures import tiny_models, write_world
     from test_proxy_eval import assert_same_as_lm_eval
 
-    from search.tiny import tiny_tokenizer
-    from trainables.proxy_eval import ProxyEvaluator
+    from trainables.evaluate.proxy import ProxyEvaluator
+    from world.tiny import tiny_tokenizer
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     # Tiny models on shared cores: intra-op threads mostly wait on each other.

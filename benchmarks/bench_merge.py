@@ -16,7 +16,7 @@ weights, non-layer tensors averaged):
              starting Python and importing torch (see `startup`)
   roundtrip  in-process `merge_to_disk` + `safetensors.torch.load_file` of every output shard:
              what compose saves a search trial
-  startup    `python -c "import search.cli, trainables.merge"`: the fixed interpreter start,
+  startup    `python -c "import cli, trainables.merge.engine"`: the fixed interpreter start,
              import and exit cost inside the `merge` time (information only)
 
 All contenders run with a warm page cache: the inputs are read once, untimed, before the first
@@ -30,7 +30,7 @@ writeback. The table shows medians; targets are judged on ratios of medians:
   compose / roundtrip (reported, no target)
 
 Results also go to WORKDIR/bench_merge.json. The experts are generated once per shape (seeded,
-deterministic, streamed through trainables.checkpoint.ShardWriter so generation stays
+deterministic, streamed through trainables.merge.checkpoint.ShardWriter so generation stays
 low-memory) and cached under WORKDIR/experts-SHAPE/.
 
 Run (from the repository root; `1b` writes ~5 GB of experts and needs ~8 GB of free RAM for the
@@ -67,10 +67,10 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from spaces.recipe import parse_recipe  # noqa: E402
-from trainables.checkpoint import Checkpoint, OutSpec, ShardWriter  # noqa: E402
-from trainables.compose import compose_recipe  # noqa: E402
-from trainables.merge import merge_to_disk, open_checkpoints, plan_for  # noqa: E402
-from trainables.mergekit_export import to_mergekit  # noqa: E402
+from trainables.merge.checkpoint import Checkpoint, OutSpec, ShardWriter  # noqa: E402
+from trainables.merge.compose import compose_recipe  # noqa: E402
+from trainables.merge.engine import merge_to_disk, open_checkpoints, plan_for  # noqa: E402
+from trainables.merge.mergekit_export import to_mergekit  # noqa: E402
 
 TARGET_MERGE_OVER_COPY = 1.33
 TARGET_MERGEKIT_OVER_MERGE = 2.0
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quiet",
     ]
     ls_cmd = [str(layerswap_bin), "merge", str(recipe_path), "--out", "OUT", "-q"]
-    startup_cmd = [sys.executable, "-c", "import search.cli, trainables.merge"]
+    startup_cmd = [sys.executable, "-c", "import cli, trainables.merge.engine"]
 
     # Untimed: page cache warm-up, and both experts' state dicts for compose.
     warm_s = warm_read([experts["task"], experts["language"]])

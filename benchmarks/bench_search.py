@@ -118,12 +118,12 @@ def main() -> None:
     torch.set_num_threads(1)
     from search_fixtures import make_experts
 
-    from search.world import build_world
+    from search.trial import TrialRunner
     from spaces.recipe import recipe_id
     from spaces.search_config import Experiment
     from spaces.search_space import ExpertPool, decode, warm_start
-    from trainables.eval_tasks import write_world_tasks
-    from trainables.trial import TrialRunner
+    from trainables.evaluate.tasks import write_world_tasks
+    from world import build_world
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
     world = args.world or build_world(tmp / "world", size=args.size, progress=False)
@@ -229,8 +229,8 @@ def main() -> None:
     import ray
 
     from search.search import run_search
-    from trainables.evaluate import evaluate, task_score
-    from trainables.merge import merge_to_disk
+    from trainables.evaluate.harness import evaluate, task_score
+    from trainables.merge.engine import merge_to_disk
 
     step = max(1, len(grid) // args.recipes)
     chosen = grid[::step][: args.recipes]

@@ -63,10 +63,10 @@ def main() -> int:
     import ray
     import torch
 
-    from search.world import build_world
     from spaces.experiment import parse_experiment
-    from trainables.ray_train import train_with_ray
     from trainables.train import run_training
+    from trainables.train.ray_train import train_with_ray
+    from world import build_world
 
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="bench_train_"))

@@ -4,7 +4,7 @@ Run `python benchmarks/world_signal.py [--world DIR] [--seed 0] [--sft-seeds 0,1
 [--math-steps 500] [--lang-steps 300] [--lr 1e-3]` (~3 min per SFT seed on 2 CPU cores, plus
 ~4 min if it has to build the full world). Prints English MGSM dev before/after math SFT and
 xa Belebele dev before/after language SFT (no math in it), plus the side scores that matter for
-merging. A measurement, not a test (tests/search/world/test_world_finetune.py asserts the rises).
+merging. A measurement, not a test (tests/world/test_world_finetune.py asserts the rises).
 World v3 (2026-11-22, dev sets of 100 items, base -> SFT seeds 0 / 1; world build 195-272 s):
   world seed 0: MGSM en 0.17 -> 0.37 / 0.42 (math SFT); Belebele xa 0.38 -> 0.78 / 1.00
     (language SFT; English Belebele 1.00 for the base).
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args(argv)
 
-    from search.world import build_world
-    from search.world.sft import belebele_accuracy, mgsm_accuracy, pairs, sft
+    from world import build_world
+    from world.sft import belebele_accuracy, mgsm_accuracy, pairs, sft
 
     t0 = time.time()
     world = args.world or Path(tempfile.mkdtemp()) / "world"

@@ -75,8 +75,8 @@ def _score_experts(run_dir: Path, world: Path, trained: dict, limit: int | None,
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
     from search.registry import append_rows, expert_row, registry_path
     from spaces.experiment import experiment_json
-    from trainables.eval_tasks import write_world_tasks
-    from trainables.indicators import IndicatorScorer, load_tokenizer
+    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+    from trainables.evaluate.tasks import write_world_tasks
     from trainables.train import find_checkpoints, read_manifest
 
     tasks_dir = run_dir / "experts" / "tasks"
@@ -120,10 +120,10 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
 
     from search.promote import promote
     from search.search import run_search
-    from search.world import build_world
     from spaces.search_config import Experiment
-    from trainables.eval_tasks import offline_defaults
-    from trainables.ray_train import train_with_ray
+    from trainables.evaluate.tasks import offline_defaults
+    from trainables.train.ray_train import train_with_ray
+    from world import build_world
 
     offline_defaults()
     # lm-eval warns three times per evaluated model that it was handed an in-memory model and

@@ -14,7 +14,7 @@ import torch
 from spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
 from spaces.zones import layer_map, paper_default
 from trainables.atomic import atomic_dir
-from trainables.checkpoint import Checkpoint
+from trainables.merge.checkpoint import Checkpoint
 
 NUM_LAYERS = 12
 
@@ -41,8 +41,8 @@ def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     """Build the tiny family, merge it, reload and report. Writes everything under `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from search.tiny import make_tiny_family
-    from trainables.merge import merge_to_disk
+    from trainables.merge.engine import merge_to_disk
+    from world.tiny import make_tiny_family
 
     t0 = time.perf_counter()
     with atomic_dir(out, overwrite=overwrite) as tmp:

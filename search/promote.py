@@ -141,8 +141,8 @@ def promote(experiment: Experiment, run_dir: str | Path, *, progress: bool = Tru
         Promotion with the written paths, the best model's name and the result rows.
     """
     from search.search import include_paths, model_depth, resolve_pool
-    from trainables.evaluate import evaluate, score_key
-    from trainables.trial import ExpertCache, LiveModel
+    from search.trial import ExpertCache, LiveModel
+    from trainables.evaluate.harness import evaluate, score_key
 
     exp = experiment
     run_dir = Path(run_dir).resolve()
@@ -242,8 +242,8 @@ def write_best(row: dict, out: Path) -> Path:
     """Merge the best recipe to disk (weights, recipe YAML, model card) with the merge engine."""
     import yaml
 
-    from trainables.lora import is_lora_adapter, merge_lora_to_disk
-    from trainables.merge import merge_to_disk
+    from trainables.merge.engine import merge_to_disk
+    from trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
 
     recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))
     if isinstance(recipe.task_expert, str) and is_lora_adapter(recipe.task_expert):

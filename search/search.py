@@ -18,11 +18,11 @@ import optuna
 from ray.tune.search.optuna import OptunaSearch
 
 from search.results import PROXY_PREFIX, TrialStore
+from search.tune_trial import META, TrialSpec, merge_trial
 from spaces.recipe import ExpertSoup, dump_recipe, recipe_id
 from spaces.search_config import Experiment
 from spaces.search_space import ExpertPool, ExpertRef, decode, recipe_fields, suggest, warm_start
 from trainables.atomic import atomic_write_text
-from trainables.tune_trial import META, TrialSpec, merge_trial
 
 STATES = optuna.trial.TrialState
 
@@ -43,7 +43,7 @@ def resolve_pool(exp: Experiment) -> ExpertPool:
         return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
     import pyarrow.parquet as pq
 
-    from trainables.lora import is_lora_adapter
+    from trainables.merge.lora import is_lora_adapter
 
     src = exp.experts
     rows = pq.read_table(src.registry).to_pylist()
@@ -95,7 +95,7 @@ def expert_id(pool: ExpertPool, ref) -> str:
 def include_paths(exp: Experiment, run_dir: Path) -> list[str]:
     paths = list(exp.include_path)
     if exp.world is not None:
-        from trainables.eval_tasks import write_world_tasks
+        from trainables.evaluate.tasks import write_world_tasks
 
         tasks = run_dir / "tasks"
         write_world_tasks(Path(exp.world), tasks)

@@ -46,19 +46,19 @@ class SweepResult:
 
 
 def world_dir(experiment: Experiment) -> Path | None:
-    """The embedded world of an experiment: `search.world`, or the base's parent with world.json."""
+    """The embedded world of an experiment: `world`, or the base's parent with world.json."""
     sweep = experiment.search
     if sweep is not None and sweep.world is not None:
         w = Path(sweep.world)
         if not (w / "world.json").is_file():
-            raise ValueError(f"search.world: {w} is not a world folder (no world.json)")
+            raise ValueError(f"world: {w} is not a world folder (no world.json)")
         return w
     parent = Path(experiment.base).parent
     return parent if (parent / "world.json").is_file() else None
 
 
 def absolute_paths(experiment: Experiment) -> Experiment:
-    """The experiment with relative local paths (base, datasets, search.world) made absolute.
+    """The experiment with relative local paths (base, datasets, world) made absolute.
 
     Trials run in Tune's own working folders, so a path relative to the caller's folder (the
     examples' `runs/world/base`) must be resolved in the driver.
@@ -95,7 +95,7 @@ def plan_sweep(experiment: Experiment, run_dir: Path) -> SweepPlan:
     world = world_dir(experiment)
     include = None
     if world is not None:
-        from trainables.eval_tasks import write_world_tasks
+        from trainables.evaluate.tasks import write_world_tasks
 
         tasks_dir = Path(run_dir) / "experts" / "tasks"
         write_world_tasks(world, tasks_dir)
@@ -145,7 +145,7 @@ _SCORERS: dict[tuple, Any] = {}  # per worker process: reused actors keep their 
 
 
 def _scorer(plan: SweepPlan, base: str):
-    from trainables.indicators import IndicatorScorer, load_tokenizer
+    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
     key = (tuple(plan.tasks), plan.include_path, base, plan.sweep.limit, plan.sweep.num_fewshot,
            plan.sweep.max_gen_toks, plan.sweep.backend)  # fmt: skip
@@ -178,7 +178,7 @@ def _train(variant: Experiment, workdir: Path, executor: str) -> list[Path]:
         done = find_checkpoints(workdir) if workdir.is_dir() else []
         run_training(variant, workdir=workdir, resume_from=done[-1] if done else None)
     else:
-        from trainables.ray_train import trainer_for
+        from trainables.train.ray_train import trainer_for
 
         result = trainer_for(
             variant, storage_path=str(workdir.parent), name=workdir.name, callbacks=[_tune_report()]
@@ -353,23 +353,3 @@ def run_sweep(experiment: Experiment, run_dir: str | Path, *, verbose: int = 0) 
     rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]
     best = top_k(rows, experiment.kind, experiment.language, plan.metric_task, plan.sweep.top_k)
     return SweepResult(reg, rows, best, plan.metric_task, time.perf_counter() - t0, statuses)
-
-
-def sweep_cli(experiment: Experiment, run_dir: str | Path) -> int:
-    """`layerswap train EXP.yaml` with a `search:` block: run the sweep, print the top experts.
-
-    Returns:
-        0 when every trial finished, 1 when some failed (their rows are still kept).
-    """
-    res = run_sweep(experiment, run_dir)
-    failed = sorted(t for t, s in res.trials.items() if s != "ok")
-    print(
-        f"expert sweep {experiment.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
-        f"scored in {res.seconds:.0f}s -> {res.registry}"
-    )
-    col = f"ind__{res.metric_task}"
-    for i, r in enumerate(res.best, 1):
-        print(f"  #{i} {res.metric_task}={r[col]:.4f} step {r['step']} trial {r['trial_id']}: {r['path']}")  # fmt: skip
-    if failed:
-        print(f"  failed trials: {', '.join(failed)}")
-    return 1 if failed else 0

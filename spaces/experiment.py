@@ -33,7 +33,7 @@ class DatasetSpec(StrictModel):
     """One SFT dataset: a local JSONL/JSON/Parquet file, or a registered source.
 
     `path`: rows in Orca (question/answer), Aya (inputs/targets) or record (prompt/response)
-    schema. `source`: a name of trainables/datasets.py SOURCES (read from the Hub, or from
+    schema. `source`: a name of trainables/train/sources.py SOURCES (read from the Hub, or from
     `data_files` in the source's schema), with `language` for multilingual sources.
     """
 

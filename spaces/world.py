@@ -40,7 +40,7 @@ class CorpusMix(StrictModel):
     Reading items are mostly English, so the base reads English well and xa poorly (the
     language SFT's reading items close that gap); worked math solutions appear only as
     "Problem:/Solution:" text, so the base answers MGSM prompts with bare numbers until math SFT
-    teaches it to show its work there (search/world/data.py make_corpus).
+    teaches it to show its work there (world/data.py make_corpus).
     """
 
     en_math: int = Field(3000, ge=0)

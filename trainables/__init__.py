@@ -1,1 +1,5 @@
-"""The work as plain functions (merge engine, later training and evaluation), then thin Ray wrappers."""
+"""The work as plain functions: merging (`merge/`), evaluating (`evaluate/`), training (`train/`).
+
+Nothing here imports ray except `train/ray_train.py`, the thin Ray Train wrapper of the loop;
+the search drivers that wire these pieces into Ray Tune live in `search/`.
+"""

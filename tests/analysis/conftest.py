@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from analysis_synth import make_run
 
-from search.cli import main
+from cli import main
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import pytest
 from analysis.indicators import indicator_table
 from analysis.load import load_run, target_tasks
 from analysis.treatments import friedman_matrix, treatment_tables, treatment_values
-from search.cli import main
+from cli import main
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[st
     import torch
     from safetensors.torch import load_file, save_file
 
-    from search.tiny import perturbed
+    from world.tiny import perturbed
 
     base = world / "base"
     state = load_file(base / "model.safetensors")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from search.cli import main
+from cli import main
 
 BASELINES = ["base", "math_expert", "language_expert", "soup_uniform", "soup_magnitude", "ties",
              "paper_default"]  # fmt: skip

@@ -24,7 +24,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def world_and_experts(tmp_path_factory):
-    from search.world import build_world
+    from world import build_world
 
     world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
     paths = make_experts(world, tmp_path_factory.mktemp("search") / "experts", nan_expert=True)

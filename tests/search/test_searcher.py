@@ -12,9 +12,9 @@ import pytest
 
 from search.results import TrialStore
 from search.search import LayerswapSearch, reconcile
+from search.tune_trial import META
 from spaces.search_config import Experiment
 from spaces.search_space import ExpertPool
-from trainables.tune_trial import META
 
 S = optuna.trial.TrialState
 POINT = {"bottom": 1, "top": 0, "bottom_transition": 0, "weights": "uniform"}

@@ -25,7 +25,7 @@ LIMIT, GEN_TOKS = 8, 16
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """The tiny world, seed 0 (build_world is idempotent: other modules reuse this folder)."""
-    from search.world import build_world
+    from world import build_world
 
     return build_world(
         tmp_path_factory.getbasetemp() / "sweep_world" / "world",
@@ -138,7 +138,7 @@ def ray_local():
 
 @pytest.mark.slow
 def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
-    from trainables.evaluate import evaluate, task_score
+    from trainables.evaluate.harness import evaluate, task_score
 
     search = {
         "num_samples": 4,

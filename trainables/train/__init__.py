@@ -2,7 +2,7 @@
 
 Run one process: `run_training(load_experiment("exp.yaml"), workdir=Path("out"))`; under
 torch.distributed (gloo/nccl, DDP) every rank calls the same function. Ray Train wraps it in
-trainables/ray_train.py; the CLI is `layerswap train EXPERIMENT.yaml` (search/train_cli.py).
+trainables/train/ray_train.py; the CLI is `layerswap train EXPERIMENT.yaml` (search/train_cli.py).
 
 API (stable; the expert-sweep helper builds on it)
 --------------------------------------------------
@@ -59,7 +59,7 @@ Every trainable group has its own AdamW, only the active one steps, so a frozen 
 are untouched; requires_grad is set once before DDP wrapping and never toggled.
 Partitions: `trainables.train.partition.param_sides(names, spec, depth)` -> {name: side|None}.
 
-Ray: `trainables.ray_train.train_with_ray(exp, storage_path=None, name=None)` ->
+Ray: `trainables.train.ray_train.train_with_ray(exp, storage_path=None, name=None)` ->
 RayTrainResult(checkpoint, metrics, path, error); `trainer_for(exp, ..., callbacks=[...])` gives
 the unfitted TorchTrainer (e.g. with a Tune report callback for a nested sweep). Checkpoints land
 in storage_path/name/samples_<9 digits>/. Metric-only reports are forwarded to Ray at most every
@@ -74,6 +74,7 @@ them with the merge engine; `freeze_vs_revert(partial_exp, workdir)` runs both a
 """
 
 from trainables.train.loop import TrainResult, read_manifest, run_training
+from trainables.train.run import train_expert
 from trainables.train.state import find_checkpoints
 
-__all__ = ["TrainResult", "find_checkpoints", "read_manifest", "run_training"]
+__all__ = ["TrainResult", "find_checkpoints", "read_manifest", "run_training", "train_expert"]

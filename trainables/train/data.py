@@ -39,7 +39,7 @@ def load_pairs(spec: DatasetSpec) -> list[Pair]:
         The pairs (at most `spec.limit`).
     """
     if spec.source is not None:
-        from trainables.datasets import load_sft
+        from trainables.train.sources import load_sft
 
         recs = load_sft(spec.source, language=spec.language, data_files=spec.data_files, limit=spec.limit)  # fmt: skip
         pairs = [(r["prompt"], r["response"]) for r in recs]

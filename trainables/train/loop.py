@@ -2,7 +2,7 @@
 
 `run_training(exp, workdir=Path("out"))` trains rank 0 of 1; under an initialised process group
 (gloo on CPU, nccl on GPU) every rank calls it and the model is wrapped in DDP. Ray Train calls
-it from trainables/ray_train.py.
+it from trainables/train/ray_train.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which side (language / task) of a training partition owns each parameter.
 
-`param_sides(names, spec, depth)` places every parameter name with trainables/arch.py and the
+`param_sides(names, spec, depth)` places every parameter name with trainables/merge/engine/arch.py and the
 layer-swap zone table (spaces/zones.py), so freezing and merging read partitions the same way.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from spaces.experiment import PartitionSpec
 from spaces.recipe import LayerSwapRecipe, Side
 from spaces.zones import layer_map
-from trainables.arch import param_slot
+from trainables.merge.arch import param_slot
 
 
 def owners(spec: PartitionSpec, depth: int) -> dict[str, list[Side]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from spaces.experiment import Experiment, PartialMode, partition_spec, with_overrides
 from spaces.recipe import COMPONENTS, LayerSwapRecipe, RevertSpec
-from trainables.merge import merge_to_disk
+from trainables.merge.engine import merge_to_disk
 from trainables.train.partition import owners
 
 

@@ -1,18 +1,8 @@
-"""Fixtures for the trainer tests: the tiny embedded world, built once per session."""
+"""Fixtures for the trainer tests (the tiny world comes from tests/conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_world(tmp_path_factory) -> Path:
-    """The tiny world under the session's base temp (build_world is a no-op once complete)."""
-    from search.world import build_world
-
-    return build_world(tmp_path_factory.getbasetemp() / "tiny_world", seed=0, size="tiny", progress=False)  # fmt: skip
 
 
 @pytest.fixture(autouse=True, scope="module")

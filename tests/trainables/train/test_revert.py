@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import EDGE, make_exp
 
-from trainables.arch import param_slot
+from trainables.merge.arch import param_slot
 from trainables.train.revert import freeze_vs_revert, revert_specs
 
 

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from train_helpers import MODE_CFGS, MODE_HYPER, ddp_worker, make_exp
 
-from trainables.arch import param_slot
+from trainables.merge.arch import param_slot
 from trainables.train.revert import val_losses
 
 # One spawned 2-process group trains all five modes: ~30 s on an idle 2-core box.

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import EDGE, MODE_CFGS, MODE_HYPER, make_exp
 
-from trainables.arch import param_slot
+from trainables.merge.arch import param_slot
 from trainables.train import find_checkpoints, read_manifest, run_training
 
 

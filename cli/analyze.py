@@ -1,0 +1,90 @@
+"""`layerswap analyze RUN_DIR [--out DIR]`: the analysis report of a run folder.
+
+Thin: checks the arguments, then calls analysis.report.analyze_run. Run `layerswap analyze --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from analysis.report import analyze_run
+
+    out = analyze_run(
+        args.run_dir,
+        args.out,
+        overwrite=args.overwrite,
+        n_resamples=args.resamples,
+        seed=args.seed,
+        delta_threshold=args.delta_threshold,
+        max_experts=args.max_experts,
+    )
+    print(
+        f"wrote {out / 'report.html'} (self-contained), {out / 'report.md'} and {out / 'figures'}/"
+    )
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the `analyze` subcommand on an argparse subparsers object."""
+    a = subparsers.add_parser(
+        "analyze",
+        help="report on a run: indicator correlations, ΔW maps, the search, treatments",
+        description="Read a run directory (experts/registry.parquet, search/trials.parquet, "
+        "search/study.db, promotion/results.parquet, or a demo's recipe.yaml; each optional) and "
+        "write a report folder: report.html (self-contained, figures embedded), report.md, "
+        "figures/*.png and summary.json. Sections: merging indicators vs the target score "
+        "(Spearman/Kendall/Pearson with bootstrap CIs, top-k agreement), where each expert "
+        "changed (ΔW heatmaps and suggested layer-swap boundaries), the search (score over "
+        "(b, u), importances, best so far, proxy vs target) and the treatments table with a "
+        "Friedman test. A section whose data the run lacks says so. The output is written "
+        "atomically; a malformed input file stops it with the file named (exit 2).",
+    )
+    a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    a.add_argument("--out", type=Path, help="report folder (default: RUN_DIR/analysis)")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing report folder")
+    a.add_argument(
+        "--resamples",
+        type=_positive_int,
+        default=2000,
+        help="bootstrap resamples for the correlation CIs (default: 2000)",
+    )
+    a.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    a.add_argument(
+        "--delta-threshold",
+        type=_nonneg_float,
+        default=None,
+        metavar="X",
+        help="absolute row threshold on mean |ΔW| (default: each expert's median row value)",
+    )
+    a.add_argument(
+        "--max-experts",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="ΔW maps per expert kind (each is one streamed pass over the checkpoint; default 2)",
+    )
+    a.set_defaults(func=_cmd_analyze)
+    return a

@@ -1,0 +1,58 @@
+"""`layerswap demo --out DIR`: the whole pipeline on the embedded world (or --merge-only).
+
+Thin: the pipeline is search.demo.run_demo, the merge-only demo search.merge_demo. Run
+`layerswap demo --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.merge_only:
+        from search.merge_demo import run_merge_demo
+
+        run_merge_demo(Path(args.out), overwrite=args.overwrite)
+        return 0
+    from search.demo import DemoSettings, run_demo
+
+    settings = DemoSettings(
+        world_size=args.world_size,
+        seed=args.seed,
+        train_steps=args.train_steps,
+        trials=args.trials,
+    )
+    run_demo(Path(args.out), overwrite=args.overwrite, settings=settings)
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `demo` subcommand to a `layerswap` subparsers object; returns its parser."""
+    d = subparsers.add_parser(
+        "demo",
+        help="the whole pipeline on the embedded world: train experts, search, promote (CPU)",
+        description="Build the embedded world, train an English-math and an xa language expert "
+        "with Ray Train, score their merging indicators, search layer-swap recipes with Ray Tune "
+        "+ Optuna on the proxies' dev splits, evaluate the best recipes and the baselines with "
+        "lm-eval on the test splits, and write the leaderboard and the best model (about ten "
+        "minutes on 2 CPU cores). --merge-only: just one layer swap of a generated tiny family.",
+    )
+    d.add_argument(
+        "--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)"
+    )
+    d.add_argument("--overwrite", action="store_true", help="replace an existing demo run")
+    d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
+    d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
+    d.add_argument("--trials", type=int, default=16, help="merge-search trials (default: 16)")
+    d.add_argument(
+        "--train-steps", type=int, help="expert training steps (default: the example configs')"
+    )
+    d.add_argument(
+        "--merge-only",
+        action="store_true",
+        help="only merge a generated tiny family (seconds; no world, training or search)",
+    )
+    d.set_defaults(func=_cmd_demo)
+    return d

@@ -1,0 +1,85 @@
+"""`layerswap eval MODEL_DIR --tasks T1,T2 [--world DIR]`: lm-eval on a checkpoint folder.
+
+Thin: checks the folder and the arguments before the slow lm-eval import, then calls
+trainables.evaluate.harness.evaluate and prints its metrics table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from trainables.evaluate.harness import DEFAULT_MAX_GEN_TOKS  # light: lm_eval loads when run
+
+
+def _limit(text: str) -> int | float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --limit {text!r} (N docs or a fraction < 1)"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--limit must be positive, got {text!r}")
+    return value if value < 1 else int(value)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
+    from trainables.evaluate.harness import check_model_dir, evaluate, metrics_table
+    from trainables.evaluate.tasks import write_world_tasks
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError("--tasks: give at least one task name")
+    model = Path(args.model)
+    check_model_dir(model)  # before the slow lm-eval import and task indexing
+    kw = dict(
+        limit=args.limit,
+        batch_size=args.batch_size,
+        num_fewshot=args.num_fewshot,
+        device=args.device,
+        max_gen_toks=args.max_gen_toks,
+        out=args.out,
+    )
+    if args.world is not None:
+        # A private copy of the YAMLs: the world folder stays read-only for evaluation.
+        with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
+            write_world_tasks(Path(args.world), Path(tmp))
+            raw = evaluate(model, tasks, include_path=tmp, **kw)
+    else:
+        raw = evaluate(model, tasks, **kw)
+    print(metrics_table(raw))
+    if args.out is not None:
+        print(f"wrote raw results {args.out}")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `eval` subcommand to a `layerswap` subparsers object; returns its parser."""
+    e = subparsers.add_parser(
+        "eval",
+        help="evaluate a checkpoint with lm-eval (world or built-in tasks)",
+        description="Evaluate a checkpoint folder with lm-eval's simple_evaluate. With --world, "
+        "the world's MGSM/Belebele sets are available as world_mgsm_direct_CODE[_dev] and "
+        "world_belebele_CODE[_dev] (tags world_mgsm_direct[_dev], world_belebele[_dev]). Built-in "
+        "task names work too when their datasets are reachable (HF_HUB_OFFLINE=0 "
+        "HF_DATASETS_OFFLINE=0 to allow downloads).",
+    )
+    e.add_argument("model", type=Path, metavar="MODEL_DIR", help="checkpoint folder (safetensors)")
+    e.add_argument("--tasks", required=True, help="comma-separated lm-eval task or tag names")
+    e.add_argument("--world", type=Path, metavar="DIR", help="world folder: adds its tasks")
+    e.add_argument("--limit", type=_limit, help="first N docs per task (or a fraction < 1)")
+    e.add_argument("--out", type=Path, metavar="FILE", help="write the raw result JSON here")
+    e.add_argument("--batch-size", type=int, default=1, help="default: 1")
+    e.add_argument("--num-fewshot", type=int, help="default: each task's own")
+    e.add_argument(
+        "--max-gen-toks",
+        type=int,
+        default=DEFAULT_MAX_GEN_TOKS,
+        help=f"generation budget for generate_until tasks (default: {DEFAULT_MAX_GEN_TOKS})",
+    )
+    e.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    e.set_defaults(func=_cmd_eval)
+    return e

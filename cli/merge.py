@@ -1,0 +1,117 @@
+"""`layerswap merge RECIPE.yaml --out DIR`: apply a merge recipe to safetensors checkpoints.
+
+Thin: validates the recipe and the arguments, then calls trainables.merge (the disk engine, or
+the LoRA adapter swap when both experts are adapters). Run `layerswap merge --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+BYTES = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+}
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MiB' or a plain byte count -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in BYTES:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 5GB, 500MiB, 1000000)")
+    n = int(float(m.group(1)) * BYTES[m.group(2).upper()])
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return n
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from spaces.recipe import LayerSwapRecipe, load_recipe, recipe_id
+    from trainables.merge.engine import merge_to_disk, resolve_ref
+
+    recipe = load_recipe(args.recipe)
+    if args.out is None and args.export_mergekit is None:
+        raise ValueError("nothing to do: give --out DIR and/or --export-mergekit FILE")
+    if args.export_mergekit is not None:
+        from trainables.atomic import atomic_write_text
+        from trainables.merge.mergekit_export import mergekit_yaml
+
+        if not isinstance(recipe, LayerSwapRecipe):
+            raise ValueError(f"--export-mergekit: only layer_swap recipes, not {recipe.method!r}")
+        from trainables.merge.engine import disk_mav_oracle, plan_refs_depth
+
+        ckpts, depth = plan_refs_depth(recipe)
+        try:
+            mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
+            text = mergekit_yaml(recipe, depth, mav=mav)
+        finally:
+            for ck in ckpts.values():
+                ck.close()
+        atomic_write_text(Path(args.export_mergekit), text)
+        print(f"wrote mergekit config {args.export_mergekit}")
+    if args.out is not None:
+        from trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
+
+        lora = (
+            isinstance(recipe, LayerSwapRecipe)
+            and isinstance(recipe.task_expert, str)
+            and (is_lora_adapter(resolve_ref(recipe.task_expert)))
+        )
+        if args.fold and not lora:
+            raise ValueError("--fold applies to LoRA adapter experts only")
+        if lora:
+            merge_lora_to_disk(
+                recipe, args.out, overwrite=args.overwrite, fold=args.fold, progress=not args.quiet
+            )
+        else:
+            merge_to_disk(
+                recipe,
+                args.out,
+                overwrite=args.overwrite,
+                max_shard_bytes=args.max_shard_size,
+                progress=not args.quiet,
+            )
+        print(f"merged {recipe.method} recipe {recipe_id(recipe)} -> {args.out}")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `merge` subcommand to a `layerswap` subparsers object; returns its parser."""
+    m = subparsers.add_parser(
+        "merge",
+        help="apply a merge recipe (YAML) to safetensors checkpoints",
+        description="Apply a merge recipe: layer_swap, soup, ties or task_arithmetic. Streams "
+        "tensors shard by shard (never a whole model in memory) and writes the output folder "
+        "atomically with the recipe and a model card. LoRA adapter experts are merged as "
+        "adapters (or folded into full weights with --fold).",
+    )
+    m.add_argument("recipe", type=Path, help="recipe YAML (see README for the keys)")
+    m.add_argument("--out", type=Path, help="output folder (must not exist unless --overwrite)")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    m.add_argument(
+        "--max-shard-size",
+        type=parse_size,
+        default="5GB",
+        metavar="SIZE",
+        help="largest output shard, e.g. 5GB, 500MiB (default: 5GB)",
+    )
+    m.add_argument(
+        "--fold", action="store_true", help="LoRA experts: write full weights (needs base)"
+    )
+    m.add_argument(
+        "--export-mergekit",
+        type=Path,
+        metavar="FILE",
+        help="also (or only, without --out) write the equivalent mergekit YAML",
+    )
+    m.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(func=_cmd_merge)
+    return m

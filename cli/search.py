@@ -1,0 +1,46 @@
+"""`layerswap search EXPERIMENT.yaml [--out RUN] [--resume] [--no-promote]`: the merge search.
+
+Thin: validates the search experiment, then calls search.search.run_search and
+search.promote.promote (ray, optuna and torch load only when the command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    """Validate the experiment once, run (or resume) the search, then promote the top-k."""
+    from spaces.search_config import load_experiment
+
+    exp = load_experiment(args.experiment)
+    from search.search import run_search
+
+    run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
+    res = run_search(exp, run_dir, resume=args.resume)
+    print(f"search: {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
+    if not args.no_promote:
+        from search.promote import promote
+
+        board = promote(exp, run_dir)
+        print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `search` subcommand to a `layerswap` subparsers object; returns its parser."""
+    s = subparsers.add_parser(
+        "search",
+        help="search layer-swap recipes with Ray Tune + Optuna, then promote the best",
+        description="Proxy-scored merge search (dev splits only), then full lm-eval evaluation "
+        "of the top-k recipes and the baselines, with the target test split. Writes "
+        "RUN/search/trials.parquet, RUN/search/study.db, RUN/promotion/, RUN/leaderboard.md "
+        "and RUN/best/.",
+    )
+    s.add_argument("experiment", type=Path, help="search experiment YAML")
+    s.add_argument("--out", type=Path, help="run folder (default: runs/<experiment name>)")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    s.add_argument("--no-promote", action="store_true", help="stop after the proxy search")
+    s.set_defaults(func=_cmd_search)
+    return s

@@ -1,0 +1,98 @@
+"""`layerswap train EXPERIMENT.yaml [--out RUN_DIR]`: validate once, train an expert, say where.
+
+Thin: checks every local input before any work, then calls trainables.train.train_expert (Ray
+Train, or this process with `--no-ray`); an experiment with a `search:` block goes to the expert
+sweep (search.sweep.run_sweep). torch and ray load only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from spaces.experiment import Experiment, absolute_local_paths, load_experiment
+
+
+def check_inputs(exp: Experiment) -> None:
+    """Fail before any work when a local base or dataset named in the experiment is missing.
+
+    A `base` that looks like a path (starts with /, ., ~ or exists) must be a folder with
+    config.json; anything else is taken as a Hub id. Dataset `source` names must be registered.
+    """
+    if exp.scaling.strategy == "fsdp" and exp.scaling.num_workers > 1:
+        raise ValueError("scaling.strategy: fsdp is not implemented yet; use ddp")
+    base = Path(exp.base).expanduser()
+    if exp.base.startswith(("/", ".", "~")) or base.exists():
+        if not (base / "config.json").is_file():
+            raise ValueError(f"base: {exp.base} is not a model folder (no config.json)")
+    for i, ds in enumerate(exp.datasets):
+        if ds.path is not None and not Path(ds.path).is_file():
+            raise ValueError(f"datasets[{i}].path: {ds.path} does not exist")
+        if ds.source is not None:
+            from trainables.train.sources import get_source
+
+            get_source(ds.source)  # DataSourceError (a ValueError) names the known ones
+        for f in ds.data_files or []:
+            if not Path(f).is_file():
+                raise ValueError(f"datasets[{i}].data_files: {f} does not exist")
+
+
+def _run_sweep(exp: Experiment, run_dir: Path) -> int:
+    """An experiment with a `search:` block: the expert sweep, then its top experts printed.
+
+    Returns:
+        0 when every trial finished, 1 when some failed (their rows are still kept).
+    """
+    from search.sweep import run_sweep
+
+    res = run_sweep(exp, run_dir)
+    failed = sorted(t for t, s in res.trials.items() if s != "ok")
+    print(
+        f"expert sweep {exp.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
+        f"scored in {res.seconds:.0f}s -> {res.registry}"
+    )
+    col = f"ind__{res.metric_task}"
+    for i, r in enumerate(res.best, 1):
+        print(f"  #{i} {res.metric_task}={r[col]:.4f} step {r['step']} trial {r['trial_id']}: {r['path']}")  # fmt: skip
+    if failed:
+        print(f"  failed trials: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from trainables.train import train_expert
+
+    exp = absolute_local_paths(load_experiment(args.experiment))  # Ray workers run elsewhere
+    check_inputs(exp)
+    if exp.search is not None:
+        run_dir = args.out if args.out is not None else Path(exp.storage_path)
+        return _run_sweep(exp, run_dir)
+    # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
+    storage = str(args.out / "train") if args.out is not None else exp.storage_path
+    last = train_expert(exp, storage, use_ray=not args.no_ray, resume=args.resume)
+    where = f"{storage.rstrip('/')}/{exp.name}"
+    print(f"trained {exp.name} ({exp.mode.type}); checkpoints under {where}")
+    if "://" not in where:
+        from trainables.train import find_checkpoints
+
+        for ck in find_checkpoints(where):
+            print(f"  {ck}")
+    print(f"last checkpoint: {last}")
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `train EXPERIMENT.yaml [--out RUN_DIR] [--no-ray] [--resume CKPT]`."""
+    t = subparsers.add_parser(
+        "train",
+        help="train an expert (full, lora, partial, simultaneous, mix) from an experiment YAML",
+        description="Validate the experiment, train it on Ray Train (or in-process with "
+        "--no-ray) and write HF checkpoints with a manifest every checkpoint_every_samples "
+        "samples under RUN_DIR/train/<name>/. A `search:` block runs an expert sweep instead.",
+    )
+    t.add_argument("experiment", type=Path, help="experiment YAML (see spaces/examples/)")
+    t.add_argument("--out", type=Path, help="run folder (default: the config's storage_path)")
+    t.add_argument("--no-ray", action="store_true", help="train in this process (1 worker)")
+    t.add_argument("--resume", type=Path, help="with --no-ray: continue from this checkpoint")
+    t.set_defaults(func=_cmd_train)
+    return t

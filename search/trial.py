@@ -1,0 +1,324 @@
+"""One merge-search trial as plain functions: compose a recipe in memory, score proxies on dev splits.
+
+`TrialRunner(experiment, pool, include_path).run(recipe, reject_below=None) -> TrialResult`; the
+Ray Tune wrapper (search/tune_trial.py) keeps one runner per worker process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from spaces.recipe import Recipe
+from spaces.search_config import Experiment, Proxy
+from spaces.search_space import ExpertPool
+from trainables.merge.compose import compose, memory_mav_oracle
+from trainables.merge.plan import Linear, build_plan, recipe_refs
+
+PREFERRED_FILTERS = ("flexible-extract", "none")  # as trainables.evaluate.harness.score_key
+
+
+@dataclass
+class TrialResult:
+    """What a trial reports. status: "ok" | "failed" | "pruned" (stopped after screening)."""
+
+    status: str
+    proxies: dict[str, float] = field(default_factory=dict)
+    objective: float | None = None
+    objectives: list[float] | None = None  # per-proxy normalised scores (multi-objective)
+    fidelity: int = 0  # items scored per proxy (the largest proxy's count)
+    upper_bound: float | None = None  # screening: bound on the full objective
+    t_compose_s: float = 0.0
+    t_eval_s: float = 0.0
+    t_total_s: float = 0.0
+    moved: int = 0  # tensors swapped into the live model
+    error: str | None = None
+    splits_read: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    # min/max propagate NaN and show +-Inf; one pass, fast on every dtype.
+    if not t.is_floating_point() or not t.numel():
+        return True
+    return bool(torch.isfinite(t.min()) and torch.isfinite(t.max()))
+
+
+def _load_state(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no .safetensors files (pickled checkpoints are refused)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+class ExpertCache:
+    """Expert state dicts loaded once per process; LoRA adapters folded into the base on load."""
+
+    def __init__(self, base: str | None):
+        self.base = base
+        self.states: dict[str, dict[str, torch.Tensor]] = {}
+        self.nonfinite: dict[str, set[str]] = {}
+        self._mav = None
+
+    def get(self, ref: str) -> dict[str, torch.Tensor]:
+        if ref not in self.states:
+            from trainables.merge.lora import is_lora_adapter, load_adapter
+
+            if is_lora_adapter(ref):
+                if self.base is None:
+                    raise ValueError(f"{ref}: a LoRA expert needs `base` to be folded into")
+                state = dict(self.get(self.base))
+                for module, f in load_adapter(ref).modules.items():
+                    w = state[f"{module}.weight"]
+                    state[f"{module}.weight"] = (w.float() + f.delta()).to(w.dtype)
+            else:
+                state = _load_state(ref)
+            self.nonfinite[ref] = {n for n, t in state.items() if not _finite(t)}
+            self.states[ref] = state
+        return self.states[ref]
+
+    def mav(self):
+        """One magnitude oracle per process: its per-terms cache survives across trials."""
+        if self._mav is None and self.base is not None:
+            self.get(self.base)
+            self._mav = memory_mav_oracle(self.states, self.base)
+        return self._mav
+
+
+def proxy_score(evaluator, task: str, aggregate: dict[str, float]) -> float:
+    """The task's reported number (first metric, preferred filter), as lm-eval's task_score."""
+    cfg = evaluator.tasks[task].task.config
+    metric = (cfg.metric_list or [{}])[0].get("metric")
+    filters = [f["name"] for f in (cfg.filter_list or [])] or ["none"]
+    filt = next((f for f in PREFERRED_FILTERS if f in filters), filters[0])
+    key = f"{metric},{filt}"
+    if key not in aggregate:
+        raise ValueError(f"{task}: no {key!r} in the proxy aggregate {sorted(aggregate)}")
+    return float(aggregate[key])
+
+
+def combine(proxies: list[Proxy], scores: dict[str, float]) -> tuple[float, list[float]]:
+    """Weighted mean of chance-normalised scores, and the per-proxy normalised scores."""
+    norm = [(scores[p.task] - p.chance) / (1 - p.chance) for p in proxies]
+    total = sum(p.weight for p in proxies) or 1.0
+    return sum(p.weight * v for p, v in zip(proxies, norm, strict=True)) / total, norm
+
+
+def hoeffding_upper(mean: float, n: int, total: int, delta: float) -> float:
+    """Upper confidence bound on a [0,1] population mean from n of `total` items (Serfling)."""
+    if n >= total:
+        return mean
+    eps = math.sqrt(math.log(1 / delta) * (1 - (n - 1) / total) / (2 * n))
+    return min(1.0, mean + eps)
+
+
+class LiveModel:
+    """One model object whose parameters are swapped in place from the expert cache.
+
+    Tracks, per tensor, the plan op it currently holds, so the next recipe moves only the
+    tensors whose op changed (a swap differing by one layer moves that layer's tensors).
+    """
+
+    def __init__(self, cache: ExpertCache, pool: ExpertPool):
+        self.cache, self.pool = cache, pool
+        for ref in [pool.base, *(r.path for r in (*pool.task, *pool.language))]:
+            try:  # warm the cache once per process; a broken expert fails only its trials
+                if ref is not None:
+                    cache.get(ref)
+            except Exception:
+                pass
+        self.model = None
+        self.params: dict[str, torch.nn.Parameter] = {}
+        self.loaded: dict[str, object] = {}  # tensor name -> plan op currently in the model
+        like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
+        if like in cache.states:
+            self._build(like, cache.states[like])
+
+    def _build(self, like: str, state: dict[str, torch.Tensor]):
+        if self.model is None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            dtype = next(t.dtype for t in state.values() if t.is_floating_point())
+            cfg = AutoConfig.from_pretrained(like)
+            self.model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+            self.params = dict(self.model.named_parameters())
+            for p in self.params.values():
+                p.requires_grad_(False)
+            self.depth = cfg.num_hidden_layers
+        return self.model
+
+    def load(self, recipe: Recipe) -> int:
+        """Make the live model equal to `recipe`, moving only tensors whose plan op changed.
+
+        Returns:
+            the number of tensors swapped in.
+        Raises:
+            ValueError for non-finite weights (named), RecipeError for recipes that do not fit.
+        """
+        refs = recipe_refs(recipe)
+        sources = {r: self.cache.get(r) for r in refs}
+        first = sources[refs[0]]
+        like = next((r for r in refs if (Path(r) / "config.json").is_file()), self.pool.base)
+        self._build(str(like), first)
+        names = list(first)
+        unknown = [n for n in names if n not in self.params]
+        if unknown:
+            raise ValueError(f"tensors not in the model: {unknown[:3]}")
+        return self._apply(build_plan(recipe, names, self.depth, self.cache.mav()), sources)
+
+    def load_ref(self, ref: str) -> int:
+        """Make the live model equal to one checkpoint (an expert or the base)."""
+        state = self.cache.get(ref)
+        self._build(ref if (Path(ref) / "config.json").is_file() else self.pool.base, state)
+        return self._apply({n: Linear(((ref, 1.0),)) for n in state}, {ref: state})
+
+    def _apply(self, plan: dict, sources: dict) -> int:
+        moved = 0
+        for name, op in plan.items():
+            if self.loaded.get(name) == op:
+                continue
+            if isinstance(op, Linear) and op.take is not None:
+                if name in self.cache.nonfinite[op.take]:
+                    raise ValueError(f"non-finite weights in {op.take}: tensor {name}")
+                t = sources[op.take][name]  # shared with the cache, no copy
+            else:
+                t = compose({name: op}, sources)[name]
+                if not _finite(t):
+                    raise ValueError(f"non-finite merged tensor {name}")
+            self.loaded.pop(name, None)  # stays consistent if the swap below fails
+            self.params[name].data = t
+            self.loaded[name] = op
+            moved += 1
+        return moved
+
+
+class TrialRunner:
+    """Expert cache + one live model + cached proxy evaluators, reused across trials.
+
+    Args:
+        experiment: the validated search experiment (proxies, fidelity, eval settings).
+        pool: the experts (paths) the recipes refer to.
+        include_path: task YAML folders holding the proxy tasks.
+    """
+
+    def __init__(self, experiment: Experiment, pool: ExpertPool, include_path: list[str]):
+        from transformers import AutoTokenizer
+
+        from trainables.evaluate.proxy import ProxyEvaluator
+
+        self.exp = experiment
+        self.pool = pool
+        torch.set_num_threads(experiment.search.torch_threads)
+        self.cache = ExpertCache(pool.base)
+        self.tokenizer = AutoTokenizer.from_pretrained(pool.task[0].path)
+        pe = experiment.proxy_eval
+        names = [p.task for p in experiment.proxy_list]
+        kw = dict(include_path=include_path, gen_kwargs={"max_gen_toks": pe.max_gen_toks})
+        kw |= dict(gen_batch_size=pe.gen_batch_size, seed=experiment.search.seed)
+        full = ProxyEvaluator(names, self.tokenizer, limit=pe.limit, **kw)
+        self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
+        screen = experiment.search.fidelity.screen
+        if screen is not None and not experiment.search.multi_objective:
+            # Two disjoint evaluators: the screened prefix, then the rest; no item scored twice.
+            first = {t: full.subset(t, screen) for t in names}
+            rest = {
+                t: sorted(set(c.doc_id for c in full.tasks[t].items) - set(first[t])) for t in names
+            }
+            self.parts = [ProxyEvaluator(names, self.tokenizer, doc_ids=first, **kw)]
+            if all(rest.values()):
+                self.parts.append(ProxyEvaluator(names, self.tokenizer, doc_ids=rest, **kw))
+            self._access = [full.access_log]
+        else:
+            self.parts = [full]
+            self._access = []
+        t0 = time.perf_counter()
+        self.live = LiveModel(self.cache, pool)
+        self.t_setup_s = time.perf_counter() - t0
+
+    @property
+    def model(self):
+        return self.live.model
+
+    def splits_read(self) -> set[tuple[str, str]]:
+        """Every (task, split) any of the evaluators read (the target test split must not appear)."""
+        out = {(a.task, a.split) for log in self._access for a in log}
+        for ev in self.parts:
+            out |= ev.splits_read()
+        return out
+
+    def load(self, recipe: Recipe) -> int:
+        """Make the live model equal to `recipe` (see LiveModel.load); returns tensors moved."""
+        return self.live.load(recipe)
+
+    def _score(self, ev) -> dict[str, tuple[float, int]]:
+        res = ev.score(self.model, 1.0)
+        out = {}
+        for task, items in res.items.items():
+            out[task] = (proxy_score(ev, task, res.aggregate[task]), len(items))
+        return out
+
+    def run(self, recipe: Recipe, reject_below: float | None = None) -> TrialResult:
+        """Compose, load and score one recipe; never raises (a failure is a failed result).
+
+        Args:
+            recipe: the candidate.
+            reject_below: the current k-th best full-fidelity objective; the trial stops after
+                screening when even the upper confidence bound of its objective is below it.
+        Returns:
+            TrialResult with proxy scores (full fidelity unless pruned) and timings.
+        """
+        t0 = time.perf_counter()
+        res = TrialResult(status="ok")
+        try:
+            res.moved = self.load(recipe)
+            res.t_compose_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            proxies = self.exp.proxy_list
+            parts = [self._score(self.parts[0])]
+            if len(self.parts) > 1:
+                m, n = (
+                    {t: v[0] for t, v in parts[0].items()},
+                    {t: v[1] for t, v in parts[0].items()},
+                )
+                fid = self.exp.search.fidelity
+                d = fid.delta / len(proxies)  # union bound over proxies
+                ub = {t: hoeffding_upper(m[t], n[t], self.n_items[t], d) for t in m}
+                res.upper_bound = combine(proxies, ub)[0]
+                if reject_below is not None and res.upper_bound < reject_below:
+                    res.status = "pruned"
+                    res.proxies = m
+                    res.objective = combine(proxies, m)[0]  # low fidelity: never told as final
+                    res.fidelity = max(n.values())
+                else:
+                    parts.append(self._score(self.parts[1]))
+            if res.status == "ok":
+                scores = {}
+                for p in proxies:
+                    k = sum(part[p.task][1] for part in parts)
+                    scores[p.task] = sum(part[p.task][0] * part[p.task][1] for part in parts) / k
+                res.proxies = scores
+                res.fidelity = max(sum(part[p.task][1] for part in parts) for p in proxies)
+                res.objective, res.objectives = combine(proxies, scores)
+            if res.objective is None or not math.isfinite(res.objective):
+                raise ValueError(f"non-finite objective {res.objective} (scores {res.proxies})")
+            res.t_eval_s = time.perf_counter() - t1
+        except Exception as e:  # a failed candidate must not stop the search
+            res.status = "failed"
+            res.objective = None
+            res.error = f"{type(e).__name__}: {e}"[:2000]
+            res.error += "\n" + traceback.format_exc(limit=3)[-1500:]
+        res.t_total_s = time.perf_counter() - t0
+        res.splits_read = sorted(self.splits_read())
+        return res

@@ -1,0 +1,81 @@
+"""Thin Ray Tune function trainable around search.trial.TrialRunner (one runner per process).
+
+Built by search/search.py: `tune.with_parameters(merge_trial, spec=TrialSpec(...))`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from search.trial import TrialRunner
+from spaces.search_config import Experiment
+from spaces.search_space import ExpertPool, decode
+
+# One runner per worker process and spec: experts, live model and prompts survive across
+# trials because the search runs with reuse_actors=True.
+_RUNNERS: dict[str, TrialRunner] = {}
+META = "_layerswap"  # config key the searcher adds next to the Optuna params
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    experiment_json: str
+    pool_json: str
+    include_path: tuple[str, ...]
+    depth: int
+
+    @property
+    def key(self) -> str:
+        return f"{hash((self.experiment_json, self.pool_json, self.include_path))}"
+
+
+def runner_for(spec: TrialSpec) -> TrialRunner:
+    if spec.key not in _RUNNERS:
+        exp = Experiment.model_validate_json(spec.experiment_json)
+        pool = ExpertPool.model_validate_json(spec.pool_json)
+        _RUNNERS.clear()  # one experiment per process at a time: free the previous experts
+        _RUNNERS[spec.key] = TrialRunner(exp, pool, list(spec.include_path))
+    return _RUNNERS[spec.key]
+
+
+def run_config(config: dict, spec: TrialSpec) -> dict:
+    """One trial from a Tune config: served from results, or decoded, composed and scored.
+
+    Returns:
+        the metrics dict reported to Tune (objective is NaN unless status is ok).
+    """
+    meta = config.get(META, {})
+    if meta.get("served") is not None:  # an identical recipe already evaluated: no work
+        out = dict(meta["served"])
+        out["served_from"] = out.get("trial_id")
+        out["status"] = "duplicate"
+        out["source_status"] = meta["served"].get("status")
+        out |= {"t_compose_s": 0.0, "t_eval_s": 0.0, "t_total_s": 0.0}
+        return out
+    params = {k: v for k, v in config.items() if k != META}
+    runner = runner_for(spec)
+    recipe = decode(params, runner.exp.space, spec.depth, runner.pool)
+    res = runner.run(recipe, reject_below=meta.get("reject_below")).to_dict()
+    # A pruned trial's objective is its screening (low-fidelity) value: reported under another
+    # key so nothing downstream can mistake it for a final score.
+    res["low_fidelity_objective"] = res["objective"] if res["status"] == "pruned" else None
+    res["objective"] = res["objective"] if res["status"] == "ok" else math.nan
+    res["t_setup_s"] = runner.t_setup_s
+    return res
+
+
+def merge_trial(config: dict, spec: TrialSpec) -> None:
+    """The Tune function trainable: one flat report per trial (Tune flattens nested dicts)."""
+    import json
+
+    from ray import tune
+
+    res = run_config(config, spec)
+    res["objective"] = float("nan") if res.get("objective") is None else res["objective"]
+    for i, v in enumerate(res.pop("objectives", None) or []):
+        res[f"objective_{i}"] = v
+    for task, v in (res.pop("proxies", None) or {}).items():
+        res[f"proxy__{task}"] = v
+    res["splits_read"] = json.dumps(res.get("splits_read") or [])
+    tune.report({k: v for k, v in res.items() if v is not None})

@@ -1,0 +1,56 @@
+"""`layerswap train` in-process (--no-ray): validates first, trains, prints the checkpoints;
+a `search:` block goes to the sweep hook.
+
+Run: .venv/bin/python -m pytest tests/cli/test_train.py
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import yaml
+
+from cli import main
+from tests.trainables.train.train_helpers import make_exp
+
+
+def _write(tmp_path: Path, exp_dict: dict) -> Path:
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(exp_dict))
+    return f
+
+
+def test_train_no_ray_writes_checkpoints(tiny_world, tmp_path, capsys):
+    exp = make_exp(tiny_world, "full", hyper={"max_steps": 4}, checkpoint_every_samples=16, name="cli_t")  # fmt: skip
+    f = _write(tmp_path, exp.model_dump(mode="json"))
+    assert main(["train", str(f), "--out", str(tmp_path / "run"), "--no-ray"]) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "run/train/cli_t"
+    assert f"checkpoints under {run}" in out
+    assert (run / "checkpoints/samples_000000016/layerswap_train.json").is_file()
+    assert out.strip().endswith(f"last checkpoint: {run / 'checkpoints/samples_000000032'}")
+
+
+def test_train_validates_before_any_work(tiny_world, tmp_path, capsys):
+    exp = make_exp(tiny_world, "full").model_dump(mode="json")
+    exp["datasets"] = [{"path": str(tmp_path / "nope.jsonl")}]
+    assert main(["train", str(_write(tmp_path, exp)), "--no-ray"]) == 2
+    assert "datasets[0].path" in capsys.readouterr().err
+    exp["hyper"]["bogus"] = 1
+    assert main(["train", str(_write(tmp_path, exp)), "--no-ray"]) == 2
+    assert "hyper.bogus" in capsys.readouterr().err
+    assert not (tmp_path / "train").exists()
+
+
+def test_search_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
+    calls = []
+    fake = types.ModuleType("search.sweep")
+    done = types.SimpleNamespace(trials={}, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
+    fake.run_sweep = lambda exp, run_dir: calls.append((exp.name, run_dir)) or done
+    monkeypatch.setitem(sys.modules, "search.sweep", fake)
+    exp = make_exp(tiny_world, "full", search={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}})  # fmt: skip
+    f = _write(tmp_path, exp.model_dump(mode="json"))
+    assert main(["train", str(f), "--out", str(tmp_path / "run")]) == 0
+    assert calls == [("t", tmp_path / "run")]

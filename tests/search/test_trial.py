@@ -1,0 +1,196 @@
+"""Search trials without Ray: in-memory composition into one live model, proxy scoring, failures.
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_trial.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "search"))
+from search_fixtures import experiment, make_experts
+
+from search.trial import TrialRunner, combine, hoeffding_upper
+from spaces.search_space import ExpertPool, decode, warm_start
+from trainables.merge.compose import compose_recipe
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from trainables.evaluate.tasks import write_world_tasks
+    from world import build_world
+
+    world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
+    root = tmp_path_factory.mktemp("trial")
+    paths = make_experts(world, root / "experts", nan_expert=True)
+    bad = root / "experts" / "corrupt"
+    bad.mkdir()
+    for f in (paths["task"]).iterdir():
+        (bad / f.name).write_bytes(
+            b"not safetensors" if f.suffix == ".safetensors" else f.read_bytes()
+        )
+    paths["corrupt"] = bad
+    tasks = root / "tasks"
+    write_world_tasks(world, tasks)
+    pool = ExpertPool.from_paths(
+        [str(paths["task"])],
+        [str(paths["language"]), str(paths["nan_lang"]), str(paths["corrupt"])],
+        str(paths["base"]),
+    )
+    exp = experiment(world, paths, search={"fidelity": {"screen": 0.5}})
+    runner = TrialRunner(exp, pool, [str(tasks)])
+    return exp, pool, runner, paths, tasks
+
+
+def _recipe(exp, pool, **params):
+    return decode({**warm_start(exp.space, 4, pool), **params}, exp.space, 4, pool)
+
+
+def test_trial_scores_dev_proxies_only(setup):
+    exp, pool, runner, _, _ = setup
+    res = runner.run(_recipe(exp, pool))
+    assert res.status == "ok", res.error
+    assert set(res.proxies) == {p.task for p in exp.proxy_list}
+    assert all(0 <= v <= 1 for v in res.proxies.values())
+    assert res.fidelity == exp.proxy_eval.limit
+    assert res.objective == pytest.approx(combine(exp.proxy_list, res.proxies)[0])
+    assert res.t_compose_s < res.t_eval_s
+    # the target's test split (world_mgsm_direct_xa) and every test split stay unread
+    assert all(
+        task.endswith("_dev") and split in ("dev", "train") for task, split in res.splits_read
+    )
+
+
+def test_only_changed_tensors_move_and_model_equals_compose(setup):
+    exp, pool, runner, _, _ = setup
+    a = _recipe(exp, pool, bottom=1, top=0, bottom_transition=0)
+    b = _recipe(exp, pool, bottom=2, top=0, bottom_transition=0)  # layer 1: task -> language
+    runner.load(a)
+    assert runner.load(a) == 0
+    moved = runner.load(b)
+    names = list(runner.cache.get(pool.task[0].path))
+    assert moved == sum(".layers.1." in n for n in names)
+    sources = {
+        r: runner.cache.get(r) for r in (pool.task[0].path, pool.language[0].path, pool.base)
+    }
+    want = compose_recipe(b, sources, 4)
+    got = dict(runner.model.named_parameters())
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    # shared, not copied: a taken tensor is the cache's own storage
+    lang0 = runner.cache.get(pool.language[0].path)["model.layers.0.mlp.up_proj.weight"]
+    assert got["model.layers.0.mlp.up_proj.weight"].data_ptr() == lang0.data_ptr()
+
+
+def test_nan_and_unreadable_experts_fail_without_breaking_the_runner(setup):
+    exp, pool, runner, _, _ = setup
+    bad = runner.run(_recipe(exp, pool, language_expert="1", bottom=1))
+    assert (
+        bad.status == "failed" and "non-finite" in bad.error and "layers.0.mlp.up_proj" in bad.error
+    )
+    broken = runner.run(_recipe(exp, pool, language_expert="2"))
+    assert broken.status == "failed" and broken.objective is None
+    ok = runner.run(_recipe(exp, pool))
+    assert ok.status == "ok"
+    first = runner.run(_recipe(exp, pool))
+    assert first.proxies == ok.proxies and first.moved == 0
+
+
+def test_screening_prunes_and_full_scores_match_unscreened(setup):
+    exp, pool, runner, _, tasks = setup
+    rec = _recipe(exp, pool, bottom=2, bottom_transition=1)
+    pruned = runner.run(rec, reject_below=1.5)  # unreachable: any bound is below it
+    assert pruned.status == "pruned" and pruned.fidelity == 4 and pruned.upper_bound < 1.5
+    full = runner.run(rec, reject_below=-1.0)
+    assert full.status == "ok" and full.fidelity == 8
+    plain = TrialRunner(
+        exp.model_copy(
+            update={
+                "search": exp.search.model_copy(
+                    update={"fidelity": exp.search.fidelity.model_copy(update={"screen": None})}
+                )
+            }
+        ),
+        pool,
+        [str(tasks)],
+    )
+    again = plain.run(rec)
+    assert again.proxies == pytest.approx(full.proxies) and again.fidelity == 8
+
+
+def test_hoeffding_bound():
+    assert hoeffding_upper(0.5, 10, 10, 0.05) == 0.5
+    ub = hoeffding_upper(0.2, 25, 100, 0.05)
+    assert 0.2 < ub < 0.5
+    assert hoeffding_upper(0.2, 50, 100, 0.05) < ub
+
+
+def test_served_duplicate_does_no_work(setup):
+    from search.tune_trial import META, TrialSpec, run_config
+
+    exp, pool, _, _, tasks = setup
+    spec = TrialSpec(exp.model_dump_json(), pool.model_dump_json(), (str(tasks),), 4)
+    row = {"trial_id": "0003", "status": "ok", "objective": 0.4, "proxy__x": 0.5, "t_eval_s": 3.0}
+    out = run_config({"bottom": 1, META: {"served": row}}, spec)
+    assert out["status"] == "duplicate" and out["served_from"] == "0003"
+    assert out["objective"] == 0.4 and out["t_eval_s"] == 0.0
+
+
+def test_lora_experts_are_folded_and_match_the_disk_merge(setup, tmp_path):
+    """LoRA experts: the cache folds each adapter into the base; a swap equals merge --fold."""
+    import peft
+    import transformers
+    from safetensors.torch import load_file
+
+    from search.trial import ExpertCache, LiveModel
+    from spaces.recipe import parse_recipe
+    from spaces.search_space import ExpertRef
+    from trainables.merge.lora import merge_lora_to_disk
+
+    _, _, _, paths, _ = setup
+    base = str(paths["base"])
+    adapters = []
+    for i in range(2):
+        model = transformers.AutoModelForCausalLM.from_pretrained(base)
+        pm = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "up_proj"]))  # fmt: skip
+        g = torch.Generator().manual_seed(i)
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        pm.save_pretrained(tmp_path / f"lora{i}")
+        adapters.append(str(tmp_path / f"lora{i}"))
+    pool = ExpertPool(
+        task=[ExpertRef(path=adapters[0], kind="lora")],
+        language=[ExpertRef(path=adapters[1], kind="lora")],
+        base=base,
+    )
+    recipe = parse_recipe(
+        {
+            "method": "layer_swap",
+            "task_expert": adapters[0],
+            "language_expert": adapters[1],
+            "base": base,
+            "bottom": 1,
+            "top": 1,
+            "bottom_transition": 1,
+        }
+    )
+    live = LiveModel(ExpertCache(base), pool)
+    live.load(recipe)
+    merge_lora_to_disk(recipe, tmp_path / "folded", fold=True)
+    want = load_file(tmp_path / "folded" / "model.safetensors")
+    got = dict(live.model.named_parameters())
+    for name, t in want.items():
+        assert torch.allclose(got[name], t, atol=1e-6), name

@@ -1,0 +1,152 @@
+"""Expert indicators equal lm-eval's own numbers on the tiny world (full checkpoints and LoRA).
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_indicators.py   (lm-eval runs: slow)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainables.evaluate.harness import evaluate, task_score, write_world_tasks
+from trainables.evaluate.indicators import (
+    IndicatorScorer,
+    load_model,
+    load_tokenizer,
+    score_checkpoint,
+)
+
+TASKS = ["world_mgsm_direct_en_dev", "world_belebele_xa_dev"]
+GEN_TOKS = 24
+LIMIT = 12
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on shared cores
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """The tiny world, seed 0 (build_world is idempotent: other modules reuse this folder)."""
+    from world import build_world
+
+    return build_world(
+        tmp_path_factory.getbasetemp() / "sweep_world" / "world",
+        seed=0,
+        size="tiny",
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(world, tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("indicator_tasks")
+    write_world_tasks(world, out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(world, tmp_path_factory) -> dict[str, Path]:
+    """base, a perturbed full checkpoint, and a LoRA adapter with non-zero B (so it matters)."""
+    from peft import LoraConfig, get_peft_model
+
+    root = tmp_path_factory.mktemp("indicator_ckpts")
+    tok = load_tokenizer(world / "base")
+    model = load_model(world / "base")
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(root / "full")
+    tok.save_pretrained(root / "full")
+    torch.manual_seed(4)
+    cfg = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        use_rslora=True,
+        target_modules=["q_proj", "v_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,  # random A and B: the adapter changes the outputs
+    )
+    peft_model = get_peft_model(load_model(world / "base"), cfg)
+    peft_model.save_pretrained(root / "lora")
+    return {"base": world / "base", "full": root / "full", "lora": root / "lora"}
+
+
+def lm_eval_scores(model, tasks_dir: str, *, peft: str | None = None) -> dict:
+    """lm-eval's own numbers: trainables.evaluate.harness (folder), or HFLM(peft=...) for an adapter."""
+    if peft is None:
+        raw = evaluate(
+            str(model), TASKS, include_path=tasks_dir, limit=LIMIT, num_fewshot=0, max_gen_toks=GEN_TOKS
+        )  # fmt: skip
+    else:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+
+        raw = lm_eval.simple_evaluate(
+            model=HFLM(pretrained=str(model), peft=peft, batch_size=1, device="cpu"),
+            tasks=TASKS,
+            num_fewshot=0,
+            limit=LIMIT,
+            gen_kwargs={"max_gen_toks": GEN_TOKS},
+            task_manager=TaskManager(include_path=tasks_dir, include_defaults=False),
+            cache_requests=False,
+            bootstrap_iters=0,
+        )
+    return {t: task_score(raw, t) for t in TASKS}
+
+
+@pytest.fixture(scope="module")
+def scorer(world, tasks_dir):
+    return IndicatorScorer(
+        TASKS, load_tokenizer(world / "base"), include_path=tasks_dir, limit=LIMIT, max_gen_toks=GEN_TOKS
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["base", "full"])
+def test_full_checkpoints_match_lm_eval(name, checkpoints, scorer, tasks_dir):
+    got = scorer.score_checkpoint(checkpoints[name])
+    assert got.n_items == {t: LIMIT for t in TASKS}
+    assert got.scores == pytest.approx(lm_eval_scores(checkpoints[name], tasks_dir), abs=1e-12)
+    cols = got.columns()
+    assert set(cols) == {f"ind__{t}" for t in TASKS} | {f"n_items__{t}" for t in TASKS}
+    assert cols["n_items__world_belebele_xa_dev"] == LIMIT
+
+
+@pytest.mark.slow
+def test_lora_adapter_matches_lm_eval_peft(checkpoints, scorer, tasks_dir):
+    from trainables.merge.lora import is_lora_adapter
+
+    assert is_lora_adapter(checkpoints["lora"])
+    got = scorer.score_checkpoint(checkpoints["lora"])  # base read from adapter_config.json
+    want = lm_eval_scores(checkpoints["base"], tasks_dir, peft=str(checkpoints["lora"]))
+    assert got.scores == pytest.approx(want, abs=1e-12)
+    # The adapter really changes the model (else this test would prove nothing).
+    base = load_model(checkpoints["base"])
+    lora = load_model(checkpoints["lora"])
+    ids = torch.tensor([[1, 5, 9, 11]])
+    assert not torch.allclose(base(ids).logits, lora(ids).logits)
+
+
+@pytest.mark.slow
+def test_lm_eval_backend_and_one_shot_helper(checkpoints, scorer, tasks_dir):
+    want = scorer.score_checkpoint(checkpoints["full"])
+    got = score_checkpoint(
+        checkpoints["full"], TASKS, include_path=tasks_dir, backend="lm_eval", limit=LIMIT, max_gen_toks=GEN_TOKS
+    )  # fmt: skip
+    assert got.scores == want.scores and got.n_items == want.n_items
+
+
+def test_bad_arguments(world, tasks_dir):
+    tok = load_tokenizer(world / "base")
+    with pytest.raises(ValueError, match="no indicator tasks"):
+        IndicatorScorer([], tok, include_path=tasks_dir)
+    with pytest.raises(ValueError, match="backend"):
+        IndicatorScorer(TASKS, tok, include_path=tasks_dir, backend="vllm")

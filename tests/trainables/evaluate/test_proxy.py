@@ -1,0 +1,177 @@
+"""The cached proxy evaluator agrees with lm-eval's own HFLM run, item by item.
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_proxy_eval.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from proxy_fixtures import tiny_models, write_world
+
+from trainables.evaluate.proxy import ProxyEvaluator
+
+GEN = {"max_gen_toks": 16}
+TASKS = ["mgsm_dev", "bele_dev"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on shared cores: one intra-op thread is several times faster than two."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return write_world(tmp_path_factory.mktemp("proxy_world"))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from world.tiny import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models(tok):
+    return tiny_models(tok, n=3)
+
+
+@pytest.fixture(scope="module")
+def evaluator(world, tok):
+    return ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=GEN)
+
+
+def lm_eval_samples(model, tok, world, tasks, gen_kwargs) -> dict:
+    """lm-eval's own per-sample log: {task: {(doc_id, filter): sample}}."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok),
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(world), include_defaults=False),
+        log_samples=True,
+        gen_kwargs=dict(gen_kwargs),
+        bootstrap_iters=0,
+        cache_requests=False,
+    )
+    return {t: {(s["doc_id"], s["filter"]): s for s in out["samples"][t]} for t in tasks}
+
+
+def assert_same_as_lm_eval(result, samples) -> int:
+    """Every scored item equals lm-eval's; returns how many generations held a number."""
+    with_numbers = 0
+    for r in result.items["bele_dev"]:
+        s = samples["bele_dev"][(r.doc_id, "none")]
+        ref = [resp[0] for resp in s["resps"]]  # [(ll, is_greedy)] per choice
+        assert r.prediction == int(np.argmax([ll for ll, _ in ref])), r.doc_id
+        np.testing.assert_allclose([ll for ll, _ in r.response], [ll for ll, _ in ref], atol=1e-4)
+        assert [g for _, g in r.response] == [g for _, g in ref]
+        assert r.metrics["acc,none"] == s["acc"] and r.metrics["acc_norm,none"] == s["acc_norm"]
+    for r in result.items["mgsm_dev"]:
+        for fname, filtered in r.prediction.items():
+            s = samples["mgsm_dev"][(r.doc_id, fname)]
+            assert r.response == s["resps"][0][0], r.doc_id
+            assert filtered == s["filtered_resps"][0], (r.doc_id, fname)
+            assert r.metrics[f"exact_match,{fname}"] == s["exact_match"]
+        with_numbers += r.prediction["flexible-extract"] != "[invalid]"
+    return with_numbers
+
+
+def test_matches_lm_eval_on_several_models(evaluator, models, tok, world):
+    # Batched (left-padded) generation too: no float near-tie moves on these models.
+    batched = ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=GEN, gen_batch_size=4)
+    numbers, responses = 0, set()
+    for model in models:
+        result = evaluator.score(model)
+        samples = lm_eval_samples(model, tok, world, TASKS, GEN)
+        numbers += assert_same_as_lm_eval(result, samples)
+        assert_same_as_lm_eval(batched.score(model), samples)
+        responses |= {r.response for r in result.items["mgsm_dev"]}
+        assert {len(v) for v in result.items.values()} == {10}
+    # The comparison means something: models differ, and extraction finds numbers.
+    assert numbers >= 5 and len(responses) >= 20
+
+
+@pytest.mark.slow
+def test_stop_strings_and_truncation_match_lm_eval(world, tok):
+    """A stop string that fires mid-generation, and a window short enough to left-truncate."""
+    from transformers import LlamaForCausalLM
+
+    gen = {"max_gen_toks": 12, "until": ["2", "Question:"]}
+    model = tiny_models(tok, n=1, seed=3)[0]
+    short = LlamaForCausalLM(
+        model.config.__class__(**{**model.config.to_dict(), "max_position_embeddings": 48})
+    )
+    short.load_state_dict(model.state_dict())
+    short.eval()
+    ev = ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=gen)
+    assert max(len(it.ctx_ids) for it in ev.tasks["bele_dev"].items) > 48
+    for m in (model, short):
+        result = ev.score(m)
+        assert_same_as_lm_eval(result, lm_eval_samples(m, tok, world, TASKS, gen))
+    # The "2" stop fired: each response is the unstopped generation cut before its first "2".
+    plain = ProxyEvaluator(
+        ["mgsm_dev"], tok, include_path=str(world), gen_kwargs={"max_gen_toks": 12}
+    )
+    stopped = {r.doc_id: r.response for r in ev.score(model).items["mgsm_dev"]}
+    raw = {r.doc_id: r.response for r in plain.score(model).items["mgsm_dev"]}
+    cut = [i for i in raw if "2" in raw[i]]
+    assert cut and all(stopped[i] == raw[i].split("2")[0] for i in cut)
+
+
+def test_fidelity_is_a_prefix_with_equal_item_results(evaluator, models):
+    model = models[1]
+    full = evaluator.score(model, fidelity=1.0)
+    for task in TASKS:
+        ids = {f: evaluator.subset(task, f) for f in (0.1, 0.3, 0.5, 1.0)}
+        assert len(ids[0.3]) == math.ceil(0.3 * 10) and len(ids[1.0]) == 10
+        assert ids[0.1] == ids[0.3][:1] and ids[0.3] == ids[0.5][:3] and ids[0.5] == ids[1.0][:5]
+        assert sorted(ids[1.0]) == list(range(10)) and ids[1.0] != sorted(ids[1.0])
+    part = evaluator.score(model, fidelity=0.3)
+    for task in TASKS:
+        by_id = {r.doc_id: r for r in full.items[task]}
+        assert [r.doc_id for r in part.items[task]] == evaluator.subset(task, 0.3)
+        for r in part.items[task]:
+            assert r.prediction == by_id[r.doc_id].prediction
+            assert r.metrics == by_id[r.doc_id].metrics
+        key = "acc,none" if task == "bele_dev" else "exact_match,flexible-extract"
+        assert part.aggregate[task][key] == pytest.approx(
+            np.mean([r.metrics[key] for r in part.items[task]])
+        )
+    with pytest.raises(ValueError, match="fidelity"):
+        evaluator.score(model, fidelity=0.0)
+
+
+def test_access_log_names_splits_and_doc_ids(world, tok, models):
+    ev = ProxyEvaluator(
+        TASKS, tok, include_path=str(world), gen_kwargs=GEN, limit=6, doc_ids={"bele_dev": [7, 2]}
+    )
+    assert [it.doc_id for it in ev.tasks["mgsm_dev"].items] == list(range(6))
+    assert [it.doc_id for it in ev.tasks["bele_dev"].items] == [2, 7]
+    before = len(ev.access_log)
+    ev.score(models[0], fidelity=0.5)
+    log = ev.access_log
+    assert {(a.task, a.split, a.purpose) for a in log[:before]} == {
+        ("mgsm_dev", "dev", "prompt"),
+        ("bele_dev", "dev", "prompt"),
+    }
+    scored = {a.task: a.doc_ids for a in log[before:]}
+    assert all(a.purpose == "score" for a in log[before:])
+    assert scored == {
+        "mgsm_dev": tuple(ev.subset("mgsm_dev", 0.5)),
+        "bele_dev": (ev.subset("bele_dev", 0.5)[0],),
+    }
+    # The proxy stage never reads a test split (zero-shot: no fewshot reads either).
+    assert all(a.split == "dev" for a in log)
+    assert ev.splits_read() == {("mgsm_dev", "dev"), ("bele_dev", "dev")}

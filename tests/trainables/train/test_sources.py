@@ -1,0 +1,255 @@
+"""SFT source adapters, loader, math guard and mixing, on small fixtures in each source's schema.
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_datasets.py (offline; conftest sets it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trainables.train.sources import (
+    LANGUAGE_SOURCES,
+    SOURCES,
+    DataSourceError,
+    get_source,
+    load_sft,
+    looks_like_math,
+    mix,
+    write_jsonl,
+)
+
+FIX = Path(__file__).parent.parent / "fixtures" / "datasets"
+PAPERS = Path(__file__).resolve().parents[3] / "shared" / "papers"
+
+# Hub ids named in the follow-up's appendix A.6 and the ICLR paper's appendix A.1 (SFT data).
+PAPER_HUB_IDS = {
+    "microsoft/orca-math-word-problems-200k",
+    "CohereForAI/aya_dataset",
+    "allenai/nllb",
+    "ai4bharat/indic-align",
+    "lumatic-ai/BongChat-v1-253k",
+    "lelapa/Inkuba-instruct",
+    "bigscience/xP3mt",
+    "izumi-lab/llm-japanese-dataset",
+    "p1atdev/ichikara-instruction",  # printed "platdev" in the paper
+    "kunishou/databricks-dolly-15k-ja",
+}
+
+# (source, language, fixture, expected (prompt, response) of the first record, record count)
+CASES = [
+    ("orca_math", None, "orca_math.jsonl", ("A farmer has 12 goats", "The farmer had 12"), 3),
+    ("aya", "swh", "aya.jsonl", ("Mji mkuu wa Kenya ni upi?", "Mji mkuu wa Kenya"), 3),
+    ("aya", "ben", "aya.jsonl", ("বাংলাদেশের রাজধানী কোথায়?", "বাংলাদেশের রাজধানী ঢাকা।"), 1),
+    ("nllb", "swh", "nllb_eng_Latn-swh_Latn.jsonl", ("Translate the following English", "Soko"), 4),
+    ("telugu_alpaca", None, "telugu_alpaca.csv", ("ఆరోగ్యంగా", "బాగా తినండి"), 2),
+    ("telugu_gpteacher", None, "telugu_alpaca.csv", ("ఆరోగ్యంగా", "బాగా తినండి"), 2),
+    ("indic_sharellama", "ben", "indic_sharellama.jsonl", ("নদী কী?", "নদী হলো"), 2),
+    ("indic_sharellama", "tel", "indic_sharellama.jsonl", ("నది అంటే ఏమిటి?", "నది అనేది"), 2),
+    ("bongchat", None, "bongchat.jsonl", ("একটি ছোট কবিতা লেখো।", "আকাশ নীল"), 2),
+    ("inkuba_instruct", None, "inkuba_instruct.jsonl", ("Tambua hisia", "chanya"), 2),
+    ("xp3mt", "swh", "xp3mt_sw.jsonl", ("Sentensi 1: Paka amelala.", "Ndiyo"), 2),
+    ("llm_japanese", None, "llm_japanese.jsonl", ("次の単語の意味", "木の葉の間"), 1),
+    ("ichikara", None, "ichikara.jsonl", ("日本の有名な山", "富士山です。"), 1),
+    ("dolly_ja", None, "dolly_ja.jsonl", ("俳句とは何ですか?", "五・七・五"), 2),
+]
+
+
+@pytest.mark.parametrize(("source", "language", "fixture", "first", "count"), CASES)
+def test_adapter_on_fixture(source, language, fixture, first, count):
+    recs = load_sft(source, language=language, data_files=FIX / fixture)
+    assert len(recs) == count
+    for r in recs:
+        assert set(r) == {"prompt", "response", "source", "language"}
+        assert r["prompt"] and r["response"] and r["source"] == source
+        assert r["language"] in get_source(source).languages
+    assert recs[0]["prompt"].startswith(first[0])
+    assert recs[0]["response"].startswith(first[1])
+
+
+def test_every_source_has_a_fixture_case():
+    assert {c[0] for c in CASES} == set(SOURCES)
+
+
+def test_alpaca_input_is_appended_to_instruction():
+    recs = load_sft("bongchat", data_files=FIX / "bongchat.jsonl")
+    assert recs[0]["prompt"] == "একটি ছোট কবিতা লেখো।"  # empty input: no trailing blank lines
+    assert recs[1]["prompt"] == "নিচের বাক্যটির সারাংশ দাও।\n\nআজ সকালে বৃষ্টি হয়েছে এবং রাস্তা ভিজে গেছে।"
+
+
+def test_nllb_gives_both_directions():
+    recs = load_sft("nllb", language="sw", data_files=FIX / "nllb_eng_Latn-swh_Latn.jsonl")
+    assert recs[0]["prompt"].endswith("into Swahili.\n\nThe market opens early in the morning.")
+    assert recs[0]["response"] == "Soko hufunguliwa asubuhi na mapema."
+    assert recs[1]["prompt"].endswith("into English.\n\nSoko hufunguliwa asubuhi na mapema.")
+    assert recs[1]["response"] == "The market opens early in the morning."
+    assert {r["language"] for r in recs} == {"swh"}
+
+
+def test_indic_align_takes_first_turn_only():
+    recs = load_sft(
+        "indic_sharellama", language="bengali", data_files=FIX / "indic_sharellama.jsonl"
+    )
+    assert [r["response"] for r in recs] == ["নদী হলো প্রাকৃতিক জলধারা।", "রবীন্দ্রনাথ ঠাকুর।"]
+
+
+def test_xp3mt_skips_flores_files():
+    files = [FIX / "xp3mt_sw.jsonl", FIX / "xp3mt_sw_flores.jsonl"]
+    recs = load_sft("xp3mt", language="swh", data_files=files)
+    assert all("Habari za asubuhi" not in r["prompt"] for r in recs)
+    assert len(recs) == 2
+
+
+def test_parquet_and_limit(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    rows = [json.loads(line) for line in (FIX / "orca_math.jsonl").read_text().splitlines()]
+    path = tmp_path / "orca.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    recs = load_sft("microsoft/orca-math-word-problems-200k", data_files=path, limit=2)
+    assert [r["prompt"] for r in recs] == [r["question"] for r in rows[:2]]
+
+
+def test_registry_covers_papers():
+    hub_ids = {s.hub_id for s in SOURCES.values()}
+    assert hub_ids >= PAPER_HUB_IDS
+    for lang, names in LANGUAGE_SOURCES.items():
+        for n in names:
+            assert lang in SOURCES[n].languages, (lang, n)
+    assert all(s.schema.split(":")[0] for s in SOURCES.values())
+
+
+@pytest.mark.skipif(not PAPERS.is_dir(), reason="papers not present")
+def test_registry_covers_every_hub_dataset_url_in_the_papers():
+    text = "".join(p.read_text() for p in PAPERS.glob("*.txt"))
+    start = text.find("A.6 SFT Datasets")
+    section = text[start : text.find("A.7", start)]
+    named = set(re.findall(r"huggingface\.co/datasets/([\w.-]+/[\w.-]+)", section))
+    assert named, "appendix A.6 not found"
+    aliases = {"platdev/ichikara-instruction": "p1atdev/ichikara-instruction"}
+    hub_ids = {s.hub_id.lower() for s in SOURCES.values()}
+    assert {aliases.get(n, n).lower() for n in named} <= hub_ids
+
+
+def test_unknown_source_lists_known():
+    with pytest.raises(DataSourceError, match=r"unknown source 'alpaca'.*orca_math.*aya"):
+        load_sft("alpaca", data_files=FIX / "aya.jsonl")
+
+
+def test_missing_column_names_column_and_file():
+    with pytest.raises(DataSourceError, match=r"column 'question' missing from .*bongchat\.jsonl"):
+        load_sft("orca_math", data_files=FIX / "bongchat.jsonl")
+
+
+def test_language_filter_matching_nothing():
+    with pytest.raises(DataSourceError, match=r"jpn \(Japanese\) matched no row.*Swahili \(3\)"):
+        load_sft("aya", language="jpn", data_files=FIX / "aya.jsonl")
+
+
+def test_language_errors():
+    with pytest.raises(DataSourceError, match="serves ben, tel, swh, jpn; pass language="):
+        load_sft("aya", data_files=FIX / "aya.jsonl")
+    with pytest.raises(DataSourceError, match="unknown language 'klingon'"):
+        load_sft("aya", language="klingon", data_files=FIX / "aya.jsonl")
+    with pytest.raises(DataSourceError, match=r"bongchat: no Swahili \(swh\) data"):
+        load_sft("bongchat", language="swh", data_files=FIX / "bongchat.jsonl")
+
+
+def test_nllb_hub_path_explains_script_problem():
+    with pytest.raises(DataSourceError, match="loading script"):
+        load_sft("nllb", language="swh")
+
+
+def test_bad_data_files():
+    with pytest.raises(DataSourceError, match="does not exist"):
+        load_sft("orca_math", data_files=FIX / "nope.jsonl")
+    with pytest.raises(DataSourceError, match="must all be one of"):
+        load_sft("orca_math", data_files=[FIX / "orca_math.jsonl", FIX / "telugu_alpaca.csv"])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "math"),
+    [
+        ("Hesabu: 7 + 5 ni ngapi?", "12", True),
+        ("x", "১২ × ৩ = ৩৬", True),  # Bengali digits
+        ("Jumla?", "20 - 4 = 16", True),
+        ("Evaluate", r"\frac{1}{2}", True),
+        ("Solve for x.", "It is seven.", True),
+        ("Vita vilidumu 1914-1918.", "Ndiyo, miaka minne.", False),  # a date range
+        ("Mji mkuu wa Kenya ni upi?", "Nairobi.", False),
+        ("Simu yangu ni 0712 345 678.", "Asante.", False),
+    ],
+)
+def test_looks_like_math(prompt, response, math):
+    assert looks_like_math({"prompt": prompt, "response": response}) is math
+
+
+def _parts():
+    return {
+        "aya": load_sft("aya", language="swh", data_files=FIX / "aya.jsonl"),
+        "nllb": load_sft("nllb", language="swh", data_files=FIX / "nllb_eng_Latn-swh_Latn.jsonl"),
+        "inkuba_instruct": load_sft("inkuba_instruct", data_files=FIX / "inkuba_instruct.jsonl"),
+        "xp3mt": load_sft("xp3mt", language="swh", data_files=FIX / "xp3mt_sw.jsonl"),
+    }
+
+
+def test_mix_drops_math_and_is_deterministic():
+    parts = _parts()
+    a = mix(parts, size=8, seed=3, val_share=0.25)
+    b = mix(dict(reversed(list(parts.items()))), size=8, seed=3, val_share=0.25)
+    assert (a.train, a.validation) == (b.train, b.validation)
+    assert a.dropped_math == 1
+    assert len(a.train) == 6 and len(a.validation) == 2
+    assert not any(looks_like_math(r) for r in a.train + a.validation)
+    assert sum(a.per_source.values()) == 8
+    others = [mix(parts, size=8, seed=s, val_share=0.25).train for s in range(4, 10)]
+    assert any(o != a.train for o in others)
+
+
+def test_mix_quotas_and_shortfall():
+    parts = {"big": [_rec(f"b{i}") for i in range(50)], "small": [_rec(f"s{i}") for i in range(3)]}
+    m = mix(parts, size=20, seed=0, val_share=0.0)
+    assert m.per_source == {"big": 17, "small": 3}  # small's shortfall goes to big
+    m = mix(parts, size=100, seed=0, val_share=0.1)
+    assert len(m.train) + len(m.validation) == 53 and len(m.validation) == 5
+    m = mix(parts, size=10, seed=0, weights={"big": 3, "small": 1})
+    assert m.per_source == {"big": 8, "small": 2}
+
+
+def test_mix_drops_duplicates_and_keeps_math_when_asked():
+    parts = {"a": [_rec("same"), _rec("2 + 2 = 4")], "b": [_rec("same")]}
+    m = mix(parts, size=10, seed=0, val_share=0.0, drop_math=False)
+    assert m.dropped_duplicates == 1 and m.dropped_math == 0 and len(m.train) == 2
+
+
+def _rec(prompt: str) -> dict[str, str]:
+    return {"prompt": prompt, "response": "r", "source": "t", "language": "swh"}
+
+
+def test_write_jsonl_roundtrip(tmp_path):
+    recs = load_sft("aya", language="ben", data_files=FIX / "aya.jsonl")
+    out = write_jsonl(recs, tmp_path / "sub" / "ben.jsonl")
+    back = [json.loads(line) for line in out.read_text().splitlines()]
+    assert back == recs
+    assert not list(out.parent.glob(".*tmp*"))
+    with pytest.raises(ValueError, match="record 0 is not an SFT record"):
+        write_jsonl([{"prompt": "p"}], tmp_path / "bad.jsonl")
+    assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_build_language_set_from_local_files():
+    from trainables.train.sources import build_language_set
+
+    files = {
+        "aya": FIX / "aya.jsonl",
+        "nllb": FIX / "nllb_eng_Latn-swh_Latn.jsonl",
+        "inkuba_instruct": FIX / "inkuba_instruct.jsonl",
+        "xp3mt": [FIX / "xp3mt_sw.jsonl", FIX / "xp3mt_sw_flores.jsonl"],
+    }
+    m = build_language_set("Swahili", size=10, seed=1, val_share=0.2, data_files=files)
+    assert m.dropped_math == 1 and len(m.train) == 8 and len(m.validation) == 2
+    assert {r["language"] for r in m.train + m.validation} == {"swh"}
+    assert set(m.per_source) == set(files)

@@ -1,0 +1,101 @@
+"""Building the embedded world: reproducible by seed, idempotent, loadable with transformers, CLI.
+
+Run `.venv/bin/python -m pytest -q tests/world/test_world_build.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from cli.world import add_parser as add_world_parser
+from world import build_world
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_same_seed_same_bytes(tiny_world, tmp_path):
+    again = build_world(tmp_path / "again", seed=0, size="tiny", progress=False)
+    a, b = _files(tiny_world), _files(again)
+    assert set(a) == set(b)
+    differ = [name for name in a if a[name] != b[name]]
+    assert not differ, f"files differ between two builds with seed 0: {differ}"
+
+
+def test_other_seed_other_world(tiny_world, tmp_path):
+    other = build_world(tmp_path / "other", seed=1, size="tiny", progress=False)
+    a, b = _files(tiny_world), _files(other)
+    for name in ("data/mgsm/xa/test.jsonl", "data/sft/lang_xb.jsonl", "base/model.safetensors"):
+        assert a[name] != b[name], name
+    # a different world at the same path is not silently replaced...
+    with pytest.raises(FileExistsError):
+        build_world(other, seed=2, size="tiny", progress=False)
+    # ...unless asked to
+    build_world(other, seed=2, size="tiny", overwrite=True, progress=False)
+    assert json.loads((other / "world.json").read_text())["seed"] == 2
+
+
+def test_second_call_is_a_fast_no_op(tiny_world):
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tiny_world.rglob("*") if p.is_file()}  # fmt: skip
+    t0 = time.perf_counter()
+    assert build_world(tiny_world, seed=0, size="tiny", progress=False) == tiny_world
+    assert time.perf_counter() - t0 < 1.0
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tiny_world.rglob("*") if p.is_file()}  # fmt: skip
+    assert before == after
+
+
+def test_manifest_hashes_match(tiny_world):
+    import hashlib
+
+    m = json.loads((tiny_world / "world.json").read_text())
+    for rel, digest in m["sha256"].items():
+        assert hashlib.sha256((tiny_world / rel).read_bytes()).hexdigest() == digest, rel
+
+
+def test_base_loads_with_auto_classes(tiny_world):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_world / "base")
+    model = AutoModelForCausalLM.from_pretrained(tiny_world / "base")
+    assert model.config.model_type == "llama"
+    assert tok.bos_token == "<s>" and tok.eos_token == "</s>" and tok.pad_token == "<pad>"
+    assert len(tok) == model.config.vocab_size
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
+        tokenize=False,
+    )
+    assert text == "Question: Hi\nAnswer: Yo</s>"  # lm-eval's QA layout
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt == "Question: Hi\nAnswer:"
+    # digits are single tokens and text round-trips
+    q = "Question: Tom has 12 apples.\nAnswer: 12"
+    assert tok.decode(tok(q)["input_ids"]) == q
+    assert "12" not in tok.convert_ids_to_tokens(tok("12")["input_ids"])
+    with torch.no_grad():
+        out = model.generate(**tok(q, return_tensors="pt"), max_new_tokens=3, do_sample=False)
+    assert out.shape[1] >= len(tok(q)["input_ids"]) + 1
+
+
+def test_cli_parser(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="layerswap")
+    add_world_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["world", "build", "--out", str(tmp_path / "w"), "--size", "tiny", "--seed", "3"])  # fmt: skip
+    assert (args.out, args.size, args.seed, args.overwrite) == (tmp_path / "w", "tiny", 3, False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["world", "build", "--out", "x", "--size", "huge"])
+    assert args.func(args) == 0
+    assert json.loads((tmp_path / "w/world.json").read_text())["seed"] == 3
+
+
+def test_unknown_size_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown world size"):
+        build_world(tmp_path / "w", size="huge", progress=False)  # type: ignore[arg-type]

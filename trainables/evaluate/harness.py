@@ -1,0 +1,212 @@
+"""Evaluation with lm-eval: world task YAMLs over lm-eval's own configs, runs, per-sample scores.
+
+Run `layerswap eval MODEL_DIR --tasks world_mgsm_direct_xa --world WORLD_DIR --limit 20`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainables.atomic import atomic_write_text
+from trainables.evaluate.tasks import (
+    lm_eval_tasks_dir,
+    offline_defaults,
+    task_manager,
+    write_world_tasks,
+)
+
+__all__ = [
+    "evaluate",
+    "lm_eval_tasks_dir",
+    "metrics_table",
+    "predictions",
+    "score_key",
+    "task_manager",
+    "task_score",
+    "write_world_tasks",
+]
+
+# The filter whose score a task reports when it has several (mgsm: "flexible-extract").
+PREFERRED_FILTERS = ("flexible-extract", "none")
+DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default, made explicit (HFLM ignores its argument)
+
+
+def check_model_dir(path: Path) -> None:
+    """Refuse, with the file named, what HFLM would fail on late or load unsafely (pickles)."""
+    from trainables.merge.checkpoint import find_weights
+
+    if not path.is_dir():
+        raise ValueError(f"model folder {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}/config.json missing: not a Hugging Face checkpoint folder")
+    find_weights(path)  # CheckpointError (a ValueError) for pickle-only or weightless folders
+
+
+def _jsonable(raw: dict) -> dict:
+    """lm-eval's result dict as plain JSON types (tuples, numpy scalars, sets, dtypes)."""
+    from lm_eval.utils import handle_non_serializable
+
+    return json.loads(json.dumps(raw, default=handle_non_serializable, ensure_ascii=False))
+
+
+def evaluate(
+    model: Any,
+    tasks: list[str],
+    *,
+    tokenizer: Any = None,
+    include_path: str | Path | list | None = None,
+    limit: int | float | None = None,
+    batch_size: int = 1,
+    num_fewshot: int | None = None,
+    device: str = "cpu",
+    max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+    out: Path | None = None,
+) -> dict:
+    """Run lm-eval's `simple_evaluate` on a checkpoint folder or an in-memory model.
+
+    No request cache is used (lm-eval keys it by prompt, not by model, so merge candidates
+    would share answers). Samples are always logged so `predictions` can read them.
+
+    Args:
+        model: a checkpoint folder (str/Path; safetensors only) or a transformers model
+            object (evaluated where it is; `device` then does not move it).
+        tasks: lm-eval task or tag names, e.g. world_mgsm_direct_xa, belebele_swh_Latn.
+        tokenizer: required for an in-memory model; optional override for a folder.
+        include_path: folder(s) of extra task YAMLs (e.g. from `write_world_tasks`).
+        limit: first N docs per task (or a fraction if < 1); None for all.
+        batch_size, num_fewshot, device: passed to lm-eval (num_fewshot None: task default).
+        max_gen_toks: generation budget of generate_until tasks.
+        out: if given, the raw result JSON is written there atomically.
+    Returns:
+        lm-eval's raw result dict (results, configs, n-samples, samples, ...) as JSON types.
+    """
+    if not tasks:
+        raise ValueError("no tasks given")
+    offline_defaults()
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    # Cheap checks first: task indexing and model loading take seconds.
+    if isinstance(model, (str, Path)):
+        check_model_dir(Path(model))
+    elif tokenizer is None:
+        raise ValueError("an in-memory model needs its tokenizer (tokenizer=...)")
+    tm = task_manager(list(tasks), include_path)
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        lm = HFLM(
+            pretrained=str(path),
+            tokenizer=tokenizer,
+            device=device,
+            batch_size=batch_size,
+            trust_remote_code=False,
+        )
+    else:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    raw = simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        num_fewshot=num_fewshot,
+        batch_size=batch_size,
+        device=device,
+        limit=limit,
+        use_cache=None,
+        cache_requests=False,
+        log_samples=True,
+        gen_kwargs={"max_gen_toks": int(max_gen_toks)},
+        task_manager=tm,
+    )
+    if raw is None:  # only non-zero ranks of a distributed run get None
+        raise ValueError("lm-eval returned no results (not rank 0?)")
+    raw = _jsonable(dict(raw))
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps(raw, ensure_ascii=False, indent=1))
+    return raw
+
+
+# ---------------------------------------------------------------- reading results
+
+
+def score_key(raw: dict, task: str) -> tuple[str, str]:
+    """(metric, filter) a task is scored by: its first metric, under its preferred filter.
+
+    The one place that decides which lm-eval number counts: mgsm -> ("exact_match",
+    "flexible-extract"), belebele -> ("acc", "none").
+    """
+    if task not in raw.get("configs", {}):
+        raise ValueError(f"task {task!r} not in these results (have {sorted(raw['configs'])})")
+    cfg = raw["configs"][task]
+    metrics = cfg.get("metric_list") or []
+    if not metrics:
+        raise ValueError(f"task {task!r}: no metric_list in its config")
+    filters = [f["name"] for f in cfg.get("filter_list") or []] or ["none"]
+    for name in PREFERRED_FILTERS:
+        if name in filters:
+            return metrics[0]["metric"], name
+    return metrics[0]["metric"], filters[0]
+
+
+def task_score(raw: dict, task: str) -> float:
+    """The task's reported score (see `score_key`), e.g. MGSM exact_match, Belebele acc."""
+    metric, filt = score_key(raw, task)
+    return float(raw["results"][task][f"{metric},{filt}"])
+
+
+def predictions(raw: dict, task: str) -> list[dict]:
+    """Per-doc records of one task from the logged samples, in doc order.
+
+    Args:
+        raw: a result dict from `evaluate` (or its JSON file, loaded).
+        task: the task name.
+    Returns:
+        [{"doc_id", "prediction", "target", "score", "correct"}]: prediction is the filtered
+        response (generate_until) or the argmax choice index (multiple_choice); score is the
+        sample's value of the task's metric (see `score_key`) and correct is score == 1.
+    """
+    metric, filt = score_key(raw, task)
+    samples = (raw.get("samples") or {}).get(task)
+    if samples is None:
+        raise ValueError(f"task {task!r}: no logged samples (run with log_samples=True)")
+    output_type = raw["configs"][task].get("output_type")
+    rows = []
+    for s in sorted((s for s in samples if s["filter"] == filt), key=lambda s: s["doc_id"]):
+        if output_type == "multiple_choice":
+            lls = [float(r[0]) for r in s["filtered_resps"]]
+            pred: Any = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first max, as np
+        else:
+            pred = s["filtered_resps"][0]
+        score = float(s[metric])
+        rows.append(
+            {
+                "doc_id": int(s["doc_id"]),
+                "prediction": pred,
+                "target": s["target"],
+                "score": score,
+                "correct": score == 1.0,
+            }
+        )
+    return rows
+
+
+def metrics_table(raw: dict) -> str:
+    """A small text table: task, metric, filter, value, stderr, n, the reported score first."""
+    lines = [f"{'task':<32} {'metric':<12} {'filter':<18} {'value':>7} {'stderr':>7} {'n':>5}"]
+    for task in sorted(raw.get("results", {})):
+        if task not in raw.get("configs", {}):
+            continue  # a group/tag aggregate row
+        res = raw["results"][task]
+        n = (raw.get("n-samples") or {}).get(task, {}).get("effective", "")
+        main = "{},{}".format(*score_key(raw, task))
+        keys = [main, *sorted(k for k in res if "," in k and "_stderr" not in k and k != main)]
+        for key in keys:
+            metric, filt = key.split(",", 1)
+            value = res[key]
+            err = res.get(f"{metric}_stderr,{filt}")
+            err_s = f"{err:7.4f}" if isinstance(err, (int, float)) else f"{'':>7}"
+            lines.append(f"{task:<32} {metric:<12} {filt:<18} {float(value):7.4f} {err_s} {n!s:>5}")
+            task, n = "", ""
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""Merging indicators of expert checkpoints (follow-up paper §5): scores on the kind's dev tasks.
+
+`IndicatorScorer(tasks, tok, include_path=...).score_checkpoint(path)`; full checkpoints and PEFT
+LoRA adapters alike. Backends: the cached ProxyEvaluator (default) or lm-eval itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from trainables.evaluate.harness import PREFERRED_FILTERS, evaluate, score_key, task_score
+from trainables.evaluate.proxy import ProxyEvaluator
+from trainables.evaluate.tasks import lm_eval_tasks_dir
+from trainables.merge.lora import is_lora_adapter
+
+Backend = Literal["proxy", "lm_eval"]
+IND, N_ITEMS = "ind__", "n_items__"  # registry column prefixes (search/registry.py)
+
+
+@dataclass(frozen=True)
+class IndicatorScores:
+    """Scores per indicator task (lm-eval's reported metric) and the items each was scored on."""
+
+    scores: dict[str, float]
+    n_items: dict[str, int]
+    seconds: float
+
+    def columns(self) -> dict[str, Any]:
+        """Registry columns: `ind__<task>` and `n_items__<task>`."""
+        out: dict[str, Any] = {}
+        for task in sorted(self.scores):
+            out[f"{IND}{task}"] = float(self.scores[task])
+            out[f"{N_ITEMS}{task}"] = int(self.n_items[task])
+        return out
+
+
+def _score_key(task) -> tuple[str, str]:
+    """(metric, filter) a Task is scored by; the same rule as trainables.evaluate.harness.score_key."""
+    metrics = task.config.metric_list or []
+    if not metrics:
+        raise ValueError(f"task {task.config.task!r}: no metric_list in its config")
+    filters = [f["name"] for f in task.config.filter_list or []] or ["none"]
+    for name in PREFERRED_FILTERS:
+        if name in filters:
+            return metrics[0]["metric"], name
+    return metrics[0]["metric"], filters[0]
+
+
+def adapter_base(path: str | Path, base: str | Path | None = None) -> str:
+    """The base model of a LoRA adapter: `base` if given, else its adapter_config's."""
+    if base is not None:
+        return str(base)
+    cfg = json.loads((Path(path) / "adapter_config.json").read_text())
+    name = cfg.get("base_model_name_or_path")
+    if not name:
+        raise ValueError(f"{path}/adapter_config.json names no base_model_name_or_path; pass base")
+    return str(name)
+
+
+def load_model(
+    path: str | Path, *, base: str | Path | None = None, trust_remote_code: bool = False
+):
+    """A checkpoint as an in-memory causal LM in eval mode (float32 on CPU).
+
+    A LoRA adapter is applied to its base unmerged, as lm-eval's `HFLM(peft=...)` runs it; the
+    returned object is the base model with the adapter's layers injected, a plain transformers
+    model for every caller.
+
+    Args:
+        path: HF checkpoint folder (safetensors) or PEFT LoRA adapter folder.
+        base: the adapter's base model (default: the one in adapter_config.json).
+        trust_remote_code: only when the user turned it on (experiment.trust_remote_code).
+    Returns:
+        the model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if is_lora_adapter(path):
+        from peft import PeftModel
+
+        model = AutoModelForCausalLM.from_pretrained(
+            adapter_base(path, base), use_safetensors=True, trust_remote_code=trust_remote_code
+        )
+        model = PeftModel.from_pretrained(model, str(path)).get_base_model()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), use_safetensors=True, trust_remote_code=trust_remote_code
+        )
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path, *, base: str | Path | None = None):
+    """The checkpoint's tokenizer, falling back to the (adapter's) base model's."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(path))
+    src = adapter_base(path, base) if is_lora_adapter(path) else base
+    if src is None:
+        raise ValueError(f"{path}: no tokenizer files; pass base")
+    return AutoTokenizer.from_pretrained(str(src))
+
+
+class IndicatorScorer:
+    """Scores checkpoints on fixed indicator tasks; prompts are built once (proxy backend).
+
+    Args:
+        tasks: lm-eval task or group names (a group's score is the item-weighted mean of its
+            leaves, as lm-eval's weight_by_size aggregation).
+        tokenizer: the experts' shared tokenizer.
+        include_path: folder(s) of task YAMLs (world tasks); None for built-in tasks only.
+        limit: first N items of each (leaf) task; None for all.
+        num_fewshot: few-shot examples (passed to both backends alike).
+        max_gen_toks: generation budget of generate_until tasks.
+        backend: "proxy" (ProxyEvaluator: lm-eval's per-item predictions, prompts cached) or
+            "lm_eval" (simple_evaluate per checkpoint).
+    """
+
+    def __init__(
+        self,
+        tasks: list[str],
+        tokenizer,
+        *,
+        include_path: str | Path | list | None = None,
+        limit: int | None = None,
+        num_fewshot: int = 0,
+        max_gen_toks: int = 256,
+        backend: Backend = "proxy",
+    ):
+        if not tasks:
+            raise ValueError("no indicator tasks given")
+        if backend not in ("proxy", "lm_eval"):
+            raise ValueError(f"backend {backend!r} (expected 'proxy' or 'lm_eval')")
+        self.tasks = list(tasks)
+        self.tokenizer = tokenizer
+        self.include_path = include_path
+        self.limit = limit
+        self.num_fewshot = num_fewshot
+        self.max_gen_toks = max_gen_toks
+        self.backend = backend
+        self._evals: dict[str, ProxyEvaluator] = {}
+        if backend == "proxy":
+            paths = _include_list(include_path)
+            if any(not t.startswith("world_") for t in self.tasks):
+                paths.append(str(lm_eval_tasks_dir()))  # built-in tasks (ProxyEvaluator skips them)
+            for name in self.tasks:
+                self._evals[name] = ProxyEvaluator(
+                    [name],
+                    tokenizer,
+                    include_path=paths,
+                    limit=limit,
+                    num_fewshot=num_fewshot,
+                    gen_kwargs={"max_gen_toks": int(max_gen_toks)},
+                )
+
+    def score(self, model) -> IndicatorScores:
+        """Score an in-memory model on every indicator task.
+
+        Returns:
+            IndicatorScores (lm-eval's reported metric per task, items scored).
+        """
+        t0 = time.perf_counter()
+        scores: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        if self.backend == "proxy":
+            for name, ev in self._evals.items():
+                res = ev.score(model)
+                values: list[float] = []
+                for leaf, items in res.items.items():
+                    metric, filt = _score_key(ev.tasks[leaf].task)
+                    values += [float(it.metrics[f"{metric},{filt}"]) for it in items]
+                scores[name], counts[name] = sum(values) / len(values), len(values)
+        else:
+            raw = evaluate(
+                model,
+                self.tasks,
+                tokenizer=self.tokenizer,
+                include_path=self.include_path,
+                limit=self.limit,
+                num_fewshot=self.num_fewshot,
+                max_gen_toks=self.max_gen_toks,
+            )
+            for name in self.tasks:
+                scores[name] = _lm_eval_score(raw, name)
+                counts[name] = _lm_eval_count(raw, name)
+        return IndicatorScores(scores, counts, time.perf_counter() - t0)
+
+    def score_checkpoint(self, path: str | Path, *, base: str | Path | None = None, trust_remote_code: bool = False) -> IndicatorScores:  # fmt: skip
+        """Load a checkpoint (full or LoRA adapter, see `load_model`) and score it."""
+        model = load_model(path, base=base, trust_remote_code=trust_remote_code)
+        try:
+            return self.score(model)
+        finally:
+            del model
+
+
+def _include_list(include_path) -> list[str]:
+    if include_path is None:
+        return []
+    if isinstance(include_path, (list, tuple)):
+        return [str(p) for p in include_path]
+    return [str(include_path)]
+
+
+def _lm_eval_score(raw: dict, task: str) -> float:
+    """A task's reported score, or a group's aggregate under its first leaf's metric key."""
+    if task in raw.get("configs", {}):
+        return task_score(raw, task)
+    leaf = task
+    while leaf not in raw.get("configs", {}):
+        subs = (raw.get("group_subtasks") or {}).get(leaf)
+        if not subs:
+            raise ValueError(f"task {task!r} not in these lm-eval results")
+        leaf = subs[0]
+    metric, filt = score_key(raw, leaf)
+    return float(raw["results"][task][f"{metric},{filt}"])
+
+
+def _lm_eval_count(raw: dict, task: str) -> int:
+    """Items lm-eval scored for a task or group (a group sums its leaves)."""
+    n = raw.get("n-samples") or {}
+    if task in n:
+        return int(n[task]["effective"])
+    leaves = (raw.get("group_subtasks") or {}).get(task)
+    if not leaves:
+        raise ValueError(f"task {task!r}: no sample count in these lm-eval results")
+    return sum(_lm_eval_count(raw, leaf) for leaf in leaves)
+
+
+def score_checkpoint(
+    path: str | Path,
+    tasks: list[str],
+    *,
+    include_path: str | Path | list | None = None,
+    base: str | Path | None = None,
+    backend: Backend = "proxy",
+    **kwargs,
+) -> IndicatorScores:
+    """One-shot: score one checkpoint on `tasks` (see IndicatorScorer for the keyword args)."""
+    tok = load_tokenizer(path, base=base)
+    scorer = IndicatorScorer(tasks, tok, include_path=include_path, backend=backend, **kwargs)
+    return scorer.score_checkpoint(path, base=base)

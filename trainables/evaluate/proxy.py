@@ -1,0 +1,351 @@
+"""Cached proxy evaluator: lm-eval prompts tokenized once, scored on many candidate models.
+
+`ProxyEvaluator(["belebele_dev"], tok, include_path=...).score(model, fidelity=0.5)`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainables.evaluate.proxy_lm import choice_loglikelihoods, eos_ids, greedy_generate
+
+# lm-eval's default fewshot sampler seed (lm_eval.evaluator.simple_evaluate).
+FEWSHOT_SEED = 1234
+
+
+@dataclass(frozen=True)
+class Access:
+    """One read of task data: which task, split and doc ids, and why."""
+
+    task: str
+    split: str
+    doc_ids: tuple[int, ...] | None  # None: the whole split may be sampled (fewshot)
+    purpose: str  # "prompt" (construction), "score", "fewshot"
+
+
+@dataclass
+class _Item:
+    """One doc, prompted and tokenized once."""
+
+    doc_id: int
+    doc: dict
+    ctx_ids: list[int]
+    cont_ids: list[list[int]] = field(default_factory=list)  # multiple_choice: one per choice
+    request: Any = None  # the lm-eval Instance (generate_until): carries doc and metadata
+
+
+@dataclass
+class _TaskCache:
+    name: str
+    task: Any
+    kind: str  # "multiple_choice" | "generate_until"
+    split: str
+    items: list[_Item]
+    order: list[int]  # seeded permutation of item positions; fidelity takes a prefix
+    until: list[str] = field(default_factory=list)
+    max_gen_toks: int = 0
+
+
+@dataclass
+class ItemResult:
+    """Per-item outcome. `prediction`: choice index, or {filter name: filtered response}."""
+
+    task: str
+    doc_id: int
+    prediction: Any
+    response: Any  # [(loglikelihood, is_greedy)] per choice, or the raw generated text
+    metrics: dict[str, float]  # lm-eval keys, e.g. "acc,none", "exact_match,flexible-extract"
+
+
+@dataclass
+class ProxyResult:
+    items: dict[str, list[ItemResult]]  # per task, in fidelity order
+    aggregate: dict[str, dict[str, float]]  # per task, lm-eval metric keys
+    fidelity: float
+    seconds: float
+
+
+def _split_of(task) -> str:
+    """The split `task.eval_docs` reads (lm-eval: test if present, else validation)."""
+    return task.config.test_split if task.has_test_docs() else task.config.validation_split
+
+
+def load_tasks(task_names: list[str], include_path: str | list[str]) -> dict[str, Any]:
+    """lm-eval Task objects by name from YAMLs under `include_path` (no default index)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    tm = TaskManager(include_path=include_path, include_defaults=False)
+    out: dict[str, Any] = {}
+    stack = [get_task_dict(list(task_names), tm)]
+    while stack:  # groups nest dicts of tasks
+        for val in stack.pop().values():
+            if isinstance(val, dict):
+                stack.append(val)
+            else:
+                out[val.config.task] = val
+    return out
+
+
+def _memoize_per_doc(task, *methods: str) -> None:
+    """Cache `task.<method>(doc)` per doc object on this (private) Task instance.
+
+    Task.process_results re-renders doc_to_target's Jinja template on every call, which costs
+    as much as a tiny model's forward pass; the docs held by the evaluator never change.
+    """
+    for name in methods:
+        fn, memo = getattr(task, name), {}
+
+        def cached(doc, *args, _fn=fn, _memo=memo, **kwargs):
+            if args or kwargs:
+                return _fn(doc, *args, **kwargs)
+            hit = _memo.get(id(doc))
+            if hit is None or hit[0] is not doc:
+                hit = _memo[id(doc)] = (doc, _fn(doc))
+            return hit[1]
+
+        setattr(task, name, cached)
+
+
+class ProxyEvaluator:
+    """Scores candidate models on a fixed list of lm-eval docs, prompts tokenized once.
+
+    Args:
+        task_names: lm-eval task (or group) names; the caller picks the variant (e.g. a dev split).
+        tokenizer: the candidates' shared HF tokenizer.
+        include_path: folder(s) of task YAMLs.
+        limit: keep the first `limit` docs of each task's eval split.
+        doc_ids: {task: [doc ids]} to keep a chosen subset instead (overrides `limit`).
+        num_fewshot: lm-eval num_fewshot (0 by default; fewshot reads are logged).
+        gen_kwargs: overrides merged into generate_until tasks' generation_kwargs, as
+            simple_evaluate(gen_kwargs=...) does (e.g. {"max_gen_toks": 32}).
+        add_bos_token: HFLM's add_bos_token argument.
+        seed: seed of the fidelity permutation.
+        gen_batch_size: contexts generated together. 1 (default) is HFLM at batch size 1,
+            token for token; larger batches are left-padded (faster, but padding may move
+            float near-ties, so a rare item can differ from the batch-1 result).
+    """
+
+    def __init__(
+        self,
+        task_names: list[str],
+        tokenizer,
+        *,
+        include_path: str | list[str],
+        limit: int | None = None,
+        doc_ids: dict[str, list[int]] | None = None,
+        num_fewshot: int = 0,
+        gen_kwargs: dict | None = None,
+        add_bos_token: bool | None = None,
+        seed: int = 0,
+        gen_batch_size: int = 1,
+    ):
+        from lm_eval.models.utils import configure_pad_token
+
+        self.tokenizer = configure_pad_token(tokenizer)  # HFLM.__init__ does the same
+        self.add_bos_token = add_bos_token
+        self.gen_batch_size = gen_batch_size
+        self.access_log: list[Access] = []
+        self.tasks: dict[str, _TaskCache] = {}
+        for name, task in load_tasks(task_names, include_path).items():
+            self.tasks[name] = self._build(
+                name, task, limit, (doc_ids or {}).get(name), num_fewshot, gen_kwargs, seed
+            )
+
+    # -- tokenization, as HFLM (causal backend) -------------------------------------------
+    def _prefix_token_id(self) -> int:
+        tok = self.tokenizer
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+    def _tok_encode(self, s: str, add_special_tokens: bool | None = None) -> list[int]:
+        # HFLM.tok_encode + lm_eval.models.utils._add_special_kwargs / has_bos_prefix.
+        kw = {}
+        if add_special_tokens is not None:
+            kw["add_special_tokens"] = add_special_tokens
+        elif self.add_bos_token is not None:
+            kw["add_special_tokens"] = self.add_bos_token
+        if add_special_tokens is None and s.startswith(
+            self.tokenizer.decode(self._prefix_token_id())
+        ):
+            kw["add_special_tokens"] = False
+        return self.tokenizer.encode(s, **kw)
+
+    def _encode_pair(self, ctx: str, cont: str) -> tuple[list[int], list[int]]:
+        # TemplateLM.loglikelihood + _encode_pair: trailing context spaces move to the
+        # continuation; the continuation is the tail of the whole string's encoding.
+        if ctx == "":
+            cont_enc = self._tok_encode(cont, add_special_tokens=False)
+            if self._prefix_token_id() != cont_enc[0]:
+                return [self._prefix_token_id()], cont_enc
+            return cont_enc[:1], cont_enc[1:]
+        n = len(ctx) - len(ctx.rstrip())
+        if n:
+            ctx, cont = ctx[:-n], ctx[-n:] + cont
+        whole = self._tok_encode(ctx + cont)
+        ctx_enc = self._tok_encode(ctx)
+        return ctx_enc, whole[len(ctx_enc) :]
+
+    def _gen_encode(self, ctx: str) -> list[int]:
+        # HFLM.tok_batch_encode for one string (no padding): BOS check on the bos string.
+        kw = {}
+        bos = self.tokenizer.bos_token
+        if bos is not None and ctx.startswith(bos):
+            kw["add_special_tokens"] = False
+        elif self.add_bos_token is not None:
+            kw["add_special_tokens"] = self.add_bos_token
+        return self.tokenizer([ctx], **kw)["input_ids"][0]
+
+    # -- construction ----------------------------------------------------------------------
+    def _build(self, name, task, limit, doc_ids, num_fewshot, gen_kwargs, seed) -> _TaskCache:
+        from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+
+        kind = task.get_config("output_type")
+        if kind not in ("multiple_choice", "generate_until"):
+            raise ValueError(f"{name}: output_type {kind!r} is not supported")
+        # simple_evaluate's overrides, in its order.
+        if kind == "generate_until" and gen_kwargs:
+            task.set_config(key="generation_kwargs", value=dict(gen_kwargs), update=True)
+        if task.get_config("num_fewshot") != 0:
+            task.set_config(key="num_fewshot", value=num_fewshot)
+        task.set_fewshot_seed(seed=FEWSHOT_SEED)
+        shots = task.get_config("num_fewshot") or 0
+
+        _memoize_per_doc(task, "doc_to_target", "doc_to_choice")
+        split = _split_of(task)
+        docs = task.eval_docs
+        ids = sorted(doc_ids) if doc_ids is not None else list(range(len(docs)))[:limit]
+        self.access_log.append(Access(name, split, tuple(ids), "prompt"))
+        if shots:
+            fs = task.config.fewshot_split or task.config.training_split or split
+            self.access_log.append(Access(name, fs, None, "fewshot"))
+
+        items = []
+        for doc_id in ids:
+            doc = docs[doc_id]
+            # Task.build_all_requests: the fewshot context, then construct_requests.
+            ctx = task.fewshot_context(doc, num_fewshot=shots, gen_prefix=task.doc_to_prefix(doc))
+            reqs = task.construct_requests(
+                doc=doc, ctx=ctx, metadata=(name, doc_id, task.config.repeats)
+            )
+            if kind == "multiple_choice":
+                pairs = [self._encode_pair(*r.args) for r in reqs]
+                if any(p[0] != pairs[0][0] for p in pairs):
+                    raise ValueError(f"{name}/{doc_id}: choices do not share one context")
+                items.append(_Item(doc_id, doc, pairs[0][0], [p[1] for p in pairs]))
+            else:
+                items.append(_Item(doc_id, doc, self._gen_encode(reqs.args[0]), request=reqs))
+        order = list(range(len(items)))
+        random.Random(f"{seed}:{name}").shuffle(order)
+        cache = _TaskCache(name, task, kind, split, items, order)
+        if kind == "generate_until":
+            kw = normalize_gen_kwargs(task.config.generation_kwargs, 256)  # HFLM max_gen_toks
+            if kw.get("do_sample"):
+                raise ValueError(f"{name}: only greedy generation is supported")
+            eos = self.tokenizer.decode(self.tokenizer.eos_token_id, skip_special_tokens=False)
+            cache.until = handle_stop_sequences(kw.get("until"), eos=eos)
+            cache.max_gen_toks = kw["max_gen_toks"]
+        return cache
+
+    def splits_read(self) -> set[tuple[str, str]]:
+        """Every (task, split) this evaluator has read docs from, e.g. to assert no test split."""
+        return {(a.task, a.split) for a in self.access_log}
+
+    # -- scoring ---------------------------------------------------------------------------
+    def subset(self, task: str, fidelity: float) -> list[int]:
+        """Doc ids scored at `fidelity`: a prefix of the task's seeded permutation.
+
+        Args:
+            task: task name.
+            fidelity: fraction in (0, 1]; at least one item is kept.
+        Returns:
+            doc ids in scoring order.
+        """
+        if not 0 < fidelity <= 1:
+            raise ValueError(f"fidelity must be in (0, 1], got {fidelity}")
+        c = self.tasks[task]
+        k = max(1, math.ceil(fidelity * len(c.items) - 1e-9))
+        return [c.items[i].doc_id for i in c.order[:k]]
+
+    def score(self, model, fidelity: float = 1.0) -> ProxyResult:
+        """Score one candidate on every task's fidelity subset.
+
+        Args:
+            model: in-memory transformers causal LM (put in eval mode here).
+            fidelity: fraction of each task's items to score (see `subset`).
+        Returns:
+            ProxyResult with per-item predictions and lm-eval-keyed aggregates per task.
+        """
+        from lm_eval.models.utils import resolve_max_length
+
+        t0 = time.perf_counter()
+        model.eval()
+        max_length = resolve_max_length(model.config, self.tokenizer, default=2048)
+        items: dict[str, list[ItemResult]] = {}
+        aggregate: dict[str, dict[str, float]] = {}
+        for name, c in self.tasks.items():
+            k = len(self.subset(name, fidelity))
+            chosen = [c.items[i] for i in c.order[:k]]
+            self.access_log.append(
+                Access(name, c.split, tuple(it.doc_id for it in chosen), "score")
+            )
+            if c.kind == "multiple_choice":
+                res = [self._score_mc(c, it, model, max_length) for it in chosen]
+            else:
+                res = self._score_gen(c, chosen, model, max_length)
+            items[name] = res
+            agg_fns = c.task.aggregation()
+            aggregate[name] = {
+                key: float(agg_fns[key.split(",")[0]]([r.metrics[key] for r in res]))
+                for key in res[0].metrics
+            }
+        return ProxyResult(items, aggregate, fidelity, time.perf_counter() - t0)
+
+    def _score_mc(self, c: _TaskCache, it: _Item, model, max_length: int) -> ItemResult:
+        import numpy as np
+
+        lls = choice_loglikelihoods(model, it.ctx_ids, it.cont_ids, max_length)
+        # Task.process_results gives acc / acc_norm exactly as lm-eval computes them.
+        metrics = c.task.process_results(it.doc, lls)
+        pred = int(np.argmax([ll for ll, _ in lls]))
+        return ItemResult(
+            c.name, it.doc_id, pred, lls, {f"{m},none": v for m, v in metrics.items()}
+        )
+
+    def _score_gen(self, c: _TaskCache, chosen: list[_Item], model, max_length) -> list:
+        import copy
+
+        max_ctx = max_length - c.max_gen_toks  # HFLM.generate_until left truncation
+        if max_ctx <= 0:
+            raise ValueError(f"{c.name}: max_gen_toks {c.max_gen_toks} >= max_length {max_length}")
+        stop_ids = eos_ids(model, self.tokenizer)
+        # Longest first, like HFLM's Collator; batches of one reproduce HFLM exactly.
+        todo = sorted(range(len(chosen)), key=lambda i: -len(chosen[i].ctx_ids))
+        texts: dict[int, str] = {}
+        for b in range(0, len(todo), self.gen_batch_size):
+            rows = todo[b : b + self.gen_batch_size]
+            ctxs = [chosen[i].ctx_ids[-max_ctx:] for i in rows]
+            outs = greedy_generate(model, self.tokenizer, ctxs, c.until, c.max_gen_toks, stop_ids)
+            texts.update(zip(rows, outs, strict=True))
+        insts = []
+        for i, it in enumerate(chosen):
+            inst = copy.copy(it.request)
+            inst.resps, inst.filtered_resps = [texts[i]], {}
+            insts.append(inst)
+        for ensemble in c.task._filters:  # the task's own filter pipelines (Task.apply_filters)
+            ensemble.apply(insts)
+        out = []
+        for it, inst in zip(chosen, insts, strict=True):
+            metrics = {}
+            for fname, resp in inst.filtered_resps.items():
+                for m, v in c.task.process_results(it.doc, [resp]).items():
+                    metrics[f"{m},{fname}"] = v
+            out.append(
+                ItemResult(c.name, it.doc_id, dict(inst.filtered_resps), inst.resps[0], metrics)
+            )
+        return out

@@ -1,0 +1,161 @@
+"""lm-eval task plumbing: world task YAMLs over lm-eval's built-in configs, and task lookup.
+
+Used by trainables.evaluate.harness (`layerswap eval --world DIR`); `write_world_tasks(W)` writes W/tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from trainables.atomic import atomic_write_text
+
+
+def offline_defaults() -> None:
+    """Default to offline hub/datasets access (an explicit "0" from the user is kept).
+
+    `datasets` and `huggingface_hub` read these once, at import, so every entry point that may
+    import them calls this first; otherwise loading even a local JSON file reaches for the
+    network. Not done at import time, so that importing this module (e.g. to build the CLI)
+    does not switch other commands, such as merging from a hub id, offline.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+# Built-in lm-eval configs the world tasks include; the synthetic languages use English prompts.
+MGSM_BASE = "mgsm/direct/mgsm_direct_en.yaml"
+BELEBELE_BASE = "belebele/belebele_eng_Latn.yaml"
+
+
+def lm_eval_tasks_dir() -> Path:
+    """The installed lm_eval package's built-in task folder."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or spec.origin is None:
+        raise ValueError("lm_eval is not installed (pip install lm-eval)")
+    return Path(spec.origin).parent / "tasks"
+
+
+def _task_yaml(base: Path, name: str, tag: str, files: dict[str, Path], split: str) -> dict:
+    """One world task: the built-in config `base` with only the data source replaced."""
+    cfg: dict[str, Any] = {
+        "include": str(base),
+        "task": name,
+        # Replaces the inherited tag (mgsm's is `mgsm_direct`): world tasks must never run
+        # under a built-in tag name.
+        "tag": [tag],
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {s: str(p) for s, p in files.items()}},
+        "test_split": split,
+    }
+    return cfg
+
+
+def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[str]:
+    """Write lm-eval task YAMLs for a world's MGSM and Belebele files.
+
+    Each set and language gets a dev and a test task (`world_mgsm_direct_{code}_dev`,
+    `world_mgsm_direct_{code}`, `world_belebele_{code}_dev`, `world_belebele_{code}`); each
+    `include:`s lm-eval's installed built-in config (mgsm_direct_en, belebele_eng_Latn) and
+    overrides only the data source, so prompts, filters and metrics are lm-eval's. Tags
+    `world_mgsm_direct[_dev]` and `world_belebele[_dev]` run all languages. A dev task reads
+    only the dev file (plus MGSM's train file for few-shot), never the test file.
+
+    Args:
+        world_dir: the world folder W with W/data/mgsm/{code}/{train,dev,test}.jsonl and
+            W/data/belebele/{code}/{dev,test}.jsonl.
+        tasks_dir: where to write the YAMLs (default W/tasks); stale world_*.yaml are removed.
+    Returns:
+        The task names written, sorted.
+    """
+    import yaml
+
+    world_dir = Path(world_dir).resolve()
+    tasks_dir = Path(tasks_dir) if tasks_dir is not None else world_dir / "tasks"
+    builtin = lm_eval_tasks_dir()
+    bases = {"mgsm": builtin / MGSM_BASE, "belebele": builtin / BELEBELE_BASE}
+    for path in bases.values():
+        if not path.is_file():
+            raise ValueError(f"lm-eval built-in task config {path} not found (lm_eval changed?)")
+
+    configs: dict[str, dict] = {}
+    for code_dir in sorted((world_dir / "data" / "mgsm").glob("*/")):
+        code = code_dir.name
+        train = code_dir / "train.jsonl"
+        for split, suffix in (("dev", "_dev"), ("test", "")):
+            if not (code_dir / f"{split}.jsonl").is_file():
+                continue
+            # train first: `datasets` fixes the column types from the first split it reads,
+            # and only train has string answers (null elsewhere; null casts to string, not back).
+            files = {"train": train} if train.is_file() else {}
+            files[split] = code_dir / f"{split}.jsonl"
+            name = f"world_mgsm_direct_{code}{suffix}"
+            cfg = _task_yaml(bases["mgsm"], name, f"world_mgsm_direct{suffix}", files, split)
+            # Few-shot examples come from the 8-item train split, as in the real MGSM.
+            cfg["training_split"] = "train" if train.is_file() else None
+            configs[name] = cfg
+    for code_dir in sorted((world_dir / "data" / "belebele").glob("*/")):
+        code = code_dir.name
+        for split, suffix in (("dev", "_dev"), ("test", "")):
+            if not (code_dir / f"{split}.jsonl").is_file():
+                continue
+            files = {split: code_dir / f"{split}.jsonl"}
+            name = f"world_belebele_{code}{suffix}"
+            cfg = _task_yaml(bases["belebele"], name, f"world_belebele{suffix}", files, split)
+            # Built-in Belebele draws few-shot examples from its only split; a dev task must
+            # draw them from dev, so the test set never shapes a dev score.
+            cfg["fewshot_split"] = split
+            configs[name] = cfg
+    if not configs:
+        raise ValueError(
+            f"{world_dir}: no world evaluation data (expected data/mgsm/CODE/test.jsonl or "
+            f"data/belebele/CODE/test.jsonl)"
+        )
+
+    tasks_dir.mkdir(parents=True, exist_ok=True)
+    for old in tasks_dir.glob("world_*.yaml"):
+        if old.stem not in configs:
+            old.unlink()
+    for name, cfg in configs.items():
+        atomic_write_text(tasks_dir / f"{name}.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    return sorted(configs)
+
+
+def task_manager(tasks: list[str], include_path: str | Path | list | None = None):
+    """An lm-eval TaskManager that knows every name in `tasks`, indexing built-ins only if needed.
+
+    Indexing lm-eval's ~10k built-in YAMLs costs seconds, so world-only runs index just
+    `include_path`; their `include:` lines are absolute file paths and resolve either way.
+
+    Raises:
+        ValueError: naming the tasks neither the include path nor lm-eval knows.
+    """
+    offline_defaults()
+    from lm_eval.tasks import TaskManager
+
+    if include_path is None:
+        paths: list[str] = []
+    elif isinstance(include_path, (list, tuple)):
+        paths = [str(p) for p in include_path]
+    else:
+        paths = [str(include_path)]
+    for p in paths:
+        if not Path(p).is_dir():
+            raise ValueError(f"task include path {p} is not a folder")
+    if paths:
+        tm = TaskManager(include_path=paths, include_defaults=False)
+        if all(t in tm.all_tasks for t in tasks):
+            return tm
+    tm = TaskManager(include_path=paths or None, include_defaults=True)
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown:
+        where = f" or in {', '.join(paths)}" if paths else ""
+        raise ValueError(
+            f"unknown lm-eval task(s) {', '.join(unknown)}: not built into lm_eval{where} "
+            f"(world tasks need --world DIR)"
+        )
+    return tm

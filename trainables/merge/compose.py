@@ -1,0 +1,87 @@
+"""In-memory composition: loaded expert state dicts -> merged state dict, sharing what it can.
+
+Every tensor taken whole from one checkpoint is the *same* tensor object (no copy); only
+averaged/merged tensors are new. This is what a search trial calls instead of writing to disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from spaces.recipe import Recipe, RecipeError
+from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav
+from trainables.merge.plan import DeltaMerge, Linear, Plan, Terms, build_plan, recipe_refs
+
+StateDict = Mapping[str, torch.Tensor]
+
+
+def memory_mav_oracle(sources: Mapping[str, StateDict], base: str, chunk_elems: int = 1 << 23):
+    """Mean row-wise MAV of (combination - base) over all 1-D/2-D float tensors."""
+    cache: dict[Terms, float] = {}
+    shapes = {n: tuple(t.shape) for n, t in sources[base].items() if t.is_floating_point()}
+
+    def read(ref: str, name: str, start: int, count: int) -> torch.Tensor:
+        return sources[ref][name].reshape(-1)[start : start + count]
+
+    def mav(terms: Terms) -> float:
+        if terms not in cache:
+            cache[terms] = mean_row_mav(terms, base, shapes, read, chunk_elems)
+        return cache[terms]
+
+    return mav
+
+
+def compose(plan: Plan, sources: Mapping[str, StateDict]) -> dict[str, torch.Tensor]:
+    """Execute a plan on loaded tensors.
+
+    Args:
+        plan: {tensor name: op} from `build_plan`.
+        sources: {checkpoint ref: state dict} for every ref the plan names.
+    Returns:
+        {tensor name: tensor}; taken tensors are the source tensors themselves.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, op in plan.items():
+        if isinstance(op, Linear):
+            if op.take is not None:
+                out[name] = sources[op.take][name]
+            else:
+                tensors = [sources[r][name] for r, _ in op.terms]
+                out[name] = linear_combine(tensors, [c for _, c in op.terms], tensors[0].dtype)
+        elif isinstance(op, DeltaMerge):
+            out[name] = delta_merge(
+                sources[op.base][name],
+                [sources[m][name] for m in op.models],
+                op.weights,
+                op.scale,
+                op.density,
+            )
+    return out
+
+
+def compose_recipe(
+    recipe: Recipe, sources: Mapping[str, StateDict], num_layers: int
+) -> dict[str, torch.Tensor]:
+    """Plan and compose a recipe from loaded state dicts keyed by the recipe's checkpoint refs.
+
+    Args:
+        recipe: a validated recipe.
+        sources: {ref: state dict}, one per checkpoint the recipe names.
+        num_layers: the models' depth.
+    Returns:
+        The merged state dict (sharing storage with `sources` where a tensor is taken whole).
+    """
+    refs = recipe_refs(recipe)
+    missing = [r for r in refs if r not in sources]
+    if missing:
+        raise RecipeError(f"compose: no state dict loaded for {missing}")
+    names = list(sources[refs[0]])
+    for ref in refs[1:]:
+        if set(sources[ref]) != set(names):
+            diff = sorted(set(sources[ref]).symmetric_difference(names))
+            raise RecipeError(f"compose: {ref} has different tensors, e.g. {diff[:3]}")
+    mav = memory_mav_oracle(sources, recipe.base) if recipe.base is not None else None
+    plan = build_plan(recipe, names, num_layers, mav)
+    return compose(plan, sources)

@@ -1,0 +1,350 @@
+"""The merge engine on disk: a recipe streamed from safetensors checkpoints to a new checkpoint.
+
+Run it as `layerswap merge RECIPE.yaml --out DIR`; `merge_to_disk` is the function behind it.
+Everything is validated before the first byte is written; output appears atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from spaces.recipe import LayerSwapRecipe, Recipe, dump_recipe
+from trainables.atomic import atomic_dir
+from trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
+from trainables.merge.checkpoint import (
+    FLOAT_TAGS,
+    Checkpoint,
+    CheckpointError,
+    OutSpec,
+    ShardWriter,
+    byte_view,
+)
+from trainables.merge.modelcard import model_card
+from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
+from trainables.merge.plan import DeltaMerge, Linear, Op, Plan, Terms, build_plan, recipe_refs
+
+CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
+DEFAULT_SHARD_BYTES = 5 * 1024**3
+MAX_WORKERS = 4  # threads; merging is memory-bandwidth bound beyond a few cores
+# Files other than weights that make a checkpoint usable; copied from the primary expert.
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+)
+RECIPE_FILE = "layerswap_recipe.yaml"
+
+
+def resolve_ref(ref: str) -> Path:
+    """A local checkpoint folder for a recipe reference (a path, or a hub id when online)."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{ref}: expected a checkpoint folder, found a file")
+    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(
+                snapshot_download(
+                    ref, allow_patterns=["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja"]
+                )
+            )
+        except Exception as e:  # offline, unknown repo, auth: one clear message
+            raise CheckpointError(f"{ref}: not a local folder and not downloadable ({e})") from None
+    raise CheckpointError(f"{ref}: checkpoint folder not found")
+
+
+def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
+    """Open and cross-check every checkpoint a recipe names.
+
+    Raises:
+        CheckpointError / ArchitectureError naming the folder, field or tensor that disagrees.
+    """
+    ckpts = {ref: Checkpoint.open(resolve_ref(ref)) for ref in refs}
+    first_ref = refs[0]
+    first = ckpts[first_ref]
+    adapter = "peft_type" in first.config
+    if not adapter:
+        check_model_type(first.config, str(first.root / "config.json"))
+    for _ref, ck in ckpts.items():
+        if ck is first:
+            continue
+        for field in ARCH_FIELDS if not adapter else ():
+            a, b = first.config.get(field), ck.config.get(field)
+            if a != b:
+                raise CheckpointError(
+                    f"different architectures: config.json field {field!r} is {a!r} in "
+                    f"{first.root} but {b!r} in {ck.root}"
+                )
+        missing = sorted(set(first.tensors) - set(ck.tensors))
+        extra = sorted(set(ck.tensors) - set(first.tensors))
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+            if extra:
+                parts.append(f"has {len(extra)} extra tensor(s), e.g. {extra[:3]}")
+            raise CheckpointError(f"{ck.root}: compared with {first.root}, " + "; ".join(parts))
+        for name, info in first.tensors.items():
+            other = ck.tensors[name]
+            if other.shape != info.shape or other.dtype != info.dtype:
+                raise CheckpointError(
+                    f"tensor {name!r}: {list(info.shape)} {info.dtype} in {first.root} but "
+                    f"{list(other.shape)} {other.dtype} in {ck.root}"
+                )
+    return ckpts
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    # One vectorised min/max pass: NaN propagates to both, +Inf shows in the max and -Inf in the
+    # min. torch.isfinite(t).all() on bf16 has no vectorised CPU kernel and is ~10-50x slower.
+    if not t.is_floating_point() or not t.numel():
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+def check_finite(t: torch.Tensor, ck: Checkpoint, name: str) -> None:
+    if not _all_finite(t):
+        raise CheckpointError(f"{ck.root}: tensor {name!r} contains NaN or Inf")
+
+
+def copy_checked(src: Checkpoint, name: str, writer: ShardWriter, step: int) -> None:
+    """Copy one tensor whole from `src` to `writer`: checked in place, copied in the kernel.
+
+    Each window is checked through a read-only mmap of the page cache (no copy into user
+    space) and then copied with copy_file_range; the window is unmapped before the next one,
+    so resident memory stays bounded by `step`.
+    """
+    info = src.tensors[name]
+    fd = src.fd(info.path)
+    step -= step % info.itemsize
+    for off in range(0, info.nbytes, step) or [0]:
+        n = min(step, info.nbytes - off)
+        if info.dtype in FLOAT_TAGS and n:
+            with src.mapped(name, off // info.itemsize, n // info.itemsize) as t:
+                check_finite(t, src, name)
+        writer.copy_range(name, fd, info.start + off, n)
+
+
+class _Buffers:
+    """Work tensors reused across chunks (fresh MiB-sized tensors are page-faulted each time)."""
+
+    def __init__(self) -> None:
+        self._b: dict[object, torch.Tensor] = {}
+
+    def get(self, key: object, n: int, dtype: torch.dtype) -> torch.Tensor:
+        b = self._b.get(key)
+        if b is None or b.numel() < n or b.dtype != dtype:
+            b = self._b[key] = torch.empty(max(n, CHUNK_ELEMS), dtype=dtype)
+        return b[:n]
+
+
+def disk_mav_oracle(ckpts: dict[str, Checkpoint], base: str) -> Callable[[Terms], float]:
+    """Mean row-wise MAV of (combination - base) over all 1-D/2-D tensors, streamed by rows."""
+    cache: dict[Terms, float] = {}
+    shapes = {n: i.shape for n, i in ckpts[base].tensors.items() if i.dtype in FLOAT_TAGS}
+
+    def read(ref: str, name: str, start: int, count: int) -> torch.Tensor:
+        t = ckpts[ref].read(name, start, count)
+        check_finite(t, ckpts[ref], name)
+        return t
+
+    def mav(terms: Terms) -> float:
+        if terms not in cache:
+            cache[terms] = mean_row_mav(terms, base, shapes, read, CHUNK_ELEMS)
+        return cache[terms]
+
+    return mav
+
+
+def _depth(ckpts: dict[str, Checkpoint]) -> int:
+    first = next(iter(ckpts.values()))  # open_checkpoints has checked that all agree
+    return num_layers(first.config, str(first.root / "config.json"))
+
+
+def plan_refs_depth(recipe: Recipe) -> tuple[dict[str, Checkpoint], int]:
+    """Open (and cross-check) a recipe's checkpoints; returns them with the depth. Caller closes."""
+    ckpts = open_checkpoints(recipe_refs(recipe))
+    return ckpts, _depth(ckpts)
+
+
+def plan_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Plan, int]:
+    """Build the tensor plan for opened checkpoints. Returns (plan, num_layers)."""
+    first = next(iter(ckpts.values()))
+    depth = _depth(ckpts)
+    mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
+    return build_plan(recipe, first.tensors, depth, mav), depth
+
+
+def _primary(recipe: Recipe) -> str:
+    """The checkpoint whose config and tokenizer the output carries."""
+    if isinstance(recipe, LayerSwapRecipe):
+        e = recipe.task_expert
+        return e if isinstance(e, str) else e.soup[0]
+    return recipe.models[0]
+
+
+def write_plan(
+    plan: Plan,
+    ckpts: dict[str, Checkpoint],
+    out_dir: Path,
+    *,
+    max_shard_bytes: int,
+    progress: bool = False,
+) -> None:
+    """Execute a plan into safetensors shards in `out_dir`, one chunk at a time.
+
+    Every tensor has a fixed offset in the output, so tensors are independent tasks: a small
+    thread pool takes them largest first (whole-tensor kernel copies and float32 merges both
+    release the GIL), which keeps the cores busy until the end.
+    """
+    first = next(iter(ckpts.values()))
+    order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
+    specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
+    writer = ShardWriter(out_dir, specs, max_shard_bytes)
+    bar = tqdm(
+        total=writer.total_bytes, unit="B", unit_scale=True, desc="merge", disable=not progress
+    )
+    stop = threading.Event()
+    local = threading.local()  # per-thread work buffers
+
+    def run(name: str) -> None:
+        if stop.is_set():
+            return
+        op = plan[name]
+        if isinstance(op, Linear) and op.take is not None:
+            copy_checked(ckpts[op.take], name, writer, CHUNK_ELEMS * 4)
+        else:
+            if not hasattr(local, "bufs"):
+                local.bufs = _Buffers()
+            _write_computed(name, op, ckpts, writer, local.bufs)
+        bar.update(first.tensors[name].nbytes)
+
+    workers = max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerswap") as pool:
+            tasks = sorted(order, key=lambda n: -first.tensors[n].nbytes)
+            futures = [pool.submit(run, n) for n in tasks]
+            try:
+                for f in as_completed(futures):
+                    f.result()
+            except BaseException:
+                stop.set()
+                pool.shutdown(cancel_futures=True)
+                raise
+    finally:
+        writer.close_files()
+        bar.close()
+    writer.close()
+
+
+def _write_computed(
+    name: str, op: Op, ckpts: dict[str, Checkpoint], writer: ShardWriter, bufs: _Buffers
+) -> None:
+    """One merged (not taken) tensor: a weighted average chunk by chunk, or a delta merge."""
+    info = next(iter(ckpts.values())).tensors[name]
+    if isinstance(op, DeltaMerge):
+        out = _delta_tensor(op, ckpts, name)
+        writer.write(name, byte_view(out.contiguous()))
+        return
+    if info.dtype not in FLOAT_TAGS:
+        raise CheckpointError(f"tensor {name!r}: cannot average a {info.dtype} tensor")
+    for start, count in row_chunks(info.shape, CHUNK_ELEMS):
+        with ExitStack() as stack:
+            # Inputs straight from the page cache: no copy into user space before the math.
+            parts = [
+                stack.enter_context(ckpts[ref].mapped(name, start, count)) for ref, _ in op.terms
+            ]
+            out = bufs.get("out", count, info.torch_dtype)
+            linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
+            if not _all_finite(out):
+                # A positive combination is non-finite iff an input is (or it overflows): name
+                # the input, checking the inputs only on this rare path.
+                for (ref, _), t in zip(op.terms, parts, strict=True):
+                    check_finite(t, ckpts[ref], name)
+                raise CheckpointError(f"tensor {name!r}: weighted average overflows to Inf")
+        writer.write(name, byte_view(out))
+
+
+def _delta_tensor(op: DeltaMerge, ckpts: dict[str, Checkpoint], name: str) -> torch.Tensor:
+    tensors = []
+    for ref in (op.base, *op.models):
+        t = ckpts[ref].read(name)
+        check_finite(t, ckpts[ref], name)
+        tensors.append(t)
+    return delta_merge(tensors[0], tensors[1:], op.weights, op.scale, op.density)
+
+
+def merge_to_disk(
+    recipe: Recipe,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: bool = False,
+) -> Path:
+    """Apply a recipe to checkpoints on disk and write the merged checkpoint.
+
+    Args:
+        recipe: a validated recipe.
+        out: output folder; must not exist unless `overwrite`.
+        max_shard_bytes: largest safetensors shard to write.
+        progress: show a progress bar.
+    Returns:
+        The output folder, complete: weights (+ index), config, tokenizer, recipe, model card.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+    ckpts = open_checkpoints(recipe_refs(recipe))
+    try:
+        if "peft_type" in next(iter(ckpts.values())).config:
+            raise CheckpointError(
+                f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.merge.lora.merge_lora_to_disk (layerswap merge does this for layer_swap recipes)"
+            )
+        plan, depth = plan_for(recipe, ckpts)
+        primary = ckpts[_primary(recipe)]
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            write_plan(plan, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
+            copy_side_files(primary.root, tmp)
+            (tmp / RECIPE_FILE).write_text(dump_recipe(recipe))
+            (tmp / "README.md").write_text(model_card(recipe, depth))
+    finally:
+        for ck in ckpts.values():
+            ck.close()
+    return out
+
+
+def copy_side_files(src: Path, dst: Path) -> None:
+    """Config, generation config and tokenizer files of `src`, as they are."""
+    for name in SIDE_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+
+
+def read_recipe_of(model_dir: str | Path) -> str:
+    """The recipe YAML a merged model carries (to rebuild it outside Ray)."""
+    path = Path(model_dir) / RECIPE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a layerswap output (no {RECIPE_FILE})")
+    return path.read_text()

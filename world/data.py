@@ -1,0 +1,210 @@
+"""The world's datasets (real schemas) and pretraining corpus, as plain rows and strings.
+
+`make_datasets` returns {relative path: rows}; `make_corpus` the pretraining documents. Both are
+pure functions of the WorldConfig (seeded `random.Random` per part, so parts are independent).
+"""
+
+from __future__ import annotations
+
+import random
+
+from spaces.world import WorldConfig
+from world.items import (
+    Problem,
+    Reading,
+    belebele_prompt,
+    equation,
+    generic_clause,
+    make_problem,
+    make_reading,
+    mgsm_prompt,
+    worked_answer,
+)
+from world.lang import LANG_NAMES, NOUNS, Language, render
+
+TARGETS = ("xa", "xb")
+LETTERS = "ABCD"
+
+
+def _rng(cfg: WorldConfig, part: str) -> random.Random:
+    return random.Random(f"{cfg.seed}-{part}")
+
+
+def _unique_problems(rng: random.Random, n: int, taken: set[str]) -> list[Problem]:
+    out = []
+    while len(out) < n:
+        p = make_problem(rng)
+        key = p.text(None)
+        if key not in taken:
+            taken.add(key)
+            out.append(p)
+    return out
+
+
+def _reading_key(r: Reading) -> str:
+    """An item's identity: its English passage and question (whatever the distractors)."""
+    row = r.render(None)
+    return f"{row['flores_passage']}\nQ: {row['question']}"
+
+
+def _readings(rng: random.Random, n: int, taken: set[str]) -> list[Reading]:
+    positions = [i % 4 for i in range(n)]  # balanced answer positions, in random order
+    rng.shuffle(positions)
+    out = []
+    for pos in positions:
+        while True:
+            r = make_reading(rng, pos)
+            key = _reading_key(r)
+            if key not in taken:
+                taken.add(key)
+                out.append(r)
+                break
+    return out
+
+
+def _mgsm_row(p: Problem, lang: Language | None, train: bool) -> dict:
+    return {
+        "question": p.text(lang),
+        "answer": worked_answer(p, lang, mgsm=True) if train else None,
+        "answer_number": p.answer,
+        "equation_solution": p.equation if train else None,
+    }
+
+
+def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
+    """Aya-style instructions in `lang`: translation, passage QA (free and multiple choice, the
+    latter in belebele's P/Q/A-D layout answered by a letter: a quarter of the rows), reverse,
+    plural, continue. No math."""
+    rng = _rng(cfg, f"aya-{lang.code}")
+    w = lang.w
+    name = LANG_NAMES[lang.code]
+    reserved = reserved_keys(cfg)[1]  # no Belebele dev/test passage reappears here
+
+    def reading(pos: int) -> dict:
+        while True:
+            r = make_reading(rng, pos)
+            if _reading_key(r) not in reserved:
+                return r.render(lang)
+
+    rows = []
+    for i in range(n):
+        kind = i % 8  # kinds 6 and 7: multiple-choice reading, a quarter of the rows
+        if kind == 0:
+            c = generic_clause(rng)
+            inp, tgt = f"{w('translate').capitalize()} {w('to')} {name}:\n{render(c, None)}", render(c, lang)  # fmt: skip
+        elif kind == 1:
+            c = generic_clause(rng)
+            inp, tgt = f"{w('translate').capitalize()} {w('to')} {w('english')}:\n{render(c, lang)}", render(c, None)  # fmt: skip
+        elif kind == 2:
+            r = reading(rng.randrange(4))
+            ans = r[f"mc_answer{r['correct_answer_num']}"]
+            inp, tgt = f"{r['flores_passage']}\n{w('question').capitalize()}: {r['question']}", ans
+        elif kind >= 6:
+            pos = rng.randrange(4)
+            r = reading(pos)
+            inp, tgt = belebele_prompt(r).removesuffix("\nAnswer:"), LETTERS[pos]
+        elif kind == 3:
+            s = render(generic_clause(rng), lang)[:-1]
+            inp, tgt = f"{w('reverse').capitalize()} {w('sentence')}: {s}", " ".join(reversed(s.split()))  # fmt: skip
+        elif kind == 4:
+            noun = rng.choice(list(NOUNS))
+            inp, tgt = f"{w('plural').capitalize()} {w('word')}: {w(noun)}", lang.plural(noun)
+        elif kind == 5:
+            a, b = generic_clause(rng), generic_clause(rng)
+            inp, tgt = f"{w('continue').capitalize()}: {render(a, lang)}", render(b, lang)
+        rows.append({"inputs": inp, "targets": tgt, "language": name})
+    return rows
+
+
+def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[str, list[dict]]:
+    """All JSONL datasets of the world.
+
+    Args:
+        cfg: the world config.
+        langs: {"en": None, "xa": Language, "xb": Language}.
+    Returns:
+        {relative path: rows}, e.g. "data/mgsm/xa/test.jsonl".
+    """
+    taken: set[str] = set()
+    rng = _rng(cfg, "mgsm")
+    train = _unique_problems(rng, 8, taken)
+    dev = _unique_problems(rng, cfg.mgsm_dev, taken)
+    test = _unique_problems(rng, cfg.mgsm_test, taken)
+    out: dict[str, list[dict]] = {}
+    sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken))
+    out["data/sft/math_en.jsonl"] = [
+        {"question": p.text(None), "answer": worked_answer(p, None)} for p in sft
+    ]
+    for code in TARGETS:
+        out[f"data/sft/lang_{code}.jsonl"] = _aya_rows(cfg, langs[code], cfg.lang_sft)
+    brng, btaken = _rng(cfg, "belebele"), set()
+    bdev = _readings(brng, cfg.belebele_dev, btaken)
+    btest = _readings(brng, cfg.belebele_test, btaken)
+    for code, lang in langs.items():
+        for split, probs in (("train", train), ("dev", dev), ("test", test)):
+            out[f"data/mgsm/{code}/{split}.jsonl"] = [
+                _mgsm_row(p, lang, split == "train") for p in probs
+            ]
+        for split, reads in (("dev", bdev), ("test", btest)):
+            out[f"data/belebele/{code}/{split}.jsonl"] = [r.render(lang) for r in reads]
+    return out
+
+
+def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
+    """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of pretraining."""
+    taken: set[str] = set()
+    rng = _rng(cfg, "mgsm")
+    _unique_problems(rng, 8 + cfg.mgsm_dev + cfg.mgsm_test, taken)
+    btaken: set[str] = set()
+    brng = _rng(cfg, "belebele")
+    _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken)
+    return taken, btaken
+
+
+def _passage(rng: random.Random, lang: Language | None) -> str:
+    return " ".join(render(generic_clause(rng), lang) for _ in range(rng.randint(2, 5)))
+
+
+def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str]:
+    """Pretraining documents (each later followed by the eos token), in a seeded shuffled order.
+
+    Args:
+        cfg: the world config (its `corpus` mix sets how many documents of each kind).
+        langs: {"en": None, "xa": Language, "xb": Language}.
+    Returns:
+        the documents.
+    """
+    mix = cfg.corpus
+    rng = _rng(cfg, "corpus")
+    math_taken, bele_taken = reserved_keys(cfg)
+    docs: list[str] = []
+    for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
+        lang = langs[code]
+        for p in _unique_problems(rng, n_math, set(math_taken)):
+            # worked solutions (the equation, then the number) appear as textbook
+            # "Problem:/Solution:" documents; under lm-eval's mgsm_direct prompt the base only
+            # ever saw bare numbers. So the base can compute but answers MGSM prompts directly
+            # (weakly); math SFT, in the prompt's own layout, teaches it to show its work there.
+            if rng.random() < mix.math_worked_share:
+                docs.append(f"Problem: {p.text(lang)}\nSolution: {worked_answer(p, lang)}.")
+            else:
+                docs.append(f"{mgsm_prompt(p.text(lang))} {p.answer}")
+    # arithmetic drills (language-neutral): practice for the equations of worked solutions
+    docs += [". ".join(equation(rng) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
+    for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
+        docs += [_passage(rng, langs[code]) for _ in range(n)]
+    for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):
+        for _ in range(n):
+            pairs = [generic_clause(rng) for _ in range(rng.randint(1, 3))]
+            docs.append(
+                "\n".join(
+                    f"English: {render(c, None)}\n{LANG_NAMES[code]}: {render(c, langs[code])}"
+                    for c in pairs
+                )
+            )
+    for code, n in (("en", mix.en_belebele), ("xa", mix.xa_belebele), ("xb", mix.xb_belebele)):
+        for r in _readings(rng, n, set(bele_taken)):
+            row = r.render(langs[code])
+            docs.append(f"{belebele_prompt(row)} {LETTERS[r.correct]}")
+    rng.shuffle(docs)
+    return docs

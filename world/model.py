@@ -1,0 +1,148 @@
+"""The world's tokenizer (byte-level BPE, digits split) and its small Llama base, pretrained on CPU.
+
+Used by `world.build`; deterministic for a fixed config on one machine (seeded torch,
+fixed thread count, no data-loader workers).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from spaces.world import WorldModelConfig
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>"]
+# prompt/response SFT format, lm-eval's own QA layout (mgsm_direct's "Question: ...\nAnswer:",
+# belebele's "...\nAnswer:") so that instruction tuning transfers to the evaluation prompts:
+# "Question: {prompt}\nAnswer: {response}</s>" (the generation prompt ends with "Answer:")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}Question: {{ m['content'] }}\nAnswer:"
+    "{% elif m['role'] == 'assistant' %} {{ m['content'] }}</s>"
+    "{% endif %}{% endfor %}"
+)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE trained on `texts`, digits always single tokens (arithmetic needs it).
+
+    Args:
+        texts: training text.
+        vocab_size: target vocabulary size (specials included).
+    Returns:
+        a transformers PreTrainedTokenizerFast with bos/eos/pad/unk and the chat template.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def llama_config(mc: WorldModelConfig, tok):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size,
+        num_hidden_layers=mc.num_layers,
+        num_attention_heads=mc.num_heads,
+        num_key_value_heads=mc.num_kv_heads,
+        max_position_embeddings=max(512, mc.seq_len),
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+
+
+def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bool = True):
+    """Pretrain a fresh Llama on packed documents (each followed by eos) with AdamW + cosine LR.
+
+    Args:
+        docs: corpus documents.
+        tok: the world tokenizer.
+        mc: model shape and training settings.
+        seed: torch seed (init and batch order).
+        progress: print the loss now and then.
+    Returns:
+        (model in eval mode, final mean loss).
+    """
+    from transformers import LlamaForCausalLM
+
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(mc.threads)  # fixed: float reductions depend on the thread split
+    try:
+        torch.manual_seed(seed)
+        ids: list[int] = []
+        for enc in tok(docs, add_special_tokens=False)["input_ids"]:
+            ids += [*enc, tok.eos_token_id]
+        n_blocks = len(ids) // mc.seq_len
+        if n_blocks < 1:
+            raise ValueError(f"corpus too small: {len(ids)} tokens < seq_len {mc.seq_len}")
+        data = torch.tensor(ids[: n_blocks * mc.seq_len]).view(n_blocks, mc.seq_len)
+        model = LlamaForCausalLM(llama_config(mc, tok))
+        opt = torch.optim.AdamW(model.parameters(), lr=mc.lr, weight_decay=0.01, betas=(0.9, 0.95))
+        g = torch.Generator().manual_seed(seed)
+        order, pos = torch.randperm(n_blocks, generator=g), 0
+        model.train()
+        t0, recent = time.time(), []
+        for step in range(mc.steps):
+            lr = mc.lr * min(1.0, (step + 1) / max(1, mc.warmup))
+            lr *= 0.5 * (1 + math.cos(math.pi * step / mc.steps)) * 0.9 + 0.1
+            for group in opt.param_groups:
+                group["lr"] = lr
+            if pos + mc.batch_size > n_blocks and pos > 0:  # a new epoch in a new order
+                order, pos = torch.randperm(n_blocks, generator=g), 0
+            batch = data[order[pos : pos + mc.batch_size]]
+            pos += mc.batch_size
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            recent = [*recent[-19:], loss.item()]
+            if progress and (step % 100 == 0 or step == mc.steps - 1):
+                print(
+                    f"  pretrain step {step + 1}/{mc.steps} loss {sum(recent) / len(recent):.3f} "
+                    f"({time.time() - t0:.0f}s, {n_blocks} blocks of {mc.seq_len})",
+                    flush=True,
+                )
+        model.eval()
+        return model, sum(recent) / len(recent)
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def save_model(model, tok, out: Path) -> None:
+    """Save model (safetensors) and tokenizer into `out` (HF format)."""
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)

@@ -1,0 +1,109 @@
+"""Plain-torch SFT and quick scorers for world models (a check of the world, not the trainer).
+
+`sft` fine-tunes on prompt/response pairs through the chat template (loss on response tokens
+only; the world's template is lm-eval's "Question: ...\nAnswer: ..." layout, so what SFT teaches
+shows on the evaluation prompts); `mgsm_accuracy` / `belebele_accuracy` score with lm-eval's
+mgsm_direct / belebele prompts.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from world.items import mgsm_prompt
+
+NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval mgsm flexible-extract
+
+
+def pairs(rows: list[dict]) -> list[tuple[str, str]]:
+    """Orca rows (question/answer) or Aya rows (inputs/targets) -> (prompt, response) pairs."""
+    return [
+        (r["question"], r["answer"]) if "question" in r else (r["inputs"], r["targets"])
+        for r in rows
+    ]
+
+
+def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
+    head = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)  # fmt: skip
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
+        tokenize=False,
+    )
+    n_head = len(tok(head, add_special_tokens=False)["input_ids"])
+    ids = tok(full, add_special_tokens=False)["input_ids"]
+    return ids, [-100] * n_head + ids[n_head:]
+
+
+def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed: int, batch_size: int = 16):  # fmt: skip
+    """Fine-tune `model` in place with AdamW (constant LR after a short warmup).
+
+    Args:
+        model: a causal LM.
+        tok: its tokenizer (with the world chat template and a pad token).
+        examples: (prompt, response) pairs.
+        steps, lr, seed, batch_size: the run.
+    Returns:
+        the list of per-step losses.
+    """
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    enc = [_encode(tok, p, r) for p, r in examples]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for step in range(steps):
+        idx = torch.randint(len(enc), (batch_size,), generator=g).tolist()
+        width = max(len(enc[i][0]) for i in idx)
+        ids = torch.full((batch_size, width), tok.pad_token_id)
+        labels = torch.full((batch_size, width), -100)
+        mask = torch.zeros((batch_size, width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            x, y = enc[i]
+            ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = torch.tensor(x), torch.tensor(y), 1  # fmt: skip
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / 10)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def mgsm_accuracy(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> float:  # fmt: skip
+    """Greedy generation on "Question: ...\\nAnswer:", cut at "Question:", last number == answer_number."""
+    tok.padding_side = "left"
+    right = 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        batch = tok([mgsm_prompt(r["question"]) for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False)  # fmt: skip
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
+        for r, seq in zip(chunk, out[:, batch["input_ids"].shape[1] :], strict=True):
+            text = tok.decode(seq, skip_special_tokens=True).split("Question:")[0]
+            found = [m[0] or m[1] for m in NUMBER.findall(text)]
+            guess = found[-1].strip("$.,").replace(",", "") if found else ""
+            right += guess == str(r["answer_number"])
+    return right / max(1, len(rows))
+
+
+@torch.no_grad()
+def belebele_accuracy(model, tok, rows: list[dict]) -> float:
+    """Argmax over the loglikelihood of " A".." D" after lm-eval's belebele prompt."""
+    from world.items import belebele_prompt
+
+    letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
+    right = 0
+    for r in rows:
+        ctx = tok(belebele_prompt(r), add_special_tokens=False)["input_ids"]
+        scores = []
+        for cont in letters:
+            ids = torch.tensor([ctx + cont])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, len(ctx) - 1 : -1], -1)
+            scores.append(sum(logp[i, t].item() for i, t in enumerate(cont)))
+        right += str(1 + max(range(4), key=scores.__getitem__)) == r["correct_answer_num"]
+    return right / max(1, len(rows))
