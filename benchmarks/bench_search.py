@@ -120,7 +120,7 @@ def main() -> None:
 
     from search.trial import TrialRunner
     from spaces.recipe import recipe_id
-    from spaces.search_config import Experiment
+    from spaces.search_experiment import SearchExperiment
     from spaces.search_space import ExpertPool, decode, warm_start
     from trainables.evaluate.tasks import write_world_tasks
     from world import build_world
@@ -129,7 +129,7 @@ def main() -> None:
     world = args.world or build_world(tmp / "world", size=args.size, progress=False)
     paths = make_experts(world, tmp / "experts")
     depth = json.loads((Path(paths["task"]) / "config.json").read_text())["num_hidden_layers"]
-    exp = Experiment.model_validate(
+    exp = SearchExperiment.model_validate(
         {
             "name": "bench",
             "language": "xa",
@@ -229,7 +229,8 @@ def main() -> None:
     import ray
 
     from search.search import run_search
-    from trainables.evaluate.harness import evaluate, task_score
+    from trainables.evaluate.harness import evaluate
+    from trainables.evaluate.scoring import task_score
     from trainables.merge.engine import merge_to_disk
 
     step = max(1, len(grid) // args.recipes)

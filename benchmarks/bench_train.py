@@ -63,7 +63,7 @@ def main() -> int:
     import ray
     import torch
 
-    from spaces.experiment import parse_experiment
+    from spaces.train_experiment import parse_train_experiment
     from trainables.train import run_training
     from trainables.train.ray_train import train_with_ray
     from world import build_world
@@ -75,7 +75,7 @@ def main() -> int:
         base = make_base(world, root / "base", args.hidden, args.layers)
 
         def exp(tag: str):
-            return parse_experiment(
+            return parse_train_experiment(
                 {
                     "name": f"bench_{tag}",
                     "base": str(base),

@@ -12,9 +12,9 @@ from pathlib import Path
 
 def _cmd_search(args: argparse.Namespace) -> int:
     """Validate the experiment once, run (or resume) the search, then promote the top-k."""
-    from spaces.search_config import load_experiment
+    from spaces.search_experiment import load_search_experiment
 
-    exp = load_experiment(args.experiment)
+    exp = load_search_experiment(args.experiment)
     from search.search import run_search
 
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from spaces.experiment import Experiment, absolute_local_paths, load_experiment
+from spaces.train_experiment import TrainExperiment, absolute_local_paths, load_train_experiment
 
 
-def check_inputs(exp: Experiment) -> None:
+def check_inputs(exp: TrainExperiment) -> None:
     """Fail before any work when a local base or dataset named in the experiment is missing.
 
     A `base` that looks like a path (starts with /, ., ~ or exists) must be a folder with
@@ -37,7 +37,7 @@ def check_inputs(exp: Experiment) -> None:
                 raise ValueError(f"datasets[{i}].data_files: {f} does not exist")
 
 
-def _run_sweep(exp: Experiment, run_dir: Path) -> int:
+def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
     """An experiment with a `search:` block: the expert sweep, then its top experts printed.
 
     Returns:
@@ -62,7 +62,7 @@ def _run_sweep(exp: Experiment, run_dir: Path) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from trainables.train import train_expert
 
-    exp = absolute_local_paths(load_experiment(args.experiment))  # Ray workers run elsewhere
+    exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
     check_inputs(exp)
     if exp.search is not None:
         run_dir = args.out if args.out is not None else Path(exp.storage_path)

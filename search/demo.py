@@ -52,9 +52,9 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
         run_dir: RUN; checkpoints go to RUN/train/<name>/.
         steps: override of hyper.max_steps (None keeps the example's).
     Returns:
-        the validated spaces.experiment.Experiment.
+        the validated spaces.train_experiment.TrainExperiment.
     """
-    from spaces.experiment import parse_experiment
+    from spaces.train_experiment import parse_train_experiment
 
     name = EXAMPLES[kind]
     text = (resources.files("spaces") / "examples" / name).read_text(encoding="utf-8")
@@ -68,13 +68,13 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
         data["hyper"]["max_steps"] = steps
         samples = steps * data["hyper"]["batch_size"]
         data["checkpoint_every_samples"] = max(1, samples // 2)  # a mid-run and a final one
-    return parse_experiment(data, source=f"spaces/examples/{name}")
+    return parse_train_experiment(data, source=f"spaces/examples/{name}")
 
 
 def _score_experts(run_dir: Path, world: Path, trained: dict, limit: int | None, gen: int) -> None:
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
     from search.registry import append_rows, expert_row, registry_path
-    from spaces.experiment import experiment_json
+    from spaces.train_experiment import experiment_json
     from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
     from trainables.evaluate.tasks import write_world_tasks
     from trainables.train import find_checkpoints, read_manifest
@@ -120,8 +120,8 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
 
     from search.promote import promote
     from search.search import run_search
-    from spaces.search_config import Experiment
-    from trainables.evaluate.tasks import offline_defaults
+    from spaces.search_experiment import SearchExperiment
+    from trainables.evaluate.lm_eval_api import offline_defaults
     from trainables.train.ray_train import train_with_ray
     from world import build_world
 
@@ -171,7 +171,7 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
         _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks)
         seconds["indicators"] = time.perf_counter() - t0
 
-        exp = Experiment.model_validate(
+        exp = SearchExperiment.model_validate(
             {
                 "name": "demo",
                 "language": LANGUAGE,

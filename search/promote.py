@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from search.results import TrialStore, write_parquet_atomic
 from spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
-from spaces.search_config import Experiment, heldout_task
+from spaces.search_experiment import SearchExperiment, heldout_task
 from spaces.search_space import ExpertPool
 from spaces.zones import paper_default
 from trainables.atomic import atomic_write_text
@@ -42,7 +42,7 @@ class Promotion:
     rows: list[dict] = field(default_factory=list)
 
 
-def baselines(exp: Experiment, pool: ExpertPool, depth: int) -> list[tuple[str, object]]:
+def baselines(exp: SearchExperiment, pool: ExpertPool, depth: int) -> list[tuple[str, object]]:
     """(model name, checkpoint path or recipe) for every configured baseline."""
     t0, l0 = pool.task[0].path, pool.language[0].path
     out: list[tuple[str, object]] = []
@@ -120,7 +120,7 @@ def _split_raw(raw: dict, task: str) -> dict:
     return out
 
 
-def _select(exp: Experiment, cands: list[tuple[str, dict]], scores: dict) -> str | None:
+def _select(exp: SearchExperiment, cands: list[tuple[str, dict]], scores: dict) -> str | None:
     if not cands:
         return None
     if exp.promote.select_by == "target":
@@ -130,7 +130,9 @@ def _select(exp: Experiment, cands: list[tuple[str, dict]], scores: dict) -> str
     return cands[0][0]  # the search's best by proxy objective (the test split does not choose)
 
 
-def promote(experiment: Experiment, run_dir: str | Path, *, progress: bool = True) -> Promotion:
+def promote(
+    experiment: SearchExperiment, run_dir: str | Path, *, progress: bool = True
+) -> Promotion:
     """Evaluate the top-k recipes and the baselines with lm-eval; write results and the best model.
 
     Args:
@@ -142,7 +144,8 @@ def promote(experiment: Experiment, run_dir: str | Path, *, progress: bool = Tru
     """
     from search.search import include_paths, model_depth, resolve_pool
     from search.trial import ExpertCache, LiveModel
-    from trainables.evaluate.harness import evaluate, score_key
+    from trainables.evaluate.harness import evaluate
+    from trainables.evaluate.scoring import score_key
 
     exp = experiment
     run_dir = Path(run_dir).resolve()
@@ -252,7 +255,7 @@ def write_best(row: dict, out: Path) -> Path:
 
 
 def leaderboard(
-    exp: Experiment,
+    exp: SearchExperiment,
     models: list,
     scores: dict,
     best: str | None,

@@ -20,7 +20,7 @@ from ray.tune.search.optuna import OptunaSearch
 from search.results import PROXY_PREFIX, TrialStore
 from search.tune_trial import META, TrialSpec, merge_trial
 from spaces.recipe import ExpertSoup, dump_recipe, recipe_id
-from spaces.search_config import Experiment
+from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool, ExpertRef, decode, recipe_fields, suggest, warm_start
 from trainables.atomic import atomic_write_text
 
@@ -37,7 +37,7 @@ class SearchResult:
     splits_read: set[tuple[str, str]] = field(default_factory=set)
 
 
-def resolve_pool(exp: Experiment) -> ExpertPool:
+def resolve_pool(exp: SearchExperiment) -> ExpertPool:
     """The experts: explicit paths, or the top_k of each kind from the expert registry."""
     if exp.experts is None:
         return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
@@ -92,7 +92,7 @@ def expert_id(pool: ExpertPool, ref) -> str:
     return Path(str(ref)).name
 
 
-def include_paths(exp: Experiment, run_dir: Path) -> list[str]:
+def include_paths(exp: SearchExperiment, run_dir: Path) -> list[str]:
     paths = list(exp.include_path)
     if exp.world is not None:
         from trainables.evaluate.tasks import write_world_tasks
@@ -119,7 +119,7 @@ class LayerswapSearch(OptunaSearch):
     def __init__(
         self,
         *,
-        exp: Experiment,
+        exp: SearchExperiment,
         pool: ExpertPool,
         depth: int,
         store: TrialStore,
@@ -237,7 +237,7 @@ class LayerswapSearch(OptunaSearch):
         return row
 
 
-def make_sampler(exp: Experiment, offset: int = 0) -> optuna.samplers.TPESampler:
+def make_sampler(exp: SearchExperiment, offset: int = 0) -> optuna.samplers.TPESampler:
     """TPE for small conditional integer/categorical spaces, run in parallel.
 
     multivariate + group model the conditional parameters jointly (per sub-space);
@@ -323,7 +323,11 @@ def reconcile(study: optuna.Study, store: TrialStore) -> int:
 
 
 def run_search(
-    experiment: Experiment, run_dir: str | Path, resume: bool = False, *, progress: bool = True
+    experiment: SearchExperiment,
+    run_dir: str | Path,
+    resume: bool = False,
+    *,
+    progress: bool = True,
 ) -> SearchResult:
     """Run (or resume) the proxy-scored merge search of one experiment.
 
@@ -351,7 +355,7 @@ def run_search(
     if resume and saved.exists():
         # Only the budget and promotion may change on resume: rows must stay comparable.
         keep = {"search", "promote"}
-        before = Experiment.model_validate_json(saved.read_text()).model_dump(exclude=keep)
+        before = SearchExperiment.model_validate_json(saved.read_text()).model_dump(exclude=keep)
         if before != exp.model_dump(exclude=keep):
             raise ValueError(
                 f"--resume: the experiment differs from {saved} (beyond search/promote)"

@@ -1,6 +1,6 @@
 """Expert sweeps: a Ray Tune search over training hyperparameters, checkpoints scored on indicators.
 
-`run_sweep(load_experiment("exp.yaml"), Path("runs/r1"))` (what `layerswap train` runs for an
+`run_sweep(load_train_experiment("exp.yaml"), Path("runs/r1"))` (what `layerswap train` runs for an
 experiment with a `search:` block); rows land in RUN/experts/registry.parquet as trials finish.
 """
 
@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from search.registry import append_rows, expert_row, read_rows, registry_path, top_k
-from spaces.experiment import Experiment, experiment_json, parse_experiment, with_overrides
 from spaces.sweep import Choice, SweepConfig
+from spaces.train_experiment import (
+    TrainExperiment,
+    experiment_json,
+    parse_train_experiment,
+    with_overrides,
+)
 
 METRIC = "indicator"  # what a trial reports to the searcher: its best checkpoint's indicator so far
 ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appends them
@@ -45,7 +50,7 @@ class SweepResult:
     trials: dict[str, str] = field(default_factory=dict)  # trial_id -> status
 
 
-def world_dir(experiment: Experiment) -> Path | None:
+def world_dir(experiment: TrainExperiment) -> Path | None:
     """The embedded world of an experiment: `world`, or the base's parent with world.json."""
     sweep = experiment.search
     if sweep is not None and sweep.world is not None:
@@ -57,7 +62,7 @@ def world_dir(experiment: Experiment) -> Path | None:
     return parent if (parent / "world.json").is_file() else None
 
 
-def absolute_paths(experiment: Experiment) -> Experiment:
+def absolute_paths(experiment: TrainExperiment) -> TrainExperiment:
     """The experiment with relative local paths (base, datasets, world) made absolute.
 
     Trials run in Tune's own working folders, so a path relative to the caller's folder (the
@@ -77,10 +82,10 @@ def absolute_paths(experiment: Experiment) -> Experiment:
             ds["data_files"] = [fix(f) for f in ds["data_files"]]
     if data.get("search") and data["search"].get("world"):
         data["search"]["world"] = fix(data["search"]["world"])
-    return parse_experiment(data, source=experiment.name)
+    return parse_train_experiment(data, source=experiment.name)
 
 
-def plan_sweep(experiment: Experiment, run_dir: Path) -> SweepPlan:
+def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
     """Resolve the sweep's tasks, int parameters, executor and storage; writes world task YAMLs.
 
     Raises:
@@ -162,7 +167,7 @@ def _scorer(plan: SweepPlan, base: str):
     return _SCORERS[key]
 
 
-def _train(variant: Experiment, workdir: Path, executor: str) -> list[Path]:
+def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]:
     """Train one variant into `workdir`; returns its checkpoint folders in step order.
 
     in_trial: the plain loop in this process; a retried trial resumes from its last checkpoint
@@ -233,7 +238,7 @@ def sweep_trial(config: dict, plan: SweepPlan) -> None:
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
     params = _flat_params(config)
-    exp = Experiment.model_validate(plan.experiment)
+    exp = TrainExperiment.model_validate(plan.experiment)
     overrides = dict(params)
     overrides["hyper.seed"] = trial_seed(exp.hyper.seed, params)
     variant = with_overrides(exp, overrides)
@@ -302,7 +307,7 @@ def _searcher(plan: SweepPlan):
     return alg, param_space
 
 
-def run_sweep(experiment: Experiment, run_dir: str | Path, *, verbose: int = 0) -> SweepResult:
+def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int = 0) -> SweepResult:
     """Run the experiment's expert sweep; every scored checkpoint becomes a registry row.
 
     Starts a local Ray instance unless one is already initialised (tests pass their own).

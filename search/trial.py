@@ -15,12 +15,11 @@ from pathlib import Path
 import torch
 
 from spaces.recipe import Recipe
-from spaces.search_config import Experiment, Proxy
+from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
+from trainables.evaluate.scoring import aggregate_score
 from trainables.merge.compose import compose, memory_mav_oracle
 from trainables.merge.plan import Linear, build_plan, recipe_refs
-
-PREFERRED_FILTERS = ("flexible-extract", "none")  # as trainables.evaluate.harness.score_key
 
 
 @dataclass
@@ -95,18 +94,6 @@ class ExpertCache:
             self.get(self.base)
             self._mav = memory_mav_oracle(self.states, self.base)
         return self._mav
-
-
-def proxy_score(evaluator, task: str, aggregate: dict[str, float]) -> float:
-    """The task's reported number (first metric, preferred filter), as lm-eval's task_score."""
-    cfg = evaluator.tasks[task].task.config
-    metric = (cfg.metric_list or [{}])[0].get("metric")
-    filters = [f["name"] for f in (cfg.filter_list or [])] or ["none"]
-    filt = next((f for f in PREFERRED_FILTERS if f in filters), filters[0])
-    key = f"{metric},{filt}"
-    if key not in aggregate:
-        raise ValueError(f"{task}: no {key!r} in the proxy aggregate {sorted(aggregate)}")
-    return float(aggregate[key])
 
 
 def combine(proxies: list[Proxy], scores: dict[str, float]) -> tuple[float, list[float]]:
@@ -213,7 +200,7 @@ class TrialRunner:
         include_path: task YAML folders holding the proxy tasks.
     """
 
-    def __init__(self, experiment: Experiment, pool: ExpertPool, include_path: list[str]):
+    def __init__(self, experiment: SearchExperiment, pool: ExpertPool, include_path: list[str]):
         from transformers import AutoTokenizer
 
         from trainables.evaluate.proxy import ProxyEvaluator
@@ -266,7 +253,7 @@ class TrialRunner:
         res = ev.score(self.model, 1.0)
         out = {}
         for task, items in res.items.items():
-            out[task] = (proxy_score(ev, task, res.aggregate[task]), len(items))
+            out[task] = (aggregate_score(ev.tasks[task].task, res.aggregate[task]), len(items))
         return out
 
     def run(self, recipe: Recipe, reject_below: float | None = None) -> TrialResult:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from search.trial import TrialRunner
-from spaces.search_config import Experiment
+from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool, decode
 
 # One runner per worker process and spec: experts, live model and prompts survive across
@@ -32,7 +32,7 @@ class TrialSpec:
 
 def runner_for(spec: TrialSpec) -> TrialRunner:
     if spec.key not in _RUNNERS:
-        exp = Experiment.model_validate_json(spec.experiment_json)
+        exp = SearchExperiment.model_validate_json(spec.experiment_json)
         pool = ExpertPool.model_validate_json(spec.pool_json)
         _RUNNERS.clear()  # one experiment per process at a time: free the previous experts
         _RUNNERS[spec.key] = TrialRunner(exp, pool, list(spec.include_path))

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, model_validator
 
-from spaces.errors import field_errors
+from spaces.base import StrictModel, load_yaml, resolve_local, validate
 from spaces.partitions import PARTITIONS, PartitionName
 
 Side = Literal["task", "language"]
@@ -24,10 +24,6 @@ COMPONENTS: tuple[Component, ...] = ("attention", "mlp")
 
 class RecipeError(ValueError):
     """A recipe that cannot be loaded or does not fit the models it names."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Zones(StrictModel):
@@ -246,26 +242,16 @@ _RECIPE = TypeAdapter(Recipe)
 
 def parse_recipe(data: object, source: str = "recipe") -> Recipe:
     """Validate a mapping into a recipe; errors name `source` and every offending field."""
-    if not isinstance(data, dict):
-        raise RecipeError(f"{source}: expected a mapping with a `method` key, got {data!r}")
-    try:
-        return _RECIPE.validate_python(data)
-    except ValidationError as e:
-        raise RecipeError(f"{source}: invalid recipe\n" + field_errors(e, "<recipe>")) from None
+    return validate(_RECIPE, data, source=source, what="recipe", top="<recipe>", error=RecipeError)
 
 
 def _resolve_paths(data: dict, root: Path) -> dict:
-    """Resolve relative checkpoint paths against the recipe file's folder when they exist there.
-
-    Anything else (absolute paths, hub ids such as `meta-llama/Llama-3.1-8B`) is kept as written.
-    """
+    """Checkpoint paths by the one path rule (spaces.base.resolve_local), soups member by member."""
 
     def fix(ref):
-        if isinstance(ref, str) and not Path(ref).is_absolute() and (root / ref).exists():
-            return str((root / ref).resolve())
         if isinstance(ref, dict) and isinstance(ref.get("soup"), list):
             return {**ref, "soup": [fix(r) for r in ref["soup"]]}
-        return ref
+        return resolve_local(ref, root)
 
     out = dict(data)
     for key in ("task_expert", "language_expert", "base"):
@@ -285,12 +271,7 @@ def load_recipe(path: str | Path) -> Recipe:
         The typed recipe (relative checkpoint paths resolved against the file's folder).
     """
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise RecipeError(f"{path}: cannot read recipe: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    data = load_yaml(path, "recipe", RecipeError)
     if isinstance(data, dict):
         data = _resolve_paths(data, path.parent)
     return parse_recipe(data, source=str(path))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from spaces.base import StrictModel
 from spaces.recipe import ExpertSoup, LayerSwapRecipe, SideWeights, Zones
 from spaces.zones import check_fits, paper_default
 
@@ -19,10 +20,6 @@ NonLayer = Literal["average", "language", "task"]
 Granularity = Literal["layer", "component"]
 ExpertKind = Literal["full", "lora"]
 SOUP = "soup"  # expert choice value: the soup of every expert on that side
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Span(StrictModel):

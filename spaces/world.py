@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from spaces.base import StrictModel
 
 WORLD_VERSION = "3"
 WorldSize = Literal["full", "tiny"]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class WorldModelConfig(StrictModel):

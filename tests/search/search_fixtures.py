@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.search_config import Experiment
+from spaces.search_experiment import SearchExperiment
 
 
 def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[str, Path]:
@@ -41,7 +41,7 @@ def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[st
     return paths
 
 
-def experiment(world: Path, paths: dict[str, Path], **over) -> Experiment:
+def experiment(world: Path, paths: dict[str, Path], **over) -> SearchExperiment:
     data = {
         "name": "t",
         "language": "xa",
@@ -61,4 +61,4 @@ def experiment(world: Path, paths: dict[str, Path], **over) -> Experiment:
     }
     for k, v in over.items():
         data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
-    return Experiment.model_validate(data)
+    return SearchExperiment.model_validate(data)

@@ -110,10 +110,10 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
 DRIVER = """
 import sys, ray
 sys.path.insert(0, {here!r})
-from spaces.search_config import Experiment
+from spaces.search_experiment import SearchExperiment
 from search.search import run_search
 ray.init(num_cpus=2, _temp_dir={tmp!r}, include_dashboard=False, log_to_driver=False)
-exp = Experiment.model_validate_json(open({exp!r}).read())
+exp = SearchExperiment.model_validate_json(open({exp!r}).read())
 run_search(exp, {run!r}, resume={resume}, progress=True)
 ray.shutdown()
 """

@@ -13,7 +13,7 @@ import pytest
 from search.results import TrialStore
 from search.search import LayerswapSearch, reconcile
 from search.tune_trial import META
-from spaces.search_config import Experiment
+from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool
 
 S = optuna.trial.TrialState
@@ -21,7 +21,7 @@ POINT = {"bottom": 1, "top": 0, "bottom_transition": 0, "weights": "uniform"}
 
 
 def _searcher(tmp_path, multi=False, points=None, **search):
-    exp = Experiment.model_validate(
+    exp = SearchExperiment.model_validate(
         {
             "name": "s",
             "language": "xa",
@@ -142,7 +142,7 @@ def test_pool_from_the_expert_registry(tmp_path):
         row(5, "language", "xa", "full", 0.0, 0.6),
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "registry.parquet")
-    exp = Experiment.model_validate({"language": "xa", "base": "/b", "experts": {"registry": str(tmp_path / "registry.parquet"), "top_k": 2}})  # fmt: skip
+    exp = SearchExperiment.model_validate({"language": "xa", "base": "/b", "experts": {"registry": str(tmp_path / "registry.parquet"), "top_k": 2}})  # fmt: skip
     pool = resolve_pool(exp)
     assert [(r.expert_id, r.kind) for r in pool.task] == [("e1", "lora"), ("e2", "full")]
     assert [r.expert_id for r in pool.language] == ["e5", "e3"]

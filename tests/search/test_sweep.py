@@ -16,7 +16,7 @@ import pytest
 
 from search.registry import read_rows, registry_path, top_k
 from search.sweep import _flat_params, _searcher, plan_sweep, run_sweep, score_rows, trial_seed
-from spaces.experiment import parse_experiment
+from spaces.train_experiment import parse_train_experiment
 
 MGSM, BELE = "world_mgsm_direct_en_dev", "world_belebele_en_dev"
 LIMIT, GEN_TOKS = 8, 16
@@ -48,7 +48,7 @@ def experiment(world: Path, search: dict, **kw):
         "search": search,
     }
     data.update(kw)
-    return parse_experiment(data)
+    return parse_train_experiment(data)
 
 
 SPACE = {
@@ -138,7 +138,8 @@ def ray_local():
 
 @pytest.mark.slow
 def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
-    from trainables.evaluate.harness import evaluate, task_score
+    from trainables.evaluate.harness import evaluate
+    from trainables.evaluate.scoring import task_score
 
     search = {
         "num_samples": 4,

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from spaces.recipe import ExpertSoup, RecipeError, SideWeights, recipe_id
-from spaces.search_config import Experiment, heldout_task, load_experiment
+from spaces.search_experiment import SearchExperiment, heldout_task, load_search_experiment
 from spaces.search_space import (
     ExpertPool,
     ExpertRef,
@@ -182,7 +182,7 @@ def test_experiment_config(tmp_path):
         "language: xa\nbase: b\ntask_experts: [m]\nlanguage_experts: [l]\nworld: w\n"
         "search: {num_samples: 3}\n"
     )
-    exp = load_experiment(tmp_path / "e.yaml")
+    exp = load_search_experiment(tmp_path / "e.yaml")
     assert exp.task_experts == [str(tmp_path / "m")] and exp.search.num_samples == 3
     assert [p.task for p in exp.proxy_list] == ["world_belebele_xa_dev", "world_mgsm_direct_en_dev"]
     assert exp.target_task == "world_mgsm_direct_xa"
@@ -191,9 +191,9 @@ def test_experiment_config(tmp_path):
         "language: xa\ntask_experts: [m]\nlanguage_experts: [l]\nspaace: {}\n"
     )
     with pytest.raises(ValueError, match="spaace"):
-        load_experiment(tmp_path / "bad.yaml")
+        load_search_experiment(tmp_path / "bad.yaml")
     with pytest.raises(ValidationError, match="must not be a proxy"):
-        Experiment(
+        SearchExperiment(
             language="xa",
             base="b",
             task_experts=["m"],
@@ -201,6 +201,6 @@ def test_experiment_config(tmp_path):
             target="world_mgsm_direct_en_dev",
         )
     with pytest.raises(ValidationError, match="at least one of each"):
-        Experiment(language="xa", base="b", task_experts=["m"])
+        SearchExperiment(language="xa", base="b", task_experts=["m"])
     with pytest.raises(ValidationError, match="magnitude needs"):
-        Experiment(language="xa", task_experts=["m"], language_experts=["l"])
+        SearchExperiment(language="xa", task_experts=["m"], language_experts=["l"])

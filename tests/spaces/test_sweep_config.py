@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from spaces.experiment import parse_experiment
 from spaces.sweep import TABLE4, Choice, Range, SweepConfig, indicator_tasks
+from spaces.train_experiment import parse_train_experiment
 
 
 def _exp(search: dict | None = None, **kw) -> dict:
@@ -37,7 +37,7 @@ def test_defaults_are_table4():
     assert cfg.params["hyper.beta2"].choices == [0.99, 0.995, 0.999]
     assert (cfg.num_samples, cfg.top_k, cfg.checkpoints, cfg.backend) == (4, 3, "all", "proxy")
     # Every default path is a field of a real experiment.
-    exp = parse_experiment(_exp({}))
+    exp = parse_train_experiment(_exp({}))
     assert exp.search.params == TABLE4
 
 
@@ -61,10 +61,10 @@ def test_invalid_blocks(bad, match):
 def test_shipped_examples_validate():
     from pathlib import Path
 
-    from spaces.experiment import load_experiment
+    from spaces.train_experiment import load_train_experiment
 
     for path in sorted((Path(__file__).parents[2] / "spaces" / "examples").glob("*.yaml")):
-        exp = load_experiment(path)
+        exp = load_train_experiment(path)
         if exp.search is not None:
             exp.search.int_params(exp.model_dump(mode="json"))
             world = path.name.startswith("world_")
@@ -73,11 +73,13 @@ def test_shipped_examples_validate():
 
 def test_experiment_rejects_unknown_param_path():
     with pytest.raises(ValueError, match=r"hyper\.learning_rate"):
-        parse_experiment(_exp({"params": {"hyper.learning_rate": {"low": 1e-4, "high": 1e-3}}}))
+        parse_train_experiment(
+            _exp({"params": {"hyper.learning_rate": {"low": 1e-4, "high": 1e-3}}})
+        )
 
 
 def test_int_params_follow_the_experiment():
-    exp = parse_experiment(
+    exp = parse_train_experiment(
         _exp(
             {
                 "params": {

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from trainables.atomic import atomic_write_text
+from trainables.evaluate.lm_eval_api import offline_defaults
+from trainables.evaluate.scoring import score_key
 from trainables.evaluate.tasks import (
     lm_eval_tasks_dir,
-    offline_defaults,
     task_manager,
     write_world_tasks,
 )
@@ -22,14 +23,10 @@ __all__ = [
     "lm_eval_tasks_dir",
     "metrics_table",
     "predictions",
-    "score_key",
     "task_manager",
-    "task_score",
     "write_world_tasks",
 ]
 
-# The filter whose score a task reports when it has several (mgsm: "flexible-extract").
-PREFERRED_FILTERS = ("flexible-extract", "none")
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default, made explicit (HFLM ignores its argument)
 
 
@@ -129,31 +126,6 @@ def evaluate(
 
 
 # ---------------------------------------------------------------- reading results
-
-
-def score_key(raw: dict, task: str) -> tuple[str, str]:
-    """(metric, filter) a task is scored by: its first metric, under its preferred filter.
-
-    The one place that decides which lm-eval number counts: mgsm -> ("exact_match",
-    "flexible-extract"), belebele -> ("acc", "none").
-    """
-    if task not in raw.get("configs", {}):
-        raise ValueError(f"task {task!r} not in these results (have {sorted(raw['configs'])})")
-    cfg = raw["configs"][task]
-    metrics = cfg.get("metric_list") or []
-    if not metrics:
-        raise ValueError(f"task {task!r}: no metric_list in its config")
-    filters = [f["name"] for f in cfg.get("filter_list") or []] or ["none"]
-    for name in PREFERRED_FILTERS:
-        if name in filters:
-            return metrics[0]["metric"], name
-    return metrics[0]["metric"], filters[0]
-
-
-def task_score(raw: dict, task: str) -> float:
-    """The task's reported score (see `score_key`), e.g. MGSM exact_match, Belebele acc."""
-    metric, filt = score_key(raw, task)
-    return float(raw["results"][task][f"{metric},{filt}"])
 
 
 def predictions(raw: dict, task: str) -> list[dict]:

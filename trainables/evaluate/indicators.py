@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainables.evaluate.harness import PREFERRED_FILTERS, evaluate, score_key, task_score
+from trainables.evaluate.harness import evaluate
 from trainables.evaluate.proxy import ProxyEvaluator
+from trainables.evaluate.scoring import group_score, task_key
 from trainables.evaluate.tasks import lm_eval_tasks_dir
 from trainables.merge.lora import is_lora_adapter
 
@@ -36,18 +37,6 @@ class IndicatorScores:
             out[f"{IND}{task}"] = float(self.scores[task])
             out[f"{N_ITEMS}{task}"] = int(self.n_items[task])
         return out
-
-
-def _score_key(task) -> tuple[str, str]:
-    """(metric, filter) a Task is scored by; the same rule as trainables.evaluate.harness.score_key."""
-    metrics = task.config.metric_list or []
-    if not metrics:
-        raise ValueError(f"task {task.config.task!r}: no metric_list in its config")
-    filters = [f["name"] for f in task.config.filter_list or []] or ["none"]
-    for name in PREFERRED_FILTERS:
-        if name in filters:
-            return metrics[0]["metric"], name
-    return metrics[0]["metric"], filters[0]
 
 
 def adapter_base(path: str | Path, base: str | Path | None = None) -> str:
@@ -172,7 +161,7 @@ class IndicatorScorer:
                 res = ev.score(model)
                 values: list[float] = []
                 for leaf, items in res.items.items():
-                    metric, filt = _score_key(ev.tasks[leaf].task)
+                    metric, filt = task_key(ev.tasks[leaf].task)
                     values += [float(it.metrics[f"{metric},{filt}"]) for it in items]
                 scores[name], counts[name] = sum(values) / len(values), len(values)
         else:
@@ -186,7 +175,7 @@ class IndicatorScorer:
                 max_gen_toks=self.max_gen_toks,
             )
             for name in self.tasks:
-                scores[name] = _lm_eval_score(raw, name)
+                scores[name] = group_score(raw, name)
                 counts[name] = _lm_eval_count(raw, name)
         return IndicatorScores(scores, counts, time.perf_counter() - t0)
 
@@ -205,20 +194,6 @@ def _include_list(include_path) -> list[str]:
     if isinstance(include_path, (list, tuple)):
         return [str(p) for p in include_path]
     return [str(include_path)]
-
-
-def _lm_eval_score(raw: dict, task: str) -> float:
-    """A task's reported score, or a group's aggregate under its first leaf's metric key."""
-    if task in raw.get("configs", {}):
-        return task_score(raw, task)
-    leaf = task
-    while leaf not in raw.get("configs", {}):
-        subs = (raw.get("group_subtasks") or {}).get(leaf)
-        if not subs:
-            raise ValueError(f"task {task!r} not in these lm-eval results")
-        leaf = subs[0]
-    metric, filt = score_key(raw, leaf)
-    return float(raw["results"][task][f"{metric},{filt}"])
 
 
 def _lm_eval_count(raw: dict, task: str) -> int:

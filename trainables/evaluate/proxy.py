@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainables.evaluate.lm_eval_api import apply_filters, load_tasks
 from trainables.evaluate.proxy_lm import choice_loglikelihoods, eos_ids, greedy_generate
 
 # lm-eval's default fewshot sampler seed (lm_eval.evaluator.simple_evaluate).
@@ -73,24 +73,6 @@ class ProxyResult:
 def _split_of(task) -> str:
     """The split `task.eval_docs` reads (lm-eval: test if present, else validation)."""
     return task.config.test_split if task.has_test_docs() else task.config.validation_split
-
-
-def load_tasks(task_names: list[str], include_path: str | list[str]) -> dict[str, Any]:
-    """lm-eval Task objects by name from YAMLs under `include_path` (no default index)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from lm_eval.tasks import TaskManager, get_task_dict
-
-    tm = TaskManager(include_path=include_path, include_defaults=False)
-    out: dict[str, Any] = {}
-    stack = [get_task_dict(list(task_names), tm)]
-    while stack:  # groups nest dicts of tasks
-        for val in stack.pop().values():
-            if isinstance(val, dict):
-                stack.append(val)
-            else:
-                out[val.config.task] = val
-    return out
 
 
 def _memoize_per_doc(task, *methods: str) -> None:
@@ -337,8 +319,7 @@ class ProxyEvaluator:
             inst = copy.copy(it.request)
             inst.resps, inst.filtered_resps = [texts[i]], {}
             insts.append(inst)
-        for ensemble in c.task._filters:  # the task's own filter pipelines (Task.apply_filters)
-            ensemble.apply(insts)
+        apply_filters(c.task, insts)  # the task's own filter pipelines
         out = []
         for it, inst in zip(chosen, insts, strict=True):
             metrics = {}

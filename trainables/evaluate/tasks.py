@@ -5,24 +5,11 @@ Used by trainables.evaluate.harness (`layerswap eval --world DIR`); `write_world
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from trainables.atomic import atomic_write_text
-
-
-def offline_defaults() -> None:
-    """Default to offline hub/datasets access (an explicit "0" from the user is kept).
-
-    `datasets` and `huggingface_hub` read these once, at import, so every entry point that may
-    import them calls this first; otherwise loading even a local JSON file reaches for the
-    network. Not done at import time, so that importing this module (e.g. to build the CLI)
-    does not switch other commands, such as merging from a hub id, offline.
-    """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
+from trainables.evaluate.lm_eval_api import offline_defaults
 
 # Built-in lm-eval configs the world tasks include; the synthetic languages use English prompts.
 MGSM_BASE = "mgsm/direct/mgsm_direct_en.yaml"

@@ -1,14 +1,14 @@
 """Expert training as plain torch (no ray): data, modes, schedules, the loop, checkpoints.
 
-Run one process: `run_training(load_experiment("exp.yaml"), workdir=Path("out"))`; under
+Run one process: `run_training(load_train_experiment("exp.yaml"), workdir=Path("out"))`; under
 torch.distributed (gloo/nccl, DDP) every rank calls the same function. Ray Train wraps it in
 trainables/train/ray_train.py; the CLI is `layerswap train EXPERIMENT.yaml` (search/train_cli.py).
 
 API (stable; the expert-sweep helper builds on it)
 --------------------------------------------------
-Config: `spaces.experiment.Experiment` (pydantic, frozen, extra="forbid"), loaded with
-`spaces.experiment.load_experiment(path)` (ValueError naming file + field) or
-`parse_experiment(dict, source)`. Derive variants with `exp.model_copy(update=...)` or
+Config: `spaces.train_experiment.TrainExperiment` (pydantic, frozen, extra="forbid"), loaded with
+`spaces.train_experiment.load_train_experiment(path)` (ValueError naming file + field) or
+`parse_train_experiment(dict, source)`. Derive variants with `exp.model_copy(update=...)` or
 `with_overrides(exp, {"hyper.lr": 1e-4, "hyper.seed": 3})` (dotted paths, re-validated).
 Fields: name, base, kind ("math"|"language"), language (e.g. "en", "xa", "swh"),
 datasets: [DatasetSpec{path | source(+language, data_files), limit}], mode (one of

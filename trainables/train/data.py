@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from spaces.experiment import DatasetSpec, Experiment
+from spaces.train_experiment import DatasetSpec, TrainExperiment
 
 Pair = tuple[str, str]
 Encoded = tuple[list[int], list[int]]  # input ids, labels
@@ -117,7 +117,7 @@ class TrainData:
     info: list[dict]  # per dataset: spec, n_train, n_val, n_dropped
 
 
-def build_data(exp: Experiment, tok) -> TrainData:
+def build_data(exp: TrainExperiment, tok) -> TrainData:
     """Load, encode and split the experiment's datasets (deterministic in `hyper.seed`).
 
     Validation takes the same number of examples from every dataset (a `val_share` of the
@@ -158,7 +158,7 @@ def stream_step(step: int, n_streams: int, k: int) -> tuple[int, int]:
     return stream, cycle * k + rem % k
 
 
-def total_steps(exp: Experiment, data: TrainData) -> int:
+def total_steps(exp: TrainExperiment, data: TrainData) -> int:
     h = exp.hyper
     if h.max_steps is not None:
         return h.max_steps

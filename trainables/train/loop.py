@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from spaces.experiment import Experiment, experiment_json
+from spaces.train_experiment import TrainExperiment, experiment_json
 from trainables.train.data import (
     TrainData,
     _seed,
@@ -62,7 +62,7 @@ def _sum(values: list[float], world: int, device) -> list[float]:
     return t.tolist()
 
 
-def _adamw(named, exp: Experiment) -> torch.optim.AdamW:
+def _adamw(named, exp: TrainExperiment) -> torch.optim.AdamW:
     h = exp.hyper
     # HF convention: no weight decay on biases and norm weights (1-D tensors).
     decay = [p for _, p in named if p.ndim >= 2]
@@ -73,7 +73,7 @@ def _adamw(named, exp: Experiment) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
 
 
-def _load(exp: Experiment, resume_from: Path | None):
+def _load(exp: TrainExperiment, resume_from: Path | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     trc = exp.trust_remote_code
@@ -86,7 +86,7 @@ def _load(exp: Experiment, resume_from: Path | None):
     return tok, model
 
 
-def _val_losses(model, data: TrainData, exp: Experiment, rank: int, world: int, device, pad: int) -> list[float]:  # fmt: skip
+def _val_losses(model, data: TrainData, exp: TrainExperiment, rank: int, world: int, device, pad: int) -> list[float]:  # fmt: skip
     """Token-weighted validation loss per dataset (each rank scores a strided share)."""
     sums = []
     model.eval()
@@ -113,7 +113,7 @@ def _val_losses(model, data: TrainData, exp: Experiment, rank: int, world: int, 
     return [sums[i] / max(1.0, sums[i + 1]) for i in range(0, len(sums), 2)]
 
 
-def _maybe_fail(exp: Experiment, step: int, rank: int) -> None:
+def _maybe_fail(exp: TrainExperiment, step: int, rank: int) -> None:
     d = exp.debug
     if d.fail_at_step is None or step != d.fail_at_step:
         return
@@ -124,7 +124,7 @@ def _maybe_fail(exp: Experiment, step: int, rank: int) -> None:
         raise RuntimeError(f"injected failure at step {step} (rank {rank})")
 
 
-def _manifest(exp: Experiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None) -> dict:  # fmt: skip
+def _manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None) -> dict:  # fmt: skip
     n_train = sum(len(s) for s in data.streams)
     return {
         "experiment": experiment_json(exp),
@@ -149,7 +149,7 @@ def _manifest(exp: Experiment, prep: Prepared, data: TrainData, step: int, sampl
 
 
 def run_training(
-    exp: Experiment,
+    exp: TrainExperiment,
     *,
     workdir: str | Path,
     resume_from: str | Path | None = None,

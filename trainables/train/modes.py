@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from spaces.experiment import Experiment, LoraSpec, partition_spec
+from spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
 from trainables.train.data import stream_step
 from trainables.train.partition import lora_target_regex, param_sides
 
@@ -56,7 +56,7 @@ def _split(model: nn.Module) -> tuple[Named, list[str]]:
     return train, frozen
 
 
-def _full(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
+def _full(model: nn.Module, exp: TrainExperiment, depth: int) -> Prepared:
     for p in model.parameters():
         p.requires_grad_(True)
     train, frozen = _split(model)
@@ -69,11 +69,11 @@ def _plain_lora(model: nn.Module, spec: LoraSpec) -> Prepared:
     return Prepared(model, {"all": train}, frozen, is_lora=True)
 
 
-def _lora_mode(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
+def _lora_mode(model: nn.Module, exp: TrainExperiment, depth: int) -> Prepared:
     return _plain_lora(model, exp.mode)  # type: ignore[arg-type]
 
 
-def _partial(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
+def _partial(model: nn.Module, exp: TrainExperiment, depth: int) -> Prepared:
     mode = exp.mode
     spec = partition_spec(mode.partition)  # type: ignore[union-attr]
     side = mode.train  # type: ignore[union-attr]
@@ -92,7 +92,7 @@ def _partial(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
     return Prepared(model, {side: train}, frozen, stream_groups=[side])
 
 
-def _simultaneous(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
+def _simultaneous(model: nn.Module, exp: TrainExperiment, depth: int) -> Prepared:
     mode = exp.mode
     spec = partition_spec(mode.partition)  # type: ignore[union-attr]
     if mode.lora is not None:  # type: ignore[union-attr]
@@ -125,12 +125,12 @@ def _simultaneous(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
     )
 
 
-def _mix(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
+def _mix(model: nn.Module, exp: TrainExperiment, depth: int) -> Prepared:
     lora = exp.mode.lora  # type: ignore[union-attr]
     return _plain_lora(model, lora) if lora is not None else _full(model, exp, depth)
 
 
-MODES: dict[str, Callable[[nn.Module, Experiment, int], Prepared]] = {
+MODES: dict[str, Callable[[nn.Module, TrainExperiment, int], Prepared]] = {
     "full": _full,
     "lora": _lora_mode,
     "partial": _partial,
@@ -139,6 +139,6 @@ MODES: dict[str, Callable[[nn.Module, Experiment, int], Prepared]] = {
 }
 
 
-def prepare(model: nn.Module, exp: Experiment, depth: int) -> Prepared:
+def prepare(model: nn.Module, exp: TrainExperiment, depth: int) -> Prepared:
     """Apply the experiment's mode to a freshly loaded model (see MODES)."""
     return MODES[exp.mode.type](model, exp, depth)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spaces.experiment import PartitionSpec
 from spaces.recipe import LayerSwapRecipe, Side
+from spaces.train_experiment import PartitionSpec
 from spaces.zones import layer_map
 from trainables.merge.arch import param_slot
 

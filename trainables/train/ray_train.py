@@ -1,6 +1,6 @@
 """Ray Train wrapper of the plain training loop: one TorchTrainer per experiment.
 
-`train_with_ray(load_experiment("exp.yaml"))` runs `trainables.train.run_training` on
+`train_with_ray(load_train_experiment("exp.yaml"))` runs `trainables.train.run_training` on
 `scaling.num_workers` workers (gloo on CPU, nccl on GPU), persists each checkpoint under
 `storage_path/name/`, and on a worker failure restarts the group from the last checkpoint
 (`failure.max_failures`). Call inside `ray.init(...)`, or let Ray start a local cluster.
@@ -17,11 +17,11 @@ import ray.train
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from spaces.experiment import (
-    Experiment,
+from spaces.train_experiment import (
+    TrainExperiment,
     absolute_local_paths,
     experiment_json,
-    parse_experiment,
+    parse_train_experiment,
 )
 
 
@@ -31,7 +31,7 @@ def _worker(config: dict) -> None:
 
     from trainables.train import run_training
 
-    exp = parse_experiment(config["experiment"], source="ray worker")
+    exp = parse_train_experiment(config["experiment"], source="ray worker")
     ctx = ray.train.get_context()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     device = ray.train.torch.get_device() if exp.scaling.use_gpu else "cpu"
@@ -88,7 +88,7 @@ class RayTrainResult:
     error: str | None
 
 
-def trainer_for(exp: Experiment, *, storage_path: str | None = None, name: str | None = None, callbacks=None, min_report_interval_s: float = 2.0) -> TorchTrainer:  # fmt: skip
+def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, callbacks=None, min_report_interval_s: float = 2.0) -> TorchTrainer:  # fmt: skip
     """The TorchTrainer for an experiment (not yet fitted).
 
     Args:
@@ -127,7 +127,7 @@ def trainer_for(exp: Experiment, *, storage_path: str | None = None, name: str |
     )
 
 
-def train_with_ray(exp: Experiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0) -> RayTrainResult:  # fmt: skip
+def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0) -> RayTrainResult:  # fmt: skip
     """Fit one TorchTrainer for `exp` and return where its last checkpoint is.
 
     Args: as for `trainer_for`.

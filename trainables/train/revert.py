@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.experiment import Experiment, PartialMode, partition_spec, with_overrides
 from spaces.recipe import COMPONENTS, LayerSwapRecipe, RevertSpec
+from spaces.train_experiment import PartialMode, TrainExperiment, partition_spec, with_overrides
 from trainables.merge.engine import merge_to_disk
 from trainables.train.partition import owners
 
 
-def revert_specs(exp: Experiment, depth: int) -> list[RevertSpec]:
+def revert_specs(exp: TrainExperiment, depth: int) -> list[RevertSpec]:
     """What a partial experiment keeps frozen, as merge-recipe revert specs."""
     mode = exp.mode
     if not isinstance(mode, PartialMode):
@@ -58,13 +58,13 @@ def _depth(model_dir: str | Path) -> int:
     return int(json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"])
 
 
-def val_loss(model_dir: str | Path, exp: Experiment) -> float:
+def val_loss(model_dir: str | Path, exp: TrainExperiment) -> float:
     """Mean (over datasets) token-weighted validation loss of a checkpoint on exp's split."""
     losses = val_losses(model_dir, exp)
     return sum(losses) / len(losses)
 
 
-def val_losses(model_dir: str | Path, exp: Experiment) -> list[float]:
+def val_losses(model_dir: str | Path, exp: TrainExperiment) -> list[float]:
     """Per dataset, the token-weighted validation loss of a full checkpoint on exp's split."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,7 +79,7 @@ def val_losses(model_dir: str | Path, exp: Experiment) -> list[float]:
     return _val_losses(model, data, exp, 0, 1, "cpu", tok.pad_token_id)
 
 
-def freeze_vs_revert(exp: Experiment, workdir: str | Path, run=None) -> dict:
+def freeze_vs_revert(exp: TrainExperiment, workdir: str | Path, run=None) -> dict:
     """Run both arms of the comparison for a partial experiment.
 
     Args:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.experiment import Experiment as TrainExperiment
-from spaces.experiment import with_overrides
+from spaces.train_experiment import TrainExperiment, with_overrides
 
 
 def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: Path | None = None) -> Path | None:  # fmt: skip

@@ -21,6 +21,7 @@ import torch
 
 import cli.eval as cli_eval
 import trainables.evaluate.harness as ev
+from trainables.evaluate.scoring import task_score
 
 MGSM_STOPS = ["Question:", "</s>", "<|im_end|>"]  # mgsm_direct_en.yaml's `until`
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # mgsm direct_yaml's flexible-extract
@@ -183,7 +184,7 @@ def check_against_expectations(raw: dict, expect: dict) -> None:
     correct = [same_answer(p, t) for p, t in mg]
     assert any(correct) and not all(correct), "fixture should have right and wrong docs"
     assert [r["correct"] for r in rows] == correct
-    assert ev.task_score(raw, "world_mgsm_direct_xa") == pytest.approx(sum(correct) / LIMIT)
+    assert task_score(raw, "world_mgsm_direct_xa") == pytest.approx(sum(correct) / LIMIT)
     assert raw["results"]["world_mgsm_direct_xa"]["exact_match,flexible-extract"] == (
         pytest.approx(sum(correct) / LIMIT)
     )
@@ -193,7 +194,7 @@ def check_against_expectations(raw: dict, expect: dict) -> None:
     assert [r["prediction"] for r in rows] == [b for b, _, _ in bb]
     assert [r["target"] for r in rows] == [g for _, g, _ in bb]
     assert [r["correct"] for r in rows] == [b == g for b, g, _ in bb]
-    assert ev.task_score(raw, "world_belebele_xa_dev") == pytest.approx(
+    assert task_score(raw, "world_belebele_xa_dev") == pytest.approx(
         sum(b == g for b, g, _ in bb) / LIMIT
     )
     for sample, (_, _, lls) in zip(

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainables.evaluate.harness import evaluate, task_score, write_world_tasks
+from trainables.evaluate.harness import evaluate, write_world_tasks
 from trainables.evaluate.indicators import (
     IndicatorScorer,
     load_model,
     load_tokenizer,
     score_checkpoint,
 )
+from trainables.evaluate.scoring import task_score
 
 TASKS = ["world_mgsm_direct_en_dev", "world_belebele_xa_dev"]
 GEN_TOKS = 24

@@ -45,12 +45,12 @@ def _cfg(world: Path, tmp: Path, **over) -> dict:
 
 
 def test_two_workers_survive_a_failure_without_losing_or_repeating_steps(tiny_world, tmp_path, ray_session):  # fmt: skip
-    from spaces.experiment import parse_experiment
+    from spaces.train_experiment import parse_train_experiment
     from trainables.train import find_checkpoints, read_manifest
     from trainables.train.ray_train import train_with_ray
 
     log = tmp_path / "steps.jsonl"
-    exp = parse_experiment(
+    exp = parse_train_experiment(
         _cfg(
             tiny_world,
             tmp_path,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.experiment import Experiment, parse_experiment
+from spaces.train_experiment import TrainExperiment, parse_train_experiment
 
 # A custom partition that fits the tiny world's 4 layers: layers 0 and 3 language, 1-2 task.
 EDGE = {"bottom": 1, "top": 1}
 
 
-def make_exp(world: Path, mode: str | dict = "full", **over) -> Experiment:
+def make_exp(world: Path, mode: str | dict = "full", **over) -> TrainExperiment:
     """A short experiment on the tiny world; `over` replaces top-level keys or hyper fields."""
     two = (mode if isinstance(mode, str) else mode["type"]) in ("simultaneous", "mix")
     data = [{"path": str(world / "data/sft/math_en.jsonl")}]
@@ -35,7 +35,7 @@ def make_exp(world: Path, mode: str | dict = "full", **over) -> Experiment:
         "mode": mode,
         "hyper": hyper,
     } | over
-    return parse_experiment(cfg, source="test")
+    return parse_train_experiment(cfg, source="test")
 
 
 MODE_CFGS = {
@@ -71,7 +71,7 @@ def ddp_worker(rank: int, world: int, init: str, jobs: list[dict], out: str) -> 
     try:
         results = {}
         for job in jobs:
-            exp = parse_experiment(job["experiment"], source="ddp test")
+            exp = parse_train_experiment(job["experiment"], source="ddp test")
             seen: list[dict] = []
             res = run_training(exp, workdir=job["workdir"], report=lambda m, p, s=seen: s.append(m))  # fmt: skip
             results[job["id"]] = {

@@ -1,4 +1,4 @@
-"""Experiment configs: the shipped examples validate (real ones without downloading), errors
+"""TrainExperiment configs: the shipped examples validate (real ones without downloading), errors
 name the file and field, modes/datasets/scaling constraints hold.
 
 Run: .venv/bin/python -m pytest tests/spaces/test_experiment.py
@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 import spaces
-from spaces.experiment import (
+from spaces.train_experiment import (
     MODE_NAMES,
     PartitionSpec,
-    load_experiment,
-    parse_experiment,
+    load_train_experiment,
+    parse_train_experiment,
     partition_spec,
     with_overrides,
 )
@@ -44,14 +44,14 @@ def test_every_example_validates():
     assert {"real_llama31_8b_sw_full", "real_llama31_8b_sw_lora"} <= names
     modes = set()
     for f in files:
-        exp = load_experiment(f)
+        exp = load_train_experiment(f)
         modes.add(exp.mode.type)
     assert modes == set(MODE_NAMES)
 
 
 @pytest.mark.parametrize("lang", ["sw", "bn", "te"])
 def test_real_llama_configs_match_the_papers_setting(lang):
-    exp = load_experiment(EXAMPLES / f"real_llama31_8b_{lang}_full.yaml")
+    exp = load_train_experiment(EXAMPLES / f"real_llama31_8b_{lang}_full.yaml")
     assert exp.base == "meta-llama/Llama-3.1-8B-Instruct"
     assert exp.kind == "language" and exp.language == {"sw": "swh", "bn": "ben", "te": "tel"}[lang]
     h = exp.hyper
@@ -59,9 +59,9 @@ def test_real_llama_configs_match_the_papers_setting(lang):
     assert 1e-8 <= h.lr <= 3e-7 and h.batch_size in (4, 8) and h.beta2 in (0.99, 0.995, 0.999)
     assert h.schedule == "wsd" and exp.checkpoint_every_samples == 5000
     assert exp.scaling.use_gpu and exp.datasets[0].source == "aya"
-    lora = load_experiment(EXAMPLES / "real_llama31_8b_sw_lora.yaml")
+    lora = load_train_experiment(EXAMPLES / "real_llama31_8b_sw_lora.yaml")
     assert lora.mode.type == "lora" and lora.mode.rslora and len(lora.mode.target_modules) == 7
-    math = load_experiment(EXAMPLES / "real_llama31_8b_math_full.yaml")
+    math = load_train_experiment(EXAMPLES / "real_llama31_8b_math_full.yaml")
     assert math.kind == "math" and math.datasets[0].source == "orca_math"
 
 
@@ -69,12 +69,12 @@ def test_errors_name_file_and_field(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(_base(hyper={"lr": 1e-4, "max_steps": 10, "lrr": 1})))
     with pytest.raises(ValueError, match=r"bad\.yaml.*\n.*hyper\.lrr"):
-        load_experiment(f)
+        load_train_experiment(f)
     with pytest.raises(ValueError, match="cannot read"):
-        load_experiment(tmp_path / "missing.yaml")
+        load_train_experiment(tmp_path / "missing.yaml")
     f.write_text("name: [unclosed")
     with pytest.raises(ValueError, match="not valid YAML"):
-        load_experiment(f)
+        load_train_experiment(f)
 
 
 @pytest.mark.parametrize(
@@ -121,20 +121,20 @@ def test_errors_name_file_and_field(tmp_path):
 )
 def test_invalid(over, msg):
     with pytest.raises(ValueError, match=msg):
-        parse_experiment(_base(**over))
+        parse_train_experiment(_base(**over))
 
 
 def test_modes_and_overrides():
-    exp = parse_experiment(_base(mode={"type": "lora", "rank": 8}))
+    exp = parse_train_experiment(_base(mode={"type": "lora", "rank": 8}))
     assert exp.is_lora and exp.mode.alpha == 32 and exp.mode.rslora
     exp2 = with_overrides(exp, {"hyper.lr": 3e-4, "mode.rank": 4})
     assert exp2.hyper.lr == 3e-4 and exp2.mode.rank == 4 and exp.hyper.lr == 1e-4
     with pytest.raises(ValueError, match="no field"):
         with_overrides(exp, {"hyper.nope": 1})
-    part = parse_experiment(_base(mode={"type": "partial", "partition": "A", "train": "language", "lora": {"rank": 4}}))  # fmt: skip
+    part = parse_train_experiment(_base(mode={"type": "partial", "partition": "A", "train": "language", "lora": {"rank": 4}}))  # fmt: skip
     assert part.is_lora and partition_spec(part.mode.partition).attention == "language"
     assert partition_spec("B") == PartitionSpec(bottom=8, top=4)
-    s = parse_experiment(_base(search={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-5, "high": 1e-3, "log": True}, "hyper.weight_decay": {"choices": [0.0, 0.1]}}}))  # fmt: skip
+    s = parse_train_experiment(_base(search={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-5, "high": 1e-3, "log": True}, "hyper.weight_decay": {"choices": [0.0, 0.1]}}}))  # fmt: skip
     assert s.search.num_samples == 4 and s.search.params["hyper.lr"].log
 
 
@@ -143,20 +143,22 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
     (tmp_path / "base").mkdir()
     f = tmp_path / "e.yaml"
     f.write_text(yaml.safe_dump(_base(base="base", datasets=[{"path": "data.jsonl"}])))
-    exp = load_experiment(f)
+    exp = load_train_experiment(f)
     assert exp.base == str(tmp_path / "base") and exp.datasets[0].path == str(tmp_path / "data.jsonl")  # fmt: skip
 
 
 def test_absolute_local_paths(tmp_path):
-    from spaces.experiment import absolute_local_paths
+    from spaces.train_experiment import absolute_local_paths
 
     (tmp_path / "runs/world/base").mkdir(parents=True)
     (tmp_path / "runs/world/d.jsonl").write_text("{}\n")
-    exp = parse_experiment(_base(base="runs/world/base", datasets=[{"path": "runs/world/d.jsonl"}], storage_path="out"))  # fmt: skip
+    exp = parse_train_experiment(_base(base="runs/world/base", datasets=[{"path": "runs/world/d.jsonl"}], storage_path="out"))  # fmt: skip
     fixed = absolute_local_paths(exp, cwd=tmp_path)
     assert fixed.base == str(tmp_path / "runs/world/base")
     assert fixed.datasets[0].path == str(tmp_path / "runs/world/d.jsonl")
     assert fixed.storage_path == str(tmp_path / "out")
-    hub = parse_experiment(_base(base="meta-llama/Llama-3.1-8B-Instruct", storage_path="s3://b/x"))
+    hub = parse_train_experiment(
+        _base(base="meta-llama/Llama-3.1-8B-Instruct", storage_path="s3://b/x")
+    )
     assert absolute_local_paths(hub, cwd=tmp_path).base == "meta-llama/Llama-3.1-8B-Instruct"
     assert absolute_local_paths(hub, cwd=tmp_path).storage_path == "s3://b/x"

@@ -1,6 +1,6 @@
 """The merge-search experiment: experts, proxies, objective, space, budget, fidelity, promotion.
 
-`load_experiment("search.yaml")` validates the YAML once (pydantic, extra="forbid"); run it with
+`load_search_experiment("search.yaml")` validates the YAML once (pydantic, extra="forbid"); run it with
 `layerswap search search.yaml [--resume]`. Pure data: no torch, no ray.
 """
 
@@ -9,15 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from spaces.errors import field_errors
+from spaces.base import StrictModel, load_yaml, resolve_local, validate
 from spaces.search_space import SearchSpace
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class RegistrySource(StrictModel):
@@ -98,7 +93,7 @@ class PromoteSettings(StrictModel):
     write_best: bool = True
 
 
-class Experiment(StrictModel):
+class SearchExperiment(StrictModel):
     """A merge search on one target language."""
 
     name: str = Field("search", pattern=r"^[A-Za-z0-9_.-]+$")
@@ -117,7 +112,7 @@ class Experiment(StrictModel):
     promote: PromoteSettings = PromoteSettings()
 
     @model_validator(mode="after")
-    def _valid(self) -> Experiment:
+    def _valid(self) -> SearchExperiment:
         explicit = bool(self.task_experts) or bool(self.language_experts)
         if explicit and self.experts is not None:
             raise ValueError("give either task_experts/language_experts or experts.registry")
@@ -149,39 +144,27 @@ def heldout_task(task: str) -> str:
 
 
 def _resolve(data: dict, root: Path) -> dict:
-    def fix(p):
-        return str((root / p).resolve()) if isinstance(p, str) and not Path(p).is_absolute() else p
-
+    """Input paths by the one path rule (spaces.base.resolve_local)."""
     out = dict(data)
     for key in ("base", "world"):
         if out.get(key) is not None:
-            out[key] = fix(out[key])
+            out[key] = resolve_local(out[key], root)
     for key in ("task_experts", "language_experts", "include_path"):
         if isinstance(out.get(key), list):
-            out[key] = [fix(p) for p in out[key]]
+            out[key] = [resolve_local(p, root) for p in out[key]]
     if isinstance(out.get("experts"), dict) and "registry" in out["experts"]:
-        out["experts"] = {**out["experts"], "registry": fix(out["experts"]["registry"])}
+        out["experts"] = {**out["experts"], "registry": resolve_local(out["experts"]["registry"], root)}  # fmt: skip
     return out
 
 
-def load_experiment(path: str | Path) -> Experiment:
-    """Read and validate a search experiment YAML (relative paths: against the file's folder).
+def load_search_experiment(path: str | Path) -> SearchExperiment:
+    """Read and validate a search experiment YAML (paths: spaces.base.resolve_local).
 
     Raises:
         ValueError naming the file and every offending field.
     """
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read experiment: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping")
-    try:
-        return Experiment.model_validate(_resolve(data, path.parent))
-    except ValidationError as e:
-        raise ValueError(
-            f"{path}: invalid search experiment\n" + field_errors(e, "<root>")
-        ) from None
+    data = load_yaml(path, "experiment")
+    if isinstance(data, dict):
+        data = _resolve(data, path.parent)
+    return validate(SearchExperiment, data, source=str(path), what="search experiment")

@@ -1,32 +1,26 @@
 """Training experiments as validated data: base, datasets, mode, hyperparameters, scaling, storage.
 
-Load with `load_experiment("spaces/examples/world_math_full.yaml")`; `layerswap train FILE` runs
+Load with `load_train_experiment("spaces/examples/world_math_full.yaml")`; `layerswap train FILE` runs
 it. Pure data: no torch, no ray. The modes and what they mean are in trainables/train/.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
-from spaces.errors import field_errors
+from spaces.base import StrictModel, load_yaml, resolve_local, validate
 from spaces.partitions import PARTITIONS, PartitionName
 from spaces.recipe import Side, Zones
-from spaces.sweep import Choice, Range, SweepConfig
+from spaces.sweep import SweepConfig
 
 Kind = Literal["math", "language"]
 Schedule = Literal["linear", "wsd", "constant_with_warmup"]
 # Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class DatasetSpec(StrictModel):
@@ -183,7 +177,6 @@ class Failure(StrictModel):
 
 # The `search:` block (expert sweep) is owned by spaces/sweep.py; aliases keep the old names.
 SearchSpec = SweepConfig
-ParamRange = Range | Choice
 
 
 class Debug(StrictModel):
@@ -200,7 +193,7 @@ class Debug(StrictModel):
         return self
 
 
-class Experiment(StrictModel):
+class TrainExperiment(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     base: str
     kind: Kind
@@ -225,7 +218,7 @@ class Experiment(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _datasets_fit_mode(self) -> Experiment:
+    def _datasets_fit_mode(self) -> TrainExperiment:
         two = self.mode.type in ("simultaneous", "mix")
         if two and len(self.datasets) != 2:
             raise ValueError(f"mode {self.mode.type}: needs exactly 2 datasets, got {len(self.datasets)}")  # fmt: skip
@@ -247,7 +240,7 @@ class Experiment(StrictModel):
         return m.type == "lora" or getattr(m, "lora", None) is not None
 
 
-def _check_path(exp: Experiment, dotted: str) -> None:
+def _check_path(exp: TrainExperiment, dotted: str) -> None:
     node: object = exp
     for part in dotted.split("."):
         if not isinstance(node, BaseModel) or part not in type(node).model_fields:
@@ -255,67 +248,51 @@ def _check_path(exp: Experiment, dotted: str) -> None:
         node = getattr(node, part)
 
 
-_EXPERIMENT = TypeAdapter(Experiment)
+_EXPERIMENT = TypeAdapter(TrainExperiment)
 
 
-def parse_experiment(data: object, source: str = "experiment") -> Experiment:
-    """Validate a mapping into an Experiment; ValueError names `source` and each bad field."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{source}: expected a mapping, got {type(data).__name__}")
-    try:
-        return _EXPERIMENT.validate_python(data)
-    except ValidationError as e:
-        raise ValueError(f"{source}: invalid experiment\n" + field_errors(e, "<top>")) from None
+def parse_train_experiment(data: object, source: str = "experiment") -> TrainExperiment:
+    """Validate a mapping into a TrainExperiment; ValueError names `source` and each bad field."""
+    return validate(_EXPERIMENT, data, source=source, what="experiment", top="<top>")
 
 
-def load_experiment(path: str | Path) -> Experiment:
-    """Read and validate an experiment YAML.
+def load_train_experiment(path: str | Path) -> TrainExperiment:
+    """Read and validate a training experiment YAML.
 
-    Relative `base` and dataset paths that exist next to the file are resolved against it.
+    Relative `base` and dataset paths follow the one path rule (spaces.base.resolve_local):
+    against the file's folder when they exist there, else as written (the working directory).
     Args:
         path: the YAML file.
     Returns:
         The typed experiment.
     """
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read experiment: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    data = load_yaml(path, "experiment")
     if isinstance(data, dict):
         data = _resolve(data, path.parent)
-    return parse_experiment(data, source=str(path))
+    return parse_train_experiment(data, source=str(path))
 
 
 def _resolve(data: dict, root: Path) -> dict:
-    def fix(p):
-        if isinstance(p, str) and not Path(p).is_absolute() and (root / p).exists():
-            return str((root / p).resolve())
-        return p
-
     out = copy.deepcopy(data)
-    out["base"] = fix(out.get("base"))
+    out["base"] = resolve_local(out.get("base"), root)
     for ds in out.get("datasets") or []:
         if isinstance(ds, dict):
             if "path" in ds:
-                ds["path"] = fix(ds["path"])
+                ds["path"] = resolve_local(ds["path"], root)
             if isinstance(ds.get("data_files"), list):
-                ds["data_files"] = [fix(f) for f in ds["data_files"]]
+                ds["data_files"] = [resolve_local(f, root) for f in ds["data_files"]]
     return out
 
 
-def absolute_local_paths(exp: Experiment, cwd: str | Path | None = None) -> Experiment:
+def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) -> TrainExperiment:
     """`exp` with relative local paths (base, dataset files, storage) made absolute against
     `cwd` (default: the current folder), so workers started elsewhere (Ray) find them.
     Hub ids and cloud URIs are kept as written."""
     root = Path(cwd) if cwd is not None else Path.cwd()
 
     def fix(p: str) -> str:
-        if "://" in p or Path(p).is_absolute() or not (root / p).exists():
-            return p
-        return str((root / p).resolve())
+        return resolve_local(p, root)
 
     data = exp.model_dump(mode="json")
     data["base"] = fix(data["base"])
@@ -327,10 +304,10 @@ def absolute_local_paths(exp: Experiment, cwd: str | Path | None = None) -> Expe
     sp = data["storage_path"]
     if "://" not in sp and not Path(sp).is_absolute():
         data["storage_path"] = str((root / sp).resolve())
-    return parse_experiment(data, source=exp.name)
+    return parse_train_experiment(data, source=exp.name)
 
 
-def with_overrides(exp: Experiment, overrides: dict[str, object]) -> Experiment:
+def with_overrides(exp: TrainExperiment, overrides: dict[str, object]) -> TrainExperiment:
     """A copy of `exp` with dotted-path fields replaced (`{"hyper.lr": 1e-4}`), re-validated."""
     data = exp.model_dump(mode="json")
     for dotted, value in overrides.items():
@@ -343,16 +320,9 @@ def with_overrides(exp: Experiment, overrides: dict[str, object]) -> Experiment:
         if last not in node:
             raise ValueError(f"override {dotted!r}: no field {last!r}")
         node[last] = value
-    return parse_experiment(data, source=f"{exp.name} with {overrides}")
+    return parse_train_experiment(data, source=f"{exp.name} with {overrides}")
 
 
-def experiment_json(exp: Experiment) -> dict:
+def experiment_json(exp: TrainExperiment) -> dict:
     """The experiment as plain JSON data (what checkpoint manifests record)."""
     return exp.model_dump(mode="json")
-
-
-_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def slug(text: str) -> str:
-    return _SLUG.sub("-", text).strip("-") or "x"

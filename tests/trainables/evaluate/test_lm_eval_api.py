@@ -1,0 +1,47 @@
+"""The lm-eval internals behind trainables/evaluate/lm_eval_api.py: fails loudly, naming the
+installed version, when an lm-eval release changes what the proxy evaluator relies on."""
+
+from __future__ import annotations
+
+import copy
+
+import lm_eval
+import pytest
+from proxy_fixtures import write_world
+
+from trainables.evaluate.lm_eval_api import LM_EVAL_VERSION, apply_filters, load_tasks
+
+CHANGED = (
+    f"lm-eval {lm_eval.__version__} (the adapter mirrors {LM_EVAL_VERSION}) no longer behaves as "
+    "trainables/evaluate/lm_eval_api.py expects: re-check it and the proxy evaluator, then move "
+    "the pin"
+)
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    world = write_world(tmp_path_factory.mktemp("lm_eval_api"), n_mgsm=3, n_bele=3)
+    return load_tasks(["mgsm_dev", "bele_dev"], world)
+
+
+def test_pinned_version():
+    assert lm_eval.__version__ == LM_EVAL_VERSION, CHANGED
+
+
+def test_load_tasks_gives_task_objects_by_leaf_name(tasks):
+    from lm_eval.api.task import Task
+
+    assert sorted(tasks) == ["bele_dev", "mgsm_dev"], CHANGED
+    assert all(isinstance(t, Task) for t in tasks.values()), CHANGED
+
+
+def test_filters_fill_filtered_resps_by_name(tasks):
+    task = tasks["mgsm_dev"]
+    assert hasattr(task, "_filters"), CHANGED
+    task.build_all_requests(limit=1, rank=0, world_size=1)
+    inst = copy.copy(task.instances[0])
+    inst.resps, inst.filtered_resps = ["Step-by-Step Answer: 5 plus 7 equals 12."], {}
+    apply_filters(task, [inst])
+    names = {f["name"] for f in task.config.filter_list}
+    assert set(inst.filtered_resps) == names, CHANGED
+    assert inst.filtered_resps["flexible-extract"] == "12.", CHANGED  # the last number

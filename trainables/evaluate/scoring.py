@@ -1,0 +1,73 @@
+"""The one rule for "the number that counts" of an lm-eval task, and where to read it.
+
+A task is scored by its first metric under its preferred filter: MGSM -> ("exact_match",
+"flexible-extract"), Belebele -> ("acc", "none"). The rule reads a task's `metric_list` and
+`filter_list`, which lm-eval keeps both in its raw results (`raw["configs"][task]`) and on
+its Task objects (`task.config`); every caller (lm-eval runs, the proxy evaluator, indicators,
+promotion) goes through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The filter whose score a task reports when it has several (mgsm: "flexible-extract").
+PREFERRED_FILTERS = ("flexible-extract", "none")
+
+
+def scoring_key(metric_list: list[dict] | None, filter_list: list[dict] | None, task: str) -> tuple[str, str]:  # fmt: skip
+    """(metric, filter) of a task config: its first metric, under its preferred filter.
+
+    Args:
+        metric_list: the config's `metric_list` ([{"metric": ...}, ...]).
+        filter_list: the config's `filter_list` ([{"name": ...}, ...]; none means "none").
+        task: the task name, for the error.
+    """
+    if not metric_list:
+        raise ValueError(f"task {task!r}: no metric_list in its config")
+    filters = [f["name"] for f in filter_list or []] or ["none"]
+    filt = next((name for name in PREFERRED_FILTERS if name in filters), filters[0])
+    return metric_list[0]["metric"], filt
+
+
+def score_key(raw: dict, task: str) -> tuple[str, str]:
+    """(metric, filter) a task of an lm-eval result dict is scored by (see `scoring_key`)."""
+    if task not in raw.get("configs", {}):
+        raise ValueError(f"task {task!r} not in these results (have {sorted(raw['configs'])})")
+    cfg = raw["configs"][task]
+    return scoring_key(cfg.get("metric_list"), cfg.get("filter_list"), task)
+
+
+def task_key(task: Any) -> tuple[str, str]:
+    """(metric, filter) an lm-eval Task object is scored by (see `scoring_key`)."""
+    cfg = task.config
+    return scoring_key(cfg.metric_list, cfg.filter_list, cfg.task)
+
+
+def task_score(raw: dict, task: str) -> float:
+    """The task's reported score in an lm-eval result dict, e.g. MGSM exact_match, Belebele acc."""
+    metric, filt = score_key(raw, task)
+    return float(raw["results"][task][f"{metric},{filt}"])
+
+
+def group_score(raw: dict, task: str) -> float:
+    """A task's reported score, or a group's aggregate under its first leaf's metric key."""
+    if task in raw.get("configs", {}):
+        return task_score(raw, task)
+    leaf = task
+    while leaf not in raw.get("configs", {}):
+        subs = (raw.get("group_subtasks") or {}).get(leaf)
+        if not subs:
+            raise ValueError(f"task {task!r} not in these lm-eval results")
+        leaf = subs[0]
+    metric, filt = score_key(raw, leaf)
+    return float(raw["results"][task][f"{metric},{filt}"])
+
+
+def aggregate_score(task: Any, aggregate: dict[str, float]) -> float:
+    """A Task's reported number from an aggregate keyed "metric,filter" (the proxy evaluator's)."""
+    metric, filt = task_key(task)
+    key = f"{metric},{filt}"
+    if key not in aggregate:
+        raise ValueError(f"{task.config.task}: no {key!r} in the proxy aggregate {sorted(aggregate)}")  # fmt: skip
+    return float(aggregate[key])
