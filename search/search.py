@@ -15,8 +15,8 @@ from functools import partial
 from pathlib import Path
 
 import optuna
-from ray.tune.search.optuna import OptunaSearch
 
+from search.optuna_tune import OptunaTuneSearch
 from search.results import PROXY_PREFIX, TrialStore
 from search.tune_trial import META, TrialSpec, merge_trial
 from spaces.recipe import ExpertSoup, dump_recipe, recipe_id
@@ -105,7 +105,7 @@ def include_paths(exp: SearchExperiment, run_dir: Path) -> list[str]:
     return paths
 
 
-class LayerswapSearch(OptunaSearch):
+class LayerswapSearch(OptunaTuneSearch):
     """OptunaSearch that writes each trial's row, serves repeated recipes and tells Optuna the truth.
 
     - one report per trial: a screened-out trial is told PRUNED (its low-fidelity value only as an
@@ -146,19 +146,19 @@ class LayerswapSearch(OptunaSearch):
             if rid in self.pending:
                 return None
             self.waiting = None
-            self._ot_trials[trial_id] = ot_trial
+            self.bind(trial_id, ot_trial)
             return self._dress(trial_id, ot_trial, params, rid)
         params = super().suggest(trial_id)
         if params is None:
             return None
-        ot_trial = self._ot_trials[trial_id]
+        ot_trial = self.optuna_trial(trial_id)
         try:
             rid = recipe_id(decode(params, self.exp.space, self.depth, self.pool))
         except Exception:  # the trial reports the decoding error as a failed row
             rid = f"invalid-{ot_trial.number}"
         if rid in self.pending:
             self.waiting = (ot_trial, params, rid)
-            del self._ot_trials[trial_id]
+            self.unbind(trial_id)
             return None
         return self._dress(trial_id, ot_trial, params, rid)
 
@@ -177,7 +177,7 @@ class LayerswapSearch(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         meta = self.meta.pop(trial_id, None)
-        if meta is None or trial_id in self._completed_trials:
+        if meta is None or self.is_completed(trial_id):
             return
         if self.pending.get(meta["recipe_id"]) == trial_id:
             del self.pending[meta["recipe_id"]]
@@ -187,8 +187,8 @@ class LayerswapSearch(OptunaSearch):
         self.splits |= {
             tuple(s) for s in (json.loads(splits) if isinstance(splits, str) else splits)
         }
-        tell(self._ot_study, self._ot_trials[trial_id], row, result)
-        self._completed_trials.add(trial_id)
+        tell(self.study, self.optuna_trial(trial_id), row, result)
+        self.mark_completed(trial_id)
         if self.progress:
             obj = row["objective"]
             obj_s = "-" if obj is None else f"{obj:.4f}"
@@ -397,7 +397,7 @@ def run_search(
             if fresh
             else None,
         )
-        searcher._ot_study.set_user_attr("proxies", json.dumps([p.task for p in exp.proxy_list]))
+        searcher.study.set_user_attr("proxies", json.dumps([p.task for p in exp.proxy_list]))
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
         cpus = ray.cluster_resources().get("CPU", 1)
@@ -421,7 +421,7 @@ def run_search(
         )
         tuner.fit()
         if searcher.waiting is not None:  # asked but never run (the budget ran out first)
-            searcher._ot_study.tell(searcher.waiting[0], state=STATES.FAIL)
+            searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)
     splits = searcher.splits if searcher is not None else set()
     old = sdir / "splits_read.json"
     if old.exists():

@@ -75,9 +75,9 @@ def test_repeat_waits_then_is_served_and_optuna_hears_the_truth(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "duplicate", "pruned", "failed"]
     assert rows[1]["objective"] == 0.5 and rows[1]["recipe_id"] == rows[0]["recipe_id"]
     assert rows[2]["objective"] is None and rows[2]["proxy__a_dev"] == 0.1 and rows[2]["fidelity"] == 4  # fmt: skip
-    states = [t.state for t in s._ot_study.trials]
+    states = [t.state for t in s.study.trials]
     assert states == [S.COMPLETE, S.COMPLETE, S.PRUNED, S.FAIL]
-    assert s._ot_study.trials[2].intermediate_values == {4: 0.1}  # never a COMPLETE value
+    assert s.study.trials[2].intermediate_values == {4: 0.1}  # never a COMPLETE value
 
 
 def test_reject_threshold_is_the_kth_best_full_objective(tmp_path):
@@ -113,7 +113,7 @@ def test_multi_objective_tells_every_proxy(tmp_path):
     s, _, _ = _searcher(tmp_path, multi=True)
     s.suggest("a")
     s.on_trial_complete("a", _ok(0.5, objective_0=0.2, objective_1=0.8))
-    t = s._ot_study.trials[0]
+    t = s.study.trials[0]
     assert t.state == S.COMPLETE and t.values == [0.2, 0.8]
 
 
