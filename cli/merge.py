@@ -35,7 +35,6 @@ def parse_size(text: str) -> int:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from spaces.recipe import LayerSwapRecipe, load_recipe, recipe_id
-    from trainables.merge.engine import merge_to_disk, resolve_ref
 
     recipe = load_recipe(args.recipe)
     if args.out is None and args.export_mergekit is None:
@@ -58,27 +57,18 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         atomic_write_text(Path(args.export_mergekit), text)
         print(f"wrote mergekit config {args.export_mergekit}")
     if args.out is not None:
-        from trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
+        from trainables.merge.api import is_lora_recipe, merge
 
-        lora = (
-            isinstance(recipe, LayerSwapRecipe)
-            and isinstance(recipe.task_expert, str)
-            and (is_lora_adapter(resolve_ref(recipe.task_expert)))
-        )
-        if args.fold and not lora:
+        if args.fold and not is_lora_recipe(recipe):
             raise ValueError("--fold applies to LoRA adapter experts only")
-        if lora:
-            merge_lora_to_disk(
-                recipe, args.out, overwrite=args.overwrite, fold=args.fold, progress=not args.quiet
-            )
-        else:
-            merge_to_disk(
-                recipe,
-                args.out,
-                overwrite=args.overwrite,
-                max_shard_bytes=args.max_shard_size,
-                progress=not args.quiet,
-            )
+        merge(
+            recipe,
+            args.out,
+            overwrite=args.overwrite,
+            fold=args.fold,
+            max_shard_bytes=args.max_shard_size,
+            progress=not args.quiet,
+        )
         print(f"merged {recipe.method} recipe {recipe_id(recipe)} -> {args.out}")
     return 0
 

@@ -19,7 +19,8 @@ from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
 from trainables.evaluate.scoring import aggregate_score
 from trainables.merge.compose import compose, memory_mav_oracle
-from trainables.merge.plan import Linear, build_plan, recipe_refs
+from trainables.merge.plan import build_plan, recipe_refs
+from trainables.merge.terms import Linear
 
 
 @dataclass

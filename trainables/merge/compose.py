@@ -12,7 +12,8 @@ import torch
 
 from spaces.recipe import Recipe, RecipeError
 from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav
-from trainables.merge.plan import DeltaMerge, Linear, Plan, Terms, build_plan, recipe_refs
+from trainables.merge.plan import build_plan, recipe_refs
+from trainables.merge.terms import DeltaMerge, Linear, Plan, Terms
 
 StateDict = Mapping[str, torch.Tensor]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from spaces.recipe import LayerSwapRecipe, Recipe, dump_recipe
+from spaces.recipe import Recipe, dump_recipe
 from trainables.atomic import atomic_dir
 from trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
 from trainables.merge.checkpoint import (
@@ -30,7 +30,8 @@ from trainables.merge.checkpoint import (
 )
 from trainables.merge.modelcard import model_card
 from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
-from trainables.merge.plan import DeltaMerge, Linear, Op, Plan, Terms, build_plan, recipe_refs
+from trainables.merge.plan import build_plan, primary_ref, recipe_refs
+from trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -196,14 +197,6 @@ def plan_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Plan, int]:
     return build_plan(recipe, first.tensors, depth, mav), depth
 
 
-def _primary(recipe: Recipe) -> str:
-    """The checkpoint whose config and tokenizer the output carries."""
-    if isinstance(recipe, LayerSwapRecipe):
-        e = recipe.task_expert
-        return e if isinstance(e, str) else e.soup[0]
-    return recipe.models[0]
-
-
 def write_plan(
     plan: Plan,
     ckpts: dict[str, Checkpoint],
@@ -323,7 +316,7 @@ def merge_to_disk(
                 f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.merge.lora.merge_lora_to_disk (layerswap merge does this for layer_swap recipes)"
             )
         plan, depth = plan_for(recipe, ckpts)
-        primary = ckpts[_primary(recipe)]
+        primary = ckpts[primary_ref(recipe)]
         with atomic_dir(out, overwrite=overwrite) as tmp:
             write_plan(plan, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
             copy_side_files(primary.root, tmp)

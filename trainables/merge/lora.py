@@ -29,7 +29,7 @@ from trainables.merge.engine import (
     resolve_ref,
 )
 from trainables.merge.modelcard import model_card
-from trainables.merge.plan import transition_weights
+from trainables.merge.terms import transition_weights
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"

@@ -6,7 +6,8 @@ import pytest
 
 from spaces.recipe import RecipeError, parse_recipe
 from trainables.merge.arch import NON_LAYER, ArchitectureError, ParamSlot, param_slot
-from trainables.merge.plan import DeltaMerge, Linear, build_plan, recipe_refs
+from trainables.merge.plan import build_plan, recipe_refs
+from trainables.merge.terms import DeltaMerge, Linear
 
 L = 12
 ATTN = [

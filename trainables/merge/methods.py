@@ -1,0 +1,114 @@
+"""The merge-method registry: one entry per recipe `method`, naming what it reads and plans.
+
+Adding a method is one recipe model in spaces/recipe.py (added to its `Recipe` union) plus one
+`MergeMethod` entry here: the checkpoints it reads, the one whose config and tokenizer the
+output carries, and its planner (recipe, tensor names, depth, magnitude oracle -> plan). The
+disk engine, the in-memory composer and the search all reach methods through `method_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from spaces.recipe import (
+    ExpertSoup,
+    LayerSwapRecipe,
+    Recipe,
+    SoupRecipe,
+    TaskArithmeticRecipe,
+    TiesRecipe,
+)
+from spaces.zones import layer_map
+from trainables.merge.arch import param_slot
+from trainables.merge.terms import (
+    DeltaMerge,
+    Linear,
+    MagnitudeOracle,
+    Plan,
+    combine,
+    expert_terms,
+    soup_terms,
+    transition_weights,
+)
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """How one recipe `method` is merged.
+
+    recipe: its recipe model. refs: the checkpoints it reads besides `base`. primary: the
+    checkpoint whose config and tokenizer the output carries. plan: its planner.
+    """
+
+    recipe: type
+    refs: Callable[[Recipe], list[str]]
+    primary: Callable[[Recipe], str]
+    plan: Callable[[Recipe, list[str], int, MagnitudeOracle], Plan]
+
+
+def _expert_refs(recipe: LayerSwapRecipe) -> list[str]:
+    refs: list[str] = []
+    for e in (recipe.task_expert, recipe.language_expert):
+        refs += e.soup if isinstance(e, ExpertSoup) else [e]
+    return refs
+
+
+def _task_primary(recipe: LayerSwapRecipe) -> str:
+    e = recipe.task_expert
+    return e if isinstance(e, str) else e.soup[0]
+
+
+def _layer_swap_plan(
+    recipe: LayerSwapRecipe, names: Iterable[str], num_layers: int, mav: MagnitudeOracle
+) -> Plan:
+    task = expert_terms(recipe.task_expert, mav, "task_expert")
+    lang = expert_terms(recipe.language_expert, mav, "language_expert")
+    w_task, w_lang = transition_weights(recipe, task, lang, mav)
+    by_source = {
+        "task": Linear(task),
+        "language": Linear(lang),
+        "transition": Linear(combine((task, w_task), (lang, w_lang))),
+    }
+    non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
+    owner = layer_map(recipe, num_layers)
+    plan: Plan = {}
+    for name in names:
+        slot = param_slot(name)
+        if slot.layer is None:
+            plan[name] = by_source[non_layer]
+        else:
+            plan[name] = by_source[owner[slot.component][slot.layer]]
+    return plan
+
+
+def _soup_plan(recipe: SoupRecipe, names: list[str], _depth: int, mav: MagnitudeOracle) -> Plan:
+    op = Linear(soup_terms(recipe.models, recipe.weights, mav, "weights"))
+    return {n: op for n in names}
+
+
+def _delta_plan(recipe: TaskArithmeticRecipe | TiesRecipe, names: list[str], _depth: int, mav: MagnitudeOracle) -> Plan:  # fmt: skip
+    density = getattr(recipe, "density", None)  # TIES trims; task arithmetic does not
+    op = DeltaMerge(recipe.base, tuple(recipe.models), tuple(recipe.model_weights), recipe.scale, density)  # fmt: skip
+    return {n: op for n in names}
+
+
+def _models(recipe) -> list[str]:
+    return list(recipe.models)
+
+
+def _first_model(recipe) -> str:
+    return recipe.models[0]
+
+
+METHODS: dict[str, MergeMethod] = {
+    "layer_swap": MergeMethod(LayerSwapRecipe, _expert_refs, _task_primary, _layer_swap_plan),
+    "soup": MergeMethod(SoupRecipe, _models, _first_model, _soup_plan),
+    "task_arithmetic": MergeMethod(TaskArithmeticRecipe, _models, _first_model, _delta_plan),
+    "ties": MergeMethod(TiesRecipe, _models, _first_model, _delta_plan),
+}
+
+
+def method_of(recipe: Recipe) -> MergeMethod:
+    """The registry entry of a validated recipe."""
+    return METHODS[recipe.method]
