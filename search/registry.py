@@ -18,11 +18,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spaces.sweep import EXPERT_KINDS
+from spaces.train_experiment import MODE_NAMES
+
 REGISTRY_REL = Path("experts") / "registry.parquet"
 IND = "ind__"
 N_ITEMS = "n_items__"
-KINDS = ("math", "language")
-MODES = ("full", "lora", "partial", "simultaneous", "mix")
 # Fixed columns, in file order.
 COLUMNS: dict[str, pa.DataType] = {
     "expert_id": pa.string(),
@@ -135,7 +136,7 @@ def validate(table: pa.Table, where: str | Path) -> None:
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"{where}: column 'expert_id' has duplicates {dup[:5]}")
-    for col, allowed in (("kind", KINDS), ("mode", MODES)):
+    for col, allowed in (("kind", EXPERT_KINDS), ("mode", MODE_NAMES)):
         bad = sorted(set(table[col].to_pylist()) - set(allowed))
         if bad:
             raise ValueError(f"{where}: column {col!r} has values {bad}, expected one of {allowed}")
@@ -252,8 +253,8 @@ def top_k(
         rows (dicts), highest indicator first; ties by lower step, then expert_id. Rows without
         a score on the indicator are skipped.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r} (expected one of {KINDS})")
+    if kind not in EXPERT_KINDS:
+        raise ValueError(f"kind {kind!r} (expected one of {EXPERT_KINDS})")
     rows = read_rows(source) if isinstance(source, (str, Path)) else list(source)
     rows = [
         r

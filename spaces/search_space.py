@@ -18,7 +18,7 @@ MergeRecipe = LayerSwapRecipe
 Weighting = Literal["uniform", "explicit", "magnitude"]
 NonLayer = Literal["average", "language", "task"]
 Granularity = Literal["layer", "component"]
-ExpertKind = Literal["full", "lora"]
+ExpertFormat = Literal["full", "lora"]  # full weights or a PEFT LoRA adapter
 SOUP = "soup"  # expert choice value: the soup of every expert on that side
 
 
@@ -81,7 +81,7 @@ class SearchSpace(StrictModel):
         default_factory=lambda: ["language"], min_length=1
     )
     soups: bool = False
-    expert_kinds: list[ExpertKind] = Field(default_factory=lambda: ["full", "lora"], min_length=1)
+    expert_kinds: list[ExpertFormat] = Field(default_factory=lambda: ["full", "lora"], min_length=1)
 
     @model_validator(mode="after")
     def _valid(self) -> SearchSpace:
@@ -100,7 +100,7 @@ class ExpertRef(StrictModel):
 
     path: str
     expert_id: str | None = None
-    kind: ExpertKind = "full"
+    kind: ExpertFormat = "full"
 
 
 class ExpertPool(StrictModel):

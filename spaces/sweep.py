@@ -5,13 +5,14 @@ Pure data (no torch, no ray). `SweepConfig.model_validate(yaml_dict)`; `search/s
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
 from spaces.base import StrictModel
 
-ExpertKind = Literal["math", "language"]
+ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
+EXPERT_KINDS: tuple[str, ...] = get_args(ExpertKind)
 
 
 class Range(StrictModel):

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
 from spaces.base import StrictModel, load_yaml, resolve_local, validate
 from spaces.partitions import PARTITIONS, PartitionName
 from spaces.recipe import Side, Zones
-from spaces.sweep import SweepConfig
+from spaces.sweep import ExpertKind, SweepConfig
 
-Kind = Literal["math", "language"]
 Schedule = Literal["linear", "wsd", "constant_with_warmup"]
 # Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -133,7 +132,10 @@ class MixMode(StrictModel):
 Mode = Annotated[
     FullMode | LoraMode | PartialMode | SimultaneousMode | MixMode, Field(discriminator="type")
 ]
-MODE_NAMES = ("full", "lora", "partial", "simultaneous", "mix")
+# The training modes, in declaration order: the one list (trainables.train.modes.MODES keys them).
+MODE_NAMES: tuple[str, ...] = tuple(
+    get_args(m.model_fields["type"].annotation)[0] for m in get_args(get_args(Mode)[0])
+)
 
 
 class Hyper(StrictModel):
@@ -196,7 +198,7 @@ class Debug(StrictModel):
 class TrainExperiment(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     base: str
-    kind: Kind
+    kind: ExpertKind
     language: str = Field(min_length=1)
     datasets: list[DatasetSpec] = Field(min_length=1, max_length=2)
     mode: Mode

@@ -153,9 +153,9 @@ def test_lora_experts_are_folded_and_match_the_disk_merge(setup, tmp_path):
     import transformers
     from safetensors.torch import load_file
 
-    from search.trial import ExpertCache, LiveModel
     from spaces.recipe import parse_recipe
     from spaces.search_space import ExpertRef
+    from trainables.merge.live import ExpertCache, LiveModel
     from trainables.merge.lora import merge_lora_to_disk
 
     _, _, _, paths, _ = setup

@@ -115,7 +115,7 @@ def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
     return ckpts
 
 
-def _all_finite(t: torch.Tensor) -> bool:
+def all_finite(t: torch.Tensor) -> bool:
     # One vectorised min/max pass: NaN propagates to both, +Inf shows in the max and -Inf in the
     # min. torch.isfinite(t).all() on bf16 has no vectorised CPU kernel and is ~10-50x slower.
     if not t.is_floating_point() or not t.numel():
@@ -125,7 +125,7 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 def check_finite(t: torch.Tensor, ck: Checkpoint, name: str) -> None:
-    if not _all_finite(t):
+    if not all_finite(t):
         raise CheckpointError(f"{ck.root}: tensor {name!r} contains NaN or Inf")
 
 
@@ -270,7 +270,7 @@ def _write_computed(
             ]
             out = bufs.get("out", count, info.torch_dtype)
             linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
-            if not _all_finite(out):
+            if not all_finite(out):
                 # A positive combination is non-finite iff an input is (or it overflows): name
                 # the input, checking the inputs only on this rare path.
                 for (ref, _), t in zip(op.terms, parts, strict=True):

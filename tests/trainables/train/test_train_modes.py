@@ -190,3 +190,10 @@ def test_mix_lora_trains_one_adapter_on_both_datasets(tiny_world, tmp_path):
     m = read_manifest(res.final_checkpoint)
     assert m["is_lora"] and m["mode"] == "mix" and len(m["data"]) == 2
     assert (res.final_checkpoint / "adapter_model.safetensors").is_file()
+
+
+def test_every_mode_of_the_config_has_a_prepare_function():
+    from spaces.train_experiment import MODE_NAMES
+    from trainables.train.modes import MODES
+
+    assert list(MODES) == list(MODE_NAMES)
