@@ -1,4 +1,5 @@
-"""Read a run directory's result files (the contract's schema) into pandas, tolerating absences.
+"""Read a run directory's result files into pandas, tolerating absences (schemas: search/
+results.py trials, search/registry.py experts, search/promote.py promotion).
 
 `load_run(RUN)` returns a `RunData`; every file is optional, but a file that exists and cannot be
 read (or lacks a required column) raises ValueError naming the file.
@@ -153,7 +154,7 @@ def target_scores(run: RunData, task: str) -> pd.DataFrame:
     for c in cols:
         if c not in p.columns:
             p[c] = None
-    # One row per (model, task) by contract; if a producer wrote several, average them.
+    # One row per (model, task) by design; if a producer wrote several, average them.
     agg = p.groupby("model", as_index=False).agg(
         kind=("kind", "first"),
         recipe_id=("recipe_id", "first"),

@@ -144,7 +144,7 @@ def analyze_run(
     """Analyze a run directory and write the report folder atomically.
 
     Args:
-        run_dir: the run (layout in the project contract / README).
+        run_dir: the run (layout: README, "Merge search" and "Training experts").
         out: report folder (default RUN_DIR/analysis).
         overwrite: replace an existing report folder.
         n_resamples, seed: bootstrap settings for the correlation CIs.

@@ -1,6 +1,6 @@
 """The expert registry: one Parquet row per scored expert checkpoint (RUN/experts/registry.parquet).
 
-`append_rows(path, rows)`, `read_rows(path)`, `top_k(path, "math", "en")`; schema in notes/contract.md.
+`append_rows(path, rows)`, `read_rows(path)`, `top_k(path, "math", "en")`; schema: COLUMNS below.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def expert_row(
         columns: indicator columns (`IndicatorScores.columns()`).
         extra_hparams: sampled values outside `hyper` (e.g. mode.rank), merged into hparams.
     Returns:
-        the row (contract schema).
+        the row (schema: COLUMNS).
     """
     import json
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# The contract's columns (notes/contract.md), in order; proxy__<task> columns follow.
+# The table's fixed columns, in order (the schema analysis/load.py reads); proxy__<task> columns follow.
 COLUMNS: dict[str, pa.DataType] = {
     "trial_id": pa.string(),
     "recipe_id": pa.string(),

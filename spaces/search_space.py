@@ -307,7 +307,7 @@ def warm_start(space: SearchSpace, depth: int, pool: ExpertPool | None = None) -
 
 
 def recipe_fields(recipe: MergeRecipe) -> dict:
-    """The trials.parquet columns describing a layer-swap recipe (contract in notes)."""
+    """The trials.parquet columns describing a layer-swap recipe (search/results.py COLUMNS)."""
     w = recipe.transition_weights
     weights = w if isinstance(w, str) else f"task={w.task:g},language={w.language:g}"
     gran = "layer" if recipe.attention is None and recipe.mlp is None else "component"

@@ -1,4 +1,4 @@
-"""Synthetic run directories in the contract's layout, with known structure, for analysis tests.
+"""Synthetic run directories in the run layout, with known structure, for analysis tests.
 
 `make_run(root)` writes tiny checkpoints (base, a math expert that changed only layers 2..4 and a
 language expert that changed only layers 0, 1 and 5, each in known rows), an expert registry,

@@ -248,10 +248,6 @@ class Checkpoint:
             finally:
                 del t  # release the buffer export before the map closes
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every tensor, loaded (for in-memory composition of models that fit)."""
-        return {name: self.read(name) for name in self.tensors}
-
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

@@ -333,11 +333,3 @@ def copy_side_files(src: Path, dst: Path) -> None:
     for name in SIDE_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, dst / name)
-
-
-def read_recipe_of(model_dir: str | Path) -> str:
-    """The recipe YAML a merged model carries (to rebuild it outside Ray)."""
-    path = Path(model_dir) / RECIPE_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: not a layerswap output (no {RECIPE_FILE})")
-    return path.read_text()

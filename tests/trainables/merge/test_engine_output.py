@@ -17,7 +17,7 @@ from merge_expect import (
 )
 
 from spaces.recipe import load_recipe, parse_recipe, recipe_id
-from trainables.merge.engine import RECIPE_FILE, merge_to_disk, read_recipe_of
+from trainables.merge.engine import RECIPE_FILE, merge_to_disk
 
 # --- sharding, dtypes ------------------------------------------------------------------------
 
@@ -117,7 +117,6 @@ def test_output_is_a_complete_loadable_model(family, tmp_path):
 
     again = load_recipe(out / RECIPE_FILE)
     assert again == recipe and recipe_id(again) == recipe_id(recipe)
-    assert read_recipe_of(out) == (out / RECIPE_FILE).read_text()
     card = (out / "README.md").read_text()
     assert card.startswith("---\n")
     front = yaml.safe_load(card.split("---")[1])
@@ -137,11 +136,6 @@ def test_output_is_a_complete_loadable_model(family, tmp_path):
     gen = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert gen.shape == (1, ids["input_ids"].shape[1] + 4)
     assert isinstance(tok.decode(gen[0]), str)
-
-
-def test_read_recipe_of_a_plain_folder(tmp_path):
-    with pytest.raises(FileNotFoundError, match=RECIPE_FILE):
-        read_recipe_of(tmp_path)
 
 
 def test_overwrite(family, tmp_path, nothing_written):
