@@ -5,13 +5,8 @@ Run: .venv/bin/python -m pytest -q tests/trainables/test_trial.py
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "search"))
 from search_fixtures import experiment, make_experts
 
 from search.trial import TrialRunner, combine, hoeffding_upper
