@@ -1,0 +1,65 @@
+"""The packages import one way (README "Layout"): cli on top, spaces at the bottom.
+
+Parses every module's imports (top level and inside functions) with ast, so a lazy import that
+runs back up the layers fails here too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# package -> the project packages it may import (besides itself)
+ALLOWED = {
+    "spaces": set(),
+    "trainables": {"spaces"},
+    "world": {"spaces", "trainables"},
+    "search": {"spaces", "trainables", "world"},
+    "analysis": {"spaces", "trainables"},
+    "cli": {"spaces", "trainables", "world", "search", "analysis"},
+}
+RAY_ALLOWED = {"trainables/train/ray_train.py"}  # the one Ray Train wrapper below search/
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_run_one_way(package):
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        used = _imports(path) & set(ALLOWED)
+        wrong = used - ALLOWED[package] - {package}
+        if wrong:
+            bad.append(f"{path.relative_to(ROOT)} imports {sorted(wrong)}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", ["spaces", "trainables", "analysis", "world"])
+def test_ray_only_where_ray_is_the_point(package):
+    bad = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if "ray" in _imports(p) and str(p.relative_to(ROOT)) not in RAY_ALLOWED
+    ]
+    assert not bad, f"ray imported in {bad}"
+
+
+def test_spaces_is_pure_data():
+    heavy = {"torch", "ray", "transformers", "lm_eval"}
+    bad = {
+        str(p.relative_to(ROOT)): sorted(_imports(p) & heavy)
+        for p in sorted((ROOT / "spaces").rglob("*.py"))
+        if _imports(p) & heavy
+    }
+    assert not bad, bad
