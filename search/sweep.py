@@ -17,8 +17,8 @@ from search.registry import append_rows, expert_row, read_rows, registry_path, t
 from spaces.sweep import Choice, SweepConfig
 from spaces.train_experiment import (
     TrainExperiment,
+    absolute_local_paths,
     experiment_json,
-    parse_train_experiment,
     with_overrides,
 )
 
@@ -62,29 +62,6 @@ def world_dir(experiment: TrainExperiment) -> Path | None:
     return parent if (parent / "world.json").is_file() else None
 
 
-def absolute_paths(experiment: TrainExperiment) -> TrainExperiment:
-    """The experiment with relative local paths (base, datasets, world) made absolute.
-
-    Trials run in Tune's own working folders, so a path relative to the caller's folder (the
-    examples' `runs/world/base`) must be resolved in the driver.
-    """
-
-    def fix(p):
-        if isinstance(p, str) and p and not Path(p).is_absolute() and Path(p).exists():
-            return str(Path(p).resolve())
-        return p
-
-    data = experiment_json(experiment)
-    data["base"] = fix(data["base"])
-    for ds in data["datasets"]:
-        ds["path"] = fix(ds.get("path"))
-        if isinstance(ds.get("data_files"), list):
-            ds["data_files"] = [fix(f) for f in ds["data_files"]]
-    if data.get("search") and data["search"].get("world"):
-        data["search"]["world"] = fix(data["search"]["world"])
-    return parse_train_experiment(data, source=experiment.name)
-
-
 def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
     """Resolve the sweep's tasks, int parameters, executor and storage; writes world task YAMLs.
 
@@ -93,7 +70,7 @@ def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
     """
     if experiment.search is None:
         raise ValueError(f"experiment {experiment.name!r} has no search: block")
-    experiment = absolute_paths(experiment)
+    experiment = absolute_local_paths(experiment)  # trials run in Tune's own folders
     sweep = experiment.search
     data = experiment_json(experiment)
     int_params = sweep.int_params(data)

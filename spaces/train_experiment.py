@@ -276,6 +276,7 @@ def load_train_experiment(path: str | Path) -> TrainExperiment:
 
 
 def _resolve(data: dict, root: Path) -> dict:
+    """Local input paths (base, dataset files, a sweep's world) by spaces.base.resolve_local."""
     out = copy.deepcopy(data)
     out["base"] = resolve_local(out.get("base"), root)
     for ds in out.get("datasets") or []:
@@ -284,25 +285,17 @@ def _resolve(data: dict, root: Path) -> dict:
                 ds["path"] = resolve_local(ds["path"], root)
             if isinstance(ds.get("data_files"), list):
                 ds["data_files"] = [resolve_local(f, root) for f in ds["data_files"]]
+    if isinstance(out.get("search"), dict) and out["search"].get("world"):
+        out["search"]["world"] = resolve_local(out["search"]["world"], root)
     return out
 
 
 def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) -> TrainExperiment:
-    """`exp` with relative local paths (base, dataset files, storage) made absolute against
-    `cwd` (default: the current folder), so workers started elsewhere (Ray) find them.
-    Hub ids and cloud URIs are kept as written."""
+    """`exp` with relative local paths (base, dataset files, a sweep's world, storage) made
+    absolute against `cwd` (default: the current folder), so workers started elsewhere (Ray,
+    Tune trials in their own folders) find them. Hub ids and cloud URIs are kept as written."""
     root = Path(cwd) if cwd is not None else Path.cwd()
-
-    def fix(p: str) -> str:
-        return resolve_local(p, root)
-
-    data = exp.model_dump(mode="json")
-    data["base"] = fix(data["base"])
-    for ds in data["datasets"]:
-        if ds.get("path"):
-            ds["path"] = fix(ds["path"])
-        if ds.get("data_files"):
-            ds["data_files"] = [fix(f) for f in ds["data_files"]]
+    data = _resolve(exp.model_dump(mode="json"), root)
     sp = data["storage_path"]
     if "://" not in sp and not Path(sp).is_absolute():
         data["storage_path"] = str((root / sp).resolve())
