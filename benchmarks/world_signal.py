@@ -16,7 +16,6 @@ World v3 (2026-11-22, dev sets of 100 items, base -> SFT seeds 0 / 1; world buil
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,21 +24,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-
-
-def _rows(world: Path, rel: str) -> list[dict]:
-    return [json.loads(x) for x in (world / rel).read_text(encoding="utf-8").splitlines()]
-
-
-def _load(world: Path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(1)  # 2 threads ran 5x slower on 2 shared cores
-    return (
-        AutoModelForCausalLM.from_pretrained(world / "base"),
-        AutoTokenizer.from_pretrained(world / "base"),
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,14 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from world import build_world
-    from world.sft import belebele_accuracy, mgsm_accuracy, pairs, sft
+    from world.sft import belebele_accuracy, load_base, mgsm_accuracy, pairs, read_rows, sft
 
     t0 = time.time()
     world = args.world or Path(tempfile.mkdtemp()) / "world"
     world = build_world(world, seed=args.seed, size="full", progress=True)
-    mgsm = {c: _rows(world, f"data/mgsm/{c}/dev.jsonl") for c in ("en", "xa")}
-    bele = {c: _rows(world, f"data/belebele/{c}/dev.jsonl") for c in ("en", "xa")}
-    model, tok = _load(world)
+    mgsm = {c: read_rows(world, f"data/mgsm/{c}/dev.jsonl") for c in ("en", "xa")}
+    bele = {c: read_rows(world, f"data/belebele/{c}/dev.jsonl") for c in ("en", "xa")}
+    model, tok = load_base(world)
     print(
         f"base: MGSM dev en {mgsm_accuracy(model, tok, mgsm['en']):.2f} "
         f"xa {mgsm_accuracy(model, tok, mgsm['xa']):.2f}; Belebele dev "
@@ -68,17 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         f"xa {belebele_accuracy(model, tok, bele['xa']):.2f}",
         flush=True,
     )
-    math_sft = pairs(_rows(world, "data/sft/math_en.jsonl"))
-    lang_sft = pairs(_rows(world, "data/sft/lang_xa.jsonl"))
+    math_sft = pairs(read_rows(world, "data/sft/math_en.jsonl"))
+    lang_sft = pairs(read_rows(world, "data/sft/lang_xa.jsonl"))
     for seed in (int(s) for s in args.sft_seeds.split(",")):
-        model, tok = _load(world)
+        model, tok = load_base(world)
         sft(model, tok, math_sft, args.math_steps, args.lr, seed=seed)
         print(
             f"math SFT seed {seed}: MGSM dev en {mgsm_accuracy(model, tok, mgsm['en']):.2f} "
             f"xa {mgsm_accuracy(model, tok, mgsm['xa']):.2f} ({time.time() - t0:.0f}s)",
             flush=True,
         )
-        model, tok = _load(world)
+        model, tok = load_base(world)
         sft(model, tok, lang_sft, args.lang_steps, args.lr, seed=seed)
         print(
             f"lang SFT seed {seed}: Belebele dev xa {belebele_accuracy(model, tok, bele['xa']):.2f}"

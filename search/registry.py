@@ -9,8 +9,6 @@ import contextlib
 import fcntl
 import hashlib
 import math
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pyarrow.parquet as pq
 
 from spaces.sweep import EXPERT_KINDS
 from spaces.train_experiment import MODE_NAMES
+from trainables.atomic import atomic_write
 
 REGISTRY_REL = Path("experts") / "registry.parquet"
 IND = "ind__"
@@ -191,13 +190,7 @@ def write_registry(path: str | Path, rows: list[dict[str, Any]]) -> pa.Table:
     path = Path(path)
     table = _table(rows, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     return table
 
 

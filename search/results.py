@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from trainables.atomic import atomic_write
 
 # The table's fixed columns, in order (the schema analysis/load.py reads); proxy__<task> columns follow.
 COLUMNS: dict[str, pa.DataType] = {
@@ -46,13 +46,7 @@ def write_parquet_atomic(path: Path, rows: list[dict], columns: dict[str, pa.Dat
     extra = sorted({k for r in rows for k in r} - set(columns))
     schema = pa.schema([*columns.items(), *((k, pa.float64()) for k in extra)])
     table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 class TrialStore:

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -64,30 +64,17 @@ class SearchSettings(StrictModel):
     fidelity: Fidelity = Fidelity()
 
 
+# The reference models promotion evaluates beside the searched recipes.
+Baseline = Literal["base", "experts", "soup_uniform", "soup_magnitude", "ties", "paper_default"]
+BASELINES: tuple[str, ...] = get_args(Baseline)
+
+
 class PromoteSettings(StrictModel):
     top_k: int = Field(3, ge=1)
     limit: int | None = Field(None, ge=1)  # lm-eval docs per task (None: all)
     max_gen_toks: int = Field(32, ge=1)
     batch_size: int = Field(16, ge=1)  # lm-eval HFLM batch size (batched greedy generation)
-    baselines: list[
-        Literal[
-            "base",
-            "experts",
-            "soup_uniform",
-            "soup_magnitude",
-            "ties",
-            "paper_default",
-        ]
-    ] = Field(
-        default_factory=lambda: [
-            "base",
-            "experts",
-            "soup_uniform",
-            "soup_magnitude",
-            "ties",
-            "paper_default",
-        ]
-    )
+    baselines: list[Baseline] = Field(default_factory=lambda: list(BASELINES))
     ties_density: float = Field(0.2, gt=0, le=1)
     select_by: Literal["proxy", "target"] = "proxy"  # "target" picks the best on the test split
     write_best: bool = True

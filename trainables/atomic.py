@@ -1,11 +1,12 @@
-"""Atomic output folders: build in a temporary sibling, rename into place, never half-written."""
+"""Atomic outputs: folders and files built in a temporary sibling, renamed into place, never
+half-written. Every writer of a run's files goes through here."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,13 +40,23 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file so readers see the old content or the new, never a prefix."""
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write a file so readers see the old content or the new, never a prefix.
+
+    Args:
+        path: the final file.
+        write: writes the whole content to the temporary sibling path it is given.
+    """
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.write_text(text, encoding="utf-8")
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """`atomic_write` of a UTF-8 text file."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -8,13 +8,32 @@ mgsm_direct / belebele prompts.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import torch
 
 from world.items import mgsm_prompt
 
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval mgsm flexible-extract
+
+
+def read_rows(world: Path, rel: str) -> list[dict]:
+    """The JSONL rows of one world file (`rel`, e.g. "data/mgsm/xa/dev.jsonl")."""
+    return [json.loads(x) for x in (Path(world) / rel).read_text(encoding="utf-8").splitlines()]
+
+
+def load_base(world: Path):
+    """The world's base model and tokenizer, on one torch thread (2 ran 5x slower on 2 shared
+    cores). Returns (model, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    return (
+        AutoModelForCausalLM.from_pretrained(Path(world) / "base"),
+        AutoTokenizer.from_pretrained(Path(world) / "base"),
+    )
 
 
 def pairs(rows: list[dict]) -> list[tuple[str, str]]:

@@ -7,7 +7,6 @@ $LAYERSWAP_WORLD, then two SFTs of 1-1.5 min each).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -34,41 +33,26 @@ def full_world(tmp_path_factory) -> Path:
     return build_world(out, size="full", progress=False)
 
 
-def _rows(world: Path, rel: str) -> list[dict]:
-    return [json.loads(x) for x in (world / rel).read_text(encoding="utf-8").splitlines()]
-
-
-def _load(world: Path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(1)  # 2 threads ran 5x slower on 2 shared cores
-    return (
-        AutoModelForCausalLM.from_pretrained(world / "base"),
-        AutoTokenizer.from_pretrained(world / "base"),
-    )
-
-
 def test_math_sft_raises_english_mgsm(full_world):
-    from world.sft import mgsm_accuracy, pairs, sft
+    from world.sft import load_base, mgsm_accuracy, pairs, read_rows, sft
 
-    dev = _rows(full_world, "data/mgsm/en/dev.jsonl")
-    model, tok = _load(full_world)
+    dev = read_rows(full_world, "data/mgsm/en/dev.jsonl")
+    model, tok = load_base(full_world)
     before = mgsm_accuracy(model, tok, dev)
-    sft(model, tok, pairs(_rows(full_world, "data/sft/math_en.jsonl")), MATH_STEPS, LR, seed=0)
+    sft(model, tok, pairs(read_rows(full_world, "data/sft/math_en.jsonl")), MATH_STEPS, LR, seed=0)
     after = mgsm_accuracy(model, tok, dev)
     print(f"English MGSM dev: base {before:.2f} -> math SFT {after:.2f}")
     assert after >= before + MATH_MARGIN, (before, after)
 
 
 def test_lang_sft_raises_xa_belebele(full_world):
-    from world.sft import belebele_accuracy, pairs, sft
+    from world.sft import belebele_accuracy, load_base, pairs, read_rows, sft
 
-    rows = _rows(full_world, "data/sft/lang_xa.jsonl")
+    rows = read_rows(full_world, "data/sft/lang_xa.jsonl")
     # the language SFT has no math at all: no digits, no arithmetic operators
     assert not any(re.search(r"[0-9+*/=]", r["inputs"] + r["targets"]) for r in rows)
-    dev = _rows(full_world, "data/belebele/xa/dev.jsonl")
-    model, tok = _load(full_world)
+    dev = read_rows(full_world, "data/belebele/xa/dev.jsonl")
+    model, tok = load_base(full_world)
     before = belebele_accuracy(model, tok, dev)
     sft(model, tok, pairs(rows), LANG_STEPS, LR, seed=0)
     after = belebele_accuracy(model, tok, dev)

@@ -29,17 +29,9 @@ def merge(
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: bool = False,
 ) -> Path:
-    """Merge `recipe` into the folder `out` (atomically; see the two engines for the checks).
-
-    Args:
-        recipe: a validated recipe.
-        out: output folder; must not exist unless `overwrite`.
-        fold: LoRA experts only: write full weights (base + merged deltas) instead of an adapter.
-        max_shard_bytes: largest safetensors shard (full-weight merges).
-        progress: show a progress bar.
-    Returns:
-        the output folder, with the recipe and a model card.
-    """
+    """Merge `recipe` into the folder `out`; the arguments are the disk engine's
+    (trainables.merge.engine.merge_to_disk), plus `fold`: LoRA experts only, write full weights
+    (base + merged deltas) instead of an adapter. Returns the output folder."""
     if is_lora_recipe(recipe):
         return merge_lora_to_disk(recipe, out, overwrite=overwrite, fold=fold, progress=progress)
     return merge_to_disk(
