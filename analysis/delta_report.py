@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.delta import Boundaries, DeltaMap, row_mav, suggest_boundaries
@@ -76,6 +77,16 @@ def delta_section(
         sec = absent("delta", TITLE, why + (" " + "; ".join(notes) if notes else ""))
         return sec
     sec = Section("delta", TITLE)
+    _method_paragraph(sec, threshold)
+    if notes:
+        _skipped_paragraph(sec, notes)
+    maps = _expert_heatmaps(sec, experts, threshold)
+    _contrast(sec, maps, threshold)
+    return sec
+
+
+def _method_paragraph(sec: Section, threshold: float | None) -> None:
+    """What the heatmaps show and which threshold they use."""
     thr_text = (
         f"absolute threshold {threshold:g}"
         if threshold is not None
@@ -86,9 +97,18 @@ def delta_section(
         f"whose mean |W_expert - W_base| exceeds the threshold ({thr_text}), as in the layer-"
         "swapping paper's Fig. 2. Computed streaming from safetensors, a row chunk at a time."
     )
-    if notes:
-        more = f"; and {len(notes) - 4} more" if len(notes) > 4 else ""
-        sec.text("Skipped: " + "; ".join(notes[:4]) + more + ".")
+
+
+def _skipped_paragraph(sec: Section, notes: list[str]) -> None:
+    """The experts pick_experts skipped, the first four named."""
+    more = f"; and {len(notes) - 4} more" if len(notes) > 4 else ""
+    sec.text("Skipped: " + "; ".join(notes[:4]) + more + ".")
+
+
+def _expert_heatmaps(
+    sec: Section, experts: list[ExpertRef], threshold: float | None
+) -> list[tuple[ExpertRef, DeltaMap]]:
+    """One rows-changed heatmap per expert. Returns each expert with its ΔW map, in order."""
     maps: list[tuple[ExpertRef, DeltaMap]] = []
     for e in experts:
         dm = row_mav(e.path, e.base)
@@ -108,24 +128,40 @@ def delta_section(
             ylabel="layer",
             cbar_label="fraction of rows > threshold",
         )
+        # The figure name counts the maps so far, so it stays unique across experts of a kind.
         sec.figure(
             f"delta_{e.kind}_{len(maps)}",
             png,
             f"{e.label} ({e.path}) vs base ({e.base}): {len(dm.mav)} 2-D parameters, "
             f"{nrows} rows, {dm.num_layers} layers.",
         )
+    return maps
+
+
+def _contrast(
+    sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], threshold: float | None
+) -> None:
+    """Contrast the first math and language experts and suggest (b, u); else say why not."""
     math_maps = [m for m in maps if m[0].kind == "math"]
     lang_maps = [m for m in maps if m[0].kind == "language"]
     if not (math_maps and lang_maps):
         sec.text("Contrast and suggested boundaries: need one math and one language expert.")
-        return sec
+        return
     (me, mm), (le, lm) = math_maps[0], lang_maps[0]
     if mm.types != lm.types or mm.num_layers != lm.num_layers:
         sec.text("Contrast: the math and language experts' parameter layouts differ.")
-        return sec
+        return
     fm, fl = mm.fractions(threshold), lm.fractions(threshold)
+    _contrast_figure(sec, me, le, mm, fm - fl)
+    _suggested_boundaries(sec, suggest_boundaries(fl, fm), me, le, mm.num_layers, threshold)
+
+
+def _contrast_figure(
+    sec: Section, me: ExpertRef, le: ExpertRef, mm: DeltaMap, diff: np.ndarray
+) -> None:
+    """The math − language heatmap of the fractions of rows changed."""
     png = heatmap(
-        fm - fl,
+        diff,
         mm.types,
         [str(i) for i in range(mm.num_layers)],
         title="math - language (fraction of rows changed)",
@@ -141,7 +177,17 @@ def delta_section(
         f"{me.label} minus {le.label}: red = the math expert changed more rows, blue = the "
         "language expert did.",
     )
-    b = suggest_boundaries(fl, fm)
+
+
+def _suggested_boundaries(
+    sec: Section,
+    b: Boundaries,
+    me: ExpertRef,
+    le: ExpertRef,
+    num_layers: int,
+    threshold: float | None,
+) -> None:
+    """The dominance table, the suggested warm-start paragraph and its summary.json entry."""
     sec.table(
         "Language dominance per layer (mean over types of language − math fraction) and the "
         "zone the suggested boundaries give it.",
@@ -149,7 +195,7 @@ def delta_section(
     )
     sec.text(
         f"Suggested warm start: b = {b.bottom}, u = {b.top} (layers [0, {b.bottom}) and "
-        f"[{mm.num_layers - b.top}, {mm.num_layers}) from the language expert): the split into "
+        f"[{num_layers - b.top}, {num_layers}) from the language expert): the split into "
         "language bottom / math middle / language top that agrees most with the per-layer "
         "dominance (see analysis.delta.suggest_boundaries)."
     )
@@ -161,7 +207,6 @@ def delta_section(
         "language_expert": str(le.path),
         "threshold": threshold,
     }
-    return sec
 
 
 def _dominance_table(b: Boundaries) -> pd.DataFrame:

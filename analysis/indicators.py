@@ -119,6 +119,18 @@ def indicators_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) 
             "indicators", TITLE, "no target-language MGSM test task in the promotion results."
         )
     sec = Section("indicators", TITLE)
+    _method_paragraph(sec, n_resamples, seed)
+    any_rows = False
+    for task in tasks:
+        if _task_indicators(sec, run, task, n_resamples, seed):
+            any_rows = True
+    if not any_rows:
+        sec.blocks.insert(0, "Not in this run: too few promoted candidates to correlate.")
+    return sec
+
+
+def _method_paragraph(sec: Section, n_resamples: int, seed: int) -> None:
+    """What the points, correlations, CIs and top-k columns are."""
     sec.text(
         "Each point is a merged model the promotion step fully evaluated (candidates and merged "
         "baselines). Correlations are "
@@ -129,70 +141,86 @@ def indicators_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) 
         "indicators repeat across the merges built from the same expert, so their points are not "
         "independent; read their CIs as optimistic."
     )
-    any_rows = False
-    for task in tasks:
-        df, levels = indicator_table(run, task)
-        if len(df) < 2 or not levels:
-            sec.text(
-                f"{task}: {len(df)} promoted candidate(s) with a target score and search "
-                "indicators; at least 2 are needed."
-            )
-            continue
-        any_rows = True
-        items = _items(df)
-        rows, figs, nfig = [], [], 0
-        for ind, level in sorted(levels.items(), key=lambda kv: (kv[1] != "expert", kv[0])):
-            pair = df[[ind, "target"]].dropna()
-            x, y = pair[ind].to_numpy(float), pair["target"].to_numpy(float)
-            cors = {c.method: c for c in correlate(x, y, n_resamples=n_resamples, seed=seed)}
-            tk = {t.k: t for t in topk_agreement(x, y)}
-            spread = len(x) >= 2 and np.ptp(x) > 0
-            rows.append(
-                {
-                    "level": level,
-                    "indicator": ind,
-                    "n": len(x),
-                    "spearman [95% CI]": fmt_ci(*_e(cors["spearman"])) if spread else "constant",
-                    "kendall [95% CI]": fmt_ci(*_e(cors["kendall"])),
-                    "pearson [95% CI]": fmt_ci(*_e(cors["pearson"])),
-                    "top-3 overlap": f"{tk[3].overlap:.2f}" if 3 in tk else "–",
-                    "top-1 in target top-3": ("yes" if tk[3].hit else "no") if 3 in tk else "–",
-                    "regret": f"{tk[1].regret:.3f}" if 1 in tk else "–",
-                    "_rho": cors["spearman"].estimate,
-                }
-            )
-            if nfig < MAX_SCATTERS and spread:
-                nfig += 1
-                labels = [str(r)[:6] for r in df.loc[pair.index, "recipe_id"]]
-                png = scatter(
-                    x,
-                    y,
-                    title=f"{ind}\nSpearman {cors['spearman'].estimate:+.2f}",
-                    xlabel=ind,
-                    ylabel=f"target: {short(task)}",
-                    labels=labels,
-                )
-                figs.append(
-                    Figure(
-                        f"indicator_{short(task)}_{nfig:02d}",
-                        png,
-                        f"{ind} vs {task} (test) of {len(x)} promoted merges (labels: recipe id); "
-                        f"{items}. "
-                        f"Sources: {'promotion dev rows (else search/trials.parquet)' if level == 'merge' else 'experts/registry.parquet'}"
-                        f" + promotion/results.parquet.",
-                    )
-                )
-        table = pd.DataFrame(rows).sort_values(["level", "_rho"], ascending=[True, False])
-        sec.table(
-            f"Indicators vs {task} (test split), {len(df)} promoted merges ({items}); expert-level rows "
-            "first, each sorted by Spearman.",
-            table.drop(columns="_rho").reset_index(drop=True),
+
+
+def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, seed: int) -> bool:
+    """One target task's indicator table and scatters; False (and a note) if too few merges."""
+    df, levels = indicator_table(run, task)
+    if len(df) < 2 or not levels:
+        sec.text(
+            f"{task}: {len(df)} promoted candidate(s) with a target score and search "
+            "indicators; at least 2 are needed."
         )
-        sec.blocks.extend(figs)
-        sec.data[task] = table.drop(columns="_rho").to_dict(orient="records")
-    if not any_rows:
-        sec.blocks.insert(0, "Not in this run: too few promoted candidates to correlate.")
-    return sec
+        return False
+    items = _items(df)
+    rows, figs = [], []
+    for ind, level in sorted(levels.items(), key=lambda kv: (kv[1] != "expert", kv[0])):
+        pair = df[[ind, "target"]].dropna()
+        x, y = pair[ind].to_numpy(float), pair["target"].to_numpy(float)
+        cors = {c.method: c for c in correlate(x, y, n_resamples=n_resamples, seed=seed)}
+        tk = {t.k: t for t in topk_agreement(x, y)}
+        spread = len(x) >= 2 and np.ptp(x) > 0
+        rows.append(_indicator_row(ind, level, len(x), cors, tk, spread))
+        if len(figs) < MAX_SCATTERS and spread:
+            labels = [str(r)[:6] for r in df.loc[pair.index, "recipe_id"]]
+            rho = cors["spearman"].estimate
+            figs.append(_scatter_figure(task, ind, level, x, y, labels, rho, items, len(figs) + 1))
+    table = pd.DataFrame(rows).sort_values(["level", "_rho"], ascending=[True, False])
+    sec.table(
+        f"Indicators vs {task} (test split), {len(df)} promoted merges ({items}); expert-level rows "
+        "first, each sorted by Spearman.",
+        table.drop(columns="_rho").reset_index(drop=True),
+    )
+    # Scatters were collected in the loop; they go after the table, which needs every row first.
+    sec.blocks.extend(figs)
+    sec.data[task] = table.drop(columns="_rho").to_dict(orient="records")
+    return True
+
+
+def _indicator_row(ind: str, level: str, n: int, cors: dict, tk: dict, spread: bool) -> dict:
+    """One table row: correlations with CIs and top-k agreement (`_rho` for sorting)."""
+    return {
+        "level": level,
+        "indicator": ind,
+        "n": n,
+        "spearman [95% CI]": fmt_ci(*_e(cors["spearman"])) if spread else "constant",
+        "kendall [95% CI]": fmt_ci(*_e(cors["kendall"])),
+        "pearson [95% CI]": fmt_ci(*_e(cors["pearson"])),
+        "top-3 overlap": f"{tk[3].overlap:.2f}" if 3 in tk else "–",
+        "top-1 in target top-3": ("yes" if tk[3].hit else "no") if 3 in tk else "–",
+        "regret": f"{tk[1].regret:.3f}" if 1 in tk else "–",
+        "_rho": cors["spearman"].estimate,
+    }
+
+
+def _scatter_figure(
+    task: str,
+    ind: str,
+    level: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    labels: list[str],
+    rho: float,
+    items: str,
+    nfig: int,
+) -> Figure:
+    """The indicator-vs-target scatter of one indicator, the `nfig`-th of its task."""
+    png = scatter(
+        x,
+        y,
+        title=f"{ind}\nSpearman {rho:+.2f}",
+        xlabel=ind,
+        ylabel=f"target: {short(task)}",
+        labels=labels,
+    )
+    return Figure(
+        f"indicator_{short(task)}_{nfig:02d}",
+        png,
+        f"{ind} vs {task} (test) of {len(x)} promoted merges (labels: recipe id); "
+        f"{items}. "
+        f"Sources: {'promotion dev rows (else search/trials.parquet)' if level == 'merge' else 'experts/registry.parquet'}"
+        f" + promotion/results.parquet.",
+    )
 
 
 def _e(c) -> tuple[float, float, float]:

@@ -38,83 +38,109 @@ def search_section(run: RunData) -> Section:
             _importances(sec, run.study_db)
         return sec
     sec = Section("search", TITLE)
-    raw = run.trials
-    if "status" in raw.columns:
-        counts = raw["status"].value_counts().to_dict()
-        sec.text(
-            f"{len(raw)} trials: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-            + ". Failed and duplicate trials are left out below."
-        )
+    if "status" in run.trials.columns:
+        _status_paragraph(sec, run.trials)
     t = ok_trials(run)
     if t is None or "objective" not in t.columns or t["objective"].notna().sum() == 0:
         sec.text("Not in this run: no finished trial has an objective.")
         return sec
     t = t[t["objective"].notna()]
-    fid = ""
-    if "fidelity" in t.columns and t["fidelity"].nunique() > 1:
-        fid = (
-            " Trials were scored at several fidelities ("
-            + ", ".join(
-                f"{int(k)} items: {v}" for k, v in sorted(t["fidelity"].value_counts().items())
-            )
-            + "); early-stopped trials report their low-fidelity score."
-        )
+    _progress_figure(sec, t)
+    _layer_swap_figures(sec, t)
+    _importances(sec, run.study_db)
+    _promoted(sec, run)
+    return sec
+
+
+def _status_paragraph(sec: Section, raw: pd.DataFrame) -> None:
+    """How many trials ended in each status."""
+    counts = raw["status"].value_counts().to_dict()
+    sec.text(
+        f"{len(raw)} trials: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        + ". Failed and duplicate trials are left out below."
+    )
+
+
+def _fidelity_note(t: pd.DataFrame) -> str:
+    """A caption sentence on the fidelities trials were scored at ("" for a single one)."""
+    if "fidelity" not in t.columns or t["fidelity"].nunique() <= 1:
+        return ""
+    return (
+        " Trials were scored at several fidelities ("
+        + ", ".join(f"{int(k)} items: {v}" for k, v in sorted(t["fidelity"].value_counts().items()))
+        + "); early-stopped trials report their low-fidelity score."
+    )
+
+
+def _progress_figure(sec: Section, t: pd.DataFrame) -> None:
+    """Objective per finished trial and the best so far."""
     png = best_so_far(t["objective"].to_numpy(float), title="Search progress", ylabel="objective")
     sec.figure(
         "search_progress",
         png,
         f"Objective of {len(t)} finished trials in finishing order and the best so far "
-        f"(search/trials.parquet).{fid}",
+        f"(search/trials.parquet).{_fidelity_note(t)}",
     )
+
+
+def _layer_swap_figures(sec: Section, t: pd.DataFrame) -> None:
+    """Max-objective heatmaps of the layer-swap trials over (b, u) and over the transitions."""
     ls = t[t["method"] == "layer_swap"] if "method" in t.columns else t
-    if {"bottom", "top"} <= set(ls.columns) and ls[["bottom", "top"]].notna().all(axis=1).any():
-        ls = ls[ls[["bottom", "top"]].notna().all(axis=1)]
-        best, count, xs, ys = _grid(ls, "top", "bottom")
-        png = heatmap(
-            best,
-            [str(x) for x in xs],
-            [str(y) for y in ys],
-            title="Best objective over (b, u)",
-            cmap="viridis",
-            annotate=True,
-            counts=count,
-            xlabel="u (top language layers)",
-            ylabel="b (bottom language layers)",
-            cbar_label="max objective",
+    bu = ["bottom", "top"]
+    if not (set(bu) <= set(ls.columns) and ls[bu].notna().all(axis=1).any()):
+        sec.text("No layer-swap trials with (b, u) in this run.")
+        return
+    ls = ls[ls[bu].notna().all(axis=1)]
+    png = _max_objective_heatmap(
+        ls,
+        "top",
+        "bottom",
+        title="Best objective over (b, u)",
+        xlabel="u (top language layers)",
+        ylabel="b (bottom language layers)",
+    )
+    sec.figure(
+        "search_bu",
+        png,
+        f"Max objective per (b, u) over {len(ls)} finished layer-swap trials; n = trials "
+        "per cell (search/trials.parquet).",
+    )
+    tcols = ["bottom_transition", "top_transition"]
+    if set(tcols) <= set(ls.columns) and ls[tcols].notna().all(axis=1).any():
+        lt = ls[ls[tcols].notna().all(axis=1)]
+        png = _max_objective_heatmap(
+            lt,
+            "top_transition",
+            "bottom_transition",
+            title="Best objective over transitions",
+            xlabel="t_u (top transition)",
+            ylabel="t_b (bottom transition)",
         )
         sec.figure(
-            "search_bu",
+            "search_transitions",
             png,
-            f"Max objective per (b, u) over {len(ls)} finished layer-swap trials; n = trials "
-            "per cell (search/trials.parquet).",
+            f"Max objective per (t_b, t_u) over {len(lt)} finished layer-swap trials.",
         )
-        tcols = ["bottom_transition", "top_transition"]
-        if set(tcols) <= set(ls.columns) and ls[tcols].notna().all(axis=1).any():
-            lt = ls[ls[tcols].notna().all(axis=1)]
-            best, count, xs, ys = _grid(lt, "top_transition", "bottom_transition")
-            png = heatmap(
-                best,
-                [str(x) for x in xs],
-                [str(y) for y in ys],
-                title="Best objective over transitions",
-                cmap="viridis",
-                annotate=True,
-                counts=count,
-                xlabel="t_u (top transition)",
-                ylabel="t_b (bottom transition)",
-                cbar_label="max objective",
-            )
-            sec.figure(
-                "search_transitions",
-                png,
-                f"Max objective per (t_b, t_u) over {len(lt)} finished layer-swap trials.",
-            )
-    else:
-        sec.text("No layer-swap trials with (b, u) in this run.")
-    _importances(sec, run.study_db)
-    _promoted(sec, run)
-    return sec
+
+
+def _max_objective_heatmap(
+    t: pd.DataFrame, xcol: str, ycol: str, *, title: str, xlabel: str, ylabel: str
+) -> bytes:
+    """Heatmap PNG of the max objective per (ycol, xcol) cell, annotated with trial counts."""
+    best, count, xs, ys = _grid(t, xcol, ycol)
+    return heatmap(
+        best,
+        [str(x) for x in xs],
+        [str(y) for y in ys],
+        title=title,
+        cmap="viridis",
+        annotate=True,
+        counts=count,
+        xlabel=xlabel,
+        ylabel=ylabel,
+        cbar_label="max objective",
+    )
 
 
 def _importances(sec: Section, db: Path | None) -> None:
