@@ -14,7 +14,7 @@ import yaml
 from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, SideWeights
 from spaces.zones import LayerSource, check_fits, layer_source
 
-# Same contract as trainables.merge.plan.MagnitudeOracle: terms ((checkpoint, coefficient), ...) ->
+# Same contract as trainables.merge.terms.MagnitudeOracle: terms ((checkpoint, coefficient), ...) ->
 # mean row-wise MAV of their delta from base.
 MagnitudeOracle = Callable[[tuple[tuple[str, float], ...]], float]
 
@@ -101,6 +101,63 @@ def _runs(recipe: LayerSwapRecipe, num_layers: int) -> list[tuple[LayerSource, i
     return runs
 
 
+def _sides(src: LayerSource, edge: bool, task: str, lang: str) -> list[tuple[str, int]]:
+    """The (expert path, side index: 0 task, 1 language) pairs one slice lists, in order."""
+    # mergekit takes pre-layer tensors (embed_tokens) from the first slice's sources and
+    # post-layer ones (model.norm, lm_head) from the last slice's, with those slices'
+    # parameters (mergekit/plan.py:MergePlanner.plan_module). So both edge slices list both
+    # experts, in the same order: plan_module sizes the post-weight inputs by the *first*
+    # slice's source count. Inner whole-expert runs read one checkpoint only.
+    if edge or src == "transition":
+        return [(task, 0), (lang, 1)]
+    return [(task, 0)] if src == "task" else [(lang, 1)]
+
+
+def _source(path: str, start: int, end: int, w_zone: float, w_non_layer: float, edge: bool) -> dict:
+    """One slice source: layers [start, end) of `path` at w_zone.
+
+    On an edge slice the source also supplies non-layer tensors, which get w_non_layer.
+    """
+    weight: float | list[dict] = w_zone
+    if edge and w_non_layer != w_zone:
+        # First matching condition wins; the catch-all then covers the non-layer tensors.
+        weight = [{"filter": LAYER_FILTER, "value": w_zone}, {"value": w_non_layer}]
+    return {
+        "model": _model_ref(path),
+        "layer_range": [start, end],
+        "parameters": {"weight": weight},
+    }
+
+
+def _slices(
+    recipe: LayerSwapRecipe,
+    num_layers: int,
+    task: str,
+    lang: str,
+    transition: tuple[float, float],
+) -> list[dict]:
+    """One `linear` slice per run of layers with the same zone source.
+
+    `transition` is the unnormalised (w_task, w_language) pair of transition layers, which
+    non_layer 'average' also uses.
+    """
+    zone_weights = {"language": (0.0, 1.0), "task": (1.0, 0.0), "transition": transition}
+    non_layer = {"average": transition, "language": (0.0, 1.0), "task": (1.0, 0.0)}[
+        recipe.non_layer
+    ]
+
+    runs = _runs(recipe, num_layers)
+    slices = []
+    for k, (src, start, end) in enumerate(runs):
+        edge = k == 0 or k == len(runs) - 1
+        sources = [
+            _source(path, start, end, zone_weights[src][j], non_layer[j], edge)
+            for path, j in _sides(src, edge, task, lang)
+        ]
+        slices.append({"sources": sources})
+    return slices
+
+
 def to_mergekit(
     recipe: LayerSwapRecipe,
     num_layers: int,
@@ -116,7 +173,7 @@ def to_mergekit(
     Args:
         recipe: a layer_swap recipe with plain expert paths, no attention/mlp overrides, no revert.
         num_layers: the experts' num_hidden_layers.
-        mav: magnitude oracle (as in trainables.merge.plan); needed only for transition_weights
+        mav: magnitude oracle (as in trainables.merge.terms); needed only for transition_weights
             'magnitude', whose weights are then 1/MAV of each expert.
         dtype: mergekit's `dtype` (load and output dtype); default: the experts' config.json
             dtype when both agree, else left out (mergekit then uses the stored dtypes,
@@ -134,42 +191,9 @@ def to_mergekit(
     check_fits(recipe.zones, num_layers)
     w_task, w_lang = _side_weights(recipe, task, lang, mav)
 
-    zone_weights = {"language": (0.0, 1.0), "task": (1.0, 0.0), "transition": (w_task, w_lang)}
-    non_layer = {"average": (w_task, w_lang), "language": (0.0, 1.0), "task": (1.0, 0.0)}[
-        recipe.non_layer
-    ]
-
-    runs = _runs(recipe, num_layers)
-    slices = []
-    for k, (src, start, end) in enumerate(runs):
-        edge = k == 0 or k == len(runs) - 1
-        # mergekit takes pre-layer tensors (embed_tokens) from the first slice's sources and
-        # post-layer ones (model.norm, lm_head) from the last slice's, with those slices'
-        # parameters (mergekit/plan.py:MergePlanner.plan_module). So both edge slices list both
-        # experts, in the same order: plan_module sizes the post-weight inputs by the *first*
-        # slice's source count. Inner whole-expert runs read one checkpoint only.
-        sides = [(task, 0), (lang, 1)] if edge or src == "transition" else None
-        if sides is None:
-            sides = [(task, 0)] if src == "task" else [(lang, 1)]
-        sources = []
-        for path, j in sides:
-            w_zone = zone_weights[src][j]
-            weight: float | list[dict] = w_zone
-            if edge and non_layer[j] != w_zone:
-                # First matching condition wins; the catch-all then covers the non-layer tensors.
-                weight = [{"filter": LAYER_FILTER, "value": w_zone}, {"value": non_layer[j]}]
-            sources.append(
-                {
-                    "model": _model_ref(path),
-                    "layer_range": [start, end],
-                    "parameters": {"weight": weight},
-                }
-            )
-        slices.append({"sources": sources})
-
     config: dict = {
         "merge_method": "linear",
-        "slices": slices,
+        "slices": _slices(recipe, num_layers, task, lang, (w_task, w_lang)),
         # linear ignores base_model when merging (its input contract has BasePolicy.IGNORED);
         # it only fixes which expert's config.json (and tokenizer) mergekit copies, which would
         # otherwise be whichever comes first out of a set (MergeConfiguration.referenced_models).

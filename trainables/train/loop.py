@@ -13,6 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -148,6 +149,214 @@ def _manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, 
     }
 
 
+@dataclass
+class _Run:
+    """What the steps of one training run share: fixed at set-up, except tokens_local."""
+
+    exp: TrainExperiment
+    tok: Any
+    data: TrainData
+    prep: Prepared
+    net: torch.nn.Module  # prep.model, or its DDP wrapper when world > 1
+    optimizers: dict[str, torch.optim.AdamW]
+    names: dict[int, str]  # id(parameter) -> name, for the optimizer state files
+    device: torch.device
+    workdir: Path
+    rank: int
+    world: int
+    pad: int
+    start: int
+    total: int
+    step_log: Path | None  # rank 0 only
+    t0: float
+    tokens_local: float = 0.0  # non-padding tokens this rank has trained on since `start`
+
+
+@dataclass
+class _StepOut:
+    """One optimisation step's outcome, as logging and checkpointing read it."""
+
+    stream: int
+    group: str
+    lr: float
+    loss: torch.Tensor
+    grad_norm: float
+
+
+def _check_scaling(exp: TrainExperiment, world: int) -> None:
+    """ValueError if the scaling settings cannot run on `world` workers."""
+    h = exp.hyper
+    if h.batch_size % world:
+        raise ValueError(f"hyper.batch_size {h.batch_size} not divisible by {world} workers")
+    if exp.scaling.strategy == "fsdp" and world > 1:
+        raise ValueError("scaling.strategy fsdp is not implemented yet; use ddp")
+
+
+def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> torch.device:
+    """`device`, or by default cuda:$LOCAL_RANK when scaling.use_gpu and CUDA is there, else cpu."""
+    if device is None:
+        use_gpu = exp.scaling.use_gpu and torch.cuda.is_available()
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if use_gpu else "cpu"
+    return torch.device(device)
+
+
+def _prepare_model(
+    model, exp: TrainExperiment, resume: Path | None, device: torch.device
+) -> Prepared:
+    """The loaded model prepared for the mode (LoRA adapter restored on resume), on `device`."""
+    prep = prepare(model, exp, model.config.num_hidden_layers)
+    if exp.hyper.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if prep.is_lora:
+            model.enable_input_require_grads()
+    if resume is not None and prep.is_lora:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(prep.model, load_file(resume / "adapter_model.safetensors"))
+    prep.model.to(device)
+    return prep
+
+
+def _make_optimizers(
+    prep: Prepared, exp: TrainExperiment, resume: Path | None
+) -> tuple[dict[str, torch.optim.AdamW], int]:
+    """One AdamW per parameter group, restored from `resume` if given, and the step to start at."""
+    optimizers = {g: _adamw(named, exp) for g, named in prep.groups.items()}
+    start = 0
+    if resume is not None:
+        st = read_state(resume)
+        start = st["step"]
+        for g, opt in optimizers.items():
+            f = resume / STATE_DIR / f"optimizer__{g}.safetensors"
+            if f.exists():
+                load_optimizer(opt, prep.groups[g], f)
+    return optimizers, start
+
+
+def _wrap_ddp(model: torch.nn.Module, world: int, device: torch.device) -> torch.nn.Module:
+    """`model` in DistributedDataParallel under more than one worker, else `model` itself."""
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _next_batch(run: _Run, step: int) -> tuple[int, str, dict[str, torch.Tensor]]:
+    """(stream, active group, this rank's share of the batch on the device) for `step`."""
+    stream, own, group = run.prep.active(step)
+    h = run.exp.hyper
+    rows = local_batch(run.data.streams[stream], own, h.batch_size, run.rank, run.world)
+    batch = collate(rows, run.pad)
+    run.tokens_local += float(batch["attention_mask"].sum())
+    return stream, group, {k: v.to(run.device) for k, v in batch.items()}
+
+
+def _train_step(run: _Run, step: int) -> _StepOut:
+    """One forward/backward on this rank's batch and an update of the active group only."""
+    h = run.exp.hyper
+    stream, group, batch = _next_batch(run, step)
+    lr = lr_at(h, step, run.total)
+    for opt in run.optimizers.values():
+        for g in opt.param_groups:
+            g["lr"] = lr
+    torch.manual_seed(_seed(h.seed, "step", step, run.rank))  # dropout: exact on resume
+    loss = run.net(**batch).loss
+    loss.backward()
+    params = [p for _, p in run.prep.groups[group]]
+    clip = h.grad_clip if h.grad_clip is not None else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    run.optimizers[group].step()  # only the active group: idle moments stay as they are
+    for opt in run.optimizers.values():
+        opt.zero_grad(set_to_none=True)
+    return _StepOut(stream, group, lr, loss, grad_norm)
+
+
+def _append_step_log(run: _Run, done: int, group: str) -> None:
+    """One JSON line per step in debug.step_log (rank 0, when set)."""
+    if run.step_log is None:
+        return
+    with open(run.step_log, "a") as f:
+        row = {"step": done, "start": run.start, "group": group, "time": time.time(), "tokens": run.tokens_local}  # fmt: skip
+        f.write(json.dumps(row) + "\n")
+
+
+def _checkpoint_due(exp: TrainExperiment, done: int, samples: int, total: int) -> bool:
+    """Whether this step is the last one or crosses a checkpoint_every_samples boundary."""
+    if done == total:
+        return True
+    every = exp.checkpoint_every_samples
+    # Due when a multiple of `every` falls in (samples - batch_size, samples]: it need not divide.
+    return every is not None and samples // every > (samples - exp.hyper.batch_size) // every
+
+
+def _metrics(run: _Run, out: _StepOut, done: int, samples: int, ckpt_due: bool) -> dict:
+    """The step's reported metrics; loss and tokens are summed over ranks (a collective)."""
+    loss_sum, tokens = _sum([out.loss.item(), run.tokens_local], run.world, run.device)
+    return {
+        "step": done,
+        "samples": samples,
+        "epoch": samples / sum(len(s) for s in run.data.streams),
+        "loss": loss_sum / run.world,
+        "lr": out.lr,
+        "grad_norm": out.grad_norm,
+        "active": out.group,
+        "stream": out.stream,
+        "tokens": tokens,
+        "elapsed_s": time.time() - run.t0,
+        "time": time.time(),
+        "checkpoint": ckpt_due,  # on every rank (the path itself only exists on rank 0)
+    }
+
+
+def _validate(run: _Run, metrics: dict) -> list[float]:
+    """Validation loss per dataset (on every rank), also added to `metrics`."""
+    val = _val_losses(run.prep.model, run.data, run.exp, run.rank, run.world, run.device, run.pad)
+    if val:
+        metrics["val_loss"] = sum(val) / len(val)
+        metrics |= {f"val_loss__{i}": v for i, v in enumerate(val)}
+    return val
+
+
+def _save_checkpoint(
+    run: _Run, done: int, samples: int, lr: float, val: list[float], train_loss: float
+) -> Path:
+    """Write `workdir/checkpoints/samples_*` for the step (rank 0's job) and return its path."""
+    path = run.workdir / "checkpoints" / f"samples_{samples:09d}"
+    if path.exists():  # a re-run of the same deterministic step writes the same
+        shutil.rmtree(path)
+    save_checkpoint(
+        path,
+        model=run.prep.model,
+        tokenizer=run.tok,
+        optimizers=run.optimizers,
+        names=run.names,
+        manifest=_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss),
+        state={"step": done, "samples": samples, "lr": lr, "total_steps": run.total},
+    )
+    return path
+
+
+def _checkpoint(
+    run: _Run, result: TrainResult, metrics: dict, done: int, samples: int, lr: float
+) -> Path | None:
+    """Validate, save and prune on rank 0, then hold every rank until rank 0 is done.
+
+    Returns the checkpoint's path on rank 0, None elsewhere.
+    """
+    val = _validate(run, metrics)
+    path = None
+    if run.rank == 0:
+        path = _save_checkpoint(run, done, samples, lr, val, metrics["loss"])
+        result.checkpoints.append(path)
+        result.final_checkpoint = path
+        _prune(result.checkpoints, run.exp.keep_checkpoints)
+    if run.world > 1:
+        dist.barrier()
+    return path
+
+
 def run_training(
     exp: TrainExperiment,
     *,
@@ -170,121 +379,49 @@ def run_training(
     """
     rank, world = _dist()
     h = exp.hyper
-    if h.batch_size % world:
-        raise ValueError(f"hyper.batch_size {h.batch_size} not divisible by {world} workers")
-    if exp.scaling.strategy == "fsdp" and world > 1:
-        raise ValueError("scaling.strategy fsdp is not implemented yet; use ddp")
-    if device is None:
-        use_gpu = exp.scaling.use_gpu and torch.cuda.is_available()
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if use_gpu else "cpu"
-    device = torch.device(device)
+    _check_scaling(exp, world)
+    device = _resolve_device(exp, device)
     workdir = Path(workdir)
     resume = Path(resume_from) if resume_from is not None else None
     torch.manual_seed(h.seed)  # LoRA init and anything else drawn at set-up
     tok, model = _load(exp, resume)
     data = build_data(exp, tok)
     total = total_steps(exp, data)
-    prep = prepare(model, exp, model.config.num_hidden_layers)
-    if h.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if prep.is_lora:
-            model.enable_input_require_grads()
-    if resume is not None and prep.is_lora:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(prep.model, load_file(resume / "adapter_model.safetensors"))
-    prep.model.to(device)
+    prep = _prepare_model(model, exp, resume, device)
     names = {id(p): n for n, p in prep.model.named_parameters()}
-    optimizers = {g: _adamw(named, exp) for g, named in prep.groups.items()}
-    start = 0
-    if resume is not None:
-        st = read_state(resume)
-        start = st["step"]
-        for g, opt in optimizers.items():
-            f = resume / STATE_DIR / f"optimizer__{g}.safetensors"
-            if f.exists():
-                load_optimizer(opt, prep.groups[g], f)
-    net = prep.model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        net = DDP(prep.model, device_ids=[device.index] if device.type == "cuda" else None)
-    pad = tok.pad_token_id
-    every = exp.checkpoint_every_samples
+    optimizers, start = _make_optimizers(prep, exp, resume)
+    run = _Run(
+        exp=exp,
+        tok=tok,
+        data=data,
+        prep=prep,
+        net=_wrap_ddp(prep.model, world, device),
+        optimizers=optimizers,
+        names=names,
+        device=device,
+        workdir=workdir,
+        rank=rank,
+        world=world,
+        pad=tok.pad_token_id,
+        start=start,
+        total=total,
+        step_log=Path(exp.debug.step_log) if exp.debug.step_log and rank == 0 else None,
+        t0=time.time(),
+    )
     result = TrainResult(None, start, start * h.batch_size)
-    tokens_local = 0.0
-    t0 = time.time()
-    step_log = Path(exp.debug.step_log) if exp.debug.step_log and rank == 0 else None
-    net.train()
+    run.net.train()
     for step in range(start, total):
         _maybe_fail(exp, step, rank)
-        stream, own, group = prep.active(step)
-        batch = collate(local_batch(data.streams[stream], own, h.batch_size, rank, world), pad)
-        tokens_local += float(batch["attention_mask"].sum())
-        batch = {k: v.to(device) for k, v in batch.items()}
-        lr = lr_at(h, step, total)
-        for opt in optimizers.values():
-            for g in opt.param_groups:
-                g["lr"] = lr
-        torch.manual_seed(_seed(h.seed, "step", step, rank))  # dropout: exact on resume
-        loss = net(**batch).loss
-        loss.backward()
-        params = [p for _, p in prep.groups[group]]
-        clip = h.grad_clip if h.grad_clip is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        optimizers[group].step()  # only the active group: idle moments stay as they are
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        result.losses.append(loss.item())
+        out = _train_step(run, step)
+        result.losses.append(out.loss.item())
         done, samples = step + 1, (step + 1) * h.batch_size
         result.step, result.samples = done, samples
-        if step_log is not None:
-            with open(step_log, "a") as f:
-                row = {"step": done, "start": start, "group": group, "time": time.time(), "tokens": tokens_local}  # fmt: skip
-                f.write(json.dumps(row) + "\n")
-        ckpt_due = done == total or (every is not None and samples // every > (samples - h.batch_size) // every)  # fmt: skip
+        _append_step_log(run, done, out.group)
+        ckpt_due = _checkpoint_due(exp, done, samples, total)
         if not (ckpt_due or done % h.log_every == 0):
             continue
-        loss_sum, tokens = _sum([loss.item(), tokens_local], world, device)
-        metrics = {
-            "step": done,
-            "samples": samples,
-            "epoch": samples / sum(len(s) for s in data.streams),
-            "loss": loss_sum / world,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "active": group,
-            "stream": stream,
-            "tokens": tokens,
-            "elapsed_s": time.time() - t0,
-            "time": time.time(),
-            "checkpoint": ckpt_due,  # on every rank (the path itself only exists on rank 0)
-        }
-        path = None
-        if ckpt_due:
-            val = _val_losses(prep.model, data, exp, rank, world, device, pad)
-            if val:
-                metrics["val_loss"] = sum(val) / len(val)
-                metrics |= {f"val_loss__{i}": v for i, v in enumerate(val)}
-            if rank == 0:
-                path = workdir / "checkpoints" / f"samples_{samples:09d}"
-                if path.exists():  # a re-run of the same deterministic step writes the same
-                    shutil.rmtree(path)
-                save_checkpoint(
-                    path,
-                    model=prep.model,
-                    tokenizer=tok,
-                    optimizers=optimizers,
-                    names=names,
-                    manifest=_manifest(exp, prep, data, done, samples, world, val, metrics["loss"]),
-                    state={"step": done, "samples": samples, "lr": lr, "total_steps": total},
-                )
-                result.checkpoints.append(path)
-                result.final_checkpoint = path
-                _prune(result.checkpoints, exp.keep_checkpoints)
-            if world > 1:
-                dist.barrier()
+        metrics = _metrics(run, out, done, samples, ckpt_due)
+        path = _checkpoint(run, result, metrics, done, samples, out.lr) if ckpt_due else None
         if report is not None:
             report(metrics, path)
     return result
