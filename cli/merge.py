@@ -34,26 +34,16 @@ def parse_size(text: str) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from spaces.recipe import LayerSwapRecipe, load_recipe, recipe_id
+    from spaces.recipe import load_recipe, recipe_id
 
     recipe = load_recipe(args.recipe)
     if args.out is None and args.export_mergekit is None:
         raise ValueError("nothing to do: give --out DIR and/or --export-mergekit FILE")
     if args.export_mergekit is not None:
         from trainables.atomic import atomic_write_text
-        from trainables.merge.mergekit_export import mergekit_yaml
+        from trainables.merge.api import export_mergekit
 
-        if not isinstance(recipe, LayerSwapRecipe):
-            raise ValueError(f"--export-mergekit: only layer_swap recipes, not {recipe.method!r}")
-        from trainables.merge.engine import disk_mav_oracle, plan_refs_depth
-
-        ckpts, depth = plan_refs_depth(recipe)
-        try:
-            mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
-            text = mergekit_yaml(recipe, depth, mav=mav)
-        finally:
-            for ck in ckpts.values():
-                ck.close()
+        text = export_mergekit(recipe)
         atomic_write_text(Path(args.export_mergekit), text)
         print(f"wrote mergekit config {args.export_mergekit}")
     if args.out is not None:

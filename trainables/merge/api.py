@@ -1,8 +1,10 @@
-"""`merge(recipe, out)`: the one entry point that merges a recipe to disk, LoRA or full.
+"""The merge engine's entry points: `merge(recipe, out)` and `export_mergekit(recipe)`.
 
-Layer swaps of two PEFT LoRA adapters go to trainables.merge.lora (swapped as adapters, or
-folded into full weights); everything else streams through the disk engine
-(trainables.merge.engine). `layerswap merge` and promotion's best model both call this.
+`merge` sends layer swaps of two PEFT LoRA adapters to trainables.merge.lora (swapped as
+adapters, or folded into full weights) and everything else through the disk engine
+(trainables.merge.engine); `layerswap merge` and promotion's best model both call it.
+`export_mergekit` reads the checkpoints' depth (and magnitudes, for magnitude weights) and
+writes the equivalent mergekit config (`layerswap merge --export-mergekit`).
 """
 
 from __future__ import annotations
@@ -10,8 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from spaces.recipe import Recipe
-from trainables.merge.engine import DEFAULT_SHARD_BYTES, merge_to_disk, resolve_ref
+from trainables.merge.engine import (
+    DEFAULT_SHARD_BYTES,
+    disk_mav_oracle,
+    merge_to_disk,
+    plan_refs_depth,
+    resolve_ref,
+)
 from trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
+from trainables.merge.mergekit_export import mergekit_yaml
 
 
 def is_lora_recipe(recipe: Recipe) -> bool:
@@ -37,3 +46,20 @@ def merge(
     return merge_to_disk(
         recipe, out, overwrite=overwrite, max_shard_bytes=max_shard_bytes, progress=progress
     )
+
+
+def export_mergekit(recipe: Recipe) -> str:
+    """The mergekit 0.1.5 YAML equivalent to a layer_swap recipe on its checkpoints.
+
+    Raises:
+        ValueError for other methods, RecipeError for what mergekit cannot express.
+    """
+    if recipe.method != "layer_swap":
+        raise ValueError(f"--export-mergekit: only layer_swap recipes, not {recipe.method!r}")
+    ckpts, depth = plan_refs_depth(recipe)
+    try:
+        mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
+        return mergekit_yaml(recipe, depth, mav=mav)
+    finally:
+        for ck in ckpts.values():
+            ck.close()

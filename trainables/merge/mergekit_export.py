@@ -6,17 +6,13 @@ Use: `mergekit_yaml(recipe, num_layers)` > merge.yml, then `mergekit-yaml merge.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, SideWeights
 from spaces.zones import LayerSource, check_fits, layer_source
-
-# Same contract as trainables.merge.terms.MagnitudeOracle: terms ((checkpoint, coefficient), ...) ->
-# mean row-wise MAV of their delta from base.
-MagnitudeOracle = Callable[[tuple[tuple[str, float], ...]], float]
+from trainables.merge.terms import MagnitudeOracle
 
 # mergekit matches a conditional parameter's `filter` as a plain substring of the tensor name
 # (mergekit/config.py:evaluate_setting). Every per-layer tensor of the supported families is
