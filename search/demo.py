@@ -114,15 +114,11 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     Returns:
         DemoResult with the leaderboard, the best model and the wall time per stage.
     """
-    import shutil
-
     import ray
 
     from search.promote import promote
     from search.search import run_search
-    from spaces.search_experiment import SearchExperiment
     from trainables.evaluate.lm_eval_api import offline_defaults
-    from trainables.train.ray_train import train_with_ray
     from world import build_world
 
     offline_defaults()
@@ -131,13 +127,7 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     st = settings or DemoSettings()
     out = Path(out).resolve()
-    stages = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
-    if any((out / s).exists() for s in stages):
-        if not overwrite:
-            raise FileExistsError(f"{out}: a demo run exists; pass --overwrite to replace it")
-        for s in stages:
-            p = out / s
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    _clear_previous_run(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
 
@@ -151,19 +141,7 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         t0 = time.perf_counter()
-        exps = {k: example_experiment(k, world, out, st.train_steps) for k in ("math", "language")}
-        for kind, exp in exps.items():
-            print(f"[2/5] Ray Train: {kind} expert {exp.name} ({exp.hyper.max_steps} steps)")
-        # The two experts are independent runs: each TorchTrainer is driven from its own Ray
-        # task (a driver needs no CPU of its own), so both train at once on a 2-core machine.
-        fit = ray.remote(num_cpus=0)(train_with_ray)
-        futures = {k: fit.remote(e, storage_path=e.storage_path) for k, e in exps.items()}
-        trained = {}
-        for kind, fut in futures.items():
-            res = ray.get(fut)
-            if res.error is not None or res.checkpoint is None:
-                raise RuntimeError(f"training {exps[kind].name} failed: {res.error}")
-            trained[kind] = (exps[kind], res)
+        trained = _train_experts(world, out, st)
         seconds["train"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -171,22 +149,7 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
         _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks)
         seconds["indicators"] = time.perf_counter() - t0
 
-        exp = SearchExperiment.model_validate(
-            {
-                "name": "demo",
-                "language": LANGUAGE,
-                "base": str(world / "base"),
-                "experts": {"registry": str(out / "experts" / "registry.parquet"), "top_k": 1},
-                "world": str(world),
-                "proxy_eval": {"limit": st.proxy_limit, "max_gen_toks": st.max_gen_toks},
-                "search": {"num_samples": st.trials, "seed": st.seed},
-                "promote": {
-                    "top_k": st.promote_top_k,
-                    "limit": st.promote_limit,
-                    "max_gen_toks": st.max_gen_toks,
-                },
-            }
-        )
+        exp = _search_experiment(world, out, st)
         t0 = time.perf_counter()
         print(f"[4/5] merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits")
         run_search(exp, out)
@@ -199,10 +162,7 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     print(f"[5/5] promotion: top {st.promote_top_k} recipes + baselines, lm-eval on test splits")
     prom = promote(exp, out)
     seconds["promotion"] = time.perf_counter() - t0
-    print()
-    print(Path(prom.leaderboard).read_text(encoding="utf-8"))
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
-    print(f"next: layerswap analyze {out}")
+    _print_summary(out, Path(prom.leaderboard), seconds)
     return DemoResult(
         out,
         Path(prom.leaderboard),
@@ -210,3 +170,76 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
         {k: r.checkpoint for k, (_, r) in trained.items()},
         seconds,
     )
+
+
+def _clear_previous_run(out: Path, overwrite: bool) -> None:
+    """Refuse an existing run in `out`, or with `overwrite` remove its stages (not the world)."""
+    import shutil
+
+    stages = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
+    if any((out / s).exists() for s in stages):
+        if not overwrite:
+            raise FileExistsError(f"{out}: a demo run exists; pass --overwrite to replace it")
+        for s in stages:
+            p = out / s
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _train_experts(world: Path, out: Path, st: DemoSettings) -> dict:
+    """Train the math and the language expert with Ray Train, both at once.
+
+    Returns:
+        kind -> (its TrainExperiment, its training result); raises if either run failed.
+    """
+    import ray
+
+    from trainables.train.ray_train import train_with_ray
+
+    exps = {k: example_experiment(k, world, out, st.train_steps) for k in ("math", "language")}
+    for kind, exp in exps.items():
+        print(f"[2/5] Ray Train: {kind} expert {exp.name} ({exp.hyper.max_steps} steps)")
+    # The two experts are independent runs: each TorchTrainer is driven from its own Ray
+    # task (a driver needs no CPU of its own), so both train at once on a 2-core machine.
+    fit = ray.remote(num_cpus=0)(train_with_ray)
+    futures = {k: fit.remote(e, storage_path=e.storage_path) for k, e in exps.items()}
+    trained = {}
+    for kind, fut in futures.items():
+        res = ray.get(fut)
+        if res.error is not None or res.checkpoint is None:
+            raise RuntimeError(f"training {exps[kind].name} failed: {res.error}")
+        trained[kind] = (exps[kind], res)
+    return trained
+
+
+def _search_experiment(world: Path, out: Path, st: DemoSettings):
+    """The demo's merge-search experiment: the registry's best expert of each kind, on `world`.
+
+    Returns:
+        the validated spaces.search_experiment.SearchExperiment.
+    """
+    from spaces.search_experiment import SearchExperiment
+
+    return SearchExperiment.model_validate(
+        {
+            "name": "demo",
+            "language": LANGUAGE,
+            "base": str(world / "base"),
+            "experts": {"registry": str(out / "experts" / "registry.parquet"), "top_k": 1},
+            "world": str(world),
+            "proxy_eval": {"limit": st.proxy_limit, "max_gen_toks": st.max_gen_toks},
+            "search": {"num_samples": st.trials, "seed": st.seed},
+            "promote": {
+                "top_k": st.promote_top_k,
+                "limit": st.promote_limit,
+                "max_gen_toks": st.max_gen_toks,
+            },
+        }
+    )
+
+
+def _print_summary(out: Path, leaderboard: Path, seconds: dict[str, float]) -> None:
+    """The leaderboard, the wall time per stage and the next command."""
+    print()
+    print(leaderboard.read_text(encoding="utf-8"))
+    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+    print(f"next: layerswap analyze {out}")

@@ -130,6 +130,28 @@ def _select(exp: SearchExperiment, cands: list[tuple[str, dict]], scores: dict) 
     return cands[0][0]  # the search's best by proxy objective (the test split does not choose)
 
 
+@dataclass
+class _Plan:
+    """What promotion evaluates, and with what: read from the search's run folder."""
+
+    pdir: Path  # RUN/promotion
+    cands: list[tuple[str, dict]]  # (model name, trials.parquet row), the search's best first
+    tasks: list[str]
+    include_path: list[str]
+    tokenizer: object
+    live: object  # one trainables.merge.live.LiveModel, re-pointed at every model in turn
+    models: list[tuple[str, str, str | None, object]]  # (name, kind, recipe id, path or recipe)
+
+
+@dataclass
+class _Evaluation:
+    """The evaluation's outcome: result rows, score per (model, task), models that failed."""
+
+    rows: list[dict] = field(default_factory=list)
+    scores: dict[tuple[str, str], float] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+
 def promote(
     experiment: SearchExperiment, run_dir: str | Path, *, progress: bool = True
 ) -> Promotion:
@@ -142,34 +164,60 @@ def promote(
     Returns:
         Promotion with the written paths, the best model's name and the result rows.
     """
-    from search.search import include_paths, model_depth, resolve_pool
-    from search.trial import ExpertCache, LiveModel
-    from trainables.evaluate.harness import evaluate
-    from trainables.evaluate.scoring import score_key
-
     exp = experiment
     run_dir = Path(run_dir).resolve()
-    pdir = run_dir / "promotion"
+    plan = _plan(exp, run_dir)
+    ev = _evaluate_models(exp, plan, progress)
+    return _write_results(exp, run_dir, plan, ev)
+
+
+def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:
+    """The search's own expert pool (RUN/search/pool.json), else the experiment's, resolved anew."""
+    from search.search import resolve_pool
+
     pool_file = run_dir / "search" / "pool.json"
-    pool = (
+    return (
         ExpertPool.model_validate_json(pool_file.read_text())
         if pool_file.exists()
         else resolve_pool(exp)
     )
+
+
+def _promotion_tasks(exp: SearchExperiment) -> list[str]:
+    """The target task, then each proxy's held-out test task, then the proxies' dev tasks."""
+    proxies = [p.task for p in exp.proxy_list]
+    tasks = [exp.target_task, *(heldout_task(t) for t in proxies), *proxies]
+    return list(dict.fromkeys(tasks))
+
+
+def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
+    """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
+    from search.search import include_paths, model_depth
+    from trainables.merge.live import ExpertCache, LiveModel
+
+    pdir = run_dir / "promotion"
+    pool = _load_pool(exp, run_dir)
     depth = model_depth(pool)
     store = TrialStore(run_dir / "search" / "trials.parquet")
     cands = [(f"candidate_{r['recipe_id']}", r) for r in store.best(exp.promote.top_k)]
-    proxies = [p.task for p in exp.proxy_list]
-    tasks = [exp.target_task, *(heldout_task(t) for t in proxies), *proxies]
-    tasks = list(dict.fromkeys(tasks))
+    tasks = _promotion_tasks(exp)
     inc = include_paths(exp, pdir)
-    import yaml
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(
         pool.task[0].path if pool.task[0].kind == "full" else pool.base
     )
     live = LiveModel(ExpertCache(pool.base), pool)
+    models = _models(exp, pool, depth, cands)
+    return _Plan(pdir, cands, tasks, inc, tok, live, models)
+
+
+def _models(
+    exp: SearchExperiment, pool: ExpertPool, depth: int, cands: list[tuple[str, dict]]
+) -> list[tuple[str, str, str | None, object]]:
+    """(name, kind, recipe id, checkpoint path or recipe): the candidates, then the baselines."""
+    import yaml
+
     models: list[tuple[str, str, str | None, object]] = [
         (
             name,
@@ -183,75 +231,94 @@ def promote(
         (n, "baseline", recipe_id(x) if not isinstance(x, str) else None, x)
         for n, x in baselines(exp, pool, depth)
     ]
-    rows: list[dict] = []
-    scores: dict[tuple[str, str], float] = {}
-    failed: list[str] = []
-    for name, kind, rid, what in models:
+    return models
+
+
+def _evaluate_models(exp: SearchExperiment, plan: _Plan, progress: bool) -> _Evaluation:
+    """Run lm-eval on every model in turn; write its raw JSON per task and collect the rows."""
+    from trainables.evaluate.harness import evaluate
+
+    ev = _Evaluation()
+    live = plan.live
+    for name, kind, rid, what in plan.models:
         t0 = time.perf_counter()
         try:
             live.load_ref(what) if isinstance(what, str) else live.load(what)
             raw = evaluate(
                 live.model,
-                tasks,
-                tokenizer=tok,
-                include_path=inc,
+                plan.tasks,
+                tokenizer=plan.tokenizer,
+                include_path=plan.include_path,
                 limit=exp.promote.limit,
                 max_gen_toks=exp.promote.max_gen_toks,
                 batch_size=exp.promote.batch_size,
             )
         except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
             print(f"promotion: {name}: failed: {type(e).__name__}: {e}", flush=True)
-            failed.append(name)
+            ev.failed.append(name)
             continue
-        for task in tasks:
-            path = pdir / "lm_eval" / name / f"{task}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(_split_raw(raw, task), ensure_ascii=False, indent=1))
-            metric, filt = score_key(raw, task)
-            value = float(raw["results"][task][f"{metric},{filt}"])
-            scores[(name, task)] = value
-            n = (raw.get("n-samples") or {}).get(task, {}).get("effective")
-            rows.append(
-                {
-                    "model": name,
-                    "kind": kind,
-                    "recipe_id": rid,
-                    "task": task,
-                    "split": "dev" if task.endswith("_dev") else "test",
-                    "metric": f"{metric},{filt}",
-                    "value": value,
-                    "n_items": n,
-                    "raw_json": str(path),
-                }
-            )
+        _record_model(ev, plan, raw, name, kind, rid)
         if progress:
             print(
-                f"promotion: {name:<24} target {exp.target_task} = {scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
+                f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
                 flush=True,
             )
-    pdir.mkdir(parents=True, exist_ok=True)
-    results_path = pdir / "results.parquet"
-    write_parquet_atomic(results_path, rows, RESULT_COLUMNS)
-    best = _select(exp, [c for c in cands if c[0] not in failed], scores)
+    return ev
+
+
+def _record_model(
+    ev: _Evaluation, plan: _Plan, raw: dict, name: str, kind: str, rid: str | None
+) -> None:
+    """One model's lm-eval result: promotion/lm_eval/<name>/<task>.json, its scores and rows."""
+    from trainables.evaluate.scoring import score_key
+
+    for task in plan.tasks:
+        path = plan.pdir / "lm_eval" / name / f"{task}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(_split_raw(raw, task), ensure_ascii=False, indent=1))
+        metric, filt = score_key(raw, task)
+        value = float(raw["results"][task][f"{metric},{filt}"])
+        ev.scores[(name, task)] = value
+        n = (raw.get("n-samples") or {}).get(task, {}).get("effective")
+        ev.rows.append(
+            {
+                "model": name,
+                "kind": kind,
+                "recipe_id": rid,
+                "task": task,
+                "split": "dev" if task.endswith("_dev") else "test",
+                "metric": f"{metric},{filt}",
+                "value": value,
+                "n_items": n,
+                "raw_json": str(path),
+            }
+        )
+
+
+def _write_results(exp: SearchExperiment, run_dir: Path, plan: _Plan, ev: _Evaluation) -> Promotion:
+    """Write results.parquet, select and write the best model, then the leaderboard."""
+    plan.pdir.mkdir(parents=True, exist_ok=True)
+    results_path = plan.pdir / "results.parquet"
+    write_parquet_atomic(results_path, ev.rows, RESULT_COLUMNS)
+    best = _select(exp, [c for c in plan.cands if c[0] not in ev.failed], ev.scores)
     best_dir = None
     if best is not None and exp.promote.write_best:
-        best_dir = write_best(dict(cands)[best], run_dir / "best")
+        best_dir = write_best(dict(plan.cands)[best], run_dir / "best")
     board = run_dir / "leaderboard.md"
-    atomic_write_text(board, leaderboard(exp, models, scores, best, dict(cands), failed))
-    return Promotion(results_path, board, best_dir, best, rows)
+    atomic_write_text(
+        board, leaderboard(exp, plan.models, ev.scores, best, dict(plan.cands), ev.failed)
+    )
+    return Promotion(results_path, board, best_dir, best, ev.rows)
 
 
 def write_best(row: dict, out: Path) -> Path:
     """Merge the best recipe to disk (weights, recipe YAML, model card) with the merge engine."""
     import yaml
 
-    from trainables.merge.engine import merge_to_disk
-    from trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
+    from trainables.merge.api import merge
 
     recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))
-    if isinstance(recipe.task_expert, str) and is_lora_adapter(recipe.task_expert):
-        return merge_lora_to_disk(recipe, out, overwrite=True, fold=True)
-    return merge_to_disk(recipe, out, overwrite=True)
+    return merge(recipe, out, overwrite=True, fold=True)  # LoRA experts: full weights too
 
 
 def leaderboard(

@@ -339,18 +339,38 @@ def run_search(
     Returns:
         SearchResult (paths, trial count, top-k rows, every split read by the proxy stage).
     """
-    import ray
-    from ray import tune
-    from ray.tune.search import ConcurrencyLimiter
-
     run_dir = Path(run_dir).resolve()
     sdir = run_dir / "search"
     store = TrialStore(sdir / "trials.parquet")
     db = sdir / "study.db"
+    exp = experiment
+    _check_search_dir(exp, sdir, store, db, resume)
+    pool = resolve_pool(exp)
+    depth = model_depth(pool)
+    atomic_write_text(sdir / "experiment.json", exp.model_dump_json(indent=1))
+    atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
+    spec = TrialSpec(
+        exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
+    )
+
+    storage, fresh = _open_study(exp, db, store, progress)
+    remaining = exp.search.num_samples - len(store)
+    searcher = None
+    if remaining > 0:
+        searcher = _make_searcher(exp, pool, depth, store, storage, fresh, progress)
+        _run_tuner(exp, searcher, spec, sdir, remaining)
+    splits = _write_splits(sdir, searcher.splits if searcher is not None else set())
+    store = TrialStore(sdir / "trials.parquet")
+    return SearchResult(run_dir, store.path, db, len(store), store.best(exp.promote.top_k), splits)
+
+
+def _check_search_dir(
+    exp: SearchExperiment, sdir: Path, store: TrialStore, db: Path, resume: bool
+) -> None:
+    """Refuse to overwrite a search, or to resume it as a changed experiment; make RUN/search."""
     if not resume and (store.rows or db.exists()):
         raise FileExistsError(f"{sdir}: a search exists; pass --resume to continue it")
     sdir.mkdir(parents=True, exist_ok=True)
-    exp = experiment
     saved = sdir / "experiment.json"
     if resume and saved.exists():
         # Only the budget and promotion may change on resume: rows must stay comparable.
@@ -360,72 +380,101 @@ def run_search(
             raise ValueError(
                 f"--resume: the experiment differs from {saved} (beyond search/promote)"
             )
-    pool = resolve_pool(exp)
-    depth = model_depth(pool)
-    atomic_write_text(sdir / "experiment.json", exp.model_dump_json(indent=1))
-    atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
-    spec = TrialSpec(
-        exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
-    )
 
+
+def _open_study(
+    exp: SearchExperiment, db: Path, store: TrialStore, progress: bool
+) -> tuple[optuna.storages.RDBStorage, bool]:
+    """The study's storage, and whether the study is new; an existing one is reconciled first.
+
+    Returns:
+        (storage, fresh); fresh is False when RUN/search/study.db already holds the study.
+    """
     storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
-    multi = exp.search.multi_objective
-    metric = [f"objective_{i}" for i in range(len(exp.proxy_list))] if multi else "objective"
-    mode = ["max"] * len(exp.proxy_list) if multi else "max"
     fresh = not any(s.study_name == exp.name for s in optuna.get_all_study_summaries(storage))
     if not fresh:
         study = optuna.load_study(study_name=exp.name, storage=storage)
         n = reconcile(study, store)
         if progress:
             print(f"search: resuming {len(store)} finished trial(s), {n} interrupted re-queued")
-    remaining = exp.search.num_samples - len(store)
-    searcher = None
-    if remaining > 0:
-        sampler = make_sampler(exp, offset=len(store))
-        searcher = LayerswapSearch(
-            exp=exp,
-            pool=pool,
-            depth=depth,
-            store=store,
-            progress=progress,
-            metric=metric,
-            mode=mode,
-            sampler=sampler,
-            storage=storage,
-            study_name=exp.name,
-            points_to_evaluate=[warm_start(exp.space, depth, pool), *exp.search.points_to_evaluate]
-            if fresh
-            else None,
-        )
-        searcher.study.set_user_attr("proxies", json.dumps([p.task for p in exp.proxy_list]))
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        cpus = ray.cluster_resources().get("CPU", 1)
-        limit = exp.search.max_concurrent or max(1, int(cpus // exp.search.cpus_per_trial))
-        trainable = tune.with_resources(
-            tune.with_parameters(merge_trial, spec=spec), {"cpu": exp.search.cpus_per_trial}
-        )
-        tuner = tune.Tuner(
-            trainable,
-            tune_config=tune.TuneConfig(
-                search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
-                num_samples=remaining,
-                reuse_actors=True,
-                trial_dirname_creator=_trial_dirname,
-            ),
-            run_config=tune.RunConfig(
-                name=f"tune-{int(time.time())}",
-                storage_path=str(sdir / "tune"),
-                verbose=0,
-            ),
-        )
-        tuner.fit()
-        if searcher.waiting is not None:  # asked but never run (the budget ran out first)
-            searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)
-    splits = searcher.splits if searcher is not None else set()
+    return storage, fresh
+
+
+def _make_searcher(
+    exp: SearchExperiment,
+    pool: ExpertPool,
+    depth: int,
+    store: TrialStore,
+    storage: optuna.storages.RDBStorage,
+    fresh: bool,
+    progress: bool,
+) -> LayerswapSearch:
+    """The TPE searcher over the study; a fresh study starts from the warm-start points."""
+    multi = exp.search.multi_objective
+    metric = [f"objective_{i}" for i in range(len(exp.proxy_list))] if multi else "objective"
+    mode = ["max"] * len(exp.proxy_list) if multi else "max"
+    sampler = make_sampler(exp, offset=len(store))
+    searcher = LayerswapSearch(
+        exp=exp,
+        pool=pool,
+        depth=depth,
+        store=store,
+        progress=progress,
+        metric=metric,
+        mode=mode,
+        sampler=sampler,
+        storage=storage,
+        study_name=exp.name,
+        points_to_evaluate=[warm_start(exp.space, depth, pool), *exp.search.points_to_evaluate]
+        if fresh
+        else None,
+    )
+    searcher.study.set_user_attr("proxies", json.dumps([p.task for p in exp.proxy_list]))
+    return searcher
+
+
+def _run_tuner(
+    exp: SearchExperiment, searcher: LayerswapSearch, spec: TrialSpec, sdir: Path, remaining: int
+) -> None:
+    """Run the remaining trials with Ray Tune, as many at once as the CPUs allow."""
+    import ray
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    cpus = ray.cluster_resources().get("CPU", 1)
+    limit = exp.search.max_concurrent or max(1, int(cpus // exp.search.cpus_per_trial))
+    trainable = tune.with_resources(
+        tune.with_parameters(merge_trial, spec=spec), {"cpu": exp.search.cpus_per_trial}
+    )
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
+            num_samples=remaining,
+            reuse_actors=True,
+            trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=f"tune-{int(time.time())}",
+            storage_path=str(sdir / "tune"),
+            verbose=0,
+        ),
+    )
+    tuner.fit()
+    if searcher.waiting is not None:  # asked but never run (the budget ran out first)
+        searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)
+
+
+def _write_splits(sdir: Path, splits: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Add the splits this run read to those of earlier runs (RUN/search/splits_read.json).
+
+    Returns:
+        every split read so far (`splits`, updated in place).
+    """
     old = sdir / "splits_read.json"
     if old.exists():
         splits |= {tuple(s) for s in json.loads(old.read_text())}
     atomic_write_text(old, json.dumps(sorted(splits)))
-    store = TrialStore(sdir / "trials.parquet")
-    return SearchResult(run_dir, store.path, db, len(store), store.best(exp.promote.top_k), splits)
+    return splits
