@@ -182,7 +182,7 @@ def main() -> None:
     top = {r for r, v in table.items() if v >= cut}
     budget = max(1, int(args.budget * len(table)))
     report["grid_table"] = [[p, table[recipe_id(decode(p, exp.space, depth, pool))]] for p in grid]
-    from search.search import make_sampler
+    from search.searcher import make_sampler
 
     def exp_s(seed):  # the search's own sampler settings, with this budget and seed
         return exp.model_copy(

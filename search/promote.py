@@ -173,7 +173,7 @@ def promote(
 
 def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:
     """The search's own expert pool (RUN/search/pool.json), else the experiment's, resolved anew."""
-    from search.search import resolve_pool
+    from search.pool import resolve_pool
 
     pool_file = run_dir / "search" / "pool.json"
     return (
@@ -192,7 +192,7 @@ def _promotion_tasks(exp: SearchExperiment) -> list[str]:
 
 def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
-    from search.search import include_paths, model_depth
+    from search.pool import include_paths, model_depth
     from trainables.merge.live import ExpertCache, LiveModel
 
     pdir = run_dir / "promotion"

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from search.results import TrialStore
-from search.search import LayerswapSearch, reconcile
+from search.searcher import LayerswapSearch, reconcile
 from search.tune_trial import META
 from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool
@@ -128,7 +128,7 @@ def test_pool_from_the_expert_registry(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from search.search import resolve_pool
+    from search.pool import resolve_pool
 
     def row(i, kind, lang, mode, ind_m, ind_b):
         return {"expert_id": f"e{i}", "kind": kind, "language": lang, "mode": mode, "path": f"/x/e{i}", "base": "/b", "ind__world_mgsm_direct_en_dev": ind_m, "ind__world_belebele_xa_dev": ind_b}  # fmt: skip

@@ -1,0 +1,238 @@
+"""The merge search's searcher: OptunaSearch that records rows, serves repeats, tells Optuna the truth.
+
+`LayerswapSearch` (via search/optuna_tune.py) writes each trial's row to the trial store before
+telling Optuna its outcome (COMPLETE, PRUNED after screening, FAIL), so `reconcile` can finish
+an interrupted study from the table on --resume. `make_sampler` is the seeded TPE sampler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from functools import partial
+
+import optuna
+
+from search.optuna_tune import OptunaTuneSearch
+from search.pool import expert_id
+from search.results import PROXY_PREFIX, TrialStore
+from search.tune_trial import META
+from spaces.recipe import dump_recipe, recipe_id
+from spaces.search_experiment import SearchExperiment
+from spaces.search_space import ExpertPool, decode, recipe_fields, suggest
+
+STATES = optuna.trial.TrialState
+
+
+class LayerswapSearch(OptunaTuneSearch):
+    """OptunaSearch that writes each trial's row, serves repeated recipes and tells Optuna the truth.
+
+    - one report per trial: a screened-out trial is told PRUNED (its low-fidelity value only as an
+      intermediate value), a failed one FAIL, never a low-fidelity value as COMPLETE;
+    - a recipe already evaluated is served from the table (status "duplicate"); one proposed
+      while an identical one is running waits for it;
+    - the parquet row is written before Optuna is told, so a crash in between is reconciled on
+      --resume from the row.
+    """
+
+    def __init__(
+        self,
+        *,
+        exp: SearchExperiment,
+        pool: ExpertPool,
+        depth: int,
+        store: TrialStore,
+        progress: bool,
+        **kw,
+    ):
+        self.exp, self.pool, self.depth, self.store, self.progress = (
+            exp,
+            pool,
+            depth,
+            store,
+            progress,
+        )
+        self.pending: dict[str, str] = {}  # recipe id -> running trial id
+        self.waiting: tuple | None = None
+        self.meta: dict[str, dict] = {}
+        self.splits: set[tuple[str, str]] = set()
+        space = partial(_space_fn, space=exp.space, depth=depth, pool=pool)
+        super().__init__(space=space, **kw)
+
+    def suggest(self, trial_id: str):
+        if self.waiting is not None:
+            ot_trial, params, rid = self.waiting
+            if rid in self.pending:
+                return None
+            self.waiting = None
+            self.bind(trial_id, ot_trial)
+            return self._dress(trial_id, ot_trial, params, rid)
+        params = super().suggest(trial_id)
+        if params is None:
+            return None
+        ot_trial = self.optuna_trial(trial_id)
+        try:
+            rid = recipe_id(decode(params, self.exp.space, self.depth, self.pool))
+        except Exception:  # the trial reports the decoding error as a failed row
+            rid = f"invalid-{ot_trial.number}"
+        if rid in self.pending:
+            self.waiting = (ot_trial, params, rid)
+            self.unbind(trial_id)
+            return None
+        return self._dress(trial_id, ot_trial, params, rid)
+
+    def _dress(self, trial_id, ot_trial, params, rid) -> dict:
+        served = self.store.evaluated(rid)
+        if served is None:
+            self.pending[rid] = trial_id
+        ot_trial.set_user_attr("recipe_id", rid)
+        self.meta[trial_id] = {"number": ot_trial.number, "recipe_id": rid, "params": params}
+        fid = self.exp.search.fidelity
+        reject = None if fid.screen is None else self.store.kth_best(fid.keep_top)
+        return {**params, META: {"served": served, "reject_below": reject}}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        pass  # one report per trial, handled at completion
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        meta = self.meta.pop(trial_id, None)
+        if meta is None or self.is_completed(trial_id):
+            return
+        if self.pending.get(meta["recipe_id"]) == trial_id:
+            del self.pending[meta["recipe_id"]]
+        row = self._row(meta, result if not error else None)
+        self.store.append(row)  # first the table: --resume trusts it
+        splits = (result or {}).get("splits_read") or "[]"
+        self.splits |= {
+            tuple(s) for s in (json.loads(splits) if isinstance(splits, str) else splits)
+        }
+        tell(self.study, self.optuna_trial(trial_id), row, result)
+        self.mark_completed(trial_id)
+        if self.progress:
+            obj = row["objective"]
+            obj_s = "-" if obj is None else f"{obj:.4f}"
+            print(
+                f"search: trial {row['trial_id']} {row['status']:<9} objective {obj_s} "
+                f"recipe {row['recipe_id']} b={row['bottom']} u={row['top']} "
+                f"t_b={row['bottom_transition']} t_u={row['top_transition']} "
+                f"w={row['weights']} ({len(self.store)}/{self.exp.search.num_samples})",
+                flush=True,
+            )
+
+    def _row(self, meta: dict, result: dict | None) -> dict:
+        row = {"trial_id": f"{meta['number']:04d}", "recipe_id": meta["recipe_id"]}
+        row["params"] = json.dumps(meta["params"], sort_keys=True)
+        row["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            recipe = decode(meta["params"], self.exp.space, self.depth, self.pool)
+            row |= {"recipe_yaml": dump_recipe(recipe), "method": recipe.method}
+            row |= recipe_fields(recipe)
+            row["task_expert_id"] = expert_id(self.pool, recipe.task_expert)
+            row["language_expert_id"] = expert_id(self.pool, recipe.language_expert)
+        except Exception as e:
+            row |= {"status": "failed", "error": f"decode: {e}", "method": "layer_swap"}
+            return row
+        if result is None:
+            return row | {"status": "failed", "error": "the trial raised (see the Ray logs)"}
+        status = result.get("status", "failed")
+        row["status"] = status
+        row["error"] = result.get("error")
+        for k in ("t_compose_s", "t_eval_s", "t_total_s"):
+            row[k] = float(result.get(k) or 0.0)
+        if status == "duplicate":
+            row["error"] = f"served from trial {result.get('served_from')}"
+            row["fidelity"] = result.get("fidelity")
+            row["objective"] = result.get("objective")
+            if row["objective"] is not None and not math.isfinite(row["objective"]):
+                row["objective"] = None
+            row |= {k: v for k, v in result.items() if k.startswith(PROXY_PREFIX)}
+            return row
+        row["fidelity"] = int(result.get("fidelity") or 0)
+        obj = result.get("objective")
+        row["objective"] = (
+            obj if status == "ok" and obj is not None and math.isfinite(obj) else None
+        )
+        row |= {k: float(v) for k, v in result.items() if k.startswith(PROXY_PREFIX)}
+        return row
+
+
+def make_sampler(exp: SearchExperiment, offset: int = 0) -> optuna.samplers.TPESampler:
+    """TPE for small conditional integer/categorical spaces, run in parallel.
+
+    multivariate + group model the conditional parameters jointly (per sub-space);
+    constant_liar keeps concurrent workers from proposing the same point; few random
+    startup trials because budgets are tens of trials. `offset` reseeds a resumed run.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=exp.search.seed + offset,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+            n_startup_trials=max(3, min(10, exp.search.num_samples // 5)),
+        )
+
+
+def _space_fn(trial, space, depth, pool):
+    return suggest(trial, space, depth, pool)
+
+
+def tell(study: optuna.Study, trial, row: dict, result: dict | None) -> None:
+    """Tell Optuna the row's outcome: COMPLETE (full fidelity), PRUNED (screened out) or FAIL."""
+    status = row["status"]
+    if status == "duplicate":
+        status = (result or {}).get("source_status") or (
+            "ok" if row["objective"] is not None else "failed"
+        )
+    try:
+        if status == "ok" and row["objective"] is not None:
+            n = len(study.directions)
+            if n > 1:
+                values = [(result or {}).get(f"objective_{i}") for i in range(n)]
+                if any(v is None for v in values):
+                    proxies = {
+                        k[len(PROXY_PREFIX) :]: v
+                        for k, v in row.items()
+                        if k.startswith(PROXY_PREFIX)
+                    }
+                    values = [proxies.get(p) for p in _proxy_tasks(study)]
+                study.tell(trial, values)
+            else:
+                study.tell(trial, row["objective"])
+        elif status == "pruned":
+            low = (result or {}).get("low_fidelity_objective")
+            number = trial if isinstance(trial, int) else trial.number
+            if low is not None and math.isfinite(low) and not isinstance(trial, int):
+                trial.report(low, step=int(row.get("fidelity") or 1))
+            study.tell(number, state=STATES.PRUNED)
+        else:
+            study.tell(trial, state=STATES.FAIL)
+    except Exception as e:  # e.g. already finished: the table stays the source of truth
+        print(f"search: optuna tell for trial {row['trial_id']}: {e}")
+
+
+def _proxy_tasks(study) -> list[str]:
+    return json.loads(study.user_attrs.get("proxies", "[]"))
+
+
+def reconcile(study: optuna.Study, store: TrialStore) -> int:
+    """After an interrupted driver: finish RUNNING Optuna trials from the table, re-queue the rest.
+
+    Returns:
+        how many interrupted trials were re-queued (their params run again under new numbers).
+    """
+    rows = {r["trial_id"]: r for r in store.rows}
+    requeued = 0
+    for t in study.get_trials(deepcopy=False, states=(STATES.RUNNING,)):
+        row = rows.get(f"{t.number:04d}")
+        if row is not None:
+            tell(study, t.number, row, None)
+        else:
+            study.tell(t.number, state=STATES.FAIL)
+            study.enqueue_trial(dict(t.params))
+            requeued += 1
+    return requeued
