@@ -1,6 +1,6 @@
 """Search trials without Ray: in-memory composition into one live model, proxy scoring, failures.
 
-Run: .venv/bin/python -m pytest -q tests/trainables/test_trial.py
+Run: .venv/bin/python -m pytest -q tests/search/test_trial.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """TrainExperiment configs: the shipped examples validate (real ones without downloading), errors
 name the file and field, modes/datasets/scaling constraints hold.
 
-Run: .venv/bin/python -m pytest tests/spaces/test_experiment.py
+Run: .venv/bin/python -m pytest tests/spaces/test_train_experiment.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The merge engine on disk: a recipe streamed from safetensors checkpoints to a new checkpoint.
 
-Run it as `layerswap merge RECIPE.yaml --out DIR`; `merge_to_disk` is the function behind it.
+Run it as `layerswap merge RECIPE.yaml --out DIR` (trainables.merge.api.merge sends full-weight
+recipes here); `merge_to_disk` is the function.
 Everything is validated before the first byte is written; output appears atomically.
 """
 
@@ -313,7 +314,7 @@ def merge_to_disk(
     try:
         if "peft_type" in next(iter(ckpts.values())).config:
             raise CheckpointError(
-                f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.merge.lora.merge_lora_to_disk (layerswap merge does this for layer_swap recipes)"
+                f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.merge.api.merge (layerswap merge does this for layer_swap recipes)"
             )
         plan, depth = plan_for(recipe, ckpts)
         primary = ckpts[primary_ref(recipe)]

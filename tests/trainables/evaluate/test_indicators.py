@@ -1,6 +1,6 @@
 """Expert indicators equal lm-eval's own numbers on the tiny world (full checkpoints and LoRA).
 
-Run: .venv/bin/python -m pytest -q tests/trainables/test_indicators.py   (lm-eval runs: slow)
+Run: .venv/bin/python -m pytest -q tests/trainables/evaluate/test_indicators.py   (lm-eval runs: slow)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cached proxy evaluator agrees with lm-eval's own HFLM run, item by item.
 
-Run: .venv/bin/python -m pytest -q tests/trainables/test_proxy_eval.py
+Run: .venv/bin/python -m pytest -q tests/trainables/evaluate/test_proxy.py
 """
 
 from __future__ import annotations

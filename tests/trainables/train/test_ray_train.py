@@ -1,7 +1,7 @@
 """Ray Train runs of the trainer: 2 workers with an injected failure resume from the last
 checkpoint with no step lost or repeated; `layerswap train` on Ray writes a loadable adapter.
 
-Run: .venv/bin/python -m pytest tests/trainables/test_ray_train.py  (slow: Ray start-up ~20 s/fit)
+Run: .venv/bin/python -m pytest tests/trainables/train/test_ray_train.py  (slow: Ray start-up ~20 s/fit)
 """
 
 from __future__ import annotations
