@@ -89,32 +89,14 @@ def baselines(exp: SearchExperiment, pool: ExpertPool, depth: int) -> list[tuple
     return out
 
 
+# lm-eval's raw-result sections keyed by task name (the rest describe the whole run).
+_PER_TASK = ("results", "configs", "samples", "n-samples", "versions", "higher_is_better", "n-shot")
+
+
 def _split_raw(raw: dict, task: str) -> dict:
     """lm-eval's raw result restricted to one task (what promotion/lm_eval/<model>/<task>.json holds)."""
-    out = {
-        k: v
-        for k, v in raw.items()
-        if k
-        not in (
-            "results",
-            "configs",
-            "samples",
-            "n-samples",
-            "versions",
-            "higher_is_better",
-            "n-shot",
-            "group_subtasks",
-        )
-    }
-    for key in (
-        "results",
-        "configs",
-        "samples",
-        "n-samples",
-        "versions",
-        "higher_is_better",
-        "n-shot",
-    ):
+    out = {k: v for k, v in raw.items() if k not in (*_PER_TASK, "group_subtasks")}
+    for key in _PER_TASK:
         if isinstance(raw.get(key), dict) and task in raw[key]:
             out[key] = {task: raw[key][task]}
     return out

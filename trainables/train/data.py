@@ -84,7 +84,8 @@ def encode(tok, prompt: str, response: str, seq_len: int) -> Encoded | None:
     return ids, [-100] * n_head + ids[n_head:]
 
 
-def _seed(*parts: object) -> int:
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that is a pure function of `parts` (seed, purpose, step, ...)."""
     h = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
@@ -105,7 +106,7 @@ class Stream:
         """The `sample`-th example this stream ever yields (epoch = sample // len)."""
         epoch, pos = divmod(sample, len(self.examples))
         if epoch not in self._perms:
-            g = torch.Generator().manual_seed(_seed(self.seed, self.index, epoch))
+            g = torch.Generator().manual_seed(derive_seed(self.seed, self.index, epoch))
             self._perms = {epoch: torch.randperm(len(self.examples), generator=g).tolist()}
         return self.examples[self._perms[epoch][pos]]
 
@@ -137,7 +138,7 @@ def build_data(exp: TrainExperiment, tok) -> TrainData:
     n_val = max(n_val, 1) if h.val_share > 0 else 0
     train, val = [], []
     for i, enc in enumerate(encoded):
-        g = torch.Generator().manual_seed(_seed(h.seed, "val", i))
+        g = torch.Generator().manual_seed(derive_seed(h.seed, "val", i))
         order = torch.randperm(len(enc), generator=g).tolist()
         val.append([enc[j] for j in order[:n_val]])
         train.append([enc[j] for j in sorted(order[n_val:])])

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from spaces.train_experiment import TrainExperiment, experiment_json
+from spaces.train_experiment import TrainExperiment
 from trainables.train.data import (
     TrainData,
-    _seed,
     build_data,
     collate,
+    derive_seed,
     local_batch,
     total_steps,
 )
@@ -31,7 +31,9 @@ from trainables.train.modes import Prepared, prepare
 from trainables.train.schedules import lr_at
 from trainables.train.state import (
     STATE_DIR,
+    build_manifest,
     load_optimizer,
+    prune_checkpoints,
     read_manifest,
     read_state,
     save_checkpoint,
@@ -87,7 +89,7 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
     return tok, model
 
 
-def _val_losses(model, data: TrainData, exp: TrainExperiment, rank: int, world: int, device, pad: int) -> list[float]:  # fmt: skip
+def validation_losses(model, data: TrainData, exp: TrainExperiment, rank: int, world: int, device, pad: int) -> list[float]:  # fmt: skip
     """Token-weighted validation loss per dataset (each rank scores a strided share)."""
     sums = []
     model.eval()
@@ -123,30 +125,6 @@ def _maybe_fail(exp: TrainExperiment, step: int, rank: int) -> None:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
         raise RuntimeError(f"injected failure at step {step} (rank {rank})")
-
-
-def _manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None) -> dict:  # fmt: skip
-    n_train = sum(len(s) for s in data.streams)
-    return {
-        "experiment": experiment_json(exp),
-        "name": exp.name,
-        "kind": exp.kind,
-        "language": exp.language,
-        "mode": exp.mode.type,
-        "base": exp.base,
-        "step": step,
-        "samples": samples,
-        "epoch": samples / n_train,
-        "seed": exp.hyper.seed,
-        "world_size": world,
-        "hparams": exp.hyper.model_dump(mode="json"),
-        "data": data.info,
-        "val_loss": (sum(val) / len(val)) if val else None,
-        "val_losses": val,
-        "train_loss": train_loss,
-        "is_lora": prep.is_lora,
-        "groups": {g: len(v) for g, v in prep.groups.items()},
-    }
 
 
 @dataclass
@@ -261,7 +239,7 @@ def _train_step(run: _Run, step: int) -> _StepOut:
     for opt in run.optimizers.values():
         for g in opt.param_groups:
             g["lr"] = lr
-    torch.manual_seed(_seed(h.seed, "step", step, run.rank))  # dropout: exact on resume
+    torch.manual_seed(derive_seed(h.seed, "step", step, run.rank))  # dropout: exact on resume
     loss = run.net(**batch).loss
     loss.backward()
     params = [p for _, p in run.prep.groups[group]]
@@ -312,7 +290,9 @@ def _metrics(run: _Run, out: _StepOut, done: int, samples: int, ckpt_due: bool) 
 
 def _validate(run: _Run, metrics: dict) -> list[float]:
     """Validation loss per dataset (on every rank), also added to `metrics`."""
-    val = _val_losses(run.prep.model, run.data, run.exp, run.rank, run.world, run.device, run.pad)
+    val = validation_losses(
+        run.prep.model, run.data, run.exp, run.rank, run.world, run.device, run.pad
+    )
     if val:
         metrics["val_loss"] = sum(val) / len(val)
         metrics |= {f"val_loss__{i}": v for i, v in enumerate(val)}
@@ -332,7 +312,9 @@ def _save_checkpoint(
         tokenizer=run.tok,
         optimizers=run.optimizers,
         names=run.names,
-        manifest=_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss),
+        manifest=build_manifest(
+            run.exp, run.prep, run.data, done, samples, run.world, val, train_loss
+        ),
         state={"step": done, "samples": samples, "lr": lr, "total_steps": run.total},
     )
     return path
@@ -351,7 +333,7 @@ def _checkpoint(
         path = _save_checkpoint(run, done, samples, lr, val, metrics["loss"])
         result.checkpoints.append(path)
         result.final_checkpoint = path
-        _prune(result.checkpoints, run.exp.keep_checkpoints)
+        prune_checkpoints(result.checkpoints, run.exp.keep_checkpoints)
     if run.world > 1:
         dist.barrier()
     return path
@@ -425,10 +407,3 @@ def run_training(
         if report is not None:
             report(metrics, path)
     return result
-
-
-def _prune(paths: list[Path], keep: int | None) -> None:
-    while keep is not None and len(paths) > keep:
-        old = paths.pop(0)
-        if old.exists():
-            shutil.rmtree(old)

@@ -69,14 +69,14 @@ def val_losses(model_dir: str | Path, exp: TrainExperiment) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainables.train.data import build_data
-    from trainables.train.loop import _val_losses
+    from trainables.train.loop import validation_losses
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     data = build_data(exp, tok)
-    return _val_losses(model, data, exp, 0, 1, "cpu", tok.pad_token_id)
+    return validation_losses(model, data, exp, 0, 1, "cpu", tok.pad_token_id)
 
 
 def freeze_vs_revert(exp: TrainExperiment, workdir: str | Path, run=None) -> dict:

@@ -8,13 +8,20 @@ name, and `state.json` (step, samples, lr). Written atomically (trainables/atomi
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from spaces.train_experiment import TrainExperiment, experiment_json
 from trainables.atomic import atomic_dir
+
+if TYPE_CHECKING:  # annotations only: state.py is imported by both
+    from trainables.train.data import TrainData
+    from trainables.train.modes import Prepared
 
 MANIFEST = "layerswap_train.json"
 STATE_DIR = "trainer_state"
@@ -50,6 +57,31 @@ def load_optimizer(opt: torch.optim.Optimizer, named: list[tuple[str, torch.nn.P
         p = by_name[name]
         st = opt.state[p]
         st[field] = t if field == "step" else t.to(device=p.device, dtype=p.dtype)
+
+
+def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None) -> dict:  # fmt: skip
+    """The manifest (layerswap_train.json) of a checkpoint at `step`: config, data, losses."""
+    n_train = sum(len(s) for s in data.streams)
+    return {
+        "experiment": experiment_json(exp),
+        "name": exp.name,
+        "kind": exp.kind,
+        "language": exp.language,
+        "mode": exp.mode.type,
+        "base": exp.base,
+        "step": step,
+        "samples": samples,
+        "epoch": samples / n_train,
+        "seed": exp.hyper.seed,
+        "world_size": world,
+        "hparams": exp.hyper.model_dump(mode="json"),
+        "data": data.info,
+        "val_loss": (sum(val) / len(val)) if val else None,
+        "val_losses": val,
+        "train_loss": train_loss,
+        "is_lora": prep.is_lora,
+        "groups": {g: len(v) for g, v in prep.groups.items()},
+    }
 
 
 def save_checkpoint(
@@ -97,3 +129,11 @@ def find_checkpoints(root: str | Path) -> list[Path]:
     """Every training checkpoint under `root` (plain-loop or Ray storage), by (step, path)."""
     found = [p.parent for p in Path(root).rglob(MANIFEST) if not p.parent.name.startswith(".")]
     return sorted(found, key=lambda p: (read_manifest(p)["step"], str(p)))
+
+
+def prune_checkpoints(paths: list[Path], keep: int | None) -> None:
+    """Delete the oldest checkpoint dirs of `paths` (oldest first) until `keep` remain."""
+    while keep is not None and len(paths) > keep:
+        old = paths.pop(0)
+        if old.exists():
+            shutil.rmtree(old)
