@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "trainables"))  # fixture world and models
+sys.path.insert(0, str(ROOT / "tests" / "trainables" / "evaluate"))  # fixture world and models
 
 TASKS = ["mgsm_dev", "bele_dev"]
 
@@ -44,7 +44,7 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
     from proxy_fixtures import tiny_models, write_world
-    from test_proxy_eval import assert_same_as_lm_eval
+    from test_proxy import assert_same_as_lm_eval
 
     from trainables.evaluate.proxy import ProxyEvaluator
     from world.tiny import tiny_tokenizer

@@ -2,8 +2,8 @@
 
 Each subcommand module (`merge`, `train`, `search`, `eval`, `analyze`, `world`, `demo`) adds its
 parser and a handler that validates input once and calls a plain function of the library.
-Modules import only argparse at load time, so `layerswap --help` stays fast; torch, ray,
-lm-eval and pandas load when a command runs. Run `layerswap --help`.
+Modules import only light things at load time (argparse, the pydantic configs), so `layerswap
+--help` stays fast; torch, ray, lm-eval, optuna and pandas load when a command runs (tested). Run `layerswap --help`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`layerswap merge RECIPE.yaml --out DIR`: apply a merge recipe to safetensors checkpoints.
 
-Thin: validates the recipe and the arguments, then calls trainables.merge (the disk engine, or
-the LoRA adapter swap when both experts are adapters). Run `layerswap merge --help`.
+Thin: validates the recipe and the arguments, then calls trainables.merge.api (merge: the disk
+engine, or the LoRA adapter swap when both experts are adapters; export_mergekit). Run `layerswap merge --help`.
 """
 
 from __future__ import annotations

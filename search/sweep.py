@@ -51,12 +51,12 @@ class SweepResult:
 
 
 def world_dir(experiment: TrainExperiment) -> Path | None:
-    """The embedded world of an experiment: `world`, or the base's parent with world.json."""
+    """The embedded world of an experiment: `search.world`, or the base's parent with world.json."""
     sweep = experiment.search
     if sweep is not None and sweep.world is not None:
         w = Path(sweep.world)
         if not (w / "world.json").is_file():
-            raise ValueError(f"world: {w} is not a world folder (no world.json)")
+            raise ValueError(f"search.world: {w} is not a world folder (no world.json)")
         return w
     parent = Path(experiment.base).parent
     return parent if (parent / "world.json").is_file() else None

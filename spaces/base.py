@@ -63,6 +63,7 @@ def validate(
     what: str,
     top: str = "<root>",
     error: type[ValueError] = ValueError,
+    not_a_mapping: str | None = None,
 ) -> T:
     """`data` validated into `schema`; errors name `source` and every offending field.
 
@@ -73,9 +74,10 @@ def validate(
         what: what `data` should be ("recipe", "experiment", "search experiment").
         top: the name of the root in field errors.
         error: the ValueError subclass to raise.
+        not_a_mapping: the message when `data` is not a mapping (default: names its type).
     """
     if not isinstance(data, dict):
-        raise error(f"{source}: expected a mapping ({what}), got {type(data).__name__}")
+        raise error(not_a_mapping or f"{source}: expected a mapping, got {type(data).__name__}")
     adapter = schema if isinstance(schema, TypeAdapter) else TypeAdapter(schema)
     try:
         return adapter.validate_python(data)

@@ -242,7 +242,15 @@ _RECIPE = TypeAdapter(Recipe)
 
 def parse_recipe(data: object, source: str = "recipe") -> Recipe:
     """Validate a mapping into a recipe; errors name `source` and every offending field."""
-    return validate(_RECIPE, data, source=source, what="recipe", top="<recipe>", error=RecipeError)
+    return validate(
+        _RECIPE,
+        data,
+        source=source,
+        what="recipe",
+        top="<recipe>",
+        error=RecipeError,
+        not_a_mapping=f"{source}: expected a mapping with a `method` key, got {data!r}",
+    )
 
 
 def _resolve_paths(data: dict, root: Path) -> dict:

@@ -145,7 +145,8 @@ def _resolve(data: dict, root: Path) -> dict:
 
 
 def load_search_experiment(path: str | Path) -> SearchExperiment:
-    """Read and validate a search experiment YAML (paths: spaces.base.resolve_local).
+    """Read and validate a search experiment YAML (paths: spaces.base.resolve_local, against the
+    file's folder, then the working directory; what exists in neither is kept, e.g. Hub ids).
 
     Raises:
         ValueError naming the file and every offending field.
@@ -153,5 +154,13 @@ def load_search_experiment(path: str | Path) -> SearchExperiment:
     path = Path(path)
     data = load_yaml(path, "experiment")
     if isinstance(data, dict):
-        data = _resolve(data, path.parent)
-    return validate(SearchExperiment, data, source=str(path), what="search experiment")
+        # Then what names a local path only from the working directory is made absolute too:
+        # Tune runs each trial in a folder of its own.
+        data = _resolve(_resolve(data, path.parent), Path.cwd())
+    return validate(
+        SearchExperiment,
+        data,
+        source=str(path),
+        what="search experiment",
+        not_a_mapping=f"{path}: expected a mapping",
+    )

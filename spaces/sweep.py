@@ -143,7 +143,7 @@ class SweepConfig(StrictModel):
         """Dotted paths sampled as ints, checked against the experiment's values.
 
         Args:
-            experiment: the experiment as JSON data (`Experiment.model_dump(mode="json")`).
+            experiment: the experiment as JSON data (`TrainExperiment.model_dump(mode="json")`).
         Returns:
             the paths whose current value is an int (or unset with integral range bounds).
         Raises:
@@ -220,7 +220,7 @@ def indicator_tasks(
     Returns:
         task names, the first one being the default sweep metric.
     """
-    if kind not in ("math", "language"):
+    if kind not in EXPERT_KINDS:
         raise ValueError(f"unknown expert kind {kind!r} (expected 'math' or 'language')")
     if world:
         if language not in WORLD_LANGUAGES:

@@ -204,3 +204,20 @@ def test_experiment_config(tmp_path):
         SearchExperiment(language="xa", base="b", task_experts=["m"])
     with pytest.raises(ValidationError, match="magnitude needs"):
         SearchExperiment(language="xa", task_experts=["m"], language_experts=["l"])
+
+
+def test_experiment_paths_follow_the_one_rule(tmp_path, monkeypatch):
+    """Against the file's folder, then the working directory (trials run in folders of their
+    own, so what exists only from the working directory is made absolute); Hub ids stay."""
+    cfg, cwd = tmp_path / "cfg", tmp_path / "cwd"
+    (cfg / "m").mkdir(parents=True)
+    (cwd / "runs/l").mkdir(parents=True)
+    (cfg / "e.yaml").write_text(
+        "language: xa\nbase: meta-llama/Llama-3.1-8B\ntask_experts: [m]\n"
+        "language_experts: [runs/l]\nworld: nowhere\n"
+    )
+    monkeypatch.chdir(cwd)
+    exp = load_search_experiment(cfg / "e.yaml")
+    assert exp.task_experts == [str(cfg / "m")]
+    assert exp.language_experts == [str(cwd / "runs/l")]
+    assert exp.base == "meta-llama/Llama-3.1-8B" and exp.world == "nowhere"

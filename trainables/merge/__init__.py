@@ -1,7 +1,9 @@
 """The merge engine: recipes applied to checkpoints, streamed to disk or composed in memory.
 
-Rooms: `arch` (parameter name -> layer, component), `checkpoint` (safetensors in byte ranges),
-`plan` (recipe -> per-tensor plan, pure), `ops` (the tensor arithmetic), `engine` (the disk
-merge behind `layerswap merge`), `compose` (the same plan in memory), `lora` (PEFT adapter
-swaps), `mergekit_export`, `modelcard`.
+Entry points: `api.merge(recipe, out)` (LoRA adapters or full weights; `layerswap merge`) and
+`api.export_mergekit(recipe)`. Rooms: `arch` (parameter name -> layer, component), `checkpoint`
+(safetensors in byte ranges), `methods` (the merge-method registry), `terms` + `plan` (recipe
+-> per-tensor plan, pure), `ops` (the tensor arithmetic), `engine` (the disk merge), `compose`
+(the same plan in memory), `live` (experts in memory and the live model the search re-points),
+`lora` (PEFT adapter swaps), `mergekit_export`, `modelcard`.
 """

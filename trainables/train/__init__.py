@@ -2,7 +2,7 @@
 
 Run one process: `run_training(load_train_experiment("exp.yaml"), workdir=Path("out"))`; under
 torch.distributed (gloo/nccl, DDP) every rank calls the same function. Ray Train wraps it in
-trainables/train/ray_train.py; the CLI is `layerswap train EXPERIMENT.yaml` (search/train_cli.py).
+trainables/train/ray_train.py; the CLI is `layerswap train EXPERIMENT.yaml` (cli/train.py).
 
 API (stable; the expert-sweep helper builds on it)
 --------------------------------------------------

@@ -1,6 +1,6 @@
 """Which side (language / task) of a training partition owns each parameter.
 
-`param_sides(names, spec, depth)` places every parameter name with trainables/merge/engine/arch.py and the
+`param_sides(names, spec, depth)` places every parameter name with trainables/merge/arch.py and the
 layer-swap zone table (spaces/zones.py), so freezing and merging read partitions the same way.
 """
 
