@@ -172,6 +172,18 @@ def tiny_world(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on shared cores: one intra-op thread is several times faster than two.
+
+    Modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
 def ray_session():
     """A 2-CPU local Ray for one test module, in its own short temp dir (Ray's socket paths are
     length-limited, and a shared /tmp/ray would mix sessions of concurrent runs)."""

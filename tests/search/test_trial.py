@@ -13,13 +13,7 @@ from search.trial import TrialRunner, combine, hoeffding_upper
 from spaces.search_space import ExpertPool, decode, warm_start
 from trainables.merge.compose import compose_recipe
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,25 +24,13 @@ GEN_TOKS = 24
 LIMIT = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on shared cores
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    """The tiny world, seed 0 (build_world is idempotent: other modules reuse this folder)."""
-    from world import build_world
-
-    return build_world(
-        tmp_path_factory.getbasetemp() / "sweep_world" / "world",
-        seed=0,
-        size="tiny",
-        progress=False,
-    )
+def world(tiny_world) -> Path:
+    """The session's tiny world, seed 0 (tests/conftest.py)."""
+    return tiny_world
 
 
 @pytest.fixture(scope="module")

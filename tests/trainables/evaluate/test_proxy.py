@@ -17,15 +17,7 @@ GEN = {"max_gen_toks": 16}
 TASKS = ["mgsm_dev", "bele_dev"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on shared cores: one intra-op thread is several times faster than two."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

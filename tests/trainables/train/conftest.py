@@ -6,11 +6,6 @@ import pytest
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread is ~10x faster than spinning two."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Every trainer test runs on one intra-op thread (tests/conftest.py `one_thread`)."""
     yield
-    torch.set_num_threads(before)
