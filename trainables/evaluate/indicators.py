@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainables.evaluate.harness import evaluate
+from trainables.evaluate.lm_eval_api import include_list
 from trainables.evaluate.proxy import ProxyEvaluator
 from trainables.evaluate.scoring import group_score, task_key
 from trainables.evaluate.tasks import lm_eval_tasks_dir
@@ -134,7 +135,7 @@ class IndicatorScorer:
         self.backend = backend
         self._evals: dict[str, ProxyEvaluator] = {}
         if backend == "proxy":
-            paths = _include_list(include_path)
+            paths = include_list(include_path)
             if any(not t.startswith("world_") for t in self.tasks):
                 paths.append(str(lm_eval_tasks_dir()))  # built-in tasks (ProxyEvaluator skips them)
             for name in self.tasks:
@@ -186,14 +187,6 @@ class IndicatorScorer:
             return self.score(model)
         finally:
             del model
-
-
-def _include_list(include_path) -> list[str]:
-    if include_path is None:
-        return []
-    if isinstance(include_path, (list, tuple)):
-        return [str(p) for p in include_path]
-    return [str(include_path)]
 
 
 def _lm_eval_count(raw: dict, task: str) -> int:

@@ -27,6 +27,15 @@ def offline_defaults() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def include_list(include_path: str | Path | list | tuple | None) -> list[str]:
+    """An lm-eval `include_path` argument (one folder, several, or None) as a list of str."""
+    if include_path is None:
+        return []
+    if isinstance(include_path, (list, tuple)):
+        return [str(p) for p in include_path]
+    return [str(include_path)]
+
+
 def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[str, Any]:
     """lm-eval Task objects by leaf name from YAMLs under `include_path` (no default index).
 
@@ -35,8 +44,7 @@ def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[s
     offline_defaults()
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    paths = include_path if isinstance(include_path, (list, tuple)) else [include_path]
-    tm = TaskManager(include_path=[str(p) for p in paths], include_defaults=False)
+    tm = TaskManager(include_path=include_list(include_path), include_defaults=False)
     out: dict[str, Any] = {}
     stack = [get_task_dict(list(task_names), tm)]
     while stack:  # groups nest dicts of tasks

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainables.atomic import atomic_write_text
-from trainables.evaluate.lm_eval_api import offline_defaults
+from trainables.evaluate.lm_eval_api import include_list, offline_defaults
 
 # Built-in lm-eval configs the world tasks include; the synthetic languages use English prompts.
 MGSM_BASE = "mgsm/direct/mgsm_direct_en.yaml"
@@ -124,12 +124,7 @@ def task_manager(tasks: list[str], include_path: str | Path | list | None = None
     offline_defaults()
     from lm_eval.tasks import TaskManager
 
-    if include_path is None:
-        paths: list[str] = []
-    elif isinstance(include_path, (list, tuple)):
-        paths = [str(p) for p in include_path]
-    else:
-        paths = [str(include_path)]
+    paths = include_list(include_path)
     for p in paths:
         if not Path(p).is_dir():
             raise ValueError(f"task include path {p} is not a folder")
