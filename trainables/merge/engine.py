@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from spaces.recipe import Recipe, dump_recipe
-from trainables.atomic import atomic_dir
+from spaces.recipe import Recipe, dump_recipe, recipe_id
 from trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
 from trainables.merge.checkpoint import (
     FLOAT_TAGS,
@@ -33,6 +32,7 @@ from trainables.merge.modelcard import model_card
 from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
 from trainables.merge.plan import build_plan, primary_ref, recipe_refs
 from trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
+from trainables.outputs import check_output, output_dir
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -52,6 +52,11 @@ SIDE_FILES = (
     "merges.txt",
 )
 RECIPE_FILE = "layerswap_recipe.yaml"
+
+
+def local_refs(refs: list[str]) -> list[Path]:
+    """The recipe references that are local folders (the inputs an output must keep clear of)."""
+    return [p for p in (Path(r).expanduser() for r in refs) if p.exists()]
 
 
 def resolve_ref(ref: str) -> Path:
@@ -308,9 +313,9 @@ def merge_to_disk(
         The output folder, complete: weights (+ index), config, tokenizer, recipe, model card.
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
-    ckpts = open_checkpoints(recipe_refs(recipe))
+    refs = recipe_refs(recipe)
+    check_output(out, "merge", overwrite=overwrite, inputs=local_refs(refs))
+    ckpts = open_checkpoints(refs)
     try:
         if "peft_type" in next(iter(ckpts.values())).config:
             raise CheckpointError(
@@ -318,7 +323,7 @@ def merge_to_disk(
             )
         plan, depth = plan_for(recipe, ckpts)
         primary = ckpts[primary_ref(recipe)]
-        with atomic_dir(out, overwrite=overwrite) as tmp:
+        with output_dir(out, "merge", overwrite=overwrite, identity=recipe_id(recipe)) as tmp:
             write_plan(plan, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
             copy_side_files(primary.root, tmp)
             (tmp / RECIPE_FILE).write_text(dump_recipe(recipe))

@@ -15,9 +15,8 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe
+from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe, recipe_id
 from spaces.zones import layer_map, reverted
-from trainables.atomic import atomic_dir
 from trainables.merge.arch import check_model_type, num_layers, param_slot
 from trainables.merge.checkpoint import Checkpoint, CheckpointError, OutSpec, ShardWriter, byte_view
 from trainables.merge.engine import (
@@ -26,10 +25,13 @@ from trainables.merge.engine import (
     RECIPE_FILE,
     check_finite,
     copy_side_files,
+    local_refs,
     resolve_ref,
 )
 from trainables.merge.modelcard import model_card
+from trainables.merge.plan import recipe_refs
 from trainables.merge.terms import transition_weights
+from trainables.outputs import check_output, output_dir
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -353,8 +355,7 @@ def merge_lora_to_disk(
         The output folder: adapter (or model) files, the recipe and a model card.
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: already exists; pass overwrite=True to replace it")
+    check_output(out, "merge", overwrite=overwrite, inputs=local_refs(recipe_refs(recipe)))
     if not isinstance(recipe, LayerSwapRecipe):
         raise RecipeError(f"LoRA adapters can only be layer-swapped, not merged by {recipe.method}")
     for field in ("task_expert", "language_expert"):
@@ -372,7 +373,7 @@ def merge_lora_to_disk(
     depth = num_layers(base_cfg, "base config.json")
     merged = _swap(recipe, task, lang, depth)
     card = model_card(recipe, depth)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with output_dir(out, "merge", overwrite=overwrite, identity=recipe_id(recipe)) as tmp:
         if fold:
             base_root = resolve_ref(recipe.base)
             with Checkpoint.open(base_root) as base:

@@ -138,25 +138,43 @@ def test_output_is_a_complete_loadable_model(family, tmp_path):
     assert isinstance(tok.decode(gen[0]), str)
 
 
-def test_overwrite(family, tmp_path, nothing_written):
+def test_overwrite_replaces_only_a_merged_model(family, tmp_path, nothing_written):
+    from trainables.outputs import MARKER, OutputError, read_marker
+
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("old")
     fields = swap_fields(family, bottom=3, top=2)
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(OutputError, match="already exists"):
         merge(fields, out)
+    # a folder layerswap did not write is never replaced, even with overwrite
+    with pytest.raises(OutputError, match="not written by layerswap"):
+        merge(fields, out, overwrite=True)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert not list(tmp_path.glob(".out.*"))
 
+    (out / "keep.txt").unlink()  # an empty folder holds nothing to lose
     got = merge(fields, out, overwrite=True)
-    assert not (out / "keep.txt").exists()
     row = "LLLTTTTTTTLL"
     assert_state(got, expected_swap(family, row, row, "X"))
+    assert read_marker(out)["kind"] == "merge" and (out / MARKER).is_file()
     assert not list(tmp_path.glob(".out.*"))
     # and once more over a previous merge
     got = merge(swap_fields(family, bottom=1, top=1), out, overwrite=True)
     assert_state(got, expected_swap(family, "LTTTTTTTTTTL", "LTTTTTTTTTTL", "X"))
     assert not list(tmp_path.glob(".out.*"))
+
+
+def test_overwrite_never_touches_an_input(family, tmp_path):
+    from trainables.outputs import OutputError
+
+    fields = swap_fields(family, bottom=1, top=1)
+    task = Path(family.ref("task"))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in task.iterdir())
+    for out, why in ((task, "is the input"), (task.parent, "contains the input"), (task / "sub", "is inside the input")):  # fmt: skip
+        with pytest.raises(OutputError, match=why):
+            merge(fields, out, overwrite=True)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in task.iterdir()) == before
 
 
 # --- streaming details -----------------------------------------------------------------------
