@@ -153,17 +153,17 @@ def analyze_run(
     Returns:
         The report folder.
     Raises:
-        ValueError naming the file for a missing run directory or malformed result file;
-        FileExistsError when `out` exists and not `overwrite`. Nothing is written then.
+        ValueError naming the file for a missing run directory or malformed result file, or
+        when the output policy refuses `out` (trainables/outputs.py). Nothing is written then.
     """
-    from trainables.atomic import atomic_dir
+    from trainables.outputs import check_output, output_dir
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: run directory does not exist")
     out = Path(out) if out is not None else run_dir / "analysis"
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+    inputs = _run_inputs(run_dir)
+    check_output(out, "analysis", overwrite=overwrite, inputs=inputs)
     sections, present = build_sections(
         run_dir,
         n_resamples=n_resamples,
@@ -180,7 +180,7 @@ def analyze_run(
     names = [f.name for s in sections for f in s.figures]
     if len(names) != len(set(names)):
         raise RuntimeError(f"duplicate figure names: {names}")
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with output_dir(out, "analysis", overwrite=overwrite, inputs=inputs, identity=str(run_dir.resolve())) as tmp:  # fmt: skip
         (tmp / "figures").mkdir()
         for s in sections:
             for f in s.figures:
@@ -194,3 +194,12 @@ def analyze_run(
         }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def _run_inputs(run_dir: Path) -> list[Path]:
+    """What a report reads: every entry of the run folder except earlier reports."""
+    from trainables.outputs import read_marker
+
+    return [
+        p for p in sorted(run_dir.iterdir()) if (read_marker(p) or {}).get("kind") != "analysis"
+    ]

@@ -13,8 +13,8 @@ import torch
 
 from spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
 from spaces.zones import layer_map, paper_default
-from trainables.atomic import atomic_dir
 from trainables.merge.checkpoint import Checkpoint
+from trainables.outputs import output_dir
 
 NUM_LAYERS = 12
 
@@ -45,7 +45,7 @@ def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     from world.tiny import make_tiny_family
 
     t0 = time.perf_counter()
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with output_dir(out, "merge-demo", overwrite=overwrite) as tmp:
         print(f"[1/4] generating a tiny Llama family ({NUM_LAYERS} layers) ...")
         make_tiny_family(tmp / "models", num_layers=NUM_LAYERS, dtype=torch.bfloat16)
         zones = paper_default(NUM_LAYERS)

@@ -196,3 +196,27 @@ def ray_session():
     yield
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def snapshot_tree(*roots: str | Path) -> dict[str, str]:
+    """Every file and folder under `roots`: relative path -> sha256 (files) or "dir".
+
+    Compare before and after a command to prove it changed nothing there.
+    """
+    import hashlib
+
+    state = {}
+    for root in map(Path, roots):
+        if not root.exists():
+            state[str(root)] = "absent"
+            continue
+        for p in sorted([root, *root.rglob("*")]):
+            key = f"{root}/{p.relative_to(root)}"
+            state[key] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return state
+
+
+@pytest.fixture
+def tree_state():
+    """`snapshot_tree`, as a fixture: `before = tree_state(run_dir)`."""
+    return snapshot_tree

@@ -50,6 +50,21 @@ def test_rerun_needs_overwrite(run_dir, report, capsys):
     assert "already exists" in capsys.readouterr().err
 
 
+def test_out_may_not_replace_the_run_or_its_inputs(run_dir, tmp_path, capsys, tree_state):
+    before = tree_state(run_dir)
+    for out in (run_dir, run_dir / "experts", run_dir / "search" / "new", run_dir.parent):
+        assert main(["analyze", str(run_dir), "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert str(out) in err and "input" in err and "Traceback" not in err
+    other = tmp_path / "mine"  # a folder layerswap never wrote
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    assert main(["analyze", str(run_dir), "--out", str(other), "--overwrite"]) == 2
+    assert "not written by layerswap" in capsys.readouterr().err
+    assert (other / "notes.txt").read_text() == "keep me"
+    assert tree_state(run_dir) == before
+
+
 def test_indicator_table_joins_experts_and_trials(run_dir):
     run = load_run(run_dir)
     assert target_tasks(run) == ["world_mgsm_direct_xa", "world_mgsm_direct_xb"]
