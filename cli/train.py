@@ -18,23 +18,69 @@ def check_inputs(exp: TrainExperiment) -> None:
 
     A `base` that looks like a path (starts with /, ., ~ or exists) must be a folder with
     config.json; anything else is taken as a Hub id. Dataset `source` names must be registered.
+    Every problem is listed, not only the first.
     """
+    problems = []
     if exp.scaling.strategy == "fsdp" and exp.scaling.num_workers > 1:
-        raise ValueError("scaling.strategy: fsdp is not implemented yet; use ddp")
+        problems.append("scaling.strategy: fsdp is not implemented yet; use ddp")
     base = Path(exp.base).expanduser()
     if exp.base.startswith(("/", ".", "~")) or base.exists():
         if not (base / "config.json").is_file():
-            raise ValueError(f"base: {exp.base} is not a model folder (no config.json)")
+            problems.append(f"base: {exp.base} is not a model folder (no config.json)")
     for i, ds in enumerate(exp.datasets):
         if ds.path is not None and not Path(ds.path).is_file():
-            raise ValueError(f"datasets[{i}].path: {ds.path} does not exist")
+            problems.append(f"datasets[{i}].path: {ds.path} does not exist")
         if ds.source is not None:
             from trainables.train.sources import get_source
 
-            get_source(ds.source)  # DataSourceError (a ValueError) names the known ones
+            try:
+                get_source(ds.source)
+            except ValueError as e:  # DataSourceError names the known ones
+                problems.append(f"datasets[{i}].source: {e}")
         for f in ds.data_files or []:
             if not Path(f).is_file():
-                raise ValueError(f"datasets[{i}].data_files: {f} does not exist")
+                problems.append(f"datasets[{i}].data_files: {f} does not exist")
+    if problems:
+        raise ValueError("\n  ".join(problems))
+
+
+def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
+    """A sweep cannot be resumed: an earlier one in RUN/train/<name> is replaced only on
+    --overwrite, its registry rows dropped with it (never a mix of old and new rows).
+
+    Returns:
+        a context manager to run the sweep in.
+    """
+    from contextlib import contextmanager
+
+    from search.registry import append_rows, drop_rows_under, registry_path
+    from trainables.outputs import OutputError, check_output, replacing, write_marker
+    from trainables.train.run import experiment_identity
+
+    folder = run_dir / "train" / exp.name
+    if folder.exists() and any(folder.iterdir()):
+        if not overwrite:
+            raise OutputError(
+                f"{folder}: an expert sweep of {exp.name} exists; pass --overwrite to run it "
+                "again (its registry rows go with it) or choose another --out"
+            )
+        check_output(folder, "train", overwrite=True)
+
+    @contextmanager
+    def run():
+        reg = registry_path(run_dir)
+        with replacing([folder]):
+            removed = drop_rows_under(reg, folder)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                write_marker(folder, "train", experiment_identity(exp))
+                yield
+            except BaseException:
+                if removed:  # the old sweep is back: so are its rows
+                    append_rows(reg, removed)
+                raise
+
+    return run()
 
 
 def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
@@ -65,11 +111,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
     check_inputs(exp)
     if exp.search is not None:
+        if args.resume:
+            raise ValueError("--resume: an expert sweep cannot be resumed; --overwrite reruns it")
         run_dir = args.out if args.out is not None else Path(exp.storage_path)
-        return _run_sweep(exp, run_dir)
+        with _sweep_folder(exp, run_dir, args.overwrite):
+            return _run_sweep(exp, run_dir)
     # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
     storage = str(args.out / "train") if args.out is not None else exp.storage_path
-    last = train_expert(exp, storage, use_ray=not args.no_ray, resume=args.resume)
+    last = train_expert(
+        exp, storage, use_ray=not args.no_ray, resume=args.resume, overwrite=args.overwrite
+    )
     where = f"{storage.rstrip('/')}/{exp.name}"
     print(f"trained {exp.name} ({exp.mode.type}); checkpoints under {where}")
     if "://" not in where:
@@ -93,6 +144,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("experiment", type=Path, help="experiment YAML (see spaces/examples/)")
     t.add_argument("--out", type=Path, help="run folder (default: the config's storage_path)")
     t.add_argument("--no-ray", action="store_true", help="train in this process (1 worker)")
-    t.add_argument("--resume", type=Path, help="with --no-ray: continue from this checkpoint")
+    t.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        type=Path,
+        metavar="CKPT",
+        help="continue the unfinished run of this experiment in RUN_DIR (with --no-ray also: "
+        "start from the checkpoint folder CKPT)",
+    )
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start the run over (the old one is kept until the new one finishes)",
+    )
     t.set_defaults(func=_cmd_train)
     return t

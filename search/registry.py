@@ -223,6 +223,26 @@ def append_rows(path: str | Path, rows: list[dict[str, Any]]) -> pa.Table:
         return write_registry(path, old + list(rows))
 
 
+def drop_rows_under(path: str | Path, folder: str | Path) -> list[dict[str, Any]]:
+    """Remove the rows whose checkpoint lies under `folder` (a sweep started over).
+
+    Args:
+        path: the registry file (nothing happens when it does not exist).
+        folder: the replaced run folder.
+    Returns:
+        the rows removed (`append_rows` puts them back).
+    """
+    path, folder = Path(path), Path(folder).resolve()
+    if not path.is_file():
+        return []
+    with _locked(path):
+        rows = read_rows(path)
+        keep = [r for r in rows if not Path(r["path"]).resolve().is_relative_to(folder)]
+        if len(keep) != len(rows):
+            write_registry(path, keep)
+        return [r for r in rows if r not in keep]
+
+
 def top_k(
     source: str | Path | list[dict[str, Any]],
     kind: str,

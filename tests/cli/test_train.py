@@ -54,3 +54,56 @@ def test_search_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
     f = _write(tmp_path, exp.model_dump(mode="json"))
     assert main(["train", str(f), "--out", str(tmp_path / "run")]) == 0
     assert calls == [("t", tmp_path / "run")]
+
+
+def _steps(run: Path) -> list[int]:
+    """The step of every checkpoint under a run, read from the manifests on disk."""
+    import json
+
+    return sorted(json.loads(p.read_text())["step"] for p in run.rglob("layerswap_train.json"))
+
+
+def test_reruns_are_explicit(tiny_world, tmp_path, capsys, tree_state):
+    exp = make_exp(tiny_world, "full", hyper={"max_steps": 2}, checkpoint_every_samples=8, name="re")  # fmt: skip
+    f = _write(tmp_path, exp.model_dump(mode="json"))
+    out, run = tmp_path / "run", tmp_path / "run/train/re"
+    assert main(["train", str(f), "--out", str(out), "--no-ray"]) == 0
+    capsys.readouterr()
+    before = tree_state(run)
+    # the same experiment, finished: nothing to do, nothing touched
+    assert main(["train", str(f), "--out", str(out), "--no-ray"]) == 0
+    assert "already trained; nothing to do" in capsys.readouterr().out
+    # a changed experiment is refused without --overwrite, and --resume does not mix them
+    changed = exp.model_dump(mode="json") | {"hyper": exp.hyper.model_dump(mode="json") | {"lr": 0.5}}  # fmt: skip
+    (tmp_path / "changed").mkdir()
+    g = _write(tmp_path / "changed", changed)
+    for extra in ([], ["--resume"]):
+        assert main(["train", str(g), "--out", str(out), "--no-ray", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "different experiment" in err and str(run) in err and "Traceback" not in err
+    assert tree_state(run) == before
+    # --overwrite starts over with the new config; the old run is gone only once it is done
+    assert main(["train", str(g), "--out", str(out), "--no-ray", "--overwrite"]) == 0
+    assert tree_state(run) != before and _steps(run) == [1, 2]
+    assert not list(run.parent.glob(".re.replaced-*"))
+    import json
+
+    man = json.loads(next(run.rglob("layerswap_train.json")).read_text())
+    assert man["hparams"]["lr"] == 0.5
+
+
+def test_an_unfinished_run_needs_resume(tiny_world, tmp_path, capsys):
+    import shutil
+
+    exp = make_exp(tiny_world, "full", hyper={"max_steps": 4}, checkpoint_every_samples=8, name="un")  # fmt: skip
+    f = _write(tmp_path, exp.model_dump(mode="json"))
+    out, run = tmp_path / "run", tmp_path / "run/train/un"
+    assert main(["train", str(f), "--out", str(out), "--no-ray"]) == 0
+    assert _steps(run) == [1, 2, 3, 4]
+    for ck in sorted(run.rglob("layerswap_train.json"))[2:]:  # as if stopped after step 2
+        shutil.rmtree(ck.parent)
+    capsys.readouterr()
+    assert main(["train", str(f), "--out", str(out), "--no-ray"]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert main(["train", str(f), "--out", str(out), "--no-ray", "--resume"]) == 0
+    assert _steps(run) == [1, 2, 3, 4]  # each step once: continued at 3, not started over

@@ -1,24 +1,118 @@
 """One expert trained where the caller asks: on Ray Train, or in this process (`--no-ray`).
 
-`train_expert(exp, "runs/exp/train")` is what `layerswap train EXP.yaml` calls.
+`train_expert(exp, "runs/exp/train")` is what `layerswap train EXP.yaml` calls. Re-runs into an
+existing run folder are explicit (`rerun_plan`): the same experiment continues only with
+`resume`, a finished one is not trained again, a different one needs `overwrite`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Literal
 
-from spaces.train_experiment import TrainExperiment, with_overrides
+from spaces.train_experiment import TrainExperiment, experiment_json, with_overrides
+from trainables.outputs import OutputError, check_output, read_marker, replacing, write_marker
+
+Rerun = Literal["fresh", "resume", "done", "replace"]
 
 
-def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: Path | None = None) -> Path | None:  # fmt: skip
+def experiment_identity(exp: TrainExperiment) -> str:
+    """A stable id of what an experiment trains (where it writes, storage_path, is left out)."""
+    data = experiment_json(exp)
+    data.pop("storage_path", None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def last_checkpoint(run: Path) -> tuple[Path | None, bool]:
+    """The run's last checkpoint and whether it is the final step's (the run finished)."""
+    from trainables.train.state import find_checkpoints, read_state
+
+    found = find_checkpoints(run) if run.is_dir() else []
+    if not found:
+        return None, False
+    state = read_state(found[-1])
+    return found[-1], state.get("total_steps") is not None and state["step"] >= state["total_steps"]
+
+
+def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
+    """What to do with the run folder `run` (storage/<name>) of `exp`, or why not.
+
+    Returns:
+        "fresh" (nothing there), "resume" (same experiment, unfinished, `resume`), "done"
+        (same experiment, finished: nothing to train), "replace" (`overwrite`).
+    Raises:
+        OutputError: the folder holds another experiment or something else, and no flag says
+            what to do with it.
+    """
+    if resume and overwrite:
+        raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
+    if not run.exists() or (run.is_dir() and not any(run.iterdir())):
+        if resume:
+            raise OutputError(f"{run}: --resume, but there is no run to continue")
+        return "fresh"
+    check_output(run, "train", overwrite=True)  # a training run of layerswap's, or refuse
+    if overwrite:
+        return "replace"
+    same = (read_marker(run) or {}).get("identity") == experiment_identity(exp)
+    if not same:
+        raise OutputError(
+            f"{run}: holds a training run of a different experiment (config changed); pass "
+            "--overwrite to start over (the old run is kept until the new one finishes) or "
+            "choose another --out"
+        )
+    ckpt, finished = last_checkpoint(run)
+    if finished:
+        return "done"
+    if not resume:
+        where = f"last checkpoint {ckpt}" if ckpt is not None else "no checkpoint yet"
+        raise OutputError(
+            f"{run}: an unfinished run of this experiment exists ({where}); pass --resume to "
+            "continue it or --overwrite to start over"
+        )
+    return "resume"
+
+
+def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False) -> Path | None:  # fmt: skip
     """Train one expert into `storage/<name>/` and return its last checkpoint dir.
 
     Args:
         storage: Ray storage path (local folder or cloud URI; local only with use_ray=False).
+        use_ray: train on Ray Train (else in this process, 1 worker).
+        resume: continue the unfinished run in `storage/<name>/` (True), or, without Ray, from
+            this checkpoint folder (a Path).
+        overwrite: start over; the old run is set aside and dropped once the new one finishes.
     """
+    if not use_ray and "://" in storage:
+        raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
+    if use_ray and isinstance(resume, Path):
+        raise ValueError("--resume CKPT is for --no-ray; Ray resumes its own run (--resume)")
+    if "://" in storage:  # cloud storage: Ray's own restore rules apply
+        return _train(exp, storage, use_ray, None)
+    run = Path(storage) / exp.name
+    if isinstance(resume, Path) and not run.exists():
+        plan = "fresh"  # a new run started from a checkpoint of another
+    else:
+        plan = rerun_plan(exp, run, resume=bool(resume), overwrite=overwrite)
+    if plan == "done":
+        ckpt, _ = last_checkpoint(run)
+        print(f"{run}: this experiment is already trained; nothing to do")
+        return ckpt
+    start = resume if isinstance(resume, Path) else None
+    if plan == "resume" and not use_ray:
+        start = last_checkpoint(run)[0]
+    with replacing([run]) if plan == "replace" else nullcontext():
+        run.mkdir(parents=True, exist_ok=True)
+        write_marker(run, "train", experiment_identity(exp))
+        return _train(exp, storage, use_ray, start)
+
+
+def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None) -> Path | None:
+    """Run the training itself (Ray restores its own run from `storage` when there is one)."""
     if not use_ray:
-        if "://" in storage:
-            raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
         from trainables.train import run_training
 
         if exp.scaling.num_workers != 1:
@@ -27,7 +121,7 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         res = run_training(
             exp,
             workdir=Path(storage) / exp.name,
-            resume_from=resume,
+            resume_from=start,
             report=lambda m, p: print(
                 f"step {m['step']} samples {m['samples']} loss {m['loss']:.4f}"
                 + (f" val {m['val_loss']:.4f}" if "val_loss" in m else "")
@@ -35,8 +129,6 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
             ),
         )
         return res.final_checkpoint
-    if resume is not None:
-        raise ValueError("--resume is for --no-ray; Ray resumes its own runs from storage")
     from trainables.train.ray_train import train_with_ray
 
     res = train_with_ray(exp, storage_path=storage)
