@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -162,6 +162,45 @@ def check_output(out: Path, kind: str, **kw) -> None:
         raise OutputError("\n  ".join(problems))
 
 
+def check_output_file(
+    out: Path,
+    *,
+    overwrite: bool = False,
+    inputs: Iterable[Path | str] = (),
+    ours: Callable[[Path], bool],
+    what: str,
+) -> None:
+    """The policy for a single output file (a file carries no marker, so `ours` recognises one).
+
+    Args:
+        out: the output file.
+        overwrite: the user asked to replace an existing file.
+        inputs: paths the command reads; `out` may not be, contain or lie inside any of them.
+        ours: tells whether an existing file is `what`, written by layerswap.
+        what: what such a file is, e.g. "an lm-eval result JSON".
+    Raises:
+        OutputError listing every problem.
+    """
+    out = Path(out)
+    where = out.expanduser().resolve()
+    problems = []
+    for inp in inputs:
+        rel = _relation(where, Path(inp).expanduser().resolve())
+        if rel is not None:
+            problems.append(f"{out}: {rel} the input {inp}; choose an output outside the inputs")
+    if out.is_dir():
+        problems.append(f"{out}: is a folder; give a file name")
+    elif out.exists():
+        if not overwrite:
+            problems.append(f"{out}: already exists; pass --overwrite to replace it")
+        elif not ours(out):
+            problems.append(f"{out}: is not {what}; refusing to replace it")
+    elif (p := _writable_parent(where)) is not None:
+        problems.append(p)
+    if problems:
+        raise OutputError("\n  ".join(problems))
+
+
 @contextmanager
 def output_dir(
     out: Path,
@@ -185,12 +224,15 @@ def output_dir(
 
 
 @contextmanager
-def replacing(paths: Iterable[Path]) -> Iterator[None]:
+def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
     """Set existing `paths` aside while a long run rebuilds them; drop them only on success.
 
     For outputs written in place over a long, resumable run (training, a search, the demo),
     where building beside would break the absolute paths the run records. On an error or an
     interrupt the partial new outputs are removed and the old ones put back.
+
+    Yields:
+        {path: where its old content waits meanwhile} for the paths that existed.
     """
     tag = uuid.uuid4().hex[:8]
     moved = []
@@ -200,7 +242,7 @@ def replacing(paths: Iterable[Path]) -> Iterator[None]:
                 aside = p.parent / f".{p.name}.replaced-{tag}"
                 os.rename(p, aside)
                 moved.append((p, aside))
-        yield
+        yield dict(moved)
     except BaseException:
         for p, aside in reversed(moved):
             if p.is_dir() and not p.is_symlink():

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,32 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
     )
 
 
+def _fit_off_main_thread(trainer: TorchTrainer):
+    """`trainer.fit()` in a helper thread, so Ctrl-C reaches the caller as KeyboardInterrupt.
+
+    In the main thread Ray Train installs its own SIGINT handler, which aborts the run and then
+    returns from fit() as if it had ended; the caller could not tell an interrupted run from a
+    finished one. Waiting in short joins lets Python deliver signals to the main thread.
+    """
+    if not ray.is_initialized():
+        ray.init()  # here, not in the helper thread: Ray sets up its driver in the main thread
+    box: dict = {}
+
+    def fit() -> None:
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=fit, name="layerswap-ray-fit", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.2)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0) -> RayTrainResult:  # fmt: skip
     """Fit one TorchTrainer for `exp` and return where its last checkpoint is.
 
@@ -136,7 +163,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     """
     trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s)  # fmt: skip
     try:
-        result = trainer.fit()
+        result = _fit_off_main_thread(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
         return RayTrainResult(None, {}, Path(storage_path or exp.storage_path) / (name or exp.name), repr(e))  # fmt: skip
     ckpt = Path(result.checkpoint.path) if result.checkpoint is not None else None
