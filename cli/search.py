@@ -11,21 +11,41 @@ from pathlib import Path
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    """Validate the experiment once, run (or resume) the search, then promote the top-k."""
+    """Validate the experiment and everything it names, run (or resume) the search, promote."""
+    from contextlib import nullcontext
+
     from spaces.search_experiment import load_search_experiment
 
     exp = load_search_experiment(args.experiment)
-    from search.search import run_search
-
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
-    res = run_search(exp, run_dir, resume=args.resume)
-    print(f"search: {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
-    if not args.no_promote:
-        from search.promote import promote
+    _check(exp, run_dir, args)
+    from search.search import run_search, search_outputs
+    from trainables.outputs import replacing
 
-        board = promote(exp, run_dir)
-        print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
+    with replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():
+        res = run_search(exp, run_dir, resume=args.resume)
+        print(f"search: {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
+        if not args.no_promote:
+            from search.promote import promote
+
+            board = promote(exp, run_dir)
+            print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
     return 0
+
+
+def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
+    """Every problem with the experiment's inputs and the run folder, before Ray starts."""
+    from search.preflight import check_search
+    from trainables.outputs import output_problems
+
+    problems = check_search(exp)
+    if args.resume and args.overwrite:
+        problems.append("--resume and --overwrite: give one (continue the search, or start over)")
+    problems += output_problems(
+        run_dir / "search", "search", overwrite=args.overwrite, allow_existing=True
+    )
+    if problems:
+        raise ValueError("\n  ".join(problems))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -41,6 +61,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("experiment", type=Path, help="search experiment YAML")
     s.add_argument("--out", type=Path, help="run folder (default: runs/<experiment name>)")
     s.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start the search over (the old one is kept until the new one finishes)",
+    )
     s.add_argument("--no-promote", action="store_true", help="stop after the proxy search")
     s.set_defaults(func=_cmd_search)
     return s

@@ -1,7 +1,8 @@
 """The experts a search draws from, their depth and ids, and the task YAMLs it evaluates with.
 
 `resolve_pool(exp)` reads the expert registry's top-k (or the experiment's explicit lists);
-promotion and the search driver share these so both see the same pool.
+promotion and the search driver share these so both see the same pool. `registry_problems` and
+`registry_picks` are the same reading, problem by problem, for search/preflight.py.
 """
 
 from __future__ import annotations
@@ -9,35 +10,36 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from spaces.recipe import ExpertSoup
 from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool, ExpertRef
 
+# The registry columns the pool reads (their types: search.registry.COLUMNS, which writes them).
+POOL_COLUMNS = ("expert_id", "kind", "language", "mode", "path")
+IND = "ind__"
+WRITTEN_BY = "expected an expert registry written by `layerswap train` sweeps or the demo"
+
 
 def resolve_pool(exp: SearchExperiment) -> ExpertPool:
-    """The experts: explicit paths, or the top_k of each kind from the expert registry."""
+    """The experts: explicit paths, or the top_k of each kind from the expert registry.
+
+    Raises:
+        ValueError naming the registry file and every problem found in it.
+    """
     if exp.experts is None:
         return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
-    import pyarrow.parquet as pq
-
     from trainables.merge.lora import is_lora_adapter
 
-    src = exp.experts
-    rows = pq.read_table(src.registry).to_pylist()
-    if not rows:
-        raise ValueError(f"experts.registry {src.registry}: no experts")
-    inds = [k for k in rows[0] if k.startswith("ind__")]
-    lang = src.language or exp.language
+    rows, problems = registry_problems(exp.experts.registry)
+    picks: dict[str, list[dict[str, Any]]] = {}
+    if not problems:
+        picks, problems = registry_picks(exp, rows)
+    if problems:
+        raise ValueError("; ".join(problems))
 
-    def pick(kind: str, indicator: str | None, default: str, language: str | None):
-        ind = indicator or (default if default in inds else (inds[0] if inds else None))
-        cand = [
-            r for r in rows if r["kind"] == kind and (language is None or r["language"] == language)
-        ]
-        if not cand:
-            raise ValueError(f"experts.registry {src.registry}: no {kind} experts ({language=})")
-        cand.sort(key=lambda r: -(r.get(ind) if ind and r.get(ind) is not None else -math.inf))
+    def refs(side: str) -> list[ExpertRef]:
         return [
             ExpertRef(
                 path=r["path"],
@@ -45,12 +47,104 @@ def resolve_pool(exp: SearchExperiment) -> ExpertPool:
                 # partial/simultaneous/mix runs may write adapters too: ask the folder itself
                 kind="lora" if r["mode"] == "lora" or is_lora_adapter(r["path"]) else "full",
             )
-            for r in cand[: src.top_k]
+            for r in picks[side]
         ]
 
-    task = pick("math", src.task_indicator, "ind__world_mgsm_direct_en_dev", None)
-    language = pick("language", src.language_indicator, f"ind__world_belebele_{lang}_dev", lang)
-    return ExpertPool(task=task, language=language, base=exp.base or rows[0].get("base"))
+    return ExpertPool(task=refs("task"), language=refs("language"), base=pool_base(exp, rows))
+
+
+def pool_base(exp: SearchExperiment, rows: list[dict[str, Any]]) -> str | None:
+    """The pool's base: the experiment's, else the one the registry's first row was trained from."""
+    return exp.base or (rows[0].get("base") if rows else None)
+
+
+def registry_problems(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Read an expert registry and check what the pool reads from it (columns, types, nulls).
+
+    Args:
+        path: the registry.parquet file (`experts.registry`).
+    Returns:
+        (rows, problems): rows are [] unless problems is empty; every problem names the file.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from search.registry import COLUMNS
+
+    where = f"experts.registry {path}"
+    p = Path(path)
+    if not p.is_file():
+        what = "a folder, not a file" if p.is_dir() else "no such file"
+        return [], [f"{where}: {what} ({WRITTEN_BY})"]
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowInvalid, OSError) as e:
+        return [], [f"{where}: not a readable Parquet file ({e}; {WRITTEN_BY})"]
+    names = table.column_names
+    problems = []
+    missing = [c for c in POOL_COLUMNS if c not in names]
+    if missing:
+        problems.append(f"{where}: missing columns {missing} ({WRITTEN_BY})")
+    for col in names:
+        typ = table.schema.field(col).type
+        if col in POOL_COLUMNS and not (typ.equals(COLUMNS[col]) or pa.types.is_null(typ)):
+            problems.append(f"{where}: column {col!r} has type {typ}, expected {COLUMNS[col]}")
+        elif col.startswith(IND) and not (
+            pa.types.is_floating(typ) or pa.types.is_integer(typ) or pa.types.is_null(typ)
+        ):
+            problems.append(f"{where}: indicator column {col!r} has type {typ}, expected float64")
+    for col in (c for c in POOL_COLUMNS if c in names):
+        if table[col].null_count:
+            problems.append(f"{where}: column {col!r} has {table[col].null_count} null value(s)")
+    if not problems and table.num_rows == 0:
+        problems.append(f"{where}: no experts")
+    return ([] if problems else table.to_pylist()), problems
+
+
+def registry_picks(
+    exp: SearchExperiment, rows: list[dict[str, Any]]
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """The registry rows the pool takes: the top_k of each side by its indicator, best first.
+
+    Args:
+        exp: the experiment (its `experts` block and target language).
+        rows: the registry's rows, as `registry_problems` returns them.
+    Returns:
+        ({"task": rows, "language": rows}, problems); a side with a problem has no entry.
+    """
+    src = exp.experts
+    if src is None:
+        raise ValueError("registry_picks: the experiment has no experts.registry")
+    where = f"experts.registry {src.registry}"
+    # File order, as written: the fallback indicator is the first one.
+    inds = [k for k in (rows[0] if rows else {}) if k.startswith(IND)]
+    lang = src.language or exp.language
+    sides = (
+        ("task", "math", src.task_indicator, "world_mgsm_direct_en_dev", None),
+        ("language", "language", src.language_indicator, f"world_belebele_{lang}_dev", lang),
+    )
+    picks, problems = {}, []
+    for side, kind, given, default, language in sides:
+        if given is not None:
+            ind = given if given.startswith(IND) else IND + given
+            if ind not in inds:
+                problems.append(
+                    f"{where}: experts.{side}_indicator {given!r} is not a column "
+                    f"(indicator columns: {inds or 'none'})"
+                )
+                continue
+        else:
+            ind = IND + default if IND + default in inds else (inds[0] if inds else None)
+        cand = [
+            r for r in rows if r["kind"] == kind and (language is None or r["language"] == language)
+        ]
+        if not cand:
+            problems.append(f"{where}: no {kind} experts ({language=})")
+            continue
+        # Unscored rows go last: -inf, not None, keeps the sort total.
+        cand.sort(key=lambda r: -(r.get(ind) if ind and r.get(ind) is not None else -math.inf))
+        picks[side] = cand[: src.top_k]
+    return picks, problems
 
 
 def model_depth(pool: ExpertPool) -> int:

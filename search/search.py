@@ -6,6 +6,7 @@ Rows land in RUN/search/trials.parquet as trials finish; the study lives in RUN/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from search.tune_trial import TrialSpec, merge_trial
 from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool, warm_start
 from trainables.atomic import atomic_write_text
+from trainables.outputs import OutputError, check_output, write_marker
 
 
 @dataclass
@@ -78,22 +80,45 @@ def run_search(
     return SearchResult(run_dir, store.path, db, len(store), store.best(exp.promote.top_k), splits)
 
 
+SEARCH_OUTPUTS = ("search", "promotion", "best", "leaderboard.md")  # under RUN
+
+
+def search_outputs(run_dir: Path) -> list[Path]:
+    """What a search and its promotion write under RUN (what `--overwrite` replaces)."""
+    return [Path(run_dir) / name for name in SEARCH_OUTPUTS]
+
+
+def search_identity(exp: SearchExperiment) -> str:
+    """A stable id of what a search compares (its budget and promotion may change on resume)."""
+    text = exp.model_dump_json(exclude={"search", "promote"})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _check_search_dir(
     exp: SearchExperiment, sdir: Path, store: TrialStore, db: Path, resume: bool
 ) -> None:
     """Refuse to overwrite a search, or to resume it as a changed experiment; make RUN/search."""
     if not resume and (store.rows or db.exists()):
-        raise FileExistsError(f"{sdir}: a search exists; pass --resume to continue it")
+        saved = sdir / "experiment.json"
+        same = saved.exists() and _saved_identity(saved) == search_identity(exp)
+        raise OutputError(
+            f"{sdir}: a search of this experiment exists; pass --resume to continue it (a "
+            "finished one is only promoted again) or --overwrite to start over"
+            if same
+            else f"{sdir}: a search of a different experiment exists; pass --overwrite to "
+            "start over (the old one is kept until the new one finishes) or choose another --out"
+        )
+    check_output(sdir, "search", allow_existing=True)
     sdir.mkdir(parents=True, exist_ok=True)
     saved = sdir / "experiment.json"
-    if resume and saved.exists():
+    if resume and saved.exists() and _saved_identity(saved) != search_identity(exp):
         # Only the budget and promotion may change on resume: rows must stay comparable.
-        keep = {"search", "promote"}
-        before = SearchExperiment.model_validate_json(saved.read_text()).model_dump(exclude=keep)
-        if before != exp.model_dump(exclude=keep):
-            raise ValueError(
-                f"--resume: the experiment differs from {saved} (beyond search/promote)"
-            )
+        raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")
+    write_marker(sdir, "search", search_identity(exp))
+
+
+def _saved_identity(saved: Path) -> str:
+    return search_identity(SearchExperiment.model_validate_json(saved.read_text()))
 
 
 def _open_study(

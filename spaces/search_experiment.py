@@ -107,6 +107,12 @@ class SearchExperiment(StrictModel):
             raise ValueError("task_experts and language_experts: at least one of each needed")
         if self.target_task in {p.task for p in self.proxy_list}:
             raise ValueError(f"target {self.target_task!r} must not be a proxy")
+        for i, p in enumerate(self.proxies or []):
+            if p.task.startswith("world_") and not p.task.endswith("_dev"):
+                raise ValueError(
+                    f"proxies[{i}].task {p.task!r}: a world test split; the search scores dev "
+                    f"splits only (use {p.task}_dev)"
+                )
         if "magnitude" in self.space.weighting and self.base is None:
             raise ValueError("space.weighting magnitude needs `base`")
         return self

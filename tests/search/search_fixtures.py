@@ -1,10 +1,13 @@
-"""Shared builders for merge-search tests: a tiny world, perturbed experts, an experiment.
+"""Shared builders for merge-search tests: a tiny world, perturbed experts, an experiment, and a
+Ray whose processes record the files they open (`audited_ray`).
 
 Experts are the world's base with seeded noise (the trained experts come from another milestone).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from spaces.search_experiment import SearchExperiment
@@ -62,3 +65,75 @@ def experiment(world: Path, paths: dict[str, Path], **over) -> SearchExperiment:
     for k, v in over.items():
         data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
     return SearchExperiment.model_validate(data)
+
+
+@contextmanager
+def audited_ray(tmp: Path, roots: list[Path]) -> Iterator[Path]:
+    """A 2-CPU local Ray whose every Python process records the files it opens under `roots`
+    (and under the fresh `datasets` cache).
+
+    The record is taken from outside the code under test (tests/search/audit_hook): the raylet
+    and every worker inherit the environment set here before `ray.init`, and this process
+    records too while the block runs. `datasets` gets a fresh cache, so every split loaded in
+    the block is parsed from its JSONL file by the first process that loads it, never served
+    from an Arrow cache an earlier run left (cache hits are memory-mapped natively, unseen).
+
+    Yields:
+        the folder of the per-process logs (read them with audit_hook.sitecustomize.read_log).
+    """
+    import os
+    import shutil
+    import tempfile
+
+    import ray
+    from audit_hook import sitecustomize as audit
+
+    log_dir, cache = tmp / "audit", tmp / "hf_datasets_cache"
+    log_dir.mkdir()
+    roots = [*roots, cache]  # a split loaded through the cache opens its Arrow file there
+    env = audit.environment(log_dir, roots) | {"HF_DATASETS_CACHE": str(cache)}
+    saved = {k: os.environ.get(k) for k in env}
+    ray_tmp = tempfile.mkdtemp(prefix="lsa", dir="/tmp")  # Ray's socket paths are length-limited
+    os.environ.update(env)
+    try:
+        ray.init(num_cpus=2, _temp_dir=ray_tmp, include_dashboard=False, log_to_driver=False)
+        audit.start(log_dir, roots)
+        yield log_dir
+    finally:
+        audit.stop()
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def expert_registry(paths: dict[str, Path], out: Path, language: str = "xa") -> Path:
+    """An expert registry (search/registry.py's schema) over `make_experts`' task and language
+    experts, scored on English MGSM dev and target Belebele dev; returns the parquet file."""
+    from search.registry import append_rows, expert_id
+
+    def row(role: str, kind: str, lang: str, mgsm: float, belebele: float) -> dict:
+        return {
+            "expert_id": expert_id("preflight", role, 1),
+            "kind": kind,
+            "language": lang,
+            "mode": "full",
+            "path": str(Path(paths[role]).resolve()),
+            "base": str(paths["base"]),
+            "trial_id": role,
+            "step": 1,
+            "samples": 4,
+            "seed": 0,
+            "hparams": "{}",
+            "ind__world_mgsm_direct_en_dev": mgsm,
+            "n_items__world_mgsm_direct_en_dev": 8,
+            f"ind__world_belebele_{language}_dev": belebele,
+            f"n_items__world_belebele_{language}_dev": 8,
+        }
+
+    path = out / "experts" / "registry.parquet"
+    append_rows(path, [row("task", "math", "en", 0.5, 0.3), row("language", "language", language, 0.1, 0.6)])  # fmt: skip
+    return path

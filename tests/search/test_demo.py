@@ -1,7 +1,12 @@
 """`layerswap demo` end to end on the tiny world: Ray Train experts, registry, search, promotion,
-leaderboard, best model, then `layerswap analyze` on the run (slow: ~2 min on 2 cores)."""
+leaderboard, best model, then `layerswap analyze` on the run (slow: ~2 min on 2 cores).
+
+Run: .venv/bin/python -m pytest -q tests/search/test_demo.py
+"""
 
 from __future__ import annotations
+
+import math
 
 import pyarrow.parquet as pq
 import pytest
@@ -10,6 +15,9 @@ from cli import main
 
 BASELINES = ["base", "math_expert", "language_expert", "soup_uniform", "soup_magnitude", "ties",
              "paper_default"]  # fmt: skip
+# What promotion evaluates every model on: the target, the proxies' test splits, the proxies.
+PROMOTION_TASKS = {"world_mgsm_direct_xa", "world_belebele_xa", "world_mgsm_direct_en",
+                   "world_belebele_xa_dev", "world_mgsm_direct_en_dev"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -25,11 +33,33 @@ def test_demo_pipeline_on_the_tiny_world(tmp_path, ray_session):
 
     trials = pq.read_table(run / "search" / "trials.parquet").to_pylist()
     assert len(trials) == 3
+    # Every trial finished with a real score: a demo whose trials all fail must not pass. A
+    # repeated recipe is served ("duplicate") with the score of the trial that evaluated it.
+    for t in trials:
+        assert t["status"] in ("ok", "duplicate"), (t["trial_id"], t["status"], t["error"])
+        assert t["objective"] is not None and math.isfinite(t["objective"]), t
+        proxies = {k: v for k, v in t.items() if k.startswith("proxy__")}
+        assert proxies and all(v is not None and 0 <= v <= 1 for v in proxies.values()), t
+    assert any(t["status"] == "ok" for t in trials)
+
+    # Promotion evaluated the search's best distinct recipes and every baseline on every task.
+    ok = [t for t in trials if t["status"] == "ok"]
+    ranked = sorted(ok, key=lambda t: (-t["objective"], t["trial_id"]))
+    cands = [f"candidate_{r}" for r in dict.fromkeys(t["recipe_id"] for t in ranked)][:3]
+    results = pq.read_table(run / "promotion" / "results.parquet").to_pylist()
+    got = {(r["model"], r["task"]) for r in results}
+    assert got == {(m, task) for m in [*cands, *BASELINES] for task in PROMOTION_TASKS}
+    assert len(results) == len(got), "a model was scored twice on a task"
+    assert all(r["value"] is not None and 0 <= r["value"] <= 1 for r in results)
+    assert all(r["split"] == ("dev" if r["task"].endswith("_dev") else "test") for r in results)
 
     board = (run / "leaderboard.md").read_text()
-    for name in BASELINES:
-        assert f"| {name} |" in board, name
-    assert "(best)" in board and "world_mgsm_direct_xa (target, test)" in board
+    for name in [*BASELINES, *cands]:
+        assert f"| {name} |" in board or f"| **{name}** (best) |" in board, name
+    assert "(failed)" not in board
+    # The best model is the search's best by proxy objective (the test split does not choose).
+    assert f"| **{cands[0]}** (best) |" in board
+    assert "world_mgsm_direct_xa (target, test)" in board
 
     from transformers import AutoModelForCausalLM
 

@@ -1,0 +1,289 @@
+"""The search preflight: every problem found before Ray starts, each naming its field and value.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_preflight.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from search_fixtures import experiment, expert_registry, make_experts
+
+from search.pool import resolve_pool
+from search.preflight import check_search, preflight
+from spaces.search_experiment import SearchExperiment
+
+ROOT = Path(__file__).resolve().parents[2]
+INDEX = '{"weight_map": {"a": "m-1.safetensors"}}'  # names a shard that is not there
+
+
+@pytest.fixture(scope="module")
+def paths(tiny_world, tmp_path_factory) -> dict[str, Path]:
+    return make_experts(tiny_world, tmp_path_factory.mktemp("preflight_experts"))
+
+
+def _only(problems: list[str], *needles: str) -> str:
+    """The one problem; assert it contains every needle."""
+    assert len(problems) == 1, problems
+    for n in needles:
+        assert n in problems[0], (n, problems[0])
+    return problems[0]
+
+
+def _with(exp: SearchExperiment, **fields) -> SearchExperiment:
+    """`exp` with top-level fields replaced (search_fixtures.experiment takes `world` positionally)."""
+    return SearchExperiment.model_validate(exp.model_dump() | fields)
+
+
+def _adapter(dst: Path) -> Path:
+    """A folder that reads as a PEFT LoRA adapter (config and weights file present)."""
+    dst.mkdir(parents=True)
+    (dst / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    (dst / "adapter_model.safetensors").write_bytes(b"")
+    return dst
+
+
+def test_valid_experiment_gives_no_problems_quickly(tiny_world, paths):
+    exp = experiment(tiny_world, paths)
+    t0 = time.perf_counter()
+    report = preflight(exp)
+    took = time.perf_counter() - t0
+    print(f"check_search on the tiny world: {took * 1000:.0f} ms")
+    assert report.problems == [] and report.unchecked == []
+    assert took < 5, took  # measured ~40 ms on 2 CPU cores: json reads and a few YAML writes
+
+
+def test_valid_registry_experiment_gives_no_problems(tiny_world, paths, tmp_path):
+    reg = expert_registry(paths, tmp_path)
+    exp = experiment(tiny_world, paths, task_experts=[], language_experts=[], experts={"registry": str(reg), "top_k": 1})  # fmt: skip
+    assert check_search(exp) == []
+    pool = resolve_pool(exp)
+    assert [r.path for r in pool.task] == [str(paths["task"].resolve())]
+
+
+def test_missing_expert_folder(tiny_world, paths, tmp_path):
+    gone = tmp_path / "runs/x/train/m/ckpt"
+    exp = experiment(tiny_world, paths, task_experts=[str(paths["task"]), str(gone)])
+    _only(check_search(exp), f"task_experts[1] {gone}: no such folder")
+
+
+@pytest.mark.parametrize(
+    "files, says",
+    [
+        ({"config.json": "{}"}, "no model.safetensors, adapter_model.safetensors or index"),
+        ({"pytorch_model.bin": ""}, "only pickled weights (pytorch_model.bin)"),
+        ({"model.safetensors.index.json": INDEX}, "missing shard(s) ['m-1.safetensors']"),
+    ],
+)
+def test_expert_folder_without_safetensors(tiny_world, paths, tmp_path, files, says):
+    bad = tmp_path / "lang"
+    shutil.copytree(paths["language"], bad)
+    (bad / "model.safetensors").unlink()
+    for name, text in files.items():
+        (bad / name).write_text(text)
+    exp = experiment(tiny_world, paths, language_experts=[str(bad)])
+    problems = check_search(exp)
+    assert any(p.startswith(f"language_experts[0] {bad}: ") and says in p for p in problems), (
+        problems
+    )
+
+
+def test_registry_missing_or_not_parquet(tiny_world, paths, tmp_path):
+    reg = tmp_path / "experts" / "registry.parquet"
+    exp = experiment(tiny_world, paths, task_experts=[], language_experts=[], experts={"registry": str(reg)})  # fmt: skip
+    _only(check_search(exp), f"experts.registry {reg}: no such file")
+    reg.parent.mkdir()
+    reg.write_text("expert_id,kind\n")
+    _only(check_search(exp), f"experts.registry {reg}: not a readable Parquet file")
+
+
+def test_registry_of_the_wrong_schema(tiny_world, paths, tmp_path):
+    reg = tmp_path / "registry.parquet"
+    pq.write_table(pa.table({"expert_id": ["e0"], "language": ["en"], "mode": ["full"]}), reg)
+    exp = experiment(tiny_world, paths, task_experts=[], language_experts=[], experts={"registry": str(reg)})  # fmt: skip
+    want = f"experts.registry {reg}: missing columns ['kind', 'path'] (expected an expert registry"
+    _only(check_search(exp), want)
+    with pytest.raises(ValueError, match=re.escape(want)):  # no KeyError traceback any more
+        resolve_pool(exp)
+
+
+def test_registry_picks_are_checked(tiny_world, paths, tmp_path):
+    gone = tmp_path / "deleted_task_expert"
+    reg = expert_registry({**paths, "task": gone}, tmp_path)
+    over = dict(task_experts=[], language_experts=[])
+    exp = experiment(tiny_world, paths, **over, experts={"registry": str(reg), "top_k": 1})
+    problems = check_search(exp)
+    assert any(p.startswith(f"experts.registry {reg}: task expert ") and f"{gone}: no such folder" in p for p in problems), problems  # fmt: skip
+    exp = experiment(tiny_world, paths, **over, experts={"registry": str(reg), "language": "xq", "task_indicator": "ind__nope"})  # fmt: skip
+    problems = check_search(exp)
+    assert (
+        f"experts.registry {reg}: experts.task_indicator 'ind__nope' is not a column" in problems[0]
+    )
+    assert f"experts.registry {reg}: no language experts (language='xq')" in problems[1]
+    with pytest.raises(ValueError, match="ind__nope"):
+        resolve_pool(exp)
+
+
+def test_base_missing_or_without_config(tiny_world, paths, tmp_path):
+    exp = experiment(tiny_world, paths, base=str(tmp_path / "runs/world/base"))
+    _only(check_search(exp), f"base {tmp_path / 'runs/world/base'}: no such folder")
+    base = tmp_path / "base"
+    shutil.copytree(paths["base"], base)
+    (base / "config.json").unlink()
+    _only(
+        check_search(experiment(tiny_world, paths, base=str(base))), f"base {base}: no config.json"
+    )
+
+
+def test_lora_experts_need_a_base(tiny_world, paths, tmp_path):
+    lora = _adapter(tmp_path / "lora_lang")
+    space = {"weighting": ["uniform"]}  # magnitude weights need a base anyway
+    exp = experiment(tiny_world, paths, base=None, language_experts=[str(lora)], space=space)
+    _only(check_search(exp), "base: not given", f"language_experts[0] {lora}")
+    exp = experiment(tiny_world, paths, language_experts=[str(lora)], space=space)
+    assert check_search(exp) == []
+
+
+def test_experts_disagree_with_base(tiny_world, paths, tmp_path):
+    deep = tmp_path / "task_deep"
+    shutil.copytree(paths["task"], deep)
+    cfg = json.loads((deep / "config.json").read_text())
+    (deep / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 2, "hidden_size": 64}))
+    exp = experiment(tiny_world, paths, task_experts=[str(deep)])
+    _only(
+        check_search(exp),
+        f"experts disagree with base {paths['base']}",
+        "num_hidden_layers 2 vs 4",
+        "hidden_size 64 vs 32",
+        f"(task_experts[0] {deep})",
+    )
+
+
+def test_world_folder_missing(tiny_world, paths, tmp_path):
+    exp = _with(experiment(tiny_world, paths), world=str(tmp_path / "no_world"))
+    report = preflight(exp)
+    _only(report.problems, f"world {tmp_path / 'no_world'}: no such folder")
+    assert any("not checked, a task source is missing" in n for n in report.unchecked)
+
+
+def test_unknown_proxy_and_target_tasks(tiny_world, paths):
+    exp = experiment(
+        tiny_world,
+        paths,
+        proxies=[{"task": "world_mgsm_direct_en_dev"}, {"task": "world_mgsm_direct_xq_dev"}],
+        target="world_mgsm_direct_xq",
+    )
+    proxy, target = check_search(exp)
+    assert proxy.startswith("proxies[1].task world_mgsm_direct_xq_dev: unknown task (known world tasks: world_belebele_en, ")  # fmt: skip
+    assert "world_mgsm_direct_xa_dev" in proxy
+    assert target.startswith("target world_mgsm_direct_xq: unknown task")
+
+
+def test_builtin_tasks_only_where_lm_eval_indexes_them(tiny_world, paths):
+    exp = experiment(tiny_world, paths, proxies=[{"task": "belebele_swh_Latn"}], target="mgsm_direct_sw")  # fmt: skip
+    report = preflight(exp)
+    _only(report.problems, "proxies[0].task belebele_swh_Latn: a built-in lm-eval task")
+    assert any("mgsm_direct_sw" in n and "text search" in n for n in report.unchecked)
+
+
+def test_proxy_without_a_test_variant(tiny_world, paths, tmp_path):
+    world = tmp_path / "world"
+    for data in ("belebele", "mgsm"):  # what world tasks are made of
+        shutil.copytree(tiny_world / "data" / data, world / "data" / data)
+    (world / "data" / "belebele" / "xa" / "test.jsonl").unlink()
+    exp = _with(experiment(tiny_world, paths, target="world_belebele_en"), world=str(world))
+    _only(
+        check_search(exp),
+        "proxies[0].task (default) world_belebele_xa_dev: promotion also evaluates its test "
+        "variant world_belebele_xa: unknown task",
+    )
+
+
+def test_include_path_tasks(tiny_world, paths, tmp_path):
+    inc = tmp_path / "tasks"
+    inc.mkdir()
+    for name in ("my_nlu_dev", "my_nlu"):
+        (inc / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: json\n")
+    proxies = [{"task": "my_nlu_dev"}, {"task": "world_mgsm_direct_en_dev"}]
+    exp = experiment(tiny_world, paths, include_path=[str(inc)], proxies=proxies)
+    assert check_search(exp) == []
+    exp = experiment(tiny_world, paths, include_path=[str(inc), str(tmp_path / "gone")], proxies=proxies)  # fmt: skip
+    _only(check_search(exp), f"include_path[1] {tmp_path / 'gone'}: no such folder")
+    exp = _with(experiment(tiny_world, paths, proxies=[{"task": "my_nlu_dev"}], target="my_nlu"), world=None)  # fmt: skip
+    _only(check_search(exp), "no task YAMLs: give `world` or `include_path`")
+
+
+def test_first_task_expert_needs_a_tokenizer_and_a_config(tiny_world, paths, tmp_path):
+    bare = tmp_path / "task_bare"
+    shutil.copytree(paths["task"], bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink(missing_ok=True)
+    _only(check_search(experiment(tiny_world, paths, task_experts=[str(bare)])), f"task_experts[0] {bare}: no tokenizer")  # fmt: skip
+    lora = _adapter(tmp_path / "lora_task")
+    shutil.copyfile(paths["task"] / "tokenizer.json", lora / "tokenizer.json")
+    exp = experiment(tiny_world, paths, task_experts=[str(lora), str(paths["task"])])
+    _only(check_search(exp), f"task_experts[0] {lora}: a LoRA adapter", "depth")
+
+
+def test_three_problems_are_all_reported(tiny_world, paths, tmp_path):
+    exp = experiment(
+        tiny_world,
+        paths,
+        base=str(tmp_path / "base_gone"),
+        language_experts=[str(tmp_path / "lang_gone")],
+        proxies=[{"task": "world_belebele_xq_dev"}],
+    )
+    problems = check_search(exp)
+    assert len(problems) == 3, problems
+    assert problems[0] == f"language_experts[0] {tmp_path / 'lang_gone'}: no such folder"
+    assert problems[1] == f"base {tmp_path / 'base_gone'}: no such folder"
+    assert problems[2].startswith("proxies[0].task world_belebele_xq_dev: unknown task")
+
+
+def test_torch_free_mirrors_agree_with_the_engine(paths, tmp_path):
+    from search import preflight as pf
+    from trainables.merge import checkpoint, lora
+
+    assert pf.WEIGHT_FILES == checkpoint.WEIGHT_FILES
+    assert pf.PICKLE_SUFFIXES == checkpoint.PICKLE_SUFFIXES
+    assert pf.ADAPTER_CONFIG == lora.CONFIG
+    (empty := tmp_path / "empty").mkdir()
+    (pickled := tmp_path / "pickled").mkdir()
+    (pickled / "model.pt").write_bytes(b"")
+    for folder in (paths["task"], _adapter(tmp_path / "adapter"), empty, pickled):
+        try:
+            checkpoint.find_weights(folder)
+            engine_ok = True
+        except checkpoint.CheckpointError:
+            engine_ok = False
+        assert (pf._weights_problem(folder) is None) == engine_ok, folder
+        assert pf._is_lora_adapter(folder) == lora.is_lora_adapter(folder), folder
+
+
+def test_preflight_imports_no_torch_ray_or_lm_eval(tiny_world, paths):
+    exp = experiment(tiny_world, paths)
+    code = (
+        "import sys\n"
+        "from spaces.search_experiment import SearchExperiment\n"
+        "from search.preflight import check_search\n"
+        "assert check_search(SearchExperiment.model_validate_json(sys.argv[1])) == []\n"
+        "print(sorted({'torch', 'ray', 'lm_eval', 'transformers'} & set(sys.modules)))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, exp.model_dump_json()],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
