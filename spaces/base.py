@@ -1,15 +1,20 @@
-"""One base for every config in spaces/: the strict model, the YAML loader, the path rule.
+"""One base for every config in spaces/: the strict model, the file readers, the path rule.
 
 Every YAML layerswap reads (merge recipes, training and search experiments) goes through
 `load_yaml` + `validate`, so a bad file always gets the same wording: the file, then one
-`field.path: message` line per bad field. The relative-path rule (`resolve_local`) is the same
-for every file: a relative path is taken against the file's own folder when something exists
-there; otherwise it is kept as written (a Hub id such as `meta-llama/Llama-3.1-8B`, a cloud
-URI, or a path the command resolves against the working directory).
+`field.path: message` line per bad field. Text that is not UTF-8 or not valid YAML/JSON names
+the file and line the same way wherever it is read (`read_text`, `load_yaml`, `load_json`,
+`iter_jsonl`, `read_jsonl`, `check_jsonl`): "data.jsonl:17: not valid JSON (Expecting value at
+column 1)". The relative-path rule (`resolve_local`) is the same for every file: a relative
+path is taken against the file's own folder when something exists there; otherwise it is kept
+as written (a Hub id such as `meta-llama/Llama-3.1-8B`, a cloud URI, or a path the command
+resolves against the working directory).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,20 +44,147 @@ def field_errors(e: ValidationError, top: str) -> str:
     )
 
 
+def decode_utf8(
+    data: bytes, where: str, error: type[ValueError] = ValueError, offset: int = 0
+) -> str:
+    """`data` decoded as UTF-8; anything else raises `error` naming `where` and the bad byte.
+
+    Args:
+        data: the bytes.
+        where: the file (or "file:line") for the message.
+        error: the ValueError subclass to raise.
+        offset: where `data` starts in the file, so the message gives a file offset.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = offset + e.start
+        raise error(
+            f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {at})"
+        ) from None
+
+
+def read_text(path: Path, what: str, error: type[ValueError] = ValueError) -> str:
+    """The UTF-8 text of `path` (a leading byte-order mark dropped), whatever the locale.
+
+    Args:
+        path: the file.
+        what: what the file should hold, for the message ("recipe", "dataset").
+        error: the ValueError subclass to raise when it cannot be read or is not UTF-8.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise error(f"{path}: cannot read {what}: {e.strerror}") from None
+    return decode_utf8(data, str(path), error).removeprefix("\ufeff")
+
+
+def _yaml_message(path: Path, text: str, e: yaml.YAMLError) -> str:
+    """`file:line:column: not valid YAML (problem)`, or without the place when PyYAML gives none."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        problem = ", ".join(x for x in (e.context, e.problem) if x)
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML ({problem})"
+    if isinstance(e, yaml.reader.ReaderError):  # a control character; it has a position only
+        line = text.count("\n", 0, e.position) + 1
+        return f"{path}:{line}: not valid YAML ({e.reason}: #x{e.character:04x})"
+    return f"{path}: not valid YAML ({' '.join(str(e).split())})"
+
+
 def load_yaml(path: Path, what: str, error: type[ValueError] = ValueError) -> Any:
-    """The parsed YAML of `path`; unreadable or malformed files raise `error` naming the file.
+    """The parsed YAML of `path`; unreadable, non-UTF-8 or malformed files raise `error`.
+
+    Every message names the file; syntax errors also the line and column.
 
     Args:
         path: the file.
         what: what the file should hold, for the message ("recipe", "experiment").
         error: the ValueError subclass to raise.
     """
+    text = read_text(path, what, error)
     try:
-        return yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise error(f"{path}: cannot read {what}: {e.strerror}") from None
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise error(f"{path}: not valid YAML: {e}") from None
+        raise error(_yaml_message(path, text, e)) from None
+
+
+def _json_error(where: str, e: json.JSONDecodeError) -> str:
+    return f"{where}: not valid JSON ({e.msg} at column {e.colno})"
+
+
+def load_json(path: Path, what: str, error: type[ValueError] = ValueError) -> Any:
+    """The parsed JSON document in `path`; errors name the file and, for syntax, the line.
+
+    Args:
+        path: the file.
+        what: what the file should hold, for the message.
+        error: the ValueError subclass to raise.
+    """
+    text = read_text(path, what, error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(_json_error(f"{path}:{e.lineno}", e)) from None
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+def iter_jsonl(
+    path: Path, error: type[ValueError] = ValueError, *, objects: bool = False
+) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for every non-blank line of a JSON-lines file.
+
+    Reads one line at a time, so a large file is never held whole. A line that is not UTF-8,
+    not JSON or (with `objects`) not a JSON object raises `error` naming "file:line".
+
+    Args:
+        path: the file.
+        error: the ValueError subclass to raise.
+        objects: every line must be a JSON object (a row).
+    """
+    try:
+        f = open(path, "rb")  # not in the with: only an open error gets this message
+    except OSError as e:
+        raise error(f"{path}: cannot read JSON lines: {e.strerror}") from None
+    with f:
+        offset = 0
+        for n, raw in enumerate(f, 1):  # split on b"\n" only: JSON strings may hold U+2028
+            line = decode_utf8(raw, f"{path}:{n}", error, offset)
+            offset += len(raw)
+            if n == 1:
+                line = line.removeprefix("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))  # error columns stay on this line
+            except json.JSONDecodeError as e:
+                raise error(_json_error(f"{path}:{n}", e)) from None
+            if objects and not isinstance(value, dict):
+                got = _JSON_TYPES.get(type(value), "number")
+                raise error(f"{path}:{n}: expected a JSON object, got a JSON {got}")
+            yield n, value
+
+
+def check_jsonl(path: Path, error: type[ValueError] = ValueError) -> int:
+    """Check that `path` is JSON lines of objects without keeping the rows (any size of file).
+
+    Returns:
+        the number of rows.
+    """
+    return sum(1 for _ in iter_jsonl(path, error, objects=True))
+
+
+def read_jsonl(path: Path, error: type[ValueError] = ValueError) -> list[dict]:
+    """The rows of a JSON-lines file; every non-blank line must be a JSON object.
+
+    Args:
+        path: the file.
+        error: the ValueError subclass to raise (messages name "file:line").
+    Returns:
+        the rows, in file order.
+    """
+    return [row for _, row in iter_jsonl(path, error, objects=True)]
 
 
 def validate(

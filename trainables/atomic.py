@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        follow_umask(tmp)
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{tag}"
@@ -60,3 +62,28 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """`atomic_write` of a UTF-8 text file."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def follow_umask(root: Path) -> None:
+    """Give everything under `root` the mode a plain open()/mkdir() would under this umask.
+
+    safetensors >= 0.8 writes through a 0o600 temporary file renamed into place
+    (safetensors/safetensors#782), so base/model.safetensors would otherwise be private while
+    its neighbours follow the umask. The modes are read off probes, not os.umask(), which
+    cannot be read without being set (a race with other threads).
+    """
+    probe = root / f".umask-probe-{os.getpid()}"
+    probe.mkdir()
+    dir_mode = stat.S_IMODE(probe.stat().st_mode)
+    probe.rmdir()
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    os.close(fd)
+    file_mode = stat.S_IMODE(probe.stat().st_mode)
+    probe.unlink()
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        mode = stat.S_IMODE(p.stat().st_mode)
+        want = dir_mode if p.is_dir() else file_mode | (dir_mode & 0o111 if mode & 0o111 else 0)
+        if mode != want:
+            p.chmod(want)

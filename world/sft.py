@@ -8,20 +8,24 @@ mgsm_direct / belebele prompts.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
 
+from spaces.base import read_jsonl
 from world.items import mgsm_prompt
 
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval mgsm flexible-extract
 
 
 def read_rows(world: Path, rel: str) -> list[dict]:
-    """The JSONL rows of one world file (`rel`, e.g. "data/mgsm/xa/dev.jsonl")."""
-    return [json.loads(x) for x in (Path(world) / rel).read_text(encoding="utf-8").splitlines()]
+    """The JSONL rows of one world file (`rel`, e.g. "data/mgsm/xa/dev.jsonl").
+
+    Raises:
+        ValueError: the file is missing, not UTF-8 or not JSON lines (naming file and line).
+    """
+    return read_jsonl(Path(world) / rel)
 
 
 def load_base(world: Path):

@@ -37,15 +37,13 @@ def audited_search(world: Path, exp, tmp: Path):
     """Run the search with every process's opens under `world` recorded.
 
     Returns:
-        (SearchResult, [(pid, mode, path)] of every open by a Ray process). The driver (this
-        process) is left out: it scores nothing, and it writes the task YAMLs from the world's
-        file list, which may check every listed file, test files included.
+        (SearchResult, [(pid, mode, path)] of every open, by the driver and every Ray process).
     """
     from search.search import run_search
 
     with audited_ray(tmp, [world]) as log_dir:
         res = run_search(exp, tmp / "run", progress=False)
-    return res, [o for o in read_log(log_dir) if o[0] != os.getpid()]
+    return res, read_log(log_dir)
 
 
 def assert_no_test_split_opened(opens: list[tuple[int, str, str]], world: Path) -> None:
@@ -59,7 +57,7 @@ def assert_no_test_split_opened(opens: list[tuple[int, str, str]], world: Path) 
             or TEST_ARROW.search(Path(path).name)
         }
     )
-    assert not bad, "the search's Ray workers opened test-split file(s):\n  " + "\n  ".join(bad)
+    assert not bad, "the search's processes opened test-split file(s):\n  " + "\n  ".join(bad)
 
 
 def assert_opened(opens: list[tuple[int, str, str]], files: list[Path]) -> None:

@@ -1,4 +1,5 @@
-"""Building the embedded world: reproducible by seed, idempotent, loadable with transformers, CLI.
+"""Building the embedded world: reproducible by seed, idempotent, verified by sha256, modes that
+follow the umask, loadable with transformers, CLI.
 
 Run `.venv/bin/python -m pytest -q tests/world/test_world_build.py`.
 """
@@ -7,13 +8,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from cli.world import add_parser as add_world_parser
+from trainables.outputs import OutputError
 from world import build_world
+from world.build import verify_world
+
+LAYERSWAP = Path(sys.executable).parent / "layerswap"
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -34,7 +44,7 @@ def test_other_seed_other_world(tiny_world, tmp_path):
     for name in ("data/mgsm/xa/test.jsonl", "data/sft/lang_xb.jsonl", "base/model.safetensors"):
         assert a[name] != b[name], name
     # a different world at the same path is not silently replaced...
-    with pytest.raises(FileExistsError):
+    with pytest.raises(OutputError, match="already exists"):
         build_world(other, seed=2, size="tiny", progress=False)
     # ...unless asked to
     build_world(other, seed=2, size="tiny", overwrite=True, progress=False)
@@ -99,3 +109,52 @@ def test_cli_parser(tmp_path, capsys):
 def test_unknown_size_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="unknown world size"):
         build_world(tmp_path / "w", size="huge", progress=False)  # type: ignore[arg-type]
+
+
+def test_damaged_world_is_named_not_complete(tiny_world, tmp_path):
+    w = tmp_path / "w"
+    shutil.copytree(tiny_world, w)
+    assert verify_world(w) == []
+    with open(w / "data/mgsm/xa/test.jsonl", "ab") as f:
+        f.write(b"\n")
+    (w / "corpus/pretrain.txt").unlink()
+    assert verify_world(w) == [
+        "corpus/pretrain.txt: missing",
+        "data/mgsm/xa/test.jsonl: sha256 differs from world.json",
+    ]
+    with pytest.raises(ValueError, match=r"damaged: corpus/pretrain\.txt: missing; data/mgsm/xa/test\.jsonl: sha256 differs.*pass --overwrite to rebuild it"):  # fmt: skip
+        build_world(w, seed=0, size="tiny", progress=False)
+    run = subprocess.run(
+        [str(LAYERSWAP), "world", "build", "--out", str(w), "--size", "tiny"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "data/mgsm/xa/test.jsonl: sha256 differs" in run.stderr
+    build_world(w, seed=0, size="tiny", overwrite=True, progress=False)
+    assert verify_world(w) == []
+    # the same bytes as an undamaged build: world.json lists every file's sha256
+    assert (w / "world.json").read_bytes() == (tiny_world / "world.json").read_bytes()
+
+
+def test_verify_world_names_a_bad_manifest(tmp_path):
+    assert verify_world(tmp_path) == ["world.json: missing"]
+    (tmp_path / "world.json").write_text('{"sha256": {"../outside": "00"}}')
+    assert verify_world(tmp_path) == ["../outside: not a path inside the world"]
+    (tmp_path / "world.json").write_text("{")
+    assert verify_world(tmp_path)[0].startswith("world.json: not valid JSON")
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775)], ids=["022", "002"])  # fmt: skip
+def test_modes_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
+    before = os.umask(umask)
+    try:
+        w = build_world(tmp_path / "w", seed=0, size="tiny", progress=False)
+    finally:
+        os.umask(before)
+    modes = {p.relative_to(w).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in w.rglob("*")}
+    # safetensors writes 0o600 on its own (safetensors#782); it must follow the umask too
+    assert modes["base/model.safetensors"] == file_mode
+    assert modes["base"] == dir_mode and stat.S_IMODE(w.stat().st_mode) == dir_mode
+    odd = {rel: oct(m) for rel, m in modes.items() if m != (dir_mode if (w / rel).is_dir() else file_mode)}  # fmt: skip
+    assert not odd, odd

@@ -111,7 +111,7 @@ def test_manifest(tiny_world):
     assert set(langs) == set(LANGS)
     assert langs["xa"]["corpus_docs_share"] > 3 * langs["xb"]["corpus_docs_share"]
     files = {p.relative_to(tiny_world).as_posix() for p in tiny_world.rglob("*") if p.is_file()}
-    assert set(m["sha256"]) == files - {"world.json"}
+    assert set(m["sha256"]) == files - {"world.json", ".layerswap.json"}  # marker: not content
     assert m["counts"]["data/mgsm/xa/train.jsonl"] == 8
     assert m["model_config"]["model_type"] == "llama"
 
@@ -123,3 +123,15 @@ def test_belebele_eval_items_not_in_lang_sft(tiny_world, jsonl, code):
     for split in ("dev", "test"):
         for r in jsonl(tiny_world / f"data/belebele/{code}/{split}.jsonl"):
             assert f"{r['flores_passage']}\nQ: {r['question']}" not in sft
+
+
+def test_read_rows_names_file_and_line(tiny_world, tmp_path):
+    from world.sft import read_rows
+
+    (tmp_path / "data").mkdir()
+    good = (tiny_world / "data/mgsm/xa/dev.jsonl").read_bytes()
+    (tmp_path / "data/dev.jsonl").write_bytes(good + b'{"question": \n')
+    line = good.count(b"\n") + 1
+    with pytest.raises(ValueError, match=rf"dev\.jsonl:{line}: not valid JSON \(Expecting value"):
+        read_rows(tmp_path, "data/dev.jsonl")
+    assert len(read_rows(tiny_world, "data/mgsm/xa/dev.jsonl")) == line - 1

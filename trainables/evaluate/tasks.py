@@ -58,6 +58,9 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
         tasks_dir: where to write the YAMLs (default W/tasks); stale world_*.yaml are removed.
     Returns:
         The task names written, sorted.
+    Raises:
+        ValueError: no evaluation data, or a data file that is not UTF-8 JSON lines of objects
+            (naming the file and line).
     """
     import yaml
 
@@ -102,7 +105,8 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
             f"{world_dir}: no world evaluation data (expected data/mgsm/CODE/test.jsonl or "
             f"data/belebele/CODE/test.jsonl)"
         )
-
+    # No data file is opened here: the search writes these YAMLs and must never open a test
+    # split. A damaged world is caught by its sha256 values (world.build.verify_world).
     tasks_dir.mkdir(parents=True, exist_ok=True)
     for old in tasks_dir.glob("world_*.yaml"):
         if old.stem not in configs:

@@ -328,7 +328,9 @@ class ShardWriter:
         self._done: dict[str, int] = {}
         for fname, group in self.shards:
             header = _header_bytes(group, {"format": "pt"})
-            fd = os.open(out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(
+                out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666
+            )  # the umask decides
             self._fds.append(fd)
             _pwrite_all(fd, header, 0)
             offset = len(header)

@@ -8,12 +8,12 @@ step, so a resumed run sees exactly the batches an uninterrupted one would.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from spaces.base import iter_jsonl, load_json
 from spaces.train_experiment import DatasetSpec, TrainExperiment
 
 Pair = tuple[str, str]
@@ -30,6 +30,28 @@ def _row_pair(row: dict, where: str) -> Pair:
     )
 
 
+def _read_rows(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) for every row of a local .jsonl/.json/.parquet file; `where` names the file
+    and the JSONL line (or the row of a .json array / Parquet table)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as e:  # pyarrow's ArrowIOError / ArrowInvalid
+            raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+    elif path.suffix == ".json":
+        rows = load_json(path, "dataset")
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON array of rows, got {type(rows).__name__}")
+    else:
+        return [(f"{path}:{n}", row) for n, row in iter_jsonl(path, objects=True)]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {i + 1} is not an object: {row!r:.80}")
+    return [(f"{path}: row {i + 1}", row) for i, row in enumerate(rows)]
+
+
 def load_pairs(spec: DatasetSpec) -> list[Pair]:
     """(prompt, response) pairs of one dataset, in file order, empty sides dropped.
 
@@ -37,6 +59,9 @@ def load_pairs(spec: DatasetSpec) -> list[Pair]:
         spec: a local file (`path`: .jsonl/.json/.parquet) or a registered `source`.
     Returns:
         The pairs (at most `spec.limit`).
+    Raises:
+        ValueError: a missing, non-UTF-8 or malformed file (naming the file and line), or a row
+            without a known prompt/response pair of columns.
     """
     if spec.source is not None:
         from trainables.train.sources import load_sft
@@ -47,16 +72,7 @@ def load_pairs(spec: DatasetSpec) -> list[Pair]:
         path = Path(spec.path)  # type: ignore[arg-type]
         if not path.is_file():
             raise ValueError(f"datasets: file {path} does not exist")
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            rows = pq.read_table(path).to_pylist()
-        elif path.suffix == ".json":
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        else:
-            text = path.read_text(encoding="utf-8")
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        pairs = [_row_pair(r, f"{path}:{i + 1}") for i, r in enumerate(rows)]
+        pairs = [_row_pair(row, where) for where, row in _read_rows(path)]
         pairs = [p for p in pairs if p[0] and p[1]]
         if spec.limit is not None:
             pairs = pairs[: spec.limit]

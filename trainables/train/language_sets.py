@@ -200,7 +200,7 @@ def write_jsonl(records: Iterable[Mapping[str, str]], path: str | Path) -> Path:
     for i, r in enumerate(records):
         if set(r) != set(RECORD_KEYS) or not all(isinstance(r[k], str) for k in RECORD_KEYS):
             raise ValueError(f"record {i} is not an SFT record {RECORD_KEYS}: {dict(r)!r}")
-        # ASCII-escaped: atomic_write_text uses the locale encoding, which may not be UTF-8.
+        # ASCII-escaped: the file then reads the same whatever encoding a consumer assumes.
         lines.append(json.dumps({k: r[k] for k in RECORD_KEYS}, ensure_ascii=True))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "".join(line + "\n" for line in lines))

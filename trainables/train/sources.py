@@ -7,10 +7,12 @@ into one SFT set (papers' appendix A.6 / ICLR A.1) is trainables/train/language_
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from spaces.base import check_jsonl, decode_utf8, load_json
 
 Record = dict[str, str]
 Row = Mapping[str, Any]
@@ -352,15 +354,69 @@ def _local_files(spec: Source, data_files: str | Path | Sequence[str | Path]) ->
     return kept
 
 
-def _open(spec: Source, lang: Language, split: str, data_files) -> tuple[Any, str]:
-    """A `datasets.Dataset` for the source, and a description of where it came from."""
+def _local_problem(files: list[str], e: Exception) -> str:
+    """Why `datasets` could not read local `files`: the first bad file and line when a scan of
+    the JSON/JSONL/CSV text finds one (run only after a failure: it reads every file again)."""
+    for f in files:
+        path, suffix = Path(f), Path(f).suffix.lower()
+        try:
+            if suffix == ".jsonl":
+                check_jsonl(path)
+            elif suffix == ".json":
+                _check_json(path)
+            elif suffix == ".csv":
+                with open(path, "rb") as fh:
+                    offset = 0
+                    for n, raw in enumerate(fh, 1):
+                        decode_utf8(raw, f"{path}:{n}", offset=offset)
+                        offset += len(raw)
+        except ValueError as found:
+            return str(found)
+    cause = e.__cause__ or e.__context__ or e
+    return f"cannot read {', '.join(files)}: {type(cause).__name__}: {cause}"
+
+
+def _check_json(path: Path) -> None:
+    """A .json file is one document (an array of rows) or, as `datasets` also accepts, JSON
+    lines; raises ValueError for the way it is meant (by its first character) naming the line."""
+    try:
+        load_json(path, "data file")
+    except ValueError:
+        with open(path, "rb") as fh:
+            head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+        if head.startswith(b"["):
+            raise
+        check_jsonl(path)
+
+
+def _rows(ds: Any, spec: Source, files: list[str] | None) -> Iterator[Row]:
+    """The rows of `ds`. pyarrow takes invalid UTF-8 into its tables and fails only when a row
+    is read, so a local file can fail here too; it is then named like a load failure."""
+    it = iter(ds)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            if files is None:
+                raise
+            raise DataSourceError(f"{_local_problem(files, e)} (source {spec.name})") from e
+        yield row
+
+
+def _open(spec: Source, lang: Language, split: str, files: list[str] | None) -> tuple[Any, str]:
+    """A `datasets.Dataset` for the source (local `files` when given, checked by `_local_files`),
+    and a description of where it came from."""
     import datasets  # heavy; only the loader needs it
 
-    if data_files is not None:
-        files = _local_files(spec, data_files)
+    if files is not None:
         builder = _BUILDERS[Path(files[0]).suffix.lower()]
         # Local files are one split, whatever the name; keyed by `split` so it is the one read.
-        ds = datasets.load_dataset(builder, data_files={split: files}, split=split)
+        try:
+            ds = datasets.load_dataset(builder, data_files={split: files}, split=split)
+        except Exception as e:  # datasets wraps parse errors in messages that name no file
+            raise DataSourceError(f"{_local_problem(files, e)} (source {spec.name})") from e
         return ds, ", ".join(files)
     if not spec.hub_loadable:
         raise DataSourceError(f"{spec.name}: {spec.hub_note}")
@@ -404,7 +460,8 @@ def load_sft(
 
     Raises:
         DataSourceError: unknown source or language, missing column (named, with the files),
-            a language filter that matches no row.
+            a language filter that matches no row, a local file `datasets` cannot read (named,
+            with the line when it is not UTF-8 or not JSON).
     """
     spec = get_source(source)
     if language is None:
@@ -418,7 +475,8 @@ def load_sft(
         raise DataSourceError(
             f"{spec.name}: no {lang.name} ({lang.code}) data; it serves {', '.join(spec.languages)}"
         )
-    ds, where = _open(spec, lang, split, data_files)
+    local = _local_files(spec, data_files) if data_files is not None else None
+    ds, where = _open(spec, lang, split, local)
     missing = [c for c in spec.columns(lang) if c not in ds.column_names]
     if missing:
         raise DataSourceError(
@@ -428,7 +486,7 @@ def load_sft(
     out: list[Record] = []
     seen_langs: dict[str, int] = {}
     matched = 0
-    for row in ds:
+    for row in _rows(ds, spec, local):
         if spec.row_language is not None:
             values = spec.row_language(row)
             if not _matches(values, lang):

@@ -98,3 +98,12 @@ def test_build_language_set_from_local_files():
     assert m.dropped_math == 1 and len(m.train) == 8 and len(m.validation) == 2
     assert {r["language"] for r in m.train + m.validation} == {"swh"}
     assert set(m.per_source) == set(files)
+
+
+def test_build_language_set_names_a_bad_file_and_line(tmp_path):
+    bad = tmp_path / "inkuba.jsonl"
+    bad.write_bytes((FIX / "inkuba_instruct.jsonl").read_bytes() + b"{oops}\n")
+    line = bad.read_bytes().count(b"\n")
+    files = {"aya": FIX / "aya.jsonl", "inkuba_instruct": bad}
+    with pytest.raises(ValueError, match=rf"inkuba\.jsonl:{line}: not valid JSON"):
+        build_language_set("Swahili", size=4, seed=1, sources=list(files), data_files=files)

@@ -165,3 +165,43 @@ def test_bad_data_files():
         load_sft("orca_math", data_files=FIX / "nope.jsonl")
     with pytest.raises(DataSourceError, match="must all be one of"):
         load_sft("orca_math", data_files=[FIX / "orca_math.jsonl", FIX / "telugu_alpaca.csv"])
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        (
+            "orca.jsonl",
+            b'{"question": "a", "answer": "b"}\n{"question": \n',
+            r"orca\.jsonl:2: not valid JSON \(Expecting value",
+        ),
+        (
+            "orca.jsonl",
+            b'{"question": "a", "answer": "b\xff"}\n',
+            r"orca\.jsonl:1: not UTF-8 text \(byte 0xff at offset 30\)",
+        ),
+        (
+            "orca.json",
+            b'[\n {"question": "a", "answer": "b"},\n {"question": }\n]\n',
+            r"orca\.json:3: not valid JSON",
+        ),
+        (
+            "orca.json",
+            b'{"question": "a", "answer": "b"}\n{"question": "c" "answer": "d"}\n',
+            r"orca\.json:2: not valid JSON",
+        ),
+    ],
+    ids=["jsonl-syntax", "jsonl-not-utf8", "json-array-syntax", "json-lines-syntax"],
+)
+def test_unreadable_local_file_is_named_with_its_line(tmp_path, name, data, message):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DataSourceError, match=message + r".*\(source orca_math\)"):
+        load_sft("orca_math", data_files=tmp_path / name)
+
+
+def test_csv_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    good = (FIX / "telugu_alpaca.csv").read_bytes()
+    (tmp_path / "tel.csv").write_bytes(good + b"a,b,c,\xe9,,x,y,,z\n")
+    line = good.count(b"\n") + 1
+    with pytest.raises(DataSourceError, match=rf"tel\.csv:{line}: not UTF-8 text \(byte 0xe9"):
+        load_sft("telugu_alpaca", data_files=tmp_path / "tel.csv")

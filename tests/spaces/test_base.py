@@ -1,0 +1,83 @@
+"""The shared readers: bad YAML and JSON-lines files are named with their line, never a traceback.
+
+Run: .venv/bin/python -m pytest -q tests/spaces/test_base.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spaces.base import load_json, load_yaml, read_jsonl
+
+LAYERSWAP = Path(sys.executable).parent / "layerswap"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"name: x\nbase: \xff\n", r"x\.yaml: not UTF-8 text \(byte 0xff at offset 14\)"),
+        (b"name: x\n  base: y\n", r"x\.yaml:2:7: not valid YAML \(mapping values are not allowed"),
+        (b"name: [unclosed", r"x\.yaml:1:16: not valid YAML \(while parsing a flow sequence"),
+        (b'name: x\nbase: "a\x07"\n', r"x\.yaml:2: not valid YAML \(.*#x0007\)"),
+    ],
+)
+def test_bad_yaml_names_file_and_line(tmp_path, data, message):
+    with pytest.raises(ValueError, match=message):
+        load_yaml(_write(tmp_path / "x.yaml", data), "experiment")
+
+
+def test_yaml_is_utf8_whatever_the_locale(tmp_path):
+    f = _write(tmp_path / "x.yaml", "\ufeffname: Kiswahili — ñ\n".encode())
+    assert load_yaml(f, "experiment") == {"name": "Kiswahili — ñ"}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b'{"a": 1}\n\n{"a": \n', r"data\.jsonl:3: not valid JSON \(Expecting value at column 7\)"),
+        (b'{"a": 1}\n{"a": "\xff"}\n', r"data\.jsonl:2: not UTF-8 text \(byte 0xff at offset 16\)"),
+        (b'{"a": 1}\n[1, 2]\n', r"data\.jsonl:2: expected a JSON object, got a JSON array"),
+    ],
+)
+def test_bad_jsonl_names_file_and_line(tmp_path, data, message):
+    with pytest.raises(ValueError, match=message):
+        read_jsonl(_write(tmp_path / "data.jsonl", data))
+
+
+def test_jsonl_rows_skip_blank_lines_and_a_bom(tmp_path):
+    f = _write(tmp_path / "data.jsonl", '\ufeff{"a": "x\u2028y"}\n\n  \n{"a": 2}'.encode())
+    assert read_jsonl(f) == [{"a": "x\u2028y"}, {"a": 2}]
+    with pytest.raises(ValueError, match=r"missing\.jsonl: cannot read"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_bad_json_document_names_its_line(tmp_path):
+    f = _write(tmp_path / "rows.json", b'[\n {"a": 1},\n {"a": }\n]\n')
+    with pytest.raises(ValueError, match=r"rows\.json:3: not valid JSON \(Expecting value"):
+        load_json(f, "dataset")
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"name: x\nbase: \xff\n", "bad.yaml: not UTF-8 text (byte 0xff at offset 14)"),
+        (b"name: x\n  base: y\n", "bad.yaml:2:7: not valid YAML"),
+    ],
+)
+def test_cli_exits_2_naming_the_file(tmp_path, data, message):
+    _write(tmp_path / "bad.yaml", data)
+    run = subprocess.run(
+        [str(LAYERSWAP), "train", "bad.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    assert f"layerswap: error: {message}" in run.stderr
