@@ -10,6 +10,18 @@ import argparse
 from pathlib import Path
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: the demo would otherwise build the world and train its experts before
+    a zero or negative count failed in the search."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.merge_only:
         from search.merge_demo import run_merge_demo
@@ -45,9 +57,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true", help="replace an existing demo run")
     d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
     d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
-    d.add_argument("--trials", type=int, default=16, help="merge-search trials (default: 16)")
     d.add_argument(
-        "--train-steps", type=int, help="expert training steps (default: the example configs')"
+        "--trials", type=_positive_int, default=16, help="merge-search trials (default: 16)"
+    )
+    d.add_argument(
+        "--train-steps",
+        type=_positive_int,
+        help="expert training steps (default: the example configs')",
     )
     d.add_argument(
         "--merge-only",

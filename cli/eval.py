@@ -25,6 +25,45 @@ def _limit(text: str) -> int | float:
     return value if value < 1 else int(value)
 
 
+def _is_result_json(path: Path) -> bool:
+    """An lm-eval raw result (what `--out` writes): a JSON object with results and configs."""
+    import json
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and {"results", "configs"} <= raw.keys()
+
+
+def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | None) -> None:
+    """A world_* task or tag the world does not define fails here, not after lm-eval has
+    indexed its ~10k built-in configs (none of which is named world_*).
+
+    Args:
+        tasks: the --tasks names.
+        tasks_dir: where the world's task YAMLs were written (None: no --world).
+        world: the --world folder, for the message.
+    """
+    asked = [t for t in tasks if t.startswith("world_")]
+    if not asked:
+        return
+    if tasks_dir is None:
+        raise ValueError(f"--tasks {', '.join(asked)}: world tasks need --world DIR")
+    import yaml
+
+    known: set[str] = set()
+    for f in tasks_dir.glob("world_*.yaml"):
+        cfg = yaml.safe_load(f.read_text(encoding="utf-8"))
+        known |= {cfg["task"], *cfg.get("tag", [])}
+    unknown = [t for t in asked if t not in known]
+    if unknown:
+        raise ValueError(
+            f"--tasks {', '.join(unknown)}: not a task of the world {world} "
+            f"(it has {', '.join(sorted(known))})"
+        )
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
     from trainables.evaluate.harness import check_model_dir, evaluate, metrics_table
@@ -35,6 +74,24 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError("--tasks: give at least one task name")
     model = Path(args.model)
     check_model_dir(model)  # before the slow lm-eval import and task indexing
+    if args.world is not None:
+        from world.build import verify_world
+
+        problems = verify_world(Path(args.world))
+        if problems:
+            raise ValueError(f"--world {args.world}: " + "; ".join(problems))
+    if args.out is not None:
+        from trainables.outputs import check_output_file
+
+        check_output_file(
+            args.out,
+            overwrite=args.overwrite,
+            inputs=[model] + ([args.world] if args.world is not None else []),
+            ours=_is_result_json,
+            what="an lm-eval result JSON",
+        )
+    if args.world is None:
+        _check_world_names(tasks, None, None)
     kw = dict(
         limit=args.limit,
         batch_size=args.batch_size,
@@ -47,6 +104,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         # A private copy of the YAMLs: the world folder stays read-only for evaluation.
         with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
             write_world_tasks(Path(args.world), Path(tmp))
+            _check_world_names(tasks, Path(tmp), args.world)
             raw = evaluate(model, tasks, include_path=tmp, **kw)
     else:
         raw = evaluate(model, tasks, **kw)
@@ -72,6 +130,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--world", type=Path, metavar="DIR", help="world folder: adds its tasks")
     e.add_argument("--limit", type=_limit, help="first N docs per task (or a fraction < 1)")
     e.add_argument("--out", type=Path, metavar="FILE", help="write the raw result JSON here")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out result JSON")
     e.add_argument("--batch-size", type=int, default=1, help="default: 1")
     e.add_argument("--num-fewshot", type=int, help="default: each task's own")
     e.add_argument(

@@ -33,24 +33,59 @@ def parse_size(text: str) -> int:
     return n
 
 
+def _is_mergekit_config(path: Path) -> bool:
+    """A mergekit config (what --export-mergekit writes): a YAML mapping with `merge_method`."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and "merge_method" in raw
+
+
+def _check_outputs(recipe, args: argparse.Namespace) -> None:
+    """Both outputs are checked before either is written: a refused --out leaves no export
+    behind, and the export never lands on an input (a checkpoint's files, the recipe itself)
+    nor replaces a file that is not a mergekit config."""
+    from trainables.merge.engine import local_refs
+    from trainables.merge.plan import recipe_refs
+    from trainables.outputs import OutputError, check_output_file, output_problems
+
+    inputs = local_refs(recipe_refs(recipe))
+    problems = []
+    if args.out is not None:
+        problems += output_problems(args.out, "merge", overwrite=args.overwrite, inputs=inputs)
+    if args.export_mergekit is not None:
+        try:
+            check_output_file(
+                args.export_mergekit,
+                overwrite=args.overwrite,
+                inputs=[*inputs, args.recipe],
+                ours=_is_mergekit_config,
+                what="a mergekit config",
+            )
+        except OutputError as e:
+            problems.append(str(e))
+    if problems:
+        raise OutputError("\n  ".join(problems))
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     from spaces.recipe import load_recipe, recipe_id
 
     recipe = load_recipe(args.recipe)
     if args.out is None and args.export_mergekit is None:
         raise ValueError("nothing to do: give --out DIR and/or --export-mergekit FILE")
-    if args.export_mergekit is not None:
-        from trainables.atomic import atomic_write_text
-        from trainables.merge.api import export_mergekit
+    _check_outputs(recipe, args)
+    from trainables.merge.api import export_mergekit, is_lora_recipe, merge
 
-        text = export_mergekit(recipe)
-        atomic_write_text(Path(args.export_mergekit), text)
-        print(f"wrote mergekit config {args.export_mergekit}")
+    if args.out is not None and args.fold and not is_lora_recipe(recipe):
+        raise ValueError("--fold applies to LoRA adapter experts only")
+    # The export is made (and so validated) first and written last: a merge that fails leaves
+    # no export behind.
+    text = export_mergekit(recipe) if args.export_mergekit is not None else None
     if args.out is not None:
-        from trainables.merge.api import is_lora_recipe, merge
-
-        if args.fold and not is_lora_recipe(recipe):
-            raise ValueError("--fold applies to LoRA adapter experts only")
         merge(
             recipe,
             args.out,
@@ -60,6 +95,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             progress=not args.quiet,
         )
         print(f"merged {recipe.method} recipe {recipe_id(recipe)} -> {args.out}")
+    if text is not None:
+        from trainables.atomic import atomic_write_text
+
+        atomic_write_text(Path(args.export_mergekit), text)
+        print(f"wrote mergekit config {args.export_mergekit}")
     return 0
 
 
@@ -75,7 +115,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     m.add_argument("recipe", type=Path, help="recipe YAML (see README for the keys)")
     m.add_argument("--out", type=Path, help="output folder (must not exist unless --overwrite)")
-    m.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    m.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out folder (and --export-mergekit file)",
+    )
     m.add_argument(
         "--max-shard-size",
         type=parse_size,

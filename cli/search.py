@@ -41,11 +41,24 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     problems = check_search(exp)
     if args.resume and args.overwrite:
         problems.append("--resume and --overwrite: give one (continue the search, or start over)")
+    inputs = _inputs(exp)
     problems += output_problems(
-        run_dir / "search", "search", overwrite=args.overwrite, allow_existing=True
+        run_dir / "search", "search", overwrite=args.overwrite, allow_existing=True, inputs=inputs
     )
+    if args.overwrite or (not args.no_promote and exp.promote.write_best):
+        # Promotion replaces RUN/best (a merged model) at its very end, --overwrite at once.
+        problems += output_problems(run_dir / "best", "merge", overwrite=True, inputs=inputs)
     if problems:
         raise ValueError("\n  ".join(problems))
+
+
+def _inputs(exp) -> list[Path]:
+    """The local folders and files the search reads (a Hub id is none)."""
+    named = [*exp.task_experts, *exp.language_experts, *exp.include_path]
+    named += [p for p in (exp.base, exp.world) if p is not None]
+    if exp.experts is not None:
+        named.append(exp.experts.registry)
+    return [p for p in map(Path, named) if p.expanduser().exists()]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

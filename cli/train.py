@@ -30,6 +30,8 @@ def check_inputs(exp: TrainExperiment) -> None:
     for i, ds in enumerate(exp.datasets):
         if ds.path is not None and not Path(ds.path).is_file():
             problems.append(f"datasets[{i}].path: {ds.path} does not exist")
+        elif ds.path is not None and (bad := _data_problem(Path(ds.path))) is not None:
+            problems.append(bad)  # "FILE:LINE: not valid JSON (...)", as the trainer says it
         if ds.source is not None:
             from trainables.train.sources import get_source
 
@@ -42,6 +44,42 @@ def check_inputs(exp: TrainExperiment) -> None:
                 problems.append(f"datasets[{i}].data_files: {f} does not exist")
     if problems:
         raise ValueError("\n  ".join(problems))
+
+
+def _data_problem(path: Path) -> str | None:
+    """Why the trainer could not read a local JSON-lines or JSON dataset (file and line named),
+    or None. Checked here, streaming: the trainer reads its data only after the run folder is
+    made and the base model loaded."""
+    from spaces.base import check_jsonl, load_json
+
+    try:
+        if path.suffix == ".json":  # the suffixes trainables.train.data reads each way
+            load_json(path, "dataset")
+        elif path.suffix != ".parquet":
+            check_jsonl(path)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _inputs(exp: TrainExperiment) -> list[Path]:
+    """The local files and folders the experiment reads (a Hub id or a URI is none)."""
+    named = [exp.base, *(ds.path for ds in exp.datasets if ds.path is not None)]
+    named += [f for ds in exp.datasets for f in ds.data_files or []]
+    if exp.search is not None and exp.search.world is not None:
+        named.append(exp.search.world)
+    return [p for p in map(Path, named) if "://" not in str(p) and p.expanduser().exists()]
+
+
+def check_run_folder(exp: TrainExperiment, run: Path) -> None:
+    """Fail before any work when the run folder RUN/train/<name> is, holds or lies inside an
+    input (e.g. `--out` at the base model, or a base inside the run `--overwrite` replaces),
+    or cannot be created."""
+    from trainables.outputs import OutputError, output_problems
+
+    problems = output_problems(run, "train", allow_existing=True, inputs=_inputs(exp))
+    if problems:
+        raise OutputError("\n  ".join(problems))
 
 
 def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
@@ -114,10 +152,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.resume:
             raise ValueError("--resume: an expert sweep cannot be resumed; --overwrite reruns it")
         run_dir = args.out if args.out is not None else Path(exp.storage_path)
+        check_run_folder(exp, run_dir / "train" / exp.name)
         with _sweep_folder(exp, run_dir, args.overwrite):
             return _run_sweep(exp, run_dir)
     # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
     storage = str(args.out / "train") if args.out is not None else exp.storage_path
+    if "://" not in storage:
+        check_run_folder(exp, Path(storage) / exp.name)
     last = train_expert(
         exp, storage, use_ray=not args.no_ray, resume=args.resume, overwrite=args.overwrite
     )

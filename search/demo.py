@@ -114,12 +114,8 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     Returns:
         DemoResult with the leaderboard, the best model and the wall time per stage.
     """
-    import ray
-
-    from search.promote import promote
-    from search.search import run_search
     from trainables.evaluate.lm_eval_api import offline_defaults
-    from world import build_world
+    from trainables.outputs import replacing, write_marker
 
     offline_defaults()
     # lm-eval warns three times per evaluated model that it was handed an in-memory model and
@@ -127,13 +123,29 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     st = settings or DemoSettings()
     out = Path(out).resolve()
-    _clear_previous_run(out, overwrite)
-    out.mkdir(parents=True, exist_ok=True)
+    replace = _check_previous_run(out, overwrite)
+    with replacing([out] if replace else []) as aside:
+        out.mkdir(parents=True, exist_ok=True)
+        write_marker(out, "demo", f"seed={st.seed} size={st.world_size}")
+        if out in aside:
+            _reuse_world(aside[out] / "world", out / "world", st)
+        return _run_stages(out, st)
+
+
+def _run_stages(out: Path, st: DemoSettings) -> DemoResult:
+    """World, experts, indicators, search and promotion into the run folder `out`."""
+    import ray
+
+    from search.promote import promote
+    from search.search import run_search
+    from world import build_world
+
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
     print(f"[1/5] world ({st.world_size}, seed {st.seed}) -> {out / 'world'}")
-    world = build_world(out / "world", seed=st.seed, size=st.world_size, progress=True)
+    # The run owns its world: one of another seed or size is replaced.
+    world = build_world(out / "world", seed=st.seed, size=st.world_size, overwrite=True, progress=True)  # fmt: skip
     seconds["world"] = time.perf_counter() - t0
 
     started_ray = not ray.is_initialized()
@@ -172,17 +184,49 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     )
 
 
-def _clear_previous_run(out: Path, overwrite: bool) -> None:
-    """Refuse an existing run in `out`, or with `overwrite` remove its stages (not the world)."""
+STAGES = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
+
+
+def _check_previous_run(out: Path, overwrite: bool) -> bool:
+    """Whether `out` holds a demo run to replace; refuse one without `overwrite`.
+
+    A folder with only a world in it (an earlier demo stopped after [1/5]) is continued.
+    """
+    from trainables.outputs import OutputError, check_output
+
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        check_output(out, "demo", allow_existing=True)  # a parent that is a file, not writable
+        return False
+    check_output(out, "demo", overwrite=True)  # a demo run of layerswap's, or refuse
+    if not any((out / s).exists() for s in STAGES):
+        return False
+    if not overwrite:
+        raise OutputError(f"{out}: a demo run exists; pass --overwrite to replace it")
+    return True
+
+
+def _reuse_world(old: Path, new: Path, st: DemoSettings) -> None:
+    """Hard-link the replaced run's world into the new run when it is the one asked for."""
+    import json
+    import os
     import shutil
 
-    stages = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
-    if any((out / s).exists() for s in stages):
-        if not overwrite:
-            raise FileExistsError(f"{out}: a demo run exists; pass --overwrite to replace it")
-        for s in stages:
-            p = out / s
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    from world.build import MANIFEST, verify_world
+
+    try:
+        m = json.loads((old / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return
+    if (m.get("seed"), m.get("size")) != (st.seed, st.world_size) or verify_world(old):
+        return  # build_world makes the right one; the old stays with the old run
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)  # world files are never written in place: sharing is safe
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(old, new, copy_function=link)
 
 
 def _train_experts(world: Path, out: Path, st: DemoSettings) -> dict:

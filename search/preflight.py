@@ -314,6 +314,12 @@ def _task_sources(exp: SearchExperiment, out: Preflight) -> _Tasks:
             )
             src.incomplete = True
         else:
+            from world.build import verify_world
+
+            # sha256 of everything but the test splits, which the search must never open
+            damage = verify_world(w, only=lambda rel: not rel.endswith("/test.jsonl"))
+            out.problems += [f"world {exp.world}: {p}" for p in damage]
+            src.incomplete = src.incomplete or bool(damage)
             try:  # the YAMLs are a few small files: writing them to a scratch folder is exact
                 with tempfile.TemporaryDirectory(prefix="preflight-tasks-") as tmp:
                     src.world = write_world_tasks(w, Path(tmp))

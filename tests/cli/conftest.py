@@ -1,0 +1,52 @@
+"""Fixtures for the CLI tests: inputs built once per session and only ever read.
+
+`expert_pair` (the tiny world's base and two perturbed experts, what a search takes),
+`analysis_run` (a synthetic run folder, what `analyze` reads) and `merged_model` (a folder
+`layerswap merge` wrote). The tiny world and the tiny family come from tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def expert_pair(tiny_world, tmp_path_factory) -> dict[str, Path]:
+    """`base` (the world's), `task`, `language` and `language2`: the base plus seeded noise."""
+    from tests.search.search_fixtures import make_experts
+
+    return make_experts(tiny_world, tmp_path_factory.mktemp("expert_pair"))
+
+
+@pytest.fixture(scope="session")
+def analysis_run(tmp_path_factory) -> Path:
+    """A run folder with a registry, trials, an Optuna study and promotion results."""
+    from tests.analysis.analysis_synth import make_run
+
+    return make_run(tmp_path_factory.mktemp("analysis_run"))
+
+
+@pytest.fixture(scope="session")
+def merged_model(family, tmp_path_factory) -> Path:
+    """A layer swap of the session's tiny `family`, written by `layerswap merge`."""
+    import yaml
+
+    from cli import main
+
+    root = tmp_path_factory.mktemp("merged_model")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "method": "layer_swap",
+                "task_expert": family.ref("task"),
+                "language_expert": family.ref("language"),
+                "bottom": 2,
+                "top": 2,
+            }
+        )
+    )
+    assert main(["merge", str(recipe), "--out", str(root / "merged"), "-q"]) == 0
+    return root / "merged"
