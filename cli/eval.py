@@ -77,7 +77,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.world is not None:
         from world.build import verify_world
 
-        problems = verify_world(Path(args.world), hand_made_ok=True)
+        world = Path(args.world)
+        problems = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
+        if not (world / "world.json").exists() and not (world / "data").is_dir():
+            problems = ["not a world (no world.json, no data/)"]
         if problems:
             raise ValueError(f"--world {args.world}: " + "; ".join(problems))
     if args.out is not None:

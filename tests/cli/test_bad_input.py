@@ -650,7 +650,7 @@ def eval__world_file_missing(e: Env):
 def eval__world_is_not_a_world(e: Env):
     w = e.folder("world")
     argv = ["eval", str(e.family["task"]), "--tasks", WORLD_TASK, "--world", w]
-    return argv, [f"--world {w}: world.json: missing"]
+    return argv, [f"--world {w}: not a world (no world.json, no data/)"]
 
 
 @case()
