@@ -8,15 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
+from cli.args import positive_int
 
 
 def _nonneg_float(text: str) -> float:
@@ -67,7 +59,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("--overwrite", action="store_true", help="replace an existing report folder")
     a.add_argument(
         "--resamples",
-        type=_positive_int,
+        type=positive_int,
         default=2000,
         help="bootstrap resamples for the correlation CIs (default: 2000)",
     )
@@ -81,7 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     a.add_argument(
         "--max-experts",
-        type=_positive_int,
+        type=positive_int,
         default=2,
         metavar="N",
         help="ΔW maps per expert kind (each is one streamed pass over the checkpoint; default 2)",

@@ -9,17 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    """An argparse type: the demo would otherwise build the world and train its experts before
-    a zero or negative count failed in the search."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
+from cli.args import positive_int
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -58,11 +48,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
     d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
     d.add_argument(
-        "--trials", type=_positive_int, default=16, help="merge-search trials (default: 16)"
+        "--trials", type=positive_int, default=16, help="merge-search trials (default: 16)"
     )
     d.add_argument(
         "--train-steps",
-        type=_positive_int,
+        type=positive_int,
         help="expert training steps (default: the example configs')",
     )
     d.add_argument(

@@ -87,6 +87,16 @@ def _relation(out: Path, inp: Path) -> str | None:
     return None
 
 
+def _input_problems(out: Path, where: Path, inputs: Iterable[Path | str]) -> list[str]:
+    """`out` (resolved: `where`) is, contains or lies inside an input: one line per input."""
+    problems = []
+    for inp in inputs:
+        rel = _relation(where, Path(inp).expanduser().resolve())
+        if rel is not None:
+            problems.append(f"{out}: {rel} the input {inp}; choose an output outside the inputs")
+    return problems
+
+
 def _writable_parent(out: Path) -> str | None:
     """A problem with creating `out` (a missing parent may be created), or None."""
     parent = out.parent
@@ -123,11 +133,7 @@ def output_problems(
     """
     out = Path(out)
     where = out.expanduser().resolve()
-    problems = []
-    for inp in inputs:
-        rel = _relation(where, Path(inp).expanduser().resolve())
-        if rel is not None:
-            problems.append(f"{out}: {rel} the input {inp}; choose an output outside the inputs")
+    problems = _input_problems(out, where, inputs)
     if not out.exists():
         if out.is_symlink():
             problems.append(f"{out}: is a broken symbolic link")
@@ -183,11 +189,7 @@ def check_output_file(
     """
     out = Path(out)
     where = out.expanduser().resolve()
-    problems = []
-    for inp in inputs:
-        rel = _relation(where, Path(inp).expanduser().resolve())
-        if rel is not None:
-            problems.append(f"{out}: {rel} the input {inp}; choose an output outside the inputs")
+    problems = _input_problems(out, where, inputs)
     if out.is_dir():
         problems.append(f"{out}: is a folder; give a file name")
     elif out.exists():
