@@ -27,19 +27,28 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
     tag = uuid.uuid4().hex[:8]
     tmp = out.parent / f".{out.name}.tmp-{tag}"
     tmp.mkdir()
+    old = None
     try:
         yield tmp
         follow_umask(tmp)
-        old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{tag}"
             os.rename(out, old)
         os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists():
+            if out.exists():  # interrupted right after the swap: the new output is complete
+                shutil.rmtree(old, ignore_errors=True)
+            else:  # interrupted between the two renames: the old output goes back
+                os.rename(old, out)
         raise
+    if old is not None:
+        try:
+            shutil.rmtree(old)
+        except BaseException:  # interrupted mid-delete: finish it, leave no half old output
+            shutil.rmtree(old, ignore_errors=True)
+            raise
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -8,9 +8,13 @@
 
 from __future__ import annotations
 
+import shutil
+import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +28,53 @@ from spaces.train_experiment import (
     experiment_json,
     parse_train_experiment,
 )
+from trainables.atomic import atomic_dir
+
+
+def _upload_into(run_dir: str):
+    """A `checkpoint_upload_fn` that copies a checkpoint into the local run folder atomically.
+
+    Ray's own upload copies file by file into storage: a worker killed mid-copy (an interrupted
+    driver's Ray shutdown kills its workers) would leave a checkpoint folder that looks complete
+    (its manifest is there) but is not. Built beside and renamed into place, it is whole or absent.
+    """
+
+    def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+        dest = Path(run_dir) / dir_name
+        with atomic_dir(dest, overwrite=True) as tmp:
+            shutil.copytree(checkpoint.path, tmp, dirs_exist_ok=True)
+        return Checkpoint.from_directory(str(dest))
+
+    return upload
+
+
+def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
+    """The newest checkpoint of this very experiment already in the local run folder, or None.
+
+    Ray restores a run from its own snapshot (checkpoint_manager_snapshot.json), which its
+    controller writes only once it has taken in a checkpoint's report (it polls every ~2 s): a
+    driver interrupted in between leaves checkpoints Ray does not know of, or no snapshot at
+    all, and the run would train those steps again (from scratch without a snapshot). The
+    workers start from this one when it is newer than what Ray restores.
+    """
+    from trainables.train.state import find_checkpoints, read_manifest
+
+    def same(manifest: dict) -> bool:
+        a, b = dict(manifest.get("experiment") or {}), experiment_json(exp)
+        a.pop("storage_path", None)
+        b.pop("storage_path", None)
+        return a == b
+
+    found = [c for c in find_checkpoints(run_dir) if same(read_manifest(c))] if run_dir.is_dir() else []  # fmt: skip
+    return str(found[-1]) if found else None
+
+
+def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
+    """Of Ray's restored checkpoint and the newest one on disk, the one at the later step."""
+    from trainables.train.state import read_manifest
+
+    found = [p for p in (ray_ckpt, on_disk) if p is not None]
+    return max(found, key=lambda p: read_manifest(p)["step"]) if found else None
 
 
 def _worker(config: dict) -> None:
@@ -44,6 +95,7 @@ def _worker(config: dict) -> None:
     # makes the same number of calls); checkpoint reports always go through.
     interval = float(config.get("min_report_interval_s", 2.0))
     last = [float("-inf")]
+    run_dir = config.get("run_dir")  # local storage only: checkpoints land there atomically
 
     def report(metrics: dict, path: Path | None) -> None:
         # `checkpoint` is set on every rank at a checkpoint step (only rank 0 has the path), so
@@ -70,14 +122,17 @@ def _worker(config: dict) -> None:
                 checkpoint=Checkpoint.from_directory(str(path)),
                 checkpoint_dir_name=path.name,
                 delete_local_checkpoint_after_upload=True,
+                checkpoint_upload_fn=_upload_into(run_dir) if run_dir else None,
             )
 
     with tempfile.TemporaryDirectory(prefix=f"lsw-{ctx.get_world_rank()}-") as work:
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
-            run_training(exp, workdir=work, report=report, device=device)
+            resume = _newest(None, config.get("resume_from"))
+            run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
         else:
-            with ckpt.as_directory() as resume:
+            with ckpt.as_directory() as restored:
+                resume = _newest(restored, config.get("resume_from"))
                 run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
 
 
@@ -103,14 +158,22 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
     exp = absolute_local_paths(exp)  # workers do not share the driver's working folder
     s = exp.scaling
     storage = storage_path or exp.storage_path
+    local = {}
     if "://" not in storage:
         storage = str(Path(storage).resolve())
+        run_dir = Path(storage) / (name or exp.name)
+        # A worker killed mid-upload (see _upload_into) leaves its temp folder: no one else
+        # writes this run now, so it goes.
+        for stale in run_dir.glob(".*.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        local = {"run_dir": str(run_dir), "resume_from": _resume_point(exp, run_dir)}
     return TorchTrainer(
         _worker,
         train_loop_config={
             "experiment": experiment_json(exp),
             "threads": s.cpus_per_worker,
             "min_report_interval_s": min_report_interval_s,
+            **local,
         },
         torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
@@ -128,30 +191,57 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
     )
 
 
-def _fit_off_main_thread(trainer: TorchTrainer):
-    """`trainer.fit()` in a helper thread, so Ctrl-C reaches the caller as KeyboardInterrupt.
+@contextmanager
+def _fit_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM as a fit() in the main thread needs them to stop it.
 
-    In the main thread Ray Train installs its own SIGINT handler, which aborts the run and then
-    returns from fit() as if it had ended; the caller could not tell an interrupted run from a
-    finished one. Waiting in short joins lets Python deliver signals to the main thread.
+    fit() replaces the SIGINT handler with one that aborts the run and then returns from fit()
+    as if it had ended (the caller could not tell an interrupted run from a finished one): it
+    is kept out. fit() waits in a blocking ray.get, which passes a KeyboardInterrupt raised by
+    a signal handler on but turns any other exception into exit code 1 (SystemExit, which
+    Ray's driver SIGTERM handler raises) or drops it: while fit() runs, SIGTERM also raises
+    KeyboardInterrupt, and leaves as SystemExit(SIGTERM), what Ray's own handler raises (the
+    command exits 143). Python's handler also takes SIGTERM from Ray's C++ failure-signal
+    handler, which would dump a stack and arm alarm(3) to abort the process (SIGABRT).
+    (A fit() in a helper thread also avoids Ray's SIGINT handler, but that thread is still
+    inside ray.get when Ray shuts down at exit, and Ray then ends the process with exit 1.)
     """
+    real = signal.signal
+    terminated = []
+
+    def on_sigterm(signum, frame):
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    def keep(signum, handler):
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            return signal.getsignal(signum)
+        return real(signum, handler)
+
+    before = real(signal.SIGTERM, on_sigterm)
+    signal.signal = keep
+    try:
+        yield
+    except KeyboardInterrupt:
+        if terminated:
+            signal.alarm(0)  # should Ray's C++ handler have seen it first (see above)
+            raise SystemExit(signal.SIGTERM) from None
+        raise
+    finally:
+        signal.signal = real
+        real(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
+def _fit_interruptibly(trainer: TorchTrainer):
+    """`trainer.fit()`; in a driver's main thread SIGINT stops it with KeyboardInterrupt and
+    SIGTERM with SystemExit(SIGTERM). Elsewhere (a Ray task, a Tune trial) it runs as it is."""
     if not ray.is_initialized():
-        ray.init()  # here, not in the helper thread: Ray sets up its driver in the main thread
-    box: dict = {}
-
-    def fit() -> None:
-        try:
-            box["result"] = trainer.fit()
-        except BaseException as e:  # re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=fit, name="layerswap-ray-fit", daemon=True)
-    t.start()
-    while t.is_alive():
-        t.join(0.2)
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+        ray.init()
+    in_ray_worker = ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    if in_ray_worker or threading.current_thread() is not threading.main_thread():
+        return trainer.fit()
+    with _fit_signals():
+        return trainer.fit()
 
 
 def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0) -> RayTrainResult:  # fmt: skip
@@ -163,7 +253,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     """
     trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s)  # fmt: skip
     try:
-        result = _fit_off_main_thread(trainer)
+        result = _fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
         return RayTrainResult(None, {}, Path(storage_path or exp.storage_path) / (name or exp.name), repr(e))  # fmt: skip
     ckpt = Path(result.checkpoint.path) if result.checkpoint is not None else None

@@ -1,0 +1,527 @@
+"""Interrupts (issue 12): SIGINT / SIGTERM sent to the real `layerswap` process mid-work.
+
+Each test starts the CLI in a subprocess of its own session, waits until the command is
+verifiably mid-work (a temp folder, a checkpoint or a trial row on disk, a progress line), sends
+the signal to that one process and checks from outside: exit 130 (SIGINT) or 143 (SIGTERM)
+within BOUND_S, no traceback, the interrupt message, no temporary or half-written output, and
+for `train` and `search` that `--resume` finishes with every step / trial exactly once.
+
+Run: .venv/bin/python -m pytest -q tests/cli/test_interrupts.py   (~5 min on 2 shared cores,
+mostly the five Ray start-ups). Add -s to see each case's signal-to-exit time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.trainables.train.train_helpers import make_exp
+
+# How long a command may take from the signal to its exit. Measured on a loaded 2-core machine:
+# well under 10 s everywhere (the interpreter's own teardown with torch loaded is 2-4 s of it).
+BOUND_S = 30
+MESSAGE = "layerswap: interrupted ({}); nothing half-written was kept"
+# What trainables/atomic.py and trainables/outputs.py leave only when something went wrong:
+# `.NAME.tmp-XXXXXXXX` (being built), `.NAME.old-...` (being replaced), `.NAME.replaced-...`.
+LEFTOVER = re.compile(r"^\..+\.(tmp|old|replaced)-[0-9a-f]{8}$")
+# A line Ray forwards from one of its own processes, "(TrainController pid=123) ...": their
+# logs are Ray's business (e.g. its state API tracing back when two Ray instances share the
+# machine), the command's own stderr is the rest.
+RAY_FORWARDED = re.compile(r"^(\x1b\[[0-9;]*m)?\(([\w.:-]+ )?pid=\d+[^)]*\)")
+SIGNAL_NAME = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+EXIT_CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Cli:
+    """One `layerswap` command in a process of its own session; stdout/stderr read as they come.
+
+    A session of its own: the signal goes to this process only (never to pytest), and the
+    cleanup can reach whatever it started.
+    """
+
+    def __init__(self, *args: object, cwd: Path, env: dict[str, str] | None = None):
+        self.args = [str(a) for a in args]
+        self.started = time.monotonic()
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",  # progress lines arrive when printed, not at exit
+            # Tiny models on 2 shared cores: one intra-op thread is many times faster (and a
+            # run's steps then take a predictable ~50 ms).
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *self.args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: dict[str, list[str]] = {"out": [], "err": []}
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, self.lines[name]), daemon=True)
+            for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr))
+        ]
+        for t in self._readers:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines["out"])
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines["err"])
+
+    @property
+    def own_stderr(self) -> str:
+        """stderr without the lines Ray forwards from its workers and actors."""
+        return "".join(line for line in self.lines["err"] if not RAY_FORWARDED.match(line))
+
+    def tail(self) -> str:
+        return f"$ layerswap {' '.join(self.args)}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-5000:]}"  # fmt: skip
+
+    def wait_for(self, ready: Callable[[], bool], what: str, timeout: float = 240) -> None:
+        """Poll `ready` until it holds; fail if the command ends (or times out) first."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.proc.poll() is not None:
+                pytest.fail(f"exited {self.proc.returncode} before {what}\n{self.tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {what} after {timeout} s\n{self.tail()}")
+            time.sleep(0.02)
+
+    def interrupt(self, sig: signal.Signals) -> float:
+        """Send `sig` to the command; check the exit code, stderr and timing; return seconds."""
+        assert self.proc.poll() is None, f"finished before the signal\n{self.tail()}"
+        t0 = time.monotonic()
+        os.kill(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {BOUND_S} s after {sig.name}\n{self.tail()}")
+        took = time.monotonic() - t0
+        self._join()
+        print(
+            f"{sig.name} at {t0 - self.started:.1f} s -> exit {self.proc.returncode} in "
+            f"{took:.2f} s: layerswap {self.args[0]}"
+        )
+        assert self.proc.returncode == EXIT_CODE[sig], self.tail()
+        assert "Traceback" not in self.own_stderr, self.tail()
+        assert MESSAGE.format(SIGNAL_NAME[sig]) in self.stderr, self.tail()
+        return took
+
+    def finish(self, timeout: float = 400) -> int:
+        """Wait for the command to end by itself; returns its exit code."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running after {timeout} s\n{self.tail()}")
+        self._join()
+        return self.proc.returncode
+
+    def _join(self) -> None:
+        for t in self._readers:
+            t.join(timeout=10)
+
+    def kill(self) -> None:
+        """Cleanup: SIGKILL the command's process group if it is still there."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.wait()
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """`cli(*args, env=...)` starts a command; all are killed at teardown.
+
+    Commands run in an empty folder: `python -m` puts the working folder first on sys.path, and
+    a folder there named like a project package (world/, search/) would shadow it.
+    """
+    started: list[Cli] = []
+    cwd = tmp_path / ".cwd"
+    cwd.mkdir()
+
+    def start(*args: object, env: dict[str, str] | None = None) -> Cli:
+        started.append(Cli(*args, cwd=cwd, env=env))
+        return started[-1]
+
+    yield start
+    for c in started:
+        c.kill()
+
+
+def leftovers(root: Path) -> list[str]:
+    """Every temporary or set-aside output under `root` (there should be none)."""
+    return sorted(str(p) for p in Path(root).rglob(".*") if LEFTOVER.match(p.name))
+
+
+def _ray_processes(ray_tmp: str) -> list[int]:
+    """Pids of the processes whose command line names `ray_tmp` (the Ray a command started)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if ray_tmp in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+class RayTmp:
+    """A RAY_TMPDIR of its own (short: Ray's socket paths are length-limited) for the commands
+    of one test, so their Ray never joins another's, and a way to see its processes."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="lsi", dir="/tmp")
+        self.env = {"RAY_TMPDIR": self.dir}
+
+    def gone(self, timeout: float = 20) -> list[int]:
+        """Wait until no process started under this RAY_TMPDIR is left; returns those that are."""
+        deadline = time.monotonic() + timeout
+        while _ray_processes(self.dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return _ray_processes(self.dir)
+
+    def assert_gone(self) -> None:
+        left = self.gone()
+        assert not left, f"Ray processes outlived their command: {_describe(left)}"
+
+
+def _describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}")
+        except OSError:
+            out.append(str(pid))
+    return out
+
+
+@pytest.fixture
+def ray_tmp():
+    """A RayTmp; at teardown any process left under it is killed (by pid)."""
+    r = RayTmp()
+    yield r
+    for pid in r.gone(timeout=5):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(r.dir, ignore_errors=True)
+
+
+# --- merge ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_family(tmp_path_factory) -> dict[str, Path]:
+    """A 128-layer tiny family: its TIES merge writes for ~1.5 s (enough to land a signal in)."""
+    from world.tiny import make_tiny_family
+
+    return make_tiny_family(tmp_path_factory.mktemp("big"), num_layers=128, with_tokenizer=False)
+
+
+def _ties_recipe(tmp_path: Path, fam: dict[str, Path]) -> Path:
+    recipe = tmp_path / "recipe.yaml"
+    models = [str(fam["task"]), str(fam["language"])]
+    recipe.write_text(yaml.safe_dump({"method": "ties", "base": str(fam["base"]), "models": models, "density": 0.5}))  # fmt: skip
+    return recipe
+
+
+@pytest.mark.slow
+def test_sigint_mid_merge_writes_nothing(tmp_path, big_family, cli):
+    out = tmp_path / "out"
+    c = cli("merge", _ties_recipe(tmp_path, big_family), "--out", out, "-q")
+    # A shard in the temp folder: the tensors are being written (the rename comes after).
+    c.wait_for(lambda: any(tmp_path.glob(".out.tmp-*/*.safetensors")), "a shard in the temp folder")  # fmt: skip
+    c.interrupt(signal.SIGINT)
+    assert not out.exists()
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_merge_overwrite_keeps_the_old_output(tmp_path, big_family, cli, tree_state):
+    from spaces.recipe import load_recipe
+    from trainables.merge.api import merge
+
+    out = tmp_path / "out"
+    old = tmp_path / "old.yaml"  # a cheap layer swap: the output `--overwrite` would replace
+    old.write_text(yaml.safe_dump({"method": "layer_swap", "task_expert": str(big_family["task"]), "language_expert": str(big_family["language"]), "bottom": 1, "top": 1}))  # fmt: skip
+    merge(load_recipe(old), out)
+    before = tree_state(out)
+    c = cli("merge", _ties_recipe(tmp_path, big_family), "--out", out, "-q", "--overwrite")
+    c.wait_for(lambda: any(tmp_path.glob(".out.tmp-*/*.safetensors")), "a shard in the temp folder")  # fmt: skip
+    c.interrupt(signal.SIGTERM)
+    assert tree_state(out) == before  # the old merge, untouched
+    assert not leftovers(tmp_path)
+
+
+# --- world build ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_world_build_writes_nothing(tmp_path, cli, sig):
+    world = tmp_path / "w"
+    c = cli("world", "build", "--out", world, "--size", "tiny")
+    # The first progress line comes once the datasets are generated, inside the temp folder.
+    c.wait_for(lambda: "datasets" in c.stdout, "the first progress line")
+    assert list(tmp_path.glob(".w.tmp-*")), "the build is not under way in its temp folder"
+    c.interrupt(sig)
+    assert not world.exists()
+    assert not leftovers(tmp_path)
+
+
+# --- train ------------------------------------------------------------------------------------
+
+
+def _train_exp(world: Path, tmp_path: Path, name: str, steps: int, every: int) -> tuple[Path, Path]:  # fmt: skip
+    """An experiment YAML: `steps` steps (~50 ms each), a checkpoint every `every`, a step log."""
+    log = tmp_path / "steps.jsonl"  # rank 0 appends {step, start} per step it completes
+    exp = make_exp(world, "full", hyper={"max_steps": steps}, checkpoint_every_samples=8 * every, name=name, debug={"step_log": str(log)})  # fmt: skip
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
+    return f, log
+
+
+def _has_checkpoints(run: Path, n: int) -> Callable[[], bool]:
+    """More than `n` checkpoint manifests in `run` (a live view: uploads may be under way)."""
+    return lambda: sum(not p.parent.name.startswith(".") for p in run.rglob("layerswap_train.json")) > n  # fmt: skip
+
+
+def _checkpoint_steps(run: Path) -> list[int]:
+    """The step of every checkpoint folder in `run`, from its manifest; each must be complete
+    (read once the command has exited)."""
+    steps = []
+    for m in run.rglob("layerswap_train.json"):
+        ck = m.parent
+        if ck.name.startswith("."):
+            continue
+        for need in ("model.safetensors", "config.json", "trainer_state/state.json"):
+            assert (ck / need).is_file(), f"{ck}: half-written checkpoint (no {need})"
+        steps.append(json.loads(m.read_text())["step"])
+    return sorted(steps)
+
+
+def _check_every_step_once(log: Path, resumed_from: list[int], steps: int) -> None:
+    """The attempts in the step log, stitched at each resume point, are steps 1..`steps` once.
+
+    `resumed_from[i]` is the newest checkpoint on disk before resume i: the resume must
+    continue from there (not from an older checkpoint, nor from scratch).
+    """
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    attempts: list[tuple[int, list[int]]] = []
+    for r in rows:
+        if not attempts or attempts[-1][0] != r["start"]:
+            attempts.append((r["start"], []))
+        attempts[-1][1].append(r["step"])
+    starts = [s for s, _ in attempts]
+    assert starts == [0, *resumed_from], f"attempts started at {starts}"
+    done = []
+    for (_, made), (nxt, _) in itertools.pairwise(attempts):
+        done += [s for s in made if s <= nxt]
+    done += attempts[-1][1]
+    assert done == list(range(1, steps + 1))
+
+
+@pytest.mark.slow
+def test_sigint_mid_train_no_ray_then_resume(tiny_world, tmp_path, cli):
+    steps, every = 120, 20  # the signal lands within ms: 5 checkpoints' worth of margin
+    f, log = _train_exp(tiny_world, tmp_path, "intr", steps, every)
+    out, run = tmp_path / "run", tmp_path / "run/train/intr"
+    c = cli("train", f, "--out", out, "--no-ray")
+    c.wait_for(_has_checkpoints(run, 0), "the first checkpoint")
+    c.interrupt(signal.SIGINT)
+    assert not leftovers(tmp_path)
+    kept = _checkpoint_steps(run)
+    assert kept and kept[-1] < steps, f"not interrupted mid-run: checkpoints at {kept}"
+    assert kept == list(range(every, kept[-1] + 1, every))
+
+    c = cli("train", f, "--out", out, "--no-ray", "--resume")
+    assert c.finish() == 0, c.tail()
+    assert _checkpoint_steps(run) == list(range(every, steps + 1, every))
+    _check_every_step_once(log, [kept[-1]], steps)
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.slow
+def test_signals_mid_train_on_ray_then_resume(tiny_world, tmp_path, cli, ray_tmp):
+    """SIGINT after the first checkpoint, SIGTERM in the resumed run, then a resume finishes."""
+    # Ray's workers train on for the seconds their driver takes to shut Ray down (~1-5 s):
+    # 20 s of steps keep both interrupts mid-run.
+    steps, every = 400, 40
+    f, log = _train_exp(tiny_world, tmp_path, "intr_ray", steps, every)
+    out, run = tmp_path / "run", tmp_path / "run/train/intr_ray"
+    resumed_from = []
+    for i, sig in enumerate((signal.SIGINT, signal.SIGTERM)):
+        before = _checkpoint_steps(run) if run.exists() else []
+        c = cli("train", f, "--out", out, *(["--resume"] if i else []), env=ray_tmp.env)
+        c.wait_for(_has_checkpoints(run, len(before)), "a new checkpoint")
+        c.interrupt(sig)
+        ray_tmp.assert_gone()  # the workers stopped too: none writes on behind the next run
+        assert not leftovers(tmp_path)
+        kept = _checkpoint_steps(run)
+        assert kept[-1] < steps, f"not interrupted mid-run: checkpoints at {kept}"
+        assert kept == list(range(every, kept[-1] + 1, every))
+        resumed_from.append(kept[-1])
+
+    c = cli("train", f, "--out", out, "--resume", env=ray_tmp.env)
+    assert c.finish() == 0, c.tail()
+    assert _checkpoint_steps(run) == list(range(every, steps + 1, every))
+    _check_every_step_once(log, resumed_from, steps)
+    assert not leftovers(tmp_path)
+
+
+# --- search -----------------------------------------------------------------------------------
+
+SAMPLES = 6  # one at a time: the first row is followed by ~5 s of trials to interrupt
+
+
+def _search_exp(world: Path, tmp_path: Path) -> Path:
+    from tests.search.search_fixtures import experiment, make_experts
+
+    paths = make_experts(world, tmp_path / "experts")
+    exp = experiment(
+        world,
+        paths,
+        proxy_eval={"limit": 4, "max_gen_toks": 4},
+        search={"num_samples": SAMPLES, "max_concurrent": 1, "fidelity": {"screen": None}},
+    )
+    f = tmp_path / "search.yaml"  # what `layerswap search` reads (load_search_experiment)
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
+    return f
+
+
+def _trials(run: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    table = run / "search" / "trials.parquet"
+    return pq.read_table(table).to_pylist() if table.exists() else []
+
+
+@pytest.mark.slow
+def test_sigint_mid_search_then_resume(tiny_world, tmp_path, cli, ray_tmp):
+    import optuna
+
+    f, run = _search_exp(tiny_world, tmp_path), tmp_path / "run"
+    c = cli("search", f, "--out", run, "--no-promote", env=ray_tmp.env)
+    c.wait_for(lambda: len(_trials(run)) >= 1, "a trial row in trials.parquet")
+    c.interrupt(signal.SIGINT)
+    ray_tmp.assert_gone()  # no trial runs on behind the resumed search
+    before = _trials(run)
+    # It stopped: no search summary (Tune's own SIGINT handler would have ended fit() as if
+    # the search were done, and the command would have gone on), nothing promoted.
+    assert 1 <= len(before) < SAMPLES, [r["trial_id"] for r in before]
+    assert "trial(s) in" not in c.stdout, c.tail()
+    for later in ("promotion", "best", "leaderboard.md"):
+        assert not (run / later).exists()
+    assert not leftovers(tmp_path)
+
+    c = cli("search", f, "--out", run, "--no-promote", "--resume", env=ray_tmp.env)
+    assert c.finish() == 0, c.tail()
+    rows = _trials(run)
+    assert rows[: len(before)] == before  # finished trials kept as they were
+    ids = [r["trial_id"] for r in rows]
+    assert len(rows) == SAMPLES and len(set(ids)) == SAMPLES, ids
+    evaluated = [r["recipe_id"] for r in rows if r["status"] != "duplicate"]
+    assert len(evaluated) == len(set(evaluated)), "a recipe was evaluated twice"
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{run / 'search' / 'study.db'}")
+    assert not [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert not leftovers(tmp_path)
+
+
+# --- analyze ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigint_mid_analyze_writes_nothing(tmp_path, cli, tree_state):
+    from tests.analysis.analysis_synth import make_run
+    from tests.search.audit_hook import sitecustomize as audit
+
+    run = make_run(tmp_path / "synth")
+    before = tree_state(run)
+    report, log_dir = tmp_path / "report", tmp_path / "audit"
+    log_dir.mkdir()
+    # The report is computed in memory and written at the end, so the only outside sign of
+    # progress is what the command reads: an audit hook records its opens under the run.
+    c = cli("analyze", run, "--out", report, "--resamples", "200000", env=audit.environment(log_dir, [run]))  # fmt: skip
+
+    def opened() -> set[str]:
+        return {Path(p).relative_to(run).as_posix() for _, _, p in audit.read_log(log_dir)}
+
+    # analyze_run lists its inputs (it reads their markers, search/ last), then bootstraps the
+    # indicator correlations (a minute with this many resamples) before it reads any
+    # checkpoint for the ΔW maps; the pause puts the signal in the bootstrap.
+    c.wait_for(lambda: "search/.layerswap.json" in opened(), "the inputs being read")
+    time.sleep(1.0)
+    c.interrupt(signal.SIGINT)
+    assert not [p for p in opened() if p.endswith(".safetensors")], (
+        "interrupted after the bootstrap"
+    )
+    assert not report.exists()
+    assert not leftovers(tmp_path)
+    assert tree_state(run) == before
+
+
+# --- the swap itself --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("done", [False, True], ids=["between-the-renames", "after-the-swap"])
+def test_atomic_dir_interrupted_in_the_swap(tmp_path, monkeypatch, done):
+    """An interrupt in atomic_dir's swap (old output set aside, new one renamed in) leaves one
+    whole output, the old one put back or the new one, never neither, and no temp folder.
+
+    The window is microseconds wide, so the second rename raises the KeyboardInterrupt itself:
+    before renaming (the old output is aside, the new one not in) or after (the swap is done).
+    """
+    import trainables.atomic as atomic
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "f").write_text("old")
+    real, calls = os.rename, []
+
+    def rename(src, dst):
+        calls.append(src)
+        if len(calls) == 2 and done:
+            real(src, dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt), atomic.atomic_dir(out, overwrite=True) as tmp:
+        (tmp / "f").write_text("new")
+    monkeypatch.undo()
+    assert (out / "f").read_text() == ("new" if done else "old")
+    assert not leftovers(tmp_path)
