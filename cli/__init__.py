@@ -37,8 +37,12 @@ class Terminated(BaseException):
     """SIGTERM, raised like KeyboardInterrupt so every `finally` and atomic writer cleans up."""
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+_SIGNALLED: list[int] = []  # signals received while a command ran (the outcome follows them)
+
+
+def _on_signal(signum, frame):
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,31 +52,56 @@ def main(argv: list[str] | None = None) -> int:
     the atomic writers on the way out, and `--resume` continues a train or search run.
     """
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _SIGNALLED.clear()
+    before = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     # Ray Tune's own SIGINT handler ends the tuning loop and returns as if it had finished (the
     # command would go on to promotion and exit 0); without it Ctrl-C raises KeyboardInterrupt
-    # here. Ray Train's handler is kept out by running fit off the main thread (ray_train.py).
+    # here. Ray Train's is kept out while fit() runs (trainables/train/ray_train._fit_signals).
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
         return args.func(args)
-    except (ValueError, ValidationError, FileExistsError, FileNotFoundError, OSError) as e:
+    except BaseException as e:
+        return _outcome(e)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _outcome(e: BaseException) -> int:
+    """The exit code of a command that raised `e`; re-raises what is not the user's doing."""
+    # A signal decides, whatever it became on its way out: a library may swallow the
+    # KeyboardInterrupt and fail later with an unrelated error.
+    if _SIGNALLED or isinstance(e, (KeyboardInterrupt, Terminated)):
+        sigterm = (_SIGNALLED[:1] or [None])[0] == signal.SIGTERM or isinstance(e, Terminated)
+        return _interrupted("SIGTERM", 143) if sigterm else _interrupted("SIGINT", 130)
+    if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
+        # ray.init replaces the driver's SIGTERM handler with sys.exit(SIGTERM)
+        return _interrupted("SIGTERM", 143)
+    if isinstance(e, (ValueError, ValidationError, FileExistsError, FileNotFoundError, OSError)):
         print(f"layerswap: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return _interrupted("SIGINT", 130)
-    except Terminated:
-        return _interrupted("SIGTERM", 143)
-    except SystemExit as e:
-        # ray.init replaces the SIGTERM handler of the driver with sys.exit(SIGTERM).
-        if e.code == signal.SIGTERM:
-            return _interrupted("SIGTERM", 143)
-        raise
+    raise e
 
 
 def _interrupted(name: str, code: int) -> int:
+    # Ray's C++ failure handler arms alarm(3) on SIGTERM to abort the process (exit -6).
+    signal.alarm(0)
+    # CPython marks an interrupt that passed through code compiled from strings (dataclasses
+    # while torch imports) as unhandled and re-kills the process with SIGINT at exit (-2);
+    # running any exec() resets that flag.
+    exec("")
     print(
         f"layerswap: interrupted ({name}); nothing half-written was kept "
         "(train and search continue with --resume)",
         file=sys.stderr,
     )
     return code
+
+
+def run() -> None:
+    """The console script: `main`, then exit; a signal during Ray's shutdown at exit (after
+    the outcome is decided) is ignored rather than printed as a traceback."""
+    code = main()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    sys.exit(code)

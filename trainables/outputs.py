@@ -242,19 +242,21 @@ def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
         for p in map(Path, paths):
             if p.exists() or p.is_symlink():
                 aside = p.parent / f".{p.name}.replaced-{tag}"
+                moved.append((p, aside))  # before the rename: an interrupt between is undone
                 os.rename(p, aside)
-                moved.append((p, aside))
-        yield dict(moved)
+        yield {p: aside for p, aside in moved}
     except BaseException:
         for p, aside in reversed(moved):
+            if not (aside.exists() or aside.is_symlink()):
+                continue  # interrupted before its rename: p is still the old one
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             elif p.exists() or p.is_symlink():
                 p.unlink()
             os.rename(aside, p)
         raise
-    for _, aside in moved:
+    for _, aside in moved:  # an interrupt here leaves only hidden leftovers of the old run
         if aside.is_dir() and not aside.is_symlink():
-            shutil.rmtree(aside)
-        else:
+            shutil.rmtree(aside, ignore_errors=True)
+        elif aside.exists() or aside.is_symlink():
             aside.unlink()
