@@ -92,8 +92,8 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     from contextlib import contextmanager
 
     from search.registry import append_rows, drop_rows_under, registry_path
+    from spaces.train_experiment import experiment_identity
     from trainables.outputs import OutputError, check_output, replacing, write_marker
-    from trainables.train.run import experiment_identity
 
     folder = run_dir / "train" / exp.name
     if folder.exists() and any(folder.iterdir()):

@@ -7,6 +7,8 @@ it. Pure data: no torch, no ray. The modes and what they mean are in trainables/
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -316,6 +318,18 @@ def with_overrides(exp: TrainExperiment, overrides: dict[str, object]) -> TrainE
             raise ValueError(f"override {dotted!r}: no field {last!r}")
         node[last] = value
     return parse_train_experiment(data, source=f"{exp.name} with {overrides}")
+
+
+def experiment_identity(exp: TrainExperiment | dict) -> str:
+    """A stable id of what an experiment trains; where it writes (storage_path) is left out.
+
+    Args:
+        exp: the experiment, or its JSON data as a checkpoint manifest records it.
+    """
+    data = dict(experiment_json(exp) if isinstance(exp, TrainExperiment) else exp)
+    data.pop("storage_path", None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def experiment_json(exp: TrainExperiment) -> dict:

@@ -220,3 +220,18 @@ def snapshot_tree(*roots: str | Path) -> dict[str, str]:
 def tree_state():
     """`snapshot_tree`, as a fixture: `before = tree_state(run_dir)`."""
     return snapshot_tree
+
+
+def pids_naming(text: str) -> list[int]:
+    """Pids of the live processes whose command line contains `text` (read from /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            pids.append(int(proc.name))
+    return pids

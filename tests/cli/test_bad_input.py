@@ -125,8 +125,11 @@ class Env:
 
     def train_run(self, out: str, exp_file: str) -> str:
         """RUN/train/t as `layerswap train` leaves it once started on `exp_file` (no checkpoint)."""
-        from spaces.train_experiment import absolute_local_paths, load_train_experiment
-        from trainables.train.run import experiment_identity
+        from spaces.train_experiment import (
+            absolute_local_paths,
+            experiment_identity,
+            load_train_experiment,
+        )
 
         run = self.tmp / out / "train" / "t"
         run.mkdir(parents=True)

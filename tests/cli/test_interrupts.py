@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import pids_naming
 from tests.trainables.train.train_helpers import make_exp
 
 # How long a command may take from the signal to its exit. Measured on a loaded 2-core machine:
@@ -182,21 +183,6 @@ def leftovers(root: Path) -> list[str]:
     return sorted(str(p) for p in Path(root).rglob(".*") if LEFTOVER.match(p.name))
 
 
-def _ray_processes(ray_tmp: str) -> list[int]:
-    """Pids of the processes whose command line names `ray_tmp` (the Ray a command started)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if ray_tmp in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 class RayTmp:
     """A RAY_TMPDIR of its own (short: Ray's socket paths are length-limited) for the commands
     of one test, so their Ray never joins another's, and a way to see its processes."""
@@ -208,9 +194,9 @@ class RayTmp:
     def gone(self, timeout: float = 20) -> list[int]:
         """Wait until no process started under this RAY_TMPDIR is left; returns those that are."""
         deadline = time.monotonic() + timeout
-        while _ray_processes(self.dir) and time.monotonic() < deadline:
+        while pids_naming(self.dir) and time.monotonic() < deadline:
             time.sleep(0.2)
-        return _ray_processes(self.dir)
+        return pids_naming(self.dir)
 
     def assert_gone(self) -> None:
         left = self.gone()

@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from search_fixtures import experiment, make_experts
 
+from tests.conftest import pids_naming
+
 HERE = Path(__file__).parent
 
 
@@ -131,18 +133,11 @@ def _driver(tmp: Path, exp_file: Path, run: Path, resume: bool, ray_tmp: str) ->
 
 def _kill_started_under(ray_tmp: str) -> None:
     """SIGKILL, by pid, the Ray processes this test started (their command lines name ray_tmp)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for pid in pids_naming(ray_tmp):
         try:
-            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+            os.kill(pid, signal.SIGKILL)
         except OSError:
-            continue
-        if ray_tmp in cmd:
-            try:
-                os.kill(int(proc.name), signal.SIGKILL)
-            except OSError:
-                pass
+            pass
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
+    experiment_identity,
     experiment_json,
     parse_train_experiment,
 )
@@ -59,11 +60,10 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
     """
     from trainables.train.state import find_checkpoints, read_manifest
 
+    want = experiment_identity(exp)
+
     def same(manifest: dict) -> bool:
-        a, b = dict(manifest.get("experiment") or {}), experiment_json(exp)
-        a.pop("storage_path", None)
-        b.pop("storage_path", None)
-        return a == b
+        return experiment_identity(manifest.get("experiment") or {}) == want
 
     found = [c for c in find_checkpoints(run_dir) if same(read_manifest(c))] if run_dir.is_dir() else []  # fmt: skip
     return str(found[-1]) if found else None

@@ -7,24 +7,14 @@ existing run folder are explicit (`rerun_plan`): the same experiment continues o
 
 from __future__ import annotations
 
-import hashlib
-import json
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
 
-from spaces.train_experiment import TrainExperiment, experiment_json, with_overrides
+from spaces.train_experiment import TrainExperiment, experiment_identity, with_overrides
 from trainables.outputs import OutputError, check_output, read_marker, replacing, write_marker
 
 Rerun = Literal["fresh", "resume", "done", "replace"]
-
-
-def experiment_identity(exp: TrainExperiment) -> str:
-    """A stable id of what an experiment trains (where it writes, storage_path, is left out)."""
-    data = experiment_json(exp)
-    data.pop("storage_path", None)
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def last_checkpoint(run: Path) -> tuple[Path | None, bool]:
