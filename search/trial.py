@@ -78,7 +78,8 @@ class TrialRunner:
         pe = experiment.proxy_eval
         names = [p.task for p in experiment.proxy_list]
         kw = dict(include_path=include_path, gen_kwargs={"max_gen_toks": pe.max_gen_toks})
-        kw |= dict(gen_batch_size=pe.gen_batch_size, seed=experiment.search.seed)
+        kw |= dict(batch_size=pe.batch_size, seed=experiment.search.seed)
+        kw |= dict(num_fewshot={p.task: p.num_fewshot for p in experiment.proxy_list})
         full = ProxyEvaluator(names, self.tokenizer, limit=pe.limit, **kw)
         self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
         screen = experiment.search.fidelity.screen

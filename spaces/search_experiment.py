@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -31,6 +31,7 @@ class Proxy(StrictModel):
     task: str
     weight: float = Field(1.0, ge=0)
     chance: float = Field(0.0, ge=0, lt=1)
+    num_fewshot: int = Field(0, ge=0)  # in-context examples (lm-eval num_fewshot)
 
 
 class Fidelity(StrictModel):
@@ -46,10 +47,17 @@ class Fidelity(StrictModel):
     keep_top: int = Field(3, ge=1)
 
 
+# Rows per forward pass: a number, or "auto" (the device's default; on a GPU the largest that
+# fits, halved on out-of-memory as lm-eval's batch_size auto does).
+BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
+
+
 class ProxyEvalSettings(StrictModel):
     limit: int | None = Field(None, ge=1)  # first N dev docs per proxy (None: all)
     max_gen_toks: int = Field(32, ge=1)
-    gen_batch_size: int = Field(1, ge=1)
+    # 1 reproduces lm-eval's HFLM at batch size 1 token for token; larger batches are padded,
+    # which can move a float near-tie (see trainables/evaluate/proxy_lm.py).
+    batch_size: BatchSize = "auto"
 
 
 class SearchSettings(StrictModel):
@@ -57,11 +65,24 @@ class SearchSettings(StrictModel):
     seed: int = 0
     max_concurrent: int | None = Field(None, ge=1)  # default: cluster CPUs // cpus_per_trial
     cpus_per_trial: float = Field(1.0, gt=0)
+    # GPUs per trial: a fraction shares one GPU between trials (0.5: two per GPU); 0: CPU only.
+    gpus_per_trial: float = Field(0.0, ge=0)
+    # Where trials hold the experts: "node" (once per node, in Ray's shared object store),
+    # "process" (each trial process loads its own), "auto" (node when several trials share a
+    # node). On a GPU the experts also stay on the device when they fit (trial results say).
+    expert_store: Literal["auto", "node", "process"] = "auto"
     torch_threads: int = Field(1, ge=1)
     multi_objective: bool = False  # Pareto over the proxies instead of their weighted mean
     # Extra warm-start points (Optuna params), evaluated after the paper default.
     points_to_evaluate: list[dict] = Field(default_factory=list)
     fidelity: Fidelity = Fidelity()
+
+    @model_validator(mode="after")
+    def _whole_or_fraction(self) -> SearchSettings:
+        g = self.gpus_per_trial
+        if g > 1 and g != int(g):
+            raise ValueError(f"gpus_per_trial {g}: a fraction of one GPU or a whole number")
+        return self
 
 
 # The reference models promotion evaluates beside the searched recipes.
@@ -73,7 +94,9 @@ class PromoteSettings(StrictModel):
     top_k: int = Field(3, ge=1)
     limit: int | None = Field(None, ge=1)  # lm-eval docs per task (None: all)
     max_gen_toks: int = Field(32, ge=1)
-    batch_size: int = Field(16, ge=1)  # lm-eval HFLM batch size (batched greedy generation)
+    batch_size: BatchSize = 16  # lm-eval HFLM batch size ("auto": lm-eval's own search)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when there is one
+    num_fewshot: int | None = Field(None, ge=0)  # target task's shots (None: the task's default)
     baselines: list[Baseline] = Field(default_factory=lambda: list(BASELINES))
     ties_density: float = Field(0.2, gt=0, le=1)
     select_by: Literal["proxy", "target"] = "proxy"  # "target" picks the best on the test split

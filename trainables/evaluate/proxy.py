@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainables.evaluate.lm_eval_api import apply_filters, load_tasks
-from trainables.evaluate.proxy_lm import choice_loglikelihoods, eos_ids, greedy_generate
+from trainables.evaluate.proxy_lm import (
+    BatchSizer,
+    choice_loglikelihoods,
+    eos_ids,
+    greedy_generate,
+    model_device,
+    stop_triggers,
+)
 
 # lm-eval's default fewshot sampler seed (lm_eval.evaluator.simple_evaluate).
 FEWSHOT_SEED = 1234
@@ -49,6 +56,7 @@ class _TaskCache:
     order: list[int]  # seeded permutation of item positions; fidelity takes a prefix
     until: list[str] = field(default_factory=list)
     max_gen_toks: int = 0
+    triggers: list[int] | None = None  # generate_until: see proxy_lm.stop_triggers
 
 
 @dataclass
@@ -104,14 +112,16 @@ class ProxyEvaluator:
         include_path: folder(s) of task YAMLs.
         limit: keep the first `limit` docs of each task's eval split.
         doc_ids: {task: [doc ids]} to keep a chosen subset instead (overrides `limit`).
-        num_fewshot: lm-eval num_fewshot (0 by default; fewshot reads are logged).
+        num_fewshot: lm-eval num_fewshot, one for all tasks or {task: shots} (0 by default;
+            fewshot reads are logged).
         gen_kwargs: overrides merged into generate_until tasks' generation_kwargs, as
             simple_evaluate(gen_kwargs=...) does (e.g. {"max_gen_toks": 32}).
         add_bos_token: HFLM's add_bos_token argument.
         seed: seed of the fidelity permutation.
-        gen_batch_size: contexts generated together. 1 (default) is HFLM at batch size 1,
-            token for token; larger batches are left-padded (faster, but padding may move
-            float near-ties, so a rare item can differ from the batch-1 result).
+        batch_size: rows per forward pass, for both kinds of task: an int, or "auto"
+            (trainables/evaluate/proxy_lm.AUTO_START per device, halved on out-of-memory).
+            1 is HFLM at batch size 1, token for token; larger batches are left-padded
+            (faster, but padding may move a float near-tie, so a rare item can differ).
     """
 
     def __init__(
@@ -122,22 +132,23 @@ class ProxyEvaluator:
         include_path: str | list[str],
         limit: int | None = None,
         doc_ids: dict[str, list[int]] | None = None,
-        num_fewshot: int = 0,
+        num_fewshot: int | dict[str, int] = 0,
         gen_kwargs: dict | None = None,
         add_bos_token: bool | None = None,
         seed: int = 0,
-        gen_batch_size: int = 1,
+        batch_size: int | str = 1,
     ):
         from lm_eval.models.utils import configure_pad_token
 
         self.tokenizer = configure_pad_token(tokenizer)  # HFLM.__init__ does the same
         self.add_bos_token = add_bos_token
-        self.gen_batch_size = gen_batch_size
+        self.sizer = BatchSizer(batch_size)
         self.access_log: list[Access] = []
         self.tasks: dict[str, _TaskCache] = {}
         for name, task in load_tasks(task_names, include_path).items():
+            shots = num_fewshot.get(name, 0) if isinstance(num_fewshot, dict) else num_fewshot
             self.tasks[name] = self._build(
-                name, task, limit, (doc_ids or {}).get(name), num_fewshot, gen_kwargs, seed
+                name, task, limit, (doc_ids or {}).get(name), shots, gen_kwargs, seed
             )
 
     # -- tokenization, as HFLM (causal backend) -------------------------------------------
@@ -232,6 +243,7 @@ class ProxyEvaluator:
             eos = self.tokenizer.decode(self.tokenizer.eos_token_id, skip_special_tokens=False)
             cache.until = handle_stop_sequences(kw.get("until"), eos=eos)
             cache.max_gen_toks = kw["max_gen_toks"]
+            cache.triggers = stop_triggers(self.tokenizer, cache.until)
         return cache
 
     def splits_read(self) -> set[tuple[str, str]]:
@@ -277,7 +289,7 @@ class ProxyEvaluator:
                 Access(name, c.split, tuple(it.doc_id for it in chosen), "score")
             )
             if c.kind == "multiple_choice":
-                res = [self._score_mc(c, it, model, max_length) for it in chosen]
+                res = self._score_mc(c, chosen, model, max_length)
             else:
                 res = self._score_gen(c, chosen, model, max_length)
             items[name] = res
@@ -288,16 +300,23 @@ class ProxyEvaluator:
             }
         return ProxyResult(items, aggregate, fidelity, time.perf_counter() - t0)
 
-    def _score_mc(self, c: _TaskCache, it: _Item, model, max_length: int) -> ItemResult:
+    def _score_mc(self, c: _TaskCache, chosen: list[_Item], model, max_length: int) -> list:
         import numpy as np
 
-        lls = choice_loglikelihoods(model, it.ctx_ids, it.cont_ids, max_length)
-        # Task.process_results gives acc / acc_norm exactly as lm-eval computes them.
-        metrics = c.task.process_results(it.doc, lls)
-        pred = int(np.argmax([ll for ll, _ in lls]))
-        return ItemResult(
-            c.name, it.doc_id, pred, lls, {f"{m},none": v for m, v in metrics.items()}
-        )
+        pad = self.tokenizer.pad_token_id or 0
+        batch = [(it.ctx_ids, it.cont_ids) for it in chosen]
+        all_lls = choice_loglikelihoods(model, batch, max_length, self.sizer, pad)
+        out = []
+        for it, lls in zip(chosen, all_lls, strict=True):
+            # Task.process_results gives acc / acc_norm exactly as lm-eval computes them.
+            metrics = c.task.process_results(it.doc, lls)
+            pred = int(np.argmax([ll for ll, _ in lls]))
+            out.append(
+                ItemResult(
+                    c.name, it.doc_id, pred, lls, {f"{m},none": v for m, v in metrics.items()}
+                )
+            )
+        return out
 
     def _score_gen(self, c: _TaskCache, chosen: list[_Item], model, max_length) -> list:
         import copy
@@ -309,11 +328,16 @@ class ProxyEvaluator:
         # Longest first, like HFLM's Collator; batches of one reproduce HFLM exactly.
         todo = sorted(range(len(chosen)), key=lambda i: -len(chosen[i].ctx_ids))
         texts: dict[int, str] = {}
-        for b in range(0, len(todo), self.gen_batch_size):
-            rows = todo[b : b + self.gen_batch_size]
+
+        def chunk(start: int, stop: int) -> None:
+            rows = todo[start:stop]
             ctxs = [chosen[i].ctx_ids[-max_ctx:] for i in rows]
-            outs = greedy_generate(model, self.tokenizer, ctxs, c.until, c.max_gen_toks, stop_ids)
+            outs = greedy_generate(
+                model, self.tokenizer, ctxs, c.until, c.max_gen_toks, stop_ids, c.triggers
+            )
             texts.update(zip(rows, outs, strict=True))
+
+        self.sizer.run(len(todo), chunk, model_device(model), "generate_until")
         insts = []
         for i, it in enumerate(chosen):
             inst = copy.copy(it.request)

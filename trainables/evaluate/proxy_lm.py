@@ -1,13 +1,75 @@
-"""Model-side kernels of the proxy evaluator: choice loglikelihoods and greedy generation.
+"""Model-side kernels of the proxy evaluator: batched choice loglikelihoods and greedy generation.
 
-Each mirrors lm-eval 0.4.13's HFLM (batch size 1) on pre-tokenized ids; see trainables/evaluate/proxy.py.
+Each mirrors lm-eval 0.4.13's HFLM on pre-tokenized ids, on the model's own device. With one row
+per forward pass the arithmetic is HFLM's at batch size 1; batches are left-padded (attention
+mask, positions counted from each row's first real token), which can move a float near-tie.
+Used by trainables/evaluate/proxy.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from lm_eval.models.utils import postprocess_generated_text
+
+# Rows per forward pass when the batch size is "auto": where to start on each device type. On a
+# GPU the evaluator halves it on out-of-memory and remembers what fit; on a CPU rows are cheap
+# to add until the cores are busy (benchmarks/bench_eval.py measured 16 as the knee).
+AUTO_START = {"cpu": 16, "cuda": 64}
+
+
+def model_device(model) -> torch.device:
+    """The device of the model's first parameter (where every input must be made)."""
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def is_oom(e: BaseException) -> bool:
+    """True for a device out-of-memory error (CUDA, MPS or an allocator's RuntimeError)."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "out of memory" in str(e)
+    )
+
+
+class BatchSizer:
+    """Rows per forward pass: a fixed number, or "auto" (device default, halved on OOM).
+
+    Args:
+        setting: a positive int, or "auto".
+    """
+
+    def __init__(self, setting: int | str = "auto"):
+        if setting != "auto" and not (isinstance(setting, int) and setting >= 1):
+            raise ValueError(f"batch_size {setting!r}: a positive integer or 'auto'")
+        self.setting = setting
+        self.fitted: dict[tuple[str, str], int] = {}  # (device type, kind) -> size that fit
+        self.backoffs = 0  # out-of-memory retries so far (benchmarks report it)
+
+    def size(self, device: torch.device, kind: str) -> int:
+        if self.setting != "auto":
+            return int(self.setting)
+        return self.fitted.get((device.type, kind), AUTO_START.get(device.type, 16))
+
+    def run(self, n: int, chunk: Callable[[int, int], None], device: torch.device, kind: str):
+        """Call `chunk(start, stop)` over rows [0, n) in batches, halving on OOM under "auto".
+
+        `chunk` must be safe to call again on the same rows (it writes their results only).
+        """
+        size, i = self.size(device, kind), 0
+        while i < n:
+            try:
+                chunk(i, min(n, i + size))
+                i += size
+            except (RuntimeError, torch.OutOfMemoryError) as e:
+                if self.setting != "auto" or size == 1 or not is_oom(e):
+                    raise
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                size = max(1, size // 2)
+                self.fitted[(device.type, kind)] = size
+                self.backoffs += 1
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -15,69 +77,94 @@ def _logprobs(logits: torch.Tensor) -> torch.Tensor:
     return F.log_softmax(logits, dim=-1)
 
 
-def _score(logp: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
-    """(sum of log p(cont), cont is the greedy continuation) from logp [len(cont), vocab]."""
-    target = torch.tensor(cont, dtype=torch.long)  # [n]
-    ll = float(torch.gather(logp, 1, target[:, None]).sum())
-    return ll, bool((logp.argmax(-1) == target).all())
+def _left_pad(rows: Sequence[Sequence[int]], pad: int, device) -> tuple[torch.Tensor, dict]:
+    """Rows left-padded to one width, and the mask/positions HF generate would use.
+
+    Without padding the mask is all ones: the model then takes its plain causal path, the
+    arithmetic of a batch-size-1 HFLM call.
+    Returns:
+        (ids [n, width], {"attention_mask", "position_ids"} or {} when no row is padded)
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], device=device)
+    if all(len(r) == width for r in rows):
+        return ids, {}
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, w]: as GenerationMixin builds position_ids
+    return ids, {"attention_mask": mask, "position_ids": pos}
 
 
 def _full_forward(model, ctx: list[int], cont: list[int], max_length: int) -> tuple[float, bool]:
     """One (context, continuation) pair exactly as HFLM runs it, left truncation included."""
+    device = model_device(model)
     inp = (ctx + cont)[-(max_length + 1) :][:-1]
-    logits = model(torch.tensor([inp], dtype=torch.long)).logits[0]  # [len(inp), vocab]
-    return _score(_logprobs(logits[len(inp) - len(cont) :]), cont)
+    logits = model(torch.tensor([inp], device=device)).logits[0]  # [len(inp), vocab]
+    logp = _logprobs(logits[len(inp) - len(cont) :])  # [len(cont), vocab]
+    target = torch.tensor(cont, device=device)  # [n]
+    ll = torch.gather(logp, 1, target[:, None]).sum()
+    return float(ll), bool((logp.argmax(-1) == target).all())
 
 
 @torch.inference_mode()
 def choice_loglikelihoods(
-    model, ctx: list[int], conts: list[list[int]], max_length: int
-) -> list[tuple[float, bool]]:
-    """Loglikelihood and is-greedy of each continuation after one shared context.
+    model,
+    items: Sequence[tuple[list[int], list[list[int]]]],
+    max_length: int,
+    sizer: BatchSizer | None = None,
+    pad_id: int = 0,
+) -> list[list[tuple[float, bool]]]:
+    """Loglikelihood and is-greedy of every choice of every item, many items per forward pass.
 
-    The context plus the prefix every choice shares runs once; its KV cache serves each
-    choice's remaining prefix (run on top, then cropped back). Choices that differ only in
-    their last token (Belebele's " A".." D") cost one forward pass in all, like HFLM's
-    logits_cache grouping. Pairs that HFLM would left-truncate fall back to its
-    exact full forward.
+    One row per item and distinct continuation prefix: choices that differ only in their last
+    token (Belebele's " A".." D") share one row, like HFLM's logits-cache grouping. Rows run
+    longest first, left-padded, keeping only the logits of the last max-continuation positions.
+    Pairs HFLM would left-truncate fall back to its exact full forward, one at a time.
 
     Args:
         model: causal LM in eval mode.
-        ctx: context token ids (non-empty).
-        conts: continuation token ids, one list per choice (each non-empty).
+        items: (context ids, [continuation ids per choice]) per item; all non-empty.
         max_length: the model's context window as HFLM resolves it.
+        sizer: rows per forward pass (default: one row, HFLM's batch-size-1 arithmetic).
+        pad_id: id written into padding (masked out).
     Returns:
-        [(loglikelihood, is_greedy)] in choice order.
+        per item, [(loglikelihood, is_greedy)] in choice order.
     """
-    if any(len(ctx) + len(c) > max_length + 1 for c in conts):
-        return [_full_forward(model, ctx, c, max_length) for c in conts]
-    # The context and the prefix all choices share (e.g. a leading space token) run once.
-    common = list(conts[0][:-1])
-    for c in conts[1:]:
+    sizer = sizer or BatchSizer(1)
+    device = model_device(model)
+    out: list[list] = [[None] * len(conts) for _, conts in items]
+    rows: list[tuple[int, list[int], list[int]]] = []  # (item, input ids, choices it serves)
+    for i, (ctx, conts) in enumerate(items):
+        if any(len(ctx) + len(c) > max_length + 1 for c in conts):
+            out[i] = [_full_forward(model, ctx, c, max_length) for c in conts]
+            continue
+        by_prefix: dict[tuple[int, ...], list[int]] = {}
+        for j, c in enumerate(conts):
+            by_prefix.setdefault(tuple(c[:-1]), []).append(j)
+        rows += [(i, ctx + list(p), js) for p, js in by_prefix.items()]
+    rows.sort(key=lambda r: -len(r[1]))  # like HFLM's Collator: longest first, less padding
+
+    def chunk(start: int, stop: int) -> None:
+        batch = rows[start:stop]
+        pairs = [(b, items[i][1][j]) for b, (i, _, js) in enumerate(batch) for j in js]
+        k = max(len(c) for _, c in pairs)
+        ids, extra = _left_pad([r[1] for r in batch], pad_id, device)
+        logp = _logprobs(model(input_ids=ids, logits_to_keep=k, **extra).logits)  # [b, k, V]
+        # Continuations right-aligned in a [pairs, k] grid; positions left of one are masked.
+        tgt = torch.tensor([[0] * (k - len(c)) + c for _, c in pairs], device=device)
+        used = torch.tensor([[0] * (k - len(c)) + [1] * len(c) for _, c in pairs], device=device)
+        row = torch.tensor([b for b, _ in pairs], device=device)  # [pairs]
+        vals = logp[row[:, None], torch.arange(k, device=device)[None, :], tgt]  # [pairs, k]
+        ll = torch.where(used.bool(), vals, torch.zeros((), dtype=vals.dtype, device=device))
+        greedy = ((logp.argmax(-1)[row] == tgt) | ~used.bool()).all(-1)  # [pairs]
+        lls, gs = ll.sum(-1).tolist(), greedy.tolist()
         n = 0
-        while n < min(len(common), len(c) - 1) and common[n] == c[n]:
-            n += 1
-        common = common[:n]
-    out = model(
-        torch.tensor([ctx + common], dtype=torch.long),
-        use_cache=True,
-        logits_to_keep=len(common) + 1,
-    )
-    cache = out.past_key_values
-    shared = _logprobs(out.logits[0])  # [len(common) + 1, vocab]
-    by_rest: dict[tuple[int, ...], torch.Tensor] = {}
-    results = []
-    for cont in conts:
-        rest = tuple(cont[len(common) : -1])  # this choice's own prefix beyond `common`
-        if rest and rest not in by_rest:
-            logits = model(
-                torch.tensor([rest], dtype=torch.long), past_key_values=cache, use_cache=True
-            ).logits[0]  # [len(rest), vocab]
-            cache.crop(-len(rest))  # transformers 5: a negative count drops the tail
-            by_rest[rest] = _logprobs(logits)
-        logp = torch.cat([shared, by_rest[rest]]) if rest else shared  # [len(cont), vocab]
-        results.append(_score(logp, cont))
-    return results
+        for i, _, js in batch:
+            for j in js:
+                out[i][j] = (float(lls[n]), bool(gs[n]))
+                n += 1
+
+    sizer.run(len(rows), chunk, device, "loglikelihood")
+    return out
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -90,6 +177,19 @@ def eos_ids(model, tokenizer) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
 
+def stop_triggers(tokenizer, until: list[str]) -> list[int]:
+    """Token ids after which a stop string can newly appear in the decoded text.
+
+    A stop string completes with its last character, which the completing token decodes to
+    (or, for a byte split over tokens, a replacement character). Generation checks the text
+    only after these tokens; a stop missed here costs only compute, never a different answer,
+    because every text is cut at its first stop string at the end.
+    """
+    last = {s[-1] for s in until if s} | {"\ufffd"}
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return [i for i, t in enumerate(texts) if any(ch in t for ch in last)]
+
+
 @torch.inference_mode()
 def greedy_generate(
     model,
@@ -98,15 +198,17 @@ def greedy_generate(
     until: list[str],
     max_gen_toks: int,
     stop_ids: set[int],
+    triggers: list[int] | None = None,
 ) -> list[str]:
     """Greedy continuations of a batch of contexts, cut at the first stop string.
 
     As HFLM.generate_until with `model.generate`: contexts left-padded (pad id, mask 0),
     positions counted from each row's first real token, KV cache. A row is done on an EOS id,
-    on `max_gen_toks` new tokens, or as soon as a stop string appears in its decoded text
-    (HFLM's MultiTokenEOSCriteria watches a short token window, so it can only stop later;
-    both texts are then cut at the first stop string, so they agree). With one context there
-    is no padding and the arithmetic is HFLM's at batch size 1.
+    on `max_gen_toks` new tokens, or once a stop string appears in its decoded text (checked
+    only after a `triggers` token; HFLM's MultiTokenEOSCriteria watches a short token window,
+    so it can only stop later; both texts are then cut at the first stop string, so they
+    agree). Finished rows leave the batch once a quarter of it is done. With one context
+    there is no padding and the arithmetic is HFLM's at batch size 1.
 
     Args:
         model: causal LM in eval mode.
@@ -115,44 +217,58 @@ def greedy_generate(
         until: stop strings, EOS string included (lm_eval handle_stop_sequences).
         max_gen_toks: new-token budget.
         stop_ids: EOS ids that end a row.
+        triggers: see `stop_triggers` (None: check the text after every token).
     Returns:
         Per row, the decoded continuation (special tokens skipped), cut at the stop strings.
     """
-    n, width = len(ctxs), max(len(c) for c in ctxs)
+    device = model_device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(c)) + c for c in ctxs], dtype=torch.long)  # [n, w]
-    mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in ctxs])  # [n, w]
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, w]: as GenerationMixin builds position_ids
-    gen: list[list[int]] = [[] for _ in range(n)]
-    done = [False] * n
-    # Without padding the mask is all ones: let the model take its plain causal path (cheaper).
-    padded = any(len(c) != width for c in ctxs)
-
-    def extra():
-        return {"attention_mask": mask, "position_ids": pos} if padded else {}
-
-    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra())
+    ids, extra = _left_pad(ctxs, pad, device)
+    stop_t = torch.tensor(sorted(stop_ids), device=device)
+    trig_t = torch.tensor(triggers, device=device) if triggers is not None else None
+    gen: list[list[int]] = [[] for _ in ctxs]
+    active = list(range(len(ctxs)))  # batch position -> row
+    done: set[int] = set()
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
     for _ in range(max_gen_toks):
-        nxt = out.logits[:, -1].argmax(-1).tolist()  # [n]
-        for i, t in enumerate(nxt):
-            if done[i]:
+        nxt = out.logits[:, -1].argmax(-1)  # [a]
+        eos = torch.isin(nxt, stop_t)
+        check = torch.isin(nxt, trig_t) if trig_t is not None else torch.ones_like(eos)
+        toks, eos_l, check_l = torch.stack([nxt, eos.long(), check.long()]).tolist()  # one sync
+        for b, row in enumerate(active):
+            if row in done:
                 continue
-            gen[i].append(t)
-            text = tokenizer.decode(gen[i], skip_special_tokens=False)
-            done[i] = t in stop_ids or any(s and s in text for s in until)
-        if all(done):
+            gen[row].append(toks[b])
+            if eos_l[b] or (check_l[b] and _has_stop(tokenizer, gen[row], until)):
+                done.add(row)
+        if len(done) == len(ctxs):
             break
-        if padded:
-            mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype)], dim=1)  # [n, w + step]
-            pos = pos[:, -1:] + 1  # [n, 1]
+        keep = [b for b, row in enumerate(active) if row not in done]
+        if len(keep) <= 0.75 * len(active):  # drop finished rows: less work per step
+            idx = torch.tensor(keep, device=device)
+            out.past_key_values.batch_select_indices(idx)
+            nxt = nxt[idx]
+            extra = {k: v[idx] for k, v in extra.items()}
+            active = [active[b] for b in keep]
+        if extra:
+            mask = extra["attention_mask"]
+            extra = {
+                "attention_mask": torch.cat([mask, mask.new_ones(len(active), 1)], dim=1),
+                "position_ids": extra["position_ids"][:, -1:] + 1,  # [a, 1]
+            }
         out = model(
-            input_ids=torch.tensor(nxt)[:, None],
+            input_ids=nxt[:, None],
             past_key_values=out.past_key_values,
             use_cache=True,
             logits_to_keep=1,
-            **extra(),
+            **extra,
         )
-    texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
+    texts = tokenizer.batch_decode(gen, skip_special_tokens=True)
     return [
         postprocess_generated_text(generation=t, stop=until, think_end_token=None) for t in texts
     ]
+
+
+def _has_stop(tokenizer, tokens: list[int], until: list[str]) -> bool:
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    return any(s and s in text for s in until)

@@ -81,8 +81,8 @@ def assert_same_as_lm_eval(result, samples) -> int:
 
 
 def test_matches_lm_eval_on_several_models(evaluator, models, tok, world):
-    # Batched (left-padded) generation too: no float near-tie moves on these models.
-    batched = ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=GEN, gen_batch_size=4)
+    # Batched (left-padded) rows too: no float near-tie moves on these models.
+    batched = ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=GEN, batch_size=4)
     numbers, responses = 0, set()
     for model in models:
         result = evaluator.score(model)
