@@ -37,6 +37,12 @@ COLUMNS: dict[str, pa.DataType] = {
     "t_eval_s": pa.float64(),
     "t_total_s": pa.float64(),
     "finished_at": pa.string(),
+    # Where the trial ran (search/tune_trial.trial_device) and held the experts.
+    "t_move_s": pa.float64(),
+    "device": pa.string(),
+    "gpu_ids": pa.string(),
+    "expert_store": pa.string(),
+    "placement": pa.string(),
 }
 PROXY_PREFIX = "proxy__"
 

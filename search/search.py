@@ -74,7 +74,7 @@ def run_search(
     searcher = None
     if remaining > 0:
         searcher = _make_searcher(exp, pool, depth, store, storage, fresh, progress)
-        _run_tuner(exp, searcher, spec, sdir, remaining)
+        _run_tuner(exp, searcher, spec, sdir, remaining, progress)
     splits = _write_splits(sdir, searcher.splits if searcher is not None else set())
     store = TrialStore(sdir / "trials.parquet")
     return SearchResult(run_dir, store.path, db, len(store), store.best(exp.promote.top_k), splits)
@@ -173,20 +173,31 @@ def _make_searcher(
 
 
 def _run_tuner(
-    exp: SearchExperiment, searcher: LayerswapSearch, spec: TrialSpec, sdir: Path, remaining: int
+    exp: SearchExperiment,
+    searcher: LayerswapSearch,
+    spec: TrialSpec,
+    sdir: Path,
+    remaining: int,
+    progress: bool = True,
 ) -> None:
-    """Run the remaining trials with Ray Tune, as many at once as the CPUs allow."""
+    """Run the remaining trials with Ray Tune, as many at once as the CPUs and GPUs allow."""
+    import dataclasses
+
     import ray
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
+    from search.expert_store import choose_store, stop_stores
+
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    cpus = ray.cluster_resources().get("CPU", 1)
-    limit = exp.search.max_concurrent or max(1, int(cpus // exp.search.cpus_per_trial))
-    trainable = tune.with_resources(
-        tune.with_parameters(merge_trial, spec=spec), {"cpu": exp.search.cpus_per_trial}
-    )
+    limit, resources = _trial_resources(exp, ray.cluster_resources())
+    store, why = choose_store(exp.search.expert_store, searcher.pool)
+    key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"
+    spec = dataclasses.replace(spec, expert_store=store, store_key=key)
+    if progress:
+        print(f"search: {limit} trial(s) at once, each {resources}; expert store {store} ({why})")
+    trainable = tune.with_resources(tune.with_parameters(merge_trial, spec=spec), resources)
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -201,9 +212,34 @@ def _run_tuner(
             verbose=0,
         ),
     )
-    tuner.fit()
+    try:
+        tuner.fit()
+    finally:
+        if store == "node":
+            stop_stores(key)
     if searcher.waiting is not None:  # asked but never run (the budget ran out first)
         searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)
+
+
+def _trial_resources(exp: SearchExperiment, cluster: dict) -> tuple[int, dict[str, float]]:
+    """(trials at once, Ray resources per trial) for the cluster's CPUs and GPUs.
+
+    Raises:
+        ValueError when trials ask for GPUs the cluster does not have (they would wait forever).
+    """
+    s = exp.search
+    resources = {"cpu": s.cpus_per_trial}
+    limit = max(1, int(cluster.get("CPU", 1) // s.cpus_per_trial))
+    if s.gpus_per_trial > 0:
+        gpus = cluster.get("GPU", 0)
+        if gpus < s.gpus_per_trial:
+            raise ValueError(
+                f"search.gpus_per_trial {s.gpus_per_trial}: the Ray cluster has {gpus:g} GPU(s); "
+                "set it to 0 to search on CPUs"
+            )
+        resources["gpu"] = s.gpus_per_trial
+        limit = min(limit, max(1, int(gpus // s.gpus_per_trial)))
+    return s.max_concurrent or limit, resources
 
 
 def _write_splits(sdir: Path, splits: set[tuple[str, str]]) -> set[tuple[str, str]]:

@@ -138,8 +138,9 @@ class LayerswapSearch(OptunaTuneSearch):
         status = result.get("status", "failed")
         row["status"] = status
         row["error"] = result.get("error")
-        for k in ("t_compose_s", "t_eval_s", "t_total_s"):
+        for k in ("t_compose_s", "t_eval_s", "t_total_s", "t_move_s"):
             row[k] = float(result.get(k) or 0.0)
+        row |= {k: result.get(k) for k in ("device", "gpu_ids", "expert_store", "placement")}
         if status == "duplicate":
             row["error"] = f"served from trial {result.get('served_from')}"
             row["fidelity"] = result.get("fidelity")

@@ -17,7 +17,7 @@ from spaces.recipe import Recipe
 from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
 from trainables.evaluate.scoring import aggregate_score
-from trainables.merge.live import ExpertCache, LiveModel
+from trainables.merge.live import ExpertCache, LiveModel, Loader
 
 
 @dataclass
@@ -34,6 +34,9 @@ class TrialResult:
     t_eval_s: float = 0.0
     t_total_s: float = 0.0
     moved: int = 0  # tensors swapped into the live model
+    t_move_s: float = 0.0  # of t_compose_s: copying expert tensors to the device
+    device: str = "cpu"  # where the live model ran
+    placement: str = ""  # where the experts were held (LiveModel.placement)
     error: str | None = None
     splits_read: list[tuple[str, str]] = field(default_factory=list)
 
@@ -63,9 +66,19 @@ class TrialRunner:
         experiment: the validated search experiment (proxies, fidelity, eval settings).
         pool: the experts (paths) the recipes refer to.
         include_path: task YAML folders holding the proxy tasks.
+        device: where the live model runs ("cpu", "cuda").
+        loader: where expert states come from (default: this process reads the files).
     """
 
-    def __init__(self, experiment: SearchExperiment, pool: ExpertPool, include_path: list[str]):
+    def __init__(
+        self,
+        experiment: SearchExperiment,
+        pool: ExpertPool,
+        include_path: list[str],
+        *,
+        device: str = "cpu",
+        loader: Loader | None = None,
+    ):
         from transformers import AutoTokenizer
 
         from trainables.evaluate.proxy import ProxyEvaluator
@@ -73,7 +86,7 @@ class TrialRunner:
         self.exp = experiment
         self.pool = pool
         torch.set_num_threads(experiment.search.torch_threads)
-        self.cache = ExpertCache(pool.base)
+        self.cache = ExpertCache(pool.base, loader)
         self.tokenizer = AutoTokenizer.from_pretrained(pool.task[0].path)
         pe = experiment.proxy_eval
         names = [p.task for p in experiment.proxy_list]
@@ -97,7 +110,8 @@ class TrialRunner:
             self.parts = [full]
             self._access = []
         t0 = time.perf_counter()
-        self.live = LiveModel(self.cache, pool)
+        share = experiment.search.gpus_per_trial or 1.0
+        self.live = LiveModel(self.cache, pool, device, gpu_share=share)
         self.t_setup_s = time.perf_counter() - t0
 
     @property
@@ -133,10 +147,13 @@ class TrialRunner:
             TrialResult with proxy scores (full fidelity unless pruned) and timings.
         """
         t0 = time.perf_counter()
-        res = TrialResult(status="ok")
+        res = TrialResult(status="ok", device=str(self.live.device))
         try:
+            moving = self.live.t_move_s
             res.moved = self.load(recipe)
             res.t_compose_s = time.perf_counter() - t0
+            res.t_move_s = self.live.t_move_s - moving
+            res.placement = self.live.placement
             t1 = time.perf_counter()
             proxies = self.exp.proxy_list
             parts = [self._score(self.parts[0])]

@@ -24,10 +24,26 @@ class TrialSpec:
     pool_json: str
     include_path: tuple[str, ...]
     depth: int
+    expert_store: str = "process"  # "node": search/expert_store.py; "process": own copy
+    store_key: str = ""  # names the node stores of this search
 
     @property
     def key(self) -> str:
         return f"{hash((self.experiment_json, self.pool_json, self.include_path))}"
+
+
+def trial_device(gpus_per_trial: float) -> tuple[str, list[str]]:
+    """Where this trial's live model runs, and the GPU ids Ray assigned to it.
+
+    Ray sets CUDA_VISIBLE_DEVICES to the assigned GPUs, so "cuda" is this trial's own GPU. A
+    cluster that advertises GPUs it does not have (`ray.init(num_gpus=...)` in tests, or no
+    CUDA in the image) still schedules by GPU, and the trial runs on the CPU.
+    """
+    import ray
+    import torch
+
+    ids = [str(i) for i in ray.get_gpu_ids()] if gpus_per_trial > 0 else []
+    return ("cuda" if ids and torch.cuda.is_available() else "cpu"), ids
 
 
 def runner_for(spec: TrialSpec) -> TrialRunner:
@@ -35,7 +51,15 @@ def runner_for(spec: TrialSpec) -> TrialRunner:
         exp = SearchExperiment.model_validate_json(spec.experiment_json)
         pool = ExpertPool.model_validate_json(spec.pool_json)
         _RUNNERS.clear()  # one experiment per process at a time: free the previous experts
-        _RUNNERS[spec.key] = TrialRunner(exp, pool, list(spec.include_path))
+        device, _ = trial_device(exp.search.gpus_per_trial)
+        loader = None
+        if spec.expert_store == "node":
+            from search.expert_store import node_loader
+
+            loader = node_loader(spec.store_key, pool.base)
+        _RUNNERS[spec.key] = TrialRunner(
+            exp, pool, list(spec.include_path), device=device, loader=loader
+        )
     return _RUNNERS[spec.key]
 
 
@@ -62,6 +86,8 @@ def run_config(config: dict, spec: TrialSpec) -> dict:
     res["low_fidelity_objective"] = res["objective"] if res["status"] == "pruned" else None
     res["objective"] = res["objective"] if res["status"] == "ok" else math.nan
     res["t_setup_s"] = runner.t_setup_s
+    res["gpu_ids"] = ",".join(trial_device(runner.exp.search.gpus_per_trial)[1])
+    res["expert_store"] = spec.expert_store
     return res
 
 

@@ -1,13 +1,17 @@
 """Experts in memory and one live model the search and promotion re-point at recipe after recipe.
 
 `ExpertCache(base)` loads each expert's state dict once per process (LoRA adapters folded into
-the base on load); `LiveModel(cache, pool).load(recipe)` makes one transformers model equal to a
-recipe's merge, moving only the tensors whose plan op changed since the last recipe and sharing
-every tensor taken whole from an expert (no copy).
+the base on load), or takes them from a loader such as the search's per-node store
+(search/expert_store.py); `LiveModel(cache, pool, device).load(recipe)` makes one transformers
+model on `device` equal to a recipe's merge, moving only the tensors whose plan op changed since
+the last recipe. On the CPU every tensor taken whole from an expert is shared (no copy); on a
+GPU it is copied once per change, or once per run when the experts fit on the device.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,31 +36,67 @@ def _load_state(path: str) -> dict[str, torch.Tensor]:
     return out
 
 
-class ExpertCache:
-    """Expert state dicts loaded once per process; LoRA adapters folded into the base on load."""
+def load_expert(
+    ref: str, base_state: Callable[[], dict[str, torch.Tensor]] | None
+) -> dict[str, torch.Tensor]:
+    """One checkpoint's state dict from disk; a LoRA adapter is folded into `base_state()`.
 
-    def __init__(self, base: str | None):
+    Args:
+        ref: a full checkpoint folder or a PEFT LoRA adapter folder.
+        base_state: returns the base's state dict (None: no base configured).
+    """
+    from trainables.merge.lora import is_lora_adapter, load_adapter
+
+    if not is_lora_adapter(ref):
+        return _load_state(ref)
+    if base_state is None:
+        raise ValueError(f"{ref}: a LoRA expert needs `base` to be folded into")
+    state = dict(base_state())
+    for module, f in load_adapter(ref).modules.items():
+        w = state[f"{module}.weight"]
+        state[f"{module}.weight"] = (w.float() + f.delta()).to(w.dtype)
+    return state
+
+
+def nonfinite_names(state: dict[str, torch.Tensor]) -> set[str]:
+    """Names of the tensors holding a NaN or an Inf."""
+    return {n for n, t in state.items() if not all_finite(t)}
+
+
+# (ref) -> (state dict, names of its non-finite tensors), e.g. the per-node store's client.
+Loader = Callable[[str], tuple[dict[str, torch.Tensor], set[str]]]
+
+
+class ExpertCache:
+    """Expert state dicts held once per process; LoRA adapters folded into the base on load.
+
+    Args:
+        base: the base checkpoint (LoRA experts fold into it; magnitude weights need it).
+        loader: where states come from (default: this process reads the files).
+    """
+
+    def __init__(self, base: str | None, loader: Loader | None = None):
         self.base = base
+        self.loader = loader
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self.nonfinite: dict[str, set[str]] = {}
         self._mav = None
 
     def get(self, ref: str) -> dict[str, torch.Tensor]:
         if ref not in self.states:
-            from trainables.merge.lora import is_lora_adapter, load_adapter
-
-            if is_lora_adapter(ref):
-                if self.base is None:
-                    raise ValueError(f"{ref}: a LoRA expert needs `base` to be folded into")
-                state = dict(self.get(self.base))
-                for module, f in load_adapter(ref).modules.items():
-                    w = state[f"{module}.weight"]
-                    state[f"{module}.weight"] = (w.float() + f.delta()).to(w.dtype)
+            if self.loader is not None:
+                state, bad = self.loader(ref)
             else:
-                state = _load_state(ref)
-            self.nonfinite[ref] = {n for n, t in state.items() if not all_finite(t)}
-            self.states[ref] = state
+                base = (lambda: self.get(self.base)) if self.base is not None else None
+                state = load_expert(ref, base)
+                bad = nonfinite_names(state)
+            self.nonfinite[ref], self.states[ref] = bad, state
         return self.states[ref]
+
+    def nbytes(self) -> int:
+        """Bytes of every state held (tensors shared between states counted once)."""
+        seen = {t.data_ptr(): t.numel() * t.element_size() for s in self.states.values() for t in s.values()}  # fmt: skip
+        return sum(seen.values())
 
     def mav(self):
         """One magnitude oracle per process: its per-terms cache survives across trials."""
@@ -66,15 +106,30 @@ class ExpertCache:
         return self._mav
 
 
+# Share of the trial's GPU memory kept free for activations, the KV cache and the evaluator's
+# batches when deciding whether the experts can live on the device too.
+EVAL_HEADROOM = 0.3
+
+
 class LiveModel:
     """One model object whose parameters are swapped in place from the expert cache.
 
     Tracks, per tensor, the plan op it currently holds, so the next recipe moves only the
     tensors whose op changed (a swap differing by one layer moves that layer's tensors).
+
+    Args:
+        cache: the experts.
+        pool: the experts' paths (the cache is warmed with all of them).
+        device: where the model lives ("cpu", "cuda", "cuda:1").
+        gpu_share: the share of the GPU this process may use (a trial's gpus_per_trial).
     """
 
-    def __init__(self, cache: ExpertCache, pool: ExpertPool):
+    def __init__(
+        self, cache: ExpertCache, pool: ExpertPool, device: str = "cpu", gpu_share: float = 1.0
+    ):
         self.cache, self.pool = cache, pool
+        self.device = torch.device(device)
+        self.gpu_share = min(1.0, gpu_share)
         for ref in [pool.base, *(r.path for r in (*pool.task, *pool.language))]:
             try:  # warm the cache once per process; a broken expert fails only its trials
                 if ref is not None:
@@ -84,6 +139,10 @@ class LiveModel:
         self.model = None
         self.params: dict[str, torch.nn.Parameter] = {}
         self.loaded: dict[str, object] = {}  # tensor name -> plan op currently in the model
+        self.resident: dict[tuple[str, str], torch.Tensor] = {}  # experts' tensors on the device
+        self.keep_on_device = False
+        self.placement = "cpu: experts shared with the model, no copies"
+        self.t_move_s = 0.0  # seconds copying expert tensors to the device, over all loads
         like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
         if like in cache.states:
             self._build(like, cache.states[like])
@@ -94,12 +153,48 @@ class LiveModel:
 
             dtype = next(t.dtype for t in state.values() if t.is_floating_point())
             cfg = AutoConfig.from_pretrained(like)
-            self.model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+            with self.device:  # buffers (rotary tables) are made where the model runs
+                self.model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
             self.params = dict(self.model.named_parameters())
             for p in self.params.values():
                 p.requires_grad_(False)
             self.depth = cfg.num_hidden_layers
+            if self.device.type == "cuda":
+                self._place()
         return self.model
+
+    def _place(self) -> None:
+        """Keep the experts on the GPU when they fit beside the model and the evaluator."""
+        _, total = torch.cuda.mem_get_info(self.device)
+        budget = total * self.gpu_share * (1 - EVAL_HEADROOM)
+        model = sum(p.numel() * p.element_size() for p in self.params.values())
+        experts = self.cache.nbytes()
+        self.keep_on_device = model + experts <= budget
+        gb = 1 << 30
+        where = (
+            "on the device, copied once"
+            if self.keep_on_device
+            else "in host memory, changed tensors copied per trial"
+        )
+        self.placement = (
+            f"{self.device}: experts {experts / gb:.1f} GiB {where} (model {model / gb:.1f} GiB, "
+            f"budget {budget / gb:.1f} GiB = {self.gpu_share:g} x GPU less {EVAL_HEADROOM:.0%})"
+        )
+
+    def tensor(self, ref: str, name: str) -> torch.Tensor:
+        """An expert's tensor on the model's device (the cached one itself on the CPU)."""
+        t = self.cache.states[ref][name]
+        if t.device == self.device:
+            return t
+        hit = self.resident.get((ref, name))
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        out = t.to(self.device)
+        self.t_move_s += time.perf_counter() - t0
+        if self.keep_on_device:
+            self.resident[(ref, name)] = out
+        return out
 
     def load(self, recipe: Recipe) -> int:
         """Make the live model equal to `recipe`, moving only tensors whose plan op changed.
@@ -118,15 +213,17 @@ class LiveModel:
         unknown = [n for n in names if n not in self.params]
         if unknown:
             raise ValueError(f"tensors not in the model: {unknown[:3]}")
-        return self._apply(build_plan(recipe, names, self.depth, self.cache.mav()), sources)
+        return self._apply(build_plan(recipe, names, self.depth, self.cache.mav()), refs)
 
     def load_ref(self, ref: str) -> int:
         """Make the live model equal to one checkpoint (an expert or the base)."""
         state = self.cache.get(ref)
         self._build(ref if (Path(ref) / "config.json").is_file() else self.pool.base, state)
-        return self._apply({n: Linear(((ref, 1.0),)) for n in state}, {ref: state})
+        return self._apply({n: Linear(((ref, 1.0),)) for n in state}, [ref])
 
-    def _apply(self, plan: dict, sources: dict) -> int:
+    def _apply(self, plan: dict, refs: list[str]) -> int:
+        # Sources as seen from the device: averaged tensors are computed where the model is.
+        sources = {r: _OnDevice(self, r) for r in refs}
         moved = 0
         for name, op in plan.items():
             if self.loaded.get(name) == op:
@@ -134,7 +231,7 @@ class LiveModel:
             if isinstance(op, Linear) and op.take is not None:
                 if name in self.cache.nonfinite[op.take]:
                     raise ValueError(f"non-finite weights in {op.take}: tensor {name}")
-                t = sources[op.take][name]  # shared with the cache, no copy
+                t = self.tensor(op.take, name)  # on the CPU: shared with the cache, no copy
             else:
                 t = compose({name: op}, sources)[name]
                 if not all_finite(t):
@@ -144,3 +241,13 @@ class LiveModel:
             self.loaded[name] = op
             moved += 1
         return moved
+
+
+class _OnDevice:
+    """One expert's tensors as the live model's device sees them (what `compose` reads)."""
+
+    def __init__(self, live: LiveModel, ref: str):
+        self.live, self.ref = live, ref
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.live.tensor(self.ref, name)

@@ -36,7 +36,7 @@ def linear_combine(
     if len(tensors) != len(coeffs):
         raise ValueError(f"linear_combine: {len(tensors)} tensors but {len(coeffs)} coefficients")
     if out is None:
-        out = torch.empty(tensors[0].shape, dtype=out_dtype)
+        out = torch.empty(tensors[0].shape, dtype=out_dtype, device=tensors[0].device)
     if (
         len(tensors) == 2
         and out_dtype in _HALF
@@ -52,7 +52,7 @@ def linear_combine(
     flat_out = out.view(-1)
     flats = [t.reshape(-1) for t in tensors]
     n = flat_out.numel()
-    acc = torch.empty(min(n, BLOCK_ELEMS), dtype=torch.float32)
+    acc = torch.empty(min(n, BLOCK_ELEMS), dtype=torch.float32, device=flat_out.device)
     tmp = torch.empty_like(acc) if len(tensors) > 1 else acc
     for s in range(0, n, BLOCK_ELEMS):
         e = min(n, s + BLOCK_ELEMS)
@@ -105,7 +105,7 @@ def delta_merge(
         weighted = torch.stack([t * w for t, w in zip(taus, weights, strict=True)])  # [n, *]
         elected = torch.sign(weighted.sum(dim=0))  # [*]
         agree = (torch.sign(weighted) == elected) & (weighted != 0)  # [n, *]
-        w = torch.tensor(weights, dtype=torch.float32).view(-1, *([1] * b.dim()))
+        w = torch.tensor(weights, dtype=torch.float32, device=b.device).view(-1, *([1] * b.dim()))
         num = (weighted * agree).sum(dim=0)
         den = (w * agree).sum(dim=0)
         merged = torch.where(den > 0, num / den.clamp_min(1e-12), torch.zeros_like(num))

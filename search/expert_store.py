@@ -1,0 +1,148 @@
+"""One copy of the experts per Ray node, shared by every trial process on it (Ray's object store).
+
+A trial asks `node_loader(key, base)` for a loader (trainables.merge.live.Loader). The first ask
+on a node starts a small actor pinned to that node; it reads each checkpoint once (LoRA adapters
+folded into the base), packs it into one byte buffer and puts it into the node's shared-memory
+object store. Every trial process on the node then maps that same buffer (zero copy: numpy
+arrays come out of Ray's store as views) and reads its tensors from it. The driver picks the
+policy (`choose_store`) and ends the actors (`stop_stores`). Used by search/tune_trial.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from spaces.search_space import ExpertPool
+from trainables.merge.live import ExpertCache, Loader
+
+PREFIX = "layerswap-experts"
+NAMESPACE = "layerswap"  # named actors live here, whatever namespace the driver's job has
+ALIGN = 64  # every tensor starts on a 64-byte boundary, so any dtype can view its bytes
+Index = list[tuple[str, str, tuple[int, ...], int, int]]  # (name, dtype, shape, offset, nbytes)
+
+
+def pack(state: dict[str, torch.Tensor]) -> tuple[Index, np.ndarray]:
+    """A state dict as one uint8 buffer [total bytes] and the index to view it back."""
+    index, off = [], 0
+    for name, t in state.items():
+        n = t.numel() * t.element_size()
+        index.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), off, n))
+        off += -(-n // ALIGN) * ALIGN
+    buf = np.empty(max(off, 1), dtype=np.uint8)
+    flat = torch.from_numpy(buf)
+    for (_, _, _, o, n), t in zip(index, state.values(), strict=True):
+        flat[o : o + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return index, buf
+
+
+def unpack(index: Index, buf: np.ndarray) -> dict[str, torch.Tensor]:
+    """Tensors viewing `buf` (no copy). A buffer from Ray's store is read-only shared memory:
+    the live model only reads its parameters, and anything merged is a new tensor."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        flat = torch.from_numpy(buf)
+    return {
+        name: flat[o : o + n].view(getattr(torch, dtype)).reshape(shape)
+        for name, dtype, shape, o, n in index
+    }
+
+
+@ray.remote(num_cpus=0, max_concurrency=1)
+class _NodeStore:
+    """The experts of one search on one node; calls run one at a time, so each loads once."""
+
+    def __init__(self, base: str | None):
+        self.cache = ExpertCache(base)
+        self.objects: dict[str, ray.ObjectRef] = {}
+        self.loaded: list[str] = []  # refs read from disk, in order (tests check one each)
+
+    def get(self, ref: str) -> list[ray.ObjectRef]:
+        if ref not in self.objects:
+            state = self.cache.get(ref)
+            index, buf = pack(state)
+            obj = ray.put((index, buf, sorted(self.cache.nonfinite[ref])))
+            self.objects[ref] = obj
+            self.loaded.append(ref)
+            # Keep only the shared copy: a LoRA expert folds into these base views later.
+            self.cache.states[ref] = unpack(*ray.get(obj)[:2])
+        return [self.objects[ref]]  # in a list: Ray hands the ref over without resolving it
+
+    def loads(self) -> list[str]:
+        return list(self.loaded)
+
+
+def store_name(key: str, node_id: str) -> str:
+    return f"{PREFIX}-{key}-{node_id[:16]}"
+
+
+def node_store(key: str, base: str | None):
+    """This node's store actor for search `key`, started on first use."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return _NodeStore.options(
+        name=store_name(key, node),
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",  # outlives the trial process that happened to start it
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+    ).remote(base)
+
+
+def node_loader(key: str, base: str | None) -> Loader:
+    """A loader reading the experts from this node's store (see module docstring)."""
+    actor = node_store(key, base)
+    held: list = []  # the object refs this process maps
+
+    def load(ref: str):
+        [obj] = ray.get(actor.get.remote(ref))
+        index, buf, bad = ray.get(obj)
+        held.append(obj)
+        return unpack(index, buf), set(bad)
+
+    return load
+
+
+def stop_stores(key: str) -> int:
+    """End every node's store of search `key` (their shared copies go with them)."""
+    n = 0
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"{PREFIX}-{key}-"):
+            ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE))
+            n += 1
+    return n
+
+
+def expert_bytes(pool: ExpertPool) -> int:
+    """Bytes the experts take in memory, from file sizes (a LoRA expert folds to the base's)."""
+    from trainables.merge.lora import is_lora_adapter
+
+    def size(path: str | None) -> int:
+        return sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if path else 0
+
+    refs = [pool.base, *(r.path for r in (*pool.task, *pool.language))]
+    base = size(pool.base)
+    return sum(base if r and is_lora_adapter(r) else size(r) for r in dict.fromkeys(refs))
+
+
+def choose_store(setting: str, pool: ExpertPool) -> tuple[str, str]:
+    """The expert store the trials use, and why ("node" or "process").
+
+    "auto" takes "node" when the experts fit the smallest object store of the cluster's nodes
+    (with 10 % to spare), else "process". Needs a connected Ray.
+    """
+    need = expert_bytes(pool)
+    gb = 1 << 30
+    stores = [n["Resources"].get("object_store_memory", 0) for n in ray.nodes() if n.get("Alive")]
+    smallest = min(stores) if stores else 0
+    what = f"experts {need / gb:.2f} GiB, smallest node object store {smallest / gb:.2f} GiB"
+    if setting != "auto":
+        return setting, f"{what}; search.expert_store is {setting!r}"
+    if need * 1.1 <= smallest:
+        return "node", f"{what}: one shared copy per node"
+    return "process", f"{what}: too small, so each trial process loads its own copy"

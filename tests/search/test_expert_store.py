@@ -1,0 +1,152 @@
+"""The per-node expert store and GPU trials on a CPU machine whose Ray advertises fake GPUs.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_expert_store.py   (slow: Ray, a search)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from search_fixtures import experiment, make_experts
+
+from search.expert_store import choose_store, pack, unpack
+from search.search import _trial_resources
+from spaces.search_space import ExpertPool, ExpertRef
+
+
+def test_pack_round_trip_is_exact():
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "w": torch.randn(5, 7, generator=g).to(torch.bfloat16),
+        "t": torch.randn(4, 6, generator=g).t(),  # not contiguous
+        "i": torch.arange(11),
+        "s": torch.tensor(3.5),  # 0-dim
+        "e": torch.empty(0, 3, dtype=torch.float16),
+    }
+    index, buf = pack(state)
+    out = unpack(index, buf)
+    assert list(out) == list(state)
+    for name, t in state.items():
+        assert out[name].dtype == t.dtype and torch.equal(out[name], t), name
+    assert all(o % 64 == 0 for _, _, _, o, _ in index)
+
+
+def test_resources_follow_gpus_per_trial(tmp_path):
+    world = tmp_path / "w"
+    paths = {k: tmp_path / k for k in ("base", "task", "language")}
+    exp = experiment(world, paths, search={"max_concurrent": None, "gpus_per_trial": 0.5})
+    assert _trial_resources(exp, {"CPU": 8, "GPU": 1}) == (2, {"cpu": 1.0, "gpu": 0.5})
+    assert _trial_resources(exp, {"CPU": 1, "GPU": 4}) == (1, {"cpu": 1.0, "gpu": 0.5})
+    with pytest.raises(ValueError, match=r"gpus_per_trial 0\.5: the Ray cluster has 0 GPU"):
+        _trial_resources(exp, {"CPU": 8})
+    cpu_only = experiment(world, paths, search={"max_concurrent": None})
+    assert _trial_resources(cpu_only, {"CPU": 3}) == (3, {"cpu": 1.0})
+    with pytest.raises(ValueError, match=r"gpus_per_trial 1\.5"):
+        experiment(world, paths, search={"gpus_per_trial": 1.5})
+
+
+@pytest.fixture(scope="module")
+def world_and_experts(tmp_path_factory):
+    from world import build_world
+
+    world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
+    return world, make_experts(world, tmp_path_factory.mktemp("store") / "experts")
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_ray():
+    """A local Ray with 2 CPUs and 1 GPU it does not have (CUDA is absent on this machine)."""
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="lsg", dir="/tmp")
+    ray.init(num_cpus=2, num_gpus=1, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mapping(pid: int, addr: int) -> tuple[str, str]:
+    """(file, inode) of the memory mapping holding `addr` in process `pid`, read from /proc."""
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            parts = line.split()
+            return (parts[5] if len(parts) > 5 else "[anonymous]"), parts[4]
+    raise AssertionError(f"{addr:#x} is not mapped in {pid}")
+
+
+@pytest.mark.slow
+def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
+    import ray
+
+    from search.expert_store import NAMESPACE, node_loader, stop_stores, store_name
+    from trainables.merge.live import ExpertCache
+
+    _, paths = world_and_experts
+
+    @ray.remote(num_cpus=1)
+    class Trial:  # stands in for a Tune trial process
+        def load(self, refs):
+            import os
+
+            load = node_loader("t1", str(paths["base"]))
+            self.states = {r: load(r)[0] for r in refs}
+            return os.getpid(), {r: next(iter(s.values())).data_ptr() for r, s in self.states.items()}  # fmt: skip
+
+        def sums(self):
+            return {r: [float(t.double().sum()) for t in s.values()] for r, s in self.states.items()}  # fmt: skip
+
+    refs = [str(paths["base"]), str(paths["task"])]
+    trials = [Trial.remote(), Trial.remote()]
+    seen = ray.get([t.load.remote(refs) for t in trials])
+    assert seen[0][0] != seen[1][0]  # two processes
+    for ref in refs:
+        maps = [_mapping(pid, ptrs[ref]) for pid, ptrs in seen]
+        # Both processes read the tensor from the same shared-memory file of Ray's object store.
+        assert maps[0] == maps[1] and "plasma" in maps[0][0], maps
+    node = ray.get_runtime_context().get_node_id()
+    store = ray.get_actor(store_name("t1", node), namespace=NAMESPACE)
+    assert ray.get(store.loads.remote()) == refs  # each read from disk once on this node
+    local = ExpertCache(str(paths["base"]))
+    want = {r: [float(t.double().sum()) for t in local.get(r).values()] for r in refs}
+    assert ray.get(trials[0].sums.remote()) == want
+    assert stop_stores("t1") == 1
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]  # fmt: skip
+
+
+def test_auto_store_choice_names_sizes(world_and_experts, fake_gpu_ray):
+    _, paths = world_and_experts
+    pool = ExpertPool(
+        base=str(paths["base"]),
+        task=[ExpertRef(path=str(paths["task"]))],
+        language=[ExpertRef(path=str(paths["language"]))],
+    )
+    choice, why = choose_store("auto", pool)
+    assert choice == "node" and "GiB" in why
+    assert choose_store("process", pool)[0] == "process"
+
+
+@pytest.mark.slow
+def test_search_places_trials_by_gpu_and_runs_on_cpu_without_cuda(world_and_experts, fake_gpu_ray, tmp_path):  # fmt: skip
+    import ray
+
+    from search.expert_store import NAMESPACE
+    from search.search import run_search
+
+    world, paths = world_and_experts
+    exp = experiment(world, paths, search={"num_samples": 4, "gpus_per_trial": 0.5})
+    res = run_search(exp, tmp_path / "run", progress=False)
+    rows = pq.read_table(res.trials_path).to_pylist()
+    ran = [r for r in rows if r["status"] in ("ok", "pruned")]
+    assert len(rows) == 4 and ran
+    for r in ran:
+        assert r["gpu_ids"] == "0" and r["device"] == "cpu", r  # scheduled by GPU, CPU tensors
+        assert r["expert_store"] == "node" and r["placement"].startswith("cpu")
+        assert r["t_move_s"] == 0.0  # on the CPU nothing is copied
+    # The per-node stores end with the search.
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]  # fmt: skip
