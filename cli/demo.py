@@ -1,7 +1,8 @@
 """`layerswap demo --out DIR`: the whole pipeline on the embedded world (or --merge-only).
 
-Thin: the pipeline is search.demo.run_demo, the merge-only demo search.merge_demo. Run
-`layerswap demo --help`.
+Thin: the pipeline is search.demo.run_demo, the merge-only demo search.merge_demo. It prints its
+own progress (stage k/5, trial k/N with the best so far and an ETA, one line per promoted model);
+`--verbose` adds lm-eval's progress bars and log. Run `layerswap demo --help`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         train_steps=args.train_steps,
         trials=args.trials,
     )
-    run_demo(Path(args.out), overwrite=args.overwrite, settings=settings)
+    run_demo(Path(args.out), overwrite=args.overwrite, settings=settings, verbose=args.verbose)
     return 0
 
 
@@ -59,6 +60,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--merge-only",
         action="store_true",
         help="only merge a generated tiny family (seconds; no world, training or search)",
+    )
+    d.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also lm-eval's per-request progress bars and INFO log (default: the demo's own "
+        "stage, trial and model lines only)",
     )
     d.set_defaults(func=_cmd_demo)
     return d

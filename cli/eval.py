@@ -10,7 +10,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from trainables.evaluate.harness import DEFAULT_MAX_GEN_TOKS  # light: lm_eval loads when run
+from trainables.evaluate.harness import (  # light: lm_eval and torch load when run
+    DEFAULT_MAX_GEN_TOKS,
+    check_batch_size,
+)
 
 
 def _limit(text: str) -> int | float:
@@ -23,6 +26,15 @@ def _limit(text: str) -> int | float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"--limit must be positive, got {text!r}")
     return value if value < 1 else int(value)
+
+
+def _batch_size(text: str) -> int | str:
+    try:
+        return check_batch_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid --batch-size {text!r} (a positive int or auto)"
+        ) from None
 
 
 def _is_result_json(path: Path) -> bool:
@@ -66,12 +78,21 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
-    from trainables.evaluate.harness import check_model_dir, evaluate, metrics_table
+    from trainables.evaluate.harness import (
+        check_model_dir,
+        evaluate,
+        metrics_table,
+        resolve_device,
+    )
     from trainables.evaluate.tasks import write_world_tasks
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks: give at least one task name")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise ValueError(f"--device: {e}") from None
     model = Path(args.model)
     check_model_dir(model)  # before the slow lm-eval import and task indexing
     if args.world is not None:
@@ -99,7 +120,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         batch_size=args.batch_size,
         num_fewshot=args.num_fewshot,
-        device=args.device,
+        device=device,
         max_gen_toks=args.max_gen_toks,
         out=args.out,
     )
@@ -134,7 +155,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--limit", type=_limit, help="first N docs per task (or a fraction < 1)")
     e.add_argument("--out", type=Path, metavar="FILE", help="write the raw result JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out result JSON")
-    e.add_argument("--batch-size", type=int, default=1, help="default: 1")
+    e.add_argument(
+        "--batch-size",
+        type=_batch_size,
+        default=1,
+        help="an int, or auto (lm-eval searches for the largest that fits; default: 1)",
+    )
     e.add_argument("--num-fewshot", type=int, help="default: each task's own")
     e.add_argument(
         "--max-gen-toks",
@@ -142,6 +168,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=DEFAULT_MAX_GEN_TOKS,
         help=f"generation budget for generate_until tasks (default: {DEFAULT_MAX_GEN_TOKS})",
     )
-    e.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    e.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda when there is a GPU, else cpu), cpu, cuda, cuda:N or mps (default: auto)",
+    )
     e.set_defaults(func=_cmd_eval)
     return e

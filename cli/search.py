@@ -1,7 +1,9 @@
 """`layerswap search EXPERIMENT.yaml [--out RUN] [--resume] [--no-promote]`: the merge search.
 
 Thin: validates the search experiment, then calls search.search.run_search and
-search.promote.promote (ray, optuna and torch load only when the command runs).
+search.promote.promote (ray, optuna and torch load only when the command runs). Prints one
+"[search] trial k/N ..." line per finished trial (best so far, elapsed, ETA) and one line per
+promoted model; `--verbose` adds lm-eval's progress bars and INFO log during promotion.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
     with replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():
         res = run_search(exp, run_dir, resume=args.resume)
-        print(f"search: {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
+        print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
             from search.promote import promote
 
-            board = promote(exp, run_dir)
+            board = promote(exp, run_dir, verbose=args.verbose)
             print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
     return 0
 
@@ -80,5 +82,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="start the search over (the old one is kept until the new one finishes)",
     )
     s.add_argument("--no-promote", action="store_true", help="stop after the proxy search")
+    s.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also lm-eval's per-request progress bars and INFO log in promotion (default: "
+        "layerswap's own trial and model lines only)",
+    )
     s.set_defaults(func=_cmd_search)
     return s

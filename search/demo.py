@@ -4,17 +4,20 @@ Builds the world, trains an English-math expert and an xa language expert with R
 shipped example configs), scores them on their merging indicators into the expert registry,
 runs the Ray Tune + Optuna merge search on the proxies' dev splits, promotes the best recipes
 to the full lm-eval evaluation beside the baselines, and writes the leaderboard and best model.
+Prints one "[demo] stage k/5: ..." line per stage, the search's "[search] trial k/N ..." lines and
+promotion's per-model lines; lm-eval's own bars and log only with `verbose` (`--verbose`).
+Run `layerswap demo --world-size tiny --trials 3 --out runs/demo-tiny` (a few minutes on CPU).
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import yaml
+
+from search.progress import Stages, duration
 
 LANGUAGE = "xa"  # the world's higher-resource synthetic target language
 EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_full.yaml"}
@@ -71,7 +74,9 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
     return parse_train_experiment(data, source=f"spaces/examples/{name}")
 
 
-def _score_experts(run_dir: Path, world: Path, trained: dict, limit: int | None, gen: int) -> None:
+def _score_experts(
+    run_dir: Path, world: Path, trained: dict, limit: int | None, gen: int, stages: Stages
+) -> None:
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
     from search.registry import append_rows, expert_row, registry_path
     from spaces.train_experiment import experiment_json
@@ -90,37 +95,38 @@ def _score_experts(run_dir: Path, world: Path, trained: dict, limit: int | None,
         max_gen_toks=gen,
     )
     base = scorer.score_checkpoint(world / "base").scores
-    print("  base          " + "  ".join(f"{t} {base[t]:.3f}" for t in tasks))
+    stages.note("base          " + "  ".join(f"{t} {base[t]:.3f}" for t in tasks))
     rows = []
     for kind, (exp, result) in trained.items():
         for ck in find_checkpoints(result.path):
             s = scorer.score_checkpoint(ck)
             man = read_manifest(ck)
             rows.append(expert_row(experiment_json(exp), ck, man, exp.name, s.columns()))
-            print(
-                f"  {kind:<8} step {man['step']:>4}  "
+            stages.note(
+                f"{kind:<8} step {man['step']:>4}  "
                 + "  ".join(f"{t} {s.scores[t]:.3f}" for t in tasks)
             )
     append_rows(registry_path(run_dir), rows)
 
 
-def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | None = None) -> DemoResult:  # fmt: skip
+def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | None = None, verbose: bool = False) -> DemoResult:  # fmt: skip
     """Run the pipeline into `out` (reuses a finished world under out/world).
 
     Args:
         out: the run folder (RUN of the run-directory layout).
         overwrite: replace an existing run (the world is kept; it is cached by seed and size).
         settings: sizes and budgets (DemoSettings()).
+        verbose: also lm-eval's progress bars and INFO log (off: the demo's own lines only).
     Returns:
         DemoResult with the leaderboard, the best model and the wall time per stage.
     """
-    from trainables.evaluate.lm_eval_api import offline_defaults
+    from trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults
     from trainables.outputs import replacing, write_marker
 
     offline_defaults()
-    # lm-eval warns three times per evaluated model that it was handed an in-memory model and
-    # gen_kwargs; expected here, and it would bury the demo's own progress lines.
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    # lm-eval's warnings (e.g. about loading its tasks) would bury the demo's own lines; each
+    # evaluation sets the same again (harness.evaluate).
+    lm_eval_output(verbose)
     st = settings or DemoSettings()
     out = Path(out).resolve()
     replace = _check_previous_run(out, overwrite)
@@ -129,10 +135,10 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
         write_marker(out, "demo", f"seed={st.seed} size={st.world_size}")
         if out in aside:
             _reuse_world(aside[out] / "world", out / "world", st)
-        return _run_stages(out, st)
+        return _run_stages(out, st, verbose)
 
 
-def _run_stages(out: Path, st: DemoSettings) -> DemoResult:
+def _run_stages(out: Path, st: DemoSettings, verbose: bool) -> DemoResult:
     """World, experts, indicators, search and promotion into the run folder `out`."""
     import ray
 
@@ -140,40 +146,44 @@ def _run_stages(out: Path, st: DemoSettings) -> DemoResult:
     from search.search import run_search
     from world import build_world
 
-    seconds: dict[str, float] = {}
-
-    t0 = time.perf_counter()
-    print(f"[1/5] world ({st.world_size}, seed {st.seed}) -> {out / 'world'}")
+    stages = Stages("demo", 5)
+    stages.start("world", f"world ({st.world_size}, seed {st.seed}) -> {out / 'world'}")
     # The run owns its world: one of another seed or size is replaced.
     world = build_world(out / "world", seed=st.seed, size=st.world_size, overwrite=True, progress=True)  # fmt: skip
-    seconds["world"] = time.perf_counter() - t0
 
+    exps = {k: example_experiment(k, world, out, st.train_steps) for k in ("math", "language")}
+    stages.start(
+        "train",
+        "Ray Train, both at once: "
+        + ", ".join(f"{k} expert {e.name} ({e.hyper.max_steps} steps)" for k, e in exps.items()),
+    )
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        t0 = time.perf_counter()
-        trained = _train_experts(world, out, st)
-        seconds["train"] = time.perf_counter() - t0
+        trained = _train_experts(exps)
 
-        t0 = time.perf_counter()
-        print("[3/5] merging indicators of the experts (dev splits) -> experts/registry.parquet")
-        _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks)
-        seconds["indicators"] = time.perf_counter() - t0
+        stages.start(
+            "indicators",
+            "merging indicators of the experts (dev splits) -> experts/registry.parquet",
+        )
+        _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks, stages)
 
         exp = _search_experiment(world, out, st)
-        t0 = time.perf_counter()
-        print(f"[4/5] merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits")
+        stages.start(
+            "search", f"merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits"
+        )
         run_search(exp, out)
-        seconds["search"] = time.perf_counter() - t0
     finally:
         if started_ray:
             ray.shutdown()
 
-    t0 = time.perf_counter()
-    print(f"[5/5] promotion: top {st.promote_top_k} recipes + baselines, lm-eval on test splits")
-    prom = promote(exp, out)
-    seconds["promotion"] = time.perf_counter() - t0
+    stages.start(
+        "promotion",
+        f"promotion: top {st.promote_top_k} recipes + baselines, lm-eval on test splits",
+    )
+    prom = promote(exp, out, verbose=verbose)
+    seconds = stages.end()
     _print_summary(out, Path(prom.leaderboard), seconds)
     return DemoResult(
         out,
@@ -190,7 +200,7 @@ STAGES = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
 def _check_previous_run(out: Path, overwrite: bool) -> bool:
     """Whether `out` holds a demo run to replace; refuse one without `overwrite`.
 
-    A folder with only a world in it (an earlier demo stopped after [1/5]) is continued.
+    A folder with only a world in it (an earlier demo stopped after stage 1/5) is continued.
     """
     from trainables.outputs import OutputError, check_output
 
@@ -229,9 +239,11 @@ def _reuse_world(old: Path, new: Path, st: DemoSettings) -> None:
     shutil.copytree(old, new, copy_function=link)
 
 
-def _train_experts(world: Path, out: Path, st: DemoSettings) -> dict:
+def _train_experts(exps: dict) -> dict:
     """Train the math and the language expert with Ray Train, both at once.
 
+    Args:
+        exps: kind -> its TrainExperiment (`example_experiment`).
     Returns:
         kind -> (its TrainExperiment, its training result); raises if either run failed.
     """
@@ -239,9 +251,6 @@ def _train_experts(world: Path, out: Path, st: DemoSettings) -> dict:
 
     from trainables.train.ray_train import train_with_ray
 
-    exps = {k: example_experiment(k, world, out, st.train_steps) for k in ("math", "language")}
-    for kind, exp in exps.items():
-        print(f"[2/5] Ray Train: {kind} expert {exp.name} ({exp.hyper.max_steps} steps)")
     # The two experts are independent runs: each TorchTrainer is driven from its own Ray
     # task (a driver needs no CPU of its own), so both train at once on a 2-core machine.
     fit = ray.remote(num_cpus=0)(train_with_ray)
@@ -285,5 +294,6 @@ def _print_summary(out: Path, leaderboard: Path, seconds: dict[str, float]) -> N
     """The leaderboard, the wall time per stage and the next command."""
     print()
     print(leaderboard.read_text(encoding="utf-8"))
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
+    total = duration(sum(seconds.values()))
+    print(f"[demo] done in {total}: " + ", ".join(f"{k} {duration(v)}" for k, v in seconds.items()))
     print(f"next: layerswap analyze {out}")

@@ -2,6 +2,8 @@
 
 `promote(experiment, run_dir)` after `run_search`; writes RUN/promotion/results.parquet, raw
 lm-eval JSON per model and task, RUN/leaderboard.md and the best model in RUN/best/.
+Models are evaluated on `promote.device` ("auto": the GPU when there is one); each raw JSON's
+config.device records the device used.
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ class _Plan:
     tokenizer: object
     live: object  # one trainables.merge.live.LiveModel, re-pointed at every model in turn
     models: list[tuple[str, str, str | None, object]]  # (name, kind, recipe id, path or recipe)
+    device: str = "cpu"  # resolved promote.device: where every model is evaluated
+    # (few-shot count, tasks): one lm-eval run per distinct count (see _shot_groups)
+    groups: list[tuple[int | None, list[str]]] = field(default_factory=list)
 
 
 @dataclass
@@ -135,7 +140,11 @@ class _Evaluation:
 
 
 def promote(
-    experiment: SearchExperiment, run_dir: str | Path, *, progress: bool = True
+    experiment: SearchExperiment,
+    run_dir: str | Path,
+    *,
+    progress: bool = True,
+    verbose: bool = False,
 ) -> Promotion:
     """Evaluate the top-k recipes and the baselines with lm-eval; write results and the best model.
 
@@ -143,13 +152,14 @@ def promote(
         experiment: the experiment the search ran.
         run_dir: RUN (reads RUN/search/trials.parquet and pool.json).
         progress: print one line per evaluated model.
+        verbose: also lm-eval's progress bars and INFO log (harness.evaluate's `verbose`).
     Returns:
         Promotion with the written paths, the best model's name and the result rows.
     """
     exp = experiment
     run_dir = Path(run_dir).resolve()
     plan = _plan(exp, run_dir)
-    ev = _evaluate_models(exp, plan, progress)
+    ev = _evaluate_models(exp, plan, progress, verbose)
     return _write_results(exp, run_dir, plan, ev)
 
 
@@ -172,11 +182,29 @@ def _promotion_tasks(exp: SearchExperiment) -> list[str]:
     return list(dict.fromkeys(tasks))
 
 
+def _shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
+    """Promotion tasks grouped by few-shot count, in task order: the target at
+    promote.num_fewshot (None: the task's default), each proxy's dev and held-out test task at
+    its Proxy.num_fewshot, as the search scored it. lm-eval takes one count per run."""
+    shots: dict[str, int | None] = {exp.target_task: exp.promote.num_fewshot}
+    for p in exp.proxy_list:
+        for task in (p.task, heldout_task(p.task)):
+            shots.setdefault(task, p.num_fewshot)
+    groups: dict[int | None, list[str]] = {}
+    for task in _promotion_tasks(exp):
+        groups.setdefault(shots[task], []).append(task)
+    return list(groups.items())
+
+
 def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
     from search.pool import include_paths, model_depth
+    from trainables.evaluate.harness import resolve_device
     from trainables.merge.live import ExpertCache, LiveModel
 
+    # Resolved once, before anything loads: an unusable device (cuda without a GPU) is one
+    # error here, not every model failing in turn.
+    device = resolve_device(exp.promote.device)
     pdir = run_dir / "promotion"
     pool = _load_pool(exp, run_dir)
     depth = model_depth(pool)
@@ -189,9 +217,9 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     tok = AutoTokenizer.from_pretrained(
         pool.task[0].path if pool.task[0].kind == "full" else pool.base
     )
-    live = LiveModel(ExpertCache(pool.base), pool)
+    live = LiveModel(ExpertCache(pool.base), pool, device)  # merged where it is evaluated
     models = _models(exp, pool, depth, cands)
-    return _Plan(pdir, cands, tasks, inc, tok, live, models)
+    return _Plan(pdir, cands, tasks, inc, tok, live, models, device, _shot_groups(exp))
 
 
 def _models(
@@ -216,7 +244,9 @@ def _models(
     return models
 
 
-def _evaluate_models(exp: SearchExperiment, plan: _Plan, progress: bool) -> _Evaluation:
+def _evaluate_models(
+    exp: SearchExperiment, plan: _Plan, progress: bool, verbose: bool = False
+) -> _Evaluation:
     """Run lm-eval on every model in turn; write its raw JSON per task and collect the rows."""
     from trainables.evaluate.harness import evaluate
 
@@ -226,20 +256,28 @@ def _evaluate_models(exp: SearchExperiment, plan: _Plan, progress: bool) -> _Eva
         t0 = time.perf_counter()
         try:
             live.load_ref(what) if isinstance(what, str) else live.load(what)
-            raw = evaluate(
-                live.model,
-                plan.tasks,
-                tokenizer=plan.tokenizer,
-                include_path=plan.include_path,
-                limit=exp.promote.limit,
-                max_gen_toks=exp.promote.max_gen_toks,
-                batch_size=exp.promote.batch_size,
-            )
+            raws: dict[str, dict] = {}  # task -> the lm-eval result that scored it
+            for shots, tasks in plan.groups:
+                # The live model is composed on plan.device (LiveModel), so evaluate's move
+                # to that device finds nothing to move.
+                raw = evaluate(
+                    live.model,
+                    tasks,
+                    tokenizer=plan.tokenizer,
+                    include_path=plan.include_path,
+                    limit=exp.promote.limit,
+                    max_gen_toks=exp.promote.max_gen_toks,
+                    batch_size=exp.promote.batch_size,
+                    num_fewshot=shots,
+                    device=plan.device,
+                    verbose=verbose,
+                )
+                raws.update(dict.fromkeys(tasks, raw))
         except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
             print(f"promotion: {name}: failed: {type(e).__name__}: {e}", flush=True)
             ev.failed.append(name)
             continue
-        _record_model(ev, plan, raw, name, kind, rid)
+        _record_model(ev, plan, raws, name, kind, rid)
         if progress:
             print(
                 f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
@@ -249,12 +287,14 @@ def _evaluate_models(exp: SearchExperiment, plan: _Plan, progress: bool) -> _Eva
 
 
 def _record_model(
-    ev: _Evaluation, plan: _Plan, raw: dict, name: str, kind: str, rid: str | None
+    ev: _Evaluation, plan: _Plan, raws: dict[str, dict], name: str, kind: str, rid: str | None
 ) -> None:
-    """One model's lm-eval result: promotion/lm_eval/<name>/<task>.json, its scores and rows."""
+    """One model's lm-eval results (raws: task -> result): promotion/lm_eval/<name>/<task>.json,
+    its scores and rows."""
     from trainables.evaluate.scoring import score_key
 
     for task in plan.tasks:
+        raw = raws[task]
         path = plan.pdir / "lm_eval" / name / f"{task}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(_split_raw(raw, task), ensure_ascii=False, indent=1))

@@ -16,6 +16,7 @@ import optuna
 
 from search.optuna_tune import OptunaTuneSearch
 from search.pool import expert_id
+from search.progress import TrialProgress
 from search.results import PROXY_PREFIX, TrialStore
 from search.tune_trial import META
 from spaces.recipe import dump_recipe, recipe_id
@@ -57,8 +58,25 @@ class LayerswapSearch(OptunaTuneSearch):
         self.waiting: tuple | None = None
         self.meta: dict[str, dict] = {}
         self.splits: set[tuple[str, str]] = set()
+        # One line per finished trial; a resumed run counts (and ranks) its earlier rows too.
+        self.lines = None
+        if progress:
+            best = store.best(1)
+            self.lines = TrialProgress(
+                "search",
+                exp.search.num_samples,
+                done=len(store),
+                best=(best[0]["objective"], f"#{best[0]['trial_id']}") if best else None,
+            )
         space = partial(_space_fn, space=exp.space, depth=depth, pool=pool)
         super().__init__(space=space, **kw)
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        """Called by Tune's ConcurrencyLimiter: the ETA divides by it. Returns False: the limiter
+        still does the limiting."""
+        if self.lines is not None:
+            self.lines.concurrency = max(1, int(max_concurrent))
+        return False
 
     def suggest(self, trial_id: str):
         if self.waiting is not None:
@@ -88,6 +106,8 @@ class LayerswapSearch(OptunaTuneSearch):
             self.pending[rid] = trial_id
         ot_trial.set_user_attr("recipe_id", rid)
         self.meta[trial_id] = {"number": ot_trial.number, "recipe_id": rid, "params": params}
+        if self.lines is not None:
+            self.lines.started(trial_id)
         fid = self.exp.search.fidelity
         reject = None if fid.screen is None else self.store.kth_best(fid.keep_top)
         return {**params, META: {"served": served, "reject_below": reject}}
@@ -109,15 +129,13 @@ class LayerswapSearch(OptunaTuneSearch):
         }
         tell(self.study, self.optuna_trial(trial_id), row, result)
         self.mark_completed(trial_id)
-        if self.progress:
-            obj = row["objective"]
-            obj_s = "-" if obj is None else f"{obj:.4f}"
-            print(
-                f"search: trial {row['trial_id']} {row['status']:<9} objective {obj_s} "
-                f"recipe {row['recipe_id']} b={row['bottom']} u={row['top']} "
-                f"t_b={row['bottom_transition']} t_u={row['top_transition']} "
-                f"w={row['weights']} ({len(self.store)}/{self.exp.search.num_samples})",
-                flush=True,
+        if self.lines is not None:
+            self.lines.finished(
+                trial_id,
+                status=row["status"],
+                objective=row.get("objective"),
+                label=f"#{row['trial_id']}",
+                detail=_recipe_text(row),
             )
 
     def _row(self, meta: dict, result: dict | None) -> dict:
@@ -156,6 +174,16 @@ class LayerswapSearch(OptunaTuneSearch):
         )
         row |= {k: float(v) for k, v in result.items() if k.startswith(PROXY_PREFIX)}
         return row
+
+
+def _recipe_text(row: dict) -> str:
+    """A progress line's tail: the trial's number and recipe ("#0006 b=2 u=0 t_b=0 t_u=0 w=...")."""
+    if row.get("bottom") is None:  # not decoded (the row's error says why)
+        return f"#{row['trial_id']}"
+    return (
+        f"#{row['trial_id']} b={row['bottom']} u={row['top']} t_b={row.get('bottom_transition')} "
+        f"t_u={row.get('top_transition')} w={row.get('weights')}"
+    )
 
 
 def make_sampler(exp: SearchExperiment, offset: int = 0) -> optuna.samplers.TPESampler:

@@ -129,17 +129,22 @@ _SCORERS: dict[tuple, Any] = {}  # per worker process: reused actors keep their 
 def _scorer(plan: SweepPlan, base: str):
     from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
-    key = (tuple(plan.tasks), plan.include_path, base, plan.sweep.limit, plan.sweep.num_fewshot,
-           plan.sweep.max_gen_toks, plan.sweep.backend)  # fmt: skip
+    sw = plan.sweep
+    key = (tuple(plan.tasks), plan.include_path, base, sw.limit, sw.num_fewshot, sw.max_gen_toks,
+           sw.backend, sw.device, sw.batch_size)  # fmt: skip
     if key not in _SCORERS:
+        # device "auto" is resolved here, in the trial's process: the GPU when it sees one
+        # (Ray leaves CUDA_VISIBLE_DEVICES alone for trials that reserve no GPU).
         _SCORERS[key] = IndicatorScorer(
             plan.tasks,
             load_tokenizer(base),
             include_path=plan.include_path,
-            limit=plan.sweep.limit,
-            num_fewshot=plan.sweep.num_fewshot,
-            max_gen_toks=plan.sweep.max_gen_toks,
-            backend=plan.sweep.backend,
+            limit=sw.limit,
+            num_fewshot=sw.num_fewshot,
+            max_gen_toks=sw.max_gen_toks,
+            backend=sw.backend,
+            device=sw.device,
+            batch_size=sw.batch_size,
         )
     return _SCORERS[key]
 

@@ -96,7 +96,9 @@ class PromoteSettings(StrictModel):
     max_gen_toks: int = Field(32, ge=1)
     batch_size: BatchSize = 16  # lm-eval HFLM batch size ("auto": lm-eval's own search)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when there is one
-    num_fewshot: int | None = Field(None, ge=0)  # target task's shots (None: the task's default)
+    # The target task's shots (None: the task's own default). 0 like the proxies' default, so
+    # target and proxies share one lm-eval run per model.
+    num_fewshot: int | None = Field(0, ge=0)
     baselines: list[Baseline] = Field(default_factory=lambda: list(BASELINES))
     ties_density: float = Field(0.2, gt=0, le=1)
     select_by: Literal["proxy", "target"] = "proxy"  # "target" picks the best on the test split

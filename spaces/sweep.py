@@ -86,6 +86,12 @@ class SweepConfig(StrictModel):
         num_fewshot: few-shot examples in indicator prompts.
         max_gen_toks: generation budget of generate_until indicators (MGSM).
         backend: "proxy" (cached ProxyEvaluator, lm-eval's per-item predictions) or "lm_eval".
+        device: where checkpoints are scored: "auto" (the GPU when the trial's process sees
+            one, else the CPU), "cpu" or "cuda".
+        batch_size: rows per forward pass when scoring, an int or "auto" (the proxy backend's
+            per-device search; with backend lm_eval, lm-eval's own, which on a CPU tries up to
+            64 rows of the model's full context). Default 1: scores equal lm-eval's at batch
+            size 1 exactly; larger batches pad, which can move a float near-tie.
         executor: "in_trial" runs the plain training loop inside the Tune trial (1 CPU worker,
             no Ray Train start-up); "ray_train" nests the experiment's TorchTrainer (workers,
             GPUs, fault tolerance); "auto" picks in_trial for one CPU worker, else ray_train.
@@ -108,6 +114,8 @@ class SweepConfig(StrictModel):
     num_fewshot: int = Field(0, ge=0)
     max_gen_toks: int = Field(256, ge=1)
     backend: Literal["proxy", "lm_eval"] = "proxy"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     executor: Literal["auto", "in_trial", "ray_train"] = "auto"
     cpus_per_trial: float = Field(1.0, gt=0)
     world: str | None = None

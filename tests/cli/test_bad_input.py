@@ -703,7 +703,17 @@ def eval__tasks_not_given(e: Env):
 
 @case()
 def eval__batch_size_not_a_number(e: Env):
-    return _eval(e, "--batch-size", "auto"), ["--batch-size", "invalid int value: 'auto'"]
+    return _eval(e, "--batch-size", "big"), ["--batch-size", "invalid --batch-size 'big'", "auto"]
+
+
+@case()
+def eval__batch_size_zero(e: Env):
+    return _eval(e, "--batch-size", "0"), ["invalid --batch-size '0' (a positive int or auto)"]
+
+
+@case()
+def eval__device_unknown(e: Env):
+    return _eval(e, "--device", "gpu"), ["--device: device 'gpu': expected auto, cpu, cuda"]
 
 
 # --------------------------------------------------------------------------------------- search

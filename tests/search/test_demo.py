@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_demo.py
 from __future__ import annotations
 
 import math
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,11 +22,25 @@ PROMOTION_TASKS = {"world_mgsm_direct_xa", "world_belebele_xa", "world_mgsm_dire
 
 
 @pytest.mark.slow
-def test_demo_pipeline_on_the_tiny_world(tmp_path, ray_session):
+def test_demo_pipeline_on_the_tiny_world(tmp_path, ray_session, capfd):
     run = tmp_path / "run"
     code = main(["demo", "--world-size", "tiny", "--trials", "3", "--train-steps", "4",
                  "--out", str(run)])  # fmt: skip
     assert code == 0
+
+    # Its own progress, in plain lines; lm-eval's per-request bars only with --verbose.
+    printed = "".join(capfd.readouterr())
+    for k, stage in enumerate(("world", "Ray Train", "merging indicators", "merge search",
+                               "promotion"), 1):  # fmt: skip
+        assert f"[demo] stage {k}/5: {stage}" in printed, printed[-3000:]
+    for k in (1, 2, 3):
+        assert re.search(
+            rf"^\[search\] trial {k}/3  .* best .* elapsed \S+  ETA \S+", printed, re.M
+        )
+    assert re.search(r"^promotion: candidate_", printed, re.M), printed[-3000:]
+    for noise in ("Running loglikelihood requests", "Running generate_until requests",
+                  "Tokenizing inputs", "Building contexts"):  # fmt: skip
+        assert noise not in printed, printed[-3000:]
 
     reg = pq.read_table(run / "experts" / "registry.parquet").to_pylist()
     assert {r["kind"] for r in reg} == {"math", "language"}

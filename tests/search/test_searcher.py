@@ -20,7 +20,7 @@ S = optuna.trial.TrialState
 POINT = {"bottom": 1, "top": 0, "bottom_transition": 0, "weights": "uniform"}
 
 
-def _searcher(tmp_path, multi=False, points=None, **search):
+def _searcher(tmp_path, multi=False, points=None, progress=False, **search):
     exp = SearchExperiment.model_validate(
         {
             "name": "s",
@@ -42,7 +42,7 @@ def _searcher(tmp_path, multi=False, points=None, **search):
         pool=pool,
         depth=4,
         store=store,
-        progress=False,
+        progress=progress,
         metric=metric,
         mode=mode,
         sampler=optuna.samplers.TPESampler(seed=0),

@@ -36,6 +36,9 @@ def test_defaults_are_table4():
     assert cfg.params["hyper.warmup_steps"].choices == [300, 500, 1000]
     assert cfg.params["hyper.beta2"].choices == [0.99, 0.995, 0.999]
     assert (cfg.num_samples, cfg.top_k, cfg.checkpoints, cfg.backend) == (4, 3, "all", "proxy")
+    assert (cfg.device, cfg.batch_size) == ("auto", 1)  # the GPU when there is one
+    cfg = SweepConfig.model_validate({"device": "cuda", "batch_size": "auto"})
+    assert (cfg.device, cfg.batch_size) == ("cuda", "auto")
     # Every default path is a field of a real experiment.
     exp = parse_train_experiment(_exp({}))
     assert exp.search.params == TABLE4
@@ -51,6 +54,9 @@ def test_defaults_are_table4():
         ({"params": {}}, "at least one"),
         ({"indicators": ["a"], "metric": "b"}, "metric"),
         ({"algorithm": "grid"}, "algorithm"),
+        ({"device": "gpu"}, "device"),
+        ({"batch_size": "big"}, "batch_size"),
+        ({"batch_size": 0}, "batch_size"),
     ],
 )
 def test_invalid_blocks(bad, match):
@@ -64,6 +70,8 @@ def test_shipped_examples_validate():
     from spaces.train_experiment import load_train_experiment
 
     for path in sorted((Path(__file__).parents[2] / "spaces" / "examples").glob("*.yaml")):
+        if path.stem.endswith("_search"):  # merge-search experiments, not training
+            continue
         exp = load_train_experiment(path)
         if exp.search is not None:
             exp.search.int_params(exp.model_dump(mode="json"))

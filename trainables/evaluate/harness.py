@@ -6,11 +6,12 @@ Run `layerswap eval MODEL_DIR --tasks world_mgsm_direct_xa --world WORLD_DIR --l
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trainables.atomic import atomic_write_text
-from trainables.evaluate.lm_eval_api import offline_defaults
+from trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults, request_bars_off
 from trainables.evaluate.scoring import score_key
 from trainables.evaluate.tasks import (
     lm_eval_tasks_dir,
@@ -19,15 +20,72 @@ from trainables.evaluate.tasks import (
 )
 
 __all__ = [
+    "check_batch_size",
     "evaluate",
     "lm_eval_tasks_dir",
     "metrics_table",
     "predictions",
+    "resolve_device",
     "task_manager",
     "write_world_tasks",
 ]
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default, made explicit (HFLM ignores its argument)
+
+BatchSize = int | Literal["auto"]
+# The devices HFLM accepts for one process (its single-device list), plus our "auto".
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def resolve_device(name: str | None = "auto") -> str:
+    """The one place a device name becomes the torch device evaluation runs on.
+
+    Args:
+        name: "auto" (or None): "cuda" when torch sees a CUDA GPU, else "cpu"; or an explicit
+            "cpu", "cuda", "cuda:N" or "mps".
+    Returns:
+        the torch device string.
+    Raises:
+        ValueError naming `name`: an unknown device, or a CUDA device torch cannot see (refused
+        here rather than deep inside lm-eval, after the tasks have been indexed).
+    """
+    import torch
+
+    if name is None or name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: torch sees no CUDA GPU here (use auto or cpu)")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA GPU(s)")
+    return name
+
+
+def check_batch_size(value: Any) -> BatchSize:
+    """A batch size as lm-eval's HFLM takes it: a positive int, or "auto" (lm-eval's own search
+    for the largest batch that fits, halving on out-of-memory).
+
+    Args:
+        value: an int, "auto", or an int's text (what a command line gives).
+    Returns:
+        the int, or "auto".
+    Raises:
+        ValueError naming `value` for anything else.
+    """
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool):  # an int subclass, never a batch size
+        raise ValueError(f"batch size {value!r}: expected a positive int or 'auto'")
+    try:
+        n = int(value) if isinstance(value, (int, str)) else None
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise ValueError(f"batch size {value!r}: expected a positive int or 'auto'")
+    return n
 
 
 def check_model_dir(path: Path) -> None:
@@ -55,11 +113,12 @@ def evaluate(
     tokenizer: Any = None,
     include_path: str | Path | list | None = None,
     limit: int | float | None = None,
-    batch_size: int = 1,
+    batch_size: BatchSize = 1,
     num_fewshot: int | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
     out: Path | None = None,
+    verbose: bool = True,
 ) -> dict:
     """Run lm-eval's `simple_evaluate` on a checkpoint folder or an in-memory model.
 
@@ -68,14 +127,21 @@ def evaluate(
 
     Args:
         model: a checkpoint folder (str/Path; safetensors only) or a transformers model
-            object (evaluated where it is; `device` then does not move it).
+            object. An object is MOVED to the resolved device in place (`model.to(device)`;
+            HFLM itself runs a given object wherever it is), so the caller's model lives
+            there afterwards.
         tasks: lm-eval task or tag names, e.g. world_mgsm_direct_xa, belebele_swh_Latn.
         tokenizer: required for an in-memory model; optional override for a folder.
         include_path: folder(s) of extra task YAMLs (e.g. from `write_world_tasks`).
         limit: first N docs per task (or a fraction if < 1); None for all.
-        batch_size, num_fewshot, device: passed to lm-eval (num_fewshot None: task default).
+        batch_size: an int, or "auto" (lm-eval's own search; see `check_batch_size`).
+        num_fewshot: few-shot examples (None: each task's default).
+        device: "auto" (cuda when there is one, else cpu) or a torch device; see
+            `resolve_device`. The device used is recorded in the result's config.device.
         max_gen_toks: generation budget of generate_until tasks.
         out: if given, the raw result JSON is written there atomically.
+        verbose: lm-eval's progress bars and INFO log, as its own CLI shows them; False: only
+            its errors (see `lm_eval_api.lm_eval_output`, `request_bars_off`).
     Returns:
         lm-eval's raw result dict (results, configs, n-samples, samples, ...) as JSON types.
     """
@@ -86,10 +152,13 @@ def evaluate(
     from lm_eval.models.huggingface import HFLM
 
     # Cheap checks first: task indexing and model loading take seconds.
+    batch_size = check_batch_size(batch_size)
+    device = resolve_device(device)
     if isinstance(model, (str, Path)):
         check_model_dir(Path(model))
     elif tokenizer is None:
         raise ValueError("an in-memory model needs its tokenizer (tokenizer=...)")
+    lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
     tm = task_manager(list(tasks), include_path)
     if isinstance(model, (str, Path)):
         path = Path(model)
@@ -101,7 +170,10 @@ def evaluate(
             trust_remote_code=False,
         )
     else:
+        model.to(device)  # HFLM takes the object's own device (model.device) as its device
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    if not verbose:
+        request_bars_off(lm)
     raw = simple_evaluate(
         model=lm,
         tasks=list(tasks),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainables.evaluate.harness import evaluate
+from trainables.evaluate.harness import BatchSize, check_batch_size, evaluate, resolve_device
 from trainables.evaluate.lm_eval_api import include_list
 from trainables.evaluate.proxy import ProxyEvaluator
 from trainables.evaluate.scoring import group_score, task_key
@@ -52,21 +52,29 @@ def adapter_base(path: str | Path, base: str | Path | None = None) -> str:
 
 
 def load_model(
-    path: str | Path, *, base: str | Path | None = None, trust_remote_code: bool = False
+    path: str | Path,
+    *,
+    base: str | Path | None = None,
+    trust_remote_code: bool = False,
+    device: str = "auto",
 ):
-    """A checkpoint as an in-memory causal LM in eval mode (float32 on CPU).
+    """A checkpoint as an in-memory causal LM in eval mode, on `device`.
 
-    A LoRA adapter is applied to its base unmerged, as lm-eval's `HFLM(peft=...)` runs it; the
-    returned object is the base model with the adapter's layers injected, a plain transformers
-    model for every caller.
+    Weights keep the checkpoint's dtype (transformers' default, dtype "auto", as in
+    `HFLM(pretrained=path)`), so scores match lm-eval's on the same device. A LoRA adapter is
+    applied to its base unmerged, as lm-eval's `HFLM(peft=...)` runs it; the returned object is
+    the base model with the adapter's layers injected, a plain transformers model for every
+    caller.
 
     Args:
         path: HF checkpoint folder (safetensors) or PEFT LoRA adapter folder.
         base: the adapter's base model (default: the one in adapter_config.json).
         trust_remote_code: only when the user turned it on (experiment.trust_remote_code).
+        device: "auto" (cuda when there is one), "cpu", "cuda", ... (harness.resolve_device).
     Returns:
         the model.
     """
+    device = resolve_device(device)
     from transformers import AutoModelForCausalLM
 
     if is_lora_adapter(path):
@@ -80,7 +88,7 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(
             str(path), use_safetensors=True, trust_remote_code=trust_remote_code
         )
-    return model.eval()
+    return model.to(device).eval()
 
 
 def load_tokenizer(path: str | Path, *, base: str | Path | None = None):
@@ -109,6 +117,10 @@ class IndicatorScorer:
         max_gen_toks: generation budget of generate_until tasks.
         backend: "proxy" (ProxyEvaluator: lm-eval's per-item predictions, prompts cached) or
             "lm_eval" (simple_evaluate per checkpoint).
+        device: where checkpoints are loaded and scored: "auto" (cuda when there is one,
+            else cpu), "cpu" or "cuda" (see harness.resolve_device); resolved once, here.
+        batch_size: rows per forward pass, an int or "auto" (the proxy backend's per-device
+            search, or lm-eval's own with backend "lm_eval").
     """
 
     def __init__(
@@ -121,11 +133,15 @@ class IndicatorScorer:
         num_fewshot: int = 0,
         max_gen_toks: int = 256,
         backend: Backend = "proxy",
+        device: str = "auto",
+        batch_size: BatchSize = 1,
     ):
         if not tasks:
             raise ValueError("no indicator tasks given")
         if backend not in ("proxy", "lm_eval"):
             raise ValueError(f"backend {backend!r} (expected 'proxy' or 'lm_eval')")
+        self.device = resolve_device(device)
+        self.batch_size = check_batch_size(batch_size)
         self.tasks = list(tasks)
         self.tokenizer = tokenizer
         self.include_path = include_path
@@ -146,15 +162,19 @@ class IndicatorScorer:
                     limit=limit,
                     num_fewshot=num_fewshot,
                     gen_kwargs={"max_gen_toks": int(max_gen_toks)},
+                    batch_size=self.batch_size,
                 )
 
     def score(self, model) -> IndicatorScores:
-        """Score an in-memory model on every indicator task.
+        """Score an in-memory model on every indicator task, on the scorer's device.
+
+        The model is moved there in place (`model.to(device)`) first, for both backends.
 
         Returns:
             IndicatorScores (lm-eval's reported metric per task, items scored).
         """
         t0 = time.perf_counter()
+        model.to(self.device)  # the ProxyEvaluator runs the model where its parameters are
         scores: dict[str, float] = {}
         counts: dict[str, int] = {}
         if self.backend == "proxy":
@@ -174,6 +194,8 @@ class IndicatorScorer:
                 limit=self.limit,
                 num_fewshot=self.num_fewshot,
                 max_gen_toks=self.max_gen_toks,
+                batch_size=self.batch_size,
+                device=self.device,
             )
             for name in self.tasks:
                 scores[name] = group_score(raw, name)
@@ -182,11 +204,15 @@ class IndicatorScorer:
 
     def score_checkpoint(self, path: str | Path, *, base: str | Path | None = None, trust_remote_code: bool = False) -> IndicatorScores:  # fmt: skip
         """Load a checkpoint (full or LoRA adapter, see `load_model`) and score it."""
-        model = load_model(path, base=base, trust_remote_code=trust_remote_code)
+        model = load_model(path, base=base, trust_remote_code=trust_remote_code, device=self.device)
         try:
             return self.score(model)
         finally:
             del model
+            if self.device.startswith("cuda"):
+                import torch
+
+                torch.cuda.empty_cache()  # a sweep scores checkpoint after checkpoint
 
 
 def _lm_eval_count(raw: dict, task: str) -> int:

@@ -344,3 +344,70 @@ def test_fewshot_examples_never_come_from_test(setup, tmp_path):
     for sample in raw["samples"]["world_belebele_xa_dev"]:
         prompt = sample["arguments"][0][0]
         assert prompt.count("P: the language expert dev") == 3 and " test " not in prompt
+
+
+# ---------------------------------------------------------------- devices and batch sizes
+
+
+def test_resolve_device_auto_follows_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ev.resolve_device("auto") == ev.resolve_device(None) == "cpu"
+    assert ev.resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA GPU"):
+        ev.resolve_device("cuda")
+    # a GPU is seen: auto picks it (nothing is run there)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert ev.resolve_device("auto") == "cuda"
+    assert ev.resolve_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match=r"device 'cuda:1': only 1 CUDA GPU"):
+        ev.resolve_device("cuda:1")
+    for bad in ("gpu", "CUDA", "cuda:x", ""):
+        with pytest.raises(ValueError, match=f"device {bad!r}: expected auto, cpu"):
+            ev.resolve_device(bad)
+
+
+def test_check_batch_size():
+    assert ev.check_batch_size("auto") == "auto"
+    assert ev.check_batch_size(4) == ev.check_batch_size("4") == 4
+    for bad in (0, -2, "0", "big", "auto:4", 1.5, True, None):
+        with pytest.raises(ValueError, match=f"batch size {bad!r}: expected a positive int"):
+            ev.check_batch_size(bad)
+
+
+def test_cli_device_and_batch_size_arguments(monkeypatch, capsys):
+    p = argparse.ArgumentParser(prog="layerswap")
+    cli_eval.add_parser(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(["eval", "m", "--tasks", "t"])
+    assert (args.device, args.batch_size) == ("auto", 1)
+    args = p.parse_args(["eval", "m", "--tasks", "t", "--batch-size", "auto"])
+    assert args.batch_size == "auto"
+    assert p.parse_args(["eval", "m", "--tasks", "t", "--batch-size", "8"]).batch_size == 8
+    with pytest.raises(SystemExit):
+        p.parse_args(["eval", "m", "--tasks", "t", "--batch-size", "many"])
+    assert "invalid --batch-size 'many' (a positive int or auto)" in capsys.readouterr().err
+
+
+def test_in_memory_model_is_moved_and_device_recorded(setup, tmp_path, monkeypatch):
+    """An object on another device is moved to the resolved one; "auto" batch sizes run
+    (lm-eval's search), and the result's config names the device used."""
+    tasks_dir = tmp_path / "tasks"
+    ev.write_world_tasks(setup["world"], tasks_dir)
+    tasks = ["world_mgsm_direct_xa", "world_belebele_xa_dev"]
+    moved: list[str] = []
+    model = setup["model"]
+    real_to = model.to
+
+    def to(*a, **k):
+        moved.append(str(a[0]) if a else str(k))
+        return real_to(*a, **k)
+
+    monkeypatch.setattr(model, "to", to)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    raw = ev.evaluate(
+        model, tasks, tokenizer=setup["tok"], include_path=tasks_dir, limit=LIMIT,
+        max_gen_toks=MAX_GEN, batch_size="auto", device="auto",
+    )  # fmt: skip
+    assert moved == ["cpu"]
+    assert raw["config"]["device"] == "cpu" and raw["config"]["batch_size"] == "auto"
+    check_against_expectations(raw, setup["expect"])

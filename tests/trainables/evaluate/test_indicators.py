@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainables.evaluate.harness import evaluate, write_world_tasks
+from trainables.evaluate.harness import evaluate, resolve_device, write_world_tasks
 from trainables.evaluate.indicators import (
     IndicatorScorer,
     load_model,
@@ -79,7 +79,7 @@ def lm_eval_scores(model, tasks_dir: str, *, peft: str | None = None) -> dict:
         from lm_eval.tasks import TaskManager
 
         raw = lm_eval.simple_evaluate(
-            model=HFLM(pretrained=str(model), peft=peft, batch_size=1, device="cpu"),
+            model=HFLM(pretrained=str(model), peft=peft, batch_size=1, device=resolve_device()),
             tasks=TASKS,
             num_fewshot=0,
             limit=LIMIT,
@@ -120,7 +120,7 @@ def test_lora_adapter_matches_lm_eval_peft(checkpoints, scorer, tasks_dir):
     # The adapter really changes the model (else this test would prove nothing).
     base = load_model(checkpoints["base"])
     lora = load_model(checkpoints["lora"])
-    ids = torch.tensor([[1, 5, 9, 11]])
+    ids = torch.tensor([[1, 5, 9, 11]], device=base.device)
     assert not torch.allclose(base(ids).logits, lora(ids).logits)
 
 
@@ -139,3 +139,29 @@ def test_bad_arguments(world, tasks_dir):
         IndicatorScorer([], tok, include_path=tasks_dir)
     with pytest.raises(ValueError, match="backend"):
         IndicatorScorer(TASKS, tok, include_path=tasks_dir, backend="vllm")
+
+
+def test_device_and_batch_size_are_checked_once(world, tasks_dir, monkeypatch):
+    tok = load_tokenizer(world / "base")
+    kw = dict(include_path=tasks_dir, backend="lm_eval")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    sc = IndicatorScorer(TASKS, tok, **kw)
+    assert (sc.device, sc.batch_size) == ("cpu", 1)
+    assert IndicatorScorer(TASKS, tok, batch_size="auto", **kw).batch_size == "auto"
+    with pytest.raises(ValueError, match="batch size 'big'"):
+        IndicatorScorer(TASKS, tok, batch_size="big", **kw)
+    with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA GPU"):
+        IndicatorScorer(TASKS, tok, device="cuda", **kw)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert IndicatorScorer(TASKS, tok, **kw).device == "cuda"  # chosen, never run here
+
+
+def test_score_moves_the_model_to_the_scorer_device(world, scorer, monkeypatch):
+    """The proxy backend runs a model where its parameters are: score() puts it there first."""
+    model = load_model(world / "base", device="cpu")
+    moved: list = []
+    real_to = model.to
+    monkeypatch.setattr(model, "to", lambda *a, **k: moved.append(a) or real_to(*a, **k))
+    got = scorer.score(model)
+    assert moved == [(scorer.device,)]
+    assert got.n_items == {t: LIMIT for t in TASKS}

@@ -9,7 +9,12 @@ import lm_eval
 import pytest
 from proxy_fixtures import write_world
 
-from trainables.evaluate.lm_eval_api import LM_EVAL_VERSION, apply_filters, load_tasks
+from trainables.evaluate.lm_eval_api import (
+    LM_EVAL_VERSION,
+    REQUEST_METHODS,
+    apply_filters,
+    load_tasks,
+)
 
 CHANGED = (
     f"lm-eval {lm_eval.__version__} (the adapter mirrors {LM_EVAL_VERSION}) no longer behaves as "
@@ -45,3 +50,43 @@ def test_filters_fill_filtered_resps_by_name(tasks):
     names = {f["name"] for f in task.config.filter_list}
     assert set(inst.filtered_resps) == names, CHANGED
     assert inst.filtered_resps["flexible-extract"] == "12.", CHANGED  # the last number
+
+
+def test_progress_switches_exist():
+    """What `lm_eval_output` and `request_bars_off` turn off: the tqdm that lm_eval.api.task
+    calls in build_all_requests, HFLM's request methods' `disable_tqdm`."""
+    import inspect
+
+    import lm_eval.api.task as task_module
+    from lm_eval.models.huggingface import HFLM
+
+    for name in REQUEST_METHODS:
+        assert "disable_tqdm" in inspect.signature(getattr(HFLM, name)).parameters, CHANGED
+    assert "tqdm(" in inspect.getsource(task_module.Task.build_all_requests), CHANGED
+    assert hasattr(task_module, "tqdm"), CHANGED
+
+
+# What lm-eval prints while it runs: its request and task bars, its INFO log.
+LM_EVAL_NOISE = ("Running loglikelihood requests", "Running generate_until requests",
+                 "Tokenizing inputs", "%|", "Building contexts")  # fmt: skip
+
+
+def test_evaluate_is_quiet_unless_verbose(tasks, tmp_path_factory, capfd):
+    """harness.evaluate(verbose=False) prints none of lm-eval's bars or INFO log; verbose=True
+    shows them (both tasks: one generate_until, one multiple-choice)."""
+    from proxy_fixtures import tiny_models
+
+    from trainables.evaluate.harness import evaluate
+    from world.tiny import tiny_tokenizer
+
+    world = write_world(tmp_path_factory.mktemp("lm_eval_output"), n_mgsm=2, n_bele=2)
+    tok = tiny_tokenizer()
+    (model,) = tiny_models(tok, n=1)
+    kw = dict(tokenizer=tok, include_path=world, limit=2, max_gen_toks=2)
+    capfd.readouterr()
+    evaluate(model, ["mgsm_dev", "bele_dev"], verbose=True, **kw)
+    loud = "".join(capfd.readouterr())
+    assert all(s in loud for s in LM_EVAL_NOISE), loud[-2000:]
+    evaluate(model, ["mgsm_dev", "bele_dev"], verbose=False, **kw)
+    quiet = "".join(capfd.readouterr())
+    assert not [s for s in LM_EVAL_NOISE if s in quiet], quiet[-2000:]

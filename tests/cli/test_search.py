@@ -1,0 +1,56 @@
+"""`layerswap search` / `layerswap demo` output switches: `--verbose` reaches promotion (lm-eval's
+bars and log), off by default. The search and promotion themselves are stubbed here; the real
+output of a run is checked by tests/search/test_demo.py.
+
+Run: .venv/bin/python -m pytest -q tests/cli/test_search.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from cli import main
+
+
+@pytest.fixture
+def search_yaml(tiny_world, expert_pair, tmp_path) -> Path:
+    from tests.search.search_fixtures import experiment
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(experiment(tiny_world, expert_pair).model_dump(mode="json")))
+    return f
+
+
+@pytest.mark.parametrize(("flags", "verbose"), [([], False), (["--verbose"], True)])
+def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, capsys, flags, verbose):  # fmt: skip
+    import search.promote
+    import search.search
+
+    seen = {}
+
+    def run_search(exp, run_dir, resume=False):
+        return SimpleNamespace(n_trials=6, trials_path="T", study_path="S")
+
+    def promote(exp, run_dir, **kw):
+        seen.update(kw)
+        return SimpleNamespace(leaderboard="L", best_dir="B")
+
+    monkeypatch.setattr(search.search, "run_search", run_search)
+    monkeypatch.setattr(search.promote, "promote", promote)
+    assert main(["search", str(search_yaml), "--out", str(tmp_path / "run"), *flags]) == 0
+    assert seen == {"verbose": verbose}
+    assert "[search] 6 trial(s) in T; study S" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "verbose"), [([], False), (["--verbose"], True)])
+def test_demo_verbose_reaches_the_pipeline(tmp_path, monkeypatch, flags, verbose):
+    import search.demo
+
+    seen = {}
+    monkeypatch.setattr(search.demo, "run_demo", lambda out, **kw: seen.update(kw))
+    assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 0
+    assert seen["verbose"] is verbose

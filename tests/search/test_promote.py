@@ -1,0 +1,95 @@
+"""Promotion without a search: a hand-written trials table (one candidate) and the base model,
+evaluated on the device "auto" picks (the CPU here), with per-task few-shot counts.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_promote.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from search_fixtures import experiment, make_experts
+
+from search.promote import RESULT_COLUMNS, _shot_groups, promote
+from search.results import TrialStore
+from spaces.recipe import LayerSwapRecipe, dump_recipe, recipe_id
+from trainables.evaluate.harness import resolve_device
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TARGET, BELE, MGSM = "world_mgsm_direct_xa", "world_belebele_xa_dev", "world_mgsm_direct_en_dev"
+
+
+@pytest.fixture(scope="module")
+def experts(tiny_world, tmp_path_factory) -> dict[str, Path]:
+    return make_experts(tiny_world, tmp_path_factory.mktemp("promote") / "experts")
+
+
+def _run_dir(root: Path, paths: dict[str, Path]) -> tuple[Path, str]:
+    """RUN with a search/trials.parquet of one ok trial, as the search would have left it."""
+    recipe = LayerSwapRecipe(
+        method="layer_swap",
+        task_expert=str(paths["task"]),
+        language_expert=str(paths["language"]),
+        base=str(paths["base"]),
+        bottom=1,
+        top=0,
+    )
+    rid = recipe_id(recipe)
+    store = TrialStore(root / "run" / "search" / "trials.parquet")
+    store.append(
+        {"trial_id": "0000", "recipe_id": rid, "recipe_yaml": dump_recipe(recipe),
+         "method": "layer_swap", "status": "ok", "fidelity": 8, "objective": 0.5}
+    )  # fmt: skip
+    return root / "run", rid
+
+
+def test_shot_groups(tiny_world, experts):
+    exp = experiment(tiny_world, experts)  # defaults: 0 shots everywhere, one lm-eval run
+    assert _shot_groups(exp) == [(0, [TARGET, "world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM])]  # fmt: skip
+    exp = experiment(tiny_world, experts, promote={"num_fewshot": None})  # the task's default
+    assert _shot_groups(exp) == [
+        (None, [TARGET]),
+        (0, ["world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM]),
+    ]
+
+
+def test_unusable_device_fails_before_any_model(tiny_world, experts, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run, _ = _run_dir(tmp_path, experts)
+    exp = experiment(tiny_world, experts, promote={"device": "cuda"})
+    with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA GPU"):
+        promote(exp, run, progress=False)
+    assert not (run / "promotion" / "results.parquet").exists()
+
+
+def test_promote_on_the_auto_device(tiny_world, experts, tmp_path):
+    run, rid = _run_dir(tmp_path, experts)
+    exp = experiment(
+        tiny_world,
+        experts,
+        promote={"top_k": 1, "limit": 2, "max_gen_toks": 4, "baselines": ["base"],
+                 "device": "auto", "batch_size": "auto", "num_fewshot": 1, "write_best": False},
+    )  # fmt: skip
+    res = promote(exp, run, progress=False)
+    table = pq.read_table(res.results_path)
+    assert table.schema.names == list(RESULT_COLUMNS)  # the file's format is unchanged
+    rows = table.to_pylist()
+    tasks = [TARGET, "world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM]
+    assert [(r["model"], r["task"]) for r in rows] == [
+        (m, t) for m in (f"candidate_{rid}", "base") for t in tasks
+    ]  # rows in task order, whatever run scored each task
+    assert res.best_model == f"candidate_{rid}" and res.best_dir is None
+    device = resolve_device("auto")
+    for r in rows:
+        assert r["n_items"] == 2 and 0.0 <= r["value"] <= 1.0
+        raw = json.loads(Path(r["raw_json"]).read_text())
+        assert set(raw["results"]) == {r["task"]}
+        assert raw["config"]["device"] == device and raw["config"]["batch_size"] == "auto"
+        # the target at promote.num_fewshot, proxies (dev and held-out) at Proxy.num_fewshot
+        assert raw["n-shot"] == {r["task"]: 1 if r["task"] == TARGET else 0}
+    assert "**candidate_" in res.leaderboard.read_text()
