@@ -332,9 +332,6 @@ def _task_sources(exp: SearchExperiment, out: Preflight) -> _Tasks:
         else:
             out.problems.append(f"include_path[{i}] {p}: no such folder")
             src.incomplete = True
-    if exp.world is None and not exp.include_path:
-        out.problems.append("no task YAMLs: give `world` or `include_path` (proxies are lm-eval tasks)")  # fmt: skip
-        src.incomplete = True
     return src
 
 
@@ -411,26 +408,21 @@ def _known(name: str, src: _Tasks) -> str:
 
 
 def _check_tasks(exp: SearchExperiment, out: Preflight) -> None:
-    """Proxies resolve from the world / include_path (the proxy evaluator indexes only those);
-    their test variants and the target may also be lm-eval built-ins (promotion indexes those)."""
+    """Proxies, their test variants and the target resolve from the world, include_path or
+    lm-eval's built-in tasks (the proxy evaluator and promotion index built-ins when needed)."""
     src = _task_sources(exp, out)
 
     def unknown(where: str, name: str, builtin: bool) -> None:
         if src.incomplete:
             out.unchecked.append(f"{where} {name}: not checked, a task source is missing")
-        elif not builtin and _in_builtin(name, src):
-            out.problems.append(
-                f"{where} {name}: a built-in lm-eval task, but proxies must come from `world` or "
-                f"`include_path` task YAMLs (the proxy evaluator indexes only those)"
-            )
         else:
             out.problems.append(f"{where} {name}: unknown task{_known(name, src)}")
 
     default = "" if exp.proxies is not None else " (default)"
     for i, p in enumerate(exp.proxy_list):
         where = f"proxies[{i}].task{default}"
-        if _find(p.task, src, False, out) is None:
-            unknown(where, p.task, builtin=False)
+        if _find(p.task, src, True, out) is None:
+            unknown(where, p.task, builtin=True)
         elif heldout_task(p.task) != p.task and _find(heldout_task(p.task), src, True, out) is None:
             test = heldout_task(p.task)
             unknown(f"{where} {p.task}: promotion also evaluates its test variant", test, True)

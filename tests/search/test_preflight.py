@@ -188,11 +188,17 @@ def test_unknown_proxy_and_target_tasks(tiny_world, paths):
     assert target.startswith("target world_mgsm_direct_xq: unknown task")
 
 
-def test_builtin_tasks_only_where_lm_eval_indexes_them(tiny_world, paths):
-    exp = experiment(tiny_world, paths, proxies=[{"task": "belebele_swh_Latn"}], target="mgsm_direct_sw")  # fmt: skip
-    report = preflight(exp)
-    _only(report.problems, "proxies[0].task belebele_swh_Latn: a built-in lm-eval task")
-    assert any("mgsm_direct_sw" in n and "text search" in n for n in report.unchecked)
+def test_builtin_tasks_as_proxies_and_target(tiny_world, paths):
+    """The papers' setting: built-in Belebele and English MGSM proxies, no world at all."""
+    proxies = [{"task": "belebele_swh_Latn", "chance": 0.25}, {"task": "mgsm_direct_en"}]
+    exp = experiment(tiny_world, paths, proxies=proxies, target="mgsm_direct_sw")
+    report = preflight(_with(exp, world=None))
+    assert report.problems == []
+    for name in ("belebele_swh_Latn", "mgsm_direct_en", "mgsm_direct_sw"):
+        assert any(name in n and "text search" in n for n in report.unchecked), name
+    typo = [{"task": "belebele_swh_Latm"}, {"task": "mgsm_direct_en"}]
+    exp = experiment(tiny_world, paths, proxies=typo, target="mgsm_direct_sw")
+    _only(check_search(_with(exp, world=None)), "proxies[0].task belebele_swh_Latm: unknown task")
 
 
 def test_proxy_without_a_test_variant(tiny_world, paths, tmp_path):
@@ -219,7 +225,7 @@ def test_include_path_tasks(tiny_world, paths, tmp_path):
     exp = experiment(tiny_world, paths, include_path=[str(inc), str(tmp_path / "gone")], proxies=proxies)  # fmt: skip
     _only(check_search(exp), f"include_path[1] {tmp_path / 'gone'}: no such folder")
     exp = _with(experiment(tiny_world, paths, proxies=[{"task": "my_nlu_dev"}], target="my_nlu"), world=None)  # fmt: skip
-    _only(check_search(exp), "no task YAMLs: give `world` or `include_path`")
+    assert check_search(exp)[0].startswith("proxies[0].task my_nlu_dev: unknown task")
 
 
 def test_first_task_expert_needs_a_tokenizer_and_a_config(tiny_world, paths, tmp_path):

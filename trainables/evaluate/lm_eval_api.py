@@ -2,13 +2,17 @@
 
 The cached proxy evaluator mirrors lm-eval's HFLM and Task pipeline, so it needs a few things
 lm-eval does not promise to keep: a Task's filter pipelines (`Task._filters`) and the task-dict
-shape `get_task_dict` returns. They are reached only here; tests/trainables/evaluate/
-test_lm_eval_api.py fails loudly, naming the version, when an lm-eval release changes them.
+shape `get_task_dict` returns; `lm_eval_output` and `request_bars_off`, which hide lm-eval's
+log and progress bars, need the tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`. They are reached
+only here; tests/trainables/evaluate/test_lm_eval_api.py fails loudly, naming the version, when
+an lm-eval release changes them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +41,17 @@ def include_list(include_path: str | Path | list | tuple | None) -> list[str]:
 
 
 def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[str, Any]:
-    """lm-eval Task objects by leaf name from YAMLs under `include_path` (no default index).
+    """lm-eval Task objects by leaf name from YAMLs under `include_path`, and lm-eval's built-in
+    tasks only when a name is not found there (indexing them costs seconds).
 
     Groups are flattened: `get_task_dict` nests a group's tasks in dicts of their own.
     """
     offline_defaults()
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import get_task_dict
 
-    tm = TaskManager(include_path=include_list(include_path), include_defaults=False)
+    from trainables.evaluate.tasks import task_manager  # imports this module
+
+    tm = task_manager(list(task_names), include_path)
     out: dict[str, Any] = {}
     stack = [get_task_dict(list(task_names), tm)]
     while stack:  # groups nest dicts of tasks
@@ -61,3 +68,50 @@ def apply_filters(task: Any, instances: list) -> None:
     the task's whole instance list), filling each instance's `filtered_resps` by filter name."""
     for ensemble in task._filters:
         ensemble.apply(instances)
+
+
+REQUEST_METHODS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
+
+
+def lm_eval_output(verbose: bool) -> None:
+    """Show or hide lm-eval's log and its per-document task bar: the one place they are set.
+
+    Call it before lm-eval runs (task indexing and HFLM's constructor already log). lm-eval's
+    logger gets INFO through lm-eval's own handler (`setup_logging`, which honours
+    LMEVAL_LOG_LEVEL) when verbose, else errors only (its in-memory-model and gen_kwargs
+    warnings repeat for every evaluated model). The bar of `Task.build_all_requests` has no
+    switch at all: the tqdm that `lm_eval.api.task` imported is swapped for a disabled one, and
+    back when verbose. simple_evaluate's own `verbosity` is deprecated and only sets the level.
+
+    Args:
+        verbose: lm-eval's INFO log and bars on (as its own CLI shows them), else off.
+    """
+    import lm_eval.api.task as task_module
+    from tqdm import tqdm
+
+    if verbose:
+        from lm_eval.utils import setup_logging
+
+        setup_logging(logging.INFO)
+        task_module.tqdm = tqdm
+    else:
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)
+        task_module.tqdm = partial(tqdm, disable=True)
+
+
+def request_bars_off(lm: Any) -> None:
+    """Turn off `lm`'s per-request bars ("Running loglikelihood requests", "Running
+    generate_until requests", "Tokenizing inputs"), on this instance only.
+
+    Its request methods take `disable_tqdm`, which lm-eval's evaluator never passes; it is bound
+    here (methods without it are left alone).
+
+    Args:
+        lm: an lm-eval model (an HFLM), before it is handed to simple_evaluate.
+    """
+    import inspect
+
+    for name in REQUEST_METHODS:
+        method = getattr(lm, name, None)
+        if method is not None and "disable_tqdm" in inspect.signature(method).parameters:
+            setattr(lm, name, partial(method, disable_tqdm=True))
