@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # shapes.py
 sys.path.insert(0, str(ROOT / "tests" / "trainables" / "evaluate"))  # fixture world and models
 
 TASKS = ["mgsm_dev", "bele_dev"]
@@ -40,29 +41,17 @@ TASKS = ["mgsm_dev", "bele_dev"]
 def llama8b_candidates(tok, n: int, device: str):
     """One random Llama-3.1-8B-shaped model, re-noised per candidate (yields the same object)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from shapes import shape_config
+    from transformers import LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    cfg = shape_config("llama-8b", tok)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(dtype).eval()
     for i in range(n):
         with torch.no_grad():
             g = torch.Generator(device=device).manual_seed(i)
-            for p in model.model.layers[i % 32].parameters():
+            for p in model.model.layers[i % cfg.num_hidden_layers].parameters():
                 p.add_(torch.randn(p.shape, generator=g, device=device, dtype=p.dtype) * 0.01)
         yield model
 

@@ -10,6 +10,11 @@ Run: nice -n 10 .venv/bin/python benchmarks/bench_search.py [--world DIR] [--siz
     seeded, paper default enqueued, repeats served from results) and random search, 5 seeds each,
     replay against that table: distinct evaluations to reach a top-5% recipe (<= 15% of the grid,
     better than random). Writes bench-out/bench_search.json.
+(d) with --shape llama-8b (on a GPU): seconds per trial (compose + proxies) of a model of that
+    shape with random weights and the world tokenizer, experts in host memory (benchmarks/
+    shapes.py), on all items of the world's Belebele xa dev + English MGSM dev, and the share of
+    trial time spent copying expert tensors to the device. Skips (a)-(c).
+    Run: .venv/bin/python benchmarks/bench_search.py --shape llama-8b [--trials 4] [--depth N]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "search"))  # expert builders shared with the tests
+sys.path.insert(0, str(ROOT / "benchmarks"))  # shapes.py
 
 
 def enumerate_space(space, depth, pool) -> list[dict]:
@@ -97,6 +103,89 @@ def replay(space, depth, pool, table: dict, sampler, budget: int, top: set, warm
     return None
 
 
+def bench_shape(args) -> None:
+    """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
+    import torch
+    from shapes import shape_config, shape_experts
+    from transformers import AutoTokenizer
+
+    from search.trial import TrialRunner
+    from spaces.search_experiment import SearchExperiment
+    from spaces.search_space import ExpertPool, decode, warm_start
+    from trainables.evaluate.tasks import write_world_tasks
+    from world import build_world
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(os.cpu_count() or 1)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-shape-"))
+    world = args.world or build_world(tmp / "world", size="tiny", progress=False)
+    tok = AutoTokenizer.from_pretrained(world / "base")
+    cfg = shape_config(args.shape, tok, args.depth)
+    t0 = time.perf_counter()
+    states = shape_experts(cfg, make_on=device)
+    print(
+        f"{args.shape} (depth {cfg.num_hidden_layers}) experts made in {time.perf_counter() - t0:.0f}s"
+    )
+    dirs = {}
+    for role in states:  # config and tokenizer on disk; the weights come from memory
+        dirs[role] = tmp / role
+        cfg.save_pretrained(dirs[role])
+        tok.save_pretrained(dirs[role])
+    by_path = {str(d): states[r] for r, d in dirs.items()}
+    depth = cfg.num_hidden_layers
+    exp = SearchExperiment.model_validate(
+        {
+            "name": "bench-shape",
+            "language": "xa",
+            "base": str(dirs["base"]),
+            "task_experts": [str(dirs["task"])],
+            "language_experts": [str(dirs["language"])],
+            "world": str(world),
+            "proxy_eval": {
+                "max_gen_toks": args.max_gen_toks,
+                "batch_size": "auto",
+                "limit": args.limit,
+            },
+            "space": {
+                "bottom": {"low": 1, "high": max(1, depth // 4)},
+                "top": {"low": 0, "high": max(0, depth // 8)},
+                "bottom_transition": {"low": 0, "high": 1},
+                "top_transition": {"low": 0, "high": 0},
+                "weighting": ["uniform"],
+            },
+            "search": {"gpus_per_trial": 1, "fidelity": {"screen": None}},
+        }
+    )
+    pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
+    tasks = tmp / "tasks"
+    write_world_tasks(world, tasks)
+    runner = TrialRunner(
+        exp, pool, [str(tasks)], device=device, loader=lambda ref: (by_path[ref], set())
+    )
+    n_items = {t: len(c.items) for t, c in runner.parts[0].tasks.items()}
+    print(f"device {device}; items {n_items}; {runner.live.placement}", flush=True)
+    grid = enumerate_space(exp.space, depth, pool)
+    recipes = [warm_start(exp.space, depth, pool), *grid[:: max(1, len(grid) // args.trials)]]
+    rows = []
+    for params in recipes[: args.trials + 1]:
+        res = runner.run(decode(params, exp.space, depth, pool))
+        assert res.status == "ok", res.error
+        rows.append(res)
+        print(
+            f"trial: compose {res.t_compose_s:6.2f}s (moving {res.t_move_s:6.2f}s)  proxies "
+            f"{res.t_eval_s:6.2f}s  total {res.t_total_s:6.2f}s  tensors {res.moved}",
+            flush=True,
+        )
+    warm, rest = rows[0], rows[1:] or rows
+    med = statistics.median(r.t_total_s for r in rest)
+    move = sum(r.t_move_s for r in rest) / sum(r.t_total_s for r in rest)
+    print(
+        f"first trial (every tensor placed) {warm.t_total_s:.1f}s; later trials median {med:.1f}s "
+        f"per trial, {move:.1%} of it copying tensors to the device; "
+        f"OOM back-offs {runner.parts[0].sizer.backoffs}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -109,7 +198,14 @@ def main() -> None:
     ap.add_argument("--grid-from", type=Path, help="(c): reuse the grid table of an earlier output JSON")  # fmt: skip
     ap.add_argument("--only-c", action="store_true", help="skip (a) and (b)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_search.json")
+    ap.add_argument("--shape", choices=["llama-8b"], help="(d) only: trials of this shape")
+    ap.add_argument("--depth", type=int, help="(d): fewer layers (a CPU smoke run)")
+    ap.add_argument("--trials", type=int, default=4, help="(d): recipes timed")
+    ap.add_argument("--max-gen-toks", type=int, default=32, help="(d): MGSM generation budget")
+    ap.add_argument("--limit", type=int, help="(d): first N items per proxy (default: all)")
     args = ap.parse_args()
+    if args.shape:
+        return bench_shape(args)
 
     import optuna
     import torch
