@@ -115,3 +115,23 @@ def test_stop_detection_only_saves_compute(tok, models):
     assert every == triggered == never
     digits = stop_triggers(tok, ["2"])
     assert digits and all("2" in tok.decode([i]) or "\ufffd" in tok.decode([i]) for i in digits)
+
+
+def test_finished_rows_leave_the_batch_without_changing_the_rest(tok, models, monkeypatch):
+    from transformers.cache_utils import DynamicCache
+
+    drops, select = [], DynamicCache.batch_select_indices
+
+    def counted(self, indices):
+        drops.append(len(indices))
+        return select(self, indices)
+
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", counted)
+    model = models[0]
+    until = ["9", "6", tok.eos_token]  # the tiny models stop after 1 to many tokens
+    ctxs = [tok.encode(f"Question: {a} plus {b}? Answer:") for a in range(1, 7) for b in (2, 30)]
+    stops = {tok.eos_token_id}
+    together = greedy_generate(model, tok, ctxs, until, 16, stops, stop_triggers(tok, until))
+    alone = [greedy_generate(model, tok, [c], until, 16, stops)[0] for c in ctxs]
+    assert together == alone
+    assert drops, "no row finished early: the test lost its point"
