@@ -2,7 +2,7 @@
 bars and log), off by default. The search and promotion themselves are stubbed here; the real
 output of a run is checked by tests/search/test_demo.py.
 
-Run: .venv/bin/python -m pytest -q tests/cli/test_search.py
+Run: .venv/bin/python -m pytest -q tests/cli/test_search_and_demo_flags.py
 """
 
 from __future__ import annotations
