@@ -141,6 +141,12 @@ def choose_store(setting: str, pool: ExpertPool) -> tuple[str, str]:
     stores = [n["Resources"].get("object_store_memory", 0) for n in ray.nodes() if n.get("Alive")]
     smallest = min(stores) if stores else 0
     what = f"experts {need / gb:.2f} GiB, smallest node object store {smallest / gb:.2f} GiB"
+    if setting == "node" and need * 1.1 > smallest:
+        return setting, (
+            f"{what}; search.expert_store is 'node' although they do not fit: Ray will spill "
+            "to disk or fail (raise the object store size, e.g. `ray start "
+            "--object-store-memory`, or use 'process')"
+        )
     if setting != "auto":
         return setting, f"{what}; search.expert_store is {setting!r}"
     if need * 1.1 <= smallest:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,7 +239,7 @@ def _trial_resources(exp: SearchExperiment, cluster: dict) -> tuple[int, dict[st
                 "set it to 0 to search on CPUs"
             )
         resources["gpu"] = s.gpus_per_trial
-        limit = min(limit, max(1, int(gpus // s.gpus_per_trial)))
+        limit = min(limit, max(1, math.floor(gpus / s.gpus_per_trial + 1e-9)))  # 1 // 0.1 == 9
     return s.max_concurrent or limit, resources
 
 

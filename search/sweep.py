@@ -133,8 +133,6 @@ def _scorer(plan: SweepPlan, base: str):
     key = (tuple(plan.tasks), plan.include_path, base, sw.limit, sw.num_fewshot, sw.max_gen_toks,
            sw.backend, sw.device, sw.batch_size)  # fmt: skip
     if key not in _SCORERS:
-        # device "auto" is resolved here, in the trial's process: the GPU when it sees one
-        # (Ray leaves CUDA_VISIBLE_DEVICES alone for trials that reserve no GPU).
         _SCORERS[key] = IndicatorScorer(
             plan.tasks,
             load_tokenizer(base),
@@ -143,10 +141,24 @@ def _scorer(plan: SweepPlan, base: str):
             num_fewshot=sw.num_fewshot,
             max_gen_toks=sw.max_gen_toks,
             backend=sw.backend,
-            device=sw.device,
+            device=_indicator_device(sw.device),
             batch_size=sw.batch_size,
         )
     return _SCORERS[key]
+
+
+def _indicator_device(setting: str) -> str:
+    """The device a sweep trial scores on: "auto" is the GPU only where Ray assigned one.
+
+    Ray leaves CUDA_VISIBLE_DEVICES alone for a trial that reserves no GPU, so every such
+    trial would see all GPUs and score on cuda:0 at once, unaccounted; such trials score on
+    the CPU unless `device: cuda` asks for exactly that.
+    """
+    import ray
+
+    if setting == "auto" and ray.is_initialized() and not ray.get_gpu_ids():
+        return "cpu"
+    return setting
 
 
 def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]:

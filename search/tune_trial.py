@@ -50,7 +50,15 @@ def runner_for(spec: TrialSpec) -> TrialRunner:
     if spec.key not in _RUNNERS:
         exp = SearchExperiment.model_validate_json(spec.experiment_json)
         pool = ExpertPool.model_validate_json(spec.pool_json)
-        _RUNNERS.clear()  # one experiment per process at a time: free the previous experts
+        if _RUNNERS:  # one experiment per process at a time: free the previous experts
+            import gc
+
+            import torch
+
+            _RUNNERS.clear()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         device, _ = trial_device(exp.search.gpus_per_trial)
         loader = None
         if spec.expert_store == "node":

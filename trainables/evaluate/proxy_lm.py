@@ -98,7 +98,7 @@ def _full_forward(model, ctx: list[int], cont: list[int], max_length: int) -> tu
     """One (context, continuation) pair exactly as HFLM runs it, left truncation included."""
     device = model_device(model)
     inp = (ctx + cont)[-(max_length + 1) :][:-1]
-    logits = model(torch.tensor([inp], device=device)).logits[0]  # [len(inp), vocab]
+    logits = model(torch.tensor([inp], device=device), use_cache=False).logits[0]  # [len, vocab]
     logp = _logprobs(logits[len(inp) - len(cont) :])  # [len(cont), vocab]
     target = torch.tensor(cont, device=device)  # [n]
     ll = torch.gather(logp, 1, target[:, None]).sum()
@@ -148,7 +148,9 @@ def choice_loglikelihoods(
         pairs = [(b, items[i][1][j]) for b, (i, _, js) in enumerate(batch) for j in js]
         k = max(len(c) for _, c in pairs)
         ids, extra = _left_pad([r[1] for r in batch], pad_id, device)
-        logp = _logprobs(model(input_ids=ids, logits_to_keep=k, **extra).logits)  # [b, k, V]
+        # No KV cache: nothing reuses it, and at 8B it costs ~128 KB per token.
+        fwd = model(input_ids=ids, logits_to_keep=k, use_cache=False, **extra)
+        logp = _logprobs(fwd.logits)  # [b, k, V]
         # Continuations right-aligned in a [pairs, k] grid; positions left of one are masked.
         tgt = torch.tensor([[0] * (k - len(c)) + c for _, c in pairs], device=device)
         used = torch.tensor([[0] * (k - len(c)) + [1] * len(c) for _, c in pairs], device=device)

@@ -139,7 +139,7 @@ class LiveModel:
         self.model = None
         self.params: dict[str, torch.nn.Parameter] = {}
         self.loaded: dict[str, object] = {}  # tensor name -> plan op currently in the model
-        self.resident: dict[tuple[str, str], torch.Tensor] = {}  # experts' tensors on the device
+        self.resident: dict[tuple, torch.Tensor] = {}  # experts' tensors on the device
         self.keep_on_device = False
         self.placement = "cpu: experts shared with the model, no copies"
         self.t_move_s = 0.0  # seconds copying expert tensors to the device, over all loads
@@ -186,14 +186,17 @@ class LiveModel:
         t = self.cache.states[ref][name]
         if t.device == self.device:
             return t
-        hit = self.resident.get((ref, name))
+        # Keyed by the source tensor: LoRA experts share the base's untouched tensors, which
+        # must be on the device once, as `_place` counted them (ExpertCache.nbytes).
+        key = (t.data_ptr(), t.dtype, tuple(t.shape))
+        hit = self.resident.get(key)
         if hit is not None:
             return hit
         t0 = time.perf_counter()
         out = t.to(self.device)
         self.t_move_s += time.perf_counter() - t0
         if self.keep_on_device:
-            self.resident[(ref, name)] = out
+            self.resident[key] = out
         return out
 
     def load(self, recipe: Recipe) -> int:
