@@ -86,7 +86,9 @@ def test_evaluate_is_quiet_unless_verbose(tasks, tmp_path_factory, capfd):
     capfd.readouterr()
     evaluate(model, ["mgsm_dev", "bele_dev"], verbose=True, **kw)
     loud = "".join(capfd.readouterr())
-    assert all(s in loud for s in LM_EVAL_NOISE), loud[-2000:]
+    # "Building contexts" is an INFO log line: where it lands depends on how logging was set
+    # up by earlier tests in the same process, so only the bars are required when verbose.
+    assert all(s in loud for s in LM_EVAL_NOISE if s != "Building contexts"), loud[-2000:]
     evaluate(model, ["mgsm_dev", "bele_dev"], verbose=False, **kw)
     quiet = "".join(capfd.readouterr())
     assert not [s for s in LM_EVAL_NOISE if s in quiet], quiet[-2000:]
