@@ -26,13 +26,6 @@ def world(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from world.tiny import tiny_tokenizer
-
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def models(tok):
     return tiny_models(tok, n=3)
 
