@@ -16,10 +16,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+# Rows per forward pass in an evaluation: a number, or "auto" (the device's default; on a GPU
+# the largest that fits, halved on out-of-memory as lm-eval's batch_size auto does).
+BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
+# Where a model is evaluated; "auto" is the GPU when there is one
+# (trainables.evaluate.harness.resolve_device).
+Device = Literal["auto", "cpu", "cuda"]
 
 T = TypeVar("T")
 

@@ -7,11 +7,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
-from spaces.base import StrictModel, load_yaml, resolve_local, validate
+from spaces.base import BatchSize, Device, StrictModel, load_yaml, resolve_local, validate
 from spaces.search_space import SearchSpace
 
 
@@ -45,11 +45,6 @@ class Fidelity(StrictModel):
     screen: float | None = Field(0.25, gt=0, lt=1)
     delta: float = Field(0.05, gt=0, lt=1)
     keep_top: int = Field(3, ge=1)
-
-
-# Rows per forward pass: a number, or "auto" (the device's default; on a GPU the largest that
-# fits, halved on out-of-memory as lm-eval's batch_size auto does).
-BatchSize = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
 class ProxyEvalSettings(StrictModel):
@@ -95,7 +90,7 @@ class PromoteSettings(StrictModel):
     limit: int | None = Field(None, ge=1)  # lm-eval docs per task (None: all)
     max_gen_toks: int = Field(32, ge=1)
     batch_size: BatchSize = 16  # lm-eval HFLM batch size ("auto": lm-eval's own search)
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when there is one
+    device: Device = "auto"
     # The target task's shots (None: the task's own default). 0 like the proxies' default, so
     # target and proxies share one lm-eval run per model.
     num_fewshot: int | None = Field(0, ge=0)

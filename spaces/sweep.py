@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from spaces.base import StrictModel
+from spaces.base import BatchSize, Device, StrictModel
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
 EXPERT_KINDS: tuple[str, ...] = get_args(ExpertKind)
@@ -114,8 +114,8 @@ class SweepConfig(StrictModel):
     num_fewshot: int = Field(0, ge=0)
     max_gen_toks: int = Field(256, ge=1)
     backend: Literal["proxy", "lm_eval"] = "proxy"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    device: Device = "auto"
+    batch_size: BatchSize = 1
     executor: Literal["auto", "in_trial", "ray_train"] = "auto"
     cpus_per_trial: float = Field(1.0, gt=0)
     world: str | None = None

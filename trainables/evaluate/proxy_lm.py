@@ -8,11 +8,14 @@ Used by trainables/evaluate/proxy.py.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from lm_eval.models.utils import postprocess_generated_text
+
+from trainables.evaluate.harness import check_batch_size
 
 # Rows per forward pass when the batch size is "auto": where to start on each device type. On a
 # GPU the evaluator halves it on out-of-memory and remembers what fit; on a CPU rows are cheap
@@ -41,9 +44,7 @@ class BatchSizer:
     """
 
     def __init__(self, setting: int | str = "auto"):
-        if setting != "auto" and not (isinstance(setting, int) and setting >= 1):
-            raise ValueError(f"batch_size {setting!r}: a positive integer or 'auto'")
-        self.setting = setting
+        self.setting = check_batch_size(setting)  # the rule lm-eval runs share
         self.fitted: dict[tuple[str, str], int] = {}  # (device type, kind) -> size that fit
         self.backoffs = 0  # out-of-memory retries so far (benchmarks report it)
 
@@ -185,11 +186,20 @@ def stop_triggers(tokenizer, until: list[str]) -> list[int]:
     A stop string completes with its last character, which the completing token decodes to
     (or, for a byte split over tokens, a replacement character). Generation checks the text
     only after these tokens; a stop missed here costs only compute, never a different answer,
-    because every text is cut at its first stop string at the end.
+    because every text is cut at its first stop string at the end. Decoding the vocabulary
+    takes about a second at 128k tokens, so it runs once per tokenizer and stop set.
     """
-    last = {s[-1] for s in until if s} | {"\ufffd"}
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    return [i for i, t in enumerate(texts) if any(ch in t for ch in last)]
+    per_tok = _TRIGGERS.setdefault(tokenizer, {})
+    key = tuple(until)
+    if key not in per_tok:
+        last = {s[-1] for s in until if s} | {"\ufffd"}
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        per_tok[key] = [i for i, t in enumerate(texts) if any(ch in t for ch in last)]
+    return per_tok[key]
+
+
+# tokenizer -> {stop strings: trigger ids}; a trial's screening and full evaluators share one.
+_TRIGGERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
