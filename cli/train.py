@@ -21,8 +21,6 @@ def check_inputs(exp: TrainExperiment) -> None:
     Every problem is listed, not only the first.
     """
     problems = []
-    if exp.scaling.strategy == "fsdp" and exp.scaling.num_workers > 1:
-        problems.append("scaling.strategy: fsdp is not implemented yet; use ddp")
     base = Path(exp.base).expanduser()
     if exp.base.startswith(("/", ".", "~")) or base.exists():
         if not (base / "config.json").is_file():

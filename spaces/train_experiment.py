@@ -160,6 +160,9 @@ class Hyper(StrictModel):
     val_share: float = Field(0.05, ge=0, lt=1)
     log_every: int = Field(1, ge=1)
     gradient_checkpointing: bool = False  # trade compute for activation memory (big models)
+    # Samples per worker per forward pass; the worker's share of `batch_size` is accumulated
+    # over batch_size / num_workers / micro_batch_size passes. None: one pass per step.
+    micro_batch_size: int | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _length(self) -> Hyper:
@@ -168,11 +171,52 @@ class Hyper(StrictModel):
         return self
 
 
+Strategy = Literal["ddp", "fsdp"]
+
+
 class Scaling(StrictModel):
+    """Workers and how the model is spread over them.
+
+    `ddp`: every worker holds the whole model and optimizer state. `fsdp`: FSDP2 shards weights,
+    gradients and optimizer state over the workers (full-weight modes; LoRA stays on ddp).
+    `cpu_offload` (fsdp): sharded weights and optimizer state live in CPU memory between uses.
+    `accelerator_type`: Ray's GPU type label (e.g. "H100", "A10G"); Ray places workers only on
+    such GPUs, and `layerswap train --plan` checks the memory plan against their size.
+    """
+
     num_workers: int = Field(1, ge=1)
     use_gpu: bool = False
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+    strategy: Strategy = "ddp"
     cpus_per_worker: float = Field(1.0, gt=0)
+    cpu_offload: bool = False
+    accelerator_type: str | None = None
+
+    @model_validator(mode="after")
+    def _offload_needs_fsdp(self) -> Scaling:
+        if self.cpu_offload and self.strategy != "fsdp":
+            raise ValueError(f"cpu_offload: needs strategy fsdp (got {self.strategy!r})")
+        return self
+
+
+# What the optimizer steps on and what the forward pass computes in:
+#   bf16-mixed  fp32 master weights and AdamW state, bf16 compute (autocast / FSDP2 param_dtype)
+#   fp32        everything in fp32
+#   bf16-pure   weights and AdamW state in bf16: half the memory, but updates smaller than a
+#               weight's bf16 rounding step vanish (warned about at set-up)
+#   auto        bf16-mixed for a bf16 or fp16 checkpoint, fp32 otherwise
+PrecisionPolicy = Literal["auto", "bf16-mixed", "fp32", "bf16-pure"]
+
+
+class Precision(StrictModel):
+    """The training precision; `precision: bf16-mixed` is shorthand for `{policy: bf16-mixed}`.
+
+    `checkpoint_dtype`: the dtype of the saved HF weights, `base` (the base checkpoint's) or
+    `fp32` (keeps updates smaller than a bf16 step visible to merging). The fp32 master weights
+    are kept for resuming either way (trainer_state/), and the manifest says what was written.
+    """
+
+    policy: PrecisionPolicy = "auto"
+    checkpoint_dtype: Literal["base", "fp32"] = "base"
 
 
 class Failure(StrictModel):
@@ -208,6 +252,7 @@ class TrainExperiment(StrictModel):
     checkpoint_every_samples: int | None = Field(None, gt=0)
     keep_checkpoints: int | None = Field(None, ge=1)
     scaling: Scaling = Scaling()
+    precision: Precision = Precision()
     storage_path: str = "runs/train"
     failure: Failure = Failure()
     search: SearchSpec | None = None
@@ -219,6 +264,8 @@ class TrainExperiment(StrictModel):
     def _mode_shorthand(cls, data):
         if isinstance(data, dict) and isinstance(data.get("mode"), str):
             data = {**data, "mode": {"type": data["mode"]}}
+        if isinstance(data, dict) and isinstance(data.get("precision"), str):
+            data = {**data, "precision": {"policy": data["precision"]}}
         return data
 
     @model_validator(mode="after")
@@ -228,15 +275,36 @@ class TrainExperiment(StrictModel):
             raise ValueError(f"mode {self.mode.type}: needs exactly 2 datasets, got {len(self.datasets)}")  # fmt: skip
         if not two and len(self.datasets) != 1:
             raise ValueError(f"mode {self.mode.type}: takes 1 dataset, got {len(self.datasets)} (use mix for a union)")  # fmt: skip
-        if self.hyper.batch_size % self.scaling.num_workers:
-            raise ValueError(
-                f"hyper.batch_size ({self.hyper.batch_size}) must be divisible by "
-                f"scaling.num_workers ({self.scaling.num_workers})"
-            )
+        self._check_scaling()
         if self.search is not None:
             for key in self.search.params:
                 _check_path(self, key)
         return self
+
+    def _check_scaling(self) -> None:
+        h, s = self.hyper, self.scaling
+        if h.batch_size % s.num_workers:
+            raise ValueError(
+                f"hyper.batch_size ({h.batch_size}) must be divisible by "
+                f"scaling.num_workers ({s.num_workers})"
+            )
+        per_worker = h.batch_size // s.num_workers
+        if h.micro_batch_size is not None and per_worker % h.micro_batch_size:
+            raise ValueError(
+                f"hyper.micro_batch_size ({h.micro_batch_size}) must divide each worker's share "
+                f"of the batch (batch_size {h.batch_size} / {s.num_workers} workers = {per_worker})"
+            )
+        if s.strategy == "fsdp" and self.is_lora:
+            raise ValueError(
+                f"scaling.strategy fsdp: mode {self.mode.type} trains LoRA adapters, which stay "
+                "on ddp (the adapters are small and the frozen base is not optimised)"
+            )
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per worker per forward pass (micro_batch_size, or the worker's whole share)."""
+        per_worker = self.hyper.batch_size // self.scaling.num_workers
+        return self.hyper.micro_batch_size or per_worker
 
     @property
     def is_lora(self) -> bool:
