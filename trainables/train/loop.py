@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,17 @@ from trainables.train.data import (
     total_steps,
 )
 from trainables.train.modes import Prepared, prepare
+from trainables.train.precision import (
+    Policy,
+    apply_precision,
+    resolve_precision,
+    warn_if_updates_vanish,
+)
 from trainables.train.schedules import lr_at
 from trainables.train.state import (
     STATE_DIR,
     build_manifest,
+    load_master,
     load_optimizer,
     prune_checkpoints,
     read_manifest,
@@ -89,12 +97,17 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
     return tok, model
 
 
-def validation_losses(model, data: TrainData, exp: TrainExperiment, rank: int, world: int, device, pad: int) -> list[float]:  # fmt: skip
-    """Token-weighted validation loss per dataset (each rank scores a strided share)."""
+def validation_losses(model, data: TrainData, exp: TrainExperiment, rank: int, world: int, device, pad: int, policy: Policy | None = None) -> list[float]:  # fmt: skip
+    """Token-weighted validation loss per dataset (each rank scores a strided share).
+
+    `policy`: compute under its autocast (as training does); None computes in the weights' dtype.
+    """
+    device = torch.device(device)
+    autocast = policy.autocast(device) if policy is not None else nullcontext()
     sums = []
     model.eval()
-    per = max(1, exp.hyper.batch_size // world)
-    with torch.no_grad():
+    per = max(1, exp.micro_batch)
+    with torch.no_grad(), autocast:
         for val in data.val:
             mine = val[rank::world]
             loss_sum, n_tok = 0.0, 0.0
@@ -135,6 +148,7 @@ class _Run:
     tok: Any
     data: TrainData
     prep: Prepared
+    policy: Policy
     net: torch.nn.Module  # prep.model, or its DDP wrapper when world > 1
     optimizers: dict[str, torch.optim.AdamW]
     names: dict[int, str]  # id(parameter) -> name, for the optimizer state files
@@ -179,10 +193,14 @@ def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> 
 
 
 def _prepare_model(
-    model, exp: TrainExperiment, resume: Path | None, device: torch.device
+    model, exp: TrainExperiment, resume: Path | None, device: torch.device, policy: Policy
 ) -> Prepared:
-    """The loaded model prepared for the mode (LoRA adapter restored on resume), on `device`."""
+    """The loaded model prepared for the mode, cast to the precision policy (trainable weights
+    in the master dtype), with the LoRA adapter or fp32 master weights restored on resume, on
+    `device`."""
     prep = prepare(model, exp, model.config.num_hidden_layers)
+    apply_precision(prep.model, policy)
+    warn_if_updates_vanish(prep.model, policy, exp.hyper.lr)
     if exp.hyper.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if prep.is_lora:
@@ -192,6 +210,8 @@ def _prepare_model(
         from safetensors.torch import load_file
 
         set_peft_model_state_dict(prep.model, load_file(resume / "adapter_model.safetensors"))
+    elif resume is not None and policy.keeps_master:
+        load_master(prep.model, resume)  # the checkpoint's weights are rounded to policy.save
     prep.model.to(device)
     return prep
 
@@ -221,27 +241,49 @@ def _wrap_ddp(model: torch.nn.Module, world: int, device: torch.device) -> torch
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def _next_batch(run: _Run, step: int) -> tuple[int, str, dict[str, torch.Tensor]]:
-    """(stream, active group, this rank's share of the batch on the device) for `step`."""
+def _next_batch(run: _Run, step: int) -> tuple[int, str, list[dict[str, torch.Tensor]]]:
+    """(stream, active group, this rank's share of the batch as micro-batches on the device)."""
     stream, own, group = run.prep.active(step)
     h = run.exp.hyper
     rows = local_batch(run.data.streams[stream], own, h.batch_size, run.rank, run.world)
-    batch = collate(rows, run.pad)
-    run.tokens_local += float(batch["attention_mask"].sum())
-    return stream, group, {k: v.to(run.device) for k, v in batch.items()}
+    micro = run.exp.micro_batch
+    batches = [collate(rows[i : i + micro], run.pad) for i in range(0, len(rows), micro)]
+    run.tokens_local += float(sum(b["attention_mask"].sum() for b in batches))
+    return stream, group, [{k: v.to(run.device) for k, v in b.items()} for b in batches]
+
+
+def _no_sync(net: torch.nn.Module, last: bool):
+    """Skip DDP's gradient all-reduce on all but the last micro-batch of a step."""
+    return nullcontext() if last or not hasattr(net, "no_sync") else net.no_sync()
+
+
+def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Accumulate gradients over the micro-batches; returns this rank's mean token loss.
+
+    Each micro-batch's loss is its summed token loss over the label tokens of the WHOLE local
+    batch (HF's `num_items_in_batch`), so the accumulated gradient is the one-pass gradient.
+    """
+    n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    total = torch.zeros((), device=run.device)
+    for i, batch in enumerate(batches):
+        with _no_sync(run.net, i == len(batches) - 1), run.policy.autocast(run.device):
+            loss = run.net(**batch, num_items_in_batch=n_items).loss
+        loss.backward()
+        total += loss.detach().float()
+    return total
 
 
 def _train_step(run: _Run, step: int) -> _StepOut:
-    """One forward/backward on this rank's batch and an update of the active group only."""
+    """One step on this rank's batch (accumulated over micro-batches); only the active group
+    is updated."""
     h = run.exp.hyper
-    stream, group, batch = _next_batch(run, step)
+    stream, group, batches = _next_batch(run, step)
     lr = lr_at(h, step, run.total)
     for opt in run.optimizers.values():
         for g in opt.param_groups:
             g["lr"] = lr
     torch.manual_seed(derive_seed(h.seed, "step", step, run.rank))  # dropout: exact on resume
-    loss = run.net(**batch).loss
-    loss.backward()
+    loss = _forward_backward(run, batches)
     params = [p for _, p in run.prep.groups[group]]
     clip = h.grad_clip if h.grad_clip is not None else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
@@ -291,7 +333,7 @@ def _metrics(run: _Run, out: _StepOut, done: int, samples: int, ckpt_due: bool) 
 def _validate(run: _Run, metrics: dict) -> list[float]:
     """Validation loss per dataset (on every rank), also added to `metrics`."""
     val = validation_losses(
-        run.prep.model, run.data, run.exp, run.rank, run.world, run.device, run.pad
+        run.prep.model, run.data, run.exp, run.rank, run.world, run.device, run.pad, run.policy
     )
     if val:
         metrics["val_loss"] = sum(val) / len(val)
@@ -312,8 +354,9 @@ def _save_checkpoint(
         tokenizer=run.tok,
         optimizers=run.optimizers,
         names=run.names,
+        policy=run.policy,
         manifest=build_manifest(
-            run.exp, run.prep, run.data, done, samples, run.world, val, train_loss
+            run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy
         ),
         state={"step": done, "samples": samples, "lr": lr, "total_steps": run.total},
     )
@@ -367,9 +410,10 @@ def run_training(
     resume = Path(resume_from) if resume_from is not None else None
     torch.manual_seed(h.seed)  # LoRA init and anything else drawn at set-up
     tok, model = _load(exp, resume)
+    policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
     data = build_data(exp, tok)
     total = total_steps(exp, data)
-    prep = _prepare_model(model, exp, resume, device)
+    prep = _prepare_model(model, exp, resume, device, policy)
     names = {id(p): n for n, p in prep.model.named_parameters()}
     optimizers, start = _make_optimizers(prep, exp, resume)
     run = _Run(
@@ -377,6 +421,7 @@ def run_training(
         tok=tok,
         data=data,
         prep=prep,
+        policy=policy,
         net=_wrap_ddp(prep.model, world, device),
         optimizers=optimizers,
         names=names,

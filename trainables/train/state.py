@@ -22,9 +22,11 @@ from trainables.atomic import atomic_dir
 if TYPE_CHECKING:  # annotations only: state.py is imported by both
     from trainables.train.data import TrainData
     from trainables.train.modes import Prepared
+    from trainables.train.precision import Policy
 
 MANIFEST = "layerswap_train.json"
 STATE_DIR = "trainer_state"
+MASTER = "master.safetensors"  # fp32 trainable weights when the HF weights are saved coarser
 
 
 def read_manifest(ckpt: str | Path) -> dict:
@@ -59,7 +61,43 @@ def load_optimizer(opt: torch.optim.Optimizer, named: list[tuple[str, torch.nn.P
         st[field] = t if field == "step" else t.to(device=p.device, dtype=p.dtype)
 
 
-def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None) -> dict:  # fmt: skip
+def load_master(model: torch.nn.Module, ckpt: Path) -> None:
+    """Copy a checkpoint's master weights (trainer_state/master.safetensors) into `model`'s
+    trainable parameters, in place (they keep their own dtype and device)."""
+    path = Path(ckpt) / STATE_DIR / MASTER
+    if not path.is_file():
+        raise ValueError(f"{ckpt}: no {STATE_DIR}/{MASTER}; cannot resume the fp32 master weights")
+    flat = load_file(path)
+    params = dict(model.named_parameters())
+    missing = [n for n, p in params.items() if p.requires_grad and n not in flat]
+    if missing:
+        raise ValueError(f"{path}: no master weights for {missing[:3]} ({len(missing)} missing)")
+    with torch.no_grad():
+        for name, t in flat.items():
+            if name not in params:
+                raise ValueError(f"{path}: master weights for unknown parameter {name!r}")
+            params[name].copy_(t)
+
+
+def _weights(model: torch.nn.Module, policy: Policy | None) -> dict[str, torch.Tensor] | None:
+    """The state dict to save in the policy's checkpoint dtype (None: the model's own)."""
+    if policy is None:
+        return None
+    return {
+        k: v.to(policy.save) if v.is_floating_point() else v for k, v in model.state_dict().items()
+    }
+
+
+def _master(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters as saved tensors (cpu, contiguous)."""
+    return {
+        n: p.detach().to("cpu").contiguous().clone()
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None, policy: Policy | None = None) -> dict:  # fmt: skip
     """The manifest (layerswap_train.json) of a checkpoint at `step`: config, data, losses."""
     n_train = sum(len(s) for s in data.streams)
     return {
@@ -81,6 +119,15 @@ def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: 
         "train_loss": train_loss,
         "is_lora": prep.is_lora,
         "groups": {g: len(v) for g, v in prep.groups.items()},
+        # What the saved weights are, and whether the fp32 masters are kept beside them.
+        "precision": None
+        if policy is None
+        else {
+            **policy.describe(),
+            "master_weights": f"{STATE_DIR}/{MASTER}"
+            if policy.keeps_master and not prep.is_lora
+            else None,
+        },
     }
 
 
@@ -93,6 +140,7 @@ def save_checkpoint(
     names: dict[int, str],
     manifest: dict,
     state: dict,
+    policy: Policy | None = None,
 ) -> Path:
     """Write one checkpoint dir atomically and return it.
 
@@ -104,12 +152,20 @@ def save_checkpoint(
         names: id(parameter) -> name used in the optimizer files.
         manifest: written as layerswap_train.json.
         state: loop state for resuming (JSON).
+        policy: the precision policy: full weights are saved in `policy.save`, and the fp32
+            master weights beside them when that is coarser (None: as the model holds them).
     """
+    lora = hasattr(model, "peft_config")  # PEFT writes the adapter in its own (master) dtype
     with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)  # safetensors (HF and PEFT default)
+        weights = None if lora else _weights(model, policy)
+        model.save_pretrained(tmp, state_dict=weights)  # safetensors (HF and PEFT default)
+        if weights is not None:
+            _fix_config_dtype(tmp, policy.save)
         tokenizer.save_pretrained(tmp)
         sd = tmp / STATE_DIR
         sd.mkdir()
+        if policy is not None and policy.keeps_master and not lora:
+            save_file(_master(model), sd / MASTER)
         for group, opt in optimizers.items():
             save_file(optimizer_tensors(opt, names), sd / f"optimizer__{group}.safetensors")
         (sd / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
@@ -119,6 +175,16 @@ def save_checkpoint(
         if bad:  # never ship a pickle next to the weights
             raise RuntimeError(f"checkpoint would contain pickled files: {bad}")
     return out
+
+
+def _fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
+    """Make config.json declare the dtype the weights were saved in (HF writes the model's)."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    name = str(dtype).removeprefix("torch.")
+    if cfg.get("dtype") != name:
+        cfg["dtype"] = name
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def read_state(ckpt: Path) -> dict:
