@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from trainables.train.precision import (
     warn_if_updates_vanish,
 )
 from trainables.train.schedules import lr_at
+from trainables.train.sharded import DCP_DIR, load_sharded, save_sharded
 from trainables.train.state import (
     STATE_DIR,
     build_manifest,
@@ -46,6 +46,8 @@ from trainables.train.state import (
     read_state,
     save_checkpoint,
 )
+from trainables.train.strategies import Strategy, pick
+from trainables.train.validation import sum_over_ranks, validation_losses
 
 __all__ = ["TrainResult", "read_manifest", "run_training"]
 
@@ -63,14 +65,6 @@ def _dist() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _sum(values: list[float], world: int, device) -> list[float]:
-    if world == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
 
 
 def _adamw(named, exp: TrainExperiment) -> torch.optim.AdamW:
@@ -97,38 +91,6 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
     return tok, model
 
 
-def validation_losses(model, data: TrainData, exp: TrainExperiment, rank: int, world: int, device, pad: int, policy: Policy | None = None) -> list[float]:  # fmt: skip
-    """Token-weighted validation loss per dataset (each rank scores a strided share).
-
-    `policy`: compute under its autocast (as training does); None computes in the weights' dtype.
-    """
-    device = torch.device(device)
-    autocast = policy.autocast(device) if policy is not None else nullcontext()
-    sums = []
-    model.eval()
-    per = max(1, exp.micro_batch)
-    with torch.no_grad(), autocast:
-        for val in data.val:
-            mine = val[rank::world]
-            loss_sum, n_tok = 0.0, 0.0
-            for i in range(0, len(mine), per):
-                b = {k: v.to(device) for k, v in collate(mine[i : i + per], pad).items()}
-                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                lab = b["labels"][:, 1:]
-                ce = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                    lab.reshape(-1),
-                    ignore_index=-100,
-                    reduction="sum",
-                )
-                loss_sum += ce.item()
-                n_tok += (lab != -100).sum().item()
-            sums += [loss_sum, n_tok]
-    model.train()
-    sums = _sum(sums, world, device) if sums else sums
-    return [sums[i] / max(1.0, sums[i + 1]) for i in range(0, len(sums), 2)]
-
-
 def _maybe_fail(exp: TrainExperiment, step: int, rank: int) -> None:
     d = exp.debug
     if d.fail_at_step is None or step != d.fail_at_step:
@@ -149,7 +111,8 @@ class _Run:
     data: TrainData
     prep: Prepared
     policy: Policy
-    net: torch.nn.Module  # prep.model, or its DDP wrapper when world > 1
+    strategy: Strategy
+    net: torch.nn.Module  # prep.model, its DDP wrapper, or prep.model sharded in place (FSDP)
     optimizers: dict[str, torch.optim.AdamW]
     names: dict[int, str]  # id(parameter) -> name, for the optimizer state files
     device: torch.device
@@ -180,8 +143,6 @@ def _check_scaling(exp: TrainExperiment, world: int) -> None:
     h = exp.hyper
     if h.batch_size % world:
         raise ValueError(f"hyper.batch_size {h.batch_size} not divisible by {world} workers")
-    if exp.scaling.strategy == "fsdp" and world > 1:
-        raise ValueError("scaling.strategy fsdp is not implemented yet; use ddp")
 
 
 def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> torch.device:
@@ -192,12 +153,9 @@ def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> 
     return torch.device(device)
 
 
-def _prepare_model(
-    model, exp: TrainExperiment, resume: Path | None, device: torch.device, policy: Policy
-) -> Prepared:
+def _prepare_model(model, exp: TrainExperiment, device: torch.device, policy: Policy) -> Prepared:
     """The loaded model prepared for the mode, cast to the precision policy (trainable weights
-    in the master dtype), with the LoRA adapter or fp32 master weights restored on resume, on
-    `device`."""
+    in the master dtype), on `device`."""
     prep = prepare(model, exp, model.config.num_hidden_layers)
     apply_precision(prep.model, policy)
     warn_if_updates_vanish(prep.model, policy, exp.hyper.lr)
@@ -205,40 +163,35 @@ def _prepare_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if prep.is_lora:
             model.enable_input_require_grads()
-    if resume is not None and prep.is_lora:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(prep.model, load_file(resume / "adapter_model.safetensors"))
-    elif resume is not None and policy.keeps_master:
-        load_master(prep.model, resume)  # the checkpoint's weights are rounded to policy.save
     prep.model.to(device)
     return prep
 
 
-def _make_optimizers(
-    prep: Prepared, exp: TrainExperiment, resume: Path | None
-) -> tuple[dict[str, torch.optim.AdamW], int]:
-    """One AdamW per parameter group, restored from `resume` if given, and the step to start at."""
-    optimizers = {g: _adamw(named, exp) for g, named in prep.groups.items()}
-    start = 0
-    if resume is not None:
-        st = read_state(resume)
-        start = st["step"]
-        for g, opt in optimizers.items():
-            f = resume / STATE_DIR / f"optimizer__{g}.safetensors"
-            if f.exists():
-                load_optimizer(opt, prep.groups[g], f)
-    return optimizers, start
+def _restore(resume: Path, prep: Prepared, optimizers: dict, strategy: Strategy, policy: Policy) -> int:  # fmt: skip
+    """Load a checkpoint's trainer state into the wrapped model and optimizers; returns its step.
 
+    The model was loaded from the checkpoint's HF weights (full modes) or the base (LoRA); what
+    those lack comes from trainer_state/: the LoRA adapter, the fp32 masters when the weights
+    were saved coarser, AdamW's moments (all of it sharded, for FSDP).
+    """
+    sharded_ckpt = (resume / STATE_DIR / DCP_DIR).is_dir()
+    if strategy.sharded:
+        load_sharded(resume, prep.model, optimizers)
+        return read_state(resume)["step"]
+    if sharded_ckpt:
+        raise ValueError(f"{resume}: written by an FSDP run (sharded trainer state); resume it with scaling.strategy fsdp under torch.distributed")  # fmt: skip
+    if prep.is_lora:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
 
-def _wrap_ddp(model: torch.nn.Module, world: int, device: torch.device) -> torch.nn.Module:
-    """`model` in DistributedDataParallel under more than one worker, else `model` itself."""
-    if world == 1:
-        return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        set_peft_model_state_dict(prep.model, load_file(resume / "adapter_model.safetensors"))
+    elif policy.keeps_master:
+        load_master(prep.model, resume)  # the checkpoint's weights are rounded to policy.save
+    for g, opt in optimizers.items():
+        f = resume / STATE_DIR / f"optimizer__{g}.safetensors"
+        if f.exists():
+            load_optimizer(opt, prep.groups[g], f)
+    return read_state(resume)["step"]
 
 
 def _next_batch(run: _Run, step: int) -> tuple[int, str, list[dict[str, torch.Tensor]]]:
@@ -252,11 +205,6 @@ def _next_batch(run: _Run, step: int) -> tuple[int, str, list[dict[str, torch.Te
     return stream, group, [{k: v.to(run.device) for k, v in b.items()} for b in batches]
 
 
-def _no_sync(net: torch.nn.Module, last: bool):
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of a step."""
-    return nullcontext() if last or not hasattr(net, "no_sync") else net.no_sync()
-
-
 def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
     """Accumulate gradients over the micro-batches; returns this rank's mean token loss.
 
@@ -266,7 +214,8 @@ def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> torc
     n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     total = torch.zeros((), device=run.device)
     for i, batch in enumerate(batches):
-        with _no_sync(run.net, i == len(batches) - 1), run.policy.autocast(run.device):
+        last = i == len(batches) - 1  # gradients are reduced over workers once per step
+        with run.strategy.no_sync(run.net, last), run.policy.autocast(run.device):
             loss = run.net(**batch, num_items_in_batch=n_items).loss
         loss.backward()
         total += loss.detach().float()
@@ -286,7 +235,7 @@ def _train_step(run: _Run, step: int) -> _StepOut:
     loss = _forward_backward(run, batches)
     params = [p for _, p in run.prep.groups[group]]
     clip = h.grad_clip if h.grad_clip is not None else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    grad_norm = run.strategy.grad_norm(params, clip)
     run.optimizers[group].step()  # only the active group: idle moments stay as they are
     for opt in run.optimizers.values():
         opt.zero_grad(set_to_none=True)
@@ -313,7 +262,7 @@ def _checkpoint_due(exp: TrainExperiment, done: int, samples: int, total: int) -
 
 def _metrics(run: _Run, out: _StepOut, done: int, samples: int, ckpt_due: bool) -> dict:
     """The step's reported metrics; loss and tokens are summed over ranks (a collective)."""
-    loss_sum, tokens = _sum([out.loss.item(), run.tokens_local], run.world, run.device)
+    loss_sum, tokens = sum_over_ranks([out.loss.item(), run.tokens_local], run.world, run.device)
     return {
         "step": done,
         "samples": samples,
@@ -343,9 +292,16 @@ def _validate(run: _Run, metrics: dict) -> list[float]:
 
 def _save_checkpoint(
     run: _Run, done: int, samples: int, lr: float, val: list[float], train_loss: float
-) -> Path:
-    """Write `workdir/checkpoints/samples_*` for the step (rank 0's job) and return its path."""
+) -> Path | None:
+    """Write `workdir/checkpoints/samples_*` for the step and return the folder holding this
+    rank's files: rank 0's job under ddp (None elsewhere), every rank's under fsdp."""
     path = run.workdir / "checkpoints" / f"samples_{samples:09d}"
+    manifest = build_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy)  # fmt: skip
+    state = {"step": done, "samples": samples, "lr": lr, "total_steps": run.total}
+    if run.strategy.sharded:
+        return save_sharded(path, model=run.prep.model, tokenizer=run.tok, optimizers=run.optimizers, manifest=manifest, state=state, policy=run.policy)  # fmt: skip
+    if run.rank != 0:
+        return None
     if path.exists():  # a re-run of the same deterministic step writes the same
         shutil.rmtree(path)
     save_checkpoint(
@@ -355,10 +311,8 @@ def _save_checkpoint(
         optimizers=run.optimizers,
         names=run.names,
         policy=run.policy,
-        manifest=build_manifest(
-            run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy
-        ),
-        state={"step": done, "samples": samples, "lr": lr, "total_steps": run.total},
+        manifest=manifest,
+        state=state,
     )
     return path
 
@@ -366,14 +320,14 @@ def _save_checkpoint(
 def _checkpoint(
     run: _Run, result: TrainResult, metrics: dict, done: int, samples: int, lr: float
 ) -> Path | None:
-    """Validate, save and prune on rank 0, then hold every rank until rank 0 is done.
+    """Validate, save and prune, then hold every rank until the checkpoint is written.
 
-    Returns the checkpoint's path on rank 0, None elsewhere.
+    Returns the folder holding this rank's checkpoint files (rank 0 always; other ranks only
+    under fsdp with folders of their own), else None.
     """
     val = _validate(run, metrics)
-    path = None
-    if run.rank == 0:
-        path = _save_checkpoint(run, done, samples, lr, val, metrics["loss"])
+    path = _save_checkpoint(run, done, samples, lr, val, metrics["loss"])
+    if path is not None:
         result.checkpoints.append(path)
         result.final_checkpoint = path
         prune_checkpoints(result.checkpoints, run.exp.keep_checkpoints)
@@ -413,16 +367,20 @@ def run_training(
     policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
     data = build_data(exp, tok)
     total = total_steps(exp, data)
-    prep = _prepare_model(model, exp, resume, device, policy)
+    prep = _prepare_model(model, exp, device, policy)
+    strategy = pick(exp, world)
+    net = strategy.wrap(prep, exp, policy, device, world)  # FSDP: new (sharded) parameters
     names = {id(p): n for n, p in prep.model.named_parameters()}
-    optimizers, start = _make_optimizers(prep, exp, resume)
+    optimizers = {g: _adamw(named, exp) for g, named in prep.groups.items()}
+    start = _restore(resume, prep, optimizers, strategy, policy) if resume is not None else 0
     run = _Run(
         exp=exp,
         tok=tok,
         data=data,
         prep=prep,
         policy=policy,
-        net=_wrap_ddp(prep.model, world, device),
+        strategy=strategy,
+        net=net,
         optimizers=optimizers,
         names=names,
         device=device,

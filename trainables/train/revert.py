@@ -69,7 +69,7 @@ def val_losses(model_dir: str | Path, exp: TrainExperiment) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainables.train.data import build_data
-    from trainables.train.loop import validation_losses
+    from trainables.train.validation import validation_losses
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token_id is None:

@@ -160,7 +160,7 @@ def save_checkpoint(
         weights = None if lora else _weights(model, policy)
         model.save_pretrained(tmp, state_dict=weights)  # safetensors (HF and PEFT default)
         if weights is not None:
-            _fix_config_dtype(tmp, policy.save)
+            fix_config_dtype(tmp, policy.save)
         tokenizer.save_pretrained(tmp)
         sd = tmp / STATE_DIR
         sd.mkdir()
@@ -177,7 +177,7 @@ def save_checkpoint(
     return out
 
 
-def _fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
+def fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
     """Make config.json declare the dtype the weights were saved in (HF writes the model's)."""
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
