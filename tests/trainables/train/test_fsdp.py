@@ -34,7 +34,14 @@ def runs(tiny_world, tmp_path_factory):
         _job(tiny_world, root, "ddp", precision="fp32"),
         _job(tiny_world, root, "fsdp", precision="fp32", scaling={"strategy": "fsdp"}),
         _job(tiny_world, root, "sim_ddp", SIMULTANEOUS, precision="fp32"),
-        _job(tiny_world, root, "sim_fsdp", SIMULTANEOUS, precision="fp32", scaling={"strategy": "fsdp"}),  # fmt: skip
+        _job(
+            tiny_world,
+            root,
+            "sim_fsdp",
+            SIMULTANEOUS,
+            precision="fp32",
+            scaling={"strategy": "fsdp"},
+        ),
     ]
     out = root / "results.json"
     mp.spawn(ddp_worker, args=(2, f"file://{root}/pg", jobs, str(out)), nprocs=2, join=True)
