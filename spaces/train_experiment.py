@@ -232,6 +232,8 @@ class Debug(StrictModel):
 
     fail_at_step: int | None = Field(None, ge=0)
     fail_marker: str | None = None
+    # Instead of raising on every rank, this rank's process SIGKILLs itself (a lost worker).
+    kill_rank: int | None = Field(None, ge=0)
     step_log: str | None = None  # rank 0 appends {step, start, group, time, tokens} per step
 
     @model_validator(mode="after")

@@ -95,10 +95,16 @@ def _maybe_fail(exp: TrainExperiment, step: int, rank: int) -> None:
     d = exp.debug
     if d.fail_at_step is None or step != d.fail_at_step:
         return
+    if d.kill_rank is not None and d.kill_rank != rank:
+        return
     marker = Path(f"{d.fail_marker}.rank{rank}")
     if not marker.exists():
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
+        if d.kill_rank is not None:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected failure at step {step} (rank {rank})")
 
 

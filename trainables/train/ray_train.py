@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import tempfile
@@ -32,18 +33,37 @@ from spaces.train_experiment import (
 from trainables.atomic import atomic_dir
 
 
-def _upload_into(run_dir: str):
+def _upload_into(run_dir: str, merged: bool = False):
     """A `checkpoint_upload_fn` that copies a checkpoint into the local run folder atomically.
 
     Ray's own upload copies file by file into storage: a worker killed mid-copy (an interrupted
     driver's Ray shutdown kills its workers) would leave a checkpoint folder that looks complete
     (its manifest is there) but is not. Built beside and renamed into place, it is whole or absent.
+    `merged` (FSDP: every rank reports the folder of its own shards): each rank copies its files
+    into one staging folder, and rank 0 renames it once all have (a collective: every rank
+    reports a checkpoint at the same step).
     """
+    import torch.distributed as dist
 
     def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
         dest = Path(run_dir) / dir_name
-        with atomic_dir(dest, overwrite=True) as tmp:
-            shutil.copytree(checkpoint.path, tmp, dirs_exist_ok=True)
+        if not merged:
+            with atomic_dir(dest, overwrite=True) as tmp:
+                shutil.copytree(checkpoint.path, tmp, dirs_exist_ok=True)
+            return Checkpoint.from_directory(str(dest))
+        stage = Path(run_dir) / f".{dir_name}.tmp-merge"  # swept by trainer_for if left
+        rank = dist.get_rank()
+        if rank == 0:
+            shutil.rmtree(stage, ignore_errors=True)
+            stage.mkdir(parents=True)
+        dist.barrier()
+        shutil.copytree(checkpoint.path, stage, dirs_exist_ok=True)  # ranks' files are disjoint
+        dist.barrier()
+        if rank == 0:
+            with atomic_dir(dest, overwrite=True) as tmp:
+                tmp.rmdir()
+                os.rename(stage, tmp)
+        dist.barrier()
         return Checkpoint.from_directory(str(dest))
 
     return upload
@@ -96,6 +116,9 @@ def _worker(config: dict) -> None:
     interval = float(config.get("min_report_interval_s", 2.0))
     last = [float("-inf")]
     run_dir = config.get("run_dir")  # local storage only: checkpoints land there atomically
+    # FSDP: each worker trains in its own folder below and writes its own shards, so every rank
+    # reports a checkpoint and the uploads merge (Ray's own upload merges in cloud storage).
+    merged = exp.scaling.strategy == "fsdp" and ctx.get_world_size() > 1
 
     def report(metrics: dict, path: Path | None) -> None:
         # `checkpoint` is set on every rank at a checkpoint step (only rank 0 has the path), so
@@ -122,17 +145,20 @@ def _worker(config: dict) -> None:
                 checkpoint=Checkpoint.from_directory(str(path)),
                 checkpoint_dir_name=path.name,
                 delete_local_checkpoint_after_upload=True,
-                checkpoint_upload_fn=_upload_into(run_dir) if run_dir else None,
+                checkpoint_upload_fn=_upload_into(run_dir, merged) if run_dir else None,
             )
 
+    # Looked up again by every attempt: a worker group restarted after a lost worker may start
+    # before Ray's controller has taken in the last checkpoint's report (a ~2 s poll).
+    on_disk = _resume_point(exp, Path(run_dir)) if run_dir else None
     with tempfile.TemporaryDirectory(prefix=f"lsw-{ctx.get_world_rank()}-") as work:
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
-            resume = _newest(None, config.get("resume_from"))
+            resume = _newest(None, on_disk)
             run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
         else:
             with ckpt.as_directory() as restored:
-                resume = _newest(restored, config.get("resume_from"))
+                resume = _newest(restored, on_disk)
                 run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
 
 
@@ -166,7 +192,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         # writes this run now, so it goes.
         for stale in run_dir.glob(".*.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        local = {"run_dir": str(run_dir), "resume_from": _resume_point(exp, run_dir)}
+        local = {"run_dir": str(run_dir)}
     return TorchTrainer(
         _worker,
         train_loop_config={
