@@ -79,7 +79,8 @@ class FullyShard:
         )
         kw = {"mp_policy": mp}
         if exp.scaling.cpu_offload:
-            kw["offload_policy"] = CPUOffloadPolicy()
+            # Pinned host memory speeds up copies to the GPU; without a GPU it cannot be had.
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         model = prep.model
         for layer in _decoder_layers(model):
             fully_shard(layer, **kw)

@@ -21,19 +21,6 @@ LR = 1e-7
 PAPER_HYPER = {"lr": LR, "schedule": "constant_with_warmup", "warmup_steps": 0, "max_steps": 50, "batch_size": 2, "seq_len": 48, "grad_clip": None}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def bf16_world(tiny_world, tmp_path_factory) -> Path:
-    """The tiny world with its base saved in bf16 (data shared by symlink)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    root = tmp_path_factory.mktemp("bf16_world")
-    (root / "data").symlink_to(tiny_world / "data")
-    model = AutoModelForCausalLM.from_pretrained(tiny_world / "base", dtype=torch.bfloat16)
-    model.save_pretrained(root / "base")
-    AutoTokenizer.from_pretrained(tiny_world / "base").save_pretrained(root / "base")
-    return root
-
-
 def _run(world: Path, out: Path, policy: str, **over):
     exp = make_exp(world, "full", hyper=dict(PAPER_HYPER), precision=policy, **over)
     return run_training(exp, workdir=out)
