@@ -1,7 +1,8 @@
-"""Training throughput under Ray Train (1 worker) vs the plain loop, same model, data and steps.
+"""Training throughput under Ray Train (1 worker) vs the plain loop, and FSDP vs DDP (2 workers).
 
 Run `python benchmarks/bench_train.py [--steps 60] [--hidden 256] [--threads 1] [--out F.json]`
-(~2-3 min on 2 CPU cores). Tokens/s are measured between the first and the last training step
+(~5-6 min on 2 CPU cores; `--skip-strategies` leaves out FSDP vs DDP: ddp, fsdp, ddp again,
+Ray Train with 2 workers of `--threads` each, gloo, fp32, the DDP runs averaged). Tokens/s are measured between the first and the last training step
 (from the loop's per-step log), so Ray's fixed start-up (cluster, worker group, process group,
 model load) is excluded and reported separately as the time from `fit()` to the first step.
 Both arms run the same `run_training` on the same thread count and report every step.
@@ -48,6 +49,21 @@ def throughput(log: Path) -> dict:
     }
 
 
+def compare_strategies(exp, root: Path) -> dict:
+    """Ray Train, 2 workers: ddp, fsdp, ddp again (the two DDP runs bracket the FSDP one)."""
+    from trainables.train.ray_train import train_with_ray
+
+    out = {}
+    for tag, strategy in (("ddp_a", "ddp"), ("fsdp", "fsdp"), ("ddp_b", "ddp")):
+        res = train_with_ray(exp(tag, workers=2, strategy=strategy))
+        assert res.error is None, res.error
+        out[tag] = throughput(root / f"{tag}.jsonl")
+        out[tag].pop("first_step_time")
+    ddp = (out["ddp_a"]["tokens_per_s"] + out["ddp_b"]["tokens_per_s"]) / 2
+    out["ratio_fsdp_over_ddp"] = out["fsdp"]["tokens_per_s"] / ddp
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -57,6 +73,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--log-every", type=int, default=10, help="steps between reports (default 10)")
     p.add_argument("--skip-plain2", action="store_true")
+    p.add_argument("--skip-strategies", action="store_true", help="no FSDP vs DDP comparison")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
 
@@ -74,7 +91,7 @@ def main() -> int:
         world = build_world(root / "world", seed=0, size="tiny", progress=False)
         base = make_base(world, root / "base", args.hidden, args.layers)
 
-        def exp(tag: str):
+        def exp(tag: str, workers: int = 1, strategy: str = "ddp"):
             return parse_train_experiment(
                 {
                     "name": f"bench_{tag}",
@@ -91,7 +108,12 @@ def main() -> int:
                         "val_share": 0.02,
                         "log_every": args.log_every,
                     },
-                    "scaling": {"num_workers": 1, "cpus_per_worker": args.threads},
+                    "scaling": {
+                        "num_workers": workers,
+                        "cpus_per_worker": args.threads,
+                        "strategy": strategy,
+                    },
+                    "precision": "fp32",
                     "storage_path": str(root / "ray"),
                     "debug": {"step_log": str(root / f"{tag}.jsonl")},
                 }
@@ -109,11 +131,13 @@ def main() -> int:
         t = time.time()
         res = train_with_ray(exp("ray"))
         t_fit = time.time() - t
-        ray.shutdown()
         assert res.error is None, res.error
         results["ray"] = throughput(root / "ray.jsonl")
         results["ray"]["startup_s"] = results["ray"].pop("first_step_time") - t
         results["ray"] |= {"ray_init_s": t_init, "fit_total_s": t_fit}
+        if not args.skip_strategies:
+            results |= compare_strategies(exp, root)
+        ray.shutdown()
 
         t = time.time()
         run_training(exp("plain2"), workdir=root / "plain2", report=lambda m, c: None)
@@ -127,6 +151,10 @@ def main() -> int:
             print(f"{k:7s} {r['tokens_per_s']:9.0f} tok/s over {r['steps']} steps ({r['seconds']:.1f}s), start-up to first step {r['startup_s']:.1f}s")  # fmt: skip
         print(f"ray.init {t_init:.1f}s; fit() total {t_fit:.1f}s")
         print(f"Ray Train / plain loop tokens/s: {results['ratio_ray_over_plain']:.3f} (target >= 0.9)")  # fmt: skip
+        if not args.skip_strategies:
+            for k in ("ddp_a", "fsdp", "ddp_b"):
+                print(f"{k:7s} {results[k]['tokens_per_s']:9.0f} tok/s (2 workers, {results[k]['steps']} steps)")  # fmt: skip
+            print(f"FSDP / DDP tokens/s (2 workers, CPU, gloo): {results['ratio_fsdp_over_ddp']:.3f}")  # fmt: skip
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
     finally:

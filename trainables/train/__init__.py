@@ -16,11 +16,15 @@ FullMode | LoraMode | PartialMode | SimultaneousMode | MixMode, discriminated by
 `mode: full` shorthand), hyper (Hyper: lr, schedule linear|wsd|constant_with_warmup,
 warmup_steps, wsd_decay_frac, beta1, beta2, eps, weight_decay, grad_clip, batch_size = GLOBAL
 samples per optimizer step (split evenly over workers), max_steps | epochs, seq_len, seed,
-val_share, log_every, gradient_checkpointing), checkpoint_every_samples, keep_checkpoints, scaling (num_workers,
-use_gpu, strategy ddp|fsdp, cpus_per_worker), storage_path, failure (max_failures),
+val_share, log_every, gradient_checkpointing, micro_batch_size = samples per worker per
+forward pass, accumulated to the worker's share), checkpoint_every_samples, keep_checkpoints,
+scaling (num_workers, use_gpu, strategy ddp|fsdp, cpus_per_worker, cpu_offload (fsdp),
+accelerator_type), precision (policy auto|bf16-mixed|fp32|bf16-pure, checkpoint_dtype
+base|fp32; trainables/train/precision.py), storage_path, failure (max_failures),
 search: SearchSpec | None (num_samples, params {dotted.path: {low, high, log} | {choices}},
 top_k, indicators, max_concurrent, seed) — the sweep owns its semantics.
-`debug.fail_at_step` + `debug.fail_marker`: raise once at that step (fault-injection tests).
+`debug.fail_at_step` + `debug.fail_marker`: raise once at that step (fault-injection tests);
+with `debug.kill_rank` that rank's process SIGKILLs itself instead.
 
 Training:
   from trainables.train import run_training, TrainResult
@@ -28,7 +32,8 @@ Training:
     - rank / world size come from torch.distributed when it is initialised, else 0 / 1.
     - report(metrics: dict, checkpoint: Path | None) is called on EVERY rank at each log step
       (every `hyper.log_every` steps) and at each checkpoint; checkpoint is a finished dir on
-      rank 0 only (None elsewhere). metrics keys: step, samples, epoch, loss, lr, grad_norm,
+      rank 0 (None elsewhere; under fsdp, ranks with work folders of their own get the folder
+      of their own shards). metrics keys: step, samples, epoch, loss, lr, grad_norm,
       active (simultaneous: which dataset/side), stream, tokens, elapsed_s, time, checkpoint
       (bool, True on every rank at a checkpoint step), and at checkpoints
       val_loss (+ val_loss__<dataset_index>).
@@ -39,6 +44,9 @@ Training:
     model.safetensors + config.json + tokenizer files (full/partial/simultaneous/mix), or
     adapter_model.safetensors + adapter_config.json (lora, partial+lora; loads with
     PeftModel.from_pretrained(base, dir)),
+    trainer_state/master.safetensors (fp32 trainable weights, when the HF weights are saved in
+    a coarser dtype), or under fsdp trainer_state/dcp/ (every rank's shard of weights and AdamW
+    state, torch.distributed.checkpoint) instead of the optimizer files below,
     layerswap_train.json   manifest (see MANIFEST keys below),
     trainer_state/optimizer__<group>.safetensors (AdamW moments keyed by parameter name) and
     trainer_state/state.json (step, samples, lr, total_steps) — no pickle.
@@ -58,6 +66,9 @@ returns Prepared(model, groups {group_name: [(param_name, param)]}, frozen names
 Every trainable group has its own AdamW, only the active one steps, so a frozen group's moments
 are untouched; requires_grad is set once before DDP wrapping and never toggled.
 Partitions: `trainables.train.partition.param_sides(names, spec, depth)` -> {name: side|None}.
+
+Strategies: `trainables.train.strategies.STRATEGIES` (ddp, fsdp): wrap, no_sync, grad_norm;
+FSDP checkpoints in trainables/train/sharded.py (save_sharded / load_sharded, collective).
 
 Ray: `trainables.train.ray_train.train_with_ray(exp, storage_path=None, name=None)` ->
 RayTrainResult(checkpoint, metrics, path, error); `trainer_for(exp, ..., callbacks=[...])` gives
