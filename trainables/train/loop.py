@@ -163,13 +163,15 @@ def _prepare_model(model, exp: TrainExperiment, device: torch.device, policy: Po
     """The loaded model prepared for the mode, cast to the precision policy (trainable weights
     in the master dtype), on `device`."""
     prep = prepare(model, exp, model.config.num_hidden_layers)
+    # Moved first, then cast: the fp32 masters are made on the device, so each worker's host
+    # memory holds the base only in its own dtype (8 workers of an 8B bf16 base: 16 GB each).
+    prep.model.to(device)
     apply_precision(prep.model, policy)
     warn_if_updates_vanish(prep.model, policy, exp.hyper.lr)
     if exp.hyper.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if prep.is_lora:
             model.enable_input_require_grads()
-    prep.model.to(device)
     return prep
 
 

@@ -72,12 +72,15 @@ class FullyShard:
     sharded = True
 
     def wrap(self, prep, exp, policy, device, world):
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # the mesh and NCCL use the current device
         mp = MixedPrecisionPolicy(
             param_dtype=policy.compute, reduce_dtype=policy.master, cast_forward_inputs=True
         )
-        kw = {"mp_policy": mp}
+        kw = {"mp_policy": mp, "mesh": init_device_mesh(device.type, (world,))}
         if exp.scaling.cpu_offload:
             # Pinned host memory speeds up copies to the GPU; without a GPU it cannot be had.
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
