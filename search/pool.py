@@ -151,7 +151,9 @@ def model_depth(pool: ExpertPool) -> int:
     like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
     if like is None:
         raise ValueError("cannot tell the depth: LoRA experts need `base`")
-    cfg = json.loads((Path(like) / "config.json").read_text())
+    from trainables.storage import join, read_text  # a registry's experts may be URIs
+
+    cfg = json.loads(read_text(join(like, "config.json")))
     return int(cfg["num_hidden_layers"])
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from search.pool import pool_base, registry_picks, registry_problems
 from spaces.search_experiment import SearchExperiment, heldout_task
 from trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
+from trainables.storage import exists, is_uri
 
 # Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES} and lora.CONFIG: those
 # modules import torch, and the preflight must not (tests/search/test_preflight.py pins them).
@@ -153,6 +154,17 @@ def _inspect(f: _Folder, out: Preflight) -> None:
     """Existence, weights and config.json of one folder (fills f.exists / f.adapter / f.config)."""
     p = Path(f.path).expanduser()
     where = f"{f.label} {f.path}"
+    if is_uri(f.path):  # cloud storage: only existence here; the files are read once copied
+        try:
+            there = exists(f.path)
+        except (OSError, ValueError) as e:
+            out.problems.append(f"{f.label}: {e}")
+            return
+        if not there:
+            out.problems.append(f"{where}: no such folder in storage")
+        else:
+            out.unchecked.append(f"{where}: in cloud storage; its files are checked when copied")
+        return
     if not p.exists():
         if _is_hub_id(f.path):
             out.unchecked.append(f"{where}: not a local folder; taken as a Hub id, not checked")

@@ -214,8 +214,10 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     inc = include_paths(exp, pdir)
     from transformers import AutoTokenizer
 
+    from trainables.storage import local_copy
+
     tok = AutoTokenizer.from_pretrained(
-        pool.task[0].path if pool.task[0].kind == "full" else pool.base
+        str(local_copy(pool.task[0].path if pool.task[0].kind == "full" else pool.base))
     )
     live = LiveModel(ExpertCache(pool.base), pool, device)  # merged where it is evaluated
     models = _models(exp, pool, depth, cands)

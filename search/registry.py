@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from spaces.sweep import EXPERT_KINDS
 from spaces.train_experiment import MODE_NAMES
 from trainables.atomic import atomic_write
+from trainables.storage import absolute, is_under
 
 REGISTRY_REL = Path("experts") / "registry.parquet"
 IND = "ind__"
@@ -61,7 +62,7 @@ def expert_row(
 
     Args:
         experiment: the training experiment as JSON data (name, kind, language, mode, base).
-        checkpoint: the checkpoint folder.
+        checkpoint: the checkpoint folder (a URI in cloud storage is recorded as written).
         manifest: its training manifest (trainables.train.read_manifest).
         trial_id: the sweep trial (or run) that wrote it.
         columns: indicator columns (`IndicatorScores.columns()`).
@@ -77,7 +78,7 @@ def expert_row(
         "kind": experiment["kind"],
         "language": experiment["language"],
         "mode": experiment["mode"]["type"],
-        "path": str(Path(checkpoint).resolve()),
+        "path": absolute(checkpoint),
         "base": experiment["base"],
         "trial_id": trial_id,
         "step": int(manifest["step"]),
@@ -228,16 +229,16 @@ def drop_rows_under(path: str | Path, folder: str | Path) -> list[dict[str, Any]
 
     Args:
         path: the registry file (nothing happens when it does not exist).
-        folder: the replaced run folder.
+        folder: the replaced run folder (a local path or URI).
     Returns:
         the rows removed (`append_rows` puts them back).
     """
-    path, folder = Path(path), Path(folder).resolve()
+    path = Path(path)
     if not path.is_file():
         return []
     with _locked(path):
         rows = read_rows(path)
-        keep = [r for r in rows if not Path(r["path"]).resolve().is_relative_to(folder)]
+        keep = [r for r in rows if not is_under(r["path"], folder)]
         if len(keep) != len(rows):
             write_registry(path, keep)
         return [r for r in rows if r not in keep]

@@ -18,6 +18,7 @@ from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
 from trainables.evaluate.scoring import aggregate_score
 from trainables.merge.live import ExpertCache, LiveModel, Loader
+from trainables.storage import local_copy
 
 
 @dataclass
@@ -87,7 +88,7 @@ class TrialRunner:
         self.pool = pool
         torch.set_num_threads(experiment.search.torch_threads)
         self.cache = ExpertCache(pool.base, loader)
-        self.tokenizer = AutoTokenizer.from_pretrained(pool.task[0].path)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(local_copy(pool.task[0].path)))
         pe = experiment.proxy_eval
         names = [p.task for p in experiment.proxy_list]
         kw = dict(include_path=include_path, gen_kwargs={"max_gen_toks": pe.max_gen_toks})

@@ -230,7 +230,9 @@ def resolve_local(value: object, root: Path) -> object:
     Anything else (absolute paths, Hub ids, URIs, paths that do not exist under `root`, non-str
     values) is returned unchanged.
     """
-    if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+    from trainables.storage import is_uri  # stdlib only: spaces stays free of ray and torch
+
+    if isinstance(value, str) and not is_uri(value) and not Path(value).is_absolute():
         if (root / value).exists():
             return str((root / value).resolve())
     return value

@@ -366,10 +366,12 @@ def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) ->
     """`exp` with relative local paths (base, dataset files, a sweep's world, storage) made
     absolute against `cwd` (default: the current folder), so workers started elsewhere (Ray,
     Tune trials in their own folders) find them. Hub ids and cloud URIs are kept as written."""
+    from trainables.storage import is_uri
+
     root = Path(cwd) if cwd is not None else Path.cwd()
     data = _resolve(exp.model_dump(mode="json"), root)
     sp = data["storage_path"]
-    if "://" not in sp and not Path(sp).is_absolute():
+    if not is_uri(sp) and not Path(sp).is_absolute():
         data["storage_path"] = str((root / sp).resolve())
     return parse_train_experiment(data, source=exp.name)
 

@@ -56,11 +56,24 @@ RECIPE_FILE = "layerswap_recipe.yaml"
 
 def local_refs(refs: list[str]) -> list[Path]:
     """The recipe references that are local folders (the inputs an output must keep clear of)."""
-    return [p for p in (Path(r).expanduser() for r in refs) if p.exists()]
+    from trainables.storage import is_uri
+
+    return [p for p in (Path(r).expanduser() for r in refs if not is_uri(r)) if p.exists()]
 
 
 def resolve_ref(ref: str) -> Path:
-    """A local checkpoint folder for a recipe reference (a path, or a hub id when online)."""
+    """A local checkpoint folder for a recipe reference (a path, a storage URI, or a hub id
+    when online); a URI's folder is its local copy (trainables.storage.local_copy)."""
+    from trainables.storage import is_uri, local_copy
+
+    if is_uri(ref):
+        try:
+            path = local_copy(ref)
+        except OSError as e:  # missing, no credentials: the message names the URI
+            raise CheckpointError(str(e)) from None
+        if not path.is_dir():
+            raise CheckpointError(f"{ref}: expected a checkpoint folder, found a file")
+        return path
     path = Path(ref).expanduser()
     if path.is_dir():
         return path

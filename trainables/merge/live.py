@@ -42,17 +42,20 @@ def load_expert(
     """One checkpoint's state dict from disk; a LoRA adapter is folded into `base_state()`.
 
     Args:
-        ref: a full checkpoint folder or a PEFT LoRA adapter folder.
+        ref: a full checkpoint folder or a PEFT LoRA adapter folder; a URI is read from its
+            local copy (trainables.storage.local_copy).
         base_state: returns the base's state dict (None: no base configured).
     """
     from trainables.merge.lora import is_lora_adapter, load_adapter
+    from trainables.storage import local_copy
 
-    if not is_lora_adapter(ref):
-        return _load_state(ref)
+    path = str(local_copy(ref))
+    if not is_lora_adapter(path):
+        return _load_state(path)
     if base_state is None:
         raise ValueError(f"{ref}: a LoRA expert needs `base` to be folded into")
     state = dict(base_state())
-    for module, f in load_adapter(ref).modules.items():
+    for module, f in load_adapter(path).modules.items():
         w = state[f"{module}.weight"]
         state[f"{module}.weight"] = (w.float() + f.delta()).to(w.dtype)
     return state
@@ -81,6 +84,7 @@ class ExpertCache:
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self.nonfinite: dict[str, set[str]] = {}
         self._mav = None
+        self._config_dirs: dict[str, str | None] = {}
 
     def get(self, ref: str) -> dict[str, torch.Tensor]:
         if ref not in self.states:
@@ -92,6 +96,24 @@ class ExpertCache:
                 bad = nonfinite_names(state)
             self.nonfinite[ref], self.states[ref] = bad, state
         return self.states[ref]
+
+    def config_dir(self, ref: str | None) -> str | None:
+        """A local folder holding `ref`'s config.json (for a URI, a copy of that file alone:
+        a trial served by the node store needs no weights here), or None if it has none."""
+        if ref is None:
+            return None
+        if ref not in self._config_dirs:
+            from trainables.storage import is_uri, join, local_copy
+
+            if is_uri(ref):
+                try:
+                    found = str(local_copy(join(ref, "config.json")).parent)
+                except FileNotFoundError:
+                    found = None
+            else:
+                found = ref if (Path(ref) / "config.json").is_file() else None
+            self._config_dirs[ref] = found
+        return self._config_dirs[ref]
 
     def nbytes(self) -> int:
         """Bytes of every state held (tensors shared between states counted once)."""
@@ -145,7 +167,7 @@ class LiveModel:
         self.t_move_s = 0.0  # seconds copying expert tensors to the device, over all loads
         like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
         if like in cache.states:
-            self._build(like, cache.states[like])
+            self._build(self._like([like]), cache.states[like])
 
     def _build(self, like: str, state: dict[str, torch.Tensor]):
         if self.model is None:
@@ -162,6 +184,12 @@ class LiveModel:
             if self.device.type == "cuda":
                 self._place()
         return self.model
+
+    def _like(self, refs: list[str]) -> str:
+        """Where the model's config comes from: the first of `refs` with a config.json (its
+        local folder), else the base's (a Hub id as written)."""
+        found = (self.cache.config_dir(r) for r in [*refs, self.pool.base])
+        return next((d for d in found if d), None) or str(self.pool.base)
 
     def _place(self) -> None:
         """Keep the experts on the GPU when they fit beside the model and the evaluator."""
@@ -210,8 +238,7 @@ class LiveModel:
         refs = recipe_refs(recipe)
         sources = {r: self.cache.get(r) for r in refs}
         first = sources[refs[0]]
-        like = next((r for r in refs if (Path(r) / "config.json").is_file()), self.pool.base)
-        self._build(str(like), first)
+        self._build(self._like(refs), first)
         names = list(first)
         unknown = [n for n in names if n not in self.params]
         if unknown:
@@ -221,7 +248,7 @@ class LiveModel:
     def load_ref(self, ref: str) -> int:
         """Make the live model equal to one checkpoint (an expert or the base)."""
         state = self.cache.get(ref)
-        self._build(ref if (Path(ref) / "config.json").is_file() else self.pool.base, state)
+        self._build(self._like([ref]), state)
         return self._apply({n: Linear(((ref, 1.0),)) for n in state}, [ref])
 
     def _apply(self, plan: dict, refs: list[str]) -> int:

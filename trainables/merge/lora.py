@@ -49,9 +49,12 @@ _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 
 
 def is_lora_adapter(path: str | Path) -> bool:
-    """Whether `path` is a PEFT LoRA adapter folder (adapter_config.json with peft_type LORA)."""
+    """Whether `path` (a folder or URI) is a PEFT LoRA adapter (adapter_config.json with
+    peft_type LORA)."""
+    from trainables.storage import join, read_text
+
     try:
-        return json.loads((Path(path) / CONFIG).read_text()).get("peft_type") == "LORA"
+        return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -188,10 +191,12 @@ def _base_config(ref: str) -> dict:
     """config.json of a base model: a local folder, or just that file from the hub."""
     if not ref:
         raise RecipeError("no base: set `base` in the recipe (adapters name no base model)")
+    from trainables.storage import is_uri, join, read_text
+
     path = Path(ref).expanduser()
     try:
-        if path.is_dir():
-            return json.loads((path / "config.json").read_text())
+        if is_uri(ref) or path.is_dir():
+            return json.loads(read_text(join(ref, "config.json")))
         from huggingface_hub import hf_hub_download
 
         return json.loads(Path(hf_hub_download(ref, "config.json")).read_text())

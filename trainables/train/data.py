@@ -69,7 +69,9 @@ def load_pairs(spec: DatasetSpec) -> list[Pair]:
         recs = load_sft(spec.source, language=spec.language, data_files=spec.data_files, limit=spec.limit)  # fmt: skip
         pairs = [(r["prompt"], r["response"]) for r in recs]
     else:
-        path = Path(spec.path)  # type: ignore[arg-type]
+        from trainables.storage import local_copy
+
+        path = local_copy(spec.path)  # type: ignore[arg-type]  # a URI: its cached local copy
         if not path.is_file():
             raise ValueError(f"datasets: file {path} does not exist")
         pairs = [_row_pair(row, where) for where, row in _read_rows(path)]

@@ -164,9 +164,9 @@ def _worker(config: dict) -> None:
 
 @dataclass
 class RayTrainResult:
-    checkpoint: Path | None  # the last persisted checkpoint dir (HF safetensors / adapter)
+    checkpoint: Path | str | None  # the last persisted checkpoint dir (a URI in cloud storage)
     metrics: dict  # last reported metrics
-    path: Path  # the run's folder under storage_path
+    path: Path | str  # the run's folder under storage_path (a URI in cloud storage)
     error: str | None
 
 
@@ -181,11 +181,15 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         min_report_interval_s: metric-only reports closer together than this are dropped
             (0: forward every log step; each may then block up to Ray's ~2 s poll).
     """
+    from trainables.storage import filesystem, is_uri
+
     exp = absolute_local_paths(exp)  # workers do not share the driver's working folder
     s = exp.scaling
     storage = storage_path or exp.storage_path
-    local = {}
-    if "://" not in storage:
+    local, fs = {}, None
+    if is_uri(storage):  # Ray writes through the filesystem (and endpoint) storage reads with
+        fs, storage = filesystem(storage)
+    else:
         storage = str(Path(storage).resolve())
         run_dir = Path(storage) / (name or exp.name)
         # A worker killed mid-upload (see _upload_into) leaves its temp folder: no one else
@@ -210,6 +214,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         run_config=RunConfig(
             name=name or exp.name,
             storage_path=storage,
+            storage_filesystem=fs,
             failure_config=FailureConfig(max_failures=exp.failure.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=exp.keep_checkpoints),
             callbacks=callbacks,
@@ -277,15 +282,21 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     Returns:
         RayTrainResult (error is set instead of raising when the run failed for good).
     """
+    from trainables.storage import is_uri, join, uri_of
+
     trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s)  # fmt: skip
+    where = storage_path or exp.storage_path
+    # Ray names cloud paths inside their filesystem ("bucket/key"): given back as URIs.
+    as_path = (lambda p: uri_of(where, p)) if is_uri(where) else Path
     try:
         result = _fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
-        return RayTrainResult(None, {}, Path(storage_path or exp.storage_path) / (name or exp.name), repr(e))  # fmt: skip
-    ckpt = Path(result.checkpoint.path) if result.checkpoint is not None else None
+        run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
+        return RayTrainResult(None, {}, run, repr(e))
+    ckpt = as_path(result.checkpoint.path) if result.checkpoint is not None else None
     return RayTrainResult(
         checkpoint=ckpt,
         metrics=dict(result.metrics or {}),
-        path=Path(result.path),
+        path=as_path(result.path),
         error=None if result.error is None else repr(result.error),
     )

@@ -66,8 +66,9 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
     return "resume"
 
 
-def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False) -> Path | None:  # fmt: skip
-    """Train one expert into `storage/<name>/` and return its last checkpoint dir.
+def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False) -> Path | str | None:  # fmt: skip
+    """Train one expert into `storage/<name>/` and return its last checkpoint dir (a URI when
+    `storage` is one).
 
     Args:
         storage: Ray storage path (local folder or cloud URI; local only with use_ray=False).
@@ -76,11 +77,13 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
             this checkpoint folder (a Path).
         overwrite: start over; the old run is set aside and dropped once the new one finishes.
     """
-    if not use_ray and "://" in storage:
+    from trainables.storage import is_uri
+
+    if not use_ray and is_uri(storage):
         raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
     if use_ray and isinstance(resume, Path):
         raise ValueError("--resume CKPT is for --no-ray; Ray resumes its own run (--resume)")
-    if "://" in storage:  # cloud storage: Ray's own restore rules apply
+    if is_uri(storage):  # cloud storage: Ray's own restore rules apply
         return _train(exp, storage, use_ray, None)
     run = Path(storage) / exp.name
     if isinstance(resume, Path) and not run.exists():
@@ -100,7 +103,7 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         return _train(exp, storage, use_ray, start)
 
 
-def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None) -> Path | None:
+def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None) -> Path | str | None:  # fmt: skip
     """Run the training itself (Ray restores its own run from `storage` when there is one)."""
     if not use_ray:
         from trainables.train import run_training
