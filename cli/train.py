@@ -1,4 +1,5 @@
 """`layerswap train EXPERIMENT.yaml [--out RUN_DIR]`: validate once, train an expert, say where.
+`--plan [--gpu-memory GIB]` prints the memory plan (trainables/train/plan.py) instead.
 
 Thin: checks every local input before any work, then calls trainables.train.train_expert (Ray
 Train, or this process with `--no-ray`); an experiment with a `search:` block goes to the expert
@@ -11,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from spaces.train_experiment import TrainExperiment, absolute_local_paths, load_train_experiment
+from trainables.storage import exists, is_uri
 
 
 def check_inputs(exp: TrainExperiment) -> None:
@@ -26,7 +28,10 @@ def check_inputs(exp: TrainExperiment) -> None:
         if not (base / "config.json").is_file():
             problems.append(f"base: {exp.base} is not a model folder (no config.json)")
     for i, ds in enumerate(exp.datasets):
-        if ds.path is not None and not Path(ds.path).is_file():
+        if is_uri(ds.path):  # cloud storage: there or not here; read when training starts
+            if not exists(ds.path):
+                problems.append(f"datasets[{i}].path: {ds.path} does not exist")
+        elif ds.path is not None and not Path(ds.path).is_file():
             problems.append(f"datasets[{i}].path: {ds.path} does not exist")
         elif ds.path is not None and (bad := _data_problem(Path(ds.path))) is not None:
             problems.append(bad)  # "FILE:LINE: not valid JSON (...)", as the trainer says it
@@ -66,7 +71,7 @@ def _inputs(exp: TrainExperiment) -> list[Path]:
     named += [f for ds in exp.datasets for f in ds.data_files or []]
     if exp.search is not None and exp.search.world is not None:
         named.append(exp.search.world)
-    return [p for p in map(Path, named) if "://" not in str(p) and p.expanduser().exists()]
+    return [Path(p) for p in named if not is_uri(p) and Path(p).expanduser().exists()]
 
 
 def check_run_folder(exp: TrainExperiment, run: Path) -> None:
@@ -144,25 +149,35 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from trainables.train import train_expert
 
+    if args.plan:  # the memory plan only: no weights, no data, no Ray
+        from trainables.train.plan import format_plan, plan_experiment
+
+        print(format_plan(plan_experiment(load_train_experiment(args.experiment), args.gpu_memory)))  # fmt: skip
+        return 0
     exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
     check_inputs(exp)
     if exp.search is not None:
         if args.resume:
             raise ValueError("--resume: an expert sweep cannot be resumed; --overwrite reruns it")
+        if args.out is None and is_uri(exp.storage_path):
+            raise ValueError(
+                f"storage_path {exp.storage_path}: an expert sweep scores and registers its "
+                "checkpoints in a local run folder; pass --out RUN"
+            )
         run_dir = args.out if args.out is not None else Path(exp.storage_path)
         check_run_folder(exp, run_dir / "train" / exp.name)
         with _sweep_folder(exp, run_dir, args.overwrite):
             return _run_sweep(exp, run_dir)
     # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
     storage = str(args.out / "train") if args.out is not None else exp.storage_path
-    if "://" not in storage:
+    if not is_uri(storage):
         check_run_folder(exp, Path(storage) / exp.name)
     last = train_expert(
         exp, storage, use_ray=not args.no_ray, resume=args.resume, overwrite=args.overwrite
     )
     where = f"{storage.rstrip('/')}/{exp.name}"
     print(f"trained {exp.name} ({exp.mode.type}); checkpoints under {where}")
-    if "://" not in where:
+    if not is_uri(where):
         from trainables.train import find_checkpoints
 
         for ck in find_checkpoints(where):
@@ -172,7 +187,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `train EXPERIMENT.yaml [--out RUN_DIR] [--no-ray] [--resume CKPT]`."""
+    """Add `train EXPERIMENT.yaml [--out RUN_DIR] [--no-ray] [--resume CKPT] [--plan]`."""
     t = subparsers.add_parser(
         "train",
         help="train an expert (full, lora, partial, simultaneous, mix) from an experiment YAML",
@@ -197,6 +212,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="start the run over (the old one is kept until the new one finishes)",
+    )
+    t.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the per-GPU memory plan (from the base's config, no weights) and whether it "
+        "fits scaling.accelerator_type, then exit without training",
+    )
+    t.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="with --plan: GPU memory in GiB to check against (instead of accelerator_type's)",
     )
     t.set_defaults(func=_cmd_train)
     return t

@@ -210,6 +210,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
             num_workers=s.num_workers,
             use_gpu=s.use_gpu,
             resources_per_worker={"CPU": s.cpus_per_worker} | ({"GPU": 1} if s.use_gpu else {}),
+            accelerator_type=s.accelerator_type if s.use_gpu else None,
         ),
         run_config=RunConfig(
             name=name or exp.name,

@@ -1,0 +1,79 @@
+"""`layerswap train EXP.yaml --plan`: the memory plan of every shipped real config, offline, with
+no training, no weights and no Ray; the shipped 8B configs fit their H100s.
+
+Run: .venv/bin/python -m pytest tests/cli/test_train_plan.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import spaces
+from cli import main
+
+EXAMPLES = Path(spaces.__file__).parent / "examples"
+REAL = sorted(EXAMPLES.glob("real_llama31_8b_*_full.yaml")) + sorted(
+    EXAMPLES.glob("real_llama31_8b_*_lora.yaml")
+)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import trainables.train
+
+    def no_training(*a, **k):
+        raise AssertionError("--plan must not train")
+
+    monkeypatch.setattr(trainables.train, "train_expert", no_training)
+
+
+def test_every_real_config_is_planned():
+    assert len(REAL) == 6  # math, sw, bn, te full; math, sw lora
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
+def test_real_config_plan_fits(path, capsys):
+    assert main(["train", str(path), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memory plan: llama31_8b_")
+    assert "meta-llama/Llama-3.1-8B-Instruct" in out and "8,030,261,248" in out
+    assert "FITS on H100" in out and "DOES NOT FIT" not in out
+    if path.stem.endswith("_full"):
+        assert "fsdp over" in out and "precision bf16-mixed" in out
+
+
+def test_plan_that_does_not_fit_still_exits_0(capsys):
+    assert main(["train", str(REAL[0]), "--plan", "--gpu-memory", "10"]) == 0
+    assert "DOES NOT FIT on --gpu-memory (10.0 GiB)" in capsys.readouterr().out
+
+
+def test_plan_starts_no_ray_and_reads_no_weights():
+    code = (
+        "import sys; from cli import main; rc = main(sys.argv[1:]); "
+        "print('RAY', 'ray' in sys.modules, 'RC', rc)"
+    )
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", code, "train", str(REAL[0]), "--plan"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "RAY False RC 0" in res.stdout and "FITS on H100" in res.stdout
+
+
+def test_plan_of_a_missing_local_base_exits_2(tmp_path, capsys):
+    data = yaml.safe_load(REAL[0].read_text()) | {"base": str(tmp_path / "no_model")}
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(data))
+    assert main(["train", str(f), "--plan"]) == 2
+    assert f"base: {tmp_path / 'no_model'} is not a model folder" in capsys.readouterr().err

@@ -1,0 +1,185 @@
+"""The memory plan (trainables/train/plan.py): parameter counts match real models and the modes'
+own freezing, byte lines match hand arithmetic, and strategy/precision move them as they should.
+
+Run: .venv/bin/python -m pytest tests/trainables/train/test_plan.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spaces.train_experiment import parse_train_experiment
+from trainables.train.modes import prepare
+from trainables.train.plan import GIB, format_plan, memory_plan
+from trainables.train.plan_model import KNOWN_CONFIGS, load_model_config, model_shape
+
+# h 64, i 128, 2 layers, 4 heads x 16, 2 kv heads, vocab 100, untied: 86,848 parameters:
+# embed 6400 + lm_head 6400 + final norm 64 + 2 x (q 4096 + k 2048 + v 2048 + o 4096
+# + gate/up/down 3 x 8192 + 2 norms x 64 = 36,992).
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=100,
+    tie_word_embeddings=False,
+    dtype="bfloat16",
+)
+TINY_PARAMS, TINY_NON_LINEAR = 86_848, 6400 + 64 + 2 * 128  # embedding and norms
+
+MODES = {
+    "full": "full",
+    "lora": {"type": "lora", "rank": 4, "alpha": 8},
+    "lora_qv": {"type": "lora", "rank": 3, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    "partial": {"type": "partial", "partition": {"bottom": 1, "top": 0}, "train": "task"},
+    "partial_lora": {
+        "type": "partial",
+        "partition": {"bottom": 1, "top": 0, "attention": "task"},
+        "train": "language",
+        "lora": {"rank": 2},
+    },
+    "simultaneous": {
+        "type": "simultaneous",
+        "partition": {"bottom": 1, "top": 0, "non_layer": "language"},
+    },
+    "simultaneous_lora": {
+        "type": "simultaneous",
+        "partition": {"bottom": 1, "top": 0},
+        "lora": {"rank": 2},
+    },
+    "mix": "mix",
+    "mix_lora": {"type": "mix", "lora": {"rank": 2}},
+}
+
+
+def _exp(mode="full", hyper=None, scaling=None, precision=None, **over):
+    two = (mode if isinstance(mode, str) else mode["type"]) in ("simultaneous", "mix")
+    cfg = {
+        "name": "p",
+        "base": "tiny",
+        "kind": "math",
+        "language": "en",
+        "datasets": [{"path": "a.jsonl"}] + ([{"path": "b.jsonl"}] if two else []),
+        "mode": mode,
+        "hyper": {"lr": 1e-4, "max_steps": 1, "batch_size": 8, "seq_len": 8} | (hyper or {}),
+        "scaling": scaling or {},
+    }
+    if precision is not None:
+        cfg["precision"] = precision
+    return parse_train_experiment(cfg | over, source="test")
+
+
+def _lines(plan) -> dict[str, int]:
+    return {x.label: x.nbytes for x in plan.lines}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_param_count_is_the_models(tied):
+    cfg = LlamaConfig(**(TINY | {"tie_word_embeddings": tied}))
+    model = LlamaForCausalLM(cfg)
+    plan = memory_plan(_exp(), cfg)
+    assert plan.params_total == plan.params_base == sum(p.numel() for p in model.parameters())
+    assert plan.params_total == TINY_PARAMS - (6400 if tied else 0)
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_trainable_count_is_what_the_mode_trains(name):
+    """The plan's counts equal those of the real mode (PEFT adapters included) on the model."""
+    cfg = LlamaConfig(**TINY)
+    exp = _exp(MODES[name])
+    torch.manual_seed(0)
+    prep = prepare(LlamaForCausalLM(cfg), exp, cfg.num_hidden_layers)
+    params = list(prep.model.parameters())
+    plan = memory_plan(exp, cfg)
+    assert plan.params_total == sum(p.numel() for p in params)
+    assert plan.params_trainable == sum(p.numel() for p in params if p.requires_grad)
+    if name == "lora":  # what PEFT itself reports
+        assert plan.params_trainable == prep.model.get_nb_trainable_parameters()[0]
+        assert plan.params_trainable == 2 * 4 * (128 + 96 + 96 + 128 + 3 * 192)  # r*(in+out)
+
+
+def test_full_bf16_mixed_bytes_by_hand():
+    plan = memory_plan(_exp(hyper={"micro_batch_size": 2}), LlamaConfig(**TINY))
+    lines = _lines(plan)
+    p = TINY_PARAMS
+    assert lines["weights: trainable float32"] == 4 * p
+    assert lines["gradients float32"] == 4 * p
+    assert lines["AdamW moments 2 x float32"] == 8 * p
+    assert lines["autocast copy of trainable Linear weights"] == 2 * (p - TINY_NON_LINEAR)
+    # per token per layer: 2*(attention 640 + MLP 64 + 4*128) + norms 16*64 = 3456 bytes;
+    # 2 x 8 tokens; the residual stream is fp32 (the embedding's fp32 master)
+    assert lines["activations (without gradient checkpointing)"] == 16 * 3 * 3456
+    assert plan.activations_other == 16 * (2 * 4 * 64 + 2 * 3456)
+    assert lines["logits + fp32 loss"] == 16 * (100 * 10 + 8 * 64 + 2 * 64)
+    assert "DDP gradient buckets" not in lines and plan.fits is None
+    state = 16 * p + 2 * GIB  # weights, grads, moments, CUDA overhead (one worker: no NCCL)
+    backward = 2 * (p - TINY_NON_LINEAR) + 16 * 3 * 3456 + 16 * 1640
+    assert plan.gpu_total == state + max(backward, 4 * p)
+
+
+def test_fsdp_divides_the_sharded_state_by_workers():
+    cfg = LlamaConfig(**TINY)
+    ddp = _lines(memory_plan(_exp(), cfg))
+    fsdp_plan = memory_plan(_exp(scaling={"num_workers": 4, "strategy": "fsdp"}), cfg)
+    fsdp = _lines(fsdp_plan)
+    assert fsdp["weights: trainable float32, sharded /4"] == ddp["weights: trainable float32"] // 4
+    assert fsdp["AdamW moments 2 x float32, sharded /4"] == ddp["AdamW moments 2 x float32"] // 4
+    assert fsdp["gradients float32, sharded /4"] == ddp["gradients float32"] // 4
+    # the root unit (embed 6400 + lm_head 6400 + norm 64) and two layers, in bf16
+    assert fsdp["FSDP gathered params (root + 2 layers)"] == 2 * (12_864 + 2 * 36_992)
+    assert fsdp["FSDP unsharded grads (largest unit)"] == 6 * 36_992  # bf16 + fp32 reduce
+    assert "autocast copy of trainable Linear weights" not in fsdp
+    more = memory_plan(_exp(scaling={"num_workers": 8, "strategy": "fsdp"}), cfg)
+    assert more.gpu_total < fsdp_plan.gpu_total
+
+
+def test_bf16_pure_needs_less_than_mixed_and_fp32_more():
+    cfg = LlamaConfig(**TINY)
+    pure, mixed, fp32 = (memory_plan(_exp(precision=p), cfg) for p in ("bf16-pure", "bf16-mixed", "fp32"))  # fmt: skip
+    assert pure.gpu_total < mixed.gpu_total < fp32.gpu_total
+    assert _lines(pure)["AdamW moments 2 x bfloat16"] * 2 == _lines(mixed)["AdamW moments 2 x float32"]  # fmt: skip
+    assert "precision bf16-mixed" in memory_plan(_exp(), cfg).setup  # auto on a bf16 config
+    assert "precision fp32" in memory_plan(_exp(), LlamaConfig(**TINY | {"dtype": "float32"})).setup  # fmt: skip
+
+
+def test_lora_keeps_the_frozen_base_in_its_dtype():
+    lines = _lines(memory_plan(_exp(MODES["lora"]), LlamaConfig(**TINY)))
+    assert lines["weights: frozen bfloat16"] == 2 * TINY_PARAMS
+
+
+def test_cpu_offload_moves_sharded_state_to_cpu():
+    cfg = LlamaConfig(**TINY)
+    sc = {"num_workers": 4, "strategy": "fsdp"}
+    on = memory_plan(_exp(scaling=sc | {"cpu_offload": True}), cfg)
+    off = memory_plan(_exp(scaling=sc), cfg)
+    assert on.gpu_total < off.gpu_total
+    sharded = sum(x.nbytes for x in off.lines if "sharded" in x.label and x.phase == "state")
+    assert on.cpu_total == 4 * (sharded + 4 * TINY_PARAMS // 4)  # 4 workers' state + AdamW temp
+    assert "CPU RAM per node" in format_plan(on) and "CPU RAM" not in format_plan(off)
+
+
+def test_fits_and_unknown_memory():
+    cfg = LlamaConfig(**TINY)
+    assert memory_plan(_exp(scaling={"accelerator_type": "h100"}), cfg).fits is True
+    small = memory_plan(_exp(), cfg, gpu_memory=1.0)
+    assert small.fits is False and "DOES NOT FIT on --gpu-memory (1.0 GiB)" in format_plan(small)
+    odd = memory_plan(_exp(scaling={"accelerator_type": "TPU-v9"}), cfg)
+    assert odd.fits is None and "unknown for accelerator_type 'TPU-v9'" in format_plan(odd)
+    with pytest.raises(ValueError, match=r"--gpu-memory.*-3"):
+        memory_plan(_exp(), cfg, gpu_memory=-3)
+
+
+def test_config_sources(tmp_path):
+    LlamaConfig(**TINY).save_pretrained(tmp_path)
+    cfg, source = load_model_config(str(tmp_path))
+    assert cfg.hidden_size == 64 and source == f"config.json in {tmp_path}"
+    with pytest.raises(ValueError, match="not a model folder"):
+        load_model_config(str(tmp_path / "missing"))
+    cfg, source = load_model_config("meta-llama/Llama-3.1-8B-Instruct")
+    if "built-in" in source:  # no HF cache here: the table's copy
+        assert KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]["num_key_value_heads"] == 8
+    shape = model_shape(cfg)
+    assert sum(shape.params.values()) == 8_030_261_248  # Llama 3.1 8B's published count
