@@ -205,7 +205,9 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
             "min_report_interval_s": min_report_interval_s,
             **local,
         },
-        torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
+        # CPU tensors take gloo on GPU workers too: the report flag broadcast, and FSDP's
+        # gradient-norm reduction when cpu_offload keeps gradients on the host.
+        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if s.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=s.num_workers,
             use_gpu=s.use_gpu,
