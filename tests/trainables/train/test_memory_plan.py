@@ -1,7 +1,7 @@
 """The memory plan (trainables/train/plan.py): parameter counts match real models and the modes'
 own freezing, byte lines match hand arithmetic, and strategy/precision move them as they should.
 
-Run: .venv/bin/python -m pytest tests/trainables/train/test_plan.py
+Run: .venv/bin/python -m pytest tests/trainables/train/test_memory_plan.py
 """
 
 from __future__ import annotations
