@@ -127,3 +127,28 @@ def test_fsdp_partial_keeps_frozen_layers_bit_identical(bf16_world, mixed_runs):
     for name in base:
         moved = not torch.equal(base[name], got[name])
         assert moved == (param_slot(name).layer in (1, 2)), name
+
+
+@pytest.fixture(scope="module")
+def resumed(tiny_world, tmp_path_factory):
+    """Simultaneous (k=4) under fsdp, whole and resumed from its first checkpoint, which comes
+    before the language side's optimizer has ever stepped (its state is empty there)."""
+    root = tmp_path_factory.mktemp("fsdp_resume")
+    mode = SIMULTANEOUS | {"k": 4}
+    whole = _job(tiny_world, root, "whole", mode, precision="fp32", scaling={"strategy": "fsdp"})
+    first = Path(whole["workdir"], "checkpoints", "samples_000000024")
+    again = _job(tiny_world, root, "again", mode, precision="fp32", scaling={"strategy": "fsdp"})
+    again["resume_from"] = str(first)
+    out = root / "results.json"
+    mp.spawn(ddp_worker, args=(2, f"file://{root}/pg", [whole, again], str(out)), nprocs=2, join=True)  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def test_fsdp_resume_is_exact_even_before_a_side_has_stepped(resumed):
+    whole, again = resumed["whole"], resumed["again"]
+    assert [r["active"] for r in whole["reports"]][:4] == ["task"] * 4  # k=4: checkpoint at 3
+    assert [r["step"] for r in again["reports"]] == [4, 5, 6]
+    assert again["losses"] == whole["losses"][3:]
+    a = load_file(f"{whole['final']}/model.safetensors")
+    b = load_file(f"{again['final']}/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

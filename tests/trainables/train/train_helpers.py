@@ -73,7 +73,7 @@ def ddp_worker(rank: int, world: int, init: str, jobs: list[dict], out: str) -> 
         for job in jobs:
             exp = parse_train_experiment(job["experiment"], source="ddp test")
             seen: list[dict] = []
-            res = run_training(exp, workdir=job["workdir"], report=lambda m, p, s=seen: s.append(m))  # fmt: skip
+            res = run_training(exp, workdir=job["workdir"], resume_from=job.get("resume_from"), report=lambda m, p, s=seen: s.append(m))  # fmt: skip
             results[job["id"]] = {
                 "reports": seen,
                 "final": str(res.final_checkpoint) if res.final_checkpoint else None,
