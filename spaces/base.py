@@ -224,14 +224,26 @@ def validate(
         raise error(f"{source}: invalid {what}\n" + field_errors(e, top)) from None
 
 
+def uri_scheme(path: object) -> str | None:
+    """The URI scheme of `path` ("s3", "gs", "file"), or None for a plain local path.
+
+    The one definition of what a URI is; reading and writing them is trainables/storage.py's.
+    """
+    head, sep, _ = str(path).partition("://")
+    return head.lower() if sep and head.isidentifier() else None
+
+
+def is_uri(path: object) -> bool:
+    """Whether `path` is a URI (`scheme://...`, file:// included) rather than a plain path."""
+    return path is not None and uri_scheme(path) is not None
+
+
 def resolve_local(value: object, root: Path) -> object:
     """The path rule: `value` made absolute against `root` if it names something there.
 
     Anything else (absolute paths, Hub ids, URIs, paths that do not exist under `root`, non-str
     values) is returned unchanged.
     """
-    from trainables.storage import is_uri  # stdlib only: spaces stays free of ray and torch
-
     if isinstance(value, str) and not is_uri(value) and not Path(value).is_absolute():
         if (root / value).exists():
             return str((root / value).resolve())

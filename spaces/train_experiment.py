@@ -14,7 +14,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
-from spaces.base import StrictModel, load_yaml, resolve_local, validate
+from spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
 from spaces.partitions import PARTITIONS, PartitionName
 from spaces.recipe import Side, Zones
 from spaces.sweep import ExpertKind, SweepConfig
@@ -366,8 +366,6 @@ def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) ->
     """`exp` with relative local paths (base, dataset files, a sweep's world, storage) made
     absolute against `cwd` (default: the current folder), so workers started elsewhere (Ray,
     Tune trials in their own folders) find them. Hub ids and cloud URIs are kept as written."""
-    from trainables.storage import is_uri
-
     root = Path(cwd) if cwd is not None else Path.cwd()
     data = _resolve(exp.model_dump(mode="json"), root)
     sp = data["storage_path"]

@@ -17,6 +17,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from spaces.base import is_uri, uri_scheme
+
 SCHEMES = ("file", "gs", "gcs", "s3")
 CACHE_ENV = "LAYERSWAP_CACHE"
 INDEX = "index.json"  # per cache entry: relative path -> the object's signature when fetched
@@ -33,14 +35,7 @@ _CREDENTIALS = {
 
 def scheme(path: str | os.PathLike) -> str | None:
     """The URI scheme of `path` ("s3", "gs", "file"), or None for a plain local path."""
-    text = str(path)
-    head, sep, _ = text.partition("://")
-    return head.lower() if sep and head.isidentifier() else None
-
-
-def is_uri(path: str | os.PathLike | None) -> bool:
-    """Whether `path` is a URI (`scheme://...`, file:// included) rather than a plain path."""
-    return path is not None and scheme(path) is not None
+    return uri_scheme(path)
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
