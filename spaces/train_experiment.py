@@ -211,8 +211,9 @@ class Precision(StrictModel):
     """The training precision; `precision: bf16-mixed` is shorthand for `{policy: bf16-mixed}`.
 
     `checkpoint_dtype`: the dtype of the saved HF weights, `base` (the base checkpoint's) or
-    `fp32` (keeps updates smaller than a bf16 step visible to merging). The fp32 master weights
-    are kept for resuming either way (trainer_state/), and the manifest says what was written.
+    `fp32` (keeps updates smaller than a bf16 step visible to merging). When the saved weights
+    are coarser than the masters, the masters are kept beside them for resuming
+    (trainer_state/), and the manifest says what was written.
     """
 
     policy: PrecisionPolicy = "auto"

@@ -85,6 +85,17 @@ def test_cache_hits_and_misses_by_size_and_etag(s3, tmp_path, fetches):
     assert one.name == "c.txt" and one.read_text() == "new"
 
 
+def test_readers_skip_a_checkpoints_trainer_state(s3, tmp_path, fetches):
+    src = _folder(tmp_path / "ck", {"model.safetensors": b"w", "trainer_state/master.safetensors": b"m" * 6})  # fmt: skip
+    uri = storage.upload_dir(src, storage.join(s3.bucket(), "run", "skip"))
+    got = storage.local_copy(uri)
+    assert [Path(p).name for p in fetches] == ["model.safetensors"]
+    assert not (got / "trainer_state").exists()
+    fetches.clear()
+    storage.local_copy(uri, skip=())  # everything, when asked
+    assert [Path(p).name for p in fetches] == ["master.safetensors"]
+
+
 def test_cache_location_follows_layerswap_cache(s3, tmp_path, monkeypatch):
     uri = storage.upload_dir(_folder(tmp_path / "ck", {"x": b"1"}), storage.join(s3.bucket(), "ck"))
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "elsewhere"))

@@ -159,20 +159,39 @@ def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> 
     return torch.device(device)
 
 
-def _prepare_model(model, exp: TrainExperiment, device: torch.device, policy: Policy) -> Prepared:
+def _prepare_model(model, exp: TrainExperiment, device: torch.device, policy: Policy, strategy: Strategy) -> Prepared:  # fmt: skip
     """The loaded model prepared for the mode, cast to the precision policy (trainable weights
-    in the master dtype), on `device`."""
+    in the master dtype) and on `device` — except under a sharding strategy, which places and
+    casts each unit as it shards it (the whole fp32 model never exists on one GPU)."""
     prep = prepare(model, exp, model.config.num_hidden_layers)
-    # Moved first, then cast: the fp32 masters are made on the device, so each worker's host
-    # memory holds the base only in its own dtype (8 workers of an 8B bf16 base: 16 GB each).
-    prep.model.to(device)
-    apply_precision(prep.model, policy)
     warn_if_updates_vanish(prep.model, policy, exp.hyper.lr)
+    if not strategy.sharded:
+        # Moved first, then cast: the fp32 masters are made on the device, so each worker's host
+        # memory holds the base only in its own dtype (8 workers of an 8B bf16 base: 16 GB each).
+        prep.model.to(device)
+        apply_precision(prep.model, policy)
     if exp.hyper.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if prep.is_lora:
             model.enable_input_require_grads()
     return prep
+
+
+def _check_accumulation(model, exp: TrainExperiment) -> None:
+    """ValueError when micro-batches are asked of a model whose loss ignores HF's
+    `num_items_in_batch` (summing per-pass means would scale the step by the pass count)."""
+    if exp.micro_batch == exp.hyper.batch_size // exp.scaling.num_workers:
+        return
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters.values()
+    takes = any(p.kind is p.VAR_KEYWORD or p.name == "num_items_in_batch" for p in params)
+    if not takes or not getattr(base, "accepts_loss_kwargs", True):  # HF's flag, where set
+        raise ValueError(
+            f"hyper.micro_batch_size: {type(base).__name__} does not take num_items_in_batch, "
+            "so its loss cannot be accumulated over micro-batches exactly; leave it unset"
+        )
 
 
 def _restore(resume: Path, prep: Prepared, optimizers: dict, strategy: Strategy, policy: Policy) -> int:  # fmt: skip
@@ -220,11 +239,12 @@ def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]]) -> torc
     batch (HF's `num_items_in_batch`), so the accumulated gradient is the one-pass gradient.
     """
     n_items = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    kw = {"num_items_in_batch": n_items} if len(batches) > 1 else {}
     total = torch.zeros((), device=run.device)
     for i, batch in enumerate(batches):
-        last = i == len(batches) - 1  # gradients are reduced over workers once per step
+        last = i == len(batches) - 1  # DDP reduces gradients over workers once per step
         with run.strategy.no_sync(run.net, last), run.policy.autocast(run.device):
-            loss = run.net(**batch, num_items_in_batch=n_items).loss
+            loss = run.net(**batch, **kw).loss
         loss.backward()
         total += loss.detach().float()
     return total
@@ -304,7 +324,7 @@ def _save_checkpoint(
     """Write `workdir/checkpoints/samples_*` for the step and return the folder holding this
     rank's files: rank 0's job under ddp (None elsewhere), every rank's under fsdp."""
     path = run.workdir / "checkpoints" / f"samples_{samples:09d}"
-    manifest = build_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy)  # fmt: skip
+    manifest = build_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy, run.strategy.sharded)  # fmt: skip
     state = {"step": done, "samples": samples, "lr": lr, "total_steps": run.total}
     if run.strategy.sharded:
         return save_sharded(path, model=run.prep.model, tokenizer=run.tok, optimizers=run.optimizers, manifest=manifest, state=state, policy=run.policy)  # fmt: skip
@@ -375,8 +395,9 @@ def run_training(
     policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
     data = build_data(exp, tok)
     total = total_steps(exp, data)
-    prep = _prepare_model(model, exp, device, policy)
     strategy = pick(exp, world)
+    prep = _prepare_model(model, exp, device, policy, strategy)
+    _check_accumulation(prep.model, exp)
     net = strategy.wrap(prep, exp, policy, device, world)  # FSDP: new (sharded) parameters
     names = {id(p): n for n, p in prep.model.named_parameters()}
     optimizers = {g: _adamw(named, exp) for g, named in prep.groups.items()}

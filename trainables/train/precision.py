@@ -102,17 +102,13 @@ def apply_precision(model: nn.Module, policy: Policy) -> None:
     """Cast `model`'s parameters in place: trainable ones to `master`, frozen ones to `frozen`.
 
     Call after the mode has set requires_grad and before the optimizer (and any wrapper)
-    sees the parameters. Buffers (rotary tables) follow the frozen dtype only when every
-    parameter does: mixed keeps them as loaded.
+    sees the parameters. Buffers stay as loaded: HF keeps the rotary tables (inv_freq) in fp32
+    even in a bf16 model, and in bf16 positions past a few hundred would rotate wrongly.
     """
     for p in model.parameters():
         want = policy.master if p.requires_grad else policy.frozen
         if p.dtype != want and p.is_floating_point():
             p.data = p.data.to(want)
-    if policy.master == policy.frozen:
-        for b in model.buffers():
-            if b.is_floating_point() and b.dtype != policy.master:
-                b.data = b.data.to(policy.master)
 
 
 def unmovable_share(params: list[torch.Tensor], lr: float) -> float:

@@ -33,17 +33,26 @@ if TYPE_CHECKING:
 DCP_DIR = "dcp"
 
 
-def _resumable(model: torch.nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> dict:
-    """This rank's shards of the weights and of each group's AdamW state, as DCP saves them."""
+def _resumable(model: torch.nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> tuple[dict, list[str]]:  # fmt: skip
+    """This rank's shards of the weights and of each group's AdamW state, as DCP saves them,
+    and the groups whose optimizer has not stepped yet.
+
+    torch's get_optimizer_state_dict gives an optimizer without state one step at LR 0 (step
+    1, zero moments) to have something to save; that step would shift the group's bias
+    correction for the rest of the run, so such an optimizer is emptied again here.
+    """
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
     )
 
     state = {"model": get_model_state_dict(model)}
+    empty = sorted(g for g, opt in optimizers.items() if not opt.state)
     for group, opt in optimizers.items():
         state[f"optim__{group}"] = get_optimizer_state_dict(model, opt)
-    return state
+    for group in empty:
+        optimizers[group].state.clear()
+    return state, empty
 
 
 def _full_weights(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -91,9 +100,11 @@ def save_sharded(out: Path, *, model, tokenizer, optimizers: dict[str, torch.opt
     dist.barrier()
     from torch.distributed.checkpoint import save as dcp_save
 
-    dcp_save(_resumable(model, optimizers), checkpoint_id=str(tmp / STATE_DIR / DCP_DIR))
+    resumable, empty = _resumable(model, optimizers)
+    dcp_save(resumable, checkpoint_id=str(tmp / STATE_DIR / DCP_DIR))
     if rank == 0:
         _write_hf(tmp, model, tokenizer, weights, policy.save)
+        state = {**state, "unstepped_groups": empty}  # their saved state is a placeholder
         (tmp / STATE_DIR / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
         full = {**manifest, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / MANIFEST).write_text(json.dumps(full, indent=1, sort_keys=True))
@@ -122,8 +133,11 @@ def load_sharded(ckpt: Path, model, optimizers: dict[str, torch.optim.Optimizer]
     where = Path(ckpt) / STATE_DIR / DCP_DIR
     if not (where / ".metadata").is_file():
         raise ValueError(f"{ckpt}: no sharded trainer state ({where}/.metadata); not an FSDP checkpoint")  # fmt: skip
-    state = _resumable(model, optimizers)
+    state, _ = _resumable(model, optimizers)
     dcp_load(state, checkpoint_id=str(where))
     set_model_state_dict(model, state["model"])
+    unstepped = json.loads((Path(ckpt) / STATE_DIR / "state.json").read_text()).get("unstepped_groups", [])  # fmt: skip
     for group, opt in optimizers.items():
         set_optimizer_state_dict(model, opt, state[f"optim__{group}"])
+        if group in unstepped:
+            opt.state.clear()  # as it was when saved: never stepped

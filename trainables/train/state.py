@@ -83,9 +83,12 @@ def _weights(model: torch.nn.Module, policy: Policy | None) -> dict[str, torch.T
     """The state dict to save in the policy's checkpoint dtype (None: the model's own)."""
     if policy is None:
         return None
-    return {
-        k: v.to(policy.save) if v.is_floating_point() else v for k, v in model.state_dict().items()
-    }
+    sd = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        # One tensor under two names: cast apart they no longer share storage, and HF would
+        # save lm_head.weight, which the base (and the merge's model) does not have.
+        sd.pop("lm_head.weight", None)
+    return {k: v.to("cpu", policy.save) if v.is_floating_point() else v for k, v in sd.items()}
 
 
 def _master(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -97,7 +100,15 @@ def _master(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None, policy: Policy | None = None) -> dict:  # fmt: skip
+def _masters_at(policy: Policy, prep: Prepared, sharded: bool) -> str | None:
+    """Where a checkpoint keeps the fp32 masters apart from its HF weights (None: they are the
+    HF weights, or the LoRA adapter)."""
+    if sharded:
+        return f"{STATE_DIR}/dcp"  # every weight's master shard, with AdamW's state
+    return f"{STATE_DIR}/{MASTER}" if policy.keeps_master and not prep.is_lora else None
+
+
+def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None, policy: Policy | None = None, sharded: bool = False) -> dict:  # fmt: skip
     """The manifest (layerswap_train.json) of a checkpoint at `step`: config, data, losses."""
     n_train = sum(len(s) for s in data.streams)
     return {
@@ -124,9 +135,7 @@ def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: 
         if policy is None
         else {
             **policy.describe(),
-            "master_weights": f"{STATE_DIR}/{MASTER}"
-            if policy.keeps_master and not prep.is_lora
-            else None,
+            "master_weights": _masters_at(policy, prep, sharded),
         },
     }
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from spaces.train_experiment import TrainExperiment
+from trainables.train.precision import apply_precision
 
 if TYPE_CHECKING:
     from trainables.train.modes import Prepared
@@ -85,20 +86,42 @@ class FullyShard:
             # Pinned host memory speeds up copies to the GPU; without a GPU it cannot be had.
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         model = prep.model
+        # Unit by unit: placed, cast to the policy, sharded (which frees the full copy), so a
+        # GPU holds one unsharded fp32 layer at a time, never the whole fp32 model.
         for layer in _decoder_layers(model):
+            layer.to(device)
+            apply_precision(layer, policy)
             fully_shard(layer, **kw)
+        _place_unsharded(model, device)
+        apply_precision(model, policy)  # the root's own weights; the layers' are cast already
         fully_shard(model, **kw)
         _regroup(prep)
         return model
 
     def no_sync(self, net, last):
-        # FSDP2's switch instead of a context: reduce-scatter only on the last micro-batch.
-        net.set_requires_gradient_sync(last)
+        # Reduce-scatter after every micro-batch: skipping it would keep each parameter's
+        # unsharded fp32 gradient until the last one (4 bytes x every weight per GPU, 30 GiB
+        # at 8B), giving up the sharding of gradients to save communication.
         return nullcontext()
 
     def grad_norm(self, params, max_norm):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def _place_unsharded(model: nn.Module, device: torch.device) -> None:
+    """Move the parameters and buffers not yet sharded (embeddings, final norm, lm_head, rotary
+    tables) to `device`; sharded ones stay where FSDP put them (the CPU under offload)."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for module in model.modules():
+            for p in module.parameters(recurse=False):
+                if not isinstance(p, DTensor) and p.device != device:
+                    p.data = p.data.to(device)
+            for name, b in module.named_buffers(recurse=False):
+                if b.device != device:
+                    module._buffers[name] = b.to(device)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -124,3 +124,22 @@ def test_mixed_resume_continues_from_the_fp32_masters(bf16_world, tmp_path):
     a = load_file(ckpts[-1] / "trainer_state/master.safetensors")
     b = load_file(resumed.final_checkpoint / "trainer_state/master.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tied_base_checkpoint_has_the_base_tensor_names(bf16_world, tmp_path):
+    """Cast apart, tied embedding and lm_head stop sharing storage; the checkpoint must still
+    name only the embedding, as the base does (the merge's model has no lm_head.weight)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    (tied / "data").symlink_to(bf16_world / "data")
+    model = AutoModelForCausalLM.from_pretrained(bf16_world / "base", tie_word_embeddings=True)
+    model.tie_weights()
+    model.save_pretrained(tied / "base")
+    AutoTokenizer.from_pretrained(bf16_world / "base").save_pretrained(tied / "base")
+    base = load_file(tied / "base/model.safetensors")
+    assert "lm_head.weight" not in base
+    exp = make_exp(tied, "full", hyper=dict(PAPER_HYPER, max_steps=1), precision="bf16-mixed")
+    ckpt = run_training(exp, workdir=tmp_path / "run").final_checkpoint
+    assert set(load_file(ckpt / "model.safetensors")) == set(base)
