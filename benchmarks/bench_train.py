@@ -64,6 +64,19 @@ def compare_strategies(exp, root: Path) -> dict:
     return out
 
 
+def print_results(results: dict) -> None:
+    """The side-by-side table: plain loop and Ray Train, then DDP and FSDP when measured."""
+    for k in ("plain1", "ray", "plain2"):
+        r = results[k]
+        print(f"{k:7s} {r['tokens_per_s']:9.0f} tok/s over {r['steps']} steps ({r['seconds']:.1f}s), start-up to first step {r['startup_s']:.1f}s")  # fmt: skip
+    print(f"ray.init {results['ray']['ray_init_s']:.1f}s; fit() total {results['ray']['fit_total_s']:.1f}s")  # fmt: skip
+    print(f"Ray Train / plain loop tokens/s: {results['ratio_ray_over_plain']:.3f} (target >= 0.9)")  # fmt: skip
+    if "fsdp" in results:
+        for k in ("ddp_a", "fsdp", "ddp_b"):
+            print(f"{k:7s} {results[k]['tokens_per_s']:9.0f} tok/s (2 workers, {results[k]['steps']} steps)")  # fmt: skip
+        print(f"FSDP / DDP tokens/s (2 workers, CPU, gloo): {results['ratio_fsdp_over_ddp']:.3f}")  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -146,15 +159,7 @@ def main() -> int:
 
         plain = (results["plain1"]["tokens_per_s"] + results["plain2"]["tokens_per_s"]) / 2
         results["ratio_ray_over_plain"] = results["ray"]["tokens_per_s"] / plain
-        for k in ("plain1", "ray", "plain2"):
-            r = results[k]
-            print(f"{k:7s} {r['tokens_per_s']:9.0f} tok/s over {r['steps']} steps ({r['seconds']:.1f}s), start-up to first step {r['startup_s']:.1f}s")  # fmt: skip
-        print(f"ray.init {t_init:.1f}s; fit() total {t_fit:.1f}s")
-        print(f"Ray Train / plain loop tokens/s: {results['ratio_ray_over_plain']:.3f} (target >= 0.9)")  # fmt: skip
-        if not args.skip_strategies:
-            for k in ("ddp_a", "fsdp", "ddp_b"):
-                print(f"{k:7s} {results[k]['tokens_per_s']:9.0f} tok/s (2 workers, {results[k]['steps']} steps)")  # fmt: skip
-            print(f"FSDP / DDP tokens/s (2 workers, CPU, gloo): {results['ratio_fsdp_over_ddp']:.3f}")  # fmt: skip
+        print_results(results)
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
     finally:
