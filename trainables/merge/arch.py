@@ -42,6 +42,12 @@ class ParamSlot:
 NON_LAYER = ParamSlot(None, None)
 
 
+def layer_index(name: str) -> int | None:
+    """The decoder layer a parameter or module name belongs to (None: outside the layers)."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
 def param_slot(name: str) -> ParamSlot:
     """Place a parameter name.
 

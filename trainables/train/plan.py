@@ -21,7 +21,7 @@ from trainables.train.plan_model import (
     model_shape,
     trainable_split,
 )
-from trainables.train.precision import Policy, resolve_precision
+from trainables.train.precision import Policy, dtype_name, resolve_precision
 
 GIB = 2**30
 # Usable memory per GPU (GiB, as nvidia-smi reports it) by Ray's accelerator_type label.
@@ -171,7 +171,7 @@ def _state_lines(exp: TrainExperiment, split: Split, policy: Policy) -> list[Lin
     t = sum(split.params[n] for n in split.trainable)
     frozen = sum(split.params.values()) - t
     tag = f", sharded /{shard}" if fsdp else ""
-    mname, fname = str(policy.master).removeprefix("torch."), str(policy.frozen).removeprefix("torch.")  # fmt: skip
+    mname, fname = dtype_name(policy.master), dtype_name(policy.frozen)
     out = [
         Line(f"weights: trainable {mname}{tag}", t * m * node // shard, "state", where),
         Line(f"weights: frozen {fname}{tag}", frozen * f * node // shard, "state", where),
@@ -250,7 +250,7 @@ def memory_plan(exp: TrainExperiment, model_config, source: str = "given config"
     ]
     label, mem = _gpu(s.accelerator_type, gpu_memory)
     total_p = sum(split.params.values())
-    compute = str(policy.compute or policy.master).removeprefix("torch.")
+    compute = dtype_name(policy.compute or policy.master)
     return Plan(
         name=exp.name,
         model=f"{shape.model_type}, {shape.layers} layers, hidden {shape.hidden}, vocab "

@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 
 from spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
+from trainables.merge.arch import layer_index as layer_of
 from trainables.train.partition import lora_target_regex, param_sides
+from trainables.train.precision import config_dtype
 
 _LLAMA31_8B = {
     "model_type": "llama",
@@ -38,8 +40,6 @@ KNOWN_CONFIGS: dict[str, dict] = {
     "meta-llama/Llama-3.1-8B": _LLAMA31_8B,
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
 }
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def load_model_config(base: str, trust_remote_code: bool = False):
@@ -87,12 +87,6 @@ def _known(fields: dict):
 
     fields = dict(fields)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
-
-def config_dtype(config) -> torch.dtype:
-    """The dtype a config declares for its weights (fp32 when it declares none)."""
-    dt = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-    return getattr(torch, dt) if isinstance(dt, str) else dt
 
 
 @dataclass(frozen=True)
@@ -153,12 +147,6 @@ def model_shape(config) -> ModelShape:
         attention=getattr(config, "_attn_implementation", None) or "sdpa",
         dtype=config_dtype(config),
     )
-
-
-def layer_of(name: str) -> int | None:
-    """The decoder layer a parameter or module belongs to (None: embeddings, final norm, head)."""
-    m = _LAYER.search(name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)

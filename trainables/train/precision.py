@@ -55,24 +55,32 @@ class Policy:
 
     def describe(self) -> dict:
         """The policy as the checkpoint manifest records it."""
-        name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
         return {
             "policy": self.name,
-            "master_dtype": name(self.master),
-            "frozen_dtype": name(self.frozen),
-            "compute_dtype": name(self.compute or self.master),
-            "checkpoint_dtype": name(self.save),
-            "base_dtype": name(self.base),
+            "master_dtype": dtype_name(self.master),
+            "frozen_dtype": dtype_name(self.frozen),
+            "compute_dtype": dtype_name(self.compute or self.master),
+            "checkpoint_dtype": dtype_name(self.save),
+            "base_dtype": dtype_name(self.base),
         }
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as HF configs and manifests write it ("bfloat16")."""
+    return str(dtype).removeprefix("torch.")
+
+
+def config_dtype(config) -> torch.dtype:
+    """The dtype an HF config declares for its weights (fp32 when it declares none)."""
+    dt = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, dt) if isinstance(dt, str) else dt
 
 
 def base_dtype(base: str, trust_remote_code: bool = False) -> torch.dtype:
     """The dtype the base checkpoint's config declares (fp32 when it declares none)."""
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
-    dt = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.float32
-    return getattr(torch, dt) if isinstance(dt, str) else dt
+    return config_dtype(AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code))
 
 
 def resolve_precision(exp: TrainExperiment, base: torch.dtype | None = None) -> Policy:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from trainables.atomic import follow_umask
-from trainables.train.state import MANIFEST, STATE_DIR, fix_config_dtype
+from trainables.train.state import STATE_DIR, fix_config_dtype, write_run_files
 from trainables.train.strategies import shared_folder
 
 if TYPE_CHECKING:
@@ -105,9 +104,7 @@ def save_sharded(out: Path, *, model, tokenizer, optimizers: dict[str, torch.opt
     if rank == 0:
         _write_hf(tmp, model, tokenizer, weights, policy.save)
         state = {**state, "unstepped_groups": empty}  # their saved state is a placeholder
-        (tmp / STATE_DIR / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
-        full = {**manifest, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        (tmp / MANIFEST).write_text(json.dumps(full, indent=1, sort_keys=True))
+        write_run_files(tmp, manifest, state)
     dist.barrier()  # every shard is on disk before the folder becomes visible
     if writer:
         follow_umask(tmp)

@@ -177,9 +177,7 @@ def save_checkpoint(
             save_file(_master(model), sd / MASTER)
         for group, opt in optimizers.items():
             save_file(optimizer_tensors(opt, names), sd / f"optimizer__{group}.safetensors")
-        (sd / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
-        full = {**manifest, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        (tmp / MANIFEST).write_text(json.dumps(full, indent=1, sort_keys=True))
+        write_run_files(tmp, manifest, state)
         bad = sorted(p.name for p in tmp.rglob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
         if bad:  # never ship a pickle next to the weights
             raise RuntimeError(f"checkpoint would contain pickled files: {bad}")
@@ -190,10 +188,19 @@ def fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
     """Make config.json declare the dtype the weights were saved in (HF writes the model's)."""
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
-    name = str(dtype).removeprefix("torch.")
+    from trainables.train.precision import dtype_name
+
+    name = dtype_name(dtype)
     if cfg.get("dtype") != name:
         cfg["dtype"] = name
         path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def write_run_files(folder: Path, manifest: dict, state: dict) -> None:
+    """trainer_state/state.json (the loop's position) and the manifest, stamped with the time."""
+    (folder / STATE_DIR / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+    full = {**manifest, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (folder / MANIFEST).write_text(json.dumps(full, indent=1, sort_keys=True))
 
 
 def read_state(ckpt: Path) -> dict:
