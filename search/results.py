@@ -43,6 +43,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "gpu_ids": pa.string(),
     "expert_store": pa.string(),
     "placement": pa.string(),
+    "node_id": pa.string(),  # the Ray node the trial's final attempt ran on
 }
 PROXY_PREFIX = "proxy__"
 

@@ -210,6 +210,7 @@ def _run_tuner(
         run_config=tune.RunConfig(
             name=f"tune-{int(time.time())}",
             storage_path=str(sdir / "tune"),
+            failure_config=tune.FailureConfig(max_failures=exp.search.max_failures),
             verbose=0,
         ),
     )

@@ -158,7 +158,9 @@ class LayerswapSearch(OptunaTuneSearch):
         row["error"] = result.get("error")
         for k in ("t_compose_s", "t_eval_s", "t_total_s", "t_move_s"):
             row[k] = float(result.get(k) or 0.0)
-        row |= {k: result.get(k) for k in ("device", "gpu_ids", "expert_store", "placement")}
+        row |= {
+            k: result.get(k) for k in ("device", "gpu_ids", "expert_store", "placement", "node_id")
+        }
         if status == "duplicate":
             row["error"] = f"served from trial {result.get('served_from')}"
             row["fidelity"] = result.get("fidelity")

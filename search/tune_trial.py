@@ -96,7 +96,15 @@ def run_config(config: dict, spec: TrialSpec) -> dict:
     res["t_setup_s"] = runner.t_setup_s
     res["gpu_ids"] = ",".join(trial_device(runner.exp.search.gpus_per_trial)[1])
     res["expert_store"] = spec.expert_store
+    res["node_id"] = _node_id()
     return res
+
+
+def _node_id() -> str | None:
+    """The Ray node this trial ran on (None outside Ray: run_config is also called directly)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def merge_trial(config: dict, spec: TrialSpec) -> None:

@@ -71,6 +71,10 @@ class SearchSettings(StrictModel):
     # Extra warm-start points (Optuna params), evaluated after the paper default.
     points_to_evaluate: list[dict] = Field(default_factory=list)
     fidelity: Fidelity = Fidelity()
+    # Times Tune runs a trial again when its process or its node dies (a lost node, an OOM
+    # kill); the retry lands on a surviving node. A trial's own errors are failed rows and are
+    # never retried (search/trial.py never raises).
+    max_failures: int = Field(2, ge=0)
 
     @model_validator(mode="after")
     def _whole_or_fraction(self) -> SearchSettings:

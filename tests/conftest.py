@@ -15,6 +15,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import json
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,19 +184,81 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    """A 2-CPU local Ray for one test module, in its own short temp dir (Ray's socket paths are
-    length-limited, and a shared /tmp/ray would mix sessions of concurrent runs)."""
+@contextmanager
+def _local_ray(num_cpus: int = 2):
+    """A one-node local Ray in its own short temp dir (Ray's socket paths are length-limited,
+    and a shared /tmp/ray would mix sessions of concurrent runs)."""
     import tempfile
 
     import ray
 
     tmp = tempfile.mkdtemp(prefix="lsr", dir="/tmp")
-    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    ray.init(num_cpus=num_cpus, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A 2-CPU local Ray for one test module (see _local_ray)."""
+    with _local_ray():
+        yield
+
+
+@pytest.fixture
+def ray_local():
+    """`with ray_local():` a 2-CPU one-node Ray for part of a test (see _local_ray)."""
+    return _local_ray
+
+
+@contextmanager
+def _local_cluster(workers: int = 2, cpus: float = 1, gpus: float = 0, env: dict | None = None):
+    """A multi-node Ray cluster on this machine (ray.cluster_utils.Cluster), connected.
+
+    The head has no CPUs or GPUs: it is the driver's node, where Tune's and Train's controllers
+    run, so every trial and training worker lands on a worker node. Worker node i (1-based) has
+    `cpus` CPUs and `gpus` GPUs (fake where the machine has none) and its raylet, with every
+    process it starts, sees LAYERSWAP_AUDIT_NODE=w<i> on top of `env` (the audit hook in
+    tests/search/audit_hook records it). Ray's files go to a short temp dir of their own.
+
+    Yields:
+        (cluster, {"w1": node, "w2": node, ...}); `cluster.remove_node(node)` loses one.
+    """
+    import tempfile
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    tmp = tempfile.mkdtemp(prefix="lsc", dir="/tmp")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "num_gpus": 0, "temp_dir": tmp, "include_dashboard": False},
+    )
+    try:
+        nodes = {
+            f"w{i}": cluster.add_node(
+                num_cpus=cpus,
+                num_gpus=gpus,
+                env_vars={**(env or {}), "LAYERSWAP_AUDIT_NODE": f"w{i}"},
+            )
+            for i in range(1, workers + 1)
+        }
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster():
+    """`with ray_cluster(workers=2, cpus=1, gpus=1) as (cluster, nodes):` a local multi-node
+    Ray (see _local_cluster); a test may start several, one after another."""
+    return _local_cluster
 
 
 def snapshot_tree(*roots: str | Path) -> dict[str, str]:

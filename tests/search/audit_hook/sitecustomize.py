@@ -18,6 +18,9 @@ from pathlib import Path
 
 DIR_VAR = "LAYERSWAP_AUDIT_DIR"
 ROOTS_VAR = "LAYERSWAP_AUDIT_ROOTS"
+# Set per Ray node (its raylet's env_vars, inherited by the node's workers): the process writes
+# its node's label to LAYERSWAP_AUDIT_DIR/<pid>.node, so a test can tell which node opened what.
+NODE_VAR = "LAYERSWAP_AUDIT_NODE"
 
 # Audit hooks cannot be removed, so one hook per process reads this switchable state.
 _state: dict = {"dir": None, "roots": ()}
@@ -78,6 +81,11 @@ def environment(log_dir: str | os.PathLike, roots: list[str | os.PathLike]) -> d
     }
 
 
+def read_nodes(log_dir: str | os.PathLike) -> dict[int, str]:
+    """pid -> node label, for every recording process that was started with NODE_VAR set."""
+    return {int(f.stem): f.read_text() for f in Path(log_dir).glob("*.node")}
+
+
 def read_log(log_dir: str | os.PathLike) -> list[tuple[int, str, str]]:
     """Every recorded open, as (pid, mode, path), from all processes' logs in `log_dir`."""
     out = []
@@ -89,4 +97,6 @@ def read_log(log_dir: str | os.PathLike) -> list[tuple[int, str, str]]:
 
 
 if __name__ == "sitecustomize" and os.environ.get(DIR_VAR):
+    if os.environ.get(NODE_VAR):
+        Path(os.environ[DIR_VAR], f"{os.getpid()}.node").write_text(os.environ[NODE_VAR])
     start(os.environ[DIR_VAR], [r for r in os.environ.get(ROOTS_VAR, "").split(os.pathsep) if r])
