@@ -236,6 +236,9 @@ class Debug(StrictModel):
     # Instead of raising on every rank, this rank's process SIGKILLs itself (a lost worker).
     kill_rank: int | None = Field(None, ge=0)
     step_log: str | None = None  # rank 0 appends {step, start, group, time, tokens} per step
+    # Every rank sleeps this long after each update: a test can act (remove a node, kill the
+    # driver) while a run is between checkpoints, without racing a tiny model's fast steps.
+    step_delay_s: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _marker(self) -> Debug:
@@ -392,13 +395,15 @@ def with_overrides(exp: TrainExperiment, overrides: dict[str, object]) -> TrainE
 
 
 def experiment_identity(exp: TrainExperiment | dict) -> str:
-    """A stable id of what an experiment trains; where it writes (storage_path) is left out.
+    """A stable id of what an experiment trains; where it writes (storage_path) and the test-only
+    fault injection (debug: it changes when a run fails, never what it trains) are left out.
 
     Args:
         exp: the experiment, or its JSON data as a checkpoint manifest records it.
     """
     data = dict(experiment_json(exp) if isinstance(exp, TrainExperiment) else exp)
     data.pop("storage_path", None)
+    data.pop("debug", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

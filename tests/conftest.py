@@ -209,8 +209,8 @@ def ray_session():
 
 
 @pytest.fixture
-def ray_local():
-    """`with ray_local():` a 2-CPU one-node Ray for part of a test (see _local_ray)."""
+def ray_one_node():
+    """`with ray_one_node():` a 2-CPU one-node Ray for part of a test (see _local_ray)."""
     return _local_ray
 
 

@@ -61,7 +61,7 @@ def _scores(rows: list[dict]) -> dict[str, tuple]:
 
 
 def test_search_spreads_over_nodes_reads_experts_once_per_node_and_matches_one_node(
-    world_and_experts, ray_cluster, ray_local, tmp_path
+    world_and_experts, ray_cluster, ray_one_node, tmp_path
 ):
     from search.search import run_search
 
@@ -95,7 +95,7 @@ def test_search_spreads_over_nodes_reads_experts_once_per_node_and_matches_one_n
         assert all(len(loads[node, e]) == 1 for e in experts), dict(loads)  # each expert once
         assert loader not in trial_procs[node]  # the node's store, not a trial process
 
-    with ray_local():
+    with ray_one_node():
         one = _rows(run_search(exp, tmp_path / "one", progress=False).trials_path)
     assert _scores(multi) == _scores(one)
 
@@ -145,3 +145,60 @@ def test_search_survives_losing_a_worker_node_mid_search(world_and_experts, ray_
     (tune_dir,) = (tmp_path / "run/search/tune").iterdir()
     failures = [t.num_failures for t in ExperimentAnalysis(str(tune_dir)).trials]
     assert sum(failures) >= 1 and max(failures) <= exp.search.max_failures
+
+
+def _sweep(world: Path):
+    """A 4-trial random expert sweep of the tiny world's math expert (2 trials at once)."""
+    from spaces.train_experiment import parse_train_experiment
+
+    return parse_train_experiment(
+        {
+            "name": "sweep_math",
+            "base": str(world / "base"),
+            "kind": "math",
+            "language": "en",
+            "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
+            "mode": "full",
+            "hyper": {"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 64},
+            "checkpoint_every_samples": 8,
+            "search": {
+                "num_samples": 4,
+                "seed": 0,
+                "algorithm": "random",  # the same parameters in the same order, however placed
+                "params": {"hyper.lr": {"low": 1e-4, "high": 3e-3, "log": True}},
+                "indicators": ["world_belebele_en_dev"],
+                "limit": 8,
+                "max_gen_toks": 8,
+                "max_concurrent": 2,
+            },
+        }
+    )
+
+
+def test_expert_sweep_spreads_over_nodes_and_matches_one_node(
+    world_and_experts, ray_cluster, ray_one_node, tmp_path
+):
+    from search.registry import read_rows
+    from search.sweep import run_sweep
+
+    world, _ = world_and_experts
+    exp = _sweep(world)
+    log_dir = tmp_path / "audit"
+    log_dir.mkdir()
+    env = audit.environment(log_dir, [world / "base"])
+    with ray_cluster(workers=2, cpus=1, env=env) as _:
+        multi = run_sweep(exp, tmp_path / "multi")
+    with ray_one_node():
+        one = run_sweep(exp, tmp_path / "one")
+    assert set(multi.trials.values()) == set(one.trials.values()) == {"ok"}
+    # Training processes on both worker nodes read the base (from outside: the audit hook).
+    node_of = audit.read_nodes(log_dir)
+    readers = {node_of[pid] for pid, _, p in audit.read_log(log_dir) if p.endswith("config.json")}
+    assert readers == {"w1", "w2"}
+
+    def scores(rows: list[dict]) -> list[tuple]:
+        col = "ind__world_belebele_en_dev"
+        return sorted((r["hparams"], r["seed"], r["step"], r["samples"], r[col]) for r in rows)
+
+    assert len(multi.rows) == len(one.rows) == 8  # 2 checkpoints of each of 4 trials
+    assert scores(read_rows(multi.registry)) == scores(read_rows(one.registry))

@@ -431,6 +431,8 @@ def run_training(
         done, samples = step + 1, (step + 1) * h.batch_size
         result.step, result.samples = done, samples
         _append_step_log(run, done, out.group)
+        if exp.debug.step_delay_s:
+            time.sleep(exp.debug.step_delay_s)
         ckpt_due = _checkpoint_due(exp, done, samples, total)
         if not (ckpt_due or done % h.log_every == 0):
             continue

@@ -1,0 +1,97 @@
+"""Ray Train on a 3-node Ray cluster on one machine: the node running the training worker is
+removed mid-run, and the run resumes from its last checkpoint on the surviving node with every
+step exactly once.
+
+Run: .venv/bin/python -m pytest -q tests/trainables/train/test_node_loss.py   (slow: ~1 min)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+AUDIT = Path(__file__).parents[2] / "search"  # tests/search/audit_hook lives there
+
+
+def _experiment(world: Path, tmp: Path, log: Path):
+    from spaces.train_experiment import parse_train_experiment
+
+    return parse_train_experiment(
+        {
+            "name": "node_loss",
+            "base": str(world / "base"),
+            "kind": "math",
+            "language": "en",
+            "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
+            "mode": "full",
+            "hyper": {"lr": 3e-3, "batch_size": 8, "max_steps": 12, "seq_len": 96},
+            "checkpoint_every_samples": 32,  # after steps 4, 8 and 12
+            "storage_path": str(tmp / "store"),
+            "failure": {"max_failures": 2},
+            # Slow steps: the node goes between the checkpoints at steps 4 and 8.
+            "debug": {"step_log": str(log), "step_delay_s": 0.4},
+        }
+    )
+
+
+def _readers(audit, audit_dir: Path) -> set[str]:
+    """The nodes whose processes read the base's config.json (training workers load the base)."""
+    node_of = audit.read_nodes(audit_dir)
+    return {node_of[pid] for pid, _, p in audit.read_log(audit_dir) if p.endswith("config.json")}
+
+
+def test_training_resumes_on_a_surviving_node(tiny_world, ray_cluster, tmp_path, monkeypatch):
+    import ray
+
+    monkeypatch.syspath_prepend(str(AUDIT))
+    from audit_hook import sitecustomize as audit
+
+    from trainables.train import find_checkpoints, read_manifest
+    from trainables.train.ray_train import train_with_ray
+
+    log, audit_dir = tmp_path / "steps.jsonl", tmp_path / "audit"
+    audit_dir.mkdir()
+    exp = _experiment(tiny_world, tmp_path, log)
+    env = audit.environment(audit_dir, [tiny_world / "base"])
+    lost = {}
+
+    with ray_cluster(workers=2, cpus=1, env=env) as (cluster, nodes):
+
+        def remove_the_training_node():
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                steps = [json.loads(x)["step"] for x in log.read_text().splitlines()] if log.exists() else []  # fmt: skip
+                if steps and steps[-1] >= 5:
+                    (name,) = _readers(audit, audit_dir)  # the worker's node, from outside
+                    lost.update(node=name, at_step=steps[-1])
+                    cluster.remove_node(nodes[name])
+                    return
+                time.sleep(0.1)
+
+        remover = threading.Thread(target=remove_the_training_node, daemon=True)
+        remover.start()
+        res = train_with_ray(exp)
+        remover.join()
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+    assert res.error is None, res.error
+    assert lost and 5 <= lost["at_step"] < 8, lost
+    assert {name for name, n in nodes.items() if n.node_id in alive} == {"w1", "w2"} - {
+        lost["node"]
+    }
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    first = [r["step"] for r in rows if r["start"] == 0]
+    second = [r["step"] for r in rows if r["start"] != 0]
+    assert {r["start"] for r in rows if r["start"] != 0} == {4}  # resumed from samples_32
+    # attempt one up to its checkpoint + attempt two: every step exactly once
+    assert [s for s in first if s <= 4] + second == list(range(1, 13))
+    assert _readers(audit, audit_dir) == {"w1", "w2"}  # the second attempt ran on the survivor
+    ckpts = find_checkpoints(res.path)
+    assert [c.name for c in ckpts] == ["samples_000000032", "samples_000000064", "samples_000000096"]  # fmt: skip
+    assert read_manifest(res.checkpoint)["step"] == 12
