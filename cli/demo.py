@@ -14,6 +14,8 @@ from cli.args import positive_int
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.merge_only and args.resume:
+        raise ValueError("--resume continues a pipeline run; --merge-only has nothing to resume")
     if args.merge_only:
         from search.merge_demo import run_merge_demo
 
@@ -27,7 +29,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         train_steps=args.train_steps,
         trials=args.trials,
     )
-    run_demo(Path(args.out), overwrite=args.overwrite, settings=settings, verbose=args.verbose)
+    run_demo(
+        Path(args.out),
+        overwrite=args.overwrite,
+        resume=args.resume,
+        settings=settings,
+        verbose=args.verbose,
+    )
     return 0
 
 
@@ -46,6 +54,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("runs/demo"), help="run folder (default: runs/demo)"
     )
     d.add_argument("--overwrite", action="store_true", help="replace an existing demo run")
+    d.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted demo run in --out: trained experts and finished search "
+        "trials are kept, unfinished training resumes from its last checkpoint",
+    )
     d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
     d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
     d.add_argument(

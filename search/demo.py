@@ -97,8 +97,8 @@ def _score_experts(
     base = scorer.score_checkpoint(world / "base").scores
     stages.note("base          " + "  ".join(f"{t} {base[t]:.3f}" for t in tasks))
     rows = []
-    for kind, (exp, result) in trained.items():
-        for ck in find_checkpoints(result.path):
+    for kind, (exp, run, _) in trained.items():
+        for ck in find_checkpoints(run):
             s = scorer.score_checkpoint(ck)
             man = read_manifest(ck)
             rows.append(expert_row(experiment_json(exp), ck, man, exp.name, s.columns()))
@@ -109,12 +109,15 @@ def _score_experts(
     append_rows(registry_path(run_dir), rows)
 
 
-def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | None = None, verbose: bool = False) -> DemoResult:  # fmt: skip
+def run_demo(out: Path, *, overwrite: bool = False, resume: bool = False, settings: DemoSettings | None = None, verbose: bool = False) -> DemoResult:  # fmt: skip
     """Run the pipeline into `out` (reuses a finished world under out/world).
 
     Args:
         out: the run folder (RUN of the run-directory layout).
         overwrite: replace an existing run (the world is kept; it is cached by seed and size).
+        resume: continue an interrupted run in `out`: finished stages are kept (trained experts,
+            their registry rows, finished search trials), unfinished ones go on from where they
+            stopped (training from its last checkpoint, the search from its table).
         settings: sizes and budgets (DemoSettings()).
         verbose: also lm-eval's progress bars and INFO log (off: the demo's own lines only).
     Returns:
@@ -129,16 +132,21 @@ def run_demo(out: Path, *, overwrite: bool = False, settings: DemoSettings | Non
     lm_eval_output(verbose)
     st = settings or DemoSettings()
     out = Path(out).resolve()
-    replace = _check_previous_run(out, overwrite)
+    replace = _check_previous_run(out, overwrite, resume, _identity(st))
     with replacing([out] if replace else []) as aside:
         out.mkdir(parents=True, exist_ok=True)
-        write_marker(out, "demo", f"seed={st.seed} size={st.world_size}")
+        write_marker(out, "demo", _identity(st))
         if out in aside:
             _reuse_world(aside[out] / "world", out / "world", st)
-        return _run_stages(out, st, verbose)
+        return _run_stages(out, st, verbose, resume)
 
 
-def _run_stages(out: Path, st: DemoSettings, verbose: bool) -> DemoResult:
+def _identity(st: DemoSettings) -> str:
+    """What makes two demo runs the same run (its marker): the world's seed and size."""
+    return f"seed={st.seed} size={st.world_size}"
+
+
+def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> DemoResult:
     """World, experts, indicators, search and promotion into the run folder `out`."""
     import ray
 
@@ -161,19 +169,22 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool) -> DemoResult:
     if started_ray:
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        trained = _train_experts(exps)
+        trained = _train_experts(exps, out)
 
         stages.start(
             "indicators",
             "merging indicators of the experts (dev splits) -> experts/registry.parquet",
         )
-        _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks, stages)
+        if resume and _scored(out, trained):
+            stages.note("every checkpoint is in experts/registry.parquet already: kept")
+        else:
+            _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks, stages)
 
         exp = _search_experiment(world, out, st)
         stages.start(
             "search", f"merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits"
         )
-        run_search(exp, out)
+        run_search(exp, out, resume=resume)
     finally:
         if started_ray:
             ray.shutdown()
@@ -189,7 +200,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool) -> DemoResult:
         out,
         Path(prom.leaderboard),
         Path(prom.best_dir) if prom.best_dir else None,
-        {k: r.checkpoint for k, (_, r) in trained.items()},
+        {k: checkpoint for k, (_, _, checkpoint) in trained.items()},
         seconds,
     )
 
@@ -197,21 +208,36 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool) -> DemoResult:
 STAGES = ("train", "experts", "search", "promotion", "leaderboard.md", "best")
 
 
-def _check_previous_run(out: Path, overwrite: bool) -> bool:
-    """Whether `out` holds a demo run to replace; refuse one without `overwrite`.
+def _check_previous_run(out: Path, overwrite: bool, resume: bool, identity: str) -> bool:
+    """Whether `out` holds a demo run to replace; refuse one without `overwrite` or `resume`.
 
     A folder with only a world in it (an earlier demo stopped after stage 1/5) is continued.
+    Raises:
+        OutputError: a run exists and neither flag says what to do, both flags are given, or
+            `resume` meets a run of another world seed or size.
     """
-    from trainables.outputs import OutputError, check_output
+    from trainables.outputs import OutputError, check_output, read_marker
 
+    if overwrite and resume:
+        raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         check_output(out, "demo", allow_existing=True)  # a parent that is a file, not writable
         return False
     check_output(out, "demo", overwrite=True)  # a demo run of layerswap's, or refuse
+    if resume:
+        theirs = (read_marker(out) or {}).get("identity")
+        if theirs != identity:
+            raise OutputError(
+                f"{out}: --resume, but this demo run has {theirs} and you asked for {identity}; "
+                "give the same --seed and --world-size, or --overwrite to start over"
+            )
+        return False
     if not any((out / s).exists() for s in STAGES):
         return False
     if not overwrite:
-        raise OutputError(f"{out}: a demo run exists; pass --overwrite to replace it")
+        raise OutputError(
+            f"{out}: a demo run exists; pass --resume to continue it or --overwrite to replace it"
+        )
     return True
 
 
@@ -239,29 +265,48 @@ def _reuse_world(old: Path, new: Path, st: DemoSettings) -> None:
     shutil.copytree(old, new, copy_function=link)
 
 
-def _train_experts(exps: dict) -> dict:
+def _train_experts(exps: dict, out: Path) -> dict:
     """Train the math and the language expert with Ray Train, both at once.
+
+    A run folder this demo already holds is continued: a finished expert is kept as it is, an
+    unfinished one resumes from its last checkpoint (trainables.train.run.train_expert).
 
     Args:
         exps: kind -> its TrainExperiment (`example_experiment`).
+        out: RUN; each expert trains into RUN/train/<name>/.
     Returns:
-        kind -> (its TrainExperiment, its training result); raises if either run failed.
+        kind -> (its TrainExperiment, its run folder, its last checkpoint); raises if either
+        run failed.
     """
     import ray
 
-    from trainables.train.ray_train import train_with_ray
+    from trainables.train.run import train_expert
 
     # The two experts are independent runs: each TorchTrainer is driven from its own Ray
     # task (a driver needs no CPU of its own), so both train at once on a 2-core machine.
-    fit = ray.remote(num_cpus=0)(train_with_ray)
-    futures = {k: fit.remote(e, storage_path=e.storage_path) for k, e in exps.items()}
+    fit = ray.remote(num_cpus=0, max_retries=0)(train_expert)
+    runs = {k: Path(e.storage_path) / e.name for k, e in exps.items()}
+    futures = {
+        k: fit.remote(e, e.storage_path, resume=runs[k].is_dir() and any(runs[k].iterdir()))
+        for k, e in exps.items()
+    }
     trained = {}
     for kind, fut in futures.items():
-        res = ray.get(fut)
-        if res.error is not None or res.checkpoint is None:
-            raise RuntimeError(f"training {exps[kind].name} failed: {res.error}")
-        trained[kind] = (exps[kind], res)
+        checkpoint = ray.get(fut)  # train_expert raises when the run failed for good
+        if checkpoint is None:
+            raise RuntimeError(f"training {exps[kind].name} wrote no checkpoint")
+        trained[kind] = (exps[kind], runs[kind], Path(checkpoint))
     return trained
+
+
+def _scored(out: Path, trained: dict) -> bool:
+    """Whether the registry holds a row for every checkpoint of the trained experts."""
+    from search.registry import read_rows, registry_path
+    from trainables.train import find_checkpoints
+
+    have = {str(Path(r["path"]).resolve()) for r in read_rows(registry_path(out))}
+    want = {str(c.resolve()) for _, run, _ in trained.values() for c in find_checkpoints(run)}
+    return bool(want) and want <= have
 
 
 def _search_experiment(world: Path, out: Path, st: DemoSettings):

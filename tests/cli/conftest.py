@@ -7,9 +7,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 from pathlib import Path
 
 import pytest
+
+from tests.cli.cli_process import Cli, RayTmp
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +55,36 @@ def merged_model(family, tmp_path_factory) -> Path:
     )
     assert main(["merge", str(recipe), "--out", str(root / "merged"), "-q"]) == 0
     return root / "merged"
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """`cli(*args, env=...)` starts a command; all are killed at teardown.
+
+    Commands run in an empty folder: `python -m` puts the working folder first on sys.path, and
+    a folder there named like a project package (world/, search/) would shadow it.
+    """
+    started: list[Cli] = []
+    cwd = tmp_path / ".cwd"
+    cwd.mkdir()
+
+    def start(*args: object, env: dict[str, str] | None = None) -> Cli:
+        started.append(Cli(*args, cwd=cwd, env=env))
+        return started[-1]
+
+    yield start
+    for c in started:
+        c.kill()
+
+
+@pytest.fixture
+def ray_tmp():
+    """A RayTmp; at teardown any process left under it is killed (by pid)."""
+    r = RayTmp()
+    yield r
+    for pid in r.gone(timeout=5):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(r.dir, ignore_errors=True)
