@@ -130,15 +130,28 @@ def expert_bytes(pool: ExpertPool) -> int:
     return sum(base if r and is_lora_adapter(r) else size(r) for r in dict.fromkeys(refs))
 
 
-def choose_store(setting: str, pool: ExpertPool) -> tuple[str, str]:
+def choose_store(
+    setting: str, pool: ExpertPool, trial: dict[str, float] | None = None
+) -> tuple[str, str]:
     """The expert store the trials use, and why ("node" or "process").
 
-    "auto" takes "node" when the experts fit the smallest object store of the cluster's nodes
-    (with 10 % to spare), else "process". Needs a connected Ray.
+    "auto" takes "node" when the experts fit the smallest object store of the nodes a trial can
+    run on (with 10 % to spare), else "process". Needs a connected Ray.
+
+    Args:
+        setting: search.expert_store ("auto", "node" or "process").
+        pool: the experts.
+        trial: one trial's resources ({"cpu": .., "gpu": ..}); a node with fewer (a CPU-less
+            head, a CPU node in a GPU search) hosts no trial and its store does not count.
     """
     need = expert_bytes(pool)
     gb = 1 << 30
-    stores = [n["Resources"].get("object_store_memory", 0) for n in ray.nodes() if n.get("Alive")]
+    want = {"CPU": (trial or {}).get("cpu", 0), "GPU": (trial or {}).get("gpu", 0)}
+    stores = [
+        n["Resources"].get("object_store_memory", 0)
+        for n in ray.nodes()
+        if n.get("Alive") and all(n["Resources"].get(k, 0) >= v for k, v in want.items())
+    ]
     smallest = min(stores) if stores else 0
     what = f"experts {need / gb:.2f} GiB, smallest node object store {smallest / gb:.2f} GiB"
     if setting == "node" and need * 1.1 > smallest:

@@ -193,7 +193,7 @@ def _run_tuner(
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     limit, resources = _trial_resources(exp, ray.cluster_resources())
-    store, why = choose_store(exp.search.expert_store, searcher.pool)
+    store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"
     spec = dataclasses.replace(spec, expert_store=store, store_key=key)
     if progress:

@@ -128,6 +128,10 @@ def test_auto_store_choice_names_sizes(world_and_experts, fake_gpu_ray):
     )
     choice, why = choose_store("auto", pool)
     assert choice == "node" and "GiB" in why
+    assert choose_store("auto", pool, {"cpu": 1, "gpu": 1})[0] == "node"
+    # No node can host a trial asking for 2 GPUs: no store counts, so none is big enough.
+    choice, why = choose_store("auto", pool, {"cpu": 1, "gpu": 2})
+    assert choice == "process" and "object store 0.00 GiB" in why
     assert choose_store("process", pool)[0] == "process"
 
 
