@@ -61,16 +61,17 @@ def _scores(rows: list[dict]) -> dict[str, tuple]:
 
 
 def test_search_spreads_over_nodes_reads_experts_once_per_node_and_matches_one_node(
-    world_and_experts, ray_cluster, ray_one_node, tmp_path
+    world_and_experts, ray_cluster, tmp_path
 ):
+    """Trials scheduled by (fake) GPU, half a GPU each: two trial processes per worker node."""
     from search.search import run_search
 
     world, paths = world_and_experts
-    exp = _search(world, paths)
+    exp = _search(world, paths, gpus_per_trial=0.5)
     log_dir = tmp_path / "audit"
     log_dir.mkdir()
     env = audit.environment(log_dir, [paths["task"].parent, paths["base"]])
-    with ray_cluster(workers=2, cpus=1, env=env) as (_, nodes):
+    with ray_cluster(workers=2, cpus=1, gpus=1, env=env) as (_, nodes):
         multi = _rows(run_search(exp, tmp_path / "multi", progress=False).trials_path)
     ids = {n.node_id: name for name, n in nodes.items()}
     assert len(multi) == len(POINTS) + 1
@@ -95,7 +96,9 @@ def test_search_spreads_over_nodes_reads_experts_once_per_node_and_matches_one_n
         assert all(len(loads[node, e]) == 1 for e in experts), dict(loads)  # each expert once
         assert loader not in trial_procs[node]  # the node's store, not a trial process
 
-    with ray_one_node():
+    assert {r["gpu_ids"] for r in multi} == {"0"}  # each node's one GPU, shared by two trials
+    # The same search on one worker node with the two nodes' CPUs and GPUs.
+    with ray_cluster(workers=1, cpus=2, gpus=2):
         one = _rows(run_search(exp, tmp_path / "one", progress=False).trials_path)
     assert _scores(multi) == _scores(one)
 
