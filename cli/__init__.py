@@ -1,6 +1,6 @@
 """The `layerswap` command line: a root parser and one thin module per subcommand.
 
-Each subcommand module (`merge`, `train`, `search`, `eval`, `analyze`, `world`, `demo`) adds its
+Each subcommand module (`merge`, `train`, `plan`, `search`, `eval`, `analyze`, `world`, `demo`) adds its
 parser and a handler that validates input once and calls a plain function of the library.
 Modules import only light things at load time (argparse, the pydantic configs), so `layerswap
 --help` stays fast; torch, ray, lm-eval, optuna and pandas load when a command runs (tested). Run `layerswap --help`.
@@ -17,7 +17,7 @@ import sys
 from pydantic import ValidationError
 
 # Order is the order `layerswap --help` lists them in.
-SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "analyze", "demo")
+SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -993,7 +993,24 @@ def demo__out_is_a_file(e: Env):
 def demo__earlier_run_without_overwrite(e: Env):
     out = e.folder("runs/demo", kind="demo")
     e.file("runs/demo/leaderboard.md", "# Leaderboard\n")
-    return ["demo", "--world-size", "tiny"], [f"{out}: a demo run exists; {ABSENT_FLAG}"]
+    return ["demo", "--world-size", "tiny"], [f"{out}: a demo run exists; pass --resume to continue it or --overwrite"]  # fmt: skip
+
+
+@case()
+def demo__resume_and_overwrite(e: Env):
+    out = e.folder("demo", kind="demo")
+    return ["demo", "--out", out, "--resume", "--overwrite"], ["--resume and --overwrite: give one"]  # fmt: skip
+
+
+@case()
+def demo__resume_a_run_of_another_world(e: Env):
+    out = e.folder("demo", kind="demo")  # its identity is not "seed=0 size=tiny"
+    return ["demo", "--out", out, "--world-size", "tiny", "--resume"], [f"{out}: --resume, but this demo run has an earlier run", "seed=0 size=tiny"]  # fmt: skip
+
+
+@case()
+def demo__merge_only_resume(e: Env):
+    return ["demo", "--merge-only", "--out", e.at("demo"), "--resume"], ["--merge-only has nothing to resume"]  # fmt: skip
 
 
 @case()
@@ -1095,6 +1112,62 @@ def test_bad_input_is_refused_and_changes_nothing(make: Case, env: Env, tree_sta
     assert not missing, f"stderr lacks {missing}:\n{err}"
     assert not _changes(before, tree_state(*roots))
     assert not _leftovers(roots)
+
+
+# ----------------------------------------------------------------------------------------- plan
+
+_PLAN_SEARCH = {
+    "language": "swh",
+    "base": "meta-llama/Llama-3.1-8B-Instruct",
+    "task_experts": ["t"],
+    "language_experts": ["l"],
+    "proxies": [{"task": "belebele_swh_Latn", "chance": 0.25}, {"task": "mgsm_direct_en"}],
+    "target": "mgsm_direct_sw",
+}
+
+
+def _plan_study(e: Env, **search) -> str:
+    return e.yaml("study.yaml", {"name": "s", "searches": [{"experiment": {**_PLAN_SEARCH, **search}}]})  # fmt: skip
+
+
+@case()
+def plan__study_missing(e: Env):
+    s = e.at("none.yaml")
+    return ["plan", s], [f"{s}: cannot read study"]
+
+
+@case()
+def plan__unknown_key(e: Env):
+    study = e.yaml("study.yaml", {"name": "s", "experts": [{"config": "x.yaml", "bogus": 1}]})
+    return ["plan", study], ["experts.0.bogus"]
+
+
+@case()
+def plan__config_missing(e: Env):
+    study = e.yaml("study.yaml", {"name": "s", "experts": [{"config": "missing.yaml"}]})
+    return ["plan", study], ["experts[0] (missing.yaml)", "missing.yaml: cannot read"]
+
+
+@case()
+def plan__unknown_profile(e: Env):
+    return ["plan", _plan_study(e), "--profile", "tpu"], ["profile 'tpu': unknown (known: cpu, h100)"]  # fmt: skip
+
+
+@case()
+def plan__unknown_target_task(e: Env):
+    return ["plan", _plan_study(e, target="mgsm_direct_zz"), "--json", e.at("plan.json")], ["unknown task mgsm_direct_zz"]  # fmt: skip
+
+
+@case()
+def plan__json_exists_without_overwrite(e: Env):
+    out = e.file("plan.json", "{}")
+    return ["plan", _plan_study(e), "--json", out], [f"{out}: already exists; {ABSENT_FLAG}"]
+
+
+@case()
+def plan__json_is_the_study_overwrite(e: Env):
+    s = _plan_study(e)
+    return ["plan", s, "--json", s, "--overwrite"], [f"{s}: is the input {s}"]
 
 
 def test_every_command_has_a_battery():

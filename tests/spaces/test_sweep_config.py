@@ -70,7 +70,7 @@ def test_shipped_examples_validate():
     from spaces.train_experiment import load_train_experiment
 
     for path in sorted((Path(__file__).parents[2] / "spaces" / "examples").glob("*.yaml")):
-        if path.stem.endswith("_search"):  # merge-search experiments, not training
+        if path.stem.endswith(("_search", "_study")):  # merge searches and studies: not training
             continue
         exp = load_train_experiment(path)
         if exp.search is not None:

@@ -1,0 +1,417 @@
+"""The cost model behind `layerswap plan`: FLOPs per token from a model's shape, training counts
+from an experiment, evaluation seconds from a task's shape, and device seconds from a profile.
+
+Rules (each estimate prints the profile figures it rests on, spaces/throughput.yaml):
+
+- Forward FLOPs per token (Kaplan et al. 2020, "Scaling laws", Table 1):
+  `2·N_mm + 2·L·ctx·d_attn`, where N_mm counts the weights of every Linear module (lm_head
+  included, LoRA adapters included, the embedding lookup and norms not), L the layers, d_attn
+  heads × head_dim, and ctx the mean tokens of a sample.
+- Training FLOPs per token: the forward, once more with gradient checkpointing (recompute),
+  the backward to the activations (as much as a forward, attention's twice), and the weight
+  gradients of the trained matrices only: `(2 + ckpt)·fwd + 2·L·ctx·d_attn + 2·N_trained_mm`.
+  Full training: 6·N_mm (+ attention), as usual; LoRA and partial training still run the whole
+  forward and the whole backward to the activations (the gradient must reach the lowest
+  trained parameter), so they save only the frozen weights' gradients: ≈ 4·N_mm.
+- Training seconds: tokens × FLOPs/token / (train_flops_per_s × devices × parallel
+  efficiency), plus validation (forward only, at every checkpoint) and run_startup_s.
+- Evaluation seconds of one task: prefill (every prompt with its few-shot examples, at
+  prefill_flops_per_s; a multiple-choice item is one row in the cached evaluator, one row per
+  option in lm-eval) plus, for generation tasks, ceil(items / batch) × max_gen_toks decoding
+  steps of (weight bytes / decode_bytes_per_s + decode_step_overhead_s). Generation runs to
+  max_gen_toks: an upper bound (lm-eval stops at a stop string).
+Counts reuse the trainer's own rules (trainables.train.data.total_steps, the loop's checkpoint
+rule). Tests: .venv/bin/pytest -q tests/search/test_study_plan.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from spaces.search_experiment import SearchExperiment
+from spaces.study import Profile, TaskShape
+from spaces.train_experiment import TrainExperiment
+
+# Swept hyperparameters that change what a run costs; the rest (lr, warmup, ...) do not.
+COST_PARAMS = (
+    "hyper.batch_size",
+    "hyper.max_steps",
+    "hyper.epochs",
+    "hyper.seq_len",
+    "hyper.val_share",
+    "hyper.gradient_checkpointing",
+    "checkpoint_every_samples",
+    "mode.rank",
+)
+
+# Evaluation tasks by name prefix (longest first wins). Items are the splits' published sizes;
+# tokens are assumptions (Llama-3 tokenizer), printed with the plan; a study's `tasks:` replaces
+# them. World tasks take their item counts from the world (study_plan.world_items).
+_MGSM = "assumed: a GSM8K question is ~60 Llama-3 tokens in English, 2-5x that in Bengali, Telugu or Swahili; 150 as a middle; MGSM has 250 problems per language (Shi et al. 2023)"  # fmt: skip
+_BELE = "assumed: a FLORES passage (~90 English words) + question ≈ 150 tokens in English, 2-3x in the target scripts; 350 as a middle; 900 questions per language (Bandarkar et al. 2024)"  # fmt: skip
+_GMMLU = "assumed: MMLU question + 4 options ≈ 100 English tokens, 150 for other languages; 14,042 test items per language (MMLU's test set)"  # fmt: skip
+_WORLD = "assumed: the world's prompts are short (its SFT samples average 26-44 tokens); items from the world"  # fmt: skip
+TASK_SHAPES: dict[str, TaskShape] = {
+    "mgsm_": TaskShape(items=250, prompt_tokens=150, shot_tokens=150, note=_MGSM),
+    "belebele_": TaskShape(
+        items=900, prompt_tokens=350, shot_tokens=350, choices=4, continuation_tokens=15, note=_BELE
+    ),
+    "global_mmlu_full_": TaskShape(
+        items=14042,
+        prompt_tokens=150,
+        shot_tokens=150,
+        choices=4,
+        continuation_tokens=1,
+        note=_GMMLU,
+    ),
+    "world_mgsm_direct_": TaskShape(prompt_tokens=40, shot_tokens=40, note=_WORLD),
+    "world_belebele_": TaskShape(
+        prompt_tokens=80, shot_tokens=80, choices=4, continuation_tokens=4, note=_WORLD
+    ),
+}
+
+
+def task_shape(name: str, given: dict[str, TaskShape]) -> TaskShape | None:
+    """The shape of task `name`: the study's own entry, else the built-in family's, else None."""
+    if name in given:
+        return given[name]
+    for prefix in sorted(TASK_SHAPES, key=len, reverse=True):
+        if name.startswith(prefix):
+            return TASK_SHAPES[prefix]
+    return None
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """The sizes an estimate needs, read off a model's config (and an experiment's mode)."""
+
+    params: int  # every parameter (LoRA adapters included)
+    n_mm: int  # weights of Linear modules (adapters included)
+    n_trained_mm: int  # of those, the ones that train
+    layers: int
+    d_attn: int
+    weight_bytes: int  # what one copy of the weights takes in the config's dtype
+    trained: int  # trainable parameters
+
+
+def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
+    """ModelCost of a model, trained as `exp` says (None: inference).
+
+    Args:
+        shape: its trainables.train.plan_model.ModelShape (model_shape(config)).
+        exp: the experiment whose mode decides what trains (LoRA adds its adapters).
+    """
+    from trainables.train.plan_model import trainable_split
+
+    n_mm = sum(i * o for i, o in shape.linears.values())
+    elt = shape.dtype.itemsize
+    if exp is None:
+        params = sum(shape.params.values())
+        return ModelCost(params, n_mm, 0, shape.layers, shape.heads * shape.head_dim, params * elt, 0)  # fmt: skip
+    split = trainable_split(exp, shape)
+    adapters = sum(n for k, n in split.params.items() if ".lora_" in k)
+    trained_mm = sum(split.params[k] for k in split.trainable if k in split.linear)
+    trained = sum(split.params[k] for k in split.trainable)
+    params = sum(split.params.values())
+    return ModelCost(params, n_mm + adapters, trained_mm, shape.layers, shape.heads * shape.head_dim, params * elt, trained)  # fmt: skip
+
+
+def forward_flops(c: ModelCost, ctx: float) -> float:
+    """Forward FLOPs of one token in a sequence of `ctx` tokens."""
+    return 2 * c.n_mm + 2 * c.layers * ctx * c.d_attn
+
+
+def train_flops(c: ModelCost, ctx: float, checkpointing: bool) -> float:
+    """Training FLOPs of one token (forward, recompute, backward; see the module docstring)."""
+    fwd = forward_flops(c, ctx)
+    return (2 + int(checkpointing)) * fwd + 2 * c.layers * ctx * c.d_attn + 2 * c.n_trained_mm
+
+
+# ---------------------------------------------------------------------------- training counts
+
+
+def split_rows(exp: TrainExperiment, rows: list[int]) -> tuple[int, int]:
+    """(training samples, validation samples over all datasets) from each dataset's rows.
+
+    Mirrors trainables.train.data.build_data, which needs the encoded data: validation takes
+    round(val_share × the smallest dataset's rows), at least 1, from every dataset. Examples
+    too long for seq_len, which the trainer drops, cannot be known without tokenizing.
+    """
+    h = exp.hyper
+    n_val = max(round(h.val_share * min(rows)), 1) if h.val_share > 0 else 0
+    return sum(r - n_val for r in rows), n_val * len(rows)
+
+
+def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
+    """Optimizer steps of a run (trainables.train.data.total_steps; None: epochs, rows unknown)."""
+    if exp.hyper.max_steps is not None:
+        return exp.hyper.max_steps
+    if n_train is None:
+        return None
+    from trainables.train import data
+
+    # total_steps reads only the streams' lengths: a stand-in stream of n_train examples.
+    stand_in = data.TrainData([data.Stream([None] * n_train, 0, 0)], [], [])
+    return data.total_steps(exp, stand_in)
+
+
+def checkpoints(exp: TrainExperiment, steps: int) -> int:
+    """Checkpoints a run of `steps` steps writes (the training loop's own rule)."""
+    from trainables.train.loop import _checkpoint_due
+
+    bs = exp.hyper.batch_size
+    return sum(_checkpoint_due(exp, s, s * bs, steps) for s in range(1, steps + 1))
+
+
+def devices_per_run(exp: TrainExperiment, prof: Profile) -> int:
+    """Devices one run holds: a GPU per worker; on the cpu profile (a device is one thread),
+    cpus_per_worker threads per worker."""
+    s = exp.scaling
+    if prof.kind == "cpu":
+        return s.num_workers * max(1, int(s.cpus_per_worker))
+    return s.num_workers
+
+
+def train_seconds(
+    c: ModelCost, exp: TrainExperiment, tokens: float, val_tokens: float, ctx: float, prof: Profile
+) -> float:
+    """Seconds of one training run: start-up, steps and validation passes.
+
+    Args:
+        c: the model's cost under the experiment's mode.
+        exp: the experiment (checkpointing, scaling).
+        tokens: tokens trained on; val_tokens: tokens of all validation passes.
+        ctx: mean tokens per sample.
+        prof: the device profile.
+    """
+    n = devices_per_run(exp, prof)
+    eff = prof.parallel_efficiency.value if n > 1 else 1.0
+    ckpt = exp.hyper.gradient_checkpointing
+    train = tokens * train_flops(c, ctx, ckpt) / (prof.train_flops_per_s.value * n * eff)
+    val = val_tokens * forward_flops(c, ctx) / (prof.prefill_flops_per_s.value * n * eff)
+    return prof.run_startup_s.value + train + val
+
+
+TRAIN_FIGURES = ("train_flops_per_s", "prefill_flops_per_s", "run_startup_s", "parallel_efficiency")
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def eval_cost(
+    c: ModelCost,
+    shape: TaskShape,
+    items: int,
+    shots: int,
+    gen_toks: int,
+    batch: int,
+    prof: Profile,
+    *,
+    row_per_option: bool,
+) -> tuple[float, tuple[str, ...]]:
+    """Seconds of one model on one task, and the profile figures they rest on.
+
+    Args:
+        c: the evaluated model's cost (model_cost(config)).
+        shape: the task's shape; items: items scored; shots: few-shot examples per prompt.
+        gen_toks: decoding budget of a generation task; batch: rows per forward pass.
+        prof: the device profile.
+        row_per_option: lm-eval's one request per answer option (True), or the cached
+            evaluator's one row per multiple-choice item (False).
+    """
+    ctx = shape.prompt_tokens + shots * shape.shot_tokens
+    if shape.choices:
+        rows = shape.choices if row_per_option else 1
+        per_row = ctx + shape.continuation_tokens * (1 if row_per_option else shape.choices)
+        tokens = items * rows * per_row
+        s = tokens * forward_flops(c, per_row) / prof.prefill_flops_per_s.value
+        return s, ("prefill_flops_per_s",)
+    tokens = items * ctx
+    steps = math.ceil(items / batch) * gen_toks
+    step_s = c.weight_bytes / prof.decode_bytes_per_s.value + prof.decode_step_overhead_s.value
+    s = tokens * forward_flops(c, ctx) / prof.prefill_flops_per_s.value + steps * step_s
+    return s, ("prefill_flops_per_s", "decode_bytes_per_s", "decode_step_overhead_s")
+
+
+def find_tasks(names: list[tuple[str, str]], world: str | None, texts: dict, include_path: list[str] | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Check lm-eval task names with the search preflight's finder: the world's tasks, an
+    include_path folder's, then lm-eval's built-ins (search/preflight.py `_find`).
+
+    Args:
+        names: (where, task name) pairs; `where` starts each problem line.
+        world: an embedded world folder whose tasks count, or None.
+        texts: a cache of lm-eval's config text shared between calls (read once: seconds).
+        include_path: folders of extra task YAMLs (a search experiment's).
+    Returns:
+        (problems, where each found name resolves).
+    """
+    from types import SimpleNamespace
+
+    from search import preflight
+
+    out = preflight.Preflight()
+    src = preflight._task_sources(SimpleNamespace(world=world, include_path=include_path or []), out)  # fmt: skip
+    src.texts = texts
+    found = []
+    for where, name in names:
+        at = preflight._find(name, src, True, out)
+        if at is None:
+            out.problems.append(f"{where}: unknown task {name}{preflight._known(name, src)}")
+        elif at == "world":
+            found.append(f"task {name}: the world's task YAMLs ({world})")
+    return out.problems, found + out.unchecked
+
+
+def promotion_tasks(exp: SearchExperiment) -> list[str]:
+    """Every task a search and its promotion evaluate: the target, each proxy's test variant and
+    the proxies (search.promote's own list)."""
+    from search.promote import _promotion_tasks
+
+    return _promotion_tasks(exp)
+
+
+def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
+    """Promotion's tasks grouped by few-shot count (search.promote's own rule)."""
+    from search.promote import _shot_groups
+
+    return _shot_groups(exp)
+
+
+def auto_batch(device: str) -> int:
+    """Rows per pass that `batch_size: auto` starts at on `device` (the proxy evaluator's rule)."""
+    from trainables.evaluate.proxy_lm import AUTO_START
+
+    return AUTO_START["cpu" if device == "cpu" else "cuda"]
+
+
+def world_items(task: str, world: str | None) -> int | None:
+    """Items of a world task: the lines of its split in the world folder, or, before the world
+    is built, the full preset's count (spaces.world.world_config)."""
+    from spaces.world import world_config
+
+    kind = "mgsm" if task.startswith("world_mgsm") else "belebele"
+    dev = task.endswith("_dev")
+    code = task.removesuffix("_dev").rsplit("_", 1)[-1]
+    if world is not None:
+        f = Path(world) / "data" / kind / code / ("dev.jsonl" if dev else "test.jsonl")
+        if f.is_file():
+            with open(f, "rb") as fh:
+                return sum(1 for line in fh if line.strip())
+    cfg = world_config("full")
+    return getattr(cfg, f"{kind}_{'dev' if dev else 'test'}")
+
+
+# ---------------------------------------------------------------------------- per-stage sums
+
+
+def cost_variants(exp: TrainExperiment) -> tuple[list[TrainExperiment], list[str]]:
+    """The experiment as its sweep's trials may run it, over the swept parameters that change
+    the cost (COST_PARAMS): every choice, and a range's midpoint (geometric when log).
+
+    Returns:
+        (the variants that validate, one message per combination that cannot run).
+    """
+    from spaces.sweep import Choice
+    from spaces.train_experiment import with_overrides
+
+    if exp.search is None:
+        return [exp], []
+    axes = []
+    ints = exp.search.int_params(exp.model_dump(mode="json"))
+    for path, dim in exp.search.params.items():
+        if path not in COST_PARAMS:
+            continue
+        if isinstance(dim, Choice):
+            axes.append([(path, v) for v in dim.choices])
+        else:
+            mid = math.sqrt(dim.low * dim.high) if dim.log else (dim.low + dim.high) / 2
+            axes.append([(path, round(mid) if path in ints else mid)])
+    out, bad = [], []
+    for combo in itertools.product(*axes):
+        try:
+            out.append(with_overrides(exp, dict(combo)) if combo else exp)
+        except ValueError as e:
+            bad.append(f"sweep trial with {dict(combo)} cannot run: {e}")
+    return out, bad
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """One training run: its counts and device-hours."""
+
+    samples: int
+    tokens: float
+    steps: int
+    checkpoints: int
+    device_hours: float
+
+
+def run_estimate(
+    c: ModelCost,
+    exp: TrainExperiment,
+    rows: list[int] | None,
+    tokens_per_sample: float,
+    prof: Profile,
+) -> RunEstimate | None:
+    """Counts and device-hours of one run of `exp` (None: an epochs run of unknown rows).
+
+    Args:
+        c: the model's cost under the experiment's mode.
+        exp: the experiment.
+        rows: rows of each dataset (None: unknown; then validation is not counted).
+        tokens_per_sample: mean tokens of one training sample.
+        prof: the device profile.
+    """
+    n_train, n_val = split_rows(exp, rows) if rows else (None, 0)
+    steps = total_steps(exp, n_train)
+    if steps is None:
+        return None
+    samples = steps * exp.hyper.batch_size
+    ckpts = checkpoints(exp, steps)
+    tokens = samples * tokens_per_sample
+    val_tokens = ckpts * n_val * tokens_per_sample
+    secs = train_seconds(c, exp, tokens, val_tokens, tokens_per_sample, prof)
+    return RunEstimate(samples, tokens, steps, ckpts, secs * devices_per_run(exp, prof) / 3600)
+
+
+def evals_cost(
+    c: ModelCost,
+    tasks: list[tuple[TaskShape, int]],
+    limit: int | None,
+    gen_toks: int,
+    batch: int,
+    prof: Profile,
+    *,
+    row_per_option: bool,
+) -> tuple[float, int, set[str]]:
+    """(seconds, items, figures used) of one model on several tasks.
+
+    Args:
+        tasks: (shape with items, few-shot examples) per task.
+        limit: first N items per task (None: all).
+        gen_toks, batch, prof, row_per_option: as for `eval_cost`.
+    """
+    secs, items, figs = 0.0, 0, set()
+    for shape, shots in tasks:
+        n = min(limit or shape.items, shape.items)
+        t, used = eval_cost(
+            c, shape, n, shots, gen_toks, batch, prof, row_per_option=row_per_option
+        )
+        secs, items, figs = secs + t, items + n, figs | set(used)
+    return secs, items, figs
+
+
+def trial_device_hours(seconds: float, gpus: float, threads: int, prof: Profile) -> float:
+    """Device-hours of one search trial worth `seconds` on one device.
+
+    A trial holding g >= 1 GPUs computes on one and holds g; g < 1 shares a GPU (1/g times as
+    long, g of it). A CPU trial (g = 0) on the cpu profile uses `threads` devices (threads).
+    """
+    if gpus > 0:
+        return seconds * max(gpus, 1) / 3600
+    n = threads if prof.kind == "cpu" else 1
+    eff = prof.parallel_efficiency.value if n > 1 else 1.0
+    return seconds / (n * eff) * n / 3600

@@ -1,0 +1,426 @@
+"""Plan a whole study offline: resolve its names, count its runs, trials and evaluations, and
+estimate device-hours per stage from the model shapes and a throughput profile.
+
+`plan_study(load_study("spaces/examples/real_study.yaml"))` returns a StudyPlan (plain data) with
+four stages: (1) expert training (each config, × its sweep's trials), (2) indicator scoring of
+the sweeps' checkpoints, (3) merge-search trials, (4) promotion (top-k recipes + baselines on
+the target and proxy test tasks). `format_study_plan(plan)` is what `layerswap plan` prints.
+Names are resolved without network: model configs (spaces' path rule, the HF cache, built-in
+copies), lm-eval task names (search/preflight.py's finder), dataset sources
+(trainables.train.sources). What cannot be known offline is listed, never guessed silently.
+The cost model is search/study_estimate.py. Tests: .venv/bin/pytest -q tests/search/test_study_plan.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from search import study_estimate as est
+from spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
+from spaces.train_experiment import TrainExperiment
+
+STAGES = {
+    "train": "expert training",
+    "indicators": "indicator scoring of expert checkpoints",
+    "search": "merge search trials",
+    "promotion": "promotion (lm-eval on test splits)",
+}
+
+
+@dataclass
+class Row:
+    """One line of a stage: what runs, how often, where, and its device-hours (None: unknown)."""
+
+    name: str
+    counts: dict[str, float]
+    where: str
+    hours: float | None
+    figures: list[str]
+    hours_low: float | None = None  # a lower bound (fidelity screening prunes trials)
+    gpus: float = 0.0  # GPUs one run, trial or evaluation holds (0: CPUs only)
+    accelerator: str | None = None  # the GPU type it asks Ray for (scaling.accelerator_type)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Stage:
+    key: str
+    title: str
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def hours(self) -> float | None:
+        """The stage's device-hours; None when a row's are unknown."""
+        hs = [r.hours for r in self.rows]
+        return None if any(h is None for h in hs) else sum(hs)
+
+
+@dataclass
+class StudyPlan:
+    study: str
+    source: str
+    profile: str
+    profile_data: dict
+    unit: str
+    resolved: list[str] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+    unknowns: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def hours(self) -> float | None:
+        hs = [s.hours for s in self.stages]
+        return None if any(h is None for h in hs) else sum(hs)
+
+    def to_json(self) -> dict:
+        """The plan as JSON data (what `--json` writes)."""
+        data = asdict(self)
+        for s, d in zip(self.stages, data["stages"], strict=True):
+            d["hours"] = s.hours
+        return {"layerswap_plan": 1, **data, "hours": self.hours}
+
+
+class _Ctx:
+    """What the stage builders share: the profile, the plan being filled, caches of lookups."""
+
+    def __init__(self, loaded: LoadedStudy, prof: Profile, plan: StudyPlan):
+        self.loaded, self.prof, self.plan = loaded, prof, plan
+        self.models: dict[str, object] = {}  # base -> ModelShape (None: no config)
+        self.texts: dict = {}  # lm-eval config text, read once for every task lookup
+        self.tasks_seen: set[str] = set()
+
+    def model(self, base: str | None, where: str):
+        """The ModelShape of `base` from its config (cached), or None with a problem recorded."""
+        if base is None:
+            return None
+        if base not in self.models:
+            from trainables.train.plan_model import load_model_config, model_shape
+
+            try:
+                cfg, origin = load_model_config(base)
+                self.models[base] = model_shape(cfg)
+                self.plan.resolved.append(f"model {base}: {origin}")
+            except ValueError as e:
+                self.models[base] = None
+                self.plan.problems.append(f"{where}: {e}")
+        return self.models[base]
+
+    def shape(self, task: str, world: str | None, where: str):
+        """The task's TaskShape with `items` filled in, or None (recorded as unknown)."""
+        shape = est.task_shape(task, self.loaded.study.tasks)
+        if shape is not None and shape.items is None and task.startswith("world_"):
+            shape = shape.model_copy(update={"items": est.world_items(task, world)})
+        if shape is None or shape.items is None:
+            self.plan.unknowns.append(f"{where}: task {task}: no items/token shape known; give it under the study's tasks:")  # fmt: skip
+            return None
+        if task not in self.tasks_seen:
+            self.tasks_seen.add(task)
+            mc = f", {shape.choices} options" if shape.choices else ", generation"
+            self.plan.resolved.append(f"task shape {task}: {shape.items} items, {shape.prompt_tokens:g} prompt + {shape.shot_tokens:g}/shot tokens{mc}")  # fmt: skip
+            self.plan.resolved.append(f"task shapes {shape.note}")
+        return shape
+
+    def find_tasks(self, names: list[tuple[str, str]], world: str | None, include_path=()) -> None:  # fmt: skip
+        """Check task names (est.find_tasks); problems and what was found go to the plan."""
+        problems, found = est.find_tasks(names, world, self.texts, list(include_path))
+        self.plan.problems += problems
+        self.plan.resolved += found
+
+
+# ---------------------------------------------------------------------------- stage 1 and 2
+
+
+def _rows(ex: StudyExpert, ctx: _Ctx) -> list[int] | None:
+    """Rows of each dataset: local files counted (the trainer's reader), Hub sources from the
+    study's `rows`, else their `limit`; None when one cannot be known."""
+    from trainables.train.data import load_pairs
+    from trainables.train.sources import get_source, resolve_language
+
+    rows: list[int] | None = []
+    for i, ds in enumerate(ex.experiment.datasets):
+        where = f"{ex.label}: datasets[{i}]"
+        n = None
+        if ds.source is None:
+            try:
+                n = len(load_pairs(ds))
+                ctx.plan.resolved.append(f"dataset {ds.path}: {n} rows (counted)")
+            except ValueError as e:
+                ctx.plan.problems.append(f"{where}: {e}")
+        else:
+            try:
+                src = get_source(ds.source)
+                lang = f", {resolve_language(ds.language).code}" if ds.language else ""
+                ctx.plan.resolved.append(f"dataset {ds.source}: {src.hub_id} (Hub{lang}), read when training starts")  # fmt: skip
+            except ValueError as e:
+                ctx.plan.problems.append(f"{where}: {e}")
+            n = ex.rows or ds.limit
+            if n is None:
+                ctx.plan.unknowns.append(f"{where}: {ds.label}: rows cannot be counted offline; give rows: in the study")  # fmt: skip
+            elif ex.rows is None:
+                ctx.plan.warnings.append(f"{where}: {ds.label}: {n} rows taken from its limit (the source must have that many)")  # fmt: skip
+        rows = None if rows is None or n is None else [*rows, n]
+    return rows
+
+
+def _where_train(exp: TrainExperiment) -> str:
+    s, sw = exp.scaling, exp.search
+    on = f"{s.num_workers} x {s.accelerator_type or 'GPU'}" if s.use_gpu else f"{s.num_workers} CPU worker(s) x {s.cpus_per_worker:g} CPU"  # fmt: skip
+    return f"{on} ({s.strategy}) per run" + (f"; {sw.num_samples} trial(s), {sw.max_concurrent} at a time" if sw else "")  # fmt: skip
+
+
+def _train_row(ex: StudyExpert, ctx: _Ctx) -> tuple[Row, float]:
+    """Stage-1 row of one expert entry, and the checkpoints its runs write in all."""
+    exp, sweep = ex.experiment, ex.experiment.search
+    rows = _rows(ex, ctx)
+    runs = sweep.num_samples if sweep else 1
+    variants, bad = est.cost_variants(exp)
+    ctx.plan.problems += [f"{ex.label}: {b}" for b in bad]
+    tps = ex.tokens_per_sample or exp.hyper.seq_len
+    model = ctx.model(exp.base, f"{ex.label}: base")
+    per = [est.run_estimate(est.model_cost(model, v), v, rows, tps, ctx.prof) for v in variants] if model else []  # fmt: skip
+    notes = []
+    if ex.tokens_per_sample is None:
+        notes.append(f"tokens/sample = seq_len {exp.hyper.seq_len} (an upper bound; give tokens_per_sample)")  # fmt: skip
+    if rows is None and exp.hyper.max_steps is not None:
+        notes.append("validation passes not counted (dataset rows unknown)")
+    if len(per) > 1:
+        notes.append(f"per-run counts averaged over {len(per)} swept variants of {', '.join(p for p in sweep.params if p in est.COST_PARAMS)}")  # fmt: skip
+    figs, where = list(est.TRAIN_FIGURES), _where_train(exp)
+    if exp.scaling.use_gpu != (ctx.prof.kind == "gpu"):
+        ctx.plan.warnings.append(f"{ex.label}: trains on {'GPUs' if exp.scaling.use_gpu else 'CPUs'}, estimated with the {ctx.plan.profile} profile's {ctx.prof.kind} figures")  # fmt: skip
+    gpus = exp.scaling.num_workers if exp.scaling.use_gpu else 0
+    kw = {"notes": notes, "gpus": gpus, "accelerator": exp.scaling.accelerator_type}
+    if not per or any(p is None for p in per):
+        return Row(exp.name, {"runs": runs}, where, None, figs, **kw), 0.0
+    mean = {k: sum(getattr(p, k) for p in per) / len(per) for k in ("samples", "tokens", "steps", "checkpoints", "device_hours")}  # fmt: skip
+    counts = {"runs": runs, "samples/run": mean["samples"], "tokens/run": mean["tokens"], "steps/run": mean["steps"], "ckpts/run": mean["checkpoints"]}  # fmt: skip
+    hours = runs * mean["device_hours"]
+    return Row(exp.name, counts, where, hours, figs, **kw), runs * mean["checkpoints"]
+
+
+def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
+    """Stage-2 row: the sweep scores its checkpoints on the expert kind's indicators."""
+    from search.sweep import world_dir
+
+    exp, sw = ex.experiment, ex.experiment.search
+    if sw is None:
+        return None
+    try:
+        world = world_dir(exp)
+        tasks = sw.tasks_for(exp.kind, exp.language, world=world is not None)
+    except ValueError as e:
+        ctx.plan.problems.append(f"{ex.label}: search: {e}")
+        return None
+    w = str(world) if world else None
+    ctx.find_tasks([(f"{ex.label}: indicator", t) for t in tasks], w)
+    # Sweep trials reserve CPUs only (search/sweep.py run_sweep), so `auto` scores on the CPU.
+    device = "cuda" if sw.device == "cuda" else "cpu"
+    if device == "cpu" and ctx.prof.kind == "gpu":
+        ctx.plan.warnings.append(f"{ex.label}: indicators score on the CPU (search.device {sw.device}: sweep trials hold no GPU), where the {ctx.plan.profile} figures do not apply; set device: cuda")  # fmt: skip
+    gpus = 1 if device == "cuda" else 0
+    scored = ckpts if sw.checkpoints == "all" else (sw.num_samples if ckpts else 0)
+    batch = est.auto_batch(device) if sw.batch_size == "auto" else sw.batch_size
+    shapes = [ctx.shape(t, w, f"{ex.label}: indicator") for t in tasks]
+    model = ctx.model(exp.base, f"{ex.label}: base")
+    counts = {"checkpoints": scored, "tasks": len(tasks), "evaluations": scored * len(tasks)}
+    where = f"each sweep trial, on {device}, batch {batch}: {', '.join(tasks)}"
+    figs = ["decode_bytes_per_s", "decode_step_overhead_s", "prefill_flops_per_s"]
+    if model is None or None in shapes:
+        return Row(exp.name, counts, where, None, figs, gpus=gpus)
+    secs, items, figs = est.evals_cost(est.model_cost(model, exp), [(s, sw.num_fewshot) for s in shapes], sw.limit, sw.max_gen_toks, batch, ctx.prof, row_per_option=sw.backend == "lm_eval")  # fmt: skip
+    counts["items/ckpt"] = items
+    return Row(exp.name, counts, where, scored * secs / 3600, sorted(figs), gpus=gpus)
+
+
+# ---------------------------------------------------------------------------- stage 3 and 4
+
+
+def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[int, int, str | None]:
+    """(task experts, language experts, base) the search's pool will hold."""
+    exp = s.experiment
+    if exp.experts is None:
+        return len(exp.task_experts), len(exp.language_experts), exp.base
+    src, lang = exp.experts, exp.experts.language or exp.language
+    sides = []
+    for kind, language in (("math", None), ("language", lang)):
+        mine = [e for e in ctx.loaded.experts if e.experiment.kind == kind and e.experiment.search is not None and language in (None, e.experiment.language)]  # fmt: skip
+        if not mine:
+            ctx.plan.problems.append(f"{s.label}: experts.registry: no {kind} expert of this study{' in ' + language if language else ''} has a sweep, so none reaches the registry")  # fmt: skip
+        rows = sum(scored.get(e.label, 0) for e in mine)
+        sides.append(max(1, min(src.top_k, int(rows))))
+    bases = {e.experiment.base for e in ctx.loaded.experts}
+    return sides[0], sides[1], exp.base or (bases.pop() if len(bases) == 1 else None)
+
+
+def _search_rows(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[Row | None, Row | None]:  # fmt: skip
+    """Stage-3 and stage-4 rows of one search."""
+    exp = s.experiment
+    names = [(f"{s.label}: {'target' if t == exp.target_task else 'proxy'}", t) for t in est.promotion_tasks(exp)]  # fmt: skip
+    ctx.find_tasks(names, exp.world, exp.include_path)
+    n_task, n_lang, base = _pool_sizes(s, ctx, scored)
+    model = ctx.model(base, f"{s.label}: base")
+    if model is None:
+        ctx.plan.unknowns.append(f"{s.label}: no base model config to size the merged model by")
+        return None, None
+    cost = est.model_cost(model)
+    pool = (n_task, n_lang, base)
+    return _trial_row(s, cost, ctx), _promotion_row(s, cost, model.layers, pool, ctx)
+
+
+def _trial_row(s: StudySearch, cost: est.ModelCost, ctx: _Ctx) -> Row:
+    """Stage-3 row: num_samples trials, each composing a candidate and scoring the proxies."""
+    exp, st, prof = s.experiment, s.experiment.search, ctx.prof
+    g = st.gpus_per_trial
+    device = "cuda" if g > 0 else "cpu"
+    if device == "cpu" and prof.kind == "gpu":
+        ctx.plan.warnings.append(f"{s.label}: gpus_per_trial 0: trials run on CPUs, where the {ctx.plan.profile} figures do not apply")  # fmt: skip
+    pe, n = exp.proxy_eval, st.num_samples
+    batch = est.auto_batch(device) if pe.batch_size == "auto" else pe.batch_size
+    tasks = [(p.task, p.num_fewshot) for p in exp.proxy_list]
+    shapes = [(ctx.shape(t, exp.world, f"{s.label}: proxy"), k) for t, k in tasks]
+    counts = {"trials": n, "proxies": len(tasks), "evaluations": n * len(tasks)}
+    on = f"{g:g} GPU/trial" if g > 0 else f"CPU, {st.torch_threads} thread(s)/trial"
+    where = f"{on}, experts per {st.expert_store}, batch {batch}: {', '.join(t for t, _ in tasks)}"
+    figs = ["decode_bytes_per_s", "decode_step_overhead_s", "merge_bytes_per_s", "prefill_flops_per_s", "trial_overhead_s"]  # fmt: skip
+    if any(sh is None for sh, _ in shapes):
+        return Row(exp.name, counts, where, None, figs, gpus=g)
+    ev, items, _ = est.evals_cost(cost, shapes, pe.limit, pe.max_gen_toks, batch, prof, row_per_option=False)  # fmt: skip
+    counts["items/trial"] = items
+    fixed = prof.trial_overhead_s.value + cost.weight_bytes / prof.merge_bytes_per_s.value
+    hours = n * est.trial_device_hours(fixed + ev, g, st.torch_threads, prof)
+    notes = ["compose: the whole model each trial (an upper bound: a trial moves only the tensors that changed)"]  # fmt: skip
+    low, sc, keep = None, st.fidelity.screen, st.fidelity.keep_top
+    if sc is not None and n > keep:
+        low = hours - (n - keep) * est.trial_device_hours((1 - sc) * ev, g, st.torch_threads, prof)  # fmt: skip
+        notes.append(f"fidelity screening ({sc:g} of the items first): down to the lower bound (>=) if every trial after the first {keep} is pruned")  # fmt: skip
+    return Row(exp.name, counts, where, hours, figs, hours_low=low, notes=notes, gpus=g)
+
+
+def _promotion_row(s: StudySearch, cost: est.ModelCost, depth: int, pool: tuple, ctx: _Ctx) -> Row:  # fmt: skip
+    """Stage-4 row: the top_k recipes and the baselines (search.promote.baselines) on every
+    promotion task, one lm-eval run per few-shot group."""
+    from search.promote import baselines
+    from spaces.search_space import ExpertPool
+
+    exp, pr, prof = s.experiment, s.experiment.promote, ctx.prof
+    n_task, n_lang, base = pool
+    stand_in = ExpertPool.from_paths([f"task{i}" for i in range(n_task)], [f"language{i}" for i in range(n_lang)], base)  # fmt: skip
+    n_base = len(baselines(exp, stand_in, depth))
+    models = min(pr.top_k, exp.search.num_samples) + n_base
+    device = "cpu" if pr.device == "cpu" or (pr.device == "auto" and prof.kind == "cpu") else "cuda"  # fmt: skip
+    batch = est.auto_batch(device) if pr.batch_size == "auto" else pr.batch_size
+    gpus = 1 if device == "cuda" else 0
+    tasks = [(t, shots or 0) for shots, group in est.shot_groups(exp) for t in group]
+    shapes = [(ctx.shape(t, exp.world, f"{s.label}: promotion"), k) for t, k in tasks]
+    counts = {"models": models, "baselines": n_base, "tasks": len(tasks), "evaluations": models * len(tasks)}  # fmt: skip
+    where = f"the search driver's node, {device}, lm-eval batch {batch}: {', '.join(t for t, _ in tasks)}"  # fmt: skip
+    notes = [f"pool: {n_task} task x {n_lang} language expert(s)"]
+    if pr.num_fewshot is None:
+        notes.append("target at its task's default shots, counted as 0")
+    figs = ["decode_bytes_per_s", "decode_step_overhead_s", "merge_bytes_per_s", "prefill_flops_per_s"]  # fmt: skip
+    if any(sh is None for sh, _ in shapes):
+        return Row(exp.name, counts, where, None, figs, notes=notes, gpus=gpus)
+    ev, items, _ = est.evals_cost(cost, shapes, pr.limit, pr.max_gen_toks, batch, prof, row_per_option=True)  # fmt: skip
+    counts["items/model"] = items
+    secs = models * (ev + cost.weight_bytes / prof.merge_bytes_per_s.value)
+    return Row(exp.name, counts, where, secs / 3600, figs, notes=notes, gpus=gpus)
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def plan_study(loaded: LoadedStudy, profile: str | None = None, profiles: dict[str, Profile] | None = None) -> StudyPlan:  # fmt: skip
+    """Resolve, count and estimate a whole study.
+
+    Args:
+        loaded: the study (spaces.study.load_study).
+        profile: the throughput profile's name (default: the study's `profile`).
+        profiles: the profiles to choose from (default: spaces/throughput.yaml).
+    Returns:
+        the StudyPlan; its `problems` are non-empty when something named does not resolve.
+    Raises:
+        ValueError: an unknown profile name (listing the known ones).
+    """
+    profiles = profiles if profiles is not None else load_profiles()
+    name = profile or loaded.study.profile
+    if name not in profiles:
+        raise ValueError(f"profile {name!r}: unknown (known: {', '.join(sorted(profiles))})")
+    prof = profiles[name]
+    plan = StudyPlan(loaded.study.name, str(loaded.path), name, prof.model_dump(mode="json"), prof.unit)  # fmt: skip
+    ctx = _Ctx(loaded, prof, plan)
+    train, ind = Stage("train", STAGES["train"]), Stage("indicators", STAGES["indicators"])
+    scored: dict[str, float] = {}
+    for ex in loaded.experts:
+        row, ckpts = _train_row(ex, ctx)
+        train.rows.append(row)
+        if (r := _indicator_row(ex, ckpts, ctx)) is not None:
+            ind.rows.append(r)
+            scored[ex.label] = r.counts["checkpoints"]
+    search, promo = Stage("search", STAGES["search"]), Stage("promotion", STAGES["promotion"])
+    for s in loaded.searches:
+        t, p = _search_rows(s, ctx, scored)
+        search.rows += [t] if t else []
+        promo.rows += [p] if p else []
+    plan.stages = [train, ind, search, promo]
+    plan.resolved = sorted(dict.fromkeys(plan.resolved))
+    return plan
+
+
+# ---------------------------------------------------------------------------- printing
+
+
+def _num(v: float) -> str:
+    """A count for the table: 12,345 / 15.8M / 2.5."""
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.1f}M"
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:,.1f}"
+
+
+def _hours(h: float | None) -> str:
+    """Device-hours: two decimals, or three significant digits below one hour."""
+    if h is None:
+        return "?"
+    return f"{h:,.2f}" if h >= 1 else f"{h:.3g}"
+
+
+def _figure(name: str, fig: dict) -> str:
+    origin = "measured" if fig.get("measured") else "assumed"
+    return f"{name} {fig['value']:.3g} {fig['unit']} ({origin})"
+
+
+def format_study_plan(plan: StudyPlan) -> str:
+    """The plan as `layerswap plan` prints it: one table per stage, totals, figures, findings."""
+    figs = {k: v for k, v in plan.profile_data.items() if isinstance(v, dict) and "value" in v}
+    u = plan.unit
+    out = [f"study plan: {plan.study} ({plan.source})", f"profile {plan.profile}: {plan.profile_data['device']}; hours are {u} (device-hours)"]  # fmt: skip
+    for i, st in enumerate(plan.stages, 1):
+        w = max(9, len(u))
+        out += ["", f"stage {i}: {st.title}: {_hours(st.hours)} {u}", f"  {u:>{w}}  name: counts"]
+        for r in st.rows:
+            low = f" (>= {_hours(r.hours_low)} {u})" if r.hours_low is not None else ""
+            counts = ", ".join(f"{k} {_num(v)}" for k, v in r.counts.items())
+            out.append(f"  {_hours(r.hours):>{w}}  {r.name}: {counts}{low}")
+            out.append(f"  {'':>{w}}    on: {r.where}")
+            out += [f"  {'':>{w}}    note: {n}" for n in r.notes]
+        if not st.rows:
+            out.append(f"  {'':>{w}}  (nothing in this study)")
+        used = sorted({f for r in st.rows for f in r.figures})
+        if used:
+            out.append("  rests on: " + "; ".join(_figure(f, figs[f]) for f in used))
+    per = ", ".join(f"{s.key} {_hours(s.hours)}" for s in plan.stages)
+    out += ["", f"total: {_hours(plan.hours)} {u} ({per})"]
+    measured = sorted(k for k, v in figs.items() if v.get("measured"))
+    out.append(f"figures of profile {plan.profile} ({len(measured)} of {len(figs)} measured):")
+    for k, v in figs.items():
+        if v.get("measured"):
+            m = v["measured"]
+            out.append(f"  {_figure(k, v)}: {m['benchmark']} on {m['device']}, {m['date']}: {m['command']}")  # fmt: skip
+        else:
+            out.append(f"  {_figure(k, v)}: {v['assumed']}")
+    for title, lines in (("resolved offline", plan.resolved), ("unknown (not estimated)", plan.unknowns), ("warnings", plan.warnings), ("problems", plan.problems)):  # fmt: skip
+        if lines:
+            out += ["", f"{title}:"] + [f"  - {x}" for x in lines]
+    return "\n".join(out)

@@ -1,0 +1,273 @@
+"""`plan_study` on a small hand-built study: exact counts of runs, steps, checkpoints, trials,
+models and evaluations; device-hours by hand from the cost model's documented rules on a toy
+profile; problems for names that do not resolve. No Ray, no weights: a config.json only.
+
+Run: .venv/bin/pytest -q tests/search/test_study_plan.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from search import study_estimate as est
+from search.study_plan import format_study_plan, plan_study
+from spaces.study import Profile, load_study
+
+# A 2-layer Llama, hidden 8, MLP 16, 2 heads of 4, vocab 32, fp32. Matmul weights per layer:
+# q, k, v, o 4 x 8*8 = 256, MLP 3 x 8*16 = 384 -> 640; x 2 layers + lm_head 8*32 = 256 -> 1536.
+# All parameters: + embedding 256 + norms 2*2*8 + 8 = 1832 -> 7328 bytes in fp32. d_attn 8.
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 4,
+    "vocab_size": 32,
+    "tie_word_embeddings": False,
+    "dtype": "float32",
+}
+N_MM, WEIGHT_BYTES = 1536, 7328
+
+
+def fwd(ctx: float) -> float:
+    """Forward FLOPs per token by hand: 2 N_mm + 2 * layers * ctx * d_attn."""
+    return 2 * N_MM + 2 * 2 * ctx * 8
+
+
+def _fig(v: float) -> dict:
+    return {"value": v, "unit": "u", "assumed": "toy"}
+
+
+TOY = Profile.model_validate(
+    {
+        "kind": "gpu",
+        "device": "toy",
+        "unit": "GPU-h",
+        "train_flops_per_s": _fig(1e6),
+        "prefill_flops_per_s": _fig(1e6),
+        "decode_bytes_per_s": _fig(1e3),
+        "decode_step_overhead_s": _fig(0.5),
+        "merge_bytes_per_s": _fig(1e3),
+        "run_startup_s": _fig(10),
+        "trial_overhead_s": _fig(1),
+        "parallel_efficiency": _fig(0.5),
+    }
+)
+TASKS = {  # the study's own task shapes, so the expected numbers do not move with the built-ins
+    "mgsm_direct_en": {"items": 30, "prompt_tokens": 20},
+    "mgsm_direct_sw": {"items": 30, "prompt_tokens": 20},
+    "belebele_swh_Latn": {
+        "items": 40,
+        "prompt_tokens": 30,
+        "shot_tokens": 30,
+        "choices": 4,
+        "continuation_tokens": 2,
+    },
+}
+
+
+def make_study(root: Path, **change) -> Path:
+    """A full expert (100 local rows, 2 epochs, 2 GPU workers) swept 3 times, and one search."""
+    (root / "base").mkdir(parents=True)
+    (root / "base" / "config.json").write_text(json.dumps(CONFIG))
+    rows = "".join(json.dumps({"question": f"q{i}", "answer": f"a{i}"}) + "\n" for i in range(100))
+    (root / "data.jsonl").write_text(rows)
+    exp = {
+        "name": "toy_math",
+        "base": "base",
+        "kind": "math",
+        "language": "en",
+        "datasets": [{"path": "data.jsonl"}],
+        "mode": "full",
+        "hyper": {"lr": 1e-3, "epochs": 2, "batch_size": 4, "val_share": 0.1, "seq_len": 64},
+        "checkpoint_every_samples": 40,
+        "scaling": {"num_workers": 2, "use_gpu": True},
+    }
+    (root / "toy.yaml").write_text(yaml.safe_dump(exp))
+    sweep = {
+        "num_samples": 3,
+        "params": {"hyper.lr": {"low": 1e-4, "high": 1e-3}},
+        "indicators": ["mgsm_direct_en"],
+        "limit": 20,
+        "max_gen_toks": 4,
+        "batch_size": 8,
+        "device": "cuda",
+    }
+    search = {
+        "name": "toy_search",
+        "language": "swh",
+        "base": str(root / "base"),
+        "task_experts": ["t1", "t2"],
+        "language_experts": ["l1"],
+        "proxies": [
+            {"task": "belebele_swh_Latn", "chance": 0.25, "num_fewshot": 1},
+            {"task": "mgsm_direct_en"},
+        ],
+        "target": "mgsm_direct_sw",
+        "search": {"num_samples": 5, "gpus_per_trial": 1},
+        "proxy_eval": {"limit": 20, "max_gen_toks": 4, "batch_size": 8},
+        "promote": {"top_k": 2, "limit": 10, "max_gen_toks": 4, "batch_size": 5},
+    }
+    expert = {"config": "toy.yaml", "tokens_per_sample": 10, "sweep": sweep}
+    study = {"name": "toy", "experts": [expert], "searches": [{"experiment": search}], "tasks": TASKS}  # fmt: skip
+    for key, value in change.items():
+        study[key] = value
+    (root / "study.yaml").write_text(yaml.safe_dump(study))
+    return root / "study.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    loaded = load_study(make_study(tmp_path_factory.mktemp("study")))
+    return plan_study(loaded, "toy", {"toy": TOY})
+
+
+def _row(plan, stage: str):
+    (st,) = [s for s in plan.stages if s.key == stage]
+    assert len(st.rows) == 1
+    return st.rows[0]
+
+
+def test_no_problems(plan):
+    assert plan.problems == [] and plan.unknowns == []
+
+
+def test_training_counts_and_hours(plan):
+    r = _row(plan, "train")
+    # 100 rows, val round(0.1*100) = 10 -> 90 train; 2 epochs / batch 4 -> ceil(180/4) = 45
+    # steps; checkpoints every 40 samples: steps 10, 20, 30, 40, and the last (45).
+    assert r.counts == {
+        "runs": 3,
+        "samples/run": 180,
+        "tokens/run": 1800,
+        "steps/run": 45,
+        "ckpts/run": 5,
+    }
+    train = 1800 * 3 * fwd(10) / 1e6  # full: 3 forwards a token; 2 workers x efficiency 0.5
+    val = 5 * 10 * 10 * fwd(10) / 1e6  # 10 validation samples at each of 5 checkpoints
+    assert r.hours == pytest.approx(3 * (10 + train + val) * 2 / 3600)  # 2 GPUs a run
+    assert r.gpus == 2 and "2 x GPU (ddp) per run; 3 trial(s)" in r.where
+
+
+def test_indicator_counts_and_hours(plan):
+    r = _row(plan, "indicators")
+    assert r.counts == {"checkpoints": 15, "tasks": 1, "evaluations": 15, "items/ckpt": 20}
+    # 20 items x 20 prompt tokens, then ceil(20/8) = 3 batches x 4 decoding steps.
+    per = 20 * 20 * fwd(20) / 1e6 + 3 * 4 * (WEIGHT_BYTES / 1e3 + 0.5)
+    assert r.hours == pytest.approx(15 * per / 3600)
+
+
+def _proxies() -> float:
+    bele = 20 * 68 * fwd(68) / 1e6  # 1 shot: 60 tokens + 4 options x 2, one row per item
+    mgsm = 20 * 20 * fwd(20) / 1e6 + 3 * 4 * (WEIGHT_BYTES / 1e3 + 0.5)
+    return bele + mgsm
+
+
+def test_search_counts_and_hours(plan):
+    r = _row(plan, "search")
+    assert r.counts == {"trials": 5, "proxies": 2, "evaluations": 10, "items/trial": 40}
+    fixed = 1 + WEIGHT_BYTES / 1e3  # trial overhead + composing the whole model
+    assert r.hours == pytest.approx(5 * (fixed + _proxies()) / 3600)
+    # fidelity screening: the first keep_top (3) trials full, the other 2 at a quarter
+    assert r.hours_low == pytest.approx((5 * fixed + (3 + 2 * 0.25) * _proxies()) / 3600)
+
+
+def test_promotion_counts_and_hours(plan):
+    r = _row(plan, "promotion")
+    # top 2 + base, 3 experts, uniform and magnitude soups, TIES, paper default = 2 + 8
+    assert r.counts == {
+        "models": 10,
+        "baselines": 8,
+        "tasks": 3,
+        "evaluations": 30,
+        "items/model": 30,
+    }
+    mgsm = 10 * 20 * fwd(20) / 1e6 + 2 * 4 * (WEIGHT_BYTES / 1e3 + 0.5)  # batch 5: 2 batches
+    bele = 10 * 4 * 62 * fwd(62) / 1e6  # lm-eval: a row per option, 1 shot: 60 + 2 tokens
+    assert r.hours == pytest.approx(10 * (2 * mgsm + bele + WEIGHT_BYTES / 1e3) / 3600)
+    assert "mgsm_direct_sw, mgsm_direct_en, belebele_swh_Latn" in r.where
+
+
+def test_totals_and_json(plan):
+    assert plan.hours == pytest.approx(sum(s.hours for s in plan.stages))
+    data = plan.to_json()
+    assert data["layerswap_plan"] == 1 and data["hours"] == pytest.approx(plan.hours)
+    assert [s["hours"] for s in data["stages"]] == [s.hours for s in plan.stages]
+    json.dumps(data)  # plain data all the way down
+
+
+def test_printed_plan_names_figures_and_their_origin(plan):
+    out = format_study_plan(plan)
+    assert "stage 1: expert training" in out and "stage 4: promotion" in out
+    assert "rests on: parallel_efficiency 0.5 u (assumed)" in out
+    assert "figures of profile toy (0 of 8 measured)" in out
+
+
+def test_hours_scale_with_tokens_and_devices(tmp_path):
+    from trainables.train.plan_model import load_model_config, model_shape
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    loaded = load_study(make_study(tmp_path / "s"))
+    exp = loaded.experts[0].experiment
+    cost = est.model_cost(model_shape(load_model_config(str(tmp_path))[0]), exp)
+
+    def compute(tokens, e=exp):
+        return est.train_seconds(cost, e, tokens, 0, 10, TOY) - TOY.run_startup_s.value
+
+    assert compute(2000) == pytest.approx(2 * compute(1000))
+    assert compute(1000) == pytest.approx(1000 * 3 * fwd(10) / 1e6)
+    one = exp.model_copy(update={"scaling": exp.scaling.model_copy(update={"num_workers": 1})})
+    assert compute(1000, one) == pytest.approx(compute(1000))  # 2 x 0.5 efficiency = 1
+
+
+def test_lora_keeps_the_forward_and_activation_backward(tmp_path):
+    from spaces.train_experiment import with_overrides
+    from trainables.train.plan_model import load_model_config, model_shape
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    shape = model_shape(load_model_config(str(tmp_path))[0])
+    loaded = load_study(make_study(tmp_path / "s"))
+    lora = with_overrides(loaded.experts[0].experiment, {"mode": {"type": "lora", "rank": 2}})
+    c = est.model_cost(shape, lora)
+    # rank 2 on q, k, v, o (2*(8+8) each) and gate, up, down (2*(8+16) each): 272 a layer
+    assert c.n_trained_mm == 544 and c.n_mm == N_MM + 544
+    fwd_lora = 2 * c.n_mm + 2 * 2 * 10 * 8
+    assert est.train_flops(c, 10, False) == 2 * fwd_lora + 2 * 2 * 10 * 8 + 2 * 544
+    assert est.train_flops(c, 10, True) == est.train_flops(c, 10, False) + fwd_lora
+
+
+def test_unknown_task_and_source_are_problems(tmp_path):
+    path = make_study(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["experts"][0]["sweep"]["indicators"] = ["no_such_task_xyz"]
+    data["experts"][0]["overrides"] = {"datasets": [{"source": "no_such_source"}]}
+    data["searches"][0]["experiment"]["target"] = "mgsm_direct_zz_missing"
+    path.write_text(yaml.safe_dump(data))
+    plan = plan_study(load_study(path), "toy", {"toy": TOY})
+    text = "\n".join(plan.problems)
+    assert "unknown task no_such_task_xyz" in text
+    assert "unknown task mgsm_direct_zz_missing" in text and "target" in text
+    assert "unknown source 'no_such_source'" in text
+    # epochs over a Hub source of unknown size: listed, not guessed
+    assert any("rows cannot be counted offline" in u for u in plan.unknowns)
+    assert _row(plan, "train").hours is None and plan.hours is None
+
+
+def test_sweep_trials_that_cannot_run_are_problems(tmp_path):
+    path = make_study(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["experts"][0]["sweep"]["params"] = {"hyper.batch_size": {"choices": [4, 3]}}
+    path.write_text(yaml.safe_dump(data))
+    plan = plan_study(load_study(path), "toy", {"toy": TOY})
+    assert any("{'hyper.batch_size': 3} cannot run" in p and "num_workers (2)" in p for p in plan.problems)  # fmt: skip
+
+
+def test_unknown_profile_lists_the_known(tmp_path):
+    with pytest.raises(ValueError, match=r"profile 'tpu': unknown \(known: toy\)"):
+        plan_study(load_study(make_study(tmp_path)), "tpu", {"toy": TOY})
