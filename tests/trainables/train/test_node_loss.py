@@ -20,23 +20,17 @@ AUDIT = Path(__file__).parents[2] / "search"  # tests/search/audit_hook lives th
 
 
 def _experiment(world: Path, tmp: Path, log: Path):
-    from spaces.train_experiment import parse_train_experiment
+    """12 steps of 8 samples, a checkpoint after steps 4, 8 and 12, slow enough to lose a node
+    between the checkpoints at steps 4 and 8."""
+    from tests.trainables.train.train_helpers import make_exp
 
-    return parse_train_experiment(
-        {
-            "name": "node_loss",
-            "base": str(world / "base"),
-            "kind": "math",
-            "language": "en",
-            "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
-            "mode": "full",
-            "hyper": {"lr": 3e-3, "batch_size": 8, "max_steps": 12, "seq_len": 96},
-            "checkpoint_every_samples": 32,  # after steps 4, 8 and 12
-            "storage_path": str(tmp / "store"),
-            "failure": {"max_failures": 2},
-            # Slow steps: the node goes between the checkpoints at steps 4 and 8.
-            "debug": {"step_log": str(log), "step_delay_s": 0.4},
-        }
+    return make_exp(
+        world,
+        name="node_loss",
+        checkpoint_every_samples=32,
+        storage_path=str(tmp / "store"),
+        failure={"max_failures": 2},
+        debug={"step_log": str(log), "step_delay_s": 0.4},
     )
 
 
