@@ -441,3 +441,30 @@ def _check_tasks(exp: SearchExperiment, out: Preflight) -> None:
     where = "target" if exp.target is not None else "target (default)"
     if _find(exp.target_task, src, True, out) is None:
         unknown(where, exp.target_task, builtin=True)
+
+
+def find_tasks(names: list[tuple[str, str]], world: str | None, texts: dict, include_path: list[str] | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Check lm-eval task names as the search preflight does: the world's tasks, an
+    include_path folder's, then lm-eval's built-ins (`_find`). Used by `layerswap plan`.
+
+    Args:
+        names: (where, task name) pairs; `where` starts each problem line.
+        world: an embedded world folder whose tasks count, or None.
+        texts: a cache of lm-eval's config text shared between calls (read once: seconds).
+        include_path: folders of extra task YAMLs (a search experiment's).
+    Returns:
+        (problems, where each found name resolves).
+    """
+    from types import SimpleNamespace
+
+    out = Preflight()
+    src = _task_sources(SimpleNamespace(world=world, include_path=include_path or []), out)  # fmt: skip
+    src.texts = texts
+    found = []
+    for where, name in names:
+        at = _find(name, src, True, out)
+        if at is None:
+            out.problems.append(f"{where}: unknown task {name}{_known(name, src)}")
+        elif at == "world":
+            found.append(f"task {name}: the world's task YAMLs ({world})")
+    return out.problems, found + out.unchecked

@@ -126,7 +126,7 @@ class _Plan:
     live: object  # one trainables.merge.live.LiveModel, re-pointed at every model in turn
     models: list[tuple[str, str, str | None, object]]  # (name, kind, recipe id, path or recipe)
     device: str = "cpu"  # resolved promote.device: where every model is evaluated
-    # (few-shot count, tasks): one lm-eval run per distinct count (see _shot_groups)
+    # (few-shot count, tasks): one lm-eval run per distinct count (see shot_groups)
     groups: list[tuple[int | None, list[str]]] = field(default_factory=list)
 
 
@@ -175,14 +175,14 @@ def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:
     )
 
 
-def _promotion_tasks(exp: SearchExperiment) -> list[str]:
+def promotion_tasks(exp: SearchExperiment) -> list[str]:
     """The target task, then each proxy's held-out test task, then the proxies' dev tasks."""
     proxies = [p.task for p in exp.proxy_list]
     tasks = [exp.target_task, *(heldout_task(t) for t in proxies), *proxies]
     return list(dict.fromkeys(tasks))
 
 
-def _shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
+def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
     """Promotion tasks grouped by few-shot count, in task order: the target at
     promote.num_fewshot (None: the task's default), each proxy's dev and held-out test task at
     its Proxy.num_fewshot, as the search scored it. lm-eval takes one count per run."""
@@ -191,7 +191,7 @@ def _shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
         for task in (p.task, heldout_task(p.task)):
             shots.setdefault(task, p.num_fewshot)
     groups: dict[int | None, list[str]] = {}
-    for task in _promotion_tasks(exp):
+    for task in promotion_tasks(exp):
         groups.setdefault(shots[task], []).append(task)
     return list(groups.items())
 
@@ -210,7 +210,7 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     depth = model_depth(pool)
     store = TrialStore(run_dir / "search" / "trials.parquet")
     cands = [(f"candidate_{r['recipe_id']}", r) for r in store.best(exp.promote.top_k)]
-    tasks = _promotion_tasks(exp)
+    tasks = promotion_tasks(exp)
     inc = include_paths(exp, pdir)
     from transformers import AutoTokenizer
 
@@ -221,7 +221,7 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     )
     live = LiveModel(ExpertCache(pool.base), pool, device)  # merged where it is evaluated
     models = _models(exp, pool, depth, cands)
-    return _Plan(pdir, cands, tasks, inc, tok, live, models, device, _shot_groups(exp))
+    return _Plan(pdir, cands, tasks, inc, tok, live, models, device, shot_groups(exp))
 
 
 def _models(

@@ -31,7 +31,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from spaces.search_experiment import SearchExperiment
 from spaces.study import Profile, TaskShape
 from spaces.train_experiment import TrainExperiment
 
@@ -160,10 +159,10 @@ def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
 
 def checkpoints(exp: TrainExperiment, steps: int) -> int:
     """Checkpoints a run of `steps` steps writes (the training loop's own rule)."""
-    from trainables.train.loop import _checkpoint_due
+    from trainables.train.loop import checkpoint_due
 
     bs = exp.hyper.batch_size
-    return sum(_checkpoint_due(exp, s, s * bs, steps) for s in range(1, steps + 1))
+    return sum(checkpoint_due(exp, s, s * bs, steps) for s in range(1, steps + 1))
 
 
 def devices_per_run(exp: TrainExperiment, prof: Profile) -> int:
@@ -234,50 +233,6 @@ def eval_cost(
     step_s = c.weight_bytes / prof.decode_bytes_per_s.value + prof.decode_step_overhead_s.value
     s = tokens * forward_flops(c, ctx) / prof.prefill_flops_per_s.value + steps * step_s
     return s, ("prefill_flops_per_s", "decode_bytes_per_s", "decode_step_overhead_s")
-
-
-def find_tasks(names: list[tuple[str, str]], world: str | None, texts: dict, include_path: list[str] | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
-    """Check lm-eval task names with the search preflight's finder: the world's tasks, an
-    include_path folder's, then lm-eval's built-ins (search/preflight.py `_find`).
-
-    Args:
-        names: (where, task name) pairs; `where` starts each problem line.
-        world: an embedded world folder whose tasks count, or None.
-        texts: a cache of lm-eval's config text shared between calls (read once: seconds).
-        include_path: folders of extra task YAMLs (a search experiment's).
-    Returns:
-        (problems, where each found name resolves).
-    """
-    from types import SimpleNamespace
-
-    from search import preflight
-
-    out = preflight.Preflight()
-    src = preflight._task_sources(SimpleNamespace(world=world, include_path=include_path or []), out)  # fmt: skip
-    src.texts = texts
-    found = []
-    for where, name in names:
-        at = preflight._find(name, src, True, out)
-        if at is None:
-            out.problems.append(f"{where}: unknown task {name}{preflight._known(name, src)}")
-        elif at == "world":
-            found.append(f"task {name}: the world's task YAMLs ({world})")
-    return out.problems, found + out.unchecked
-
-
-def promotion_tasks(exp: SearchExperiment) -> list[str]:
-    """Every task a search and its promotion evaluate: the target, each proxy's test variant and
-    the proxies (search.promote's own list)."""
-    from search.promote import _promotion_tasks
-
-    return _promotion_tasks(exp)
-
-
-def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
-    """Promotion's tasks grouped by few-shot count (search.promote's own rule)."""
-    from search.promote import _shot_groups
-
-    return _shot_groups(exp)
 
 
 def auto_batch(device: str) -> int:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from search import preflight
 from search import study_estimate as est
+from search.promote import promotion_tasks, shot_groups
 from spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
 from spaces.train_experiment import TrainExperiment
 
@@ -122,8 +124,8 @@ class _Ctx:
         return shape
 
     def find_tasks(self, names: list[tuple[str, str]], world: str | None, include_path=()) -> None:  # fmt: skip
-        """Check task names (est.find_tasks); problems and what was found go to the plan."""
-        problems, found = est.find_tasks(names, world, self.texts, list(include_path))
+        """Check task names (search.preflight.find_tasks); problems and what was found go to the plan."""
+        problems, found = preflight.find_tasks(names, world, self.texts, list(include_path))
         self.plan.problems += problems
         self.plan.resolved += found
 
@@ -256,7 +258,7 @@ def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[in
 def _search_rows(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[Row | None, Row | None]:  # fmt: skip
     """Stage-3 and stage-4 rows of one search."""
     exp = s.experiment
-    names = [(f"{s.label}: {'target' if t == exp.target_task else 'proxy'}", t) for t in est.promotion_tasks(exp)]  # fmt: skip
+    names = [(f"{s.label}: {'target' if t == exp.target_task else 'proxy'}", t) for t in promotion_tasks(exp)]  # fmt: skip
     ctx.find_tasks(names, exp.world, exp.include_path)
     n_task, n_lang, base = _pool_sizes(s, ctx, scored)
     model = ctx.model(base, f"{s.label}: base")
@@ -311,7 +313,7 @@ def _promotion_row(s: StudySearch, cost: est.ModelCost, depth: int, pool: tuple,
     device = "cpu" if pr.device == "cpu" or (pr.device == "auto" and prof.kind == "cpu") else "cuda"  # fmt: skip
     batch = est.auto_batch(device) if pr.batch_size == "auto" else pr.batch_size
     gpus = 1 if device == "cuda" else 0
-    tasks = [(t, shots or 0) for shots, group in est.shot_groups(exp) for t in group]
+    tasks = [(t, shots or 0) for shots, group in shot_groups(exp) for t in group]
     shapes = [(ctx.shape(t, exp.world, f"{s.label}: promotion"), k) for t, k in tasks]
     counts = {"models": models, "baselines": n_base, "tasks": len(tasks), "evaluations": models * len(tasks)}  # fmt: skip
     where = f"the search driver's node, {device}, lm-eval batch {batch}: {', '.join(t for t, _ in tasks)}"  # fmt: skip

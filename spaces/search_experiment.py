@@ -160,7 +160,7 @@ def heldout_task(task: str) -> str:
     return task[: -len("_dev")] if task.endswith("_dev") else task
 
 
-def _resolve(data: dict, root: Path) -> dict:
+def resolve_paths(data: dict, root: Path) -> dict:
     """Input paths by the one path rule (spaces.base.resolve_local)."""
     out = dict(data)
     for key in ("base", "world"):
@@ -186,7 +186,7 @@ def load_search_experiment(path: str | Path) -> SearchExperiment:
     if isinstance(data, dict):
         # Then what names a local path only from the working directory is made absolute too:
         # Tune runs each trial in a folder of its own.
-        data = _resolve(_resolve(data, path.parent), Path.cwd())
+        data = resolve_paths(resolve_paths(data, path.parent), Path.cwd())
     return validate(
         SearchExperiment,
         data,

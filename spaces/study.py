@@ -168,7 +168,7 @@ def _load_expert(i: int, entry: ExpertEntry, root: Path) -> StudyExpert:
 
 def _load_search(i: int, entry: SearchEntry, study: Path) -> StudySearch:
     """searches[i] loaded; a ValueError names the entry and the field."""
-    from spaces.search_experiment import _resolve  # the search file's own path rule
+    from spaces.search_experiment import resolve_paths  # the search file's own path rule
 
     if entry.config is not None:
         label = f"searches[{i}] ({entry.config})"
@@ -178,7 +178,7 @@ def _load_search(i: int, entry: SearchEntry, study: Path) -> StudySearch:
             raise ValueError(f"{label}: {e}") from None
         return StudySearch(label, study.parent / entry.config, exp)
     label = f"searches[{i}] (inline)"
-    data = _resolve(_resolve(entry.experiment, study.parent), Path.cwd())
+    data = resolve_paths(resolve_paths(entry.experiment, study.parent), Path.cwd())
     where = f"{label}: experiment"
     return StudySearch(label, study, validate(SearchExperiment, data, source=where, what="search experiment"))  # fmt: skip
 

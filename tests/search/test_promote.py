@@ -14,7 +14,7 @@ import pytest
 import torch
 from search_fixtures import experiment, make_experts
 
-from search.promote import RESULT_COLUMNS, _shot_groups, promote
+from search.promote import RESULT_COLUMNS, promote, shot_groups
 from search.results import TrialStore
 from spaces.recipe import LayerSwapRecipe, dump_recipe, recipe_id
 from trainables.evaluate.harness import resolve_device
@@ -50,9 +50,9 @@ def _run_dir(root: Path, paths: dict[str, Path]) -> tuple[Path, str]:
 
 def test_shot_groups(tiny_world, experts):
     exp = experiment(tiny_world, experts)  # defaults: 0 shots everywhere, one lm-eval run
-    assert _shot_groups(exp) == [(0, [TARGET, "world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM])]  # fmt: skip
+    assert shot_groups(exp) == [(0, [TARGET, "world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM])]  # fmt: skip
     exp = experiment(tiny_world, experts, promote={"num_fewshot": None})  # the task's default
-    assert _shot_groups(exp) == [
+    assert shot_groups(exp) == [
         (None, [TARGET]),
         (0, ["world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM]),
     ]

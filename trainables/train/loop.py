@@ -279,7 +279,7 @@ def _append_step_log(run: _Run, done: int, group: str) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _checkpoint_due(exp: TrainExperiment, done: int, samples: int, total: int) -> bool:
+def checkpoint_due(exp: TrainExperiment, done: int, samples: int, total: int) -> bool:
     """Whether this step is the last one or crosses a checkpoint_every_samples boundary."""
     if done == total:
         return True
@@ -433,7 +433,7 @@ def run_training(
         _append_step_log(run, done, out.group)
         if exp.debug.step_delay_s:
             time.sleep(exp.debug.step_delay_s)
-        ckpt_due = _checkpoint_due(exp, done, samples, total)
+        ckpt_due = checkpoint_due(exp, done, samples, total)
         if not (ckpt_due or done % h.log_every == 0):
             continue
         metrics = _metrics(run, out, done, samples, ckpt_due)
