@@ -67,6 +67,8 @@ def compare_strategies(exp, root: Path) -> dict:
 def print_results(results: dict) -> None:
     """The side-by-side table: plain loop and Ray Train, then DDP and FSDP when measured."""
     for k in ("plain1", "ray", "plain2"):
+        if k not in results:
+            continue
         r = results[k]
         print(f"{k:7s} {r['tokens_per_s']:9.0f} tok/s over {r['steps']} steps ({r['seconds']:.1f}s), start-up to first step {r['startup_s']:.1f}s")  # fmt: skip
     print(f"ray.init {results['ray']['ray_init_s']:.1f}s; fit() total {results['ray']['fit_total_s']:.1f}s")  # fmt: skip
@@ -77,7 +79,7 @@ def print_results(results: dict) -> None:
         print(f"FSDP / DDP tokens/s (2 workers, CPU, gloo): {results['ratio_fsdp_over_ddp']:.3f}")  # fmt: skip
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hidden", type=int, default=256)
@@ -85,16 +87,64 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--log-every", type=int, default=10, help="steps between reports (default 10)")
-    p.add_argument("--skip-plain2", action="store_true")
+    p.add_argument("--skip-plain2", action="store_true", help="one plain run, before Ray only")
     p.add_argument("--skip-strategies", action="store_true", help="no FSDP vs DDP comparison")
     p.add_argument("--out", type=Path)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def experiments(args: argparse.Namespace, world: Path, base: Path, root: Path):
+    """exp(tag, workers, strategy): the benchmark's experiment, logging steps to root/<tag>.jsonl."""
+    from spaces.train_experiment import parse_train_experiment
+
+    def exp(tag: str, workers: int = 1, strategy: str = "ddp"):
+        return parse_train_experiment(
+            {
+                "name": f"bench_{tag}",
+                "base": str(base),
+                "kind": "math",
+                "language": "en",
+                "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
+                "mode": "full",
+                "hyper": {
+                    "lr": 1e-3,
+                    "batch_size": args.batch_size,
+                    "max_steps": args.steps,
+                    "seq_len": 128,
+                    "val_share": 0.02,
+                    "log_every": args.log_every,
+                },
+                "scaling": {
+                    "num_workers": workers,
+                    "cpus_per_worker": args.threads,
+                    "strategy": strategy,
+                },
+                "precision": "fp32",
+                "storage_path": str(root / "ray"),
+                "debug": {"step_log": str(root / f"{tag}.jsonl")},
+            }
+        )
+
+    return exp
+
+
+def plain_run(exp, root: Path, tag: str) -> dict:
+    """The plain loop in this process: its throughput and time to the first step."""
+    from trainables.train import run_training
+
+    t = time.time()
+    run_training(exp(tag), workdir=root / tag, report=lambda m, c: None)
+    out = throughput(root / f"{tag}.jsonl")
+    out["startup_s"] = out.pop("first_step_time") - t
+    return out
+
+
+def main() -> int:
+    args = parse_args()
 
     import ray
     import torch
 
-    from spaces.train_experiment import parse_train_experiment
-    from trainables.train import run_training
     from trainables.train.ray_train import train_with_ray
     from world import build_world
 
@@ -103,40 +153,10 @@ def main() -> int:
     try:
         world = build_world(root / "world", seed=0, size="tiny", progress=False)
         base = make_base(world, root / "base", args.hidden, args.layers)
-
-        def exp(tag: str, workers: int = 1, strategy: str = "ddp"):
-            return parse_train_experiment(
-                {
-                    "name": f"bench_{tag}",
-                    "base": str(base),
-                    "kind": "math",
-                    "language": "en",
-                    "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
-                    "mode": "full",
-                    "hyper": {
-                        "lr": 1e-3,
-                        "batch_size": args.batch_size,
-                        "max_steps": args.steps,
-                        "seq_len": 128,
-                        "val_share": 0.02,
-                        "log_every": args.log_every,
-                    },
-                    "scaling": {
-                        "num_workers": workers,
-                        "cpus_per_worker": args.threads,
-                        "strategy": strategy,
-                    },
-                    "precision": "fp32",
-                    "storage_path": str(root / "ray"),
-                    "debug": {"step_log": str(root / f"{tag}.jsonl")},
-                }
-            )
+        exp = experiments(args, world, base, root)
 
         results: dict = {"config": vars(args) | {"out": str(args.out) if args.out else None}}
-        t = time.time()
-        run_training(exp("plain1"), workdir=root / "plain1", report=lambda m, c: None)
-        results["plain1"] = throughput(root / "plain1.jsonl")
-        results["plain1"]["startup_s"] = results["plain1"].pop("first_step_time") - t
+        results["plain1"] = plain_run(exp, root, "plain1")
 
         t = time.time()
         ray.init(num_cpus=max(2, args.threads), _temp_dir=tempfile.mkdtemp(prefix="lsb", dir="/tmp"), include_dashboard=False, log_to_driver=False)  # fmt: skip
@@ -152,12 +172,10 @@ def main() -> int:
             results |= compare_strategies(exp, root)
         ray.shutdown()
 
-        t = time.time()
-        run_training(exp("plain2"), workdir=root / "plain2", report=lambda m, c: None)
-        results["plain2"] = throughput(root / "plain2.jsonl")
-        results["plain2"]["startup_s"] = results["plain2"].pop("first_step_time") - t
-
-        plain = (results["plain1"]["tokens_per_s"] + results["plain2"]["tokens_per_s"]) / 2
+        plains = ["plain1"] if args.skip_plain2 else ["plain1", "plain2"]
+        if not args.skip_plain2:
+            results["plain2"] = plain_run(exp, root, "plain2")
+        plain = sum(results[k]["tokens_per_s"] for k in plains) / len(plains)
         results["ratio_ray_over_plain"] = results["ray"]["tokens_per_s"] / plain
         print_results(results)
         if args.out:
