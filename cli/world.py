@@ -10,14 +10,16 @@ from pathlib import Path
 
 
 def _cmd_world_build(args: argparse.Namespace) -> int:
+    from spaces.world import load_variant
     from world.build import build_world
 
-    build_world(args.out, seed=args.seed, size=args.size, overwrite=args.overwrite)
+    config = load_variant(args.config, args.size, args.seed) if args.config else None
+    build_world(args.out, seed=args.seed, size=args.size, overwrite=args.overwrite, config=config)
     return 0
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `world build --out DIR [--seed N] [--size full|tiny] [--overwrite]` to a CLI.
+    """Add `world build --out DIR [--seed N] [--size full|tiny] [--config YAML] [--overwrite]`.
 
     Args:
         subparsers: the object returned by `ArgumentParser.add_subparsers()`.
@@ -40,5 +42,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="world seed (default: 0)")
     b.add_argument("--size", choices=["full", "tiny"], default="full", help="default: full")
     b.add_argument("--overwrite", action="store_true", help="replace a different existing world")
+    b.add_argument(
+        "--config",
+        type=Path,
+        metavar="YAML",
+        help="a world variant: fields of the size's preset to replace, e.g. "
+        "'model: {steps: 2000}' or 'digit_words: true' (spaces/world.py WorldConfig); "
+        "recorded in world.json",
+    )
     b.set_defaults(func=_cmd_world_build)
     return w

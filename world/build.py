@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from spaces.world import WorldSize, world_config
+from spaces.world import WorldConfig, WorldSize, world_config
 from trainables.outputs import output_dir
 from world.data import make_corpus, make_datasets
 from world.lang import LANG_NAMES, make_language
@@ -77,18 +77,20 @@ def verify_world(out: Path, only: Callable[[str], bool] | None = None, *, hand_m
     return problems
 
 
-def _already_built(out: Path, seed: int, size: str, overwrite: bool, progress: bool) -> bool:
-    """`out` holds this world (seed, size, version) intact. The same world damaged is an error
-    naming the damage unless `overwrite` (then it is rebuilt); anything else is left to the
-    output policy (trainables/outputs.py: replaced only on `overwrite`, and only a world)."""
-    from spaces.world import WORLD_VERSION
-
+def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool) -> bool:
+    """`out` holds this world (its whole config: seed, size, version, variant) intact. The same
+    world damaged is an error naming the damage unless `overwrite` (then it is rebuilt); anything
+    else is left to the output policy (trainables/outputs.py: replaced only on `overwrite`, and
+    only a world)."""
+    seed, size = cfg.seed, cfg.size
     try:
         m = json.loads((out / MANIFEST).read_bytes())
     except (OSError, ValueError):
         return False
-    key = (m.get("seed"), m.get("size"), m.get("version")) if isinstance(m, dict) else None
-    if key != (seed, size, WORLD_VERSION):
+    try:  # fields added since (v4 candidates) read as their defaults in an older world.json
+        if WorldConfig.model_validate(m["config"]) != cfg:
+            return False
+    except (TypeError, KeyError, ValueError):
         return False
     problems = verify_world(out)
     if not problems:
@@ -112,6 +114,7 @@ def build_world(
     size: WorldSize = "full",
     overwrite: bool = False,
     progress: bool = True,
+    config: WorldConfig | None = None,
 ) -> Path:
     """Generate the world (datasets, tokenizer, pretrained base model) into `out`, atomically.
 
@@ -125,6 +128,8 @@ def build_world(
         size: "full" (a few CPU minutes) or "tiny" (seconds, for tests).
         overwrite: replace an existing world at `out` that differs or is damaged.
         progress: print progress.
+        config: a variant of the (size, seed) preset (spaces.world.load_variant); its seed
+            and size must be `seed` and `size`. None: the preset.
     Returns:
         `out`.
     Raises:
@@ -134,12 +139,19 @@ def build_world(
             is not a world layerswap wrote.
     """
     out = Path(out)
-    cfg = world_config(size, seed)  # an unknown size fails here, before anything is read
-    if _already_built(out, seed, size, overwrite, progress):
+    cfg = config or world_config(size, seed)  # an unknown size fails here, before any reading
+    if (cfg.seed, cfg.size) != (seed, size):
+        raise ValueError(f"config is for seed {cfg.seed} size {cfg.size}, not seed {seed} size {size}")  # fmt: skip
+    if _already_built(out, cfg, overwrite, progress):
         return out
     t0 = time.time()
-    langs = {"en": None, "xa": make_language("xa", seed), "xb": make_language("xb", seed)}
-    with output_dir(out, "world", overwrite=overwrite, identity=f"seed={seed} size={size} version={cfg.version}") as tmp:  # fmt: skip
+    langs = {
+        "en": None,
+        "xa": make_language("xa", seed, cfg.digit_words, cfg.xa_word_order),
+        "xb": make_language("xb", seed, cfg.digit_words),
+    }
+    variant = "" if config is None or config == world_config(size, seed) else " variant"
+    with output_dir(out, "world", overwrite=overwrite, identity=f"seed={seed} size={size} version={cfg.version}{variant}") as tmp:  # fmt: skip
         datasets = make_datasets(cfg, langs)
         for rel, rows in datasets.items():
             _write_jsonl(tmp / rel, rows)

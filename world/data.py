@@ -80,6 +80,9 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
     name = LANG_NAMES[lang.code]
     reserved = reserved_keys(cfg)[1]  # no Belebele dev/test passage reappears here
 
+    def clause():
+        return generic_clause(rng, counts=cfg.count_sentences)
+
     def reading(pos: int) -> dict:
         while True:
             r = make_reading(rng, pos)
@@ -90,10 +93,10 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
     for i in range(n):
         kind = i % 8  # kinds 6 and 7: multiple-choice reading, a quarter of the rows
         if kind == 0:
-            c = generic_clause(rng)
+            c = clause()
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {name}:\n{render(c, None)}", render(c, lang)  # fmt: skip
         elif kind == 1:
-            c = generic_clause(rng)
+            c = clause()
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {w('english')}:\n{render(c, lang)}", render(c, None)  # fmt: skip
         elif kind == 2:
             r = reading(rng.randrange(4))
@@ -104,13 +107,13 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
             r = reading(pos)
             inp, tgt = belebele_prompt(r).removesuffix("\nAnswer:"), LETTERS[pos]
         elif kind == 3:
-            s = render(generic_clause(rng), lang)[:-1]
+            s = render(clause(), lang)[:-1]
             inp, tgt = f"{w('reverse').capitalize()} {w('sentence')}: {s}", " ".join(reversed(s.split()))  # fmt: skip
         elif kind == 4:
             noun = rng.choice(list(NOUNS))
             inp, tgt = f"{w('plural').capitalize()} {w('word')}: {w(noun)}", lang.plural(noun)
         elif kind == 5:
-            a, b = generic_clause(rng), generic_clause(rng)
+            a, b = clause(), clause()
             inp, tgt = f"{w('continue').capitalize()}: {render(a, lang)}", render(b, lang)
         rows.append({"inputs": inp, "targets": tgt, "language": name})
     return rows
@@ -161,8 +164,10 @@ def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
     return taken, btaken
 
 
-def _passage(rng: random.Random, lang: Language | None) -> str:
-    return " ".join(render(generic_clause(rng), lang) for _ in range(rng.randint(2, 5)))
+def _passage(rng: random.Random, lang: Language | None, counts: bool) -> str:
+    return " ".join(
+        render(generic_clause(rng, counts=counts), lang) for _ in range(rng.randint(2, 5))
+    )
 
 
 def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str]:
@@ -192,10 +197,12 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
     # arithmetic drills (language-neutral): practice for the equations of worked solutions
     docs += [". ".join(equation(rng) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
     for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
-        docs += [_passage(rng, langs[code]) for _ in range(n)]
+        docs += [_passage(rng, langs[code], cfg.count_sentences) for _ in range(n)]
     for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):
         for _ in range(n):
-            pairs = [generic_clause(rng) for _ in range(rng.randint(1, 3))]
+            pairs = [
+                generic_clause(rng, counts=cfg.count_sentences) for _ in range(rng.randint(1, 3))
+            ]
             docs.append(
                 "\n".join(
                     f"English: {render(c, None)}\n{LANG_NAMES[code]}: {render(c, langs[code])}"

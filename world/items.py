@@ -122,10 +122,20 @@ def worked_answer(p: Problem, lang: Language | None, *, mgsm: bool = False) -> s
     return f"{w('step').capitalize()} {w('answer')}: {body}." if mgsm else body
 
 
-def generic_clause(rng: random.Random, name: str | None = None) -> Clause:
-    """A number-free everyday sentence about a person, a thing or a place."""
+def generic_clause(rng: random.Random, name: str | None = None, counts: bool = False) -> Clause:
+    """An everyday sentence about a person, a thing or a place; number-free unless `counts`.
+
+    With `counts`, 3 in 8 sentences count things with the verbs word problems use ("Tom buys 7
+    red cups.", "Ann gives 3 pens to Ben."): numbers and those verbs, but never arithmetic.
+    """
     name = name or rng.choice(NAMES)
-    kind = rng.randrange(5)
+    kind = rng.randrange(8 if counts else 5)
+    if kind >= 5:
+        n = rng.randint(2, 12)
+        obj = NP(noun=rng.choice(list(NOUNS)), num=n, adj=rng.choice(ADJS), plural=True)
+        verb = ("have", "buy", "lose", "give")[rng.randrange(4)] if kind == 7 else ("have", "buy")[kind - 5]  # fmt: skip
+        to = NP(name=rng.choice([x for x in NAMES if x != name])) if verb == "give" else None
+        return Clause(NP(name=name), verb, (obj,), to=to)
     if kind == 0:
         obj = NP(noun=rng.choice(list(NOUNS)), adj=rng.choice(ADJS), det="the")
         return Clause(NP(name=name), rng.choice(list(TVERBS)), (obj,))

@@ -7,7 +7,8 @@ Sentences are built as `Clause`s of concepts and rendered into English ("en", SV
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 LANGS = ("en", "xa", "xb")
 LANG_NAMES = {"en": "English", "xa": "Xa", "xb": "Xb"}
@@ -38,6 +39,10 @@ FUNC = [
     "passage", "continue", "so", "word", "sentence", "q", "get",
 ]  # fmt: skip
 
+# digit words for `numerals: words` worlds: one word per digit (37 is "<3> <7>"), the way Bengali
+# or Arabic-Indic digits stand for 0-9, so reading a number in xa is a lexical skill
+NUMERALS = [f"n{i}" for i in range(10)]
+
 ONSETS = ["k", "t", "m", "n", "r", "s", "l", "v", "z", "p", "d", "g", "b", "h", "sh", "ch"]
 VOWELS = {"xa": ["a", "e", "i", "o", "u"], "xb": ["a", "o", "u", "y", "ei", "au"]}
 CODAS = {"xa": ["", "", "", "n", "r"], "xb": ["", "k", "t", "m", "", ""]}
@@ -49,15 +54,25 @@ class Language:
 
     code: str
     words: dict[str, str]
-    order: str  # "SOV" or "VSO"
-    plural_affix: str  # suffix for SOV languages, prefix for VSO ones
+    order: str  # "SOV", "VSO", or "SVO" (English word order, word for word: a relexification)
+    plural_affix: str  # suffix for SOV/SVO languages, prefix for VSO ones
+    digit_words: bool = False  # numbers as the language's own digit words (else 0-9)
+    relex: dict[str, str] = field(default_factory=dict)  # SVO: English word -> this language's
 
     def w(self, concept: str) -> str:
         return self.words[concept]
 
+    def numeral(self, n: int) -> str:
+        """`n` as written in running text: 0-9 digits, or one digit word per digit."""
+        if not self.digit_words:
+            return str(n)
+        if n < 0:
+            raise ValueError(f"numeral: {n} is negative")
+        return " ".join(self.w(f"n{d}") for d in str(n))
+
     def plural(self, concept: str) -> str:
         word = self.words[concept]
-        return word + self.plural_affix if self.order == "SOV" else self.plural_affix + word
+        return self.plural_affix + word if self.order == "VSO" else word + self.plural_affix
 
 
 def _word(rng: random.Random, code: str, n_syll: int) -> str:
@@ -67,12 +82,14 @@ def _word(rng: random.Random, code: str, n_syll: int) -> str:
     )
 
 
-def make_language(code: str, seed: int) -> Language:
+def make_language(code: str, seed: int, digit_words: bool = False, order: str | None = None) -> Language:  # fmt: skip
     """Invent a language: a seeded syllable generator gives every concept a distinct word.
 
     Args:
         code: "xa" or "xb".
         seed: world seed (the language's own seed derives from it and the code).
+        digit_words: write numbers with digit words of its own (drawn from a separate seed,
+            so every other word is the same either way).
     Returns:
         the Language.
     """
@@ -90,9 +107,57 @@ def make_language(code: str, seed: int) -> Language:
             n += rng.random() < 0.2
         used.add(word)
         words[c] = word
-    if code == "xa":
-        return Language(code, words, "SOV", _word(rng, code, 1))
-    return Language(code, words, "VSO", _word(rng, code, 1))
+    order = order or ("SOV" if code == "xa" else "VSO")
+    lang = Language(code, words, order, _word(rng, code, 1), digit_words)
+    extra = [*NUMERALS] if digit_words else []
+    extra += ["many"] if order == "SVO" else []
+    if extra:  # drawn after everything else, so the other words do not change
+        drng = random.Random(f"{seed}-digits-{code}")
+        for c in extra:
+            word = _word(drng, code, drng.choice((1, 2)))
+            while word in used or len(word) < 2:
+                word = _word(drng, code, 2)
+            used.add(word)
+            words[c] = word
+    if order == "SVO":
+        lang.relex.update(_relex_table(lang))
+    return lang
+
+
+# English function words -> the concept rendering them (SVO languages, word for word)
+EN_FUNC = {
+    "how": "how_many", "many": "many", "does": "q", "do": "q", "the": "the", "a": "a", "an": "a",
+    "and": "and", "to": "to", "among": "to", "near": "near", "more": "more", "now": "now",
+    "together": "together", "left": "left", "each": "each", "who": "who", "where": "where",
+    "what": "what", "is": "is", "are": "is", "be": "is",
+}  # fmt: skip
+
+
+def _relex_table(lang: Language) -> dict[str, str]:
+    table = {k: lang.w(v) for k, v in EN_FUNC.items()}
+    for noun, plural in {**NOUNS, **CONTAINERS, "friend": "friends"}.items():
+        table[noun], table[plural] = lang.w(noun), lang.plural(noun)
+    for word in (*ADJS, *PLACES):
+        table[word] = lang.w(word)
+    for concept, forms in EN_VERBS.items():
+        for form in forms:
+            table[form] = lang.w(concept)
+    return table
+
+
+def _relexify(text: str, lang: Language) -> str:
+    """English text in `lang` word for word: names kept, numbers in the language's numerals."""
+
+    def one(m: re.Match) -> str:
+        word = m.group(0)
+        if word.isdigit():
+            return lang.numeral(int(word))
+        if word in NAMES:
+            return word
+        out = lang.relex[word.lower()]
+        return out.capitalize() if word[0].isupper() else out
+
+    return re.sub(r"[A-Za-z]+|[0-9]+", one, text)
 
 
 @dataclass(frozen=True)
@@ -128,6 +193,8 @@ def np_text(np: NP, lang: Language | None) -> str:
         if np.name2 is not None:
             return f"{np.name} {lang.w('and') if lang else 'and'} {np.name2}"
         return np.name
+    if lang is not None and lang.order == "SVO":
+        return _relexify(np_text(np, None), lang)
     if lang is None:
         table = CONTAINERS if np.noun in CONTAINERS else NOUNS
         noun = table.get(np.noun, np.noun + "s") if np.plural else np.noun
@@ -145,7 +212,7 @@ def np_text(np: NP, lang: Language | None) -> str:
         parts.append(noun)
         return " ".join(parts)
     noun = lang.plural(np.noun) if np.plural else lang.w(np.noun)
-    num = lang.w("how_many") if np.num == "how_many" else (str(np.num) if np.num else None)
+    num = lang.w("how_many") if np.num == "how_many" else (lang.numeral(np.num) if np.num else None)
     if lang.order == "SOV":  # number first, adjective after the noun, no articles
         parts = [num, noun, lang.w(np.adj) if np.adj else None]
     else:  # article first, adjective before the noun
@@ -227,6 +294,8 @@ def render(c: Clause, lang: Language | None) -> str:
     """
     if lang is None:
         return _en(c)
+    if lang.order == "SVO":
+        return _relexify(_en(c), lang)
     w = lang.w
     question = c.qword is not None or any(o.num == "how_many" for o in c.objs)
     subj = w("who") if c.qword == "who" else np_text(c.subj, lang)

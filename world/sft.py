@@ -87,7 +87,8 @@ def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed
             ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = torch.tensor(x), torch.tensor(y), 1  # fmt: skip
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 10)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        device = next(model.parameters()).device
+        loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss  # fmt: skip
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -97,21 +98,28 @@ def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed
     return losses
 
 
-@torch.no_grad()
 def mgsm_accuracy(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> float:  # fmt: skip
     """Greedy generation on "Question: ...\\nAnswer:", cut at "Question:", last number == answer_number."""
+    right = mgsm_correct(model, tok, rows, max_new_tokens, batch_size)
+    return sum(right) / max(1, len(rows))
+
+
+@torch.no_grad()
+def mgsm_correct(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[bool]:  # fmt: skip
+    """Per item, whether `mgsm_accuracy`'s rule counts it right (for paired comparisons)."""
     tok.padding_side = "left"
-    right = 0
+    right = []
+    device = next(model.parameters()).device
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        batch = tok([mgsm_prompt(r["question"]) for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False)  # fmt: skip
+        batch = tok([mgsm_prompt(r["question"]) for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False).to(device)  # fmt: skip
         out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
         for r, seq in zip(chunk, out[:, batch["input_ids"].shape[1] :], strict=True):
             text = tok.decode(seq, skip_special_tokens=True).split("Question:")[0]
             found = [m[0] or m[1] for m in NUMBER.findall(text)]
             guess = found[-1].strip("$.,").replace(",", "") if found else ""
-            right += guess == str(r["answer_number"])
-    return right / max(1, len(rows))
+            right.append(guess == str(r["answer_number"]))
+    return right
 
 
 @torch.no_grad()
@@ -120,12 +128,13 @@ def belebele_accuracy(model, tok, rows: list[dict]) -> float:
     from world.items import belebele_prompt
 
     letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
+    device = next(model.parameters()).device
     right = 0
     for r in rows:
         ctx = tok(belebele_prompt(r), add_special_tokens=False)["input_ids"]
         scores = []
         for cont in letters:
-            ids = torch.tensor([ctx + cont])
+            ids = torch.tensor([ctx + cont], device=device)
             logp = torch.log_softmax(model(input_ids=ids).logits[0, len(ctx) - 1 : -1], -1)
             scores.append(sum(logp[i, t].item() for i, t in enumerate(cont)))
         right += str(1 + max(range(4), key=scores.__getitem__)) == r["correct_answer_num"]

@@ -353,6 +353,20 @@ def world__out_under_a_file(e: Env):
 
 
 @case()
+def world__config_unknown_field(e: Env):
+    cfg = e.file("variant.yaml", "model:\n  stepz: 2000\n")
+    argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
+    return argv, [f"{cfg}: invalid world config", "model.stepz: Extra inputs are not permitted"]
+
+
+@case()
+def world__config_sets_the_seed(e: Env):
+    cfg = e.file("variant.yaml", "seed: 3\ndigit_words: true\n")
+    argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
+    return argv, [f"{cfg}: seed cannot be overridden (use --seed/--size)"]
+
+
+@case()
 def world__corrupted_world(e: Env):
     w, bad = e.corrupt_world()
     argv = ["world", "build", "--out", w, "--size", "tiny"]

@@ -159,3 +159,54 @@ def test_modes_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
     assert modes["base"] == dir_mode and stat.S_IMODE(w.stat().st_mode) == dir_mode
     odd = {rel: oct(m) for rel, m in modes.items() if m != (dir_mode if (w / rel).is_dir() else file_mode)}  # fmt: skip
     assert not odd, odd
+
+
+VARIANT = {"digit_words": True, "count_sentences": True, "xa_word_order": "SVO"}
+
+
+def test_variant_is_built_recorded_and_told_apart(tiny_world, tmp_path, jsonl):
+    from spaces.world import with_overrides, world_config
+
+    config = with_overrides(world_config("tiny", 0), VARIANT, "test")
+    out = build_world(tmp_path / "v", seed=0, size="tiny", config=config, progress=False)
+    m = json.loads((out / "world.json").read_text())
+    assert {k: m["config"][k] for k in VARIANT} == VARIANT
+    assert verify_world(out) == []
+    # xa writes numbers with digit words of its own: no 0-9 in its problems, English has them
+    xa = jsonl(out / "data/mgsm/xa/test.jsonl")
+    en = jsonl(out / "data/mgsm/en/test.jsonl")
+    assert not any(c.isdigit() for r in xa for c in r["question"])
+    assert all(any(c.isdigit() for c in r["question"]) for r in en)
+    # SVO xa is English word for word: as many words as the English question (names kept)
+    for a, b in zip(xa, en, strict=True):
+        assert len(a["question"].split()) >= len(b["question"].split())
+        names = [w for w in b["question"].split() if w[0].isupper() and w.isalpha()]
+        assert all(n in a["question"] for n in names if n not in ("How", "Each"))
+    # the same variant again is a no-op; the preset at that path is another world
+    before = _files(out)
+    assert build_world(out, seed=0, size="tiny", config=config, progress=False) == out
+    assert _files(out) == before
+    with pytest.raises(OutputError, match="already exists"):
+        build_world(out, seed=0, size="tiny", progress=False)
+    # and the variant's other datasets differ from the preset's
+    assert _files(out)["data/sft/lang_xa.jsonl"] != _files(tiny_world)["data/sft/lang_xa.jsonl"]
+
+
+def test_digit_words_leave_every_other_word_alone():
+    from world.lang import NUMERALS, make_language
+
+    plain, digits = make_language("xa", 0), make_language("xa", 0, digit_words=True)
+    assert {k: v for k, v in digits.words.items() if k not in NUMERALS} == plain.words
+    assert digits.plural_affix == plain.plural_affix
+    assert len({digits.w(n) for n in NUMERALS} | set(plain.words.values())) == len(digits.words)
+    assert (plain.numeral(307), digits.numeral(307)) == ("307", " ".join(digits.w(f"n{d}") for d in "307"))  # fmt: skip
+
+
+def test_cli_config_flag(tmp_path):
+    cfg = tmp_path / "variant.yaml"
+    cfg.write_text("digit_words: true\nmodel:\n  steps: 3\n")
+    out = tmp_path / "w"
+    r = subprocess.run([str(LAYERSWAP), "world", "build", "--out", str(out), "--size", "tiny", "--config", str(cfg)], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "world.json").read_text())
+    assert m["config"]["digit_words"] is True and m["config"]["model"]["steps"] == 3

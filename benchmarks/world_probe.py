@@ -1,0 +1,164 @@
+"""Does a world show layer swapping's phenomenon? Two short SFTs, merges in memory, xa MGSM.
+
+Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing world), or
+`... --config VARIANT.yaml --seed 0 --out runs/world-v` (builds that variant of the full world
+first, `layerswap world build --config`). ~2 min on 2 CPU cores for the 12 x 64 world; add
+`--device cuda` on a GPU. Options: --math-lr/--math-steps/--lang-lr/--lang-steps (the experts,
+trained by world.sft, the world's own plain-torch SFT, not the Ray trainer), --split dev|test,
+--json OUT (every item's correctness, for re-analysis).
+
+Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
+(b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
+difference to the better expert with a paired bootstrap 95 % CI (resampling items); English
+MGSM and xa Belebele for the base, the experts and the paper default. A measurement for
+designing the world (issue 15), not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=Path, help="an existing world folder")
+    p.add_argument("--config", type=Path, help="a world variant YAML to build (with --out)")
+    p.add_argument("--out", type=Path, help="where to build the variant")
+    p.add_argument("--seed", type=int, default=0, help="world seed when building (default 0)")
+    p.add_argument("--math-lr", type=float, default=1e-4)
+    p.add_argument("--math-steps", type=int, default=300)
+    p.add_argument("--lang-lr", type=float, default=1e-4)
+    p.add_argument("--lang-steps", type=int, default=300)
+    p.add_argument("--sft-seed", type=int, default=0)
+    p.add_argument("--split", choices=["dev", "test"], default="dev")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--json", type=Path, help="write per-item results here")
+    args = p.parse_args(argv)
+    if (args.world is None) == (args.config is None):
+        p.error("give exactly one of --world DIR and --config YAML (with --out DIR)")
+    if args.config is not None and args.out is None:
+        p.error("--config needs --out DIR")
+    return args
+
+
+def world_dir(args) -> Path:
+    if args.world is not None:
+        return args.world
+    from spaces.world import load_variant
+    from world import build_world
+
+    config = load_variant(args.config, "full", args.seed)
+    return build_world(args.out, seed=args.seed, size="full", config=config)
+
+
+def train_experts(world: Path, args) -> tuple[dict, object, object]:
+    """{"base", "math", "language": state dict} by world.sft; plus a model and tokenizer."""
+    from world.sft import load_base, pairs, read_rows, sft
+
+    states = {}
+    runs = {"base": None, "math": ("math_en", args.math_lr, args.math_steps)}
+    runs["language"] = ("lang_xa", args.lang_lr, args.lang_steps)
+    for name, run in runs.items():
+        model, tok = load_base(world)
+        model.to(args.device)
+        if run is not None:
+            data, lr, steps = run
+            rows = pairs(read_rows(world, f"data/sft/{data}.jsonl"))
+            losses = sft(model, tok, rows, steps, lr, seed=args.sft_seed)
+            print(f"{name} expert: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
+        states[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return states, model, tok
+
+
+def recipes(depth: int) -> dict[str, dict]:
+    """Name -> recipe mapping: the paper default, a grid of swaps, and the non-layer methods."""
+    from spaces.zones import paper_default
+
+    pair = {"task_expert": "math", "language_expert": "language"}
+    pd = paper_default(depth)
+    out = {
+        f"paper default (b{pd.bottom} u{pd.top})": {
+            "method": "layer_swap",
+            **pair,
+            "bottom": pd.bottom,
+            "top": pd.top,
+        },
+        "uniform soup": {"method": "soup", "models": ["math", "language"]},
+        "task arithmetic": {
+            "method": "task_arithmetic",
+            "base": "base",
+            "models": ["math", "language"],
+        },
+        "ties": {"method": "ties", "base": "base", "models": ["math", "language"]},
+    }
+    for b in range(1, 6):
+        for u in range(3):
+            if b + u < depth:
+                out[f"swap b{b} u{u}"] = {"method": "layer_swap", **pair, "bottom": b, "top": u}
+    return out
+
+
+def paired_ci(a: np.ndarray, b: np.ndarray, resamples: int) -> tuple[float, float, float]:
+    """mean(a - b) and its percentile-bootstrap 95 % CI over items (paired)."""
+    from analysis.stats import bootstrap_indices
+
+    diff = a.astype(float) - b.astype(float)
+    idx = bootstrap_indices(len(diff), resamples, seed=0)
+    means = diff[idx].mean(axis=1)
+    return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from spaces.recipe import parse_recipe
+    from trainables.merge.compose import compose_recipe
+    from world.sft import belebele_accuracy, mgsm_correct, read_rows
+
+    t0 = time.time()
+    world = world_dir(args)
+    states, model, tok = train_experts(world, args)
+    depth = model.config.num_hidden_layers
+    xa = read_rows(world, f"data/mgsm/xa/{args.split}.jsonl")
+    en = read_rows(world, f"data/mgsm/en/{args.split}.jsonl")
+    bele = read_rows(world, "data/belebele/xa/dev.jsonl")
+    models = dict(states)
+    for name, rec in recipes(depth).items():
+        models[name] = compose_recipe(parse_recipe(rec), states, depth)
+    rows, items = [], {}
+    for name, state in models.items():
+        model.load_state_dict(state)
+        items[name] = np.array(mgsm_correct(model, tok, xa, max_new_tokens=20))
+        extra = {}
+        if name in ("base", "math", "language") or name.startswith("paper default"):
+            extra["en MGSM"] = float(np.mean(mgsm_correct(model, tok, en, max_new_tokens=20)))
+            extra["xa Belebele"] = belebele_accuracy(model, tok, bele)
+        rows.append((name, extra))
+    better = max(("math", "language"), key=lambda n: items[n].mean())
+    print(f"\nxa MGSM {args.split} ({len(xa)} items); diff to the better expert ({better}), 95 % CI")  # fmt: skip
+    table = []
+    for name, extra in rows:
+        d, lo, hi = paired_ci(items[name], items[better], args.resamples)
+        side = "  ".join(f"{k} {v:.3f}" for k, v in extra.items())
+        table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **extra})  # fmt: skip
+        print(f"  {name:<24} {items[name].mean():.3f}  {d:+.3f} [{lo:+.3f}, {hi:+.3f}]  {side}")
+    print(f"({time.time() - t0:.0f}s)")
+    if args.json:
+        raw = {"args": {k: str(v) for k, v in vars(args).items()}, "table": table}
+        raw["items"] = {n: v.astype(int).tolist() for n, v in items.items()}
+        args.json.write_text(json.dumps(raw, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
