@@ -5,7 +5,9 @@ Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing
 first, `layerswap world build --config`). ~2 min on 2 CPU cores for the 12 x 64 world; add
 `--device cuda` on a GPU. Options: --math-lr/--math-steps/--lang-lr/--lang-steps (the experts,
 trained by world.sft, the world's own plain-torch SFT, not the Ray trainer), --split dev|test,
---json OUT (every item's correctness, for re-analysis).
+--non-layer (whose embeddings, final norm and lm_head the swaps take), --json OUT (every item's
+correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
+time reverted to the base or taken from the language expert; ~2 min more).
 
 Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
 (b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
@@ -40,10 +42,22 @@ def parse_args(argv):
     p.add_argument("--lang-lr", type=float, default=1e-4)
     p.add_argument("--lang-steps", type=int, default=300)
     p.add_argument("--sft-seed", type=int, default=0)
+    p.add_argument(
+        "--non-layer",
+        choices=["average", "language", "task"],
+        default="average",
+        help="whose embeddings, final norm and lm_head the layer swaps take (default average)",
+    )
     p.add_argument("--split", choices=["dev", "test"], default="dev")
     p.add_argument("--device", default="cpu")
     p.add_argument("--resamples", type=int, default=2000)
     p.add_argument("--json", type=Path, help="write per-item results here")
+    p.add_argument(
+        "--per-layer",
+        action="store_true",
+        help="also: each expert's relative ΔW per layer, and MGSM of the math expert with one "
+        "layer (or the non-layer weights) from the base, or from the language expert",
+    )
     args = p.parse_args(argv)
     if (args.world is None) == (args.config is None):
         p.error("give exactly one of --world DIR and --config YAML (with --out DIR)")
@@ -81,11 +95,11 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
     return states, model, tok
 
 
-def recipes(depth: int) -> dict[str, dict]:
+def recipes(depth: int, non_layer: str = "average") -> dict[str, dict]:
     """Name -> recipe mapping: the paper default, a grid of swaps, and the non-layer methods."""
     from spaces.zones import paper_default
 
-    pair = {"task_expert": "math", "language_expert": "language"}
+    pair = {"task_expert": "math", "language_expert": "language", "non_layer": non_layer}
     pd = paper_default(depth)
     out = {
         f"paper default (b{pd.bottom} u{pd.top})": {
@@ -119,6 +133,35 @@ def paired_ci(a: np.ndarray, b: np.ndarray, resamples: int) -> tuple[float, floa
     return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+def per_layer(states: dict, depth: int, score) -> None:
+    """Print each expert's relative ΔW per block, then `score` (-> (xa, en) MGSM) of the math
+    expert with one block (a layer, or "non-layer") from the base or the language expert."""
+    from trainables.merge.arch import layer_index
+
+    def block(name: str) -> str:
+        i = layer_index(name)
+        return "non-layer" if i is None else str(i)
+
+    blocks = [str(i) for i in range(depth)] + ["non-layer"]
+    base = states["base"]
+    for expert in ("math", "language"):
+        sq = {b: [0.0, 0.0] for b in blocks}
+        for k, v in states[expert].items():
+            sq[block(k)][0] += float((v.float() - base[k].float()).pow(2).sum())
+            sq[block(k)][1] += float(base[k].float().pow(2).sum())
+        rel = "  ".join(f"{b}:{(d / max(n, 1e-12)) ** 0.5:.4f}" for b, (d, n) in sq.items())
+        print(f"relative ΔW, {expert}: {rel}")
+    xa0, en0 = score(states["math"])
+    print(f"\nmath expert xa / en MGSM {xa0:.3f} / {en0:.3f}; with one block from ...")
+    for b in blocks:
+        cells = []
+        for donor in ("base", "language"):
+            state = {k: states[donor][k] if block(k) == b else v for k, v in states["math"].items()}
+            xa, en = score(state)
+            cells.append(f"{donor} {xa:.3f} / {en:.3f}")
+        print(f"  {b:<10} " + "   ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from spaces.recipe import parse_recipe
@@ -133,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     en = read_rows(world, f"data/mgsm/en/{args.split}.jsonl")
     bele = read_rows(world, "data/belebele/xa/dev.jsonl")
     models = dict(states)
-    for name, rec in recipes(depth).items():
+    for name, rec in recipes(depth, args.non_layer).items():
         models[name] = compose_recipe(parse_recipe(rec), states, depth)
     rows, items = [], {}
     for name, state in models.items():
@@ -152,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         side = "  ".join(f"{k} {v:.3f}" for k, v in extra.items())
         table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **extra})  # fmt: skip
         print(f"  {name:<24} {items[name].mean():.3f}  {d:+.3f} [{lo:+.3f}, {hi:+.3f}]  {side}")
+    if args.per_layer:
+
+        def score(state) -> tuple[float, float]:
+            model.load_state_dict(state)
+            return tuple(float(np.mean(mgsm_correct(model, tok, r, max_new_tokens=20))) for r in (xa, en))  # fmt: skip
+
+        per_layer(states, depth, score)
     print(f"({time.time() - t0:.0f}s)")
     if args.json:
         raw = {"args": {k: str(v) for k, v in vars(args).items()}, "table": table}

@@ -55,6 +55,10 @@ class CorpusMix(StrictModel):
     xb_belebele: int = Field(4, ge=0)
     arith: int = Field(600, ge=0)  # arithmetic drill documents ("7 + 5 = 12. 3 * 4 = 12.")
     math_worked_share: float = Field(0.85, ge=0, le=1)  # math docs with a worked solution
+    # where worked solutions appear: "textbook" as "Problem:/Solution:" text (so math SFT's main
+    # lesson is a format: show the work under MGSM's prompt), "mgsm" under MGSM's own prompt
+    # (so the base already shows its work and math SFT can only make it compute better)
+    worked_layout: Literal["textbook", "mgsm"] = "textbook"
 
 
 class WorldConfig(StrictModel):

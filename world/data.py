@@ -190,8 +190,13 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
             # "Problem:/Solution:" documents; under lm-eval's mgsm_direct prompt the base only
             # ever saw bare numbers. So the base can compute but answers MGSM prompts directly
             # (weakly); math SFT, in the prompt's own layout, teaches it to show its work there.
+            # (worked_layout "mgsm": the worked solutions under MGSM's prompt instead)
             if rng.random() < mix.math_worked_share:
-                docs.append(f"Problem: {p.text(lang)}\nSolution: {worked_answer(p, lang)}.")
+                worked = worked_answer(p, lang)
+                if mix.worked_layout == "mgsm":
+                    docs.append(f"{mgsm_prompt(p.text(lang))} {worked}.")
+                else:
+                    docs.append(f"Problem: {p.text(lang)}\nSolution: {worked}.")
             else:
                 docs.append(f"{mgsm_prompt(p.text(lang))} {p.answer}")
     # arithmetic drills (language-neutral): practice for the equations of worked solutions

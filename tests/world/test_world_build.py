@@ -210,3 +210,24 @@ def test_cli_config_flag(tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads((out / "world.json").read_text())
     assert m["config"]["digit_words"] is True and m["config"]["model"]["steps"] == 3
+
+
+def test_worked_layout_moves_worked_solutions_under_the_mgsm_prompt():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_corpus
+    from world.lang import make_language
+
+    preset = world_config("tiny", 0)
+    mgsm = with_overrides(preset, {"corpus": {"worked_layout": "mgsm"}}, "test")
+    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    textbook, moved = make_corpus(preset, langs), make_corpus(mgsm, langs)
+    assert any(d.startswith("Problem: ") for d in textbook)
+    assert not any(d.startswith("Problem: ") for d in moved)
+    # the same documents in the same order, only the worked ones re-laid as Question/Answer
+    relaid = [
+        d.replace("Problem: ", "Question: ", 1).replace("\nSolution: ", "\nAnswer: ", 1)
+        if d.startswith("Problem: ")
+        else d
+        for d in textbook
+    ]
+    assert relaid == moved
