@@ -7,12 +7,15 @@ first, `layerswap world build --config`). ~2 min on 2 CPU cores for the 12 x 64 
 trained by world.sft, the world's own plain-torch SFT, not the Ray trainer), --split dev|test,
 --non-layer (whose embeddings, final norm and lm_head the swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
-time reverted to the base or taken from the language expert; ~2 min more).
+time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
+base plus one expert's ΔW in one block only, per block: each gain to first order).
 
 Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
 (b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
 difference to the better expert with a paired bootstrap 95 % CI (resampling items); English
-MGSM and xa Belebele for the base, the experts and the paper default. A measurement for
+MGSM and xa Belebele for the base, the experts and the paper default, and what their wrong
+answers are (slip: the right equation computed wrong; misread: another equation; no equation),
+which tells a reading gap from an arithmetic one. A measurement for
 designing the world (issue 15), not a test.
 """
 
@@ -52,6 +55,12 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--resamples", type=int, default=2000)
     p.add_argument("--json", type=Path, help="write per-item results here")
+    p.add_argument(
+        "--attribution",
+        action="store_true",
+        help="also: MGSM of the base plus one expert's ΔW in one block only, per block and expert "
+        "(where each expert's gain lives, to first order; ~1 min more)",
+    )
     p.add_argument(
         "--per-layer",
         action="store_true",
@@ -162,11 +171,31 @@ def per_layer(states: dict, depth: int, score) -> None:
         print(f"  {b:<10} " + "   ".join(cells))
 
 
+def attribution(states: dict, depth: int, score) -> None:
+    """Print `score` (-> (xa, en) MGSM) of the base with one expert's ΔW in one block only.
+
+    A swap can only combine what each expert's gain is made of block by block: if no single
+    block (nor a few) carries the gain, no layer swap keeps it.
+    """
+    from trainables.merge.arch import layer_index
+
+    blocks = [*range(depth), None]  # None: the non-layer weights
+    xa0, en0 = score(states["base"])
+    print(f"\nbase xa / en MGSM {xa0:.3f} / {en0:.3f}; base + one expert's ΔW in one block:")
+    for expert in ("math", "language"):
+        cells = []
+        for b in blocks:
+            state = {k: states[expert][k] if layer_index(k) == b else v for k, v in states["base"].items()}  # fmt: skip
+            xa, en = score(state)
+            cells.append(f"{'NL' if b is None else b}:{xa:.2f}/{en:.2f}")
+        print(f"  {expert:<9} " + " ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from spaces.recipe import parse_recipe
     from trainables.merge.compose import compose_recipe
-    from world.sft import belebele_accuracy, mgsm_correct, read_rows
+    from world.sft import OUTCOMES, belebele_accuracy, mgsm_correct, mgsm_outcomes, read_rows
 
     t0 = time.time()
     world = world_dir(args)
@@ -181,26 +210,34 @@ def main(argv: list[str] | None = None) -> int:
     rows, items = [], {}
     for name, state in models.items():
         model.load_state_dict(state)
-        items[name] = np.array(mgsm_correct(model, tok, xa, max_new_tokens=20))
+        outcomes = mgsm_outcomes(model, tok, xa, max_new_tokens=20)
+        items[name] = np.array([o == "right" for o in outcomes])
         extra = {}
         if name in ("base", "math", "language") or name.startswith("paper default"):
-            extra["en MGSM"] = float(np.mean(mgsm_correct(model, tok, en, max_new_tokens=20)))
+            en_outcomes = mgsm_outcomes(model, tok, en, max_new_tokens=20)
+            extra["en MGSM"] = en_outcomes.count("right") / max(1, len(en))
             extra["xa Belebele"] = belebele_accuracy(model, tok, bele)
+            # what the wrong answers are: a gap made of misreads is reading, of slips arithmetic
+            for lang, found in (("xa", outcomes), ("en", en_outcomes)):
+                extra[f"{lang} wrong"] = "/".join(str(found.count(o)) for o in OUTCOMES[1:])
         rows.append((name, extra))
     better = max(("math", "language"), key=lambda n: items[n].mean())
     print(f"\nxa MGSM {args.split} ({len(xa)} items); diff to the better expert ({better}), 95 % CI")  # fmt: skip
     table = []
     for name, extra in rows:
         d, lo, hi = paired_ci(items[name], items[better], args.resamples)
-        side = "  ".join(f"{k} {v:.3f}" for k, v in extra.items())
+        side = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())  # fmt: skip
         table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **extra})  # fmt: skip
         print(f"  {name:<24} {items[name].mean():.3f}  {d:+.3f} [{lo:+.3f}, {hi:+.3f}]  {side}")
+    print(f"(xa/en wrong: {'/'.join(OUTCOMES[1:])} counts, world.sft.answer_outcome)")
+
+    def score(state) -> tuple[float, float]:
+        model.load_state_dict(state)
+        return tuple(float(np.mean(mgsm_correct(model, tok, r, max_new_tokens=20))) for r in (xa, en))  # fmt: skip
+
+    if args.attribution:
+        attribution(states, depth, score)
     if args.per_layer:
-
-        def score(state) -> tuple[float, float]:
-            model.load_state_dict(state)
-            return tuple(float(np.mean(mgsm_correct(model, tok, r, max_new_tokens=20))) for r in (xa, en))  # fmt: skip
-
         per_layer(states, depth, score)
     print(f"({time.time() - t0:.0f}s)")
     if args.json:

@@ -77,6 +77,9 @@ class WorldConfig(StrictModel):
     digit_words: bool = False
     count_sentences: bool = False
     xa_word_order: Literal["SOV", "SVO"] = "SOV"  # SVO: English's, word for word
+    # largest operand of the problems' additions and subtractions (and of the drills): larger
+    # makes arithmetic, the language-neutral part of math, harder for the base
+    max_operand: int = Field(12, ge=3)
     belebele_dev: int = Field(100, ge=4)
     belebele_test: int = Field(200, ge=4)
     corpus: CorpusMix = CorpusMix()

@@ -30,10 +30,10 @@ def _rng(cfg: WorldConfig, part: str) -> random.Random:
     return random.Random(f"{cfg.seed}-{part}")
 
 
-def _unique_problems(rng: random.Random, n: int, taken: set[str]) -> list[Problem]:
+def _unique_problems(rng: random.Random, n: int, taken: set[str], max_n: int = 12) -> list[Problem]:
     out = []
     while len(out) < n:
-        p = make_problem(rng)
+        p = make_problem(rng, max_n)
         key = p.text(None)
         if key not in taken:
             taken.add(key)
@@ -130,11 +130,11 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     """
     taken: set[str] = set()
     rng = _rng(cfg, "mgsm")
-    train = _unique_problems(rng, 8, taken)
-    dev = _unique_problems(rng, cfg.mgsm_dev, taken)
-    test = _unique_problems(rng, cfg.mgsm_test, taken)
+    train = _unique_problems(rng, 8, taken, cfg.max_operand)
+    dev = _unique_problems(rng, cfg.mgsm_dev, taken, cfg.max_operand)
+    test = _unique_problems(rng, cfg.mgsm_test, taken, cfg.max_operand)
     out: dict[str, list[dict]] = {}
-    sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken))
+    sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken), cfg.max_operand)
     out["data/sft/math_en.jsonl"] = [
         {"question": p.text(None), "answer": worked_answer(p, None)} for p in sft
     ]
@@ -157,7 +157,7 @@ def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
     """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of pretraining."""
     taken: set[str] = set()
     rng = _rng(cfg, "mgsm")
-    _unique_problems(rng, 8 + cfg.mgsm_dev + cfg.mgsm_test, taken)
+    _unique_problems(rng, 8 + cfg.mgsm_dev + cfg.mgsm_test, taken, cfg.max_operand)
     btaken: set[str] = set()
     brng = _rng(cfg, "belebele")
     _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken)
@@ -185,7 +185,7 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
     docs: list[str] = []
     for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
         lang = langs[code]
-        for p in _unique_problems(rng, n_math, set(math_taken)):
+        for p in _unique_problems(rng, n_math, set(math_taken), cfg.max_operand):
             # worked solutions (the equation, then the number) appear as textbook
             # "Problem:/Solution:" documents; under lm-eval's mgsm_direct prompt the base only
             # ever saw bare numbers. So the base can compute but answers MGSM prompts directly
@@ -200,7 +200,7 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
             else:
                 docs.append(f"{mgsm_prompt(p.text(lang))} {p.answer}")
     # arithmetic drills (language-neutral): practice for the equations of worked solutions
-    docs += [". ".join(equation(rng) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
+    docs += [". ".join(equation(rng, cfg.max_operand) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
     for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
         docs += [_passage(rng, langs[code], cfg.count_sentences) for _ in range(n)]
     for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):

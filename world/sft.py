@@ -9,6 +9,7 @@ mgsm_direct / belebele prompts.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -104,11 +105,59 @@ def mgsm_accuracy(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_
     return sum(right) / max(1, len(rows))
 
 
-@torch.no_grad()
 def mgsm_correct(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[bool]:  # fmt: skip
     """Per item, whether `mgsm_accuracy`'s rule counts it right (for paired comparisons)."""
+    return [o == "right" for o in mgsm_outcomes(model, tok, rows, max_new_tokens, batch_size)]
+
+
+# what went wrong with an MGSM answer: whether a gap between languages is reading or arithmetic
+OUTCOMES = ("right", "slip", "misread", "no_equation")
+EQUATION = re.compile(r"(\d+(?: [-+*/] \d+)+) =")
+
+
+def _evaluate(lhs: str) -> Fraction:
+    """The value of "a op b [op c ...]" with * and / before + and - (the worked answers' order)."""
+    tokens = lhs.split()
+    terms, ops = [Fraction(int(tokens[0]))], []
+    for op, num in zip(tokens[1::2], tokens[2::2], strict=True):
+        n = Fraction(int(num))
+        if op in "*/":
+            terms[-1] = terms[-1] * n if op == "*" else (terms[-1] / n if n else Fraction(10**9))
+        else:
+            terms.append(n)
+            ops.append(op)
+    value = terms[0]
+    for op, t in zip(ops, terms[1:], strict=True):
+        value = value + t if op == "+" else value - t
+    return value
+
+
+def answer_outcome(text: str, answer_number: int | str) -> str:
+    """Classify one generated MGSM answer (OUTCOMES).
+
+    Args:
+        text: the generation after "Answer:", cut at the next "Question:".
+        answer_number: the item's answer.
+    Returns:
+        "right" (lm-eval's flexible-extract rule: the last number is the answer), "slip" (the
+        first equation's left side has the answer's value: read right, computed wrong),
+        "misread" (an equation of other operands or operation) or "no_equation".
+    """
+    found = [m[0] or m[1] for m in NUMBER.findall(text)]
+    guess = found[-1].strip("$.,").replace(",", "") if found else ""
+    if guess == str(answer_number):
+        return "right"
+    eq = EQUATION.search(text)
+    if eq is None:
+        return "no_equation"
+    return "slip" if _evaluate(eq.group(1)) == int(answer_number) else "misread"
+
+
+@torch.no_grad()
+def mgsm_outcomes(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[str]:  # fmt: skip
+    """Greedy generation on "Question: ...\\nAnswer:" per item, classified by `answer_outcome`."""
     tok.padding_side = "left"
-    right = []
+    out_classes = []
     device = next(model.parameters()).device
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
@@ -116,10 +165,8 @@ def mgsm_correct(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_s
         out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
         for r, seq in zip(chunk, out[:, batch["input_ids"].shape[1] :], strict=True):
             text = tok.decode(seq, skip_special_tokens=True).split("Question:")[0]
-            found = [m[0] or m[1] for m in NUMBER.findall(text)]
-            guess = found[-1].strip("$.,").replace(",", "") if found else ""
-            right.append(guess == str(r["answer_number"]))
-    return right
+            out_classes.append(answer_outcome(text, r["answer_number"]))
+    return out_classes
 
 
 @torch.no_grad()

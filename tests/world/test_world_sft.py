@@ -1,0 +1,61 @@
+"""world.sft's MGSM answer classes (right / slip / misread / no_equation) and the problem size knob.
+
+Run: .venv/bin/python -m pytest -q tests/world/test_world_sft.py
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from world.sft import OUTCOMES, answer_outcome
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "outcome"),
+    [
+        (" Step-by-Step Answer: 7 + 5 = 12. The answer is 12.", 12, "right"),
+        (" 12", 12, "right"),  # a bare number is lm-eval's answer too
+        (" Step-by-Step Answer: 7 + 5 = 13. The answer is 13.", 12, "slip"),
+        (" 7 - 5 = 2. The answer is 2.", 12, "misread"),
+        (" kamo tepi.", 12, "no_equation"),
+        (" 3 * 4 - 2 = 9.", 10, "slip"),  # * before -
+        (" 2 + 3 * 4 = 20.", 14, "slip"),
+        (" 12 / 3 = 5.", 4, "slip"),
+        (" 12 / 0 = 5.", 4, "misread"),  # no crash on a division by zero
+        (" 30 / 4 = 7.", 7, "right"),
+        (" 30 / 4 = 8.", 7, "misread"),  # 7.5 is not the answer
+    ],
+)
+def test_answer_outcome(text, answer, outcome):
+    assert answer_outcome(text, answer) == outcome
+    assert outcome in OUTCOMES
+
+
+def test_max_operand_bounds_problems_and_drills():
+    from world.items import equation, make_problem
+
+    rng = random.Random(0)
+    for _ in range(300):
+        p = make_problem(rng, 40)
+        nums = [int(t) for t in p.equation.replace("=", " ").split() if t.isdigit()]
+        assert max(nums[:-1]) <= 80  # operands (a + b of two at most 40)
+    big = [make_problem(random.Random(s), 40).answer for s in range(300)]
+    assert max(big) > 24  # 12 (the default) could not reach past 24
+    drills = [equation(random.Random(s), 40) for s in range(300)]
+    assert any(int(d.split()[0]) > 12 for d in drills)
+
+
+def test_max_operand_default_keeps_the_preset(tmp_path):
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets
+    from world.lang import make_language
+
+    preset = world_config("tiny", 0)
+    same = with_overrides(preset, {"max_operand": 12}, "test")
+    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    assert make_datasets(preset, langs) == make_datasets(same, langs)
+    bigger = make_datasets(with_overrides(preset, {"max_operand": 60}, "test"), langs)
+    answers = [r["answer_number"] for r in bigger["data/mgsm/en/test.jsonl"]]
+    assert max(answers) > 24
