@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from spaces.base import StrictModel, load_yaml, validate
 
@@ -59,6 +59,14 @@ class CorpusMix(StrictModel):
     # lesson is a format: show the work under MGSM's prompt), "mgsm" under MGSM's own prompt
     # (so the base already shows its work and math SFT can only make it compute better)
     worked_layout: Literal["textbook", "mgsm"] = "textbook"
+    # code-switched documents (xa must be SVO): English text, half of it everyday passages and
+    # half worked problems, with each word in xa at `code_switch_share`, so xa words and their
+    # English counterparts share contexts and the base maps both to one representation;
+    # `switch_math_words` off keeps MATH_WORDS English there, so the base barely reads xa's
+    counts_in_targets: bool = True  # count sentences (if on) also in xa/xb passages and parallel
+    code_switched: int = Field(0, ge=0)
+    code_switch_share: float = Field(0.5, ge=0, le=1)
+    switch_math_words: bool = True
 
 
 class WorldConfig(StrictModel):
@@ -80,10 +88,21 @@ class WorldConfig(StrictModel):
     # largest operand of the problems' additions and subtractions (and of the drills): larger
     # makes arithmetic, the language-neutral part of math, harder for the base
     max_operand: int = Field(12, ge=3)
+    # "buys 3 apples", not "buys 3 more apples": adding and taking away differ in the verb alone
+    verb_only_operations: bool = False
     belebele_dev: int = Field(100, ge=4)
     belebele_test: int = Field(200, ge=4)
     corpus: CorpusMix = CorpusMix()
     model: WorldModelConfig = WorldModelConfig()
+
+    @model_validator(mode="after")
+    def _code_switching_needs_svo(self) -> WorldConfig:
+        if self.corpus.code_switched and self.xa_word_order != "SVO":
+            raise ValueError(
+                f"corpus.code_switched {self.corpus.code_switched} needs xa_word_order SVO "
+                f"(word-for-word switching), not {self.xa_word_order}"
+            )
+        return self
 
 
 def world_config(size: WorldSize = "full", seed: int = 0) -> WorldConfig:

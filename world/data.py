@@ -20,7 +20,7 @@ from world.items import (
     mgsm_prompt,
     worked_answer,
 )
-from world.lang import LANG_NAMES, NOUNS, Language, render
+from world.lang import LANG_NAMES, MATH_WORDS, NOUNS, Language, code_switch, render
 
 TARGETS = ("xa", "xb")
 LETTERS = "ABCD"
@@ -30,10 +30,12 @@ def _rng(cfg: WorldConfig, part: str) -> random.Random:
     return random.Random(f"{cfg.seed}-{part}")
 
 
-def _unique_problems(rng: random.Random, n: int, taken: set[str], max_n: int = 12) -> list[Problem]:
+def _unique_problems(
+    rng: random.Random, n: int, taken: set[str], cfg: WorldConfig
+) -> list[Problem]:
     out = []
     while len(out) < n:
-        p = make_problem(rng, max_n)
+        p = make_problem(rng, cfg.max_operand, cfg.verb_only_operations)
         key = p.text(None)
         if key not in taken:
             taken.add(key)
@@ -130,11 +132,11 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     """
     taken: set[str] = set()
     rng = _rng(cfg, "mgsm")
-    train = _unique_problems(rng, 8, taken, cfg.max_operand)
-    dev = _unique_problems(rng, cfg.mgsm_dev, taken, cfg.max_operand)
-    test = _unique_problems(rng, cfg.mgsm_test, taken, cfg.max_operand)
+    train = _unique_problems(rng, 8, taken, cfg)
+    dev = _unique_problems(rng, cfg.mgsm_dev, taken, cfg)
+    test = _unique_problems(rng, cfg.mgsm_test, taken, cfg)
     out: dict[str, list[dict]] = {}
-    sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken), cfg.max_operand)
+    sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken), cfg)
     out["data/sft/math_en.jsonl"] = [
         {"question": p.text(None), "answer": worked_answer(p, None)} for p in sft
     ]
@@ -157,7 +159,7 @@ def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
     """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of pretraining."""
     taken: set[str] = set()
     rng = _rng(cfg, "mgsm")
-    _unique_problems(rng, 8 + cfg.mgsm_dev + cfg.mgsm_test, taken, cfg.max_operand)
+    _unique_problems(rng, 8 + cfg.mgsm_dev + cfg.mgsm_test, taken, cfg)
     btaken: set[str] = set()
     brng = _rng(cfg, "belebele")
     _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken)
@@ -185,7 +187,7 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
     docs: list[str] = []
     for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
         lang = langs[code]
-        for p in _unique_problems(rng, n_math, set(math_taken), cfg.max_operand):
+        for p in _unique_problems(rng, n_math, set(math_taken), cfg):
             # worked solutions (the equation, then the number) appear as textbook
             # "Problem:/Solution:" documents; under lm-eval's mgsm_direct prompt the base only
             # ever saw bare numbers. So the base can compute but answers MGSM prompts directly
@@ -202,11 +204,13 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
     # arithmetic drills (language-neutral): practice for the equations of worked solutions
     docs += [". ".join(equation(rng, cfg.max_operand) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
     for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
-        docs += [_passage(rng, langs[code], cfg.count_sentences) for _ in range(n)]
+        counts = cfg.count_sentences and (code == "en" or mix.counts_in_targets)
+        docs += [_passage(rng, langs[code], counts) for _ in range(n)]
     for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):
         for _ in range(n):
             pairs = [
-                generic_clause(rng, counts=cfg.count_sentences) for _ in range(rng.randint(1, 3))
+                generic_clause(rng, counts=cfg.count_sentences and mix.counts_in_targets)
+                for _ in range(rng.randint(1, 3))
             ]
             docs.append(
                 "\n".join(
@@ -218,5 +222,22 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
         for r in _readings(rng, n, set(bele_taken)):
             row = r.render(langs[code])
             docs.append(f"{belebele_prompt(row)} {LETTERS[r.correct]}")
+    docs += _code_switched(cfg, langs["xa"], math_taken)
     rng.shuffle(docs)
     return docs
+
+
+def _code_switched(cfg: WorldConfig, xa: Language, math_taken: set[str]) -> list[str]:
+    """corpus.code_switched documents: English passages and worked problems, words put in xa."""
+    mix = cfg.corpus
+    if not mix.code_switched:
+        return []
+    rng = _rng(cfg, "code-switch")  # its own stream: the other documents stay as they were
+    keep = frozenset() if mix.switch_math_words else MATH_WORDS
+    n_math = mix.code_switched // 2
+    texts = [
+        f"{mgsm_prompt(p.text(None))} {worked_answer(p, None)}."
+        for p in _unique_problems(rng, n_math, set(math_taken), cfg)
+    ]
+    texts += [_passage(rng, None, cfg.count_sentences) for _ in range(mix.code_switched - n_math)]
+    return [code_switch(t, xa, rng, mix.code_switch_share, keep) for t in texts]

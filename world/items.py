@@ -47,21 +47,24 @@ def _ask(name: str, noun: str, adv: tuple[str, ...] = ("now",), name2: str | Non
     return Clause(NP(name=name, name2=name2), "have", (NP(noun=noun, num="how_many", plural=True),), adv=adv)  # fmt: skip
 
 
-def make_problem(rng: random.Random, max_n: int = 12) -> Problem:
+def make_problem(rng: random.Random, max_n: int = 12, verb_only: bool = False) -> Problem:
     """One random problem of seven kinds (add, take away, give, groups, together, share, two-step).
 
     Args:
         rng: the random source.
         max_n: largest operand of additions and subtractions.
+        verb_only: "buys 3 apples", not "buys 3 more apples": adding and taking away then differ
+            in the verb alone, so reading the verb is part of the arithmetic.
     Returns:
         the Problem.
     """
     kind = rng.randrange(7)
+    more = () if verb_only else ("more",)
     a_name, b_name = rng.sample(NAMES, 2)
     noun = rng.choice(MATH_NOUNS)
     a, b = rng.randint(2, max_n), rng.randint(1, max_n)
     if kind == 0:
-        cl = (_have(a_name, a, noun), Clause(NP(name=a_name), "buy", (NP(noun=noun, num=b, plural=b != 1),), adv=("more",)))  # fmt: skip
+        cl = (_have(a_name, a, noun), Clause(NP(name=a_name), "buy", (NP(noun=noun, num=b, plural=b != 1),), adv=more))  # fmt: skip
         return Problem(cl, _ask(a_name, noun), f"{a} + {b} = {a + b}", a + b)
     if kind == 1:
         b = rng.randint(1, a - 1)
@@ -93,7 +96,7 @@ def make_problem(rng: random.Random, max_n: int = 12) -> Problem:
     c = rng.randint(1, a + b - 1)
     cl = (
         _have(a_name, a, noun),
-        Clause(NP(name=a_name), "buy", (NP(noun=noun, num=b, plural=b != 1),), adv=("more",)),
+        Clause(NP(name=a_name), "buy", (NP(noun=noun, num=b, plural=b != 1),), adv=more),
         Clause(NP(name=a_name), "lose", (NP(noun=noun, num=c, plural=c != 1),)),
     )
     return Problem(cl, _ask(a_name, noun), f"{a} + {b} - {c} = {a + b - c}", a + b - c)

@@ -160,6 +160,40 @@ def _relexify(text: str, lang: Language) -> str:
     return re.sub(r"[A-Za-z]+|[0-9]+", one, text)
 
 
+# English word forms of the concepts that carry a word problem's arithmetic (its operations and
+# its question): what reading a problem needs beyond reading everyday text
+MATH_WORDS = frozenset(
+    "buy buys lose loses give gives share shares get gets each more together left how many".split()
+)
+
+
+def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset()) -> str:  # fmt: skip
+    """English text with each word put in `lang` (an SVO language) with probability `share`.
+
+    Args:
+        text: English text.
+        lang: an SVO Language (word-for-word relexification).
+        rng: the random source.
+        share: probability that a word is switched.
+        keep: English word forms (lower case) that stay English.
+    Returns:
+        the mixed text; names stay, numbers switch as words do.
+    """
+    if lang.order != "SVO":
+        raise ValueError(f"code_switch: {lang.code} is {lang.order}; word-for-word needs SVO")
+
+    def one(m: re.Match) -> str:
+        word = m.group(0)
+        # words outside the relexified vocabulary (the prompt's "Question", "Answer") stay
+        if word in NAMES or word.lower() in keep or word.lower() not in lang.relex:
+            return word
+        if rng.random() >= share:
+            return word
+        return _relexify(word, lang)
+
+    return re.sub(r"[A-Za-z]+|[0-9]+", one, text)
+
+
 @dataclass(frozen=True)
 class NP:
     """A noun phrase: a name, or a (number, adjective, noun) with plural and article flags."""

@@ -59,3 +59,49 @@ def test_max_operand_default_keeps_the_preset(tmp_path):
     bigger = make_datasets(with_overrides(preset, {"max_operand": 60}, "test"), langs)
     answers = [r["answer_number"] for r in bigger["data/mgsm/en/test.jsonl"]]
     assert max(answers) > 24
+
+
+def test_code_switch_keeps_names_math_words_and_prompt():
+    from world.lang import MATH_WORDS, code_switch, make_language
+
+    xa = make_language("xa", 0, order="SVO")
+    text = "Question: Yuki has 9 eggs. Yuki buys 3 more eggs. How many eggs does Yuki have now?"
+    assert code_switch(text, xa, random.Random(0), 0.0) == text
+    full = code_switch(text, xa, random.Random(0), 1.0)
+    assert full.startswith("Question: Yuki ") and "eggs" not in full
+    assert xa.w("buy") in full.split()
+    kept = code_switch(text, xa, random.Random(0), 1.0, MATH_WORDS)
+    assert {"buys", "more", "How", "many"} <= set(kept.replace("?", "").split())
+    with pytest.raises(ValueError, match="SVO"):
+        code_switch(text, make_language("xa", 0), random.Random(0), 0.5)
+
+
+def test_code_switched_documents_and_counts_in_targets():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_corpus
+    from world.lang import make_language
+
+    preset = world_config("tiny", 0)
+    langs = {"en": None, "xa": make_language("xa", 0, order="SVO"), "xb": make_language("xb", 0)}
+    plain = make_corpus(with_overrides(preset, {"xa_word_order": "SVO"}, "t"), langs)
+    over = {"xa_word_order": "SVO", "corpus": {"code_switched": 40, "switch_math_words": False}}
+    mixed = make_corpus(with_overrides(preset, over, "t"), langs)
+    added = sorted(set(mixed) - set(plain))
+    assert len(mixed) == len(plain) + 40 and len(added) == 40
+    buy = langs["xa"].w("buy")
+    assert not any(buy in d.split() for d in added)  # math words stay English there
+    assert sum(d.startswith("Question: ") for d in added) == 20  # half are worked problems
+    # count sentences off in the targets' pretraining text: no xa number-with-verb sentences
+    counts = {"count_sentences": True, "xa_word_order": "SVO"}
+    docs = make_corpus(with_overrides(preset, {**counts, "corpus": {"counts_in_targets": False}}, "t"), langs)  # fmt: skip
+    with_buy = [d for d in docs if buy in d.split()]
+    assert with_buy and all(d.startswith(("Question: ", "Problem: ")) for d in with_buy)  # math only
+    docs = make_corpus(with_overrides(preset, counts, "t"), langs)
+    assert any(not d.startswith(("Question: ", "Problem: ")) for d in docs if buy in d.split())
+
+
+def test_code_switching_needs_svo():
+    from spaces.world import with_overrides, world_config
+
+    with pytest.raises(ValueError, match="code_switched 5 needs xa_word_order SVO"):
+        with_overrides(world_config("tiny", 0), {"corpus": {"code_switched": 5}}, "t")
