@@ -58,11 +58,14 @@ class CorpusMix(StrictModel):
     # where worked solutions appear: "textbook" as "Problem:/Solution:" text (so math SFT's main
     # lesson is a format: show the work under MGSM's prompt), "mgsm" under MGSM's own prompt
     # (so the base already shows its work and math SFT can only make it compute better)
-    worked_layout: Literal["textbook", "mgsm"] = "textbook"
+    # ("mgsm+chat": half under MGSM's prompt, half as a chat exchange in the user-assistant
+    # layout, so the base links instruction-tuned math to MGSM's prompt)
+    worked_layout: Literal["textbook", "mgsm", "mgsm+chat"] = "textbook"
     # code-switched documents (xa must be SVO): English text, half of it everyday passages and
     # half worked problems, with each word in xa at `code_switch_share`, so xa words and their
     # English counterparts share contexts and the base maps both to one representation;
-    # `switch_math_words` off keeps MATH_WORDS English there, so the base barely reads xa's
+    # `switch_math_words` off keeps MATH_WORDS and numbers as they are in English there, so the
+    # base barely reads xa's
     counts_in_targets: bool = True  # count sentences (if on) also in xa/xb passages and parallel
     code_switched: int = Field(0, ge=0)
     code_switch_share: float = Field(0.5, ge=0, le=1)
@@ -90,6 +93,9 @@ class WorldConfig(StrictModel):
     max_operand: int = Field(12, ge=3)
     # "buys 3 apples", not "buys 3 more apples": adding and taking away differ in the verb alone
     verb_only_operations: bool = False
+    # the tokenizer's chat template (world/model.py CHAT_TEMPLATES), which SFT goes through:
+    # lm-eval's "Question: ...\nAnswer:" layout, or a "<|user|>/<|assistant|>" chat of its own
+    chat_template: Literal["question-answer", "user-assistant"] = "question-answer"
     belebele_dev: int = Field(100, ge=4)
     belebele_test: int = Field(200, ge=4)
     corpus: CorpusMix = CorpusMix()

@@ -166,7 +166,7 @@ def build_world(
 
         # the tokenizer also sees the SFT data so instructions do not fall apart into bytes
         tok_text = docs + [r.get("inputs", "") + " " + r.get("targets", "") for rel, rows in datasets.items() if "lang_" in rel for r in rows]  # fmt: skip
-        tok = train_tokenizer(tok_text, cfg.model.vocab_size)
+        tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
         model, loss = pretrain(docs, tok, cfg.model, seed, progress=progress)
         save_model(model, tok, tmp / "base")
         shares = _shares(cfg)

@@ -13,6 +13,7 @@ from world.items import (
     Problem,
     Reading,
     belebele_prompt,
+    chat_layout,
     equation,
     generic_clause,
     make_problem,
@@ -195,7 +196,9 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
             # (worked_layout "mgsm": the worked solutions under MGSM's prompt instead)
             if rng.random() < mix.math_worked_share:
                 worked = worked_answer(p, lang)
-                if mix.worked_layout == "mgsm":
+                if mix.worked_layout == "mgsm+chat" and rng.random() < 0.5:
+                    docs.append(chat_layout(p.text(lang), f"{worked}."))
+                elif mix.worked_layout != "textbook":
                     docs.append(f"{mgsm_prompt(p.text(lang))} {worked}.")
                 else:
                     docs.append(f"Problem: {p.text(lang)}\nSolution: {worked}.")
@@ -240,4 +243,5 @@ def _code_switched(cfg: WorldConfig, xa: Language, math_taken: set[str]) -> list
         for p in _unique_problems(rng, n_math, set(math_taken), cfg)
     ]
     texts += [_passage(rng, None, cfg.count_sentences) for _ in range(mix.code_switched - n_math)]
-    return [code_switch(t, xa, rng, mix.code_switch_share, keep) for t in texts]
+    keep_numbers = not mix.switch_math_words
+    return [code_switch(t, xa, rng, mix.code_switch_share, keep, keep_numbers) for t in texts]

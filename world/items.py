@@ -249,3 +249,9 @@ def belebele_prompt(row: dict) -> str:
 def mgsm_prompt(question: str) -> str:
     """lm-eval's mgsm_direct prompt for a doc without an answer."""
     return f"Question: {question}\nAnswer:"
+
+
+def chat_layout(prompt: str, response: str) -> str:
+    """`prompt` and `response` as world/model.py's user-assistant chat template lays them out
+    (without the eos, which follows every corpus document)."""
+    return f"<|user|>\n{prompt}\n<|assistant|>\n{response}"

@@ -167,7 +167,7 @@ MATH_WORDS = frozenset(
 )
 
 
-def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset()) -> str:  # fmt: skip
+def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset(), keep_numbers: bool = False) -> str:  # fmt: skip
     """English text with each word put in `lang` (an SVO language) with probability `share`.
 
     Args:
@@ -176,6 +176,8 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
         rng: the random source.
         share: probability that a word is switched.
         keep: English word forms (lower case) that stay English.
+        keep_numbers: numbers stay 0-9 digits (else they switch like words, into the
+            language's numerals).
     Returns:
         the mixed text; names stay, numbers switch as words do.
     """
@@ -185,7 +187,10 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
     def one(m: re.Match) -> str:
         word = m.group(0)
         # words outside the relexified vocabulary (the prompt's "Question", "Answer") stay
-        if word in NAMES or word.lower() in keep or word.lower() not in lang.relex:
+        if word.isdigit():
+            if keep_numbers:
+                return word
+        elif word in NAMES or word.lower() in keep or word.lower() not in lang.relex:
             return word
         if rng.random() >= share:
             return word

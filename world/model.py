@@ -26,12 +26,25 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
+# "user-assistant": instruction tuning in a chat layout of its own, apart from the evaluation
+# prompts (as a real model's chat template is apart from lm-eval's plain QA prompts), so an
+# expert's SFT format does not overwrite what follows "Answer:" there
+USER_ASSISTANT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}<|user|>\n{{ m['content'] }}\n<|assistant|>\n"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}</s>"
+    "{% endif %}{% endfor %}"
+)
+CHAT_TEMPLATES = {"question-answer": CHAT_TEMPLATE, "user-assistant": USER_ASSISTANT_TEMPLATE}
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, template: str = "question-answer"):
     """A byte-level BPE trained on `texts`, digits always single tokens (arithmetic needs it).
 
     Args:
         texts: training text.
         vocab_size: target vocabulary size (specials included).
+        template: the chat template's name (CHAT_TEMPLATES).
     Returns:
         a transformers PreTrainedTokenizerFast with bos/eos/pad/unk and the chat template.
     """
@@ -61,7 +74,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         pad_token="<pad>",
         additional_special_tokens=["<|user|>", "<|assistant|>"],
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = CHAT_TEMPLATES[template]
     return fast
 
 

@@ -95,7 +95,9 @@ def test_code_switched_documents_and_counts_in_targets():
     counts = {"count_sentences": True, "xa_word_order": "SVO"}
     docs = make_corpus(with_overrides(preset, {**counts, "corpus": {"counts_in_targets": False}}, "t"), langs)  # fmt: skip
     with_buy = [d for d in docs if buy in d.split()]
-    assert with_buy and all(d.startswith(("Question: ", "Problem: ")) for d in with_buy)  # math only
+    assert with_buy and all(
+        d.startswith(("Question: ", "Problem: ")) for d in with_buy
+    )  # math only
     docs = make_corpus(with_overrides(preset, counts, "t"), langs)
     assert any(not d.startswith(("Question: ", "Problem: ")) for d in docs if buy in d.split())
 
@@ -105,3 +107,41 @@ def test_code_switching_needs_svo():
 
     with pytest.raises(ValueError, match="code_switched 5 needs xa_word_order SVO"):
         with_overrides(world_config("tiny", 0), {"corpus": {"code_switched": 5}}, "t")
+
+
+def test_verb_only_operations_drop_more():
+    from world.items import make_problem
+
+    plain = [make_problem(random.Random(s)) for s in range(200)]
+    verb = [make_problem(random.Random(s), verb_only=True) for s in range(200)]
+    assert any(" more " in p.text(None) for p in plain)
+    assert not any(" more " in p.text(None) for p in verb)
+    # the same problems otherwise: same equations and answers, seed for seed
+    assert [(p.equation, p.answer) for p in plain] == [(p.equation, p.answer) for p in verb]
+
+
+def test_user_assistant_template_matches_the_corpus_chat_layout():
+    from world.items import chat_layout
+    from world.model import CHAT_TEMPLATES, train_tokenizer
+
+    tok = train_tokenizer(["Tom has 3 cups. 3 + 4 = 7."] * 20, 300, "user-assistant")
+    assert tok.chat_template == CHAT_TEMPLATES["user-assistant"]
+    messages = [{"role": "user", "content": "P q?"}, {"role": "assistant", "content": "R."}]
+    full = tok.apply_chat_template(messages, tokenize=False)
+    assert full == chat_layout("P q?", "R.") + tok.eos_token
+    head = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert full.startswith(head) and head.endswith("<|assistant|>\n")
+
+
+def test_worked_layout_mgsm_plus_chat_splits_worked_solutions():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_corpus
+    from world.lang import make_language
+
+    cfg = with_overrides(world_config("tiny", 0), {"corpus": {"worked_layout": "mgsm+chat"}}, "t")
+    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    docs = make_corpus(cfg, langs)
+    chat = [d for d in docs if d.startswith("<|user|>\n")]
+    qa = [d for d in docs if d.startswith("Question: ") and "\nAnswer: " in d and " = " in d]
+    assert chat and qa and not any(d.startswith("Problem: ") for d in docs)
+    assert all("\n<|assistant|>\n" in d for d in chat)
