@@ -70,6 +70,9 @@ class CorpusMix(StrictModel):
     code_switched: int = Field(0, ge=0)
     code_switch_share: float = Field(0.5, ge=0, le=1)
     switch_math_words: bool = True
+    # the share for numbers (into xa's numerals) in those documents; None: as the other words
+    # with `switch_math_words`, none without it
+    number_switch_share: float | None = Field(None, ge=0, le=1)
 
 
 class WorldConfig(StrictModel):

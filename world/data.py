@@ -243,5 +243,7 @@ def _code_switched(cfg: WorldConfig, xa: Language, math_taken: set[str]) -> list
         for p in _unique_problems(rng, n_math, set(math_taken), cfg)
     ]
     texts += [_passage(rng, None, cfg.count_sentences) for _ in range(mix.code_switched - n_math)]
-    keep_numbers = not mix.switch_math_words
-    return [code_switch(t, xa, rng, mix.code_switch_share, keep, keep_numbers) for t in texts]
+    numbers = mix.number_switch_share
+    if numbers is None:
+        numbers = mix.code_switch_share if mix.switch_math_words else 0.0
+    return [code_switch(t, xa, rng, mix.code_switch_share, keep, numbers) for t in texts]

@@ -167,7 +167,7 @@ MATH_WORDS = frozenset(
 )
 
 
-def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset(), keep_numbers: bool = False) -> str:  # fmt: skip
+def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset(), number_share: float | None = None) -> str:  # fmt: skip
     """English text with each word put in `lang` (an SVO language) with probability `share`.
 
     Args:
@@ -176,8 +176,8 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
         rng: the random source.
         share: probability that a word is switched.
         keep: English word forms (lower case) that stay English.
-        keep_numbers: numbers stay 0-9 digits (else they switch like words, into the
-            language's numerals).
+        number_share: probability that a number is put in the language's numerals (None:
+            `share`, like any word).
     Returns:
         the mixed text; names stay, numbers switch as words do.
     """
@@ -188,9 +188,12 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
         word = m.group(0)
         # words outside the relexified vocabulary (the prompt's "Question", "Answer") stay
         if word.isdigit():
-            if keep_numbers:
+            p = share if number_share is None else number_share
+            # no draw when numbers never switch: the other words' draws stay as they were
+            if p == 0 or rng.random() >= p:
                 return word
-        elif word in NAMES or word.lower() in keep or word.lower() not in lang.relex:
+            return _relexify(word, lang)
+        if word in NAMES or word.lower() in keep or word.lower() not in lang.relex:
             return word
         if rng.random() >= share:
             return word

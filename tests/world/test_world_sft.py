@@ -145,3 +145,14 @@ def test_worked_layout_mgsm_plus_chat_splits_worked_solutions():
     qa = [d for d in docs if d.startswith("Question: ") and "\nAnswer: " in d and " = " in d]
     assert chat and qa and not any(d.startswith("Problem: ") for d in docs)
     assert all("\n<|assistant|>\n" in d for d in chat)
+
+
+def test_number_switch_share():
+    from world.lang import code_switch, make_language
+
+    xa = make_language("xa", 0, digit_words=True, order="SVO")
+    text = "Tom has 37 cups and 4 pens."
+    never = code_switch(text, xa, random.Random(0), 1.0, number_share=0.0)
+    assert "37" in never and "4" in never and "cups" not in never
+    always = code_switch(text, xa, random.Random(0), 0.0, number_share=1.0)
+    assert always == f"Tom has {xa.numeral(37)} cups and {xa.numeral(4)} pens."
