@@ -233,11 +233,23 @@ def _local_cluster(workers: int = 2, cpus: float = 1, gpus: float = 0, env: dict
     from ray.cluster_utils import Cluster
 
     tmp = tempfile.mkdtemp(prefix="lsc", dir="/tmp")
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "num_gpus": 0, "temp_dir": tmp, "include_dashboard": False},
-    )
+    # Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (/tmp/ray/... by
+    # default) and fails where that folder does not exist, as on a machine that never ran Ray:
+    # point it into this cluster's own folder
+    os.makedirs(os.path.join(tmp, "ray"))
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp
+    cluster = None
     try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "num_gpus": 0,
+                "temp_dir": tmp,
+                "include_dashboard": False,
+            },
+        )
         nodes = {
             f"w{i}": cluster.add_node(
                 num_cpus=cpus,
@@ -250,7 +262,12 @@ def _local_cluster(workers: int = 2, cpus: float = 1, gpus: float = 0, env: dict
         yield cluster, nodes
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
         shutil.rmtree(tmp, ignore_errors=True)
 
 
