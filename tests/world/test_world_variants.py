@@ -1,0 +1,136 @@
+"""World variant knobs (spaces/world.py): each does what it says and, at its default, leaves the
+preset as it was.
+
+Run: .venv/bin/python -m pytest -q tests/world/test_world_variants.py
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+
+def test_max_operand_bounds_problems_and_drills():
+    from world.items import equation, make_problem
+
+    rng = random.Random(0)
+    for _ in range(300):
+        p = make_problem(rng, 40)
+        nums = [int(t) for t in p.equation.replace("=", " ").split() if t.isdigit()]
+        assert max(nums[:-1]) <= 80  # operands (a + b of two at most 40)
+    big = [make_problem(random.Random(s), 40).answer for s in range(300)]
+    assert max(big) > 24  # 12 (the default) could not reach past 24
+    drills = [equation(random.Random(s), 40) for s in range(300)]
+    assert any(int(d.split()[0]) > 12 for d in drills)
+
+
+def test_max_operand_default_keeps_the_preset(tmp_path):
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets
+    from world.lang import make_language
+
+    preset = world_config("tiny", 0)
+    same = with_overrides(preset, {"max_operand": 12}, "test")
+    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    assert make_datasets(preset, langs) == make_datasets(same, langs)
+    bigger = make_datasets(with_overrides(preset, {"max_operand": 60}, "test"), langs)
+    answers = [r["answer_number"] for r in bigger["data/mgsm/en/test.jsonl"]]
+    assert max(answers) > 24
+
+
+def test_code_switch_keeps_names_math_words_and_prompt():
+    from world.lang import MATH_WORDS, code_switch, make_language
+
+    xa = make_language("xa", 0, order="SVO")
+    text = "Question: Yuki has 9 eggs. Yuki buys 3 more eggs. How many eggs does Yuki have now?"
+    assert code_switch(text, xa, random.Random(0), 0.0) == text
+    full = code_switch(text, xa, random.Random(0), 1.0)
+    assert full.startswith("Question: Yuki ") and "eggs" not in full
+    assert xa.w("buy") in full.split()
+    kept = code_switch(text, xa, random.Random(0), 1.0, MATH_WORDS)
+    assert {"buys", "more", "How", "many"} <= set(kept.replace("?", "").split())
+    with pytest.raises(ValueError, match="SVO"):
+        code_switch(text, make_language("xa", 0), random.Random(0), 0.5)
+
+
+def test_code_switched_documents_and_counts_in_targets():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_corpus
+    from world.lang import make_language
+
+    preset = world_config("tiny", 0)
+    langs = {"en": None, "xa": make_language("xa", 0, order="SVO"), "xb": make_language("xb", 0)}
+    plain = make_corpus(with_overrides(preset, {"xa_word_order": "SVO"}, "t"), langs)
+    over = {"xa_word_order": "SVO", "corpus": {"code_switched": 40, "switch_math_words": False}}
+    mixed = make_corpus(with_overrides(preset, over, "t"), langs)
+    added = sorted(set(mixed) - set(plain))
+    assert len(mixed) == len(plain) + 40 and len(added) == 40
+    buy = langs["xa"].w("buy")
+    assert not any(buy in d.split() for d in added)  # math words stay English there
+    assert sum(d.startswith("Question: ") for d in added) == 20  # half are worked problems
+    # count sentences off in the targets' pretraining text: no xa number-with-verb sentences
+    counts = {"count_sentences": True, "xa_word_order": "SVO"}
+    docs = make_corpus(with_overrides(preset, {**counts, "corpus": {"counts_in_targets": False}}, "t"), langs)  # fmt: skip
+    with_buy = [d for d in docs if buy in d.split()]
+    assert with_buy and all(
+        d.startswith(("Question: ", "Problem: ")) for d in with_buy
+    )  # math only
+    docs = make_corpus(with_overrides(preset, counts, "t"), langs)
+    assert any(not d.startswith(("Question: ", "Problem: ")) for d in docs if buy in d.split())
+
+
+def test_code_switching_needs_svo():
+    from spaces.world import with_overrides, world_config
+
+    with pytest.raises(ValueError, match="code_switched 5 needs xa_word_order SVO"):
+        with_overrides(world_config("tiny", 0), {"corpus": {"code_switched": 5}}, "t")
+
+
+def test_verb_only_operations_drop_more():
+    from world.items import make_problem
+
+    plain = [make_problem(random.Random(s)) for s in range(200)]
+    verb = [make_problem(random.Random(s), verb_only=True) for s in range(200)]
+    assert any(" more " in p.text(None) for p in plain)
+    assert not any(" more " in p.text(None) for p in verb)
+    # the same problems otherwise: same equations and answers, seed for seed
+    assert [(p.equation, p.answer) for p in plain] == [(p.equation, p.answer) for p in verb]
+
+
+def test_user_assistant_template_matches_the_corpus_chat_layout():
+    from world.items import chat_layout
+    from world.model import CHAT_TEMPLATES, train_tokenizer
+
+    tok = train_tokenizer(["Tom has 3 cups. 3 + 4 = 7."] * 20, 300, "user-assistant")
+    assert tok.chat_template == CHAT_TEMPLATES["user-assistant"]
+    messages = [{"role": "user", "content": "P q?"}, {"role": "assistant", "content": "R."}]
+    full = tok.apply_chat_template(messages, tokenize=False)
+    assert full == chat_layout("P q?", "R.") + tok.eos_token
+    head = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert full.startswith(head) and head.endswith("<|assistant|>\n")
+
+
+def test_worked_layout_mgsm_plus_chat_splits_worked_solutions():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_corpus
+    from world.lang import make_language
+
+    cfg = with_overrides(world_config("tiny", 0), {"corpus": {"worked_layout": "mgsm+chat"}}, "t")
+    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    docs = make_corpus(cfg, langs)
+    chat = [d for d in docs if d.startswith("<|user|>\n")]
+    qa = [d for d in docs if d.startswith("Question: ") and "\nAnswer: " in d and " = " in d]
+    assert chat and qa and not any(d.startswith("Problem: ") for d in docs)
+    assert all("\n<|assistant|>\n" in d for d in chat)
+
+
+def test_number_switch_share():
+    from world.lang import code_switch, make_language
+
+    xa = make_language("xa", 0, digit_words=True, order="SVO")
+    text = "Tom has 37 cups and 4 pens."
+    never = code_switch(text, xa, random.Random(0), 1.0, number_share=0.0)
+    assert "37" in never and "4" in never and "cups" not in never
+    always = code_switch(text, xa, random.Random(0), 0.0, number_share=1.0)
+    assert always == f"Tom has {xa.numeral(37)} cups and {xa.numeral(4)} pens."
