@@ -96,6 +96,9 @@ class WorldConfig(StrictModel):
     max_operand: int = Field(12, ge=3)
     # "buys 3 apples", not "buys 3 more apples": adding and taking away differ in the verb alone
     verb_only_operations: bool = False
+    # the language SFT's plural-word rows become reading questions about counts ("How many eggs
+    # does Tom lose?" after two sentences that differ in the verb), answered by the sentence
+    count_questions: bool = False
     # the tokenizer's chat template (world/model.py CHAT_TEMPLATES), which SFT goes through:
     # lm-eval's "Question: ...\nAnswer:" layout, or a "<|user|>/<|assistant|>" chat of its own
     chat_template: Literal["question-answer", "user-assistant"] = "question-answer"

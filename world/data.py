@@ -21,7 +21,17 @@ from world.items import (
     mgsm_prompt,
     worked_answer,
 )
-from world.lang import LANG_NAMES, MATH_WORDS, NOUNS, Language, code_switch, render
+from world.lang import (
+    LANG_NAMES,
+    MATH_WORDS,
+    NAMES,
+    NOUNS,
+    NP,
+    Clause,
+    Language,
+    code_switch,
+    render,
+)
 
 TARGETS = ("xa", "xb")
 LETTERS = "ABCD"
@@ -112,6 +122,8 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
         elif kind == 3:
             s = render(clause(), lang)[:-1]
             inp, tgt = f"{w('reverse').capitalize()} {w('sentence')}: {s}", " ".join(reversed(s.split()))  # fmt: skip
+        elif kind == 4 and cfg.count_questions:
+            inp, tgt = _count_question(rng, lang)
         elif kind == 4:
             noun = rng.choice(list(NOUNS))
             inp, tgt = f"{w('plural').capitalize()} {w('word')}: {w(noun)}", lang.plural(noun)
@@ -120,6 +132,22 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
             inp, tgt = f"{w('continue').capitalize()}: {render(a, lang)}", render(b, lang)
         rows.append({"inputs": inp, "targets": tgt, "language": name})
     return rows
+
+
+def _count_question(rng: random.Random, lang: Language) -> tuple[str, str]:
+    """A reading question about counts, no arithmetic: two sentences about one person and one
+    noun that differ in the verb, a "how many" question that names one verb, and the sentence
+    that answers it (so answering is reading the verbs)."""
+    who, noun = rng.choice(NAMES), rng.choice(list(NOUNS))
+    verbs = rng.sample(["have", "buy", "lose"], 2)
+    facts = [
+        Clause(NP(name=who), v, (NP(noun=noun, num=rng.randint(2, 12), plural=True),))
+        for v in verbs
+    ]
+    asked = rng.randrange(2)
+    question = Clause(NP(name=who), verbs[asked], (NP(noun=noun, num="how_many", plural=True),))
+    passage = " ".join(render(c, lang) for c in facts)
+    return f"{passage}\n{lang.w('question').capitalize()}: {render(question, lang)}", render(facts[asked], lang)  # fmt: skip
 
 
 def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[str, list[dict]]:

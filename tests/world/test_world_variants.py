@@ -134,3 +134,28 @@ def test_number_switch_share():
     assert "37" in never and "4" in never and "cups" not in never
     always = code_switch(text, xa, random.Random(0), 0.0, number_share=1.0)
     assert always == f"Tom has {xa.numeral(37)} cups and {xa.numeral(4)} pens."
+
+
+def test_count_questions_replace_plural_rows_and_need_the_verb():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets
+    from world.lang import make_language
+
+    preset = world_config("tiny", 0)
+    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    plain = make_datasets(preset, langs)["data/sft/lang_xa.jsonl"]
+    asked = make_datasets(with_overrides(preset, {"count_questions": True}, "t"), langs)
+    rows = asked["data/sft/lang_xa.jsonl"]
+    off = make_datasets(with_overrides(preset, {"count_questions": False}, "t"), langs)
+    assert off["data/sft/lang_xa.jsonl"] == plain and len(rows) == len(plain)
+    for r in rows[4::8]:
+        passage, question = r["inputs"].split("\n")
+        first, second = (s.strip() + "." for s in passage.split(".")[:2])
+        assert r["targets"] in (first, second)
+        # the same person and noun in both: besides the numbers, only the verb differs
+        a, b = first.rstrip(".").split(), second.rstrip(".").split()
+        assert len(a) == len(b)
+        verbs = [(x, y) for x, y in zip(a, b, strict=True) if x != y and not x.isdigit()]
+        assert len(verbs) == 1
+        asked = verbs[0][0] if r["targets"] == first else verbs[0][1]
+        assert asked in question.rstrip("?").split()  # the question names the answer's verb
