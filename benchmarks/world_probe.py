@@ -142,33 +142,40 @@ def paired_ci(a: np.ndarray, b: np.ndarray, resamples: int) -> tuple[float, floa
     return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def per_layer(states: dict, depth: int, score) -> None:
-    """Print each expert's relative ΔW per block, then `score` (-> (xa, en) MGSM) of the math
-    expert with one block (a layer, or "non-layer") from the base or the language expert."""
+def _with_block(state: dict, donor: dict, block: int | None) -> dict:
+    """`state` with one block (a layer index, or None: the non-layer weights) from `donor`."""
     from trainables.merge.arch import layer_index
 
-    def block(name: str) -> str:
-        i = layer_index(name)
-        return "non-layer" if i is None else str(i)
+    return {k: donor[k] if layer_index(k) == block else v for k, v in state.items()}
 
-    blocks = [str(i) for i in range(depth)] + ["non-layer"]
+
+def _block_name(block: int | None) -> str:
+    return "non-layer" if block is None else str(block)
+
+
+def per_layer(states: dict, depth: int, score) -> None:
+    """Print each expert's relative ΔW per block, then `score` (-> (xa, en) MGSM) of the math
+    expert with one block (a layer, or the non-layer weights) from the base or the language
+    expert."""
+    from trainables.merge.arch import layer_index
+
+    blocks = [*range(depth), None]
     base = states["base"]
     for expert in ("math", "language"):
         sq = {b: [0.0, 0.0] for b in blocks}
         for k, v in states[expert].items():
-            sq[block(k)][0] += float((v.float() - base[k].float()).pow(2).sum())
-            sq[block(k)][1] += float(base[k].float().pow(2).sum())
-        rel = "  ".join(f"{b}:{(d / max(n, 1e-12)) ** 0.5:.4f}" for b, (d, n) in sq.items())
+            sq[layer_index(k)][0] += float((v.float() - base[k].float()).pow(2).sum())
+            sq[layer_index(k)][1] += float(base[k].float().pow(2).sum())
+        rel = "  ".join(f"{_block_name(b)}:{(d / max(n, 1e-12)) ** 0.5:.4f}" for b, (d, n) in sq.items())  # fmt: skip
         print(f"relative ΔW, {expert}: {rel}")
     xa0, en0 = score(states["math"])
     print(f"\nmath expert xa / en MGSM {xa0:.3f} / {en0:.3f}; with one block from ...")
     for b in blocks:
         cells = []
         for donor in ("base", "language"):
-            state = {k: states[donor][k] if block(k) == b else v for k, v in states["math"].items()}
-            xa, en = score(state)
+            xa, en = score(_with_block(states["math"], states[donor], b))
             cells.append(f"{donor} {xa:.3f} / {en:.3f}")
-        print(f"  {b:<10} " + "   ".join(cells))
+        print(f"  {_block_name(b):<10} " + "   ".join(cells))
 
 
 def attribution(states: dict, depth: int, score) -> None:
@@ -177,17 +184,13 @@ def attribution(states: dict, depth: int, score) -> None:
     A swap can only combine what each expert's gain is made of block by block: if no single
     block (nor a few) carries the gain, no layer swap keeps it.
     """
-    from trainables.merge.arch import layer_index
-
-    blocks = [*range(depth), None]  # None: the non-layer weights
     xa0, en0 = score(states["base"])
     print(f"\nbase xa / en MGSM {xa0:.3f} / {en0:.3f}; base + one expert's ΔW in one block:")
     for expert in ("math", "language"):
         cells = []
-        for b in blocks:
-            state = {k: states[expert][k] if layer_index(k) == b else v for k, v in states["base"].items()}  # fmt: skip
-            xa, en = score(state)
-            cells.append(f"{'NL' if b is None else b}:{xa:.2f}/{en:.2f}")
+        for b in [*range(depth), None]:
+            xa, en = score(_with_block(states["base"], states[expert], b))
+            cells.append(f"{_block_name(b)}:{xa:.2f}/{en:.2f}")
         print(f"  {expert:<9} " + " ".join(cells))
 
 

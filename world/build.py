@@ -14,8 +14,8 @@ from pathlib import Path
 
 from spaces.world import WorldConfig, WorldSize, world_config
 from trainables.outputs import output_dir
-from world.data import make_corpus, make_datasets
-from world.lang import LANG_NAMES, make_language
+from world.data import make_corpus, make_datasets, world_languages
+from world.lang import LANG_NAMES
 
 MANIFEST = "world.json"
 # resource level per language (the manifest also gives each one's share of pretraining documents)
@@ -145,11 +145,7 @@ def build_world(
     if _already_built(out, cfg, overwrite, progress):
         return out
     t0 = time.time()
-    langs = {
-        "en": None,
-        "xa": make_language("xa", seed, cfg.digit_words, cfg.xa_word_order),
-        "xb": make_language("xb", seed, cfg.digit_words),
-    }
+    langs = world_languages(cfg)
     variant = "" if config is None or config == world_config(size, seed) else " variant"
     with output_dir(out, "world", overwrite=overwrite, identity=f"seed={seed} size={size} version={cfg.version}{variant}") as tmp:  # fmt: skip
         datasets = make_datasets(cfg, langs)
@@ -169,31 +165,37 @@ def build_world(
         tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
         model, loss = pretrain(docs, tok, cfg.model, seed, progress=progress)
         save_model(model, tok, tmp / "base")
-        shares = _shares(cfg)
-        files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest = {
-            "seed": seed,
-            "size": size,
-            "version": cfg.version,
-            "languages": {
-                code: {
-                    "name": LANG_NAMES[code],
-                    "resource": RESOURCE[code],
-                    "corpus_docs_share": shares[code],
-                }
-                for code in langs
-            },
-            "counts": {rel: len(rows) for rel, rows in sorted(datasets.items())}
-            | {"corpus/pretrain.txt": len(docs)},
-            "final_pretrain_loss": round(loss, 4),
-            "config": cfg.model_dump(mode="json"),
-            "model_config": json.loads((tmp / "base/config.json").read_text()),
-            "sha256": {str(p.relative_to(tmp)): _sha256(p) for p in files},
-        }
+        manifest = _manifest(tmp, cfg, datasets, len(docs), loss)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     if progress:
         print(f"world: built {out} in {time.time() - t0:.1f}s (final pretrain loss {loss:.3f})")
     return out
+
+
+def _manifest(tmp: Path, cfg: WorldConfig, datasets: dict[str, list], n_docs: int, loss: float) -> dict:  # fmt: skip
+    """world.json's content for the world written in `tmp`: what it is, its counts and config,
+    and the sha256 of every file already there."""
+    shares = _shares(cfg)
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    return {
+        "seed": cfg.seed,
+        "size": cfg.size,
+        "version": cfg.version,
+        "languages": {
+            code: {
+                "name": LANG_NAMES[code],
+                "resource": RESOURCE[code],
+                "corpus_docs_share": shares[code],
+            }
+            for code in RESOURCE
+        },
+        "counts": {rel: len(rows) for rel, rows in sorted(datasets.items())}
+        | {"corpus/pretrain.txt": n_docs},
+        "final_pretrain_loss": round(loss, 4),
+        "config": cfg.model_dump(mode="json"),
+        "model_config": json.loads((tmp / "base/config.json").read_text()),
+        "sha256": {str(p.relative_to(tmp)): _sha256(p) for p in files},
+    }
 
 
 def _shares(cfg) -> dict[str, float]:

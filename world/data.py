@@ -30,11 +30,21 @@ from world.lang import (
     Clause,
     Language,
     code_switch,
+    make_language,
     render,
 )
 
 TARGETS = ("xa", "xb")
 LETTERS = "ABCD"
+
+
+def world_languages(cfg: WorldConfig) -> dict[str, Language | None]:
+    """{"en": None, "xa": Language, "xb": Language} as `cfg` (seed, digit words, xa order) makes them."""
+    return {
+        "en": None,
+        "xa": make_language("xa", cfg.seed, cfg.digit_words, cfg.xa_word_order),
+        "xb": make_language("xb", cfg.seed, cfg.digit_words),
+    }
 
 
 def _rng(cfg: WorldConfig, part: str) -> random.Random:
@@ -234,15 +244,13 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
                 docs.append(f"{mgsm_prompt(p.text(lang))} {p.answer}")
     # arithmetic drills (language-neutral): practice for the equations of worked solutions
     docs += [". ".join(equation(rng, cfg.max_operand) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
+    target_counts = cfg.count_sentences and mix.counts_in_targets  # in xa/xb pretraining text
     for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
-        counts = cfg.count_sentences and (code == "en" or mix.counts_in_targets)
+        counts = cfg.count_sentences if code == "en" else target_counts
         docs += [_passage(rng, langs[code], counts) for _ in range(n)]
     for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):
         for _ in range(n):
-            pairs = [
-                generic_clause(rng, counts=cfg.count_sentences and mix.counts_in_targets)
-                for _ in range(rng.randint(1, 3))
-            ]
+            pairs = [generic_clause(rng, counts=target_counts) for _ in range(rng.randint(1, 3))]
             docs.append(
                 "\n".join(
                     f"English: {render(c, None)}\n{LANG_NAMES[code]}: {render(c, langs[code])}"

@@ -115,14 +115,17 @@ OUTCOMES = ("right", "slip", "misread", "no_equation")
 EQUATION = re.compile(r"(\d+(?: [-+*/] \d+)+) =")
 
 
-def _evaluate(lhs: str) -> Fraction:
-    """The value of "a op b [op c ...]" with * and / before + and - (the worked answers' order)."""
+def _evaluate(lhs: str) -> Fraction | None:
+    """The value of "a op b [op c ...]" with * and / before + and - (the worked answers' order);
+    None for a division by zero."""
     tokens = lhs.split()
     terms, ops = [Fraction(int(tokens[0]))], []
     for op, num in zip(tokens[1::2], tokens[2::2], strict=True):
         n = Fraction(int(num))
+        if op == "/" and not n:
+            return None
         if op in "*/":
-            terms[-1] = terms[-1] * n if op == "*" else (terms[-1] / n if n else Fraction(10**9))
+            terms[-1] = terms[-1] * n if op == "*" else terms[-1] / n
         else:
             terms.append(n)
             ops.append(op)

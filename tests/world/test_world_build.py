@@ -214,12 +214,11 @@ def test_cli_config_flag(tmp_path):
 
 def test_worked_layout_moves_worked_solutions_under_the_mgsm_prompt():
     from spaces.world import with_overrides, world_config
-    from world.data import make_corpus
-    from world.lang import make_language
+    from world.data import make_corpus, world_languages
 
     preset = world_config("tiny", 0)
     mgsm = with_overrides(preset, {"corpus": {"worked_layout": "mgsm"}}, "test")
-    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    langs = world_languages(preset)
     textbook, moved = make_corpus(preset, langs), make_corpus(mgsm, langs)
     assert any(d.startswith("Problem: ") for d in textbook)
     assert not any(d.startswith("Problem: ") for d in moved)

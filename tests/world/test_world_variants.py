@@ -27,12 +27,11 @@ def test_max_operand_bounds_problems_and_drills():
 
 def test_max_operand_default_keeps_the_preset(tmp_path):
     from spaces.world import with_overrides, world_config
-    from world.data import make_datasets
-    from world.lang import make_language
+    from world.data import make_datasets, world_languages
 
     preset = world_config("tiny", 0)
     same = with_overrides(preset, {"max_operand": 12}, "test")
-    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    langs = world_languages(preset)
     assert make_datasets(preset, langs) == make_datasets(same, langs)
     bigger = make_datasets(with_overrides(preset, {"max_operand": 60}, "test"), langs)
     answers = [r["answer_number"] for r in bigger["data/mgsm/en/test.jsonl"]]
@@ -56,11 +55,10 @@ def test_code_switch_keeps_names_math_words_and_prompt():
 
 def test_code_switched_documents_and_counts_in_targets():
     from spaces.world import with_overrides, world_config
-    from world.data import make_corpus
-    from world.lang import make_language
+    from world.data import make_corpus, world_languages
 
     preset = world_config("tiny", 0)
-    langs = {"en": None, "xa": make_language("xa", 0, order="SVO"), "xb": make_language("xb", 0)}
+    langs = world_languages(with_overrides(preset, {"xa_word_order": "SVO"}, "t"))
     plain = make_corpus(with_overrides(preset, {"xa_word_order": "SVO"}, "t"), langs)
     over = {"xa_word_order": "SVO", "corpus": {"code_switched": 40, "switch_math_words": False}}
     mixed = make_corpus(with_overrides(preset, over, "t"), langs)
@@ -113,11 +111,10 @@ def test_user_assistant_template_matches_the_corpus_chat_layout():
 
 def test_worked_layout_mgsm_plus_chat_splits_worked_solutions():
     from spaces.world import with_overrides, world_config
-    from world.data import make_corpus
-    from world.lang import make_language
+    from world.data import make_corpus, world_languages
 
     cfg = with_overrides(world_config("tiny", 0), {"corpus": {"worked_layout": "mgsm+chat"}}, "t")
-    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    langs = world_languages(cfg)
     docs = make_corpus(cfg, langs)
     chat = [d for d in docs if d.startswith("<|user|>\n")]
     qa = [d for d in docs if d.startswith("Question: ") and "\nAnswer: " in d and " = " in d]
@@ -138,11 +135,10 @@ def test_number_switch_share():
 
 def test_count_questions_replace_plural_rows_and_need_the_verb():
     from spaces.world import with_overrides, world_config
-    from world.data import make_datasets
-    from world.lang import make_language
+    from world.data import make_datasets, world_languages
 
     preset = world_config("tiny", 0)
-    langs = {"en": None, "xa": make_language("xa", 0), "xb": make_language("xb", 0)}
+    langs = world_languages(preset)
     plain = make_datasets(preset, langs)["data/sft/lang_xa.jsonl"]
     asked = make_datasets(with_overrides(preset, {"count_questions": True}, "t"), langs)
     rows = asked["data/sft/lang_xa.jsonl"]
