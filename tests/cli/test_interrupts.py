@@ -101,8 +101,21 @@ def _train_exp(world: Path, tmp_path: Path, name: str, steps: int, every: int) -
 
 
 def _has_checkpoints(run: Path, n: int) -> Callable[[], bool]:
-    """More than `n` checkpoint manifests in `run` (a live view: uploads may be under way)."""
-    return lambda: sum(not p.parent.name.startswith(".") for p in run.rglob("layerswap_train.json")) > n  # fmt: skip
+    """More than `n` checkpoint manifests in `run` (a live view: uploads may be under way).
+
+    os.walk, not Path.rglob: the writer creates and removes hidden staging folders while this
+    looks, and rglob raised FileNotFoundError on one that vanished mid-walk (os.walk skips it);
+    hidden folders are pruned, since a manifest counts only once its folder is in place.
+    """
+
+    def count() -> int:
+        found = 0
+        for _root, dirs, files in os.walk(run):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found += "layerswap_train.json" in files
+        return found
+
+    return lambda: count() > n
 
 
 def _checkpoint_steps(run: Path) -> list[int]:
