@@ -73,6 +73,9 @@ class CorpusMix(StrictModel):
     # the share for numbers (into xa's numerals) in those documents; None: as the other words
     # with `switch_math_words`, none without it
     number_switch_share: float | None = Field(None, ge=0, le=1)
+    # the share for MATH_WORDS there when `switch_math_words` is off: a low share lets the base
+    # half-know xa's operation words (seen, rarely, in the contexts their English forms have)
+    math_word_switch_share: float = Field(0.0, ge=0, le=1)
 
 
 class WorldConfig(StrictModel):

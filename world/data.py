@@ -282,4 +282,7 @@ def _code_switched(cfg: WorldConfig, xa: Language, math_taken: set[str]) -> list
     numbers = mix.number_switch_share
     if numbers is None:
         numbers = mix.code_switch_share if mix.switch_math_words else 0.0
-    return [code_switch(t, xa, rng, mix.code_switch_share, keep, numbers) for t in texts]
+    return [
+        code_switch(t, xa, rng, mix.code_switch_share, keep, numbers, mix.math_word_switch_share)
+        for t in texts
+    ]

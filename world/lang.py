@@ -167,7 +167,7 @@ MATH_WORDS = frozenset(
 )
 
 
-def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset(), number_share: float | None = None) -> str:  # fmt: skip
+def code_switch(text: str, lang: Language, rng: random.Random, share: float, keep: frozenset[str] = frozenset(), number_share: float | None = None, keep_share: float = 0.0) -> str:  # fmt: skip
     """English text with each word put in `lang` (an SVO language) with probability `share`.
 
     Args:
@@ -175,9 +175,10 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
         lang: an SVO Language (word-for-word relexification).
         rng: the random source.
         share: probability that a word is switched.
-        keep: English word forms (lower case) that stay English.
+        keep: English word forms (lower case) switched at `keep_share` instead (0: they stay).
         number_share: probability that a number is put in the language's numerals (None:
             `share`, like any word).
+        keep_share: probability that a word in `keep` is switched.
     Returns:
         the mixed text; names stay, numbers switch as words do.
     """
@@ -193,9 +194,11 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
             if p == 0 or rng.random() >= p:
                 return word
             return _relexify(word, lang)
-        if word in NAMES or word.lower() in keep or word.lower() not in lang.relex:
+        if word in NAMES or word.lower() not in lang.relex:
             return word
-        if rng.random() >= share:
+        p = keep_share if word.lower() in keep else share
+        # no draw for a kept word that never switches: the other words' draws stay as they were
+        if p == 0 or rng.random() >= p:
             return word
         return _relexify(word, lang)
 

@@ -155,3 +155,18 @@ def test_count_questions_replace_plural_rows_and_need_the_verb():
         assert len(verbs) == 1
         asked = verbs[0][0] if r["targets"] == first else verbs[0][1]
         assert asked in question.rstrip("?").split()  # the question names the answer's verb
+
+
+def test_math_word_switch_share():
+    from world.lang import MATH_WORDS, code_switch, make_language
+
+    xa = make_language("xa", 0, order="SVO")
+    text = "Tom buys 3 more cups."
+    kept = code_switch(text, xa, random.Random(0), 1.0, MATH_WORDS)
+    assert "buys" in kept and "more" in kept and "cups" not in kept
+    # no draw for kept words at share 0: the other words switch exactly as before
+    assert code_switch(text, xa, random.Random(0), 0.5, MATH_WORDS, keep_share=0.0) == code_switch(
+        text, xa, random.Random(0), 0.5, MATH_WORDS
+    )
+    switched = code_switch(text, xa, random.Random(0), 0.0, MATH_WORDS, keep_share=1.0)
+    assert "buys" not in switched and "more" not in switched and "cups" in switched
