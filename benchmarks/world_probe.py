@@ -8,7 +8,8 @@ trained by world.sft, the world's own plain-torch SFT, not the Ray trainer), --s
 --non-layer (whose embeddings, final norm and lm_head the swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
-base plus one expert's ΔW in one block only, per block: each gain to first order).
+base plus one expert's ΔW in one block only, per block: each gain to first order), --select
+(the merge the search's proxies pick, and how well the proxy ranks the merges).
 
 Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
 (b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
@@ -55,6 +56,13 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--resamples", type=int, default=2000)
     p.add_argument("--json", type=Path, help="write per-item results here")
+    p.add_argument(
+        "--select",
+        action="store_true",
+        help="also: score every merge on the search's proxies (xa Belebele dev, English MGSM dev; "
+        "spaces/search_experiment.py's defaults, combined by search.trial.combine), report the "
+        "merge the search would pick and the Spearman correlation of proxy and xa MGSM (~1 min)",
+    )
     p.add_argument(
         "--attribution",
         action="store_true",
@@ -194,6 +202,34 @@ def attribution(states: dict, depth: int, score) -> None:
         print(f"  {expert:<9} " + " ".join(cells))
 
 
+def proxy_pick(models: dict, items: dict, better: str, proxy_of, resamples: int) -> dict:
+    """Print the layer swap with the best proxy objective (what the search would pick, scored on
+    the probe's split) and the Spearman correlation of proxy and xa MGSM over all merges.
+
+    Args:
+        models: name -> state dict (the base and experts included; only merges are ranked).
+        items: name -> per-item xa MGSM correctness on the probe's split.
+        better: the better expert's name.
+        proxy_of: state dict -> the proxy objective.
+        resamples: bootstrap resamples.
+    Returns:
+        {"pick", "proxy": {name: objective}, "spearman": [rho, low, high], "n"}.
+    """
+    from analysis.stats import correlate
+
+    merges = [n for n in models if n not in ("base", "math", "language")]
+    proxy = {n: proxy_of(models[n]) for n in merges}
+    swaps = [n for n in merges if n.startswith(("swap ", "paper default"))]  # the search's space
+    pick = max(swaps, key=lambda n: proxy[n])  # the first of a tie
+    print(f"\nthe search's pick (best proxy objective of {len(swaps)} layer swaps): {pick}, proxy {proxy[pick]:.3f}")  # fmt: skip
+    for ref in (better, "base"):
+        d, lo, hi = paired_ci(items[pick], items[ref], resamples)
+        print(f"  xa MGSM {items[pick].mean():.3f}, diff to {ref} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    rho = next(c for c in correlate([proxy[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
+    print(f"  Spearman(proxy, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
+    return {"pick": pick, "proxy": proxy, "spearman": [rho.estimate, rho.low, rho.high], "n": rho.n}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from spaces.recipe import parse_recipe
@@ -238,6 +274,22 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state)
         return tuple(float(np.mean(mgsm_correct(model, tok, r, max_new_tokens=20))) for r in (xa, en))  # fmt: skip
 
+    picked = None
+    if args.select:
+        from search.trial import combine
+        from spaces.search_experiment import Proxy
+
+        # the search's default proxies for a world (SearchExperiment.proxy_list), on dev splits
+        proxies = [Proxy(task="belebele_xa_dev", chance=0.25), Proxy(task="mgsm_en_dev")]
+        en_dev = read_rows(world, "data/mgsm/en/dev.jsonl")
+
+        def proxy_of(state) -> float:
+            model.load_state_dict(state)
+            scores = {"belebele_xa_dev": belebele_accuracy(model, tok, bele)}
+            scores["mgsm_en_dev"] = float(np.mean(mgsm_correct(model, tok, en_dev, max_new_tokens=20)))  # fmt: skip
+            return combine(proxies, scores)[0]
+
+        picked = proxy_pick(models, items, better, proxy_of, args.resamples)
     if args.attribution:
         attribution(states, depth, score)
     if args.per_layer:
@@ -246,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         raw = {"args": {k: str(v) for k, v in vars(args).items()}, "table": table}
         raw["items"] = {n: v.astype(int).tolist() for n, v in items.items()}
+        raw["select"] = picked
         args.json.write_text(json.dumps(raw, indent=1) + "\n")
     return 0
 

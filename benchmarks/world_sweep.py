@@ -1,0 +1,136 @@
+"""Build many world variants in parallel and probe each: one table of what every variant shows.
+
+Run `.venv/bin/python benchmarks/world_sweep.py --out runs/sweep --seeds 0 1 --jobs 2 V1.yaml
+V2.yaml -- --lang-lr 1e-5 --select` (arguments after `--` go to benchmarks/world_probe.py). Each
+(variant, seed) is one `layerswap world build --config` then one world_probe run, as
+subprocesses on one core each, so `--jobs` should be the core count (16 on the GPU machine, where
+`--device cuda` after `--` puts the probes on the GPU). A 12 x 64 world takes ~5 min to build and
+~3 min to probe per core. `--deadline S` stops what is still running after S seconds and keeps
+what finished. Writes OUT/<variant>-s<seed>/ (the world), OUT/<variant>-s<seed>.{build,probe}.log,
+.json (world_probe --json) and OUT/summary.md, a row per run: xa MGSM test of the base, the
+experts, the paper default, soup, TIES, the best swap on the probe's split (a biased pick: a
+maximum over 15) and, with --select, the swap the search's proxies pick. A measurement for
+designing the world (issue 15), not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    probe_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, probe_args = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("variants", nargs="+", type=Path, help="world variant YAML files")
+    p.add_argument("--out", type=Path, required=True, help="folder for worlds, logs, summary")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="world seeds (default 0)")
+    p.add_argument("--size", choices=["full", "tiny"], default="full", help="the preset varied")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs")
+    p.add_argument("--deadline", type=float, default=None, help="seconds until runs are stopped")
+    args = p.parse_args(argv)
+    for v in args.variants:
+        if not v.is_file():
+            p.error(f"variant file {v} not found")
+    names = [v.stem for v in args.variants]
+    if len(set(names)) != len(names):
+        p.error(f"variant file names must differ (their stems name the runs): {names}")
+    return args, probe_args
+
+
+def _run(cmd: list[str], log: Path, stop_at: float | None) -> int:
+    """Run `cmd` with its output in `log`; kill it at `stop_at` (time.time()); its exit code."""
+    timeout = None if stop_at is None else max(1.0, stop_at - time.time())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            fh.write("\n(world_sweep: stopped at the deadline)\n")
+            return -9
+
+
+def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str], stop_at: float | None) -> dict:  # fmt: skip
+    """Build and probe one (variant, seed); a summary row (the probe's table when it finished)."""
+    out = args.out
+    name = f"{variant.stem}-s{seed}"
+    world, raw = out / name, out / f"{name}.json"
+    row: dict = {"run": name, "variant": str(variant), "seed": seed}
+    if not (world / "world.json").exists():
+        build = [sys.executable, "-m", "cli", "world", "build", "--out", str(world), "--seed", str(seed), "--size", args.size, "--config", str(variant.resolve())]  # fmt: skip
+        if _run(build, out / f"{name}.build.log", stop_at) != 0:
+            return {**row, "error": f"build failed ({name}.build.log)"}
+    probe = [sys.executable, str(REPO / "benchmarks" / "world_probe.py"), "--world", str(world), "--json", str(raw), *probe_args]  # fmt: skip
+    if _run(probe, out / f"{name}.probe.log", stop_at) != 0:
+        return {**row, "error": f"probe failed ({name}.probe.log)"}
+    data = json.loads(raw.read_text())
+    row["xa"] = {r["name"]: r["xa_mgsm"] for r in data["table"]}
+    row["diff"] = {r["name"]: (r["diff"], *r["ci"]) for r in data["table"]}
+    row["select"] = data.get("select")
+    return row
+
+
+def summary(rows: list[dict]) -> str:
+    """A markdown table: xa MGSM of the base, experts and merges; best swap and proxy pick."""
+    head = ["run", "base", "math", "language", "paper default", "soup", "TIES"]
+    head += ["best swap (diff to better expert, 95 % CI)", "search's pick", "Spearman proxy vs xa"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['run']} | {r['error']} |" + " |" * 8)
+            continue
+        xa = r["xa"]
+        paper = next(n for n in xa if n.startswith("paper default"))
+        swaps = [n for n in xa if n.startswith("swap ")]
+        best = max(swaps, key=lambda n: xa[n])
+        d, lo, hi = r["diff"][best]
+        cells = [f"{xa[n]:.3f}" for n in ("base", "math", "language", paper, "uniform soup", "ties")]  # fmt: skip
+        cells.append(f"{best[5:]} {xa[best]:.3f} ({d:+.3f} [{lo:+.3f}, {hi:+.3f}])")
+        sel = r.get("select")
+        if sel:
+            d, lo, hi = r["diff"][sel["pick"]]
+            cells.append(f"{sel['pick']} {xa[sel['pick']]:.3f} ({d:+.3f} [{lo:+.3f}, {hi:+.3f}])")
+            rho, lo, hi = sel["spearman"]
+            cells.append(f"{rho:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+        else:
+            cells += ["", ""]
+        lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, probe_args = parse_args(sys.argv[1:] if argv is None else argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stop_at = None if args.deadline is None else time.time() + args.deadline
+    runs = [(v, s) for s in args.seeds for v in args.variants]
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, v, s, args, probe_args, stop_at) for v, s in runs]
+        rows = []
+        for fut in futures:
+            rows.append(fut.result())
+            print(f"[{time.time() - t0:.0f}s] {rows[-1]['run']}: {rows[-1].get('error', 'done')}", flush=True)  # fmt: skip
+    table = summary(rows)
+    tmp = args.out / "summary.md.tmp"
+    tmp.write_text(f"world_probe arguments: {' '.join(probe_args) or '(defaults)'}\n\n{table}")
+    tmp.replace(args.out / "summary.md")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
