@@ -102,6 +102,9 @@ class WorldConfig(StrictModel):
     # the language SFT's plural-word rows become reading questions about counts ("How many eggs
     # does Tom lose?" after two sentences that differ in the verb), answered by the sentence
     count_questions: bool = False
+    # worked answers without their equation (pretraining, math SFT, MGSM's train shots): the
+    # arithmetic then happens inside the model, between reading the problem and writing the number
+    direct_answers: bool = False
     # the tokenizer's chat template (world/model.py CHAT_TEMPLATES), which SFT goes through:
     # lm-eval's "Question: ...\nAnswer:" layout, or a "<|user|>/<|assistant|>" chat of its own
     chat_template: Literal["question-answer", "user-assistant"] = "question-answer"

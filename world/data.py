@@ -85,10 +85,10 @@ def _readings(rng: random.Random, n: int, taken: set[str]) -> list[Reading]:
     return out
 
 
-def _mgsm_row(p: Problem, lang: Language | None, train: bool) -> dict:
+def _mgsm_row(p: Problem, lang: Language | None, train: bool, direct: bool) -> dict:
     return {
         "question": p.text(lang),
-        "answer": worked_answer(p, lang, mgsm=True) if train else None,
+        "answer": worked_answer(p, lang, mgsm=True, direct=direct) if train else None,
         "answer_number": p.answer,
         "equation_solution": p.equation if train else None,
     }
@@ -177,7 +177,8 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     out: dict[str, list[dict]] = {}
     sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken), cfg)
     out["data/sft/math_en.jsonl"] = [
-        {"question": p.text(None), "answer": worked_answer(p, None)} for p in sft
+        {"question": p.text(None), "answer": worked_answer(p, None, direct=cfg.direct_answers)}
+        for p in sft
     ]
     for code in TARGETS:
         out[f"data/sft/lang_{code}.jsonl"] = _aya_rows(cfg, langs[code], cfg.lang_sft)
@@ -187,7 +188,7 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     for code, lang in langs.items():
         for split, probs in (("train", train), ("dev", dev), ("test", test)):
             out[f"data/mgsm/{code}/{split}.jsonl"] = [
-                _mgsm_row(p, lang, split == "train") for p in probs
+                _mgsm_row(p, lang, split == "train", cfg.direct_answers) for p in probs
             ]
         for split, reads in (("dev", bdev), ("test", btest)):
             out[f"data/belebele/{code}/{split}.jsonl"] = [r.render(lang) for r in reads]
@@ -233,7 +234,7 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
             # (weakly); math SFT, in the prompt's own layout, teaches it to show its work there.
             # (worked_layout "mgsm": the worked solutions under MGSM's prompt instead)
             if rng.random() < mix.math_worked_share:
-                worked = worked_answer(p, lang)
+                worked = worked_answer(p, lang, direct=cfg.direct_answers)
                 if mix.worked_layout == "mgsm+chat" and rng.random() < 0.5:
                     docs.append(chat_layout(p.text(lang), f"{worked}."))
                 elif mix.worked_layout != "textbook":
@@ -275,7 +276,7 @@ def _code_switched(cfg: WorldConfig, xa: Language, math_taken: set[str]) -> list
     keep = frozenset() if mix.switch_math_words else MATH_WORDS
     n_math = mix.code_switched // 2
     texts = [
-        f"{mgsm_prompt(p.text(None))} {worked_answer(p, None)}."
+        f"{mgsm_prompt(p.text(None))} {worked_answer(p, None, direct=cfg.direct_answers)}."
         for p in _unique_problems(rng, n_math, set(math_taken), cfg)
     ]
     texts += [_passage(rng, None, cfg.count_sentences) for _ in range(mix.code_switched - n_math)]

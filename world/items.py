@@ -115,13 +115,15 @@ def equation(rng: random.Random, max_n: int = 12) -> str:
     return f"{k} * {m} = {k * m}" if kind == 2 else f"{k * m} / {k} = {m}"
 
 
-def worked_answer(p: Problem, lang: Language | None, *, mgsm: bool = False) -> str:
-    """A brief worked answer ending with the number (Orca-Math style; MGSM train style if `mgsm`)."""
+def worked_answer(p: Problem, lang: Language | None, *, mgsm: bool = False, direct: bool = False) -> str:  # fmt: skip
+    """A brief worked answer ending with the number (Orca-Math style; MGSM train style if `mgsm`;
+    without the equation if `direct`)."""
     if lang is None:
-        body = f"{p.equation}. The answer is {p.answer}"
+        body = f"The answer is {p.answer}" if direct else f"{p.equation}. The answer is {p.answer}"
         return f"Step-by-Step Answer: {body}." if mgsm else body
     w = lang.w
-    body = f"{p.equation}. {w('answer').capitalize()} {w('is')} {p.answer}"
+    body = f"{w('answer').capitalize()} {w('is')} {p.answer}"
+    body = body if direct else f"{p.equation}. {body}"
     return f"{w('step').capitalize()} {w('answer')}: {body}." if mgsm else body
 
 

@@ -170,3 +170,24 @@ def test_math_word_switch_share():
     )
     switched = code_switch(text, xa, random.Random(0), 0.0, MATH_WORDS, keep_share=1.0)
     assert "buys" not in switched and "more" not in switched and "cups" in switched
+
+
+def test_direct_answers_drop_the_equation_everywhere():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_corpus, make_datasets, world_languages
+
+    preset = world_config("tiny", 0)
+    over = {"direct_answers": True, "xa_word_order": "SVO", "corpus": {"code_switched": 20}}
+    cfg = with_overrides(preset, over, "test")
+    langs = world_languages(cfg)
+    data = make_datasets(cfg, langs)
+    sft = data["data/sft/math_en.jsonl"]
+    assert all(r["answer"] == f"The answer is {r['answer'].split()[-1]}" for r in sft)
+    assert all(" = " not in r["answer"] for r in data["data/mgsm/xa/train.jsonl"])
+    docs = make_corpus(cfg, langs)
+    math_docs = [d for d in docs if d.startswith(("Problem: ", "Question: "))]
+    assert math_docs and not any(" = " in d for d in math_docs)
+    # the equations stay in the drills, and the default keeps them in worked answers
+    assert any(" = " in d for d in docs)
+    plain = make_datasets(preset, world_languages(preset))["data/sft/math_en.jsonl"]
+    assert all(" = " in r["answer"] for r in plain)
