@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+STOPPED = -9  # _run's code for a command stopped at the deadline
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -58,10 +59,14 @@ def _run(cmd: list[str], log: Path, stop_at: float | None) -> int:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            proc.terminate()  # SIGTERM: `world build` then removes what it had half-written
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             fh.write("\n(world_sweep: stopped at the deadline)\n")
-            return -9
+            return STOPPED
 
 
 def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str], stop_at: float | None) -> dict:  # fmt: skip
@@ -70,13 +75,14 @@ def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str
     name = f"{variant.stem}-s{seed}"
     world, raw = out / name, out / f"{name}.json"
     row: dict = {"run": name, "variant": str(variant), "seed": seed}
-    if not (world / "world.json").exists():
-        build = [sys.executable, "-m", "cli", "world", "build", "--out", str(world), "--seed", str(seed), "--size", args.size, "--config", str(variant.resolve())]  # fmt: skip
-        if _run(build, out / f"{name}.build.log", stop_at) != 0:
-            return {**row, "error": f"build failed ({name}.build.log)"}
+    # a world already there is reused if it is this variant's; a different one fails the build
     probe = [sys.executable, str(REPO / "benchmarks" / "world_probe.py"), "--world", str(world), "--json", str(raw), *probe_args]  # fmt: skip
-    if _run(probe, out / f"{name}.probe.log", stop_at) != 0:
-        return {**row, "error": f"probe failed ({name}.probe.log)"}
+    build = [sys.executable, "-m", "cli", "world", "build", "--out", str(world), "--seed", str(seed), "--size", args.size, "--config", str(variant.resolve())]  # fmt: skip
+    for step, cmd in (("build", build), ("probe", probe)):
+        rc = _run(cmd, out / f"{name}.{step}.log", stop_at)
+        if rc != 0:
+            why = "stopped at the deadline" if rc == STOPPED else "failed"
+            return {**row, "error": f"{step} {why} ({name}.{step}.log)"}
     data = json.loads(raw.read_text())
     row["xa"] = {r["name"]: r["xa_mgsm"] for r in data["table"]}
     row["diff"] = {r["name"]: (r["diff"], *r["ci"]) for r in data["table"]}
