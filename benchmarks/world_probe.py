@@ -16,7 +16,8 @@ Prints, for the base, both experts, the paper's default swap scaled to depth, ev
 difference to the better expert with a paired bootstrap 95 % CI (resampling items); English
 MGSM and xa Belebele for the base, the experts and the paper default, and what their wrong
 answers are (slip: the right equation computed wrong; misread: another equation; no equation),
-which tells a reading gap from an arithmetic one. A measurement for
+and for every model how often it reads an xa problem into the right equation and how often it
+computes that equation right, which tells a reading gain from an arithmetic one. A measurement for
 designing the world (issue 15), not a test.
 """
 
@@ -202,6 +203,14 @@ def attribution(states: dict, depth: int, score) -> None:
         print(f"  {expert:<9} " + " ".join(cells))
 
 
+def reads_computes(outcomes: list[str]) -> tuple[float, float]:
+    """(share of answers with the right equation, share of those computed right): reading and
+    arithmetic apart, so a merge's gain can be told as one or the other (NaN: no right
+    equation)."""
+    eq = sum(o in ("right", "slip") for o in outcomes)
+    return eq / max(1, len(outcomes)), outcomes.count("right") / eq if eq else float("nan")
+
+
 def proxy_pick(models: dict, items: dict, better: str, proxy_of, resamples: int) -> dict:
     """Print the layer swap with the best proxy objective (what the search would pick, scored on
     the probe's split) and the Spearman correlation of proxy and xa MGSM over all merges.
@@ -251,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state)
         outcomes = mgsm_outcomes(model, tok, xa, max_new_tokens=20)
         items[name] = np.array([o == "right" for o in outcomes])
-        extra = {}
+        extra = dict(zip(("xa reads", "computes"), reads_computes(outcomes), strict=True))
         if name in ("base", "math", "language") or name.startswith("paper default"):
             en_outcomes = mgsm_outcomes(model, tok, en, max_new_tokens=20)
             extra["en MGSM"] = en_outcomes.count("right") / max(1, len(en))
@@ -266,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, extra in rows:
         d, lo, hi = paired_ci(items[name], items[better], args.resamples)
         side = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())  # fmt: skip
-        table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **extra})  # fmt: skip
+        strict = {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in extra.items()}  # fmt: skip
+        table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **strict})  # fmt: skip
         print(f"  {name:<24} {items[name].mean():.3f}  {d:+.3f} [{lo:+.3f}, {hi:+.3f}]  {side}")
     print(f"(xa/en wrong: {'/'.join(OUTCOMES[1:])} counts, world.sft.answer_outcome)")
 
