@@ -77,6 +77,16 @@ class CorpusMix(StrictModel):
     # half-know xa's operation words (seen, rarely, in the contexts their English forms have)
     math_word_switch_share: float = Field(0.0, ge=0, le=1)
 
+    @model_validator(mode="after")
+    def _math_word_share_needs_kept_math_words(self) -> CorpusMix:
+        if self.math_word_switch_share and (self.switch_math_words or not self.code_switched):
+            raise ValueError(
+                f"corpus.math_word_switch_share {self.math_word_switch_share} applies only with "
+                f"code_switched > 0 (is {self.code_switched}) and switch_math_words false (is "
+                f"{str(self.switch_math_words).lower()})"
+            )
+        return self
+
 
 class WorldConfig(StrictModel):
     """Everything that determines a world; with the seed it fixes every byte of the output."""

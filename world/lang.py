@@ -196,9 +196,11 @@ def code_switch(text: str, lang: Language, rng: random.Random, share: float, kee
             return _relexify(word, lang)
         if word in NAMES or word.lower() not in lang.relex:
             return word
-        p = keep_share if word.lower() in keep else share
-        # no draw for a kept word that never switches: the other words' draws stay as they were
-        if p == 0 or rng.random() >= p:
+        if word.lower() in keep:
+            # no draw for a kept word that never switches: the other words' draws stay as they were
+            if keep_share == 0 or rng.random() >= keep_share:
+                return word
+        elif rng.random() >= share:
             return word
         return _relexify(word, lang)
 

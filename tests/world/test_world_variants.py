@@ -191,3 +191,36 @@ def test_direct_answers_drop_the_equation_everywhere():
     assert any(" = " in d for d in docs)
     plain = make_datasets(preset, world_languages(preset))["data/sft/math_en.jsonl"]
     assert all(" = " in r["answer"] for r in plain)
+
+
+def test_code_switch_draws_for_every_other_word_even_at_share_0():
+    """Worlds built before keep_share existed stay byte-identical: each relexifiable word that is
+    not kept takes one draw whatever the share, so numbers switch on the same draws."""
+    from world.lang import MATH_WORDS, NAMES, code_switch, make_language
+
+    xa = make_language("xa", 0, digit_words=True, order="SVO")
+    text = "Tom has 3 red cups and Ann buys 4 more pens."
+    for seed in range(20):
+        rng, want = random.Random(seed), []
+        for tok in text.replace(".", "").split():
+            if tok.isdigit():
+                want.append(xa.numeral(int(tok)) if rng.random() < 0.5 else tok)
+                continue
+            if tok not in NAMES and tok.lower() not in MATH_WORDS and tok.lower() in xa.relex:
+                rng.random()  # drawn, never switched at share 0
+            want.append(tok)
+        got = code_switch(text, xa, random.Random(seed), 0.0, MATH_WORDS, number_share=0.5)
+        assert got == " ".join(want) + "."
+
+
+def test_math_word_switch_share_needs_kept_math_words():
+    from spaces.world import with_overrides, world_config
+
+    cfg = world_config("tiny", 0)
+    svo = {"xa_word_order": "SVO"}
+    with pytest.raises(ValueError, match=r"math_word_switch_share 0\.1 applies only with"):
+        with_overrides(cfg, {**svo, "corpus": {"code_switched": 5, "math_word_switch_share": 0.1}}, "t")  # fmt: skip
+    with pytest.raises(ValueError, match=r"code_switched > 0 \(is 0\)"):
+        with_overrides(cfg, {"corpus": {"switch_math_words": False, "math_word_switch_share": 0.1}}, "t")  # fmt: skip
+    ok = {"code_switched": 5, "switch_math_words": False, "math_word_switch_share": 0.1}
+    assert with_overrides(cfg, {**svo, "corpus": ok}, "t").corpus.math_word_switch_share == 0.1
