@@ -9,7 +9,7 @@ trained by world.sft, the world's own plain-torch SFT, not the Ray trainer), --s
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
 base plus one expert's ΔW in one block only, per block: each gain to first order), --select
-(the merge the search's proxies pick, and how well the proxy ranks the merges).
+(the best swap by the search's proxies, and how well the proxy ranks the merges).
 
 Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
 (b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
@@ -60,9 +60,10 @@ def parse_args(argv):
     p.add_argument(
         "--select",
         action="store_true",
-        help="also: score every merge on the search's proxies (xa Belebele dev, English MGSM dev; "
-        "spaces/search_experiment.py's defaults, combined by search.trial.combine), report the "
-        "merge the search would pick and the Spearman correlation of proxy and xa MGSM (~1 min)",
+        help="also: score every merge on the search's default proxies (xa Belebele dev, English "
+        "MGSM dev, combined by search.trial.combine; scored here by world.sft, not lm-eval), "
+        "report the best swap of the probe's grid by that proxy (the search's own space may be "
+        "narrower) and the Spearman correlation of proxy and xa MGSM over all merges (~1 min)",
     )
     p.add_argument(
         "--attribution",
@@ -204,16 +205,22 @@ def attribution(states: dict, depth: int, score) -> None:
 
 
 def reads_computes(outcomes: list[str]) -> tuple[float, float]:
-    """(share of answers with the right equation, share of those computed right): reading and
-    arithmetic apart, so a merge's gain can be told as one or the other (NaN: no right
-    equation)."""
+    """Reading and arithmetic apart, so a merge's gain can be told as one or the other.
+
+    Args:
+        outcomes: world.sft.answer_outcome per item.
+    Returns:
+        (share of answers with the right equation, share of those computed right; NaN if none).
+        Uninformative in a `direct_answers` world, whose answers have no equation.
+    """
     eq = sum(o in ("right", "slip") for o in outcomes)
     return eq / max(1, len(outcomes)), outcomes.count("right") / eq if eq else float("nan")
 
 
 def proxy_pick(models: dict, items: dict, better: str, proxy_of, resamples: int) -> dict:
-    """Print the layer swap with the best proxy objective (what the search would pick, scored on
-    the probe's split) and the Spearman correlation of proxy and xa MGSM over all merges.
+    """Print the layer swap of the probe's grid with the best proxy objective (a stand-in for the
+    search's pick, scored on the probe's split) and the Spearman correlation of proxy and xa
+    MGSM over all merges.
 
     Args:
         models: name -> state dict (the base and experts included; only merges are ranked).
@@ -230,13 +237,15 @@ def proxy_pick(models: dict, items: dict, better: str, proxy_of, resamples: int)
     proxy = {n: proxy_of(models[n]) for n in merges}
     swaps = [n for n in merges if n.startswith(("swap ", "paper default"))]  # the search's space
     pick = max(swaps, key=lambda n: proxy[n])  # the first of a tie
-    print(f"\nthe search's pick (best proxy objective of {len(swaps)} layer swaps): {pick}, proxy {proxy[pick]:.3f}")  # fmt: skip
+    print(f"\nbest swap by the search's proxy objective ({len(swaps)} layer swaps): {pick}, proxy {proxy[pick]:.3f}")  # fmt: skip
     for ref in (better, "base"):
         d, lo, hi = paired_ci(items[pick], items[ref], resamples)
         print(f"  xa MGSM {items[pick].mean():.3f}, diff to {ref} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     rho = next(c for c in correlate([proxy[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
     print(f"  Spearman(proxy, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
-    return {"pick": pick, "proxy": proxy, "spearman": [rho.estimate, rho.low, rho.high], "n": rho.n}
+    # NaN (a constant side) as None: the JSON stays standard
+    spearman = [None if np.isnan(v) else v for v in (rho.estimate, rho.low, rho.high)]
+    return {"pick": pick, "proxy": proxy, "spearman": spearman, "n": rho.n}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,17 @@
 """Build many world variants in parallel and probe each: one table of what every variant shows.
 
-Run `.venv/bin/python benchmarks/world_sweep.py --out runs/sweep --seeds 0 1 --jobs 2 V1.yaml
-V2.yaml -- --lang-lr 1e-5 --select` (arguments after `--` go to benchmarks/world_probe.py). Each
+Run `.venv/bin/python benchmarks/world_sweep.py V1.yaml V2.yaml --out runs/sweep --seeds 0 1
+--jobs 2 -- --lang-lr 1e-5 --select` (arguments after `--` go to benchmarks/world_probe.py). Each
 (variant, seed) is one `layerswap world build --config` then one world_probe run, as
 subprocesses on one core each, so `--jobs` should be the core count (16 on the GPU machine, where
-`--device cuda` after `--` puts the probes on the GPU). A 12 x 64 world takes ~5 min to build and
-~3 min to probe per core. `--deadline S` stops what is still running after S seconds and keeps
-what finished. Writes OUT/<variant>-s<seed>/ (the world), OUT/<variant>-s<seed>.{build,probe}.log,
-.json (world_probe --json) and OUT/summary.md, a row per run: xa MGSM test of the base, the
-experts, the paper default, soup, TIES, the best swap on the probe's split (a biased pick: a
-maximum over 15) and, with --select, the swap the search's proxies pick. A measurement for
-designing the world (issue 15), not a test.
+`--device cuda` after `--` puts the probes on the GPU). A 12 x 64 world takes ~4.5 min to build
+and ~2 min to probe (test split, --select) per core here, ~1.5x that per core of the GPU machine.
+`--deadline S` stops what is still running after S seconds and keeps what finished. Writes
+OUT/<variant>-s<seed>/ (the world; one already there is reused if it is the same variant),
+OUT/<variant>-s<seed>.{build,probe}.log, .json (world_probe --json) and OUT/summary.md, a row per
+run: xa MGSM on the probe's split of the base, the experts, the paper default, soup, TIES, the
+best swap (a biased pick: a maximum over 15) and, with --select, the best swap by the search's
+proxies. A measurement for designing the world (issue 15), not a test.
 """
 
 from __future__ import annotations
@@ -25,10 +26,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STOPPED = -9  # _run's code for a command stopped at the deadline
+STOPPED = None  # what _run returns for a command stopped (or never started) at the deadline
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The sweep's options, and the arguments after `--` (for world_probe.py).
+
+    Args:
+        argv: the command line, without the program name.
+    Returns:
+        (options, probe arguments); exits with a usage error naming a bad value.
+    """
     probe_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -41,6 +49,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel runs")
     p.add_argument("--deadline", type=float, default=None, help="seconds until runs are stopped")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be at least 1, not {args.jobs}")
+    if args.deadline is not None and args.deadline <= 0:
+        p.error(f"--deadline must be positive seconds, not {args.deadline}")
+    args.out = args.out.resolve()  # the runs' subprocesses work in the repository
     for v in args.variants:
         if not v.is_file():
             p.error(f"variant file {v} not found")
@@ -50,9 +63,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, probe_args
 
 
-def _run(cmd: list[str], log: Path, stop_at: float | None) -> int:
-    """Run `cmd` with its output in `log`; kill it at `stop_at` (time.time()); its exit code."""
-    timeout = None if stop_at is None else max(1.0, stop_at - time.time())
+def _run(cmd: list[str], log: Path, stop_at: float | None) -> int | None:
+    """Run `cmd` with its output in `log`, stopped at `stop_at` (a time.time()).
+
+    Returns:
+        its exit code, or STOPPED when the deadline came first (then it may never have started).
+    """
+    timeout = None if stop_at is None else stop_at - time.time()
+    if timeout is not None and timeout <= 0:
+        log.write_text("(world_sweep: not started, the deadline had passed)\n")
+        return STOPPED
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, env=env)
@@ -70,7 +90,15 @@ def _run(cmd: list[str], log: Path, stop_at: float | None) -> int:
 
 
 def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str], stop_at: float | None) -> dict:  # fmt: skip
-    """Build and probe one (variant, seed); a summary row (the probe's table when it finished)."""
+    """Build and probe one (variant, seed).
+
+    Args:
+        variant: the variant YAML; seed: the world seed.
+        args: the sweep's options (out, size); probe_args: for world_probe.py.
+        stop_at: the deadline (a time.time()), or None.
+    Returns:
+        a summary row: the probe's scores, or "error" saying which step failed or was stopped.
+    """
     out = args.out
     name = f"{variant.stem}-s{seed}"
     world, raw = out / name, out / f"{name}.json"
@@ -81,7 +109,7 @@ def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str
     for step, cmd in (("build", build), ("probe", probe)):
         rc = _run(cmd, out / f"{name}.{step}.log", stop_at)
         if rc != 0:
-            why = "stopped at the deadline" if rc == STOPPED else "failed"
+            why = "stopped at the deadline" if rc is STOPPED else f"failed (exit {rc})"
             return {**row, "error": f"{step} {why} ({name}.{step}.log)"}
     data = json.loads(raw.read_text())
     row["xa"] = {r["name"]: r["xa_mgsm"] for r in data["table"]}
@@ -90,10 +118,29 @@ def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str
     return row
 
 
+def safe_one(variant: Path, seed: int, *rest) -> dict:
+    """`one`, with an unexpected error as an error row, so the runs that finished are kept."""
+    try:
+        return one(variant, seed, *rest)
+    except Exception as exc:  # a garbled probe JSON, a full disk: report it, keep the others
+        return {"run": f"{variant.stem}-s{seed}", "error": f"{type(exc).__name__}: {exc}"}
+
+
 def summary(rows: list[dict]) -> str:
-    """A markdown table: xa MGSM of the base, experts and merges; best swap and proxy pick."""
+    """A markdown table, a row per run: xa MGSM of the base, the experts, the paper default,
+    soup and TIES, the best swap and the proxies' pick with their differences and CIs.
+
+    Args:
+        rows: `one`'s rows.
+    Returns:
+        the table.
+    """
     head = ["run", "base", "math", "language", "paper default", "soup", "TIES"]
-    head += ["best swap (diff to better expert, 95 % CI)", "search's pick", "Spearman proxy vs xa"]
+    head += [
+        "best swap (diff to better expert, 95 % CI)",
+        "best swap by proxy",
+        "Spearman proxy vs xa",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
@@ -110,7 +157,7 @@ def summary(rows: list[dict]) -> str:
         if sel:
             d, lo, hi = r["diff"][sel["pick"]]
             cells.append(f"{sel['pick']} {xa[sel['pick']]:.3f} ({d:+.3f} [{lo:+.3f}, {hi:+.3f}])")
-            rho, lo, hi = sel["spearman"]
+            rho, lo, hi = (float("nan") if v is None else v for v in sel["spearman"])
             cells.append(f"{rho:+.2f} [{lo:+.2f}, {hi:+.2f}]")
         else:
             cells += ["", ""]
@@ -119,13 +166,14 @@ def summary(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the sweep (see the module's docstring); 0."""
     args, probe_args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     stop_at = None if args.deadline is None else time.time() + args.deadline
     runs = [(v, s) for s in args.seeds for v in args.variants]
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(one, v, s, args, probe_args, stop_at) for v, s in runs]
+        futures = [pool.submit(safe_one, v, s, args, probe_args, stop_at) for v, s in runs]
         rows = []
         for fut in futures:
             rows.append(fut.result())
