@@ -4,7 +4,8 @@ Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing
 `... --config VARIANT.yaml --seed 0 --out runs/world-v` (builds that variant of the full world
 first, `layerswap world build --config`). ~2 min on 2 CPU cores for the 12 x 64 world; add
 `--device cuda` on a GPU. Options: --math-lr/--math-steps/--lang-lr/--lang-steps (the experts,
-trained by world.sft, the world's own plain-torch SFT, not the Ray trainer), --split dev|test,
+trained by world.sft, the world's own plain-torch SFT, not the Ray trainer; --lang-layers trains
+only those layers of the language expert), --split dev|test,
 --non-layer (whose embeddings, final norm and lm_head the swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
@@ -46,6 +47,13 @@ def parse_args(argv):
     p.add_argument("--math-steps", type=int, default=300)
     p.add_argument("--lang-lr", type=float, default=1e-4)
     p.add_argument("--lang-steps", type=int, default=300)
+    p.add_argument(
+        "--lang-layers",
+        type=int,
+        nargs="+",
+        help="train only these layers of the language expert (e.g. 0 1; embeddings, final norm "
+        "and lm_head stay the base's): a partial SFT kept to where reading lives",
+    )
     p.add_argument("--sft-seed", type=int, default=0)
     p.add_argument(
         "--non-layer",
@@ -97,6 +105,7 @@ def world_dir(args) -> Path:
 
 def train_experts(world: Path, args) -> tuple[dict, object, object]:
     """{"base", "math", "language": state dict} by world.sft; plus a model and tokenizer."""
+    from trainables.merge.arch import layer_index
     from world.sft import load_base, pairs, read_rows, sft
 
     states = {}
@@ -107,6 +116,10 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
         model.to(args.device)
         if run is not None:
             data, lr, steps = run
+            if name == "language" and args.lang_layers is not None:
+                # frozen parameters get no gradient, so AdamW leaves them exactly as they were
+                for key, param in model.named_parameters():
+                    param.requires_grad_(layer_index(key) in args.lang_layers)
             rows = pairs(read_rows(world, f"data/sft/{data}.jsonl"))
             losses = sft(model, tok, rows, steps, lr, seed=args.sft_seed)
             print(f"{name} expert: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
