@@ -230,24 +230,57 @@ def reads_computes(outcomes: list[str]) -> tuple[float, float]:
     return eq / max(1, len(outcomes)), outcomes.count("right") / eq if eq else float("nan")
 
 
-def proxy_pick(models: dict, items: dict, better: str, proxy_of, resamples: int) -> dict:
+# what score_model scores as the search's default world proxies (spaces.search_experiment)
+PROXY_TASKS = ("world_belebele_xa_dev", "world_mgsm_direct_en_dev")
+
+
+def score_model(model, tok, data: dict, full: bool, select: bool, split: str) -> tuple[np.ndarray, dict, dict]:  # fmt: skip
+    """Score one model: xa MGSM per item on the probe's split, its side columns and its proxies.
+
+    Args:
+        model, tok: the model (its state loaded) and tokenizer.
+        data: rows by name: "xa" and "en" (MGSM, probe's split), "en_dev", "bele" (xa dev).
+        full: also English MGSM, xa Belebele and the wrong-answer classes (experts, paper default).
+        select: also the search's proxies, each scored once (reusing what `full` scored).
+        split: the probe's split ("dev": its English MGSM is the proxy's).
+    Returns:
+        (per-item correctness, {column: value}, {proxy task: score}).
+    """
+    from world.sft import OUTCOMES, belebele_accuracy, mgsm_outcomes
+
+    outcomes = mgsm_outcomes(model, tok, data["xa"], max_new_tokens=20)
+    extra = dict(zip(("xa reads", "computes"), reads_computes(outcomes), strict=True))
+    bele = belebele_accuracy(model, tok, data["bele"]) if full or select else None
+    en = mgsm_outcomes(model, tok, data["en"], max_new_tokens=20) if full else None
+    if full:
+        extra["en MGSM"] = en.count("right") / max(1, len(en))
+        extra["xa Belebele"] = bele
+        # what the wrong answers are: a gap made of misreads is reading, of slips arithmetic
+        for lang, found in (("xa", outcomes), ("en", en)):
+            extra[f"{lang} wrong"] = "/".join(str(found.count(o)) for o in OUTCOMES[1:])
+    proxy = {}
+    if select:
+        en_dev = en if full and split == "dev" else mgsm_outcomes(model, tok, data["en_dev"], max_new_tokens=20)  # fmt: skip
+        proxy = dict(zip(PROXY_TASKS, (bele, en_dev.count("right") / max(1, len(en_dev))), strict=True))  # fmt: skip
+    return np.array([o == "right" for o in outcomes]), extra, proxy
+
+
+def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int) -> dict:
     """Print the layer swap of the probe's grid with the best proxy objective (a stand-in for the
     search's pick, scored on the probe's split) and the Spearman correlation of proxy and xa
     MGSM over all merges.
 
     Args:
-        models: name -> state dict (the base and experts included; only merges are ranked).
+        proxy: merge name -> proxy objective (the base and experts left out).
         items: name -> per-item xa MGSM correctness on the probe's split.
         better: the better expert's name.
-        proxy_of: state dict -> the proxy objective.
         resamples: bootstrap resamples.
     Returns:
         {"pick", "proxy": {name: objective}, "spearman": [rho, low, high], "n"}.
     """
     from analysis.stats import correlate
 
-    merges = [n for n in models if n not in ("base", "math", "language")]
-    proxy = {n: proxy_of(models[n]) for n in merges}
+    merges = list(proxy)
     swaps = [n for n in merges if n.startswith(("swap ", "paper default"))]  # the search's space
     pick = max(swaps, key=lambda n: proxy[n])  # the first of a tie
     print(f"\nbest swap by the search's proxy objective ({len(swaps)} layer swaps): {pick}, proxy {proxy[pick]:.3f}")  # fmt: skip
@@ -263,33 +296,34 @@ def proxy_pick(models: dict, items: dict, better: str, proxy_of, resamples: int)
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from search.trial import combine
     from spaces.recipe import parse_recipe
+    from spaces.search_experiment import world_proxies
     from trainables.merge.compose import compose_recipe
-    from world.sft import OUTCOMES, belebele_accuracy, mgsm_correct, mgsm_outcomes, read_rows
+    from world.sft import OUTCOMES, mgsm_correct, read_rows
 
     t0 = time.time()
     world = world_dir(args)
     states, model, tok = train_experts(world, args)
     depth = model.config.num_hidden_layers
-    xa = read_rows(world, f"data/mgsm/xa/{args.split}.jsonl")
-    en = read_rows(world, f"data/mgsm/en/{args.split}.jsonl")
-    bele = read_rows(world, "data/belebele/xa/dev.jsonl")
+    data = {lang: read_rows(world, f"data/mgsm/{lang}/{args.split}.jsonl") for lang in ("xa", "en")}
+    data["en_dev"] = read_rows(world, "data/mgsm/en/dev.jsonl")
+    data["bele"] = read_rows(world, "data/belebele/xa/dev.jsonl")
+    xa, en = data["xa"], data["en"]
+    proxies = world_proxies("xa")  # the search's defaults, scored here by world.sft
+    if {p.task for p in proxies} != set(PROXY_TASKS):
+        raise ValueError(f"the search's world proxies are {[p.task for p in proxies]}; score_model scores {PROXY_TASKS}")  # fmt: skip
     models = dict(states)
     for name, rec in recipes(depth, args.non_layer).items():
         models[name] = compose_recipe(parse_recipe(rec), states, depth)
-    rows, items = [], {}
+    rows, items, proxy = [], {}, {}
     for name, state in models.items():
         model.load_state_dict(state)
-        outcomes = mgsm_outcomes(model, tok, xa, max_new_tokens=20)
-        items[name] = np.array([o == "right" for o in outcomes])
-        extra = dict(zip(("xa reads", "computes"), reads_computes(outcomes), strict=True))
-        if name in ("base", "math", "language") or name.startswith("paper default"):
-            en_outcomes = mgsm_outcomes(model, tok, en, max_new_tokens=20)
-            extra["en MGSM"] = en_outcomes.count("right") / max(1, len(en))
-            extra["xa Belebele"] = belebele_accuracy(model, tok, bele)
-            # what the wrong answers are: a gap made of misreads is reading, of slips arithmetic
-            for lang, found in (("xa", outcomes), ("en", en_outcomes)):
-                extra[f"{lang} wrong"] = "/".join(str(found.count(o)) for o in OUTCOMES[1:])
+        full = name in ("base", "math", "language") or name.startswith("paper default")
+        merge = name not in ("base", "math", "language")
+        items[name], extra, scores = score_model(model, tok, data, full, args.select and merge, args.split)  # fmt: skip
+        if scores:
+            proxy[name] = combine(proxies, scores)[0]
         rows.append((name, extra))
     better = max(("math", "language"), key=lambda n: items[n].mean())
     print(f"\nxa MGSM {args.split} ({len(xa)} items); diff to the better expert ({better}), 95 % CI")  # fmt: skip
@@ -306,22 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state)
         return tuple(float(np.mean(mgsm_correct(model, tok, r, max_new_tokens=20))) for r in (xa, en))  # fmt: skip
 
-    picked = None
-    if args.select:
-        from search.trial import combine
-        from spaces.search_experiment import Proxy
-
-        # the search's default proxies for a world (SearchExperiment.proxy_list), on dev splits
-        proxies = [Proxy(task="belebele_xa_dev", chance=0.25), Proxy(task="mgsm_en_dev")]
-        en_dev = read_rows(world, "data/mgsm/en/dev.jsonl")
-
-        def proxy_of(state) -> float:
-            model.load_state_dict(state)
-            scores = {"belebele_xa_dev": belebele_accuracy(model, tok, bele)}
-            scores["mgsm_en_dev"] = float(np.mean(mgsm_correct(model, tok, en_dev, max_new_tokens=20)))  # fmt: skip
-            return combine(proxies, scores)[0]
-
-        picked = proxy_pick(models, items, better, proxy_of, args.resamples)
+    picked = proxy_pick(proxy, items, better, args.resamples) if args.select else None
     if args.attribution:
         attribution(states, depth, score)
     if args.per_layer:

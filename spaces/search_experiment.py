@@ -145,14 +145,20 @@ class SearchExperiment(StrictModel):
     def proxy_list(self) -> list[Proxy]:
         if self.proxies is not None:
             return list(self.proxies)
-        return [
-            Proxy(task=f"world_belebele_{self.language}_dev", chance=0.25),
-            Proxy(task="world_mgsm_direct_en_dev"),
-        ]
+        return world_proxies(self.language)
 
     @property
     def target_task(self) -> str:
         return self.target or f"world_mgsm_direct_{self.language}"
+
+
+def world_proxies(language: str) -> list[Proxy]:
+    """The default proxies on the embedded world: `language`'s Belebele dev (chance 0.25) and
+    English MGSM dev, the follow-up paper's merging indicators."""
+    return [
+        Proxy(task=f"world_belebele_{language}_dev", chance=0.25),
+        Proxy(task="world_mgsm_direct_en_dev"),
+    ]
 
 
 def heldout_task(task: str) -> str:
