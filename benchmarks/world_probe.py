@@ -5,7 +5,7 @@ Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing
 first, `layerswap world build --config`). ~2 min on 2 CPU cores for the 12 x 64 world; add
 `--device cuda` on a GPU. Options: --math-lr/--math-steps/--lang-lr/--lang-steps (the experts,
 trained by world.sft, the world's own plain-torch SFT, not the Ray trainer; --lang-layers trains
-only those layers of the language expert), --split dev|test,
+only those layers of the language expert; --lang-data trains it on another JSONL), --split dev|test,
 --non-layer (whose embeddings, final norm and lm_head the swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
@@ -53,6 +53,12 @@ def parse_args(argv):
         nargs="+",
         help="train only these layers of the language expert (e.g. 0 1; embeddings, final norm "
         "and lm_head stay the base's): a partial SFT kept to where reading lives",
+    )
+    p.add_argument(
+        "--lang-data",
+        type=Path,
+        help="train the language expert on this JSONL (Aya schema: inputs, targets) instead of the "
+        "world's data/sft/lang_xa.jsonl, e.g. a subset of its task kinds",
     )
     p.add_argument("--sft-seed", type=int, default=0)
     p.add_argument(
@@ -120,7 +126,10 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
                 # frozen parameters get no gradient, so AdamW leaves them exactly as they were
                 for key, param in model.named_parameters():
                     param.requires_grad_(layer_index(key) in args.lang_layers)
-            rows = pairs(read_rows(world, f"data/sft/{data}.jsonl"))
+            if name == "language" and args.lang_data is not None:
+                rows = pairs(read_rows(args.lang_data.parent, args.lang_data.name))
+            else:
+                rows = pairs(read_rows(world, f"data/sft/{data}.jsonl"))
             losses = sft(model, tok, rows, steps, lr, seed=args.sft_seed)
             print(f"{name} expert: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
         states[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
