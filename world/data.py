@@ -94,6 +94,19 @@ def _mgsm_row(p: Problem, lang: Language | None, train: bool, direct: bool) -> d
     }
 
 
+# the kind of Aya row i is AYA_KINDS[i % 8]; multiple choice is a quarter of the rows
+AYA_KINDS = (
+    "translate into",
+    "translate into English",
+    "passage question",
+    "reverse",
+    "plural",  # a count question with `count_questions`
+    "continue",
+    "multiple choice",
+    "multiple choice",
+)
+
+
 def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
     """Aya-style instructions in `lang`: translation, passage QA (free and multiple choice, the
     latter in belebele's P/Q/A-D layout answered by a letter: a quarter of the rows), reverse,
@@ -114,7 +127,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
 
     rows = []
     for i in range(n):
-        kind = i % 8  # kinds 6 and 7: multiple-choice reading, a quarter of the rows
+        kind = i % len(AYA_KINDS)
         if kind == 0:
             c = clause()
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {name}:\n{render(c, None)}", render(c, lang)  # fmt: skip

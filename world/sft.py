@@ -49,7 +49,12 @@ def pairs(rows: list[dict]) -> list[tuple[str, str]]:
     ]
 
 
-def _encode(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
+def encode_pair(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
+    """One SFT example through the tokenizer's chat template.
+
+    Returns:
+        (input ids, labels): labels are -100 over the prompt, so only the response is learned.
+    """
     head = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)  # fmt: skip
     full = tok.apply_chat_template(
         [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
@@ -73,7 +78,7 @@ def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed
     """
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    enc = [_encode(tok, p, r) for p, r in examples]
+    enc = [encode_pair(tok, p, r) for p, r in examples]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
