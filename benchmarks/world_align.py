@@ -54,19 +54,14 @@ def block_gradients(model, tok, examples: Sequence[tuple[str, str]], batch_size:
         {block: gradient}, blocks "L00".. for decoder layers and "emb/head" for the rest.
     """
     from trainables.merge.arch import layer_index
-    from world.sft import encode_pair
+    from world.sft import collate, encode_pair
 
     model.zero_grad(set_to_none=True)
     enc = [encode_pair(tok, p, r) for p, r in examples]
     device = next(model.parameters()).device
     for start in range(0, len(enc), batch_size):
         chunk = enc[start : start + batch_size]
-        width = max(len(ids) for ids, _ in chunk)
-        ids = torch.full((len(chunk), width), tok.pad_token_id)
-        labels = torch.full((len(chunk), width), -100)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, (x, y) in enumerate(chunk):
-            ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = torch.tensor(x), torch.tensor(y), 1  # fmt: skip
+        ids, labels, mask = collate(tok, chunk)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device))  # fmt: skip
         # each batch's mean loss weighted by its share of rows: the gradient of the overall mean
         (out.loss * len(chunk) / len(enc)).backward()

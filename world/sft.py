@@ -65,6 +65,18 @@ def encode_pair(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
     return ids, [-100] * n_head + ids[n_head:]
 
 
+def collate(tok, enc: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, ...]:
+    """Right-padded (input ids, labels, attention mask), each [len(enc), longest], of examples
+    encoded by `encode_pair`."""
+    width = max(len(x) for x, _ in enc)
+    ids = torch.full((len(enc), width), tok.pad_token_id)
+    labels = torch.full((len(enc), width), -100)
+    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    for row, (x, y) in enumerate(enc):
+        ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = torch.tensor(x), torch.tensor(y), 1  # fmt: skip
+    return ids, labels, mask
+
+
 def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed: int, batch_size: int = 16):  # fmt: skip
     """Fine-tune `model` in place with AdamW (constant LR after a short warmup).
 
@@ -84,13 +96,7 @@ def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed
     losses = []
     for step in range(steps):
         idx = torch.randint(len(enc), (batch_size,), generator=g).tolist()
-        width = max(len(enc[i][0]) for i in idx)
-        ids = torch.full((batch_size, width), tok.pad_token_id)
-        labels = torch.full((batch_size, width), -100)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            x, y = enc[i]
-            ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = torch.tensor(x), torch.tensor(y), 1  # fmt: skip
+        ids, labels, mask = collate(tok, [enc[i] for i in idx])
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 10)
         device = next(model.parameters()).device
