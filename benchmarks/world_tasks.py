@@ -1,0 +1,128 @@
+"""Candidate xa language-SFT tasks for a built world, one Aya-schema JSONL per task.
+
+Run `.venv/bin/python benchmarks/world_tasks.py --world runs/world --out runs/tasks [--rows 4000]`,
+then `benchmarks/world_align.py --world runs/world runs/tasks/*.jsonl` (seconds) or
+`benchmarks/world_probe.py --world runs/world --lang-data runs/tasks/count_number.jsonl` (minutes).
+None has arithmetic; each is about reading xa text, in a different output format:
+
+- count_number: two or three sentences about one person's counts of one thing (has, buys,
+  loses), a "how many ... does X <verb>?" question, answered by the number in digits;
+- count_sentence: the same, answered by the English sentence that states it;
+- problem_translation: an xa word problem (never one of MGSM's dev or test problems) translated
+  into English, without its solution;
+- number: an xa number written in digits;
+- word: one xa word (a verb of the word problems, a noun) translated into English.
+
+Deterministic by the world's seed and --rows. A tool for designing the world (issue 15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# the word problems' verbs as English writes them after a name
+VERBS = {"have": "has", "buy": "buys", "lose": "loses", "give": "gives", "get": "gets", "share": "shares"}  # fmt: skip
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=Path, required=True, help="a built world folder")
+    p.add_argument("--out", type=Path, required=True, help="a new folder for the JSONL files")
+    p.add_argument("--rows", type=int, default=4000, help="rows per task (default 4000)")
+    args = p.parse_args(argv)
+    if args.out.exists():
+        p.error(f"--out {args.out} exists; name a new folder")
+    if args.rows < 1:
+        p.error(f"--rows {args.rows}: give at least 1")
+    return args
+
+
+def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
+    """{task: a function returning one (inputs, targets) pair}, drawing from one seeded stream
+    per task, so a task's rows do not depend on which other tasks are made."""
+    from spaces.world import WorldConfig
+    from world.data import world_languages
+    from world.items import NAMES, make_problem
+    from world.lang import NOUNS, NP, TVERBS, Clause, render
+    from world.sft import read_rows
+
+    cfg = WorldConfig(**json.loads((world / "world.json").read_text())["config"])
+    xa = world_languages(cfg)["xa"]
+    w = xa.w
+    translate = f"{w('translate').capitalize()} {w('to')} {w('english')}"
+    held_out = {r["question"] for split in ("dev", "test") for r in read_rows(world, f"data/mgsm/en/{split}.jsonl")}  # fmt: skip
+
+    def rng(task: str) -> random.Random:
+        return random.Random(f"{cfg.seed}-world-tasks-{task}")
+
+    def counts(r: random.Random, answer: Callable) -> Callable[[], tuple[str, str]]:
+        def make() -> tuple[str, str]:
+            who, noun = r.choice(NAMES), r.choice(list(NOUNS))
+            verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
+            nums = [r.randint(1, cfg.max_operand) for _ in verbs]
+            facts = [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
+            asked = r.randrange(len(verbs))
+            question = Clause(NP(name=who), verbs[asked], (NP(noun=noun, num="how_many", plural=True),))  # fmt: skip
+            passage = " ".join(render(c, xa) for c in facts)
+            return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(facts[asked], nums[asked])  # fmt: skip
+
+        return make
+
+    def problem(r: random.Random) -> Callable[[], tuple[str, str]]:
+        def make() -> tuple[str, str]:
+            while True:
+                p = make_problem(r, cfg.max_operand, cfg.verb_only_operations)
+                if p.text(None) not in held_out:
+                    return f"{translate}:\n{p.text(xa)}", p.text(None)
+
+        return make
+
+    def number(r: random.Random) -> Callable[[], tuple[str, str]]:
+        def make() -> tuple[str, str]:
+            n = r.randint(1, cfg.max_operand)
+            return f"{translate}: {xa.numeral(n)}", str(n)
+
+        return make
+
+    def word(r: random.Random) -> Callable[[], tuple[str, str]]:
+        english = {**VERBS, **TVERBS, **{n: n for n in NOUNS}}
+
+        def make() -> tuple[str, str]:
+            concept = r.choice(sorted(english))
+            return f"{w('translate').capitalize()} {w('word')} {w('to')} {w('english')}: {w(concept)}", english[concept]  # fmt: skip
+
+        return make
+
+    return {
+        "count_number": counts(rng("count_number"), lambda fact, n: str(n)),
+        "count_sentence": counts(rng("count_sentence"), lambda fact, n: render(fact, None)),
+        "problem_translation": problem(rng("problem_translation")),
+        "number": number(rng("number")),
+        "word": word(rng("word")),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from trainables.atomic import atomic_dir
+
+    with atomic_dir(args.out) as tmp:  # all files or none
+        for task, make in task_makers(args.world).items():
+            rows = [dict(zip(("inputs", "targets"), make(), strict=True), language="Xa") for _ in range(args.rows)]  # fmt: skip
+            (tmp / f"{task}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))  # fmt: skip
+            print(f"{task}: {rows[0]}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
