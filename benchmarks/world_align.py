@@ -40,7 +40,14 @@ def parse_args(argv):
     p.add_argument("--by-kind", action="store_true", help="also lang_xa split by task kind")
     p.add_argument("--examples", type=int, default=256, help="rows per gradient (default 256)")
     p.add_argument("--seed", type=int, default=0, help="which rows and problems (default 0)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.examples < 1:
+        p.error(f"--examples {args.examples}: give at least 1")
+    if not (args.world / "world.json").is_file():
+        p.error(
+            f"--world {args.world}: no world.json there (build one with `layerswap world build`)"
+        )
+    return args
 
 
 def block_gradients(model, tok, examples: Sequence[tuple[str, str]], batch_size: int = 32) -> Grad:

@@ -41,6 +41,10 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.out.exists():
         p.error(f"--out {args.out} exists; name a new folder")
+    if not (args.world / "world.json").is_file():
+        p.error(
+            f"--world {args.world}: no world.json there (build one with `layerswap world build`)"
+        )
     if args.rows < 1:
         p.error(f"--rows {args.rows}: give at least 1")
     return args

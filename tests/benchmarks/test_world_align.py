@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_align
 
@@ -61,3 +63,11 @@ def test_aya_kinds_name_the_rows_they_index(tiny_world):
         for i, r in enumerate(rows)
         if i % len(AYA_KINDS) == into_english
     )
+
+
+@pytest.mark.parametrize("argv", [["--examples", "0"], ["--world", "/nonexistent/world"]])
+def test_bad_arguments_exit_naming_them(tiny_world, argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        world_align.main(["--world", str(tiny_world), *argv])
+    assert exit_.value.code != 0
+    assert argv[1] in capsys.readouterr().err
