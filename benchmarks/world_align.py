@@ -47,16 +47,24 @@ def parse_args(argv):
         p.error(
             f"--world {args.world}: no world.json there (build one with `layerswap world build`)"
         )
+    for path in args.data:
+        if not path.is_file():
+            p.error(f"{path}: no such file")
+    if len({str(path) for path in args.data}) < len(args.data):
+        p.error("a data file is named twice")
     return args
 
 
 def block_gradients(model, tok, examples: Sequence[tuple[str, str]], batch_size: int = 32) -> Grad:
-    """The gradient of the mean SFT loss over `examples`, flattened per block.
+    """The gradient of the mean token loss over all `examples`' responses, flattened per block.
+
+    The loss is world.sft's (response tokens only), averaged over every response token of every
+    example at once, so the result does not depend on `batch_size` (sft() averages per batch).
 
     Args:
         model: a causal LM (its gradients are overwritten).
         tok: its tokenizer, with the world's chat template and a pad token.
-        examples: (prompt, response) pairs; the loss is over response tokens, as in world.sft.
+        examples: (prompt, response) pairs.
     Returns:
         {block: gradient}, blocks "L00".. for decoder layers and "emb/head" for the rest.
     """
@@ -65,18 +73,23 @@ def block_gradients(model, tok, examples: Sequence[tuple[str, str]], batch_size:
 
     model.zero_grad(set_to_none=True)
     enc = [encode_pair(tok, p, r) for p, r in examples]
+    n_tokens = sum(sum(label != -100 for label in y[1:]) for _, y in enc)  # predicted tokens
     device = next(model.parameters()).device
     for start in range(0, len(enc), batch_size):
-        chunk = enc[start : start + batch_size]
-        ids, labels, mask = collate(tok, chunk)
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device))  # fmt: skip
-        # each batch's mean loss weighted by its share of rows: the gradient of the overall mean
-        (out.loss * len(chunk) / len(enc)).backward()
+        ids, labels, mask = collate(tok, enc[start : start + batch_size])
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [b, t, V]
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(),
+            labels[:, 1:].flatten().to(device),
+            reduction="sum",
+        )  # ignore_index -100: prompt and padding
+        (loss / n_tokens).backward()
     blocks: dict[str, list[torch.Tensor]] = {}
     for key, param in model.named_parameters():
         i = layer_index(key)
         name = f"L{i:02d}" if i is not None else "emb/head"
-        blocks.setdefault(name, []).append(param.grad.flatten())
+        grad = param.grad if param.grad is not None else torch.zeros_like(param)  # an unused weight
+        blocks.setdefault(name, []).append(grad.flatten())
     return {name: torch.cat(parts).cpu() for name, parts in sorted(blocks.items())}
 
 
@@ -101,20 +114,35 @@ def reading_examples(world: Path, lang: str, n: int, seed: int) -> list[tuple[st
 
 def sources(world: Path, extra: Sequence[Path], by_kind: bool, n: int, seed: int) -> dict[str, list]:  # fmt: skip
     """{name: (prompt, response) pairs}: math_en, lang_xa (and its kinds), and `extra` files;
-    `n` rows each, drawn at random (by `seed`)."""
+    `n` rows each, drawn at random by `seed` and the source's name (not by the other sources).
+
+    Raises:
+        ValueError: an `extra` file has no rows.
+    """
+    from spaces.world import WorldConfig
     from world.data import AYA_KINDS
     from world.sft import pairs, read_rows
 
     lang = read_rows(world, "data/sft/lang_xa.jsonl")
     out = {"math_en": read_rows(world, "data/sft/math_en.jsonl"), "lang_xa": lang}
     if by_kind:
-        for k, kind in enumerate(AYA_KINDS[:6]):  # the two multiple-choice kinds are one task
-            out[f"lang_xa: {kind}"] = [r for i, r in enumerate(lang) if i % len(AYA_KINDS) == k]
-        out["lang_xa: multiple choice"] = [r for i, r in enumerate(lang) if i % len(AYA_KINDS) >= 6]  # fmt: skip
+        cfg = WorldConfig(**json.loads((world / "world.json").read_text())["config"])
+        kinds = list(AYA_KINDS)
+        if cfg.count_questions:  # those worlds put count questions where plural rows would be
+            kinds[AYA_KINDS.index("plural")] = "count question"
+        for kind in dict.fromkeys(kinds):  # the two multiple-choice kinds are one task
+            out[f"lang_xa: {kind}"] = [r for i, r in enumerate(lang) if kinds[i % len(kinds)] == kind]  # fmt: skip
     for path in extra:
-        out[path.name] = read_rows(path.parent, path.name)
-    rng = random.Random(f"world-align-rows-{seed}")
-    return {name: pairs(rng.sample(rows, min(n, len(rows)))) for name, rows in out.items() if rows}
+        rows = read_rows(path.parent, path.name)
+        if not rows:
+            raise ValueError(f"{path}: no rows")
+        out[str(path)] = rows
+    picked = {}
+    for name, rows in out.items():
+        rng = random.Random(f"world-align-rows-{seed}-{name}")
+        if rows:
+            picked[name] = pairs(rng.sample(rows, min(n, len(rows))))
+    return picked
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,6 +96,8 @@ def parse_args(argv):
         p.error("give exactly one of --world DIR and --config YAML (with --out DIR)")
     if args.config is not None and args.out is None:
         p.error("--config needs --out DIR")
+    if args.lang_data is not None and not args.lang_data.is_file():
+        p.error(f"--lang-data {args.lang_data}: no such file")
     return args
 
 
@@ -131,7 +133,8 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
             else:
                 rows = pairs(read_rows(world, f"data/sft/{data}.jsonl"))
             losses = sft(model, tok, rows, steps, lr, seed=args.sft_seed)
-            print(f"{name} expert: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
+            what = f" on {args.lang_data}" if name == "language" and args.lang_data is not None else ""  # fmt: skip
+            print(f"{name} expert{what}: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
         states[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return states, model, tok
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_align
@@ -32,42 +33,55 @@ def test_a_file_of_the_reading_examples_matches_the_target_in_every_block(tiny_w
     assert world_align.main(["--world", str(tiny_world), "--examples", "24", str(path)]) == 0
     out = capsys.readouterr().out
     model, _ = load_base(tiny_world)
-    same = _row_values(out, "same.jsonl")
+    same = _row_values(out, str(path))
     assert len(same) == model.config.num_hidden_layers + 1  # the layers, then emb/head
     assert all(v > 0.99 for v in same), same
     other = _row_values(out, "math_en")
     assert min(other) < 0.99  # other data has another gradient
 
 
-def test_block_gradients_cover_every_parameter_once(tiny_world):
+def test_block_gradients_put_each_layer_in_its_block_and_ignore_batching(tiny_world):
     model, tok = load_base(tiny_world)
-    grads = world_align.block_gradients(model, tok, [("Question: 1 + 1\nAnswer:", "2")])
-    n_params = sum(p.numel() for p in model.parameters())
-    assert sum(g.numel() for g in grads.values()) == n_params
-    assert list(grads)[-1] == "emb/head" and next(iter(grads)) == "L00"
+    examples = world_align.reading_examples(tiny_world, "xa", 10, seed=0)
+    one = world_align.block_gradients(model, tok, examples, batch_size=32)
+    small = world_align.block_gradients(model, tok, examples, batch_size=3)  # 4 uneven batches
+    assert list(one) == [f"L{i:02d}" for i in range(model.config.num_hidden_layers)] + ["emb/head"]
+    for block in one:  # the mean over all response tokens, however they are batched
+        assert torch.allclose(one[block], small[block], atol=1e-6, rtol=1e-4), block
+    for i in range(model.config.num_hidden_layers):
+        size = sum(p.numel() for k, p in model.named_parameters() if f"layers.{i}." in k)
+        assert one[f"L{i:02d}"].numel() == size
+    assert sum(g.numel() for g in one.values()) == sum(p.numel() for p in model.parameters())
 
 
 def test_aya_kinds_name_the_rows_they_index(tiny_world):
-    # world_align --by-kind splits lang_xa by AYA_KINDS[i % 8]; a plural row asks for a plural
-    cfg_seed = json.loads((tiny_world / "world.json").read_text())["config"]
+    # world_align --by-kind splits lang_xa by AYA_KINDS[i % 8]; each kind has its own prompt
     from spaces.world import WorldConfig
 
-    xa = world_languages(WorldConfig(**cfg_seed))["xa"]
+    xa = world_languages(WorldConfig(**json.loads((tiny_world / "world.json").read_text())["config"]))["xa"]  # fmt: skip
+    w = xa.w
+    marks = {
+        "translate into": lambda q: (
+            q.split("\n")[0] == f"{w('translate').capitalize()} {w('to')} Xa:"
+        ),
+        "translate into English": lambda q: q.split("\n")[0].endswith(f"{w('english')}:"),
+        "passage question": lambda q: f"\n{w('question').capitalize()}: " in q,
+        "reverse": lambda q: q.startswith(w("reverse").capitalize()),
+        "plural": lambda q: q.startswith(w("plural").capitalize()),
+        "continue": lambda q: q.startswith(w("continue").capitalize() + ":"),
+        "multiple choice": lambda q: q.startswith("P: ") and "\nD: " in q,
+    }
     rows = read_rows(tiny_world, "data/sft/lang_xa.jsonl")
-    plural = AYA_KINDS.index("plural")
-    picked = [r for i, r in enumerate(rows) if i % len(AYA_KINDS) == plural]
-    assert picked and all(r["inputs"].startswith(xa.w("plural").capitalize()) for r in picked)
-    into_english = AYA_KINDS.index("translate into English")
-    assert all(
-        r["inputs"].split("\n")[0].endswith(xa.w("english") + ":")
-        for i, r in enumerate(rows)
-        if i % len(AYA_KINDS) == into_english
-    )
+    assert len(rows) >= 2 * len(AYA_KINDS)
+    for i, row in enumerate(rows):
+        assert marks[AYA_KINDS[i % len(AYA_KINDS)]](row["inputs"]), (i, row["inputs"])
 
 
-@pytest.mark.parametrize("argv", [["--examples", "0"], ["--world", "/nonexistent/world"]])
+@pytest.mark.parametrize(
+    "argv", [["--examples", "0"], ["--world", "/nonexistent/world"], ["/nonexistent/data.jsonl"]]
+)
 def test_bad_arguments_exit_naming_them(tiny_world, argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         world_align.main(["--world", str(tiny_world), *argv])
     assert exit_.value.code != 0
-    assert argv[1] in capsys.readouterr().err
+    assert argv[-1] in capsys.readouterr().err

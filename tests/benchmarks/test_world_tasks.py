@@ -38,17 +38,42 @@ def test_every_task_is_a_jsonl_of_aya_rows(tasks):
         assert len(rows) == 60 and all(set(r) == {"inputs", "targets", "language"} for r in rows)
 
 
-def test_count_number_answers_a_number_its_passage_states(tasks, tiny_world):
+def test_count_number_answers_the_number_of_the_asked_verb(tasks, tiny_world):
     xa = _xa(tiny_world)
+    verbs = {xa.w(v) for v in ("have", "buy", "lose")}
+    digit_words = {xa.w(f"n{d}") for d in range(10)} if xa.digit_words else set()
     for r in read_rows(tasks, "count_number.jsonl"):
-        passage = r["inputs"].split("\n")[0]
-        assert r["targets"].isdigit() and xa.numeral(int(r["targets"])) in passage
+        passage, question = r["inputs"].split("\n")
+        (asked,) = verbs & set(question.rstrip("?").split())
+        (fact,) = [s for s in passage.split(". ") if asked in s.rstrip(".").split()]
+        assert xa.numeral(int(r["targets"])).split() == [
+            t for t in fact.rstrip(".").split() if t.isdigit() or t in digit_words
+        ]
 
 
-def test_no_translated_problem_is_an_mgsm_dev_or_test_problem(tasks, tiny_world):
+def test_no_translated_problem_is_an_mgsm_dev_or_test_problem(tiny_world, tmp_path, monkeypatch):
+    # the generator is made to offer a held-out problem first: it must be skipped
+    import random
+
+    import world.items
+
     held = {r["question"] for s in ("dev", "test") for r in read_rows(tiny_world, f"data/mgsm/en/{s}.jsonl")}  # fmt: skip
-    targets = [r["targets"] for r in read_rows(tasks, "problem_translation.jsonl")]
-    assert targets and not held & set(targets)
+    cfg = WorldConfig(**json.loads((tiny_world / "world.json").read_text())["config"])
+    real, rng = world.items.make_problem, random.Random(0)
+    first = next(p for p in iter(lambda: real(rng, cfg.max_operand, cfg.verb_only_operations), None) if p.text(None) in held)  # fmt: skip
+    offered = iter([first])
+    monkeypatch.setattr(world.items, "make_problem", lambda *a: next(offered, None) or real(*a))
+    world_tasks.main(["--world", str(tiny_world), "--out", str(tmp_path / "t"), "--rows", "20"])
+    targets = [r["targets"] for r in read_rows(tmp_path / "t", "problem_translation.jsonl")]
+    assert len(targets) == 20 and first.text(None) not in targets and not held & set(targets)
+
+
+@pytest.mark.parametrize("argv", [["--rows", "0"], ["--world", "/nonexistent/world"]])
+def test_bad_arguments_exit_naming_them_and_write_nothing(tiny_world, tmp_path, argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        world_tasks.main(["--world", str(tiny_world), "--out", str(tmp_path / "t"), *argv])
+    assert exit_.value.code != 0 and argv[-1] in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
 
 
 def test_same_world_same_rows_and_an_existing_out_is_left_alone(tasks, tiny_world, tmp_path):
