@@ -18,7 +18,6 @@ steps does, and not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from collections.abc import Sequence
@@ -76,12 +75,10 @@ def block_gradients(model, tok, examples: Sequence[tuple[str, str]], batch_size:
     n_tokens = sum(sum(label != -100 for label in y[1:]) for _, y in enc)  # predicted tokens
     device = next(model.parameters()).device
     for start in range(0, len(enc), batch_size):
-        ids, labels, mask = collate(tok, enc[start : start + batch_size])
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [b, t, V]
+        ids, labels, mask = collate(tok, enc[start : start + batch_size], device)
+        logits = model(input_ids=ids, attention_mask=mask).logits  # [b, t, V]
         loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(),
-            labels[:, 1:].flatten().to(device),
-            reduction="sum",
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), reduction="sum"
         )  # ignore_index -100: prompt and padding
         (loss / n_tokens).backward()
     blocks: dict[str, list[torch.Tensor]] = {}
@@ -98,35 +95,32 @@ def cosines(a: Grad, b: Grad) -> dict[str, float]:
     return {k: float(torch.nn.functional.cosine_similarity(a[k], b[k], dim=0)) for k in a}
 
 
-def reading_examples(world: Path, lang: str, n: int, seed: int) -> list[tuple[str, str]]:
-    """`n` fresh word problems of the world's generator in `lang` ("xa" or "en"), each with the
-    left side of its equation as the response."""
-    from spaces.world import WorldConfig
+def reading_examples(cfg, lang: str, n: int, seed: int) -> list[tuple[str, str]]:
+    """`n` fresh word problems of a world's generator (its WorldConfig `cfg`) in `lang` ("xa" or
+    "en"), each with the left side of its equation as the response."""
     from world.data import world_languages
     from world.items import make_problem
 
-    cfg = WorldConfig(**json.loads((world / "world.json").read_text())["config"])
     language = world_languages(cfg)[lang]
     rng = random.Random(f"world-align-{seed}")
     problems = [make_problem(rng, cfg.max_operand, cfg.verb_only_operations) for _ in range(n)]
     return [(p.text(language), p.equation.split(" = ")[0]) for p in problems]
 
 
-def sources(world: Path, extra: Sequence[Path], by_kind: bool, n: int, seed: int) -> dict[str, list]:  # fmt: skip
-    """{name: (prompt, response) pairs}: math_en, lang_xa (and its kinds), and `extra` files;
+def sources(world: Path, cfg, extra: Sequence[Path], by_kind: bool, n: int, seed: int) -> dict[str, list]:  # fmt: skip
+    """{name: (prompt, response) pairs}: the world's (WorldConfig `cfg`) math_en, lang_xa (and its
+    kinds), and `extra` files;
     `n` rows each, drawn at random by `seed` and the source's name (not by the other sources).
 
     Raises:
         ValueError: an `extra` file has no rows.
     """
-    from spaces.world import WorldConfig
     from world.data import AYA_KINDS
     from world.sft import pairs, read_rows
 
     lang = read_rows(world, "data/sft/lang_xa.jsonl")
     out = {"math_en": read_rows(world, "data/sft/math_en.jsonl"), "lang_xa": lang}
     if by_kind:
-        cfg = WorldConfig(**json.loads((world / "world.json").read_text())["config"])
         kinds = list(AYA_KINDS)
         if cfg.count_questions:  # those worlds put count questions where plural rows would be
             kinds[AYA_KINDS.index("plural")] = "count question"
@@ -147,16 +141,18 @@ def sources(world: Path, extra: Sequence[Path], by_kind: bool, n: int, seed: int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from world.build import world_config_of
     from world.sft import load_base
 
+    cfg = world_config_of(args.world)
     model, tok = load_base(args.world)
     model.eval()  # no dropout: the gradients are deterministic
     n = args.examples
-    target = block_gradients(model, tok, reading_examples(args.world, "xa", n, args.seed))
+    target = block_gradients(model, tok, reading_examples(cfg, "xa", n, args.seed))
     rows = {
-        "[en reading]": reading_examples(args.world, "en", n, args.seed),
-        "[xa reading, other problems]": reading_examples(args.world, "xa", n, args.seed + 1),
-        **sources(args.world, args.data, args.by_kind, n, args.seed),
+        "[en reading]": reading_examples(cfg, "en", n, args.seed),
+        "[xa reading, other problems]": reading_examples(cfg, "xa", n, args.seed + 1),
+        **sources(args.world, cfg, args.data, args.by_kind, n, args.seed),
     }
     blocks = list(target)
     width = max(len(name) for name in rows)

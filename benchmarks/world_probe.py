@@ -117,8 +117,9 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
     from world.sft import load_base, pairs, read_rows, sft
 
     states = {}
-    runs = {"base": None, "math": ("math_en", args.math_lr, args.math_steps)}
-    runs["language"] = ("lang_xa", args.lang_lr, args.lang_steps)
+    lang_data = args.lang_data or world / "data/sft/lang_xa.jsonl"
+    runs = {"base": None, "math": (world / "data/sft/math_en.jsonl", args.math_lr, args.math_steps)}
+    runs["language"] = (lang_data, args.lang_lr, args.lang_steps)
     for name, run in runs.items():
         model, tok = load_base(world)
         model.to(args.device)
@@ -128,13 +129,8 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
                 # frozen parameters get no gradient, so AdamW leaves them exactly as they were
                 for key, param in model.named_parameters():
                     param.requires_grad_(layer_index(key) in args.lang_layers)
-            if name == "language" and args.lang_data is not None:
-                rows = pairs(read_rows(args.lang_data.parent, args.lang_data.name))
-            else:
-                rows = pairs(read_rows(world, f"data/sft/{data}.jsonl"))
-            losses = sft(model, tok, rows, steps, lr, seed=args.sft_seed)
-            what = f" on {args.lang_data}" if name == "language" and args.lang_data is not None else ""  # fmt: skip
-            print(f"{name} expert{what}: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
+            losses = sft(model, tok, pairs(read_rows(data.parent, data.name)), steps, lr, seed=args.sft_seed)  # fmt: skip
+            print(f"{name} expert on {data.name}: lr {lr:g}, {steps} steps, final loss {np.mean(losses[-20:]):.3f}")  # fmt: skip
         states[name] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return states, model, tok
 

@@ -53,13 +53,13 @@ def parse_args(argv):
 def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     """{task: a function returning one (inputs, targets) pair}, drawing from one seeded stream
     per task, so a task's rows do not depend on which other tasks are made."""
-    from spaces.world import WorldConfig
+    from world.build import world_config_of
     from world.data import world_languages
     from world.items import NAMES, make_problem
     from world.lang import NOUNS, NP, TVERBS, Clause, render
     from world.sft import read_rows
 
-    cfg = WorldConfig(**json.loads((world / "world.json").read_text())["config"])
+    cfg = world_config_of(world)
     xa = world_languages(cfg)["xa"]
     w = xa.w
     translate = f"{w('translate').capitalize()} {w('to')} {w('english')}"

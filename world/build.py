@@ -77,6 +77,19 @@ def verify_world(out: Path, only: Callable[[str], bool] | None = None, *, hand_m
     return problems
 
 
+def world_config_of(world: Path) -> WorldConfig:
+    """The config a built world records in its world.json (seed, size, variant).
+
+    Raises:
+        ValueError: no readable world.json there, or its config is not a valid WorldConfig.
+    """
+    path = Path(world) / MANIFEST
+    try:
+        return WorldConfig.model_validate(json.loads(path.read_bytes())["config"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: no world config there ({e})") from e
+
+
 def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool) -> bool:
     """`out` holds this world (its whole config: seed, size, version, variant) intact. The same
     world damaged is an error naming the damage unless `overwrite` (then it is rebuilt); anything

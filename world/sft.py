@@ -65,15 +65,17 @@ def encode_pair(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
     return ids, [-100] * n_head + ids[n_head:]
 
 
-def collate(tok, enc: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, ...]:
-    """Right-padded (input ids, labels, attention mask), each [len(enc), longest], of examples
-    encoded by `encode_pair`."""
+def collate(tok, enc: list[tuple[list[int], list[int]]], device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """Right-padded (input ids, labels, attention mask), each [len(enc), longest] on `device`
+    (the model's), of examples encoded by `encode_pair`."""
     width = max(len(x) for x, _ in enc)
-    ids = torch.full((len(enc), width), tok.pad_token_id)
-    labels = torch.full((len(enc), width), -100)
-    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    ids = torch.full((len(enc), width), tok.pad_token_id, device=device)
+    labels = torch.full((len(enc), width), -100, device=device)
+    mask = torch.zeros((len(enc), width), dtype=torch.long, device=device)
     for row, (x, y) in enumerate(enc):
-        ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = torch.tensor(x), torch.tensor(y), 1  # fmt: skip
+        ids[row, : len(x)] = torch.tensor(x, device=device)
+        labels[row, : len(y)] = torch.tensor(y, device=device)
+        mask[row, : len(x)] = 1
     return ids, labels, mask
 
 
@@ -93,14 +95,14 @@ def sft(model, tok, examples: list[tuple[str, str]], steps: int, lr: float, seed
     enc = [encode_pair(tok, p, r) for p, r in examples]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
+    device = next(model.parameters()).device
     losses = []
     for step in range(steps):
         idx = torch.randint(len(enc), (batch_size,), generator=g).tolist()
-        ids, labels, mask = collate(tok, [enc[i] for i in idx])
+        ids, labels, mask = collate(tok, [enc[i] for i in idx], device)
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 10)
-        device = next(model.parameters()).device
-        loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss  # fmt: skip
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

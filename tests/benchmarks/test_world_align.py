@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_align
 
+from world.build import world_config_of
 from world.data import AYA_KINDS, world_languages
 from world.sft import load_base, read_rows
 
@@ -27,7 +28,7 @@ def _row_values(out: str, name: str) -> list[float]:
 def test_a_file_of_the_reading_examples_matches_the_target_in_every_block(tiny_world, tmp_path, capsys):  # fmt: skip
     # the same examples, written as an Aya JSONL, shuffled and batched differently: the same
     # mean gradient, so cosine 1 in every block; anything else means the file or loss is wrong
-    examples = world_align.reading_examples(tiny_world, "xa", 24, seed=0)
+    examples = world_align.reading_examples(world_config_of(tiny_world), "xa", 24, seed=0)
     path = tmp_path / "same.jsonl"
     path.write_text("".join(json.dumps({"inputs": p, "targets": r}) + "\n" for p, r in examples))
     assert world_align.main(["--world", str(tiny_world), "--examples", "24", str(path)]) == 0
@@ -42,7 +43,7 @@ def test_a_file_of_the_reading_examples_matches_the_target_in_every_block(tiny_w
 
 def test_block_gradients_put_each_layer_in_its_block_and_ignore_batching(tiny_world):
     model, tok = load_base(tiny_world)
-    examples = world_align.reading_examples(tiny_world, "xa", 10, seed=0)
+    examples = world_align.reading_examples(world_config_of(tiny_world), "xa", 10, seed=0)
     one = world_align.block_gradients(model, tok, examples, batch_size=32)
     small = world_align.block_gradients(model, tok, examples, batch_size=3)  # 4 uneven batches
     assert list(one) == [f"L{i:02d}" for i in range(model.config.num_hidden_layers)] + ["emb/head"]
@@ -56,9 +57,7 @@ def test_block_gradients_put_each_layer_in_its_block_and_ignore_batching(tiny_wo
 
 def test_aya_kinds_name_the_rows_they_index(tiny_world):
     # world_align --by-kind splits lang_xa by AYA_KINDS[i % 8]; each kind has its own prompt
-    from spaces.world import WorldConfig
-
-    xa = world_languages(WorldConfig(**json.loads((tiny_world / "world.json").read_text())["config"]))["xa"]  # fmt: skip
+    xa = world_languages(world_config_of(tiny_world))["xa"]
     w = xa.w
     marks = {
         "translate into": lambda q: (

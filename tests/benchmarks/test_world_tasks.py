@@ -5,7 +5,6 @@ Run `.venv/bin/python -m pytest tests/benchmarks/test_world_tasks.py -q`.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_tasks
 
-from spaces.world import WorldConfig
+from world.build import world_config_of
 from world.data import world_languages
 from world.sft import read_rows
 
@@ -27,7 +26,7 @@ def tasks(tiny_world, tmp_path_factory) -> Path:
 
 
 def _xa(world: Path):
-    return world_languages(WorldConfig(**json.loads((world / "world.json").read_text())["config"]))["xa"]  # fmt: skip
+    return world_languages(world_config_of(world))["xa"]
 
 
 def test_every_task_is_a_jsonl_of_aya_rows(tasks):
@@ -58,7 +57,7 @@ def test_no_translated_problem_is_an_mgsm_dev_or_test_problem(tiny_world, tmp_pa
     import world.items
 
     held = {r["question"] for s in ("dev", "test") for r in read_rows(tiny_world, f"data/mgsm/en/{s}.jsonl")}  # fmt: skip
-    cfg = WorldConfig(**json.loads((tiny_world / "world.json").read_text())["config"])
+    cfg = world_config_of(tiny_world)
     real, rng = world.items.make_problem, random.Random(0)
     first = next(p for p in iter(lambda: real(rng, cfg.max_operand, cfg.verb_only_operations), None) if p.text(None) in held)  # fmt: skip
     offered = iter([first])
