@@ -109,8 +109,8 @@ def reading_examples(cfg, lang: str, n: int, seed: int) -> list[tuple[str, str]]
 
 def sources(world: Path, cfg, extra: Sequence[Path], by_kind: bool, n: int, seed: int) -> dict[str, list]:  # fmt: skip
     """{name: (prompt, response) pairs}: the world's (WorldConfig `cfg`) math_en, lang_xa (and its
-    kinds), and `extra` files;
-    `n` rows each, drawn at random by `seed` and the source's name (not by the other sources).
+    kinds), and `extra` files; `n` rows each, drawn at random by `seed` and the source's name (so
+    not by which other sources are drawn).
 
     Raises:
         ValueError: an `extra` file has no rows.
