@@ -8,6 +8,8 @@ None has arithmetic; each is about reading xa text, in a different output format
 - count_number: two or three sentences about one person's counts of one thing (has, buys,
   loses), a "how many ... does X <verb>?" question, answered by the number in digits;
 - count_sentence: the same, answered by the English sentence that states it;
+- count_digits: the same sentences without a question, answered by themselves with every number
+  in 0-9 digits (transcribing xa numbers in place; the answer keeps xa's words);
 - problem_translation: an xa word problem (never one of MGSM's dev or test problems) translated
   into English, without its solution;
 - number: an xa number written in digits;
@@ -19,6 +21,7 @@ Deterministic by the world's seed and --rows. A tool for designing the world (is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -68,16 +71,29 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     def rng(task: str) -> random.Random:
         return random.Random(f"{cfg.seed}-world-tasks-{task}")
 
+    def count_facts(r: random.Random) -> tuple[list[Clause], list[int]]:
+        """Two or three facts of one person's counts of one thing (has, buys, loses)."""
+        who, noun = r.choice(NAMES), r.choice(list(NOUNS))
+        verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
+        nums = [r.randint(1, cfg.max_operand) for _ in verbs]
+        return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)], nums  # fmt: skip
+
     def counts(r: random.Random, answer: Callable) -> Callable[[], tuple[str, str]]:
         def make() -> tuple[str, str]:
-            who, noun = r.choice(NAMES), r.choice(list(NOUNS))
-            verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
-            nums = [r.randint(1, cfg.max_operand) for _ in verbs]
-            facts = [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
-            asked = r.randrange(len(verbs))
-            question = Clause(NP(name=who), verbs[asked], (NP(noun=noun, num="how_many", plural=True),))  # fmt: skip
+            facts, nums = count_facts(r)
+            asked = r.randrange(len(facts))
+            question = Clause(facts[asked].subj, facts[asked].verb, (NP(noun=facts[asked].objs[0].noun, num="how_many", plural=True),))  # fmt: skip
             passage = " ".join(render(c, xa) for c in facts)
             return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(facts[asked], nums[asked])  # fmt: skip
+
+        return make
+
+    def count_digits(r: random.Random) -> Callable[[], tuple[str, str]]:
+        in_digits = dataclasses.replace(xa, digit_words=False)  # the same xa, numbers as 0-9
+
+        def make() -> tuple[str, str]:
+            facts, _ = count_facts(r)
+            return " ".join(render(c, xa) for c in facts), " ".join(render(c, in_digits) for c in facts)  # fmt: skip
 
         return make
 
@@ -109,6 +125,7 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     return {
         "count_number": counts(rng("count_number"), lambda fact, n: str(n)),
         "count_sentence": counts(rng("count_sentence"), lambda fact, n: render(fact, None)),
+        "count_digits": count_digits(rng("count_digits")),
         "problem_translation": problem(rng("problem_translation")),
         "number": number(rng("number")),
         "word": word(rng("word")),

@@ -31,7 +31,7 @@ def _xa(world: Path):
 
 def test_every_task_is_a_jsonl_of_aya_rows(tasks):
     names = {p.name for p in tasks.iterdir()}
-    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "problem_translation", "number", "word")}  # fmt: skip
+    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "count_digits", "problem_translation", "number", "word")}  # fmt: skip
     for path in tasks.iterdir():
         rows = read_rows(tasks, path.name)
         assert len(rows) == 60 and all(set(r) == {"inputs", "targets", "language"} for r in rows)
@@ -48,6 +48,28 @@ def test_count_number_answers_the_number_of_the_asked_verb(tasks, tiny_world):
         assert xa.numeral(int(r["targets"])).split() == [
             t for t in fact.rstrip(".").split() if t.isdigit() or t in digit_words
         ]
+
+
+@pytest.fixture(scope="module")
+def digit_word_world(tmp_path_factory) -> Path:
+    """A tiny world whose xa writes numbers in its own digit words (two pretraining steps)."""
+    from spaces.world import with_overrides, world_config
+    from world import build_world
+
+    cfg = with_overrides(world_config("tiny", 0), {"digit_words": True, "model": {"steps": 2}}, "test")  # fmt: skip
+    return build_world(tmp_path_factory.mktemp("digits") / "w", size="tiny", progress=False, config=cfg)  # fmt: skip
+
+
+def test_count_digits_answers_its_own_sentences_with_digits_for_number_words(digit_word_world, tmp_path):  # fmt: skip
+    world_tasks.main(["--world", str(digit_word_world), "--out", str(tmp_path / "t"), "--rows", "40"])  # fmt: skip
+    xa = _xa(digit_word_world)
+    assert xa.digit_words
+    for r in read_rows(tmp_path / "t", "count_digits.jsonl"):
+        numbers = [int(t) for t in r["targets"].replace(".", " ").split() if t.isdigit()]
+        assert 2 <= len(numbers) <= 3 and not any(c.isdigit() for c in r["inputs"])
+        # every number back in xa digit words gives the inputs, word for word
+        back = " ".join(xa.numeral(int(t)) if t.isdigit() else t for t in r["targets"].replace(".", " .").split())  # fmt: skip
+        assert back == r["inputs"].replace(".", " .")
 
 
 def test_no_translated_problem_is_an_mgsm_dev_or_test_problem(tiny_world, tmp_path, monkeypatch):
