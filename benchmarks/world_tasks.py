@@ -9,7 +9,8 @@ None has arithmetic; each is about reading xa text, in a different output format
   loses), a "how many ... does X <verb>?" question, answered by the number in digits;
 - count_sentence: the same, answered by the English sentence that states it;
 - count_digits: the same sentences without a question, answered by themselves with every number
-  in 0-9 digits (transcribing xa numbers in place; the answer keeps xa's words);
+  in Arabic digits (transcribing xa numbers in place; the answer keeps xa's words); only for
+  worlds with `digit_words: true`, since otherwise xa already writes numbers in digits;
 - problem_translation: an xa word problem (never one of MGSM's dev or test problems) translated
   into English, without its solution;
 - number: an xa number written in digits;
@@ -71,20 +72,21 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     def rng(task: str) -> random.Random:
         return random.Random(f"{cfg.seed}-world-tasks-{task}")
 
-    def count_facts(r: random.Random) -> tuple[list[Clause], list[int]]:
+    def count_facts(r: random.Random) -> list[Clause]:
         """Two or three facts of one person's counts of one thing (has, buys, loses)."""
         who, noun = r.choice(NAMES), r.choice(list(NOUNS))
         verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
         nums = [r.randint(1, cfg.max_operand) for _ in verbs]
-        return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)], nums  # fmt: skip
+        return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
 
     def counts(r: random.Random, answer: Callable) -> Callable[[], tuple[str, str]]:
         def make() -> tuple[str, str]:
-            facts, nums = count_facts(r)
-            asked = r.randrange(len(facts))
-            question = Clause(facts[asked].subj, facts[asked].verb, (NP(noun=facts[asked].objs[0].noun, num="how_many", plural=True),))  # fmt: skip
+            facts = count_facts(r)
+            fact = facts[r.randrange(len(facts))]
+            counted = fact.objs[0]
+            question = dataclasses.replace(fact, objs=(dataclasses.replace(counted, num="how_many", plural=True),))  # fmt: skip
             passage = " ".join(render(c, xa) for c in facts)
-            return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(facts[asked], nums[asked])  # fmt: skip
+            return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(fact, counted.num)  # fmt: skip
 
         return make
 
@@ -92,7 +94,7 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
         in_digits = dataclasses.replace(xa, digit_words=False)  # the same xa, numbers as 0-9
 
         def make() -> tuple[str, str]:
-            facts, _ = count_facts(r)
+            facts = count_facts(r)
             return " ".join(render(c, xa) for c in facts), " ".join(render(c, in_digits) for c in facts)  # fmt: skip
 
         return make
@@ -122,7 +124,7 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
 
         return make
 
-    return {
+    makers = {
         "count_number": counts(rng("count_number"), lambda fact, n: str(n)),
         "count_sentence": counts(rng("count_sentence"), lambda fact, n: render(fact, None)),
         "count_digits": count_digits(rng("count_digits")),
@@ -130,6 +132,9 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
         "number": number(rng("number")),
         "word": word(rng("word")),
     }
+    if not xa.digit_words:  # xa already writes 0-9: the answers would be the inputs
+        del makers["count_digits"]
+    return makers
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,9 +29,10 @@ def _xa(world: Path):
     return world_languages(world_config_of(world))["xa"]
 
 
-def test_every_task_is_a_jsonl_of_aya_rows(tasks):
+def test_every_task_is_a_jsonl_of_aya_rows(tasks, tiny_world):
     names = {p.name for p in tasks.iterdir()}
-    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "count_digits", "problem_translation", "number", "word")}  # fmt: skip
+    assert not _xa(tiny_world).digit_words  # count_digits is only made where xa has digit words
+    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "problem_translation", "number", "word")}  # fmt: skip
     for path in tasks.iterdir():
         rows = read_rows(tasks, path.name)
         assert len(rows) == 60 and all(set(r) == {"inputs", "targets", "language"} for r in rows)
@@ -50,13 +51,15 @@ def test_count_number_answers_the_number_of_the_asked_verb(tasks, tiny_world):
         ]
 
 
-@pytest.fixture(scope="module")
-def digit_word_world(tmp_path_factory) -> Path:
-    """A tiny world whose xa writes numbers in its own digit words (two pretraining steps)."""
+@pytest.fixture(scope="module", params=["SOV", "SVO"])
+def digit_word_world(request, tmp_path_factory) -> Path:
+    """A tiny world whose xa writes numbers in its own digit words (two pretraining steps), in
+    both word orders: SVO xa is rendered by relexifying English, SOV by its own grammar."""
     from spaces.world import with_overrides, world_config
     from world import build_world
 
-    cfg = with_overrides(world_config("tiny", 0), {"digit_words": True, "model": {"steps": 2}}, "test")  # fmt: skip
+    fields = {"digit_words": True, "xa_word_order": request.param, "model": {"steps": 2}}
+    cfg = with_overrides(world_config("tiny", 0), fields, "test")
     return build_world(tmp_path_factory.mktemp("digits") / "w", size="tiny", progress=False, config=cfg)  # fmt: skip
 
 
