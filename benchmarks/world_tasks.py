@@ -54,13 +54,54 @@ def parse_args(argv):
     return args
 
 
+def count_facts(r: random.Random, max_n: int) -> list:
+    """Two or three facts (world.lang Clauses) of one person's counts of one thing (has, buys,
+    loses), each count in 1..`max_n`."""
+    from world.items import NAMES
+    from world.lang import NOUNS, NP, Clause
+
+    who, noun = r.choice(NAMES), r.choice(list(NOUNS))
+    verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
+    nums = [r.randint(1, max_n) for _ in verbs]
+    return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
+
+
+def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
+    """count_number / count_sentence: count facts in xa and a "how many ..." question about one
+    of them, answered by `answer(fact, count)`."""
+    from world.lang import render
+
+    def make() -> tuple[str, str]:
+        facts = count_facts(r, max_n)
+        fact = facts[r.randrange(len(facts))]
+        counted = fact.objs[0]
+        question = dataclasses.replace(fact, objs=(dataclasses.replace(counted, num="how_many", plural=True),))  # fmt: skip
+        passage = " ".join(render(c, xa) for c in facts)
+        return f"{passage}\n{xa.w('question').capitalize()}: {render(question, xa)}", answer(fact, counted.num)  # fmt: skip
+
+    return make
+
+
+def count_digits(r: random.Random, xa, max_n: int) -> Callable[[], tuple[str, str]]:
+    """count_digits: count facts in xa, answered by themselves with the numbers in 0-9."""
+    from world.lang import render
+
+    in_digits = dataclasses.replace(xa, digit_words=False)  # the same xa, numbers as 0-9
+
+    def make() -> tuple[str, str]:
+        facts = count_facts(r, max_n)
+        return " ".join(render(c, xa) for c in facts), " ".join(render(c, in_digits) for c in facts)  # fmt: skip
+
+    return make
+
+
 def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     """{task: a function returning one (inputs, targets) pair}, drawing from one seeded stream
     per task, so a task's rows do not depend on which other tasks are made."""
     from world.build import world_config_of
     from world.data import world_languages
-    from world.items import NAMES, make_problem
-    from world.lang import NOUNS, NP, TVERBS, Clause, render
+    from world.items import make_problem
+    from world.lang import NOUNS, TVERBS, render
     from world.sft import read_rows
 
     cfg = world_config_of(world)
@@ -71,33 +112,6 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
 
     def rng(task: str) -> random.Random:
         return random.Random(f"{cfg.seed}-world-tasks-{task}")
-
-    def count_facts(r: random.Random) -> list[Clause]:
-        """Two or three facts of one person's counts of one thing (has, buys, loses)."""
-        who, noun = r.choice(NAMES), r.choice(list(NOUNS))
-        verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
-        nums = [r.randint(1, cfg.max_operand) for _ in verbs]
-        return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
-
-    def counts(r: random.Random, answer: Callable) -> Callable[[], tuple[str, str]]:
-        def make() -> tuple[str, str]:
-            facts = count_facts(r)
-            fact = facts[r.randrange(len(facts))]
-            counted = fact.objs[0]
-            question = dataclasses.replace(fact, objs=(dataclasses.replace(counted, num="how_many", plural=True),))  # fmt: skip
-            passage = " ".join(render(c, xa) for c in facts)
-            return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(fact, counted.num)  # fmt: skip
-
-        return make
-
-    def count_digits(r: random.Random) -> Callable[[], tuple[str, str]]:
-        in_digits = dataclasses.replace(xa, digit_words=False)  # the same xa, numbers as 0-9
-
-        def make() -> tuple[str, str]:
-            facts = count_facts(r)
-            return " ".join(render(c, xa) for c in facts), " ".join(render(c, in_digits) for c in facts)  # fmt: skip
-
-        return make
 
     def problem(r: random.Random) -> Callable[[], tuple[str, str]]:
         def make() -> tuple[str, str]:
@@ -125,15 +139,18 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
         return make
 
     makers = {
-        "count_number": counts(rng("count_number"), lambda fact, n: str(n)),
-        "count_sentence": counts(rng("count_sentence"), lambda fact, n: render(fact, None)),
-        "count_digits": count_digits(rng("count_digits")),
+        "count_number": count_question(
+            rng("count_number"), xa, cfg.max_operand, lambda fact, n: str(n)
+        ),
+        "count_sentence": count_question(
+            rng("count_sentence"), xa, cfg.max_operand, lambda fact, n: render(fact, None)
+        ),
         "problem_translation": problem(rng("problem_translation")),
         "number": number(rng("number")),
         "word": word(rng("word")),
     }
-    if not xa.digit_words:  # xa already writes 0-9: the answers would be the inputs
-        del makers["count_digits"]
+    if xa.digit_words:  # elsewhere xa already writes 0-9 and the answers would be the inputs
+        makers["count_digits"] = count_digits(rng("count_digits"), xa, cfg.max_operand)
     return makers
 
 
