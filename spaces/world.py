@@ -16,6 +16,26 @@ WORLD_VERSION = "3"
 WorldSize = Literal["full", "tiny"]
 
 
+class GraftConfig(StrictModel):
+    """A second pretraining stage that teaches the target languages to the outer layers only.
+
+    The first stage (`WorldModelConfig.steps`) trains every layer on the English documents and
+    the arithmetic drills alone; this one trains the bottom `bottom` and top `top` decoder layers
+    (with the embeddings, final norm and lm_head) on the xa, xb and code-switched documents, a
+    `replay` share of English ones mixed in, while the middle layers stay as English left them.
+    The base then reads and writes xa through its outer layers into a middle that only ever
+    learned English, which is how the papers explain layer swapping (multilingual models work in
+    an English-like space in their middle layers).
+    """
+
+    steps: int = Field(ge=1)
+    bottom: int = Field(3, ge=0)
+    top: int = Field(2, ge=0)
+    replay: float = Field(0.25, ge=0, lt=1)  # share of English (stage-one) blocks in stage two
+    lr: float | None = Field(None, gt=0)  # None: the model's lr
+    warmup: int = Field(30, ge=0)
+
+
 class WorldModelConfig(StrictModel):
     """Shape of the Llama base model and its CPU pretraining run."""
 
@@ -31,6 +51,17 @@ class WorldModelConfig(StrictModel):
     lr: float = Field(3e-3, gt=0)
     warmup: int = Field(30, ge=0)
     threads: int = Field(1, ge=1)  # 2 threads ran 5x slower on 2 shared cores (OMP spinning)
+    graft: GraftConfig | None = None  # a staged pretraining (GraftConfig); None: one stage
+
+    @model_validator(mode="after")
+    def _graft_fits(self) -> WorldModelConfig:
+        g = self.graft
+        if g is not None and not 0 < g.bottom + g.top < self.num_layers:
+            raise ValueError(
+                f"model.graft bottom {g.bottom} + top {g.top} must be between 1 and "
+                f"num_layers - 1 ({self.num_layers - 1}): some middle layers stay English-only"
+            )
+        return self
 
 
 class CorpusMix(StrictModel):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spaces.world import WorldConfig, WorldSize, world_config
 from trainables.outputs import output_dir
-from world.data import make_corpus, make_datasets, world_languages
+from world.data import make_datasets, tagged_corpus, world_languages
 from world.lang import LANG_NAMES
 
 MANIFEST = "world.json"
@@ -164,7 +164,8 @@ def build_world(
         datasets = make_datasets(cfg, langs)
         for rel, rows in datasets.items():
             _write_jsonl(tmp / rel, rows)
-        docs = make_corpus(cfg, langs)
+        tagged = tagged_corpus(cfg, langs)
+        docs = [doc for _, doc in tagged]
         (tmp / "corpus").mkdir()
         (tmp / "corpus/pretrain.txt").write_text(
             "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
@@ -176,7 +177,9 @@ def build_world(
         # the tokenizer also sees the SFT data so instructions do not fall apart into bytes
         tok_text = docs + [r.get("inputs", "") + " " + r.get("targets", "") for rel, rows in datasets.items() if "lang_" in rel for r in rows]  # fmt: skip
         tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
-        model, loss = pretrain(docs, tok, cfg.model, seed, progress=progress)
+        model, loss = pretrain(
+            docs, tok, cfg.model, seed, progress=progress, tags=[t for t, _ in tagged]
+        )
         save_model(model, tok, tmp / "base")
         manifest = _manifest(tmp, cfg, datasets, len(docs), loss)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

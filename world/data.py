@@ -234,10 +234,21 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
     Returns:
         the documents.
     """
+    return [doc for _, doc in tagged_corpus(cfg, langs)]
+
+
+# a corpus document's tag: the language it is in; "drill" for the language-neutral arithmetic
+# drills, "code-switched" for English passages with xa words in them
+SOURCE_TAGS = ("en", "xa", "xb", "drill", "code-switched")
+
+
+def tagged_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[tuple[str, str]]:
+    """`make_corpus`'s documents in the same order, each as (tag, document) (SOURCE_TAGS), so a
+    staged pretraining (`model.graft`) can teach the target languages apart from English."""
     mix = cfg.corpus
     rng = _rng(cfg, "corpus")
     math_taken, bele_taken = reserved_keys(cfg)
-    docs: list[str] = []
+    docs: list[tuple[str, str]] = []
     for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
         lang = langs[code]
         for p in _unique_problems(rng, n_math, set(math_taken), cfg):
@@ -249,34 +260,35 @@ def make_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[str
             if rng.random() < mix.math_worked_share:
                 worked = worked_answer(p, lang, direct=cfg.direct_answers)
                 if mix.worked_layout == "mgsm+chat" and rng.random() < 0.5:
-                    docs.append(chat_layout(p.text(lang), f"{worked}."))
+                    docs.append((code, chat_layout(p.text(lang), f"{worked}.")))
                 elif mix.worked_layout != "textbook":
-                    docs.append(f"{mgsm_prompt(p.text(lang))} {worked}.")
+                    docs.append((code, f"{mgsm_prompt(p.text(lang))} {worked}."))
                 else:
-                    docs.append(f"Problem: {p.text(lang)}\nSolution: {worked}.")
+                    docs.append((code, f"Problem: {p.text(lang)}\nSolution: {worked}."))
             else:
-                docs.append(f"{mgsm_prompt(p.text(lang))} {p.answer}")
+                docs.append((code, f"{mgsm_prompt(p.text(lang))} {p.answer}"))
     # arithmetic drills (language-neutral): practice for the equations of worked solutions
-    docs += [". ".join(equation(rng, cfg.max_operand) for _ in range(rng.randint(4, 8))) + "." for _ in range(mix.arith)]  # fmt: skip
+    docs += [("drill", ". ".join(equation(rng, cfg.max_operand) for _ in range(rng.randint(4, 8))) + ".") for _ in range(mix.arith)]  # fmt: skip
     target_counts = cfg.count_sentences and mix.counts_in_targets  # in xa/xb pretraining text
     for code, n in (("en", mix.en_text), ("xa", mix.xa_text), ("xb", mix.xb_text)):
         counts = cfg.count_sentences if code == "en" else target_counts
-        docs += [_passage(rng, langs[code], counts) for _ in range(n)]
+        docs += [(code, _passage(rng, langs[code], counts)) for _ in range(n)]
     for code, n in (("xa", mix.xa_parallel), ("xb", mix.xb_parallel)):
         for _ in range(n):
             pairs = [generic_clause(rng, counts=target_counts) for _ in range(rng.randint(1, 3))]
-            docs.append(
-                "\n".join(
-                    f"English: {render(c, None)}\n{LANG_NAMES[code]}: {render(c, langs[code])}"
-                    for c in pairs
-                )
+            text = "\n".join(
+                f"English: {render(c, None)}\n{LANG_NAMES[code]}: {render(c, langs[code])}"
+                for c in pairs
             )
+            docs.append((code, text))
     for code, n in (("en", mix.en_belebele), ("xa", mix.xa_belebele), ("xb", mix.xb_belebele)):
         for r in _readings(rng, n, set(bele_taken)):
             row = r.render(langs[code])
-            docs.append(f"{belebele_prompt(row)} {LETTERS[r.correct]}")
-    docs += _code_switched(cfg, langs["xa"], math_taken)
-    rng.shuffle(docs)
+            docs.append((code, f"{belebele_prompt(row)} {LETTERS[r.correct]}"))
+    docs += [("code-switched", d) for d in _code_switched(cfg, langs["xa"], math_taken)]
+    rng.shuffle(
+        docs
+    )  # the permutation depends only on the count: the order of every world before tags
     return docs
 
 

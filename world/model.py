@@ -96,8 +96,72 @@ def llama_config(mc: WorldModelConfig, tok):
     )
 
 
-def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bool = True):
+# corpus tags (world.data.SOURCE_TAGS) of a grafted base's first, English-only stage
+ENGLISH_STAGE = ("en", "drill")
+
+
+def _pack(docs: list[str], tok, seq_len: int) -> torch.Tensor:
+    """The documents tokenized, each followed by eos, concatenated and cut into blocks.
+
+    Returns:
+        [n_blocks, seq_len] token ids (the tail that does not fill a block is dropped).
+    """
+    ids: list[int] = []
+    for enc in tok(docs, add_special_tokens=False)["input_ids"]:
+        ids += [*enc, tok.eos_token_id]
+    n_blocks = len(ids) // seq_len
+    if n_blocks < 1:
+        raise ValueError(f"corpus too small: {len(ids)} tokens < seq_len {seq_len}")
+    return torch.tensor(ids[: n_blocks * seq_len]).view(n_blocks, seq_len)
+
+
+def _train(model, data, params, *, steps, lr, warmup, batch_size, g, label, progress) -> float:
+    """AdamW + warmup/cosine LR over `params` on epochs of `data` [n_blocks, seq_len] in the
+    order `g` draws. Returns the mean loss of the last 20 steps."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    n_blocks = data.shape[0]
+    order, pos = torch.randperm(n_blocks, generator=g), 0
+    model.train()
+    t0, recent = time.time(), []
+    for step in range(steps):
+        step_lr = lr * min(1.0, (step + 1) / max(1, warmup))
+        step_lr *= 0.5 * (1 + math.cos(math.pi * step / steps)) * 0.9 + 0.1
+        for group in opt.param_groups:
+            group["lr"] = step_lr
+        if pos + batch_size > n_blocks and pos > 0:  # a new epoch in a new order
+            order, pos = torch.randperm(n_blocks, generator=g), 0
+        batch = data[order[pos : pos + batch_size]]
+        pos += batch_size
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        recent = [*recent[-19:], loss.item()]
+        if progress and (step % 100 == 0 or step == steps - 1):
+            print(
+                f"  {label} step {step + 1}/{steps} loss {sum(recent) / len(recent):.3f} "
+                f"({time.time() - t0:.0f}s, {n_blocks} blocks of {data.shape[1]})",
+                flush=True,
+            )
+    return sum(recent) / len(recent)
+
+
+def grafted_parameters(model, bottom: int, top: int) -> list[torch.nn.Parameter]:
+    """What a graft stage trains: the bottom and top decoder layers, embeddings, final norm and
+    lm_head (every other parameter is left as stage one made it)."""
+    layers = model.model.layers
+    keep = [*layers[:bottom], *layers[len(layers) - top :]]
+    params = [p for layer in keep for p in layer.parameters()]
+    params += [*model.model.embed_tokens.parameters(), *model.model.norm.parameters()]
+    return params + list(model.lm_head.parameters())
+
+
+def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bool = True, tags: list[str] | None = None):  # fmt: skip
     """Pretrain a fresh Llama on packed documents (each followed by eos) with AdamW + cosine LR.
+
+    With `mc.graft`, in two stages (spaces.world.GraftConfig): every layer on the documents
+    tagged ENGLISH_STAGE, then only the outer layers on the rest with some English replayed.
 
     Args:
         docs: corpus documents.
@@ -105,51 +169,39 @@ def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bo
         mc: model shape and training settings.
         seed: torch seed (init and batch order).
         progress: print the loss now and then.
+        tags: each document's tag (world.data.tagged_corpus); needed with `mc.graft`.
     Returns:
-        (model in eval mode, final mean loss).
+        (model in eval mode, final mean loss of the last stage).
     """
     from transformers import LlamaForCausalLM
 
+    if mc.graft is not None and (tags is None or len(tags) != len(docs)):
+        raise ValueError("a grafted pretraining (model.graft) needs one tag per document")
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(mc.threads)  # fixed: float reductions depend on the thread split
     try:
         torch.manual_seed(seed)
-        ids: list[int] = []
-        for enc in tok(docs, add_special_tokens=False)["input_ids"]:
-            ids += [*enc, tok.eos_token_id]
-        n_blocks = len(ids) // mc.seq_len
-        if n_blocks < 1:
-            raise ValueError(f"corpus too small: {len(ids)} tokens < seq_len {mc.seq_len}")
-        data = torch.tensor(ids[: n_blocks * mc.seq_len]).view(n_blocks, mc.seq_len)
+        first = docs if mc.graft is None else [d for d, t in zip(docs, tags, strict=True) if t in ENGLISH_STAGE]  # fmt: skip
+        data = _pack(first, tok, mc.seq_len)
         model = LlamaForCausalLM(llama_config(mc, tok))
-        opt = torch.optim.AdamW(model.parameters(), lr=mc.lr, weight_decay=0.01, betas=(0.9, 0.95))
         g = torch.Generator().manual_seed(seed)
-        order, pos = torch.randperm(n_blocks, generator=g), 0
-        model.train()
-        t0, recent = time.time(), []
-        for step in range(mc.steps):
-            lr = mc.lr * min(1.0, (step + 1) / max(1, mc.warmup))
-            lr *= 0.5 * (1 + math.cos(math.pi * step / mc.steps)) * 0.9 + 0.1
-            for group in opt.param_groups:
-                group["lr"] = lr
-            if pos + mc.batch_size > n_blocks and pos > 0:  # a new epoch in a new order
-                order, pos = torch.randperm(n_blocks, generator=g), 0
-            batch = data[order[pos : pos + mc.batch_size]]
-            pos += mc.batch_size
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            recent = [*recent[-19:], loss.item()]
-            if progress and (step % 100 == 0 or step == mc.steps - 1):
-                print(
-                    f"  pretrain step {step + 1}/{mc.steps} loss {sum(recent) / len(recent):.3f} "
-                    f"({time.time() - t0:.0f}s, {n_blocks} blocks of {mc.seq_len})",
-                    flush=True,
-                )
+        common = {"batch_size": mc.batch_size, "g": g, "progress": progress}
+        loss = _train(model, data, list(model.parameters()), steps=mc.steps, lr=mc.lr, warmup=mc.warmup, label="pretrain", **common)  # fmt: skip
+        if mc.graft is not None:
+            gr = mc.graft
+            rest = [d for d, t in zip(docs, tags, strict=True) if t not in ENGLISH_STAGE]
+            target = _pack(rest, tok, mc.seq_len)
+            n_replay = min(data.shape[0], round(target.shape[0] * gr.replay / (1 - gr.replay)))
+            mixed = torch.cat([target, data[torch.randperm(data.shape[0], generator=g)[:n_replay]]])  # fmt: skip
+            params = grafted_parameters(model, gr.bottom, gr.top)
+            trained = {id(p) for p in params}
+            for p in model.parameters():  # no gradient, so no weight decay: exactly stage one's
+                p.requires_grad_(id(p) in trained)
+            loss = _train(model, mixed, params, steps=gr.steps, lr=gr.lr or mc.lr, warmup=gr.warmup, label="graft", **common)  # fmt: skip
+            for p in model.parameters():
+                p.requires_grad_(True)
         model.eval()
-        return model, sum(recent) / len(recent)
+        return model, loss
     finally:
         torch.set_num_threads(prev_threads)
 

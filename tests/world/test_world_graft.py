@@ -1,0 +1,72 @@
+"""Grafted pretraining (spaces.world.GraftConfig): stage two teaches the target languages to the
+outer layers only, and leaves the middle exactly as English left it.
+
+Run: .venv/bin/python -m pytest -q tests/world/test_world_graft.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _tiny_corpus():
+    from spaces.world import world_config
+    from world.data import tagged_corpus, world_languages
+    from world.model import train_tokenizer
+
+    cfg = world_config("tiny", 0)
+    tagged = tagged_corpus(cfg, world_languages(cfg))
+    tok = train_tokenizer([d for _, d in tagged], cfg.model.vocab_size)
+    return cfg, tagged, tok
+
+
+def test_tagged_corpus_is_make_corpus_with_tags():
+    from spaces.world import with_overrides, world_config
+    from world.data import SOURCE_TAGS, make_corpus, tagged_corpus, world_languages
+
+    cfg = with_overrides(world_config("tiny", 0), {"xa_word_order": "SVO", "corpus": {"code_switched": 20}}, "t")  # fmt: skip
+    langs = world_languages(cfg)
+    tagged = tagged_corpus(cfg, langs)
+    assert [d for _, d in tagged] == make_corpus(cfg, langs)
+    assert {t for t, _ in tagged} == set(SOURCE_TAGS)
+    xa = langs["xa"]
+    # an English document never has an xa-only word; an xa passage does
+    xa_words = {xa.w("buy"), xa.w("answer")} - {"buy", "answer"}
+    en_docs = [d for t, d in tagged if t == "en"]
+    assert not any(set(d.split()) & xa_words for d in en_docs)
+    assert any(set(d.replace(".", " ").split()) & xa_words for t, d in tagged if t == "xa")
+
+
+def test_graft_trains_the_outer_layers_only():
+    from spaces.world import GraftConfig
+    from world.model import ENGLISH_STAGE, pretrain
+
+    cfg, tagged, tok = _tiny_corpus()
+    mc = cfg.model.model_copy(update={"steps": 4})
+    docs, tags = [d for _, d in tagged], [t for t, _ in tagged]
+    english = [d for d, t in zip(docs, tags, strict=True) if t in ENGLISH_STAGE]
+    one, _ = pretrain(english, tok, mc, seed=0, progress=False)
+    graft = GraftConfig(steps=3, bottom=1, top=1, warmup=1)
+    two, _ = pretrain(docs, tok, mc.model_copy(update={"graft": graft}), seed=0, progress=False, tags=tags)  # fmt: skip
+    a, b = one.state_dict(), two.state_dict()
+    n = mc.num_layers  # 4 in the tiny preset: layers 1 and 2 are the middle
+    for key in a:
+        middle = any(f"layers.{i}." in key for i in range(1, n - 1))
+        assert torch.equal(a[key], b[key]) == middle, key
+    for p in two.parameters():
+        assert p.requires_grad  # the model comes back trainable, as a one-stage base does
+
+
+def test_graft_needs_tags_and_a_middle():
+    from spaces.world import GraftConfig, with_overrides, world_config
+    from world.model import pretrain
+
+    cfg, tagged, tok = _tiny_corpus()
+    mc = cfg.model.model_copy(update={"graft": GraftConfig(steps=1)})
+    with pytest.raises(ValueError, match="one tag per document"):
+        pretrain([d for _, d in tagged], tok, mc, seed=0, progress=False)
+    with pytest.raises(ValueError, match=r"bottom 3 \+ top 2 must be between 1 and num_layers - 1 \(3\)"):  # fmt: skip
+        with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5}}}, "v.yaml")
+    with pytest.raises(ValueError, match="graft"):
+        with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5, "depth": 2}}}, "v.yaml")  # fmt: skip
