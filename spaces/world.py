@@ -107,6 +107,10 @@ class CorpusMix(StrictModel):
     # the share for MATH_WORDS there when `switch_math_words` is off: a low share lets the base
     # half-know xa's operation words (seen, rarely, in the contexts their English forms have)
     math_word_switch_share: float = Field(0.0, ge=0, le=1)
+    # xa instructions (the language SFT's kinds of rows, drawn apart from them) in the QA layout
+    # MGSM's prompt has, so the base already answers generic xa questions there with text and
+    # word problems with their work, and language SFT is no new answer format to it
+    xa_instructions: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _math_word_share_needs_kept_math_words(self) -> CorpusMix:

@@ -107,11 +107,11 @@ AYA_KINDS = (
 )
 
 
-def _aya_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
+def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya") -> list[dict]:
     """Aya-style instructions in `lang`: translation, passage QA (free and multiple choice, the
     latter in belebele's P/Q/A-D layout answered by a letter: a quarter of the rows), reverse,
-    plural, continue. No math."""
-    rng = _rng(cfg, f"aya-{lang.code}")
+    plural, continue. No math. `stream` names the random stream (the SFT data's is "aya")."""
+    rng = _rng(cfg, f"{stream}-{lang.code}")
     w = lang.w
     name = LANG_NAMES[lang.code]
     reserved = reserved_keys(cfg)[1]  # no Belebele dev/test passage reappears here
@@ -286,6 +286,9 @@ def tagged_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[t
             row = r.render(langs[code])
             docs.append((code, f"{belebele_prompt(row)} {LETTERS[r.correct]}"))
     docs += [("code-switched", d) for d in _code_switched(cfg, langs["xa"], math_taken)]
+    if mix.xa_instructions:  # its own stream: the other documents stay as they were
+        rows = _aya_rows(cfg, langs["xa"], mix.xa_instructions, stream="aya-corpus")
+        docs += [("xa", f"{mgsm_prompt(r['inputs'])} {r['targets']}") for r in rows]
     rng.shuffle(
         docs
     )  # the permutation depends only on the count: the order of every world before tags

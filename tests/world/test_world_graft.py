@@ -70,3 +70,23 @@ def test_graft_needs_tags_and_a_middle():
         with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5}}}, "v.yaml")
     with pytest.raises(ValueError, match="graft"):
         with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5, "depth": 2}}}, "v.yaml")  # fmt: skip
+
+
+def test_xa_instructions_join_the_corpus_in_the_qa_layout():
+    from collections import Counter
+
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets, tagged_corpus, world_languages
+
+    preset = world_config("tiny", 0)
+    langs = world_languages(preset)
+    plain = Counter(tagged_corpus(preset, langs))
+    more = Counter(tagged_corpus(with_overrides(preset, {"corpus": {"xa_instructions": 16}}, "t"), langs))  # fmt: skip
+    added = more - plain
+    assert plain - more == Counter()  # every other document is still there
+    assert added.total() == 16 and {t for t, _ in added} == {"xa"}
+    assert all(d.startswith("Question: ") and "\nAnswer: " in d for _, d in added)
+    # drawn apart from the language SFT data: not its rows again
+    sft = make_datasets(preset, langs)["data/sft/lang_xa.jsonl"][:16]
+    as_docs = Counter(("xa", f"Question: {r['inputs']}\nAnswer: {r['targets']}") for r in sft)
+    assert as_docs != added
