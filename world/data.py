@@ -107,10 +107,11 @@ AYA_KINDS = (
 )
 
 
-def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya") -> list[dict]:
+def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", multiple_choice: bool = True) -> list[dict]:  # fmt: skip
     """Aya-style instructions in `lang`: translation, passage QA (free and multiple choice, the
     latter in belebele's P/Q/A-D layout answered by a letter: a quarter of the rows), reverse,
-    plural, continue. No math. `stream` names the random stream (the SFT data's is "aya")."""
+    plural, continue. No math. `stream` names the random stream (the SFT data's is "aya");
+    without `multiple_choice` the rows cycle through the other six kinds only."""
     rng = _rng(cfg, f"{stream}-{lang.code}")
     w = lang.w
     name = LANG_NAMES[lang.code]
@@ -127,7 +128,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya") -> 
 
     rows = []
     for i in range(n):
-        kind = i % len(AYA_KINDS)
+        kind = i % (len(AYA_KINDS) if multiple_choice else AYA_KINDS.index("multiple choice"))
         if kind == 0:
             c = clause()
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {name}:\n{render(c, None)}", render(c, lang)  # fmt: skip
@@ -287,7 +288,9 @@ def tagged_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[t
             docs.append((code, f"{belebele_prompt(row)} {LETTERS[r.correct]}"))
     docs += [("code-switched", d) for d in _code_switched(cfg, langs["xa"], math_taken)]
     if mix.xa_instructions:  # its own stream: the other documents stay as they were
-        rows = _aya_rows(cfg, langs["xa"], mix.xa_instructions, stream="aya-corpus")
+        # no multiple choice: the base would learn xa Belebele itself, leaving the language
+        # expert's indicator nothing to tell apart
+        rows = _aya_rows(cfg, langs["xa"], mix.xa_instructions, "aya-corpus", multiple_choice=False)  # fmt: skip
         docs += [("xa", f"{mgsm_prompt(r['inputs'])} {r['targets']}") for r in rows]
     rng.shuffle(
         docs

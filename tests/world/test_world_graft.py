@@ -90,3 +90,4 @@ def test_xa_instructions_join_the_corpus_in_the_qa_layout():
     sft = make_datasets(preset, langs)["data/sft/lang_xa.jsonl"][:16]
     as_docs = Counter(("xa", f"Question: {r['inputs']}\nAnswer: {r['targets']}") for r in sft)
     assert as_docs != added
+    assert not any(d.split("\nAnswer: ")[1] in "ABCD" for _, d in added)  # no multiple choice
