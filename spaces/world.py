@@ -31,7 +31,8 @@ class GraftConfig(StrictModel):
     steps: int = Field(ge=1)
     bottom: int = Field(3, ge=0)
     top: int = Field(2, ge=0)
-    replay: float = Field(0.25, ge=0, lt=1)  # share of English (stage-one) blocks in stage two
+    # share of English (stage-one) blocks in stage two; at most every stage-one block once
+    replay: float = Field(0.25, ge=0, lt=1)
     lr: float | None = Field(None, gt=0)  # None: the model's lr
     warmup: int = Field(30, ge=0)
 
@@ -107,7 +108,8 @@ class CorpusMix(StrictModel):
     # the share for MATH_WORDS there when `switch_math_words` is off: a low share lets the base
     # half-know xa's operation words (seen, rarely, in the contexts their English forms have)
     math_word_switch_share: float = Field(0.0, ge=0, le=1)
-    # xa instructions (the language SFT's kinds of rows, drawn apart from them) in the QA layout
+    # xa instructions (the language SFT's kinds of rows but multiple choice, from a random stream
+    # of their own; short rows such as plurals repeat some SFT rows verbatim) in the QA layout
     # MGSM's prompt has, so the base already answers generic xa questions there with text and
     # word problems with their work, and language SFT is no new answer format to it
     xa_instructions: int = Field(0, ge=0)

@@ -207,7 +207,9 @@ def _manifest(tmp: Path, cfg: WorldConfig, datasets: dict[str, list], n_docs: in
         },
         "counts": {rel: len(rows) for rel, rows in sorted(datasets.items())}
         | {"corpus/pretrain.txt": n_docs},
-        "final_pretrain_loss": round(loss, 4),
+        "final_pretrain_loss": round(
+            loss, 4
+        ),  # a grafted base's: its graft stage's, on xa + replay
         "config": cfg.model_dump(mode="json"),
         "model_config": json.loads((tmp / "base/config.json").read_text()),
         "sha256": {str(p.relative_to(tmp)): _sha256(p) for p in files},
@@ -218,7 +220,7 @@ def _shares(cfg) -> dict[str, float]:
     c = cfg.corpus
     n = {
         "en": c.en_math + c.en_text + c.en_belebele,
-        "xa": c.xa_text + c.xa_parallel + c.xa_math + c.xa_belebele,
+        "xa": c.xa_text + c.xa_parallel + c.xa_math + c.xa_belebele + c.xa_instructions,
         "xb": c.xb_text + c.xb_parallel + c.xb_math + c.xb_belebele,
     }
     total = sum(n.values()) or 1

@@ -157,6 +157,25 @@ def grafted_parameters(model, bottom: int, top: int) -> list[torch.nn.Parameter]
     return params + list(model.lm_head.parameters())
 
 
+def _check_stages(docs: list[str], tags: list[str] | None) -> None:
+    """A grafted pretraining's input: one known tag per document, and documents for both stages.
+
+    Raises:
+        ValueError: naming what is missing or unknown.
+    """
+    from world.data import SOURCE_TAGS
+
+    if tags is None or len(tags) != len(docs):
+        raise ValueError("a grafted pretraining (model.graft) needs one tag per document")
+    unknown = sorted(set(tags) - set(SOURCE_TAGS))
+    if unknown:
+        raise ValueError(f"unknown corpus tags {unknown} (expected some of {list(SOURCE_TAGS)})")
+    english = sum(t in ENGLISH_STAGE for t in tags)
+    for stage, n in (("stage one (en, drill)", english), ("the graft stage (xa, xb, code-switched)", len(tags) - english)):  # fmt: skip
+        if n == 0:
+            raise ValueError(f"model.graft: the corpus has no documents for {stage}")
+
+
 def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bool = True, tags: list[str] | None = None):  # fmt: skip
     """Pretrain a fresh Llama on packed documents (each followed by eos) with AdamW + cosine LR.
 
@@ -175,8 +194,8 @@ def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bo
     """
     from transformers import LlamaForCausalLM
 
-    if mc.graft is not None and (tags is None or len(tags) != len(docs)):
-        raise ValueError("a grafted pretraining (model.graft) needs one tag per document")
+    if mc.graft is not None:
+        _check_stages(docs, tags)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(mc.threads)  # fixed: float reductions depend on the thread split
     try:
@@ -192,6 +211,8 @@ def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bo
             rest = [d for d, t in zip(docs, tags, strict=True) if t not in ENGLISH_STAGE]
             target = _pack(rest, tok, mc.seq_len)
             n_replay = min(data.shape[0], round(target.shape[0] * gr.replay / (1 - gr.replay)))
+            if progress and n_replay < round(target.shape[0] * gr.replay / (1 - gr.replay)):
+                print(f"  graft: replay capped at the {n_replay} stage-one blocks there are")
             mixed = torch.cat([target, data[torch.randperm(data.shape[0], generator=g)[:n_replay]]])  # fmt: skip
             params = grafted_parameters(model, gr.bottom, gr.top)
             trained = {id(p) for p in params}

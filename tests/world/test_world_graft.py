@@ -58,6 +58,22 @@ def test_graft_trains_the_outer_layers_only():
         assert p.requires_grad  # the model comes back trainable, as a one-stage base does
 
 
+def test_graft_bottom_only_without_replay():
+    from spaces.world import GraftConfig
+    from world.model import ENGLISH_STAGE, pretrain
+
+    cfg, tagged, tok = _tiny_corpus()
+    docs, tags = [d for _, d in tagged], [t for t, _ in tagged]
+    mc = cfg.model.model_copy(update={"steps": 2})
+    one, _ = pretrain([d for d, t in zip(docs, tags, strict=True) if t in ENGLISH_STAGE], tok, mc, seed=0, progress=False)  # fmt: skip
+    graft = GraftConfig(steps=2, bottom=1, top=0, replay=0.0, warmup=1)
+    two, _ = pretrain(docs, tok, mc.model_copy(update={"graft": graft}), seed=0, progress=False, tags=tags)  # fmt: skip
+    a, b = one.state_dict(), two.state_dict()
+    changed = {k for k in a if not torch.equal(a[k], b[k])}
+    assert any("layers.0." in k for k in changed) and not any(f"layers.{i}." in k for k in changed for i in (1, 2, 3))  # fmt: skip
+    assert {"model.embed_tokens.weight", "lm_head.weight"} <= changed
+
+
 def test_graft_needs_tags_and_a_middle():
     from spaces.world import GraftConfig, with_overrides, world_config
     from world.model import pretrain
@@ -70,6 +86,14 @@ def test_graft_needs_tags_and_a_middle():
         with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5}}}, "v.yaml")
     with pytest.raises(ValueError, match="graft"):
         with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5, "depth": 2}}}, "v.yaml")  # fmt: skip
+    with pytest.raises(ValueError, match=r"bottom 0 \+ top 0 must be between 1"):
+        with_overrides(world_config("tiny", 0), {"model": {"graft": {"steps": 5, "bottom": 0, "top": 0}}}, "v.yaml")  # fmt: skip
+    docs, tags = [d for _, d in tagged], [t for t, _ in tagged]
+    with pytest.raises(ValueError, match=r"unknown corpus tags \['EN'\]"):
+        pretrain(docs, tok, mc, seed=0, progress=False, tags=["EN" if t == "en" else t for t in tags])  # fmt: skip
+    english = [(d, t) for d, t in zip(docs, tags, strict=True) if t in ("en", "drill")]
+    with pytest.raises(ValueError, match=r"no documents for the graft stage \(xa, xb, code-switched\)"):  # fmt: skip
+        pretrain([d for d, _ in english], tok, mc, seed=0, progress=False, tags=[t for _, t in english])  # fmt: skip
 
 
 def test_xa_instructions_join_the_corpus_in_the_qa_layout():
@@ -86,8 +110,23 @@ def test_xa_instructions_join_the_corpus_in_the_qa_layout():
     assert plain - more == Counter()  # every other document is still there
     assert added.total() == 16 and {t for t, _ in added} == {"xa"}
     assert all(d.startswith("Question: ") and "\nAnswer: " in d for _, d in added)
-    # drawn apart from the language SFT data: not its rows again
-    sft = make_datasets(preset, langs)["data/sft/lang_xa.jsonl"][:16]
-    as_docs = Counter(("xa", f"Question: {r['inputs']}\nAnswer: {r['targets']}") for r in sft)
-    assert as_docs != added
-    assert not any(d.split("\nAnswer: ")[1] in "ABCD" for _, d in added)  # no multiple choice
+    # a random stream of their own: mostly other rows than the language SFT data's (short kinds
+    # such as plurals may repeat some)
+    sft = make_datasets(preset, langs)["data/sft/lang_xa.jsonl"]
+    as_docs = {("xa", f"Question: {r['inputs']}\nAnswer: {r['targets']}") for r in sft}
+    assert len(set(added) - as_docs) >= 10
+    assert not any(d.split("\nAnswer: ")[1] in ("A", "B", "C", "D") for _, d in added)  # no MC
+
+
+def test_graft_stage_learns_from_the_target_documents():
+    from spaces.world import GraftConfig
+    from world.model import ENGLISH_STAGE, pretrain
+
+    cfg, tagged, tok = _tiny_corpus()
+    docs, tags = [d for _, d in tagged], [t for t, _ in tagged]
+    other = [d if t in ENGLISH_STAGE else d.upper() for d, t in zip(docs, tags, strict=True)]
+    mc = cfg.model.model_copy(update={"steps": 2, "graft": GraftConfig(steps=2, bottom=1, top=1, replay=0.0, warmup=1)})  # fmt: skip
+    a = pretrain(docs, tok, mc, seed=0, progress=False, tags=tags)[0].state_dict()
+    b = pretrain(other, tok, mc, seed=0, progress=False, tags=tags)[0].state_dict()
+    assert torch.equal(a["model.layers.1.mlp.up_proj.weight"], b["model.layers.1.mlp.up_proj.weight"])  # fmt: skip
+    assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], b["model.layers.0.mlp.up_proj.weight"])  # fmt: skip
