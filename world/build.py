@@ -207,9 +207,8 @@ def _manifest(tmp: Path, cfg: WorldConfig, datasets: dict[str, list], n_docs: in
         },
         "counts": {rel: len(rows) for rel, rows in sorted(datasets.items())}
         | {"corpus/pretrain.txt": n_docs},
-        "final_pretrain_loss": round(
-            loss, 4
-        ),  # a grafted base's: its graft stage's, on xa + replay
+        # a grafted base's: its graft stage's, on the target documents and the replay
+        "final_pretrain_loss": round(loss, 4),
         "config": cfg.model_dump(mode="json"),
         "model_config": json.loads((tmp / "base/config.json").read_text()),
         "sha256": {str(p.relative_to(tmp)): _sha256(p) for p in files},

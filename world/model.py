@@ -104,7 +104,9 @@ def _pack(docs: list[str], tok, seq_len: int) -> torch.Tensor:
     """The documents tokenized, each followed by eos, concatenated and cut into blocks.
 
     Returns:
-        [n_blocks, seq_len] token ids (the tail that does not fill a block is dropped).
+        [n_blocks, seq_len] token ids on the CPU (the tail that does not fill a block is
+        dropped): the corpus stays there, indexed by the CPU generator's permutations, and
+        `_train` moves each batch to the model's device.
     """
     ids: list[int] = []
     for enc in tok(docs, add_special_tokens=False)["input_ids"]:
@@ -130,7 +132,7 @@ def _train(model, data, params, *, steps, lr, warmup, batch_size, g, label, prog
             group["lr"] = step_lr
         if pos + batch_size > n_blocks and pos > 0:  # a new epoch in a new order
             order, pos = torch.randperm(n_blocks, generator=g), 0
-        batch = data[order[pos : pos + batch_size]]
+        batch = data[order[pos : pos + batch_size]].to(model.device)
         pos += batch_size
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
@@ -157,11 +159,11 @@ def grafted_parameters(model, bottom: int, top: int) -> list[torch.nn.Parameter]
     return params + list(model.lm_head.parameters())
 
 
-def _check_stages(docs: list[str], tags: list[str] | None) -> None:
-    """A grafted pretraining's input: one known tag per document, and documents for both stages.
+def _split_stages(docs: list[str], tags: list[str] | None) -> tuple[list[str], list[str]]:
+    """A grafted pretraining's documents by stage: (English and drills, the rest), in order.
 
     Raises:
-        ValueError: naming what is missing or unknown.
+        ValueError: no tag per document, an unknown tag, or a stage without documents (named).
     """
     from world.data import SOURCE_TAGS
 
@@ -170,10 +172,13 @@ def _check_stages(docs: list[str], tags: list[str] | None) -> None:
     unknown = sorted(set(tags) - set(SOURCE_TAGS))
     if unknown:
         raise ValueError(f"unknown corpus tags {unknown} (expected some of {list(SOURCE_TAGS)})")
-    english = sum(t in ENGLISH_STAGE for t in tags)
-    for stage, n in (("stage one (en, drill)", english), ("the graft stage (xa, xb, code-switched)", len(tags) - english)):  # fmt: skip
-        if n == 0:
+    stages: tuple[list[str], list[str]] = ([], [])
+    for doc, tag in zip(docs, tags, strict=True):
+        stages[tag not in ENGLISH_STAGE].append(doc)
+    for stage, part in zip(("stage one (en, drill)", "the graft stage (xa, xb, code-switched)"), stages, strict=True):  # fmt: skip
+        if not part:
             raise ValueError(f"model.graft: the corpus has no documents for {stage}")
+    return stages
 
 
 def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bool = True, tags: list[str] | None = None):  # fmt: skip
@@ -194,13 +199,11 @@ def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bo
     """
     from transformers import LlamaForCausalLM
 
-    if mc.graft is not None:
-        _check_stages(docs, tags)
+    first, rest = (docs, []) if mc.graft is None else _split_stages(docs, tags)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(mc.threads)  # fixed: float reductions depend on the thread split
     try:
         torch.manual_seed(seed)
-        first = docs if mc.graft is None else [d for d, t in zip(docs, tags, strict=True) if t in ENGLISH_STAGE]  # fmt: skip
         data = _pack(first, tok, mc.seq_len)
         model = LlamaForCausalLM(llama_config(mc, tok))
         g = torch.Generator().manual_seed(seed)
@@ -208,15 +211,16 @@ def pretrain(docs: list[str], tok, mc: WorldModelConfig, seed: int, progress: bo
         loss = _train(model, data, list(model.parameters()), steps=mc.steps, lr=mc.lr, warmup=mc.warmup, label="pretrain", **common)  # fmt: skip
         if mc.graft is not None:
             gr = mc.graft
-            rest = [d for d, t in zip(docs, tags, strict=True) if t not in ENGLISH_STAGE]
             target = _pack(rest, tok, mc.seq_len)
-            n_replay = min(data.shape[0], round(target.shape[0] * gr.replay / (1 - gr.replay)))
-            if progress and n_replay < round(target.shape[0] * gr.replay / (1 - gr.replay)):
+            wanted = round(target.shape[0] * gr.replay / (1 - gr.replay))
+            n_replay = min(data.shape[0], wanted)
+            if progress and n_replay < wanted:
                 print(f"  graft: replay capped at the {n_replay} stage-one blocks there are")
             mixed = torch.cat([target, data[torch.randperm(data.shape[0], generator=g)[:n_replay]]])  # fmt: skip
             params = grafted_parameters(model, gr.bottom, gr.top)
             trained = {id(p) for p in params}
-            for p in model.parameters():  # no gradient, so no weight decay: exactly stage one's
+            # the rest is outside the optimizer (so untouched); frozen, it gets no gradient work
+            for p in model.parameters():
                 p.requires_grad_(id(p) in trained)
             loss = _train(model, mixed, params, steps=gr.steps, lr=gr.lr or mc.lr, warmup=gr.warmup, label="graft", **common)  # fmt: skip
             for p in model.parameters():
