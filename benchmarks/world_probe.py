@@ -16,7 +16,9 @@ Prints, for the base, both experts, the paper's default swap scaled to depth, ev
 (b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
 difference to the better expert with a paired bootstrap 95 % CI (resampling items); English
 MGSM and xa Belebele for the base, the experts and the paper default, and what their wrong
-answers are (slip: the right equation computed wrong; misread: another equation; no equation),
+answers are (slip: the right equation computed wrong; misread: another equation; no equation)
+and what their misreads got wrong against the true equation (other operands, other operations,
+both, or the same ones arranged otherwise),
 and for every model how often it reads an xa problem into the right equation and how often it
 computes that equation right, which tells a reading gain from an arithmetic one. A measurement for
 designing the world (issue 15), not a test.
@@ -247,25 +249,39 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
 
     Args:
         model, tok: the model (its state loaded) and tokenizer.
-        data: rows by name: "xa" and "en" (MGSM, probe's split), "en_dev", "bele" (xa dev).
+        data: rows by name: "xa" and "en" (MGSM, probe's split), "en_dev", "bele" (xa dev);
+            "equations": the split's true equations, in the rows' order.
         full: also English MGSM, xa Belebele and the wrong-answer classes (experts, paper default).
         select: also the search's proxies, each scored once (reusing what `full` scored).
         split: the probe's split ("dev": its English MGSM is the proxy's).
     Returns:
         (per-item correctness, {column: value}, {proxy task: score}).
     """
-    from world.sft import OUTCOMES, belebele_accuracy, mgsm_outcomes
+    from world.sft import (
+        MISREADS,
+        OUTCOMES,
+        answer_outcome,
+        belebele_accuracy,
+        mgsm_answers,
+        mgsm_outcomes,
+        misread_kind,
+    )
 
-    outcomes = mgsm_outcomes(model, tok, data["xa"], max_new_tokens=20)
+    answers = {lang: mgsm_answers(model, tok, data[lang], max_new_tokens=20) for lang in (("xa", "en") if full else ("xa",))}  # fmt: skip
+    found = {lang: [answer_outcome(t, r["answer_number"]) for t, r in zip(texts, data[lang], strict=True)] for lang, texts in answers.items()}  # fmt: skip
+    outcomes, en = found["xa"], found.get("en")
     extra = dict(zip(("xa reads", "computes"), reads_computes(outcomes), strict=True))
     bele = belebele_accuracy(model, tok, data["bele"]) if full or select else None
-    en = mgsm_outcomes(model, tok, data["en"], max_new_tokens=20) if full else None
     if full:
         extra["en MGSM"] = en.count("right") / max(1, len(en))
         extra["xa Belebele"] = bele
         # what the wrong answers are: a gap made of misreads is reading, of slips arithmetic
-        for lang, found in (("xa", outcomes), ("en", en)):
-            extra[f"{lang} wrong"] = "/".join(str(found.count(o)) for o in OUTCOMES[1:])
+        for lang in ("xa", "en"):
+            extra[f"{lang} wrong"] = "/".join(str(found[lang].count(o)) for o in OUTCOMES[1:])
+        # and what the misreads got wrong: the numbers (copying) or the operations (words)
+        for lang in ("xa", "en"):
+            kinds = [misread_kind(t, eq) for t, eq in zip(answers[lang], data["equations"], strict=True)]  # fmt: skip
+            extra[f"{lang} misreads"] = "/".join(str(kinds.count(k)) for k in MISREADS)
     proxy = {}
     if select:
         en_dev = en if full and split == "dev" else mgsm_outcomes(model, tok, data["en_dev"], max_new_tokens=20)  # fmt: skip
@@ -308,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     from spaces.recipe import parse_recipe
     from spaces.search_experiment import world_proxies
     from trainables.merge.compose import compose_recipe
-    from world.sft import OUTCOMES, mgsm_correct, read_rows
+    from world.build import world_config_of
+    from world.data import mgsm_problems
+    from world.sft import MISREADS, OUTCOMES, mgsm_correct, read_rows
 
     t0 = time.time()
     world = world_dir(args)
@@ -317,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     data = {lang: read_rows(world, f"data/mgsm/{lang}/{args.split}.jsonl") for lang in ("xa", "en")}
     data["en_dev"] = read_rows(world, "data/mgsm/en/dev.jsonl")
     data["bele"] = read_rows(world, "data/belebele/xa/dev.jsonl")
+    # the true equations, which MGSM's dev and test rows do not carry (every language's rows
+    # are the same problems in the same order)
+    data["equations"] = [p.equation for p in mgsm_problems(world_config_of(world))[args.split]]
     xa, en = data["xa"], data["en"]
     proxies = world_proxies("xa")  # the search's defaults, scored here by world.sft
     if {p.task for p in proxies} != set(PROXY_TASKS):
@@ -342,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         strict = {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in extra.items()}  # fmt: skip
         table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **strict})  # fmt: skip
         print(f"  {name:<24} {items[name].mean():.3f}  {d:+.3f} [{lo:+.3f}, {hi:+.3f}]  {side}")
-    print(f"(xa/en wrong: {'/'.join(OUTCOMES[1:])} counts, world.sft.answer_outcome)")
+    print(f"(xa/en wrong: {'/'.join(OUTCOMES[1:])} counts, world.sft.answer_outcome; misreads: {'/'.join(MISREADS)}, world.sft.misread_kind)")  # fmt: skip
 
     def score(state) -> tuple[float, float]:
         model.load_state_dict(state)

@@ -174,6 +174,22 @@ def _count_question(rng: random.Random, lang: Language) -> tuple[str, str]:
     return f"{passage}\n{lang.w('question').capitalize()}: {render(question, lang)}", render(facts[asked], lang)  # fmt: skip
 
 
+def mgsm_problems(cfg: WorldConfig) -> dict[str, list[Problem]]:
+    """The world's MGSM problems by split, in the order of its JSONL rows (one per language).
+
+    The rows keep MGSM's schema, whose dev and test rows carry no equation; a diagnosis that needs
+    the true equation (`world.sft.misread_kind`) takes it from here.
+
+    Args:
+        cfg: the world config.
+    Returns:
+        {"train": 8 problems, "dev": cfg.mgsm_dev, "test": cfg.mgsm_test}, no problem twice.
+    """
+    taken: set[str] = set()
+    rng = _rng(cfg, "mgsm")
+    return {split: _unique_problems(rng, n, taken, cfg) for split, n in (("train", 8), ("dev", cfg.mgsm_dev), ("test", cfg.mgsm_test))}  # fmt: skip
+
+
 def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[str, list[dict]]:
     """All JSONL datasets of the world.
 
@@ -183,11 +199,9 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     Returns:
         {relative path: rows}, e.g. "data/mgsm/xa/test.jsonl".
     """
-    taken: set[str] = set()
-    rng = _rng(cfg, "mgsm")
-    train = _unique_problems(rng, 8, taken, cfg)
-    dev = _unique_problems(rng, cfg.mgsm_dev, taken, cfg)
-    test = _unique_problems(rng, cfg.mgsm_test, taken, cfg)
+    splits = mgsm_problems(cfg)
+    train, dev, test = splits["train"], splits["dev"], splits["test"]
+    taken = {p.text(None) for probs in splits.values() for p in probs}  # none of them in the SFT
     out: dict[str, list[dict]] = {}
     sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken), cfg)
     out["data/sft/math_en.jsonl"] = [
@@ -211,9 +225,7 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
 
 def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
     """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of pretraining."""
-    taken: set[str] = set()
-    rng = _rng(cfg, "mgsm")
-    _unique_problems(rng, 8 + cfg.mgsm_dev + cfg.mgsm_test, taken, cfg)
+    taken = {p.text(None) for probs in mgsm_problems(cfg).values() for p in probs}
     btaken: set[str] = set()
     brng = _rng(cfg, "belebele")
     _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken)

@@ -169,20 +169,54 @@ def answer_outcome(text: str, answer_number: int | str) -> str:
     return "slip" if _evaluate(eq.group(1)) == int(answer_number) else "misread"
 
 
+# how a misread equation differs from the true one (`misread_kind`)
+MISREADS = ("operands", "operation", "both", "order")
+
+
+def _terms(lhs: str) -> tuple[list[str], list[str]]:
+    """("3 + 4 - 2") -> (["2", "3", "4"], ["+", "-"]): the operands and operators, sorted."""
+    tokens = lhs.split()
+    return sorted(tokens[0::2], key=int), sorted(tokens[1::2])
+
+
+def misread_kind(text: str, equation: str) -> str | None:
+    """What a misread answer got wrong, against the problem's true equation.
+
+    Args:
+        text: the generation, as `answer_outcome` takes it.
+        equation: the problem's worked equation, e.g. "5 - 2 = 3" (`world.items.Problem`).
+    Returns:
+        None unless `answer_outcome` calls it "misread"; else (MISREADS) "operands" (other
+        numbers, right operations), "operation" (the problem's numbers, other operations), "both",
+        or "order" (the same numbers and operations, arranged otherwise, e.g. "2 - 5").
+    """
+    answer = equation.rsplit("=", 1)[1].strip()
+    if answer_outcome(text, answer) != "misread":
+        return None
+    got = _terms(EQUATION.search(text).group(1))
+    true = _terms(equation.rsplit("=", 1)[0])
+    operands, operation = got[0] != true[0], got[1] != true[1]
+    return "both" if operands and operation else "operands" if operands else "operation" if operation else "order"  # fmt: skip
+
+
 @torch.no_grad()
-def mgsm_outcomes(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[str]:  # fmt: skip
-    """Greedy generation on "Question: ...\\nAnswer:" per item, classified by `answer_outcome`."""
+def mgsm_answers(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[str]:  # fmt: skip
+    """Greedy generation on "Question: ...\\nAnswer:" per item, cut at the next "Question:"."""
     tok.padding_side = "left"
-    out_classes = []
+    texts = []
     device = next(model.parameters()).device
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         batch = tok([mgsm_prompt(r["question"]) for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False).to(device)  # fmt: skip
         out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
-        for r, seq in zip(chunk, out[:, batch["input_ids"].shape[1] :], strict=True):
-            text = tok.decode(seq, skip_special_tokens=True).split("Question:")[0]
-            out_classes.append(answer_outcome(text, r["answer_number"]))
-    return out_classes
+        texts += [tok.decode(seq, skip_special_tokens=True).split("Question:")[0] for seq in out[:, batch["input_ids"].shape[1] :]]  # fmt: skip
+    return texts
+
+
+def mgsm_outcomes(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[str]:  # fmt: skip
+    """`mgsm_answers` per item, classified by `answer_outcome`."""
+    texts = mgsm_answers(model, tok, rows, max_new_tokens, batch_size)
+    return [answer_outcome(t, r["answer_number"]) for t, r in zip(texts, rows, strict=True)]
 
 
 @torch.no_grad()

@@ -230,3 +230,21 @@ def test_worked_layout_moves_worked_solutions_under_the_mgsm_prompt():
         for d in textbook
     ]
     assert relaid == moved
+
+
+def test_mgsm_problems_are_the_worlds_mgsm_rows(tiny_world, jsonl):
+    """The true equations a diagnosis takes from `mgsm_problems` are those of the rows the world
+    wrote (dev and test rows carry none), item by item and in every language."""
+    from world.build import world_config_of
+    from world.data import mgsm_problems, world_languages
+
+    cfg = world_config_of(tiny_world)
+    problems = mgsm_problems(cfg)
+    assert [len(problems[s]) for s in ("train", "dev", "test")] == [8, cfg.mgsm_dev, cfg.mgsm_test]
+    for code, lang in world_languages(cfg).items():
+        for split, probs in problems.items():
+            rows = jsonl(tiny_world / f"data/mgsm/{code}/{split}.jsonl")
+            assert [r["question"] for r in rows] == [p.text(lang) for p in probs]
+            assert [r["answer_number"] for r in rows] == [p.answer for p in probs]
+    train = jsonl(tiny_world / "data/mgsm/en/train.jsonl")
+    assert [r["equation_solution"] for r in train] == [p.equation for p in problems["train"]]

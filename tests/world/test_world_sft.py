@@ -1,4 +1,4 @@
-"""world.sft's MGSM answer classes (right / slip / misread / no_equation).
+"""world.sft's MGSM answer classes (right / slip / misread / no_equation) and misread kinds.
 
 Run: .venv/bin/python -m pytest -q tests/world/test_world_sft.py
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from world.sft import OUTCOMES, answer_outcome
+from world.sft import MISREADS, OUTCOMES, answer_outcome, misread_kind
 
 
 @pytest.mark.parametrize(
@@ -29,3 +29,23 @@ from world.sft import OUTCOMES, answer_outcome
 def test_answer_outcome(text, answer, outcome):
     assert answer_outcome(text, answer) == outcome
     assert outcome in OUTCOMES
+
+
+@pytest.mark.parametrize(
+    ("text", "equation", "kind"),
+    [
+        (" 5 - 2 = 3. The answer is 3.", "5 - 2 = 3", None),  # right: no misread
+        (" 5 - 2 = 4. The answer is 4.", "5 - 2 = 3", None),  # a slip, not a misread
+        (" kamo tepi.", "5 - 2 = 3", None),  # no equation
+        (" 5 + 2 = 7. Da mu 7.", "5 - 2 = 3", "operation"),  # xa's "give" read as adding
+        (" 2 + 2 = 4. Da mu 4.", "5 - 2 = 3", "both"),
+        (" 6 + 1 = 7. The answer is 7.", "5 + 1 = 6", "operands"),  # the giver's count copied
+        (" 2 - 5 = -3. The answer is -3.", "5 - 2 = 3", "order"),
+        (" 3 + 7 - 7 = 3.", "2 + 7 - 7 = 2", "operands"),
+        (" 4 + 3 = 7.", "3 + 4 = 7", None),  # the same sum written the other way round is right
+        (" 24 / 4 = 6.", "24 / 3 = 8", "operands"),
+    ],
+)
+def test_misread_kind(text, equation, kind):
+    assert misread_kind(text, equation) == kind
+    assert kind is None or kind in MISREADS
