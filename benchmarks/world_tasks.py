@@ -8,6 +8,8 @@ None has arithmetic; each is about reading xa text, in a different output format
 - count_number: two or three sentences about one person's counts of one thing (has, buys,
   loses), a "how many ... does X <verb>?" question, answered by the number in digits;
 - count_sentence: the same, answered by the English sentence that states it;
+- count_answer: count_number's very rows, answered as MGSM's answers end ("The answer is 7."),
+  so the language data shares the answer sentence of the math expert's format (not its equation);
 - count_digits: the same sentences without a question, answered by themselves with every number
   in Arabic digits (transcribing xa numbers in place; the answer keeps xa's words); only for
   worlds with `digit_words: true`, since otherwise xa already writes numbers in digits;
@@ -144,6 +146,10 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
         ),
         "count_sentence": count_question(
             rng("count_sentence"), xa, cfg.max_operand, lambda fact, n: render(fact, None)
+        ),
+        # count_number's own stream: the same rows, only the answer's form differs
+        "count_answer": count_question(
+            rng("count_number"), xa, cfg.max_operand, lambda fact, n: f"The answer is {n}."
         ),
         "problem_translation": problem(rng("problem_translation")),
         "number": number(rng("number")),

@@ -32,7 +32,7 @@ def _xa(world: Path):
 def test_every_task_is_a_jsonl_of_aya_rows(tasks, tiny_world):
     names = {p.name for p in tasks.iterdir()}
     assert not _xa(tiny_world).digit_words  # count_digits is only made where xa has digit words
-    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "problem_translation", "number", "word")}  # fmt: skip
+    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "count_answer", "problem_translation", "number", "word")}  # fmt: skip
     for path in tasks.iterdir():
         rows = read_rows(tasks, path.name)
         assert len(rows) == 60 and all(set(r) == {"inputs", "targets", "language"} for r in rows)
@@ -49,6 +49,12 @@ def test_count_number_answers_the_number_of_the_asked_verb(tasks, tiny_world):
         assert xa.numeral(int(r["targets"])).split() == [
             t for t in fact.rstrip(".").split() if t.isdigit() or t in digit_words
         ]
+
+
+def test_count_answer_is_count_number_in_mgsms_answer_sentence(tasks):
+    numbers, answers = (read_rows(tasks, f"{t}.jsonl") for t in ("count_number", "count_answer"))
+    assert [r["inputs"] for r in answers] == [r["inputs"] for r in numbers]
+    assert [r["targets"] for r in answers] == [f"The answer is {r['targets']}." for r in numbers]
 
 
 @pytest.fixture(scope="module", params=["SOV", "SVO"])
