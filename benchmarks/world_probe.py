@@ -337,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     data["bele"] = read_rows(world, "data/belebele/xa/dev.jsonl")
     # the true equations, which MGSM's dev and test rows do not carry (every language's rows
     # are the same problems in the same order)
-    data["equations"] = [p.equation for p in mgsm_problems(world_config_of(world))[args.split]]
+    problems = mgsm_problems(world_config_of(world))[args.split]
+    if [p.answer for p in problems] != [r["answer_number"] for r in data["en"]]:
+        # a world built by other generator code: its rows are not these problems
+        raise ValueError(f"{world}: data/mgsm/en/{args.split}.jsonl is not the MGSM this code draws for its config; rebuild the world")  # fmt: skip
+    data["equations"] = [p.equation for p in problems]
     xa, en = data["xa"], data["en"]
     proxies = world_proxies("xa")  # the search's defaults, scored here by world.sft
     if {p.task for p in proxies} != set(PROXY_TASKS):

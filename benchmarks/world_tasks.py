@@ -69,7 +69,7 @@ def count_facts(r: random.Random, max_n: int) -> list:
 
 
 def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
-    """count_number / count_sentence: count facts in xa and a "how many ..." question about one
+    """count_number / count_sentence / count_answer: count facts in xa and a "how many ..." question about one
     of them, answered by `answer(fact, count)`."""
     from world.lang import render
 
@@ -99,7 +99,8 @@ def count_digits(r: random.Random, xa, max_n: int) -> Callable[[], tuple[str, st
 
 def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     """{task: a function returning one (inputs, targets) pair}, drawing from one seeded stream
-    per task, so a task's rows do not depend on which other tasks are made."""
+    per task (count_answer a fresh copy of count_number's), so a task's rows do not depend on
+    which other tasks are made."""
     from world.build import world_config_of
     from world.data import world_languages
     from world.items import make_problem

@@ -173,10 +173,10 @@ def answer_outcome(text: str, answer_number: int | str) -> str:
 MISREADS = ("operands", "operation", "both", "order")
 
 
-def _terms(lhs: str) -> tuple[list[str], list[str]]:
-    """("3 + 4 - 2") -> (["2", "3", "4"], ["+", "-"]): the operands and operators, sorted."""
+def _terms(lhs: str) -> tuple[list[int], list[str]]:
+    """("3 + 4 - 2") -> ([2, 3, 4], ["+", "-"]): the operands and operators, sorted."""
     tokens = lhs.split()
-    return sorted(tokens[0::2], key=int), sorted(tokens[1::2])
+    return sorted(int(t) for t in tokens[0::2]), sorted(tokens[1::2])
 
 
 def misread_kind(text: str, equation: str) -> str | None:
@@ -189,6 +189,10 @@ def misread_kind(text: str, equation: str) -> str | None:
         None unless `answer_outcome` calls it "misread"; else (MISREADS) "operands" (other
         numbers, right operations), "operation" (the problem's numbers, other operations), "both",
         or "order" (the same numbers and operations, arranged otherwise, e.g. "2 - 5").
+        Numbers and operators are compared as multisets: an extra term ("5 + 2 + 1" for
+        "5 + 2") is "both"; "3 - 4 + 2" for "3 + 4 - 2" is "order". The sign of a leading
+        negative operand is not read (`EQUATION` starts at the first digit); the world's true
+        equations have none.
     """
     answer = equation.rsplit("=", 1)[1].strip()
     if answer_outcome(text, answer) != "misread":
@@ -201,7 +205,15 @@ def misread_kind(text: str, equation: str) -> str | None:
 
 @torch.no_grad()
 def mgsm_answers(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[str]:  # fmt: skip
-    """Greedy generation on "Question: ...\\nAnswer:" per item, cut at the next "Question:"."""
+    """Greedy generation on "Question: ...\\nAnswer:" per item, cut at the next "Question:".
+
+    Args:
+        model, tok: a causal LM and its tokenizer (left padding is set here).
+        rows: MGSM rows ("question").
+        max_new_tokens, batch_size: generation length and batch.
+    Returns:
+        The generated answer text per row, in the rows' order.
+    """
     tok.padding_side = "left"
     texts = []
     device = next(model.parameters()).device
@@ -214,7 +226,13 @@ def mgsm_answers(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_s
 
 
 def mgsm_outcomes(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_size: int = 32) -> list[str]:  # fmt: skip
-    """`mgsm_answers` per item, classified by `answer_outcome`."""
+    """`mgsm_answers` per item, classified by `answer_outcome`.
+
+    Args:
+        As `mgsm_answers`; rows also carry "answer_number".
+    Returns:
+        One of OUTCOMES per row.
+    """
     texts = mgsm_answers(model, tok, rows, max_new_tokens, batch_size)
     return [answer_outcome(t, r["answer_number"]) for t, r in zip(texts, rows, strict=True)]
 

@@ -44,6 +44,9 @@ def test_answer_outcome(text, answer, outcome):
         (" 3 + 7 - 7 = 3.", "2 + 7 - 7 = 2", "operands"),
         (" 4 + 3 = 7.", "3 + 4 = 7", None),  # the same sum written the other way round is right
         (" 24 / 4 = 6.", "24 / 3 = 8", "operands"),
+        (" 05 - 2 = 3.", "2 + 5 = 7", "operation"),  # 05 is 5: numbers compare as numbers
+        (" 5 + 2 + 1 = 8.", "5 + 2 = 7", "both"),  # an extra term
+        (" 3 - 4 + 2 = 1.", "3 + 4 - 2 = 5", "order"),  # the same terms, other signs where
     ],
 )
 def test_misread_kind(text, equation, kind):
