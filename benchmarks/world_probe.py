@@ -318,30 +318,45 @@ def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int
     return {"pick": pick, "proxy": proxy, "spearman": spearman, "n": rho.n}
 
 
+def true_equations(world: Path, split: str, en_rows: list[dict]) -> list[str]:
+    """The true equation of each MGSM item of `split`, which MGSM's dev and test rows do not carry
+    (every language's rows are the same problems in the same order).
+
+    Args:
+        world: a built world.
+        split: "dev" or "test".
+        en_rows: its English rows of that split, to check the problems against.
+    Returns:
+        One equation per row ("5 - 2 = 3").
+    Raises:
+        ValueError: the rows are not the problems this code draws for the world's config (a world
+            built by other generator code), which would make every misread kind wrong.
+    """
+    from world.build import world_config_of
+    from world.data import mgsm_problems
+
+    problems = mgsm_problems(world_config_of(world))[split]
+    if [p.text(None) for p in problems] != [r["question"] for r in en_rows]:
+        raise ValueError(f"{world}: data/mgsm/en/{split}.jsonl is not the MGSM this code draws for its config; rebuild the world")  # fmt: skip
+    return [p.equation for p in problems]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from search.trial import combine
     from spaces.recipe import parse_recipe
     from spaces.search_experiment import world_proxies
     from trainables.merge.compose import compose_recipe
-    from world.build import world_config_of
-    from world.data import mgsm_problems
     from world.sft import MISREADS, OUTCOMES, mgsm_correct, read_rows
 
     t0 = time.time()
     world = world_dir(args)
-    states, model, tok = train_experts(world, args)
-    depth = model.config.num_hidden_layers
     data = {lang: read_rows(world, f"data/mgsm/{lang}/{args.split}.jsonl") for lang in ("xa", "en")}
     data["en_dev"] = read_rows(world, "data/mgsm/en/dev.jsonl")
     data["bele"] = read_rows(world, "data/belebele/xa/dev.jsonl")
-    # the true equations, which MGSM's dev and test rows do not carry (every language's rows
-    # are the same problems in the same order)
-    problems = mgsm_problems(world_config_of(world))[args.split]
-    if [p.answer for p in problems] != [r["answer_number"] for r in data["en"]]:
-        # a world built by other generator code: its rows are not these problems
-        raise ValueError(f"{world}: data/mgsm/en/{args.split}.jsonl is not the MGSM this code draws for its config; rebuild the world")  # fmt: skip
-    data["equations"] = [p.equation for p in problems]
+    data["equations"] = true_equations(world, args.split, data["en"])  # before minutes of SFT
+    states, model, tok = train_experts(world, args)
+    depth = model.config.num_hidden_layers
     xa, en = data["xa"], data["en"]
     proxies = world_proxies("xa")  # the search's defaults, scored here by world.sft
     if {p.task for p in proxies} != set(PROXY_TASKS):

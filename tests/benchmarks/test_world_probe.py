@@ -25,3 +25,14 @@ def test_an_existing_lang_data_file_is_taken(tmp_path):
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"inputs": "a", "targets": "b"}\n')
     assert world_probe.parse_args(["--world", str(tmp_path), "--lang-data", str(data)]).lang_data == data  # fmt: skip
+
+
+def test_true_equations_are_the_rows_problems_and_a_foreign_world_is_refused(tiny_world, tmp_path):
+    from world.sft import read_rows
+
+    rows = read_rows(tiny_world, "data/mgsm/en/test.jsonl")
+    equations = world_probe.true_equations(tiny_world, "test", rows)
+    assert [int(e.rsplit("=", 1)[1]) for e in equations] == [r["answer_number"] for r in rows]
+    swapped = [rows[1], rows[0], *rows[2:]]  # a world whose rows are not this code's draws
+    with pytest.raises(ValueError, match="not the MGSM this code draws"):
+        world_probe.true_equations(tiny_world, "test", swapped)
