@@ -260,15 +260,15 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     from world.sft import (
         MISREADS,
         OUTCOMES,
-        answer_outcome,
         belebele_accuracy,
+        classify,
         mgsm_answers,
         mgsm_outcomes,
         misread_kind,
     )
 
     answers = {lang: mgsm_answers(model, tok, data[lang], max_new_tokens=20) for lang in (("xa", "en") if full else ("xa",))}  # fmt: skip
-    found = {lang: [answer_outcome(t, r["answer_number"]) for t, r in zip(texts, data[lang], strict=True)] for lang, texts in answers.items()}  # fmt: skip
+    found = {lang: classify(texts, data[lang]) for lang, texts in answers.items()}
     outcomes, en = found["xa"], found.get("en")
     extra = dict(zip(("xa reads", "computes"), reads_computes(outcomes), strict=True))
     bele = belebele_accuracy(model, tok, data["bele"]) if full or select else None
@@ -278,8 +278,7 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
         # what the wrong answers are: a gap made of misreads is reading, of slips arithmetic
         for lang in ("xa", "en"):
             extra[f"{lang} wrong"] = "/".join(str(found[lang].count(o)) for o in OUTCOMES[1:])
-        # and what the misreads got wrong: the numbers (copying) or the operations (words)
-        for lang in ("xa", "en"):
+            # and what the misreads got wrong: the numbers (copying) or the operations (words)
             kinds = [misread_kind(t, eq) for t, eq in zip(answers[lang], data["equations"], strict=True)]  # fmt: skip
             extra[f"{lang} misreads"] = "/".join(str(kinds.count(k)) for k in MISREADS)
     proxy = {}

@@ -69,8 +69,8 @@ def count_facts(r: random.Random, max_n: int) -> list:
 
 
 def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
-    """count_number / count_sentence / count_answer: count facts in xa and a "how many ..." question about one
-    of them, answered by `answer(fact, count)`."""
+    """count_number / count_sentence / count_answer: count facts in xa and a "how many ..."
+    question about one of them, answered by `answer(fact, count)`."""
     from world.lang import render
 
     def make() -> tuple[str, str]:

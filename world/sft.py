@@ -233,7 +233,11 @@ def mgsm_outcomes(model, tok, rows: list[dict], max_new_tokens: int = 24, batch_
     Returns:
         One of OUTCOMES per row.
     """
-    texts = mgsm_answers(model, tok, rows, max_new_tokens, batch_size)
+    return classify(mgsm_answers(model, tok, rows, max_new_tokens, batch_size), rows)
+
+
+def classify(texts: list[str], rows: list[dict]) -> list[str]:
+    """`answer_outcome` of each generated answer against its row's "answer_number"."""
     return [answer_outcome(t, r["answer_number"]) for t, r in zip(texts, rows, strict=True)]
 
 
