@@ -1,6 +1,8 @@
-"""`layerswap world build --out DIR`: build the embedded world (DESIGN.md §3) into a folder.
+"""`layerswap world build --out DIR`: build the embedded world (DESIGN.md §3) into a folder;
+`layerswap world export-base DIR --name NAME`: ship its base for `world build` to reuse.
 
-Thin: calls world.build.build_world (torch and tokenizers load only when the command runs).
+Thin: calls world.build.build_world and world.prebuilt.export_base (torch and tokenizers load
+only when a command runs).
 """
 
 from __future__ import annotations
@@ -15,6 +17,15 @@ def _cmd_world_build(args: argparse.Namespace) -> int:
 
     config = load_variant(args.config, args.size, args.seed) if args.config else None
     build_world(args.out, seed=args.seed, size=args.size, overwrite=args.overwrite, config=config)
+    return 0
+
+
+def _cmd_world_export_base(args: argparse.Namespace) -> int:
+    from world.prebuilt import entry_yaml, export_base
+
+    entry = export_base(args.world, args.name, overwrite=args.overwrite, max_mb=args.max_mb)
+    print(f"# base exported to world/bases/{args.name}; add this to the world's variant YAML:")
+    print(entry_yaml(entry), end="")
     return 0
 
 
@@ -51,4 +62,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "recorded in world.json",
     )
     b.set_defaults(func=_cmd_world_build)
+    e = wsub.add_parser(
+        "export-base",
+        help="ship a built world's base in world/bases/ for `world build` to reuse",
+        description="Copy the base of a built world (e.g. one pretrained on a larger budget "
+        "than `world build` has on 2 cores) into world/bases/NAME and print the "
+        "'model: {prebuilt: ...}' entry for the world's variant YAML. `world build` with it "
+        "checks that the config, corpus and tokenizer are the ones the base was pretrained for "
+        "(sha256) and copies the base instead of pretraining.",
+    )
+    e.add_argument("world", type=Path, help="a built world folder")
+    e.add_argument("--name", required=True, help="folder name under world/bases/")
+    e.add_argument("--overwrite", action="store_true", help="replace a base of that name")
+    e.add_argument("--max-mb", type=float, default=25.0, help="refuse a larger base (default: 25)")
+    e.set_defaults(func=_cmd_world_export_base)
     return w

@@ -5,6 +5,7 @@ Pure data. `world_config("full" | "tiny", seed)` gives the two presets `layerswa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,34 @@ class GraftConfig(StrictModel):
     warmup: int = Field(30, ge=0)
 
 
+SHA256 = r"^[0-9a-f]{64}$"
+BASE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a shipped base's folder under world/bases/
+
+
+class PrebuiltBase(StrictModel):
+    """A base pretrained ahead of time, on a larger budget than `world build` has, and shipped.
+
+    `layerswap world export-base WORLD --name NAME` writes one from a built world into
+    world/bases/NAME and prints this entry; `world build` then checks that the world it is
+    building is the one the base was pretrained for (config, corpus and tokenizer, by sha256)
+    and copies the base instead of pretraining (world/prebuilt.py).
+    """
+
+    name: str = Field(pattern=BASE_NAME)
+    # sha256 of the world config it was pretrained for (with `model.prebuilt` left out)
+    config_sha256: str = Field(pattern=SHA256)
+    corpus_sha256: str = Field(pattern=SHA256)  # of that world's corpus/pretrain.txt
+    final_pretrain_loss: float
+    files: dict[str, str] = Field(min_length=1)  # file name in the folder -> sha256
+
+    @model_validator(mode="after")
+    def _files_are_names_and_hashes(self) -> PrebuiltBase:
+        for name, digest in self.files.items():
+            if "/" in name or name.startswith(".") or not re.fullmatch(SHA256, digest):
+                raise ValueError(f"model.prebuilt.files: {name!r}: {digest!r} is not a file name and a sha256")  # fmt: skip
+        return self
+
+
 class WorldModelConfig(StrictModel):
     """Shape of the Llama base model and its CPU pretraining run."""
 
@@ -53,6 +82,8 @@ class WorldModelConfig(StrictModel):
     warmup: int = Field(30, ge=0)
     threads: int = Field(1, ge=1)  # 2 threads ran 5x slower on 2 shared cores (OMP spinning)
     graft: GraftConfig | None = None  # a staged pretraining (GraftConfig); None: one stage
+    # a base already pretrained with the settings above, shipped in world/bases/; None: pretrain
+    prebuilt: PrebuiltBase | None = None
 
     @model_validator(mode="after")
     def _graft_fits(self) -> WorldModelConfig:

@@ -30,6 +30,7 @@ MARKER = ".layerswap.json"
 KINDS = {
     "merge": "a merged model",
     "world": "an embedded world",
+    "base": "a shipped world base",
     "analysis": "an analysis report",
     "merge-demo": "a merge-only demo",
     "demo": "a demo run",

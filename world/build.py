@@ -22,7 +22,8 @@ MANIFEST = "world.json"
 RESOURCE = {"en": "high", "xa": "mid", "xb": "low"}
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -72,7 +73,7 @@ def verify_world(out: Path, only: Callable[[str], bool] | None = None, *, hand_m
             problems.append(f"{rel}: not a path inside the world")
         elif not path.is_file():
             problems.append(f"{rel}: missing")
-        elif _sha256(path) != digest:
+        elif sha256_file(path) != digest:
             problems.append(f"{rel}: sha256 differs from {MANIFEST}")
     return problems
 
@@ -177,10 +178,18 @@ def build_world(
         # the tokenizer also sees the SFT data so instructions do not fall apart into bytes
         tok_text = docs + [r.get("inputs", "") + " " + r.get("targets", "") for rel, rows in datasets.items() if "lang_" in rel for r in rows]  # fmt: skip
         tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
-        model, loss = pretrain(
-            docs, tok, cfg.model, seed, progress=progress, tags=[t for t, _ in tagged]
-        )
-        save_model(model, tok, tmp / "base")
+        if cfg.model.prebuilt is not None:  # shipped, pretrained on a larger budget
+            from world.prebuilt import reuse_base
+
+            tok.save_pretrained(tmp / "base")
+            loss = reuse_base(cfg, tmp)
+            if progress:
+                print(f"world: base {cfg.model.prebuilt.name} reused (world/bases/)")
+        else:
+            model, loss = pretrain(
+                docs, tok, cfg.model, seed, progress=progress, tags=[t for t, _ in tagged]
+            )
+            save_model(model, tok, tmp / "base")
         manifest = _manifest(tmp, cfg, datasets, len(docs), loss)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     if progress:
@@ -211,7 +220,7 @@ def _manifest(tmp: Path, cfg: WorldConfig, datasets: dict[str, list], n_docs: in
         "final_pretrain_loss": round(loss, 4),
         "config": cfg.model_dump(mode="json"),
         "model_config": json.loads((tmp / "base/config.json").read_text()),
-        "sha256": {str(p.relative_to(tmp)): _sha256(p) for p in files},
+        "sha256": {str(p.relative_to(tmp)): sha256_file(p) for p in files},
     }
 
 
