@@ -21,11 +21,16 @@ def _cmd_world_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_world_export_base(args: argparse.Namespace) -> int:
-    from world.prebuilt import entry_yaml, export_base
+    from world.build import world_config_of
+    from world.prebuilt import export_base, variant_yaml
 
     entry = export_base(args.world, args.name, overwrite=args.overwrite, max_mb=args.max_mb)
-    print(f"# base exported to world/bases/{args.name}; add this to the world's variant YAML:")
-    print(entry_yaml(entry), end="")
+    cfg = world_config_of(args.world)
+    print(
+        f"# {args.world} reusing world/bases/{args.name}: layerswap world build --config THIS "
+        f"--seed {cfg.seed} --size {cfg.size}"
+    )
+    print(variant_yaml(cfg, entry), end="")
     return 0
 
 
@@ -66,8 +71,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "export-base",
         help="ship a built world's base in world/bases/ for `world build` to reuse",
         description="Copy the base of a built world (e.g. one pretrained on a larger budget "
-        "than `world build` has on 2 cores) into world/bases/NAME and print the "
-        "'model: {prebuilt: ...}' entry for the world's variant YAML. `world build` with it "
+        "than `world build` has on 2 cores) into world/bases/NAME and print a variant YAML of "
+        "that world with a 'model: {prebuilt: ...}' entry. `world build --config` with it "
         "checks that the config, corpus and tokenizer are the ones the base was pretrained for "
         "(sha256) and copies the base instead of pretraining.",
     )

@@ -118,7 +118,7 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
         overwrite: replace an existing base of that name.
         max_mb: refuse a base larger than this.
     Returns:
-        the entry to set as the world config's `model.prebuilt`.
+        the entry to set as the world config's `model.prebuilt` (`variant_yaml` writes it out).
     Raises:
         ValueError: the world is damaged or not a world (named), the base is too large, or
             the destination holds something else (the output policy).
@@ -142,8 +142,14 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
     return entry
 
 
-def entry_yaml(entry: PrebuiltBase) -> str:
-    """`entry` as the YAML lines of a world variant: `model: {prebuilt: ...}`."""
+def variant_yaml(cfg: WorldConfig, entry: PrebuiltBase) -> str:
+    """A world variant YAML that rebuilds the world of `cfg` reusing the base `entry`: every
+    field of `cfg` (seed, size and version aside: the command line sets them) and
+    `model.prebuilt`."""
     import yaml
 
-    return yaml.safe_dump({"model": {"prebuilt": entry.model_dump(mode="json")}}, sort_keys=False)
+    from spaces.world import FIXED
+
+    data = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in FIXED}
+    data["model"]["prebuilt"] = entry.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

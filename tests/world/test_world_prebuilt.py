@@ -124,7 +124,7 @@ def test_export_refuses_a_damaged_world_a_large_base_a_bad_name_and_an_existing_
     assert sorted(p.name for p in bases.iterdir()) == ["tiny0"]
 
 
-def test_cli_prints_an_entry_that_world_build_takes(tiny_world, bases, tmp_path, capsys, monkeypatch):  # fmt: skip
+def test_cli_prints_the_worlds_variant_that_world_build_takes(tiny_world, bases, tmp_path, capsys, monkeypatch):  # fmt: skip
     assert main(["world", "export-base", str(tiny_world), "--name", "viacli"]) == 0
     text = capsys.readouterr().out
     variant = tmp_path / "v.yaml"
@@ -133,6 +133,8 @@ def test_cli_prints_an_entry_that_world_build_takes(tiny_world, bases, tmp_path,
     _no_pretraining(monkeypatch)
     out = tmp_path / "w"
     assert main(["world", "build", "--out", str(out), "--size", "tiny", "--config", str(variant)]) == 0  # fmt: skip
+    # the variant is the whole world: the same config as the preset's, the entry aside
+    assert config_sha256(load_variant(variant, "tiny", SEED)) == config_sha256(world_config("tiny", SEED))  # fmt: skip
     assert load_variant(variant, "tiny", SEED).model.prebuilt.name == "viacli"
     assert (out / "base/model.safetensors").read_bytes() == (tiny_world / "base/model.safetensors").read_bytes()  # fmt: skip
 
