@@ -35,7 +35,8 @@ def _cmd_world_export_base(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `world build --out DIR [--seed N] [--size full|tiny] [--config YAML] [--overwrite]`.
+    """Add `world build --out DIR [--seed N] [--size full|tiny] [--config YAML] [--overwrite]`
+    and `world export-base WORLD --name NAME [--overwrite] [--max-mb MB]`.
 
     Args:
         subparsers: the object returned by `ArgumentParser.add_subparsers()`.

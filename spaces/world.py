@@ -39,30 +39,38 @@ class GraftConfig(StrictModel):
 
 
 SHA256 = r"^[0-9a-f]{64}$"
-BASE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a shipped base's folder under world/bases/
+FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a plain file or folder name (no path, no dotfile)
+# what world/bases/NAME holds: the model `world build` would have pretrained, and the config of
+# the world it was pretrained for
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "world_config.json")
 
 
 class PrebuiltBase(StrictModel):
     """A base pretrained ahead of time, on a larger budget than `world build` has, and shipped.
 
     `layerswap world export-base WORLD --name NAME` writes one from a built world into
-    world/bases/NAME and prints this entry; `world build` then checks that the world it is
-    building is the one the base was pretrained for (config, corpus and tokenizer, by sha256)
-    and copies the base instead of pretraining (world/prebuilt.py).
+    world/bases/NAME and prints the world's variant with this entry; `world build` then checks
+    that the world it is building is the one the base was pretrained for (config, corpus and
+    tokenizer) and copies the base instead of pretraining (world/prebuilt.py).
     """
 
-    name: str = Field(pattern=BASE_NAME)
-    # sha256 of the world config it was pretrained for (with `model.prebuilt` left out)
-    config_sha256: str = Field(pattern=SHA256)
+    name: str = Field(pattern=FILE_NAME)  # its folder under world/bases/
+    files: dict[str, str]  # each of SHIPPED_FILES -> its sha256
+    # the tokenizer files `world build` trains and writes into base/ -> sha256 (compared)
+    tokenizer_files: dict[str, str] = Field(min_length=1)
     corpus_sha256: str = Field(pattern=SHA256)  # of that world's corpus/pretrain.txt
     final_pretrain_loss: float
-    files: dict[str, str] = Field(min_length=1)  # file name in the folder -> sha256
 
     @model_validator(mode="after")
     def _files_are_names_and_hashes(self) -> PrebuiltBase:
-        for name, digest in self.files.items():
-            if "/" in name or name.startswith(".") or not re.fullmatch(SHA256, digest):
-                raise ValueError(f"model.prebuilt.files: {name!r}: {digest!r} is not a file name and a sha256")  # fmt: skip
+        if sorted(self.files) != sorted(SHIPPED_FILES):
+            raise ValueError(f"model.prebuilt.files: lists {sorted(self.files)}, expected exactly {list(SHIPPED_FILES)}")  # fmt: skip
+        if "tokenizer.json" not in self.tokenizer_files:
+            raise ValueError("model.prebuilt.tokenizer_files: lists no tokenizer.json")
+        for field, table in (("files", self.files), ("tokenizer_files", self.tokenizer_files)):
+            for name, digest in table.items():
+                if not re.fullmatch(FILE_NAME, name) or not re.fullmatch(SHA256, digest):
+                    raise ValueError(f"model.prebuilt.{field}: {name!r}: {digest!r} is not a file name and a sha256")  # fmt: skip
         return self
 
 

@@ -158,6 +158,11 @@ def build_world(
         raise ValueError(f"config is for seed {cfg.seed} size {cfg.size}, not seed {seed} size {size}")  # fmt: skip
     if _already_built(out, cfg, overwrite, progress):
         return out
+    shipped = None
+    if cfg.model.prebuilt is not None:  # a base pretrained on a larger budget, checked up front
+        from world.prebuilt import check_prebuilt
+
+        shipped = check_prebuilt(cfg)
     t0 = time.time()
     langs = world_languages(cfg)
     variant = "" if config is None or config == world_config(size, seed) else " variant"
@@ -178,13 +183,13 @@ def build_world(
         # the tokenizer also sees the SFT data so instructions do not fall apart into bytes
         tok_text = docs + [r.get("inputs", "") + " " + r.get("targets", "") for rel, rows in datasets.items() if "lang_" in rel for r in rows]  # fmt: skip
         tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
-        if cfg.model.prebuilt is not None:  # shipped, pretrained on a larger budget
+        if shipped is not None:
             from world.prebuilt import reuse_base
 
             tok.save_pretrained(tmp / "base")
-            loss = reuse_base(cfg, tmp)
+            loss = reuse_base(cfg, tmp, shipped)
             if progress:
-                print(f"world: base {cfg.model.prebuilt.name} reused (world/bases/)")
+                print(f"world: base {shipped} reused")
         else:
             model, loss = pretrain(
                 docs, tok, cfg.model, seed, progress=progress, tags=[t for t, _ in tagged]

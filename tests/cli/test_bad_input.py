@@ -1077,6 +1077,12 @@ def _roots(e: Env) -> list[Path]:
 
 
 @pytest.fixture(autouse=True)
+def bases_in_tmp(monkeypatch, tmp_path):
+    """Shipped world bases under the case's folder, so no case can touch world/bases/."""
+    monkeypatch.setattr("world.prebuilt.BASES_DIR", tmp_path / "bases")
+
+
+@pytest.fixture(autouse=True)
 def tripwires(monkeypatch):
     """The first step of real work in each command fails the case at once: bad input must be
     refused before training, evaluation, merging, building or Ray start."""
@@ -1126,6 +1132,46 @@ def test_bad_input_is_refused_and_changes_nothing(make: Case, env: Env, tree_sta
     assert not missing, f"stderr lacks {missing}:\n{err}"
     assert not _changes(before, tree_state(*roots))
     assert not _leftovers(roots)
+
+
+# --------------------------------------------------------------------------- world export-base
+
+
+@case()
+def world__export_base_of_a_damaged_world(e: Env):
+    w, bad = e.corrupt_world()
+    return ["world", "export-base", w, "--name", "b"], [f"{w}: not an intact world", f"{bad}: sha256 differs"]  # fmt: skip
+
+
+@case()
+def world__export_base_of_a_folder_without_world_json(e: Env):
+    w = e.folder("mine")
+    return ["world", "export-base", w, "--name", "b"], [f"{w}: not an intact world: world.json: missing"]  # fmt: skip
+
+
+@case()
+def world__export_base_name_is_a_path(e: Env):
+    return ["world", "export-base", str(e.world), "--name", "../b"], ["base name '../b': expected a plain folder name"]  # fmt: skip
+
+
+@case()
+def world__export_base_too_large(e: Env):
+    argv = ["world", "export-base", str(e.world), "--name", "b", "--max-mb", "0.001"]
+    return argv, ["base: the base is 0.3 MB, over the 0.001 MB a shipped base may take"]
+
+
+@case()
+def world__export_base_name_taken_by_a_folder_of_mine(e: Env):
+    dest = e.folder("bases/b")  # world.prebuilt.BASES_DIR is tmp/bases here (bases_in_tmp)
+    return ["world", "export-base", str(e.world), "--name", "b", "--overwrite"], [f"{dest}: exists and {NOT_OURS}"]  # fmt: skip
+
+
+@case()
+def world__config_names_a_base_not_shipped(e: Env):
+    entry = {"name": "nope", "files": dict.fromkeys(["config.json", "generation_config.json", "model.safetensors", "world_config.json"], "0" * 64), "tokenizer_files": {"tokenizer.json": "0" * 64}, "corpus_sha256": "0" * 64, "final_pretrain_loss": 1.0}  # fmt: skip
+    cfg = e.yaml("variant.yaml", {"model": {"prebuilt": entry}})
+    argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
+    return argv, [f"model.prebuilt: no shipped base {e.at('bases/nope')}"]
 
 
 # ----------------------------------------------------------------------------------------- plan

@@ -6,6 +6,7 @@ Run `.venv/bin/python -m pytest -q tests/world/test_world_prebuilt.py`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ import world.prebuilt as prebuilt
 from cli import main
 from spaces.world import load_variant, with_overrides, world_config
 from world import build_world
-from world.prebuilt import MODEL_FILES, config_sha256, export_base
+from world.prebuilt import CONFIG_FILE, MODEL_FILES, config_differences, export_base
 
 SEED = 0  # the tiny_world fixture's
 
@@ -53,13 +54,19 @@ def _no_pretraining(monkeypatch):
 
 
 def test_export_copies_the_base_and_records_its_hashes(tiny_world, bases, shipped):
-    assert sorted(p.name for p in (bases / "tiny0").iterdir() if not p.name.startswith(".")) == sorted(shipped.files)  # fmt: skip
-    for name in shipped.files:
-        assert (bases / "tiny0" / name).read_bytes() == (tiny_world / "base" / name).read_bytes()
+    folder = bases / "tiny0"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(shipped.files)  # fmt: skip
+    for name in MODEL_FILES:
+        assert (folder / name).read_bytes() == (tiny_world / "base" / name).read_bytes()
     manifest = json.loads((tiny_world / "world.json").read_text())
-    assert shipped.files["model.safetensors"] == manifest["sha256"]["base/model.safetensors"]
+    for name, digest in shipped.files.items():
+        assert digest == hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        if name != CONFIG_FILE:
+            assert digest == manifest["sha256"][f"base/{name}"]
+    assert shipped.tokenizer_files == {k.removeprefix("base/"): v for k, v in manifest["sha256"].items() if k.startswith("base/") and k.removeprefix("base/") not in MODEL_FILES}  # fmt: skip
+    assert "tokenizer.json" in shipped.tokenizer_files
     assert shipped.corpus_sha256 == manifest["sha256"]["corpus/pretrain.txt"]
-    assert shipped.config_sha256 == config_sha256(world_config("tiny", SEED))
+    assert json.loads((folder / CONFIG_FILE).read_text())["seed"] == SEED
     assert shipped.final_pretrain_loss == manifest["final_pretrain_loss"]
 
 
@@ -83,27 +90,45 @@ def _refused(cfg, tmp_path, match):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".w")] == []
 
 
-def test_another_world_config_is_refused(shipped, tmp_path, monkeypatch):
+def test_another_world_config_is_refused_naming_the_fields(shipped, tmp_path, monkeypatch):
     _no_pretraining(monkeypatch)
-    _refused(_with_entry(shipped, seed=1), tmp_path, "'tiny0' was pretrained for another world config")  # fmt: skip
+    _refused(_with_entry(shipped, seed=1), tmp_path, "'tiny0' was pretrained for another world: seed: 1 here, 0 in the base")  # fmt: skip
     other = with_overrides(_with_entry(shipped), {"model": {"steps": 9}}, "test")
-    _refused(other, tmp_path, "another world config")
+    _refused(other, tmp_path, "model.steps: 9 here, 8 in the base")
+
+
+def test_config_differences_ignore_the_entry_itself(shipped):
+    assert config_differences(_with_entry(shipped), world_config("tiny", SEED)) == []
 
 
 def test_a_changed_corpus_or_tokenizer_is_refused(shipped, tmp_path, monkeypatch):
     _no_pretraining(monkeypatch)
     drifted = shipped.model_copy(update={"corpus_sha256": "0" * 64})
     _refused(_with_entry(drifted), tmp_path, "the corpus generated now differs")
-    files = dict(shipped.files, **{"tokenizer.json": "0" * 64})
-    _refused(_with_entry(shipped.model_copy(update={"files": files})), tmp_path, r"tokenizer\.json trained now differs")  # fmt: skip
+    for tok in (
+        dict(shipped.tokenizer_files, **{"tokenizer.json": "0" * 64}),  # trained otherwise
+        dict(shipped.tokenizer_files, **{"vocab.txt": "0" * 64}),  # a file no longer written
+        {"tokenizer.json": shipped.tokenizer_files["tokenizer.json"]},  # one written now, unlisted
+    ):
+        names = sorted(set(tok) ^ set(shipped.tokenizer_files)) or ["tokenizer.json"]
+        _refused(_with_entry(shipped.model_copy(update={"tokenizer_files": tok})), tmp_path, "the tokenizer trained now differs from the base's in " + re.escape(", ".join(names)))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", MODEL_FILES)
+def test_a_missing_base_folder_is_named(shipped, bases, tmp_path):
+    shutil.rmtree(bases / "tiny0")
+    _refused(_with_entry(shipped), tmp_path, "no shipped base " + re.escape(str(bases / "tiny0")))
+
+
+@pytest.mark.parametrize("name", [*MODEL_FILES, CONFIG_FILE])
 def test_a_changed_or_missing_shipped_file_is_named(shipped, bases, tmp_path, monkeypatch, name):
     _no_pretraining(monkeypatch)
     path = bases / "tiny0" / name
     path.write_bytes(path.read_bytes() + b" ")
-    _refused(_with_entry(shipped), tmp_path, re.escape(name) + " does not have the sha256")
+    _refused(
+        _with_entry(shipped),
+        tmp_path,
+        re.escape(name) + " does not have the sha256 the entry records",
+    )
     path.unlink()
     _refused(_with_entry(shipped), tmp_path, re.escape(name) + " is missing")
 
@@ -113,14 +138,18 @@ def test_export_refuses_a_damaged_world_a_large_base_a_bad_name_and_an_existing_
         export_base(tiny_world, "small", max_mb=0.01)
     with pytest.raises(ValueError, match=r"base name '\.\./x'"):
         export_base(tiny_world, "../x")
-    with pytest.raises(ValueError, match="tiny0"):
-        export_base(tiny_world, "tiny0")  # exists: replaced only with overwrite
+    with pytest.raises(ValueError, match="tiny0: already exists"):
+        export_base(tiny_world, "tiny0")  # replaced only with overwrite
     assert export_base(tiny_world, "tiny0", overwrite=True) == shipped
     damaged = tmp_path / "damaged"
     shutil.copytree(tiny_world, damaged)
     (damaged / "base/model.safetensors").write_bytes(b"x")
     with pytest.raises(ValueError, match=r"base/model\.safetensors: sha256 differs"):
         export_base(damaged, "d")
+    shutil.copytree(tiny_world, stray := tmp_path / "stray")
+    (stray / "base/notes.txt").write_text("mine\n")  # not in world.json: never shipped unverified
+    with pytest.raises(ValueError, match=r"base: notes\.txt not listed in world\.json"):
+        export_base(stray, "s")
     assert sorted(p.name for p in bases.iterdir()) == ["tiny0"]
 
 
@@ -134,15 +163,21 @@ def test_cli_prints_the_worlds_variant_that_world_build_takes(tiny_world, bases,
     out = tmp_path / "w"
     assert main(["world", "build", "--out", str(out), "--size", "tiny", "--config", str(variant)]) == 0  # fmt: skip
     # the variant is the whole world: the same config as the preset's, the entry aside
-    assert config_sha256(load_variant(variant, "tiny", SEED)) == config_sha256(world_config("tiny", SEED))  # fmt: skip
+    assert config_differences(load_variant(variant, "tiny", SEED), world_config("tiny", SEED)) == []
     assert load_variant(variant, "tiny", SEED).model.prebuilt.name == "viacli"
     assert (out / "base/model.safetensors").read_bytes() == (tiny_world / "base/model.safetensors").read_bytes()  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "files",
-    [{"../model.safetensors": "0" * 64}, {"model.safetensors": "abc"}, {}],
+    ("field", "table"),
+    [
+        ("files", {"../model.safetensors": "0" * 64}),
+        ("files", {}),
+        ("tokenizer_files", {"tokenizer.json": "abc"}),
+        ("tokenizer_files", {"vocab.txt": "0" * 64}),
+        ("tokenizer_files", {"tokenizer.json": "0" * 64, ".hidden": "0" * 64}),
+    ],
 )
-def test_an_entry_with_bad_files_is_refused_by_name(shipped, files):
-    with pytest.raises(ValueError, match=r"prebuilt\.files"):
-        _with_entry(shipped.model_copy(update={"files": files}))
+def test_an_entry_with_bad_files_is_refused_by_name(shipped, field, table):
+    with pytest.raises(ValueError, match=rf"prebuilt\.{field}"):
+        _with_entry(shipped.model_copy(update={field: table}))
