@@ -24,7 +24,8 @@ def _cmd_world_export_base(args: argparse.Namespace) -> int:
     from world.build import world_config_of
     from world.prebuilt import export_base, variant_yaml
 
-    entry = export_base(args.world, args.name, overwrite=args.overwrite, max_mb=args.max_mb)
+    limit = {} if args.max_mb is None else {"max_mb": args.max_mb}  # None: world.prebuilt.MAX_MB
+    entry = export_base(args.world, args.name, overwrite=args.overwrite, **limit)
     cfg = world_config_of(args.world)
     print(
         f"# {args.world} reusing world/bases/{args.name}: layerswap world build --config THIS "
@@ -80,6 +81,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("world", type=Path, help="a built world folder")
     e.add_argument("--name", required=True, help="folder name under world/bases/")
     e.add_argument("--overwrite", action="store_true", help="replace a base of that name")
-    e.add_argument("--max-mb", type=float, default=25.0, help="refuse a larger base (default: 25)")
+    e.add_argument("--max-mb", type=float, help="refuse a larger base (default: 25)")
     e.set_defaults(func=_cmd_world_export_base)
     return w
