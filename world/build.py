@@ -178,28 +178,37 @@ def build_world(
         )
         if progress:
             print(f"world: {len(datasets)} datasets, {len(docs)} corpus docs ({time.time() - t0:.1f}s)")  # fmt: skip
-        from world.model import pretrain, save_model, train_tokenizer
+        from world.model import train_tokenizer
 
         # the tokenizer also sees the SFT data so instructions do not fall apart into bytes
         tok_text = docs + [r.get("inputs", "") + " " + r.get("targets", "") for rel, rows in datasets.items() if "lang_" in rel for r in rows]  # fmt: skip
         tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
-        if shipped is not None:
-            from world.prebuilt import reuse_base
-
-            tok.save_pretrained(tmp / "base")
-            loss = reuse_base(cfg, tmp, shipped)
-            if progress:
-                print(f"world: base {shipped} reused")
-        else:
-            model, loss = pretrain(
-                docs, tok, cfg.model, seed, progress=progress, tags=[t for t, _ in tagged]
-            )
-            save_model(model, tok, tmp / "base")
+        loss = _make_base(cfg, tok, tagged, tmp, shipped, progress)
         manifest = _manifest(tmp, cfg, datasets, len(docs), loss)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     if progress:
         print(f"world: built {out} in {time.time() - t0:.1f}s (final pretrain loss {loss:.3f})")
     return out
+
+
+def _make_base(cfg: WorldConfig, tok, tagged: list[tuple[str, str]], tmp: Path, shipped: Path | None, progress: bool) -> float:  # fmt: skip
+    """Write the base into `tmp`/base: pretrained here on the tagged corpus, or the shipped one
+    (`shipped`, checked by world.prebuilt.check_prebuilt) after the tokenizer trained here is
+    compared with its own. Returns the final pretraining loss."""
+    if shipped is not None:
+        from world.prebuilt import reuse_base
+
+        tok.save_pretrained(tmp / "base")
+        loss = reuse_base(cfg, tmp, shipped)
+        if progress:
+            print(f"world: base {shipped} reused")
+        return loss
+    from world.model import pretrain, save_model
+
+    docs, tags = [doc for _, doc in tagged], [t for t, _ in tagged]
+    model, loss = pretrain(docs, tok, cfg.model, cfg.seed, progress=progress, tags=tags)
+    save_model(model, tok, tmp / "base")
+    return loss
 
 
 def _manifest(tmp: Path, cfg: WorldConfig, datasets: dict[str, list], n_docs: int, loss: float) -> dict:  # fmt: skip
