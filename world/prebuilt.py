@@ -108,9 +108,9 @@ def reuse_base(cfg: WorldConfig, world_tmp: Path, src: Path) -> float:
     return pb.final_pretrain_loss
 
 
-def _listed_base_files(world: Path) -> dict[str, str]:
-    """base/'s files as the intact world's world.json lists them; an unlisted file is an error."""
-    table = json.loads((world / MANIFEST).read_bytes())["sha256"]
+def _listed_base_files(world: Path, table: dict[str, str]) -> dict[str, str]:
+    """base/'s files as the intact world's world.json `table` lists them; an unlisted file is an
+    error."""
     listed = {rel.removeprefix("base/"): d for rel, d in table.items() if rel.startswith("base/")}
     extra = sorted(p.name for p in (world / "base").iterdir() if p.name not in listed)
     if extra:
@@ -163,7 +163,8 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
     if problems:
         raise ValueError(f"{world}: not an intact world: {'; '.join(problems)}")
     cfg = world_config_of(world)
-    listed = _listed_base_files(world)
+    manifest = json.loads((world / MANIFEST).read_bytes())  # verified above: it parses
+    listed = _listed_base_files(world, manifest["sha256"])
     check_size(world / "base", list(MODEL_FILES), max_mb)
     dest = Path(bases_dir or BASES_DIR) / name
     with output_dir(dest, "base", overwrite=overwrite, inputs=[world], identity=f"seed={cfg.seed} size={cfg.size} version={cfg.version}") as tmp:  # fmt: skip
@@ -180,7 +181,7 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
             files=files,
             tokenizer_files={f: d for f, d in listed.items() if f not in MODEL_FILES},
             corpus_sha256=sha256_file(world / "corpus/pretrain.txt"),
-            final_pretrain_loss=json.loads((world / MANIFEST).read_bytes())["final_pretrain_loss"],
+            final_pretrain_loss=manifest["final_pretrain_loss"],
         )
     return entry
 
