@@ -13,6 +13,12 @@ None has arithmetic; each is about reading xa text, in a different output format
 - count_digits: the same sentences without a question, answered by themselves with every number
   in Arabic digits (transcribing xa numbers in place; the answer keeps xa's words); only for
   worlds with `digit_words: true`, since otherwise xa already writes numbers in digits;
+- problem_number: an xa word problem (never one of MGSM's) without its question, asked "how
+  many ... does X <verb>?" of one of its own clauses (has, buys, loses, gives, shares), answered
+  by that clause's number in digits: reading which number goes with which verb and person in
+  the very sentences MGSM asks about, with no arithmetic;
+- problem_sentence: the same, answered by the English sentence of that clause (the answer is
+  English, as the math expert's worked answers are);
 - problem_translation: an xa word problem (never one of MGSM's dev or test problems) translated
   into English, without its solution;
 - number: an xa number written in digits;
@@ -116,12 +122,32 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     def rng(task: str) -> random.Random:
         return random.Random(f"{cfg.seed}-world-tasks-{task}")
 
+    def fresh_problem(r: random.Random):
+        """A word problem that is none of MGSM's dev or test problems."""
+        while True:
+            p = make_problem(r, cfg.max_operand, cfg.verb_only_operations)
+            if p.text(None) not in held_out:
+                return p
+
     def problem(r: random.Random) -> Callable[[], tuple[str, str]]:
         def make() -> tuple[str, str]:
+            p = fresh_problem(r)
+            return f"{translate}:\n{p.text(xa)}", p.text(None)
+
+        return make
+
+    def problem_fact(r: random.Random, answer: Callable) -> Callable[[], tuple[str, str]]:
+        def make() -> tuple[str, str]:
             while True:
-                p = make_problem(r, cfg.max_operand, cfg.verb_only_operations)
-                if p.text(None) not in held_out:
-                    return f"{translate}:\n{p.text(xa)}", p.text(None)
+                p = fresh_problem(r)
+                counted = [c for c in p.clauses if c.objs and isinstance(c.objs[0].num, int)]
+                if counted:
+                    break
+            fact = r.choice(counted)
+            asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
+            question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
+            passage = " ".join(render(c, xa) for c in p.clauses)
+            return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(fact)  # fmt: skip
 
         return make
 
@@ -153,6 +179,9 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
             rng("count_number"), xa, cfg.max_operand, lambda fact, n: f"The answer is {n}."
         ),
         "problem_translation": problem(rng("problem_translation")),
+        "problem_number": problem_fact(rng("problem_number"), lambda fact: str(fact.objs[0].num)),
+        # problem_number's own stream: the same rows, answered in English
+        "problem_sentence": problem_fact(rng("problem_number"), lambda fact: render(fact, None)),
         "number": number(rng("number")),
         "word": word(rng("word")),
     }

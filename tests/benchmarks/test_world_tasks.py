@@ -32,7 +32,7 @@ def _xa(world: Path):
 def test_every_task_is_a_jsonl_of_aya_rows(tasks, tiny_world):
     names = {p.name for p in tasks.iterdir()}
     assert not _xa(tiny_world).digit_words  # count_digits is only made where xa has digit words
-    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "count_answer", "problem_translation", "number", "word")}  # fmt: skip
+    assert names == {f"{t}.jsonl" for t in ("count_number", "count_sentence", "count_answer", "problem_translation", "problem_number", "problem_sentence", "number", "word")}  # fmt: skip
     for path in tasks.iterdir():
         rows = read_rows(tasks, path.name)
         assert len(rows) == 60 and all(set(r) == {"inputs", "targets", "language"} for r in rows)
@@ -55,6 +55,21 @@ def test_count_answer_is_count_number_in_mgsms_answer_sentence(tasks):
     numbers, answers = (read_rows(tasks, f"{t}.jsonl") for t in ("count_number", "count_answer"))
     assert [r["inputs"] for r in answers] == [r["inputs"] for r in numbers]
     assert [r["targets"] for r in answers] == [f"The answer is {r['targets']}." for r in numbers]
+
+
+def test_problem_number_asks_one_clause_of_its_passage_and_answers_its_number(tasks, tiny_world):
+    xa = _xa(tiny_world)
+    numbers, sentences = (read_rows(tasks, f"{t}.jsonl") for t in ("problem_number", "problem_sentence"))  # fmt: skip
+    assert [r["inputs"] for r in sentences] == [r["inputs"] for r in numbers]
+    asked_verbs = set()
+    for number, sentence in zip(numbers, sentences, strict=True):
+        passage, question = number["inputs"].split("\n")
+        assert question.startswith(f"{xa.w('question').capitalize()}: ") and question.endswith("?")
+        # the answer is a number of the passage, and the English sentence states that number
+        assert xa.numeral(int(number["targets"])) in passage.replace(".", " ").split()
+        assert number["targets"] in sentence["targets"].split()
+        asked_verbs |= {v for v in ("has", "buys", "loses", "gives", "shares") if v in sentence["targets"].split()}  # fmt: skip
+    assert {"has", "gives"} <= asked_verbs  # the problems' verbs, not only count_number's
 
 
 @pytest.fixture(scope="module", params=["SOV", "SVO"])
@@ -81,21 +96,35 @@ def test_count_digits_answers_its_own_sentences_with_digits_for_number_words(dig
         assert back == r["inputs"].replace(".", " .")
 
 
-def test_no_translated_problem_is_an_mgsm_dev_or_test_problem(tiny_world, tmp_path, monkeypatch):
-    # the generator is made to offer a held-out problem first: it must be skipped
+def test_no_task_draws_an_mgsm_dev_or_test_problem(tiny_world, tmp_path, monkeypatch):
+    # the generator is made to offer a held-out problem first to every task's stream: each
+    # task must skip it
     import random
 
     import world.items
+    import world.lang
 
     held = {r["question"] for s in ("dev", "test") for r in read_rows(tiny_world, f"data/mgsm/en/{s}.jsonl")}  # fmt: skip
     cfg = world_config_of(tiny_world)
     real, rng = world.items.make_problem, random.Random(0)
     first = next(p for p in iter(lambda: real(rng, cfg.max_operand, cfg.verb_only_operations), None) if p.text(None) in held)  # fmt: skip
-    offered = iter([first])
-    monkeypatch.setattr(world.items, "make_problem", lambda *a: next(offered, None) or real(*a))
+    streams: set[int] = set()
+
+    def offer_held_first(r, *a):
+        if id(r) in streams:
+            return real(r, *a)
+        streams.add(id(r))
+        return first
+
+    monkeypatch.setattr(world.items, "make_problem", offer_held_first)
     world_tasks.main(["--world", str(tiny_world), "--out", str(tmp_path / "t"), "--rows", "20"])
+    assert len(streams) == 3  # problem_translation, problem_number, problem_sentence
     targets = [r["targets"] for r in read_rows(tmp_path / "t", "problem_translation.jsonl")]
     assert len(targets) == 20 and first.text(None) not in targets and not held & set(targets)
+    first_passage = " ".join(world.lang.render(c, _xa(tiny_world)) for c in first.clauses)
+    for task in ("problem_number", "problem_sentence"):
+        passages = [r["inputs"].split("\n")[0] for r in read_rows(tmp_path / "t", f"{task}.jsonl")]
+        assert len(passages) == 20 and first_passage not in passages
 
 
 @pytest.mark.parametrize("argv", [["--rows", "0"], ["--world", "/nonexistent/world"]])
