@@ -90,6 +90,27 @@ def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callab
     return make
 
 
+def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
+    """problem_number / problem_sentence: a word problem's clauses in xa (`fresh_problem(r)`, none
+    of MGSM's) and a "how many ..." question about one clause that has a number, answered by
+    `answer(clause)`."""
+    from world.lang import render
+
+    def make() -> tuple[str, str]:
+        while True:
+            p = fresh_problem(r)
+            counted = [c for c in p.clauses if c.objs and isinstance(c.objs[0].num, int)]
+            if counted:
+                break
+        fact = r.choice(counted)
+        asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
+        question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
+        passage = " ".join(render(c, xa) for c in p.clauses)
+        return f"{passage}\n{xa.w('question').capitalize()}: {render(question, xa)}", answer(fact)  # fmt: skip
+
+    return make
+
+
 def count_digits(r: random.Random, xa, max_n: int) -> Callable[[], tuple[str, str]]:
     """count_digits: count facts in xa, answered by themselves with the numbers in 0-9."""
     from world.lang import render
@@ -136,21 +157,6 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
 
         return make
 
-    def problem_fact(r: random.Random, answer: Callable) -> Callable[[], tuple[str, str]]:
-        def make() -> tuple[str, str]:
-            while True:
-                p = fresh_problem(r)
-                counted = [c for c in p.clauses if c.objs and isinstance(c.objs[0].num, int)]
-                if counted:
-                    break
-            fact = r.choice(counted)
-            asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
-            question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
-            passage = " ".join(render(c, xa) for c in p.clauses)
-            return f"{passage}\n{w('question').capitalize()}: {render(question, xa)}", answer(fact)  # fmt: skip
-
-        return make
-
     def number(r: random.Random) -> Callable[[], tuple[str, str]]:
         def make() -> tuple[str, str]:
             n = r.randint(1, cfg.max_operand)
@@ -179,9 +185,13 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
             rng("count_number"), xa, cfg.max_operand, lambda fact, n: f"The answer is {n}."
         ),
         "problem_translation": problem(rng("problem_translation")),
-        "problem_number": problem_fact(rng("problem_number"), lambda fact: str(fact.objs[0].num)),
+        "problem_number": problem_question(
+            rng("problem_number"), xa, fresh_problem, lambda fact: str(fact.objs[0].num)
+        ),
         # problem_number's own stream: the same rows, answered in English
-        "problem_sentence": problem_fact(rng("problem_number"), lambda fact: render(fact, None)),
+        "problem_sentence": problem_question(
+            rng("problem_number"), xa, fresh_problem, lambda fact: render(fact, None)
+        ),
         "number": number(rng("number")),
         "word": word(rng("word")),
     }
