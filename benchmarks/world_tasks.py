@@ -74,18 +74,25 @@ def count_facts(r: random.Random, max_n: int) -> list:
     return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
 
 
+def ask_about(xa, clauses, fact) -> str:
+    """The task's inputs: `clauses` in xa, then an xa "how many ...?" question about the number
+    of `fact` (one of them); its adverbs ("more") are dropped from the question."""
+    from world.lang import render
+
+    asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
+    question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
+    passage = " ".join(render(c, xa) for c in clauses)
+    return f"{passage}\n{xa.w('question').capitalize()}: {render(question, xa)}"
+
+
 def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
     """count_number / count_sentence / count_answer: count facts in xa and a "how many ..."
     question about one of them, answered by `answer(fact, count)`."""
-    from world.lang import render
 
     def make() -> tuple[str, str]:
         facts = count_facts(r, max_n)
         fact = facts[r.randrange(len(facts))]
-        counted = fact.objs[0]
-        question = dataclasses.replace(fact, objs=(dataclasses.replace(counted, num="how_many", plural=True),))  # fmt: skip
-        passage = " ".join(render(c, xa) for c in facts)
-        return f"{passage}\n{xa.w('question').capitalize()}: {render(question, xa)}", answer(fact, counted.num)  # fmt: skip
+        return ask_about(xa, facts, fact), answer(fact, fact.objs[0].num)
 
     return make
 
@@ -94,7 +101,6 @@ def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Call
     """problem_number / problem_sentence: a word problem's clauses in xa (`fresh_problem(r)`, none
     of MGSM's) and a "how many ..." question about one clause that has a number, answered by
     `answer(clause)`."""
-    from world.lang import render
 
     def make() -> tuple[str, str]:
         while True:
@@ -103,10 +109,7 @@ def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Call
             if counted:
                 break
         fact = r.choice(counted)
-        asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
-        question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
-        passage = " ".join(render(c, xa) for c in p.clauses)
-        return f"{passage}\n{xa.w('question').capitalize()}: {render(question, xa)}", answer(fact)  # fmt: skip
+        return ask_about(xa, p.clauses, fact), answer(fact)
 
     return make
 
