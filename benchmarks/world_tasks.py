@@ -62,32 +62,10 @@ def parse_args(argv):
     return args
 
 
-def count_facts(r: random.Random, max_n: int) -> list:
-    """Two or three facts (world.lang Clauses) of one person's counts of one thing (has, buys,
-    loses), each count in 1..`max_n`."""
-    from world.items import NAMES
-    from world.lang import NOUNS, NP, Clause
-
-    who, noun = r.choice(NAMES), r.choice(list(NOUNS))
-    verbs = r.sample(["have", "buy", "lose"], r.choice([2, 3]))
-    nums = [r.randint(1, max_n) for _ in verbs]
-    return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
-
-
-def ask_about(xa, clauses, fact) -> str:
-    """The task's inputs: `clauses` in xa, then an xa "how many ...?" question about the number
-    of `fact` (one of them); its adverbs ("more") are dropped from the question."""
-    from world.lang import render
-
-    asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
-    question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
-    passage = " ".join(render(c, xa) for c in clauses)
-    return f"{passage}\n{xa.w('question').capitalize()}: {render(question, xa)}"
-
-
 def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
     """count_number / count_sentence / count_answer: count facts in xa and a "how many ..."
     question about one of them, answered by `answer(fact, count)`."""
+    from world.items import ask_about, count_facts
 
     def make() -> tuple[str, str]:
         facts = count_facts(r, max_n)
@@ -101,6 +79,7 @@ def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Call
     """problem_number / problem_sentence: a word problem's clauses in xa (`fresh_problem(r)`, none
     of MGSM's) and a "how many ..." question about one clause that has a number, answered by
     `answer(clause)`."""
+    from world.items import ask_about
 
     def make() -> tuple[str, str]:
         while True:
@@ -116,6 +95,7 @@ def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Call
 
 def count_digits(r: random.Random, xa, max_n: int) -> Callable[[], tuple[str, str]]:
     """count_digits: count facts in xa, answered by themselves with the numbers in 0-9."""
+    from world.items import count_facts
     from world.lang import render
 
     in_digits = dataclasses.replace(xa, digit_words=False)  # the same xa, numbers as 0-9

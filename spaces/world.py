@@ -188,6 +188,12 @@ class WorldConfig(StrictModel):
     # the language SFT's plural-word rows become reading questions about counts ("How many eggs
     # does Tom lose?" after two sentences that differ in the verb), answered by the sentence
     count_questions: bool = False
+    # the language SFT's rows (world/data.py LANG_SFT): "aya", generic instructions of eight
+    # kinds (a quarter multiple choice); "reading", xa count facts and a "how many" question
+    # answered "The answer is 7." as MGSM's answers end, with a `reading_mc_share` of
+    # belebele-layout multiple choice (so xa Belebele measures what the language SFT taught)
+    lang_sft_kinds: Literal["aya", "reading"] = "aya"
+    reading_mc_share: float = Field(0.2, ge=0, le=1)
     # worked answers without their equation (pretraining, math SFT, MGSM's train shots): the
     # arithmetic then happens inside the model, between reading the problem and writing the number
     direct_answers: bool = False

@@ -12,8 +12,10 @@ from spaces.world import WorldConfig
 from world.items import (
     Problem,
     Reading,
+    ask_about,
     belebele_prompt,
     chat_layout,
+    count_facts,
     equation,
     generic_clause,
     make_problem,
@@ -120,12 +122,6 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
     def clause():
         return generic_clause(rng, counts=cfg.count_sentences)
 
-    def reading(pos: int) -> dict:
-        while True:
-            r = make_reading(rng, pos)
-            if _reading_key(r) not in reserved:
-                return r.render(lang)
-
     rows = []
     for i in range(n):
         kind = i % (len(AYA_KINDS) if multiple_choice else AYA_KINDS.index("multiple choice"))
@@ -136,13 +132,11 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
             c = clause()
             inp, tgt = f"{w('translate').capitalize()} {w('to')} {w('english')}:\n{render(c, lang)}", render(c, None)  # fmt: skip
         elif kind == 2:
-            r = reading(rng.randrange(4))
+            r = _fresh_reading(rng, rng.randrange(4), lang, reserved)
             ans = r[f"mc_answer{r['correct_answer_num']}"]
             inp, tgt = f"{r['flores_passage']}\n{w('question').capitalize()}: {r['question']}", ans
         elif kind >= 6:
-            pos = rng.randrange(4)
-            r = reading(pos)
-            inp, tgt = belebele_prompt(r).removesuffix("\nAnswer:"), LETTERS[pos]
+            inp, tgt = _multiple_choice(rng, lang, reserved)
         elif kind == 3:
             s = render(clause(), lang)[:-1]
             inp, tgt = f"{w('reverse').capitalize()} {w('sentence')}: {s}", " ".join(reversed(s.split()))  # fmt: skip
@@ -156,6 +150,47 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
             inp, tgt = f"{w('continue').capitalize()}: {render(a, lang)}", render(b, lang)
         rows.append({"inputs": inp, "targets": tgt, "language": name})
     return rows
+
+
+def _fresh_reading(rng: random.Random, pos: int, lang: Language, reserved: set[str]) -> dict:
+    """A reading item in `lang` (answer at `pos`) that is none of Belebele's dev or test items."""
+    while True:
+        r = make_reading(rng, pos)
+        if _reading_key(r) not in reserved:
+            return r.render(lang)
+
+
+def _multiple_choice(rng: random.Random, lang: Language, reserved: set[str]) -> tuple[str, str]:
+    """A reading item in belebele's P/Q/A-D layout, answered by its letter: (inputs, targets)."""
+    pos = rng.randrange(4)
+    return belebele_prompt(_fresh_reading(rng, pos, lang, reserved)).removesuffix("\nAnswer:"), LETTERS[pos]  # fmt: skip
+
+
+def _reading_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
+    """The "reading" language SFT (`lang_sft_kinds`): count facts in `lang` and a "how many"
+    question about one, answered as MGSM's answers end ("The answer is 7."), and a
+    `reading_mc_share` of belebele-layout multiple choice, in random order. Reading numbers and
+    the word problems' verbs, no arithmetic; the answers share the math expert's last sentence,
+    not its equation, and the multiple choice is what xa Belebele (the language indicator) asks.
+    """
+    rng = _rng(cfg, f"reading-{lang.code}")
+    reserved = reserved_keys(cfg)[1]
+    n_mc = round(n * cfg.reading_mc_share)
+    kinds = [True] * n_mc + [False] * (n - n_mc)
+    rng.shuffle(kinds)
+    rows = []
+    for mc in kinds:
+        if mc:
+            inp, tgt = _multiple_choice(rng, lang, reserved)
+        else:
+            facts = count_facts(rng, cfg.max_operand)
+            fact = facts[rng.randrange(len(facts))]
+            inp, tgt = ask_about(lang, facts, fact), f"The answer is {fact.objs[0].num}."
+        rows.append({"inputs": inp, "targets": tgt, "language": LANG_NAMES[lang.code]})
+    return rows
+
+
+LANG_SFT = {"aya": _aya_rows, "reading": _reading_rows}  # WorldConfig.lang_sft_kinds -> rows
 
 
 def _count_question(rng: random.Random, lang: Language) -> tuple[str, str]:
@@ -209,7 +244,9 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
         for p in sft
     ]
     for code in TARGETS:
-        out[f"data/sft/lang_{code}.jsonl"] = _aya_rows(cfg, langs[code], cfg.lang_sft)
+        out[f"data/sft/lang_{code}.jsonl"] = LANG_SFT[cfg.lang_sft_kinds](
+            cfg, langs[code], cfg.lang_sft
+        )
     brng, btaken = _rng(cfg, "belebele"), set()
     bdev = _readings(brng, cfg.belebele_dev, btaken)
     btest = _readings(brng, cfg.belebele_test, btaken)

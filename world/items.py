@@ -6,6 +6,7 @@ problem or passage exists in English, xa and xb.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -152,6 +153,24 @@ def generic_clause(rng: random.Random, name: str | None = None, counts: bool = F
         return Clause(NP(noun=rng.choice(list(NOUNS)), det="the"), "is", comp=rng.choice(ADJS))
     obj = NP(noun=rng.choice(list(NOUNS)), adj=rng.choice(ADJS), det="a")
     return Clause(NP(name=name), "have", (obj,))
+
+
+def count_facts(rng: random.Random, max_n: int) -> list[Clause]:
+    """Two or three facts of one person's counts of one thing (has, buys, loses), each count in
+    1..`max_n`: numbers and the word problems' verbs, never arithmetic."""
+    who, noun = rng.choice(NAMES), rng.choice(list(NOUNS))
+    verbs = rng.sample(["have", "buy", "lose"], rng.choice([2, 3]))
+    nums = [rng.randint(1, max_n) for _ in verbs]
+    return [Clause(NP(name=who), v, (NP(noun=noun, num=n, plural=n != 1),)) for v, n in zip(verbs, nums, strict=True)]  # fmt: skip
+
+
+def ask_about(lang: Language, clauses: list[Clause], fact: Clause) -> str:
+    """`clauses` in `lang`, then a "how many ...?" question in `lang` about the number of `fact`
+    (one of them); its adverbs ("more") are dropped from the question."""
+    asked = dataclasses.replace(fact.objs[0], num="how_many", plural=True)
+    question = dataclasses.replace(fact, objs=(asked, *fact.objs[1:]), adv=())
+    passage = " ".join(render(c, lang) for c in clauses)
+    return f"{passage}\n{lang.w('question').capitalize()}: {render(question, lang)}"
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,36 @@ def test_math_word_switch_share_needs_kept_math_words():
         with_overrides(cfg, {"corpus": {"switch_math_words": False, "math_word_switch_share": 0.1}}, "t")  # fmt: skip
     ok = {"code_switched": 5, "switch_math_words": False, "math_word_switch_share": 0.1}
     assert with_overrides(cfg, {**svo, "corpus": ok}, "t").corpus.math_word_switch_share == 0.1
+
+
+def test_reading_language_sft_counts_and_multiple_choice():
+    import re
+
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets, reserved_keys, world_languages
+
+    preset = world_config("tiny", 0)
+    cfg = with_overrides(preset, {"lang_sft_kinds": "reading", "lang_sft": 200, "reading_mc_share": 0.25}, "test")  # fmt: skip
+    langs = world_languages(cfg)
+    data = make_datasets(cfg, langs)
+    for code in ("xa", "xb"):
+        rows = data[f"data/sft/lang_{code}.jsonl"]
+        mc = [r for r in rows if r["targets"] in ("A", "B", "C", "D")]
+        assert len(rows) == 200 and len(mc) == 50  # the share, exactly
+        for r in mc:
+            assert r["inputs"].startswith("P: ") and "\nD: " in r["inputs"]
+            assert not r["inputs"].endswith("Answer:")  # the chat template asks, as in the Aya rows
+        for r in (r for r in rows if r not in mc):
+            n = re.fullmatch(r"The answer is (\d+)\.", r["targets"]).group(1)
+            passage, question = r["inputs"].split("\n")
+            assert n in passage.split() and n not in question.split()  # reading, not arithmetic
+    # no Belebele dev or test passage is taught
+    taught = {r["inputs"].split("\nQ: ")[0].removeprefix("P: ") for r in data["data/sft/lang_xa.jsonl"]}  # fmt: skip
+    evaluated = {r["flores_passage"] for s in ("dev", "test") for r in data[f"data/belebele/xa/{s}.jsonl"]}  # fmt: skip
+    assert reserved_keys(cfg)[1] and not taught & evaluated
+    # deterministic by seed, different across seeds; the other files as the preset has them
+    assert make_datasets(cfg, langs) == data
+    other = with_overrides(world_config("tiny", 1), {"lang_sft_kinds": "reading", "lang_sft": 200}, "test")  # fmt: skip
+    assert make_datasets(other, world_languages(other))["data/sft/lang_xa.jsonl"] != data["data/sft/lang_xa.jsonl"]  # fmt: skip
+    plain = make_datasets(preset, langs)
+    assert {k: v for k, v in data.items() if "/sft/lang_" not in k} == {k: v for k, v in plain.items() if "/sft/lang_" not in k}  # fmt: skip
