@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spaces.world import WorldConfig, WorldSize, world_config
 from trainables.outputs import output_dir
-from world.data import make_datasets, tagged_corpus, world_languages
+from world.data import instruction_rows, make_datasets, tagged_corpus, world_languages
 from world.lang import LANG_NAMES
 
 MANIFEST = "world.json"
@@ -180,8 +180,10 @@ def build_world(
             print(f"world: {len(datasets)} datasets, {len(docs)} corpus docs ({time.time() - t0:.1f}s)")  # fmt: skip
         from world.model import train_tokenizer
 
-        # the tokenizer also sees the SFT data so instructions do not fall apart into bytes
-        tok_text = docs + [r.get("inputs", "") + " " + r.get("targets", "") for rel, rows in datasets.items() if "lang_" in rel for r in rows]  # fmt: skip
+        # the tokenizer also sees generic instructions in the target languages, so instructions
+        # do not fall apart into bytes; always the Aya rows, whichever language SFT the world
+        # ships (`lang_sft_kinds`), as a real base's tokenizer predates any SFT data
+        tok_text = docs + [r["inputs"] + " " + r["targets"] for rows in instruction_rows(cfg, langs) for r in rows]  # fmt: skip
         tok = train_tokenizer(tok_text, cfg.model.vocab_size, cfg.chat_template)
         loss = _make_base(cfg, tok, tagged, tmp, shipped, progress)
         manifest = _manifest(tmp, cfg, datasets, len(docs), loss)

@@ -260,6 +260,12 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     return out
 
 
+def instruction_rows(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[list[dict]]:
+    """The Aya-style rows of each target language, as the "aya" language SFT has them (what the
+    world's tokenizer is trained on beside the corpus)."""
+    return [_aya_rows(cfg, langs[code], cfg.lang_sft) for code in TARGETS]
+
+
 def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
     """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of pretraining."""
     taken = {p.text(None) for probs in mgsm_problems(cfg).values() for p in probs}

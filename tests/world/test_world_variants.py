@@ -257,3 +257,19 @@ def test_reading_language_sft_counts_and_multiple_choice():
     assert make_datasets(other, world_languages(other))["data/sft/lang_xa.jsonl"] != data["data/sft/lang_xa.jsonl"]  # fmt: skip
     plain = make_datasets(preset, langs)
     assert {k: v for k, v in data.items() if "/sft/lang_" not in k} == {k: v for k, v in plain.items() if "/sft/lang_" not in k}  # fmt: skip
+
+
+def test_reading_world_keeps_the_aya_worlds_tokenizer_and_base(tiny_world, tmp_path):
+    # the tokenizer (and so the base) predates the choice of language SFT: a "reading" world
+    # differs from the preset's only in its language SFT files
+    import json
+
+    from spaces.world import with_overrides, world_config
+    from world import build_world
+
+    cfg = with_overrides(world_config("tiny", 0), {"lang_sft_kinds": "reading"}, "test")
+    out = build_world(tmp_path / "reading", seed=0, size="tiny", config=cfg, progress=False)
+    mine = json.loads((out / "world.json").read_text())["sha256"]
+    theirs = json.loads((tiny_world / "world.json").read_text())["sha256"]
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    assert differ == ["data/sft/lang_xa.jsonl", "data/sft/lang_xb.jsonl"]
