@@ -16,7 +16,9 @@ def _cmd_world_build(args: argparse.Namespace) -> int:
     from world.build import build_world
 
     config = load_variant(args.config, args.size, args.seed) if args.config else None
-    build_world(args.out, seed=args.seed, size=args.size, overwrite=args.overwrite, config=config)
+    if config is not None and args.pretrain:
+        raise ValueError("--pretrain applies to the preset; a --config variant names its base itself (model.prebuilt) or is pretrained")  # fmt: skip
+    build_world(args.out, seed=args.seed, size=args.size, overwrite=args.overwrite, config=config, pretrain=args.pretrain)  # fmt: skip
     return 0
 
 
@@ -67,6 +69,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="a world variant: fields of the size's preset to replace, e.g. "
         "'model: {steps: 2000}' or 'digit_words: true' (spaces/world.py WorldConfig); "
         "recorded in world.json",
+    )
+    b.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="pretrain the base even where world/bases/ ships one for this seed and size "
+        "(to rebuild a shipped base: then `world export-base OUT --name SIZE-vVERSION-seedSEED`)",
     )
     b.set_defaults(func=_cmd_world_build)
     e = wsub.add_parser(

@@ -129,6 +129,7 @@ def build_world(
     overwrite: bool = False,
     progress: bool = True,
     config: WorldConfig | None = None,
+    pretrain: bool = False,
 ) -> Path:
     """Generate the world (datasets, tokenizer, pretrained base model) into `out`, atomically.
 
@@ -143,7 +144,10 @@ def build_world(
         overwrite: replace an existing world at `out` that differs or is damaged.
         progress: print progress.
         config: a variant of the (size, seed) preset (spaces.world.load_variant); its seed
-            and size must be `seed` and `size`. None: the preset.
+            and size must be `seed` and `size`. None: the preset, with the base world/bases/
+            ships for it if there is one (world.prebuilt.with_shipped_base).
+        pretrain: pretrain the preset's base even where world/bases/ ships one (to rebuild
+            what `layerswap world export-base` then ships).
     Returns:
         `out`.
     Raises:
@@ -156,6 +160,10 @@ def build_world(
     cfg = config or world_config(size, seed)  # an unknown size fails here, before any reading
     if (cfg.seed, cfg.size) != (seed, size):
         raise ValueError(f"config is for seed {cfg.seed} size {cfg.size}, not seed {seed} size {size}")  # fmt: skip
+    if config is None and not pretrain:
+        from world.prebuilt import with_shipped_base
+
+        cfg = with_shipped_base(cfg)
     if _already_built(out, cfg, overwrite, progress):
         return out
     shipped = None

@@ -4,6 +4,8 @@
 world/bases/NAME and prints the world's variant YAML with a `model: {prebuilt: ...}` entry;
 `layerswap world build --config` with it checks the world it builds is the one the base was
 pretrained for and copies the base instead of pretraining it (README "The embedded world").
+A base exported as NAME = `preset_base_name(cfg)` (e.g. full-v4-seed0) is the one `world build`
+reuses for that preset without any --config (`with_shipped_base`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,33 @@ BASES_DIR = Path(__file__).parent / "bases"
 MAX_MB = 25.0  # what the repository takes per shipped base (issue 15)
 CONFIG_FILE = "world_config.json"  # in world/bases/NAME: the world the base was pretrained for
 MODEL_FILES = tuple(f for f in SHIPPED_FILES if f != CONFIG_FILE)  # copied into the world's base/
+ENTRY_FILE = "prebuilt.json"  # in world/bases/NAME: its `model.prebuilt` entry (the sha256s)
+
+
+def preset_base_name(cfg: WorldConfig) -> str:
+    """The folder under world/bases/ that ships the base of `cfg`'s preset, e.g. "full-v4-seed0"."""
+    return f"{cfg.size}-v{cfg.version}-seed{cfg.seed}"
+
+
+def with_shipped_base(cfg: WorldConfig, bases_dir: Path | None = None) -> WorldConfig:
+    """`cfg` (a preset) with `model.prebuilt` set when world/bases/ ships its base, else `cfg`.
+
+    Args:
+        cfg: a preset from spaces.world.world_config.
+        bases_dir: where shipped bases live; None: BASES_DIR (world/bases/).
+    Returns:
+        the config `world build` builds for that preset.
+    Raises:
+        ValueError: the shipped entry file is not a valid entry (naming the file).
+    """
+    path = Path(bases_dir or BASES_DIR) / preset_base_name(cfg) / ENTRY_FILE
+    if not path.is_file():
+        return cfg
+    try:
+        entry = PrebuiltBase.model_validate_json(path.read_bytes())
+    except ValueError as e:
+        raise ValueError(f"{path}: not a shipped base's entry ({e})") from e
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"prebuilt": entry})})
 
 
 def _config_json(cfg: WorldConfig) -> dict:
@@ -183,6 +212,7 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
             corpus_sha256=sha256_file(world / "corpus/pretrain.txt"),
             final_pretrain_loss=manifest["final_pretrain_loss"],
         )
+        (tmp / ENTRY_FILE).write_text(entry.model_dump_json(indent=2) + "\n")
     return entry
 
 

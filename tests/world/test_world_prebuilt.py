@@ -17,9 +17,16 @@ import yaml
 
 import world.prebuilt as prebuilt
 from cli import main
-from spaces.world import load_variant, with_overrides, world_config
+from spaces.world import PrebuiltBase, load_variant, with_overrides, world_config
 from world import build_world
-from world.prebuilt import CONFIG_FILE, MODEL_FILES, config_differences, export_base
+from world.prebuilt import (
+    CONFIG_FILE,
+    ENTRY_FILE,
+    MODEL_FILES,
+    config_differences,
+    export_base,
+    preset_base_name,
+)
 
 SEED = 0  # the tiny_world fixture's
 
@@ -55,7 +62,8 @@ def _no_pretraining(monkeypatch):
 
 def test_export_copies_the_base_and_records_its_hashes(tiny_world, bases, shipped):
     folder = bases / "tiny0"
-    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(shipped.files)  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted([*shipped.files, ENTRY_FILE])  # fmt: skip
+    assert PrebuiltBase.model_validate_json((folder / ENTRY_FILE).read_bytes()) == shipped
     for name in MODEL_FILES:
         assert (folder / name).read_bytes() == (tiny_world / "base" / name).read_bytes()
     manifest = json.loads((tiny_world / "world.json").read_text())
@@ -80,6 +88,45 @@ def test_build_reuses_it_without_pretraining_and_gives_the_same_world(tiny_world
     m = json.loads(fresh["world.json"])
     assert m["config"]["model"]["prebuilt"]["name"] == "tiny0"
     assert m["sha256"]["base/model.safetensors"] == shipped.files["model.safetensors"]
+
+
+def test_the_preset_reuses_the_base_shipped_under_its_name_unless_told_to_pretrain(tiny_world, bases, tmp_path, monkeypatch):  # fmt: skip
+    name = preset_base_name(world_config("tiny", SEED))
+    assert name == "tiny-v4-seed0"
+    export_base(tiny_world, name)
+    calls = _Calls()
+    monkeypatch.setattr("world.model.pretrain", calls)
+    out = build_world(tmp_path / "w", seed=SEED, size="tiny", progress=False)
+    assert calls.n == 0
+    assert (out / "base/model.safetensors").read_bytes() == (tiny_world / "base/model.safetensors").read_bytes()  # fmt: skip
+    assert json.loads((out / "world.json").read_text())["config"]["model"]["prebuilt"]["name"] == name  # fmt: skip
+    # --pretrain: the preset without the entry, pretrained here (the counted call fails on purpose)
+    with pytest.raises(RuntimeError, match="pretrain called"):
+        build_world(tmp_path / "p", seed=SEED, size="tiny", progress=False, pretrain=True)
+    assert calls.n == 1 and not (tmp_path / "p").exists()
+    # another seed has no shipped base: pretrained
+    with pytest.raises(RuntimeError, match="pretrain called"):
+        build_world(tmp_path / "s1", seed=1, size="tiny", progress=False)
+
+
+def test_a_damaged_entry_file_is_named(tiny_world, bases, tmp_path):
+    name = preset_base_name(world_config("tiny", SEED))
+    export_base(tiny_world, name)
+    (bases / name / ENTRY_FILE).write_text("{}")
+    with pytest.raises(ValueError, match=f"{ENTRY_FILE}: not a shipped base's entry"):
+        build_world(tmp_path / "w", seed=SEED, size="tiny", progress=False)
+    assert not (tmp_path / "w").exists()
+
+
+class _Calls:
+    """A stand-in for world.model.pretrain that counts calls and stops the build."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, *a, **k):
+        self.n += 1
+        raise RuntimeError("pretrain called")
 
 
 def _refused(cfg, tmp_path, match):
