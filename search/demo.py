@@ -34,7 +34,7 @@ class DemoSettings:
     proxy_limit: int | None = 60  # dev items per proxy during the search
     promote_top_k: int = 3
     promote_limit: int | None = 120  # test items per task in promotion
-    max_gen_toks: int = 16
+    max_gen_toks: int = 24  # a worked answer and "The answer is 12" end near token 20
 
 
 @dataclass
