@@ -31,9 +31,9 @@ class DemoSettings:
     seed: int = 0
     train_steps: int | None = None  # None: the example configs' own max_steps
     trials: int = 16
-    proxy_limit: int | None = 60  # dev items per proxy during the search
+    proxy_limit: int | None = None  # dev items per proxy during the search (None: all 100)
     promote_top_k: int = 3
-    promote_limit: int | None = 120  # test items per task in promotion
+    promote_limit: int | None = None  # test items per task in promotion (None: all, 250 for MGSM)
     max_gen_toks: int = 24  # a worked answer and "The answer is 12" end near token 20
 
 
