@@ -49,6 +49,7 @@ def build_sections(
     """
     from analysis.delta_report import delta_section
     from analysis.indicators import indicators_section
+    from analysis.paired import paired_section
     from analysis.search_plots import search_section
     from analysis.treatments import treatments_section
 
@@ -58,6 +59,7 @@ def build_sections(
         delta_section(run, threshold=delta_threshold, max_per_kind=max_experts),
         search_section(run),
         treatments_section(run),
+        paired_section(run, n_resamples=n_resamples, seed=seed),
     ]
     present = [
         str(p.relative_to(run.root))

@@ -111,7 +111,7 @@ def test_missing_files_say_not_in_this_run(tmp_path):
     out = tmp_path / "rep"
     assert main(["analyze", str(run), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    assert md.count("Not in this run") == 4
+    assert md.count("Not in this run") == 5  # one per section
     assert list((out / "figures").iterdir()) == []
 
 

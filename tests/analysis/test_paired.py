@@ -1,0 +1,77 @@
+"""The paired section: each promoted model against the better expert and the base, item by item,
+from promotion's raw lm-eval JSON files (written here in lm-eval's layout).
+
+Run: .venv/bin/python -m pytest -q tests/analysis/test_paired.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.load import load_run
+from analysis.paired import paired_section
+from analysis.stats import bootstrap_indices
+
+TASK = "world_mgsm_direct_xa"
+CONFIG = {
+    "output_type": "generate_until",
+    "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+    "filter_list": [{"name": "remove_whitespace"}, {"name": "flexible-extract"}],
+}
+
+
+def _raw(scores: list[float]) -> dict:
+    """An lm-eval result of TASK whose flexible-extract samples score `scores` (the other filter
+    scores the opposite, so reading the wrong filter shows), docs in reverse order."""
+    samples = []
+    for i in reversed(range(len(scores))):
+        for filt, v in (("remove_whitespace", 1.0 - scores[i]), ("flexible-extract", scores[i])):
+            samples.append({"doc_id": i, "filter": filt, "target": "1", "filtered_resps": ["1"], "exact_match": v})  # fmt: skip
+    return {"configs": {TASK: CONFIG}, "samples": {TASK: samples}, "results": {TASK: {}}}
+
+
+def _run(tmp_path, models: dict[str, list[float]], raw: bool = True):
+    run = tmp_path / "run"
+    (run / "promotion").mkdir(parents=True)
+    rows = []
+    for model, scores in models.items():
+        path = run / "promotion" / f"{model}.json"
+        if raw:
+            path.write_text(json.dumps(_raw(scores)))
+        rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": TASK, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
+    pd.DataFrame(rows).to_parquet(run / "promotion" / "results.parquet")
+    return load_run(run)
+
+
+def test_differences_and_cis_are_paired_over_the_items(tmp_path):
+    rng = np.random.default_rng(0)
+    s = {m: rng.integers(0, 2, 40).astype(float).tolist() for m in ("base", "math_expert", "language_expert", "candidate_a")}  # fmt: skip
+    s["math_expert"][:10] = [1.0] * 10  # the better expert
+    sec = paired_section(_run(tmp_path, s), n_resamples=500, seed=3)
+    rows = {r["model"]: r for r in sec.data[TASK]}
+    better = max(("math_expert", "language_expert"), key=lambda m: np.mean(s[m]))
+    diff = np.array(s["candidate_a"]) - np.array(s[better])
+    means = diff[bootstrap_indices(40, 500, 3)].mean(axis=1)
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    assert rows["candidate_a"][f"vs better expert ({better})"] == f"{diff.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]"  # fmt: skip
+    assert rows[better][f"vs better expert ({better})"] == ""  # not against itself
+    assert rows["candidate_a"]["target"] == round(float(np.mean(s["candidate_a"])), 4)
+    assert [r["model"] for r in sec.data[TASK]] == sorted(s, key=lambda m: -np.mean(s[m]))
+
+
+def test_a_run_without_raw_results_gets_a_note_and_a_broken_file_is_named(tmp_path):
+    sec = paired_section(_run(tmp_path / "a", {"base": [1.0, 0.0], "math_expert": [1.0, 1.0]}, raw=False))  # fmt: skip
+    assert not sec.data and "no per-item target results" in sec.blocks[0]
+    run = _run(tmp_path / "b", {"base": [1.0, 0.0], "math_expert": [1.0, 1.0]})
+    (run.root / "promotion" / "base.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"base\.json"):
+        paired_section(run)
+
+
+def test_models_scored_on_other_items_are_not_paired(tmp_path):
+    sec = paired_section(_run(tmp_path, {"base": [1.0, 0.0, 0.0], "math_expert": [1.0, 1.0]}))
+    assert all(v == "" for r in sec.data[TASK] for k, v in r.items() if k.startswith("vs "))
