@@ -53,6 +53,22 @@ def write_changed(base: Path, out: Path, layers, rows=CHANGED_ROWS, types=TYPES,
     return out
 
 
+def lm_eval_raw(task: str, scores: list[float]) -> dict:
+    """An lm-eval result of an MGSM-style `task` whose flexible-extract samples score `scores`
+    (the other filter scores the opposite, so reading the wrong filter shows), docs in reverse
+    order."""
+    config = {
+        "output_type": "generate_until",
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+        "filter_list": [{"name": "remove_whitespace"}, {"name": "flexible-extract"}],
+    }
+    samples = []
+    for i in reversed(range(len(scores))):
+        for filt, v in (("remove_whitespace", 1.0 - scores[i]), ("flexible-extract", scores[i])):
+            samples.append({"doc_id": i, "filter": filt, "target": "1", "filtered_resps": ["1"], "exact_match": v})  # fmt: skip
+    return {"configs": {task: config}, "samples": {task: samples}, "results": {task: {}}}
+
+
 def make_run(root: Path, *, with_study: bool = True, seed: int = 0) -> Path:
     """A full synthetic run directory under root/run. Returns its path."""
     rng = np.random.default_rng(seed)
@@ -118,15 +134,23 @@ def make_run(root: Path, *, with_study: bool = True, seed: int = 0) -> Path:
         task = f"world_mgsm_direct_{lang}"
         for model, v in (("base", 0.08), ("math_expert", 0.10), ("language_expert", 0.11), ("soup_uniform", 0.14),
                          ("soup_magnitude", 0.145), ("ties", 0.13), ("paper_default", 0.16)):  # fmt: skip
+            raw = ""
+            if lang == "xa":  # the per-item results lm-eval logs, for the paired section
+                k = round(v * 250)
+                items = rng.permutation([1.0] * k + [0.0] * (250 - k)).tolist()
+                raw = run / "promotion" / "lm_eval" / model / f"{task}.json"
+                raw.parent.mkdir(parents=True, exist_ok=True)
+                raw.write_text(json.dumps(lm_eval_raw(task, items)))
+                v, raw = k / 250, str(raw)
             prom.append(dict(model=model, kind="baseline", recipe_id=None, task=task, split="test",
-                             metric="exact_match", value=v + shift, n_items=250, raw_json=""))  # fmt: skip
+                             metric="exact_match", value=v + shift, n_items=250, raw_json=raw))  # fmt: skip
         for _, r in ok.iterrows():
             target = 0.5 * r["objective"] + shift + 0.002 * rng.standard_normal()
             prom.append(dict(model=f"candidate_{r['recipe_id']}", kind="candidate", recipe_id=r["recipe_id"],
                              task=task, split="test", metric="exact_match", value=target, n_items=250, raw_json=""))  # fmt: skip
     prom.append(dict(model="revert_math_A", kind="baseline", recipe_id=None, task="world_mgsm_direct_en",
                      split="test", metric="exact_match", value=0.33, n_items=250, raw_json=""))  # fmt: skip
-    (run / "promotion").mkdir()
+    (run / "promotion").mkdir(exist_ok=True)
     pd.DataFrame(prom).to_parquet(run / "promotion" / "results.parquet")
     return run
 

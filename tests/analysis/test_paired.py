@@ -11,27 +11,13 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from analysis_synth import lm_eval_raw
 
 from analysis.load import load_run
 from analysis.paired import paired_section
 from analysis.stats import bootstrap_indices
 
 TASK = "world_mgsm_direct_xa"
-CONFIG = {
-    "output_type": "generate_until",
-    "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
-    "filter_list": [{"name": "remove_whitespace"}, {"name": "flexible-extract"}],
-}
-
-
-def _raw(scores: list[float]) -> dict:
-    """An lm-eval result of TASK whose flexible-extract samples score `scores` (the other filter
-    scores the opposite, so reading the wrong filter shows), docs in reverse order."""
-    samples = []
-    for i in reversed(range(len(scores))):
-        for filt, v in (("remove_whitespace", 1.0 - scores[i]), ("flexible-extract", scores[i])):
-            samples.append({"doc_id": i, "filter": filt, "target": "1", "filtered_resps": ["1"], "exact_match": v})  # fmt: skip
-    return {"configs": {TASK: CONFIG}, "samples": {TASK: samples}, "results": {TASK: {}}}
 
 
 def _run(tmp_path, models: dict[str, list[float]], raw: bool = True):
@@ -41,7 +27,7 @@ def _run(tmp_path, models: dict[str, list[float]], raw: bool = True):
     for model, scores in models.items():
         path = run / "promotion" / f"{model}.json"
         if raw:
-            path.write_text(json.dumps(_raw(scores)))
+            path.write_text(json.dumps(lm_eval_raw(TASK, scores)))
         rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": TASK, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
     pd.DataFrame(rows).to_parquet(run / "promotion" / "results.parquet")
     return load_run(run)

@@ -32,10 +32,12 @@ def test_report_renders_with_embedded_figures_and_tables(report):
         "Where the experts changed",
         "The merge search",
         "Treatments",
+        "Against the experts",
     ):
         assert title in html and f"## {title}" in md
     assert "| level | indicator | n | spearman [95% CI]" in md
     assert "| treatment | base | partial | lora | full |" in md
+    assert "| model | target | items | vs better expert (language_expert) | vs base (base) |" in md
     assert "Friedman test across" in md and "not in this run" not in md.lower()
     for p in pngs:  # every figure is linked from the Markdown with its caption
         assert f"(figures/{p.name})" in md
@@ -163,4 +165,4 @@ def test_demo_style_run_maps_the_recipe_experts(tmp_path):
     md = (out / "report.md").read_text()
     assert "Suggested warm start: b =" in md
     assert (out / "figures" / "delta_contrast.png").exists()
-    assert md.count("Not in this run") == 3
+    assert md.count("Not in this run") == 4
