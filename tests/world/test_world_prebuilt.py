@@ -215,6 +215,15 @@ def test_cli_prints_the_worlds_variant_that_world_build_takes(tiny_world, bases,
     assert (out / "base/model.safetensors").read_bytes() == (tiny_world / "base/model.safetensors").read_bytes()  # fmt: skip
 
 
+def test_cli_pretrain_is_for_the_preset_only(tmp_path, capsys):
+    variant = tmp_path / "v.yaml"
+    variant.write_text("max_operand: 9\n")
+    out = tmp_path / "w"
+    assert main(["world", "build", "--out", str(out), "--size", "tiny", "--config", str(variant), "--pretrain"]) == 2  # fmt: skip
+    assert "--pretrain applies to the preset" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("field", "table"),
     [
