@@ -193,7 +193,7 @@ class WorldConfig(StrictModel):
     # answered "The answer is 7." as MGSM's answers end, with a `reading_mc_share` of
     # belebele-layout multiple choice (so xa Belebele measures what the language SFT taught)
     lang_sft_kinds: Literal["aya", "reading"] = "aya"
-    reading_mc_share: float = Field(0.2, ge=0, le=1)
+    reading_mc_share: float = Field(0.1, ge=0, le=1)
     # worked answers without their equation (pretraining, math SFT, MGSM's train shots): the
     # arithmetic then happens inside the model, between reading the problem and writing the number
     direct_answers: bool = False
