@@ -64,6 +64,15 @@ def parse_args(argv):
     )
     p.add_argument("--sft-seed", type=int, default=0)
     p.add_argument(
+        "--experts",
+        type=Path,
+        nargs=2,
+        metavar=("MATH", "LANGUAGE"),
+        help="take the two experts from these checkpoint folders (e.g. the demo's, RUN/train/"
+        "<name>/samples_N) instead of training them here; --math-*/--lang-*/--sft-seed then "
+        "do nothing",
+    )
+    p.add_argument(
         "--non-layer",
         choices=["average", "language", "task"],
         default="average",
@@ -100,6 +109,9 @@ def parse_args(argv):
         p.error("--config needs --out DIR")
     if args.lang_data is not None and not args.lang_data.is_file():
         p.error(f"--lang-data {args.lang_data}: no such file")
+    for d in args.experts or ():
+        if not (d / "config.json").is_file():
+            p.error(f"--experts {d}: not a checkpoint folder (no config.json)")
     return args
 
 
@@ -119,6 +131,17 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
     from world.sft import load_base, pairs, read_rows, sft
 
     states = {}
+    if args.experts is not None:
+        from transformers import AutoModelForCausalLM
+
+        model, tok = load_base(world)
+        states["base"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for name, d in zip(("math", "language"), args.experts, strict=True):
+            loaded = AutoModelForCausalLM.from_pretrained(d, use_safetensors=True)
+            states[name] = {k: v.detach().clone() for k, v in loaded.state_dict().items()}
+            print(f"{name} expert from {d}")
+        model.to(args.device)
+        return states, model, tok
     lang_data = args.lang_data or world / "data/sft/lang_xa.jsonl"
     runs = {"base": None, "math": (world / "data/sft/math_en.jsonl", args.math_lr, args.math_steps)}
     runs["language"] = (lang_data, args.lang_lr, args.lang_steps)

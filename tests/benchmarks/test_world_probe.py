@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_probe
@@ -36,3 +37,22 @@ def test_true_equations_are_the_rows_problems_and_a_foreign_world_is_refused(tin
     swapped = [rows[1], rows[0], *rows[2:]]  # a world whose rows are not this code's draws
     with pytest.raises(ValueError, match="not the MGSM this code draws"):
         world_probe.true_equations(tiny_world, "test", swapped)
+
+
+def test_experts_are_taken_from_checkpoints_not_trained(tiny_world, tmp_path, capsys, monkeypatch):
+    from world.sft import load_base
+
+    with pytest.raises(SystemExit):
+        world_probe.parse_args(["--world", str(tiny_world), "--experts", str(tmp_path), str(tmp_path)])  # fmt: skip
+    assert "not a checkpoint folder" in capsys.readouterr().err
+    model, _ = load_base(tiny_world)
+    for name, shift in (("math", 1.0), ("lang", 2.0)):  # two distinguishable "experts"
+        for p in model.parameters():
+            p.data += shift
+        model.save_pretrained(tmp_path / name)
+    args = world_probe.parse_args(["--world", str(tiny_world), "--experts", str(tmp_path / "math"), str(tmp_path / "lang")])  # fmt: skip
+    monkeypatch.setattr("world.sft.sft", lambda *a, **k: pytest.fail("trained although --experts"))
+    states, _, _ = world_probe.train_experts(tiny_world, args)
+    key = next(iter(states["base"]))
+    assert torch.equal(states["math"][key], states["base"][key] + 1.0)
+    assert torch.equal(states["language"][key], states["math"][key] + 2.0)  # the same float ops
