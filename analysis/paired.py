@@ -53,7 +53,7 @@ def paired_diff(a: np.ndarray, b: np.ndarray, n_resamples: int, seed: int) -> tu
     Returns:
         (difference, CI low, CI high).
     """
-    diff = a - b
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)  # bools too
     means = diff[bootstrap_indices(len(diff), n_resamples, seed)].mean(axis=1)
     return (float(diff.mean()), *percentile_ci(means, 0.95))
 

@@ -188,16 +188,6 @@ def recipes(depth: int, non_layer: str = "average") -> dict[str, dict]:
     return out
 
 
-def paired_ci(a: np.ndarray, b: np.ndarray, resamples: int) -> tuple[float, float, float]:
-    """mean(a - b) and its percentile-bootstrap 95 % CI over items (paired)."""
-    from analysis.stats import bootstrap_indices
-
-    diff = a.astype(float) - b.astype(float)
-    idx = bootstrap_indices(len(diff), resamples, seed=0)
-    means = diff[idx].mean(axis=1)
-    return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
 def _with_block(state: dict, donor: dict, block: int | None) -> dict:
     """`state` with one block (a layer index, or None: the non-layer weights) from `donor`."""
     from trainables.merge.arch import layer_index
@@ -324,6 +314,7 @@ def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int
     Returns:
         {"pick", "proxy": {name: objective}, "spearman": [rho, low, high], "n"}.
     """
+    from analysis.paired import paired_diff
     from analysis.stats import correlate
 
     merges = list(proxy)
@@ -331,7 +322,7 @@ def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int
     pick = max(swaps, key=lambda n: proxy[n])  # the first of a tie
     print(f"\nbest swap by the search's proxy objective ({len(swaps)} layer swaps): {pick}, proxy {proxy[pick]:.3f}")  # fmt: skip
     for ref in (better, "base"):
-        d, lo, hi = paired_ci(items[pick], items[ref], resamples)
+        d, lo, hi = paired_diff(items[pick], items[ref], resamples, seed=0)
         print(f"  xa MGSM {items[pick].mean():.3f}, diff to {ref} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     rho = next(c for c in correlate([proxy[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
     print(f"  Spearman(proxy, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
@@ -365,6 +356,7 @@ def true_equations(world: Path, split: str, en_rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from analysis.paired import paired_diff
     from search.trial import combine
     from spaces.recipe import parse_recipe
     from spaces.search_experiment import world_proxies
@@ -399,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nxa MGSM {args.split} ({len(xa)} items); diff to the better expert ({better}), 95 % CI")  # fmt: skip
     table = []
     for name, extra in rows:
-        d, lo, hi = paired_ci(items[name], items[better], args.resamples)
+        d, lo, hi = paired_diff(items[name], items[better], args.resamples, seed=0)
         side = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())  # fmt: skip
         strict = {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in extra.items()}  # fmt: skip
         table.append({"name": name, "xa_mgsm": float(items[name].mean()), "diff": d, "ci": [lo, hi], **strict})  # fmt: skip

@@ -127,7 +127,13 @@ def make_run(root: Path, *, with_study: bool = True, seed: int = 0) -> Path:
     if with_study:
         make_study(run / "search" / "study.db", trials)
 
-    # Promotion: baselines and the top-8 candidates, on both languages' MGSM test.
+    write_promotion(run, trials, rng)
+    return run
+
+
+def write_promotion(run: Path, trials: pd.DataFrame, rng: np.random.Generator) -> None:
+    """RUN/promotion/results.parquet: baselines and the top-8 candidates on both languages' MGSM
+    test, with lm-eval's raw per-item JSON for the xa baselines (the paired section's input)."""
     ok = trials[trials["status"] == "ok"].sort_values("objective", ascending=False).head(8)
     prom = []
     for lang, shift in (("xa", 0.0), ("xb", -0.02)):
@@ -152,7 +158,6 @@ def make_run(root: Path, *, with_study: bool = True, seed: int = 0) -> Path:
                      split="test", metric="exact_match", value=0.33, n_items=250, raw_json=""))  # fmt: skip
     (run / "promotion").mkdir(exist_ok=True)
     pd.DataFrame(prom).to_parquet(run / "promotion" / "results.parquet")
-    return run
 
 
 def make_study(path: Path, trials: pd.DataFrame) -> None:

@@ -88,7 +88,7 @@ def test_lang_sft_raises_xa_belebele_without_arithmetic(full_world, states):
 
 
 def test_paper_default_swap_beats_both_experts_and_the_base_on_xa_mgsm(full_world, states):
-    from analysis.stats import bootstrap_indices
+    from analysis.paired import paired_diff
     from spaces.recipe import parse_recipe
     from spaces.zones import paper_default
     from trainables.merge.compose import compose_recipe
@@ -108,6 +108,5 @@ def test_paper_default_swap_beats_both_experts_and_the_base_on_xa_mgsm(full_worl
     print(f"xa MGSM test ({len(test)} items): {acc} (measured: {MEASURED['xa MGSM test']})")
     rival = max(("base", "math", "language"), key=acc.get)
     assert acc["swap"] >= acc[rival] + SWAP_MARGIN, (acc, rival)
-    diff = right["swap"] - right[rival]
-    low = np.percentile(diff[bootstrap_indices(len(diff), 2000, seed=0)].mean(axis=1), 2.5)
+    low = paired_diff(right["swap"], right[rival], 2000, seed=0)[1]
     assert low > 0, (acc, rival, low)
