@@ -13,7 +13,8 @@ base plus one expert's ΔW in one block only, per block: each gain to first orde
 (the best swap by the search's proxies, and how well the proxy ranks the merges).
 
 Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
-(b in 1..5, u in 0..2), the uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
+(b in 1..5, u in 0..2; and b in 2..4, u in 0..2 with transition zones of 1 or 2 layers), the
+uniform soup, task arithmetic and TIES: xa MGSM accuracy and the
 difference to the better expert with a paired bootstrap 95 % CI (resampling items); English
 MGSM and xa Belebele for the base, the experts and the paper default, and what their wrong
 answers are (slip: the right equation computed wrong; misread: another equation; no equation)
@@ -183,8 +184,22 @@ def recipes(depth: int, non_layer: str = "average") -> dict[str, dict]:
     }
     for b in range(1, 6):
         for u in range(3):
-            if b + u < depth:
+            if b + u < depth and (b, u) != (pd.bottom, pd.top):  # the default is listed once
                 out[f"swap b{b} u{u}"] = {"method": "layer_swap", **pair, "bottom": b, "top": u}
+    # the demo's search space also blends: transition zones of 1 and 2 layers averaging both
+    # experts (uniform weights), around its swaps (b 2..4, u 0..2 at depth 24)
+    for b in range(2, 5):
+        for u in range(3):
+            for t in (1, 2):
+                if b + u + 2 * t < depth:
+                    out[f"swap b{b} u{u} t{t}"] = {
+                        "method": "layer_swap",
+                        **pair,
+                        "bottom": b,
+                        "top": u,
+                        "bottom_transition": t,
+                        "top_transition": t,
+                    }
     return out
 
 
