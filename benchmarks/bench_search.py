@@ -9,7 +9,9 @@ Run: nice -n 10 .venv/bin/python benchmarks/bench_search.py [--world DIR] [--siz
 (c) every recipe of a grid scored once (in-process TrialRunner); then TPE (as the search runs it:
     seeded, paper default enqueued, repeats served from results) and random search, 5 seeds each,
     replay against that table: distinct evaluations to reach a top-5% recipe (<= 15% of the grid,
-    better than random). Writes bench-out/bench_search.json.
+    better than random). Writes bench-out/bench_search.json. On the v4 world with the demo's
+    experts and space (~10 min on one core):
+    bench_search.py --world runs/demo0/world --experts MATH LANG --space demo --max-gen-toks 24 --only-c
 (d) with --shape llama-8b (on a GPU): seconds per trial (compose + proxies) of a model of that
     shape with random weights and the world tokenizer, experts in host memory (benchmarks/
     shapes.py), on all items of the world's Belebele xa dev + English MGSM dev, and the share of
@@ -35,6 +37,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "search"))  # expert builders shared with the tests
 sys.path.insert(0, str(ROOT / "benchmarks"))  # shapes.py
+
+
+def _wide_space(depth: int) -> dict:
+    """The benchmark's own grid: swaps from none to half the depth, 0/1-layer transitions and
+    every non-layer choice (~1100 recipes at depth 24)."""
+    return {
+        "bottom": {"low": 0, "high": max(1, depth // 2)},
+        "top": {"low": 0, "high": max(1, depth // 4)},
+        "bottom_transition": {"low": 0, "high": 1},
+        "top_transition": {"low": 0, "high": 1},
+        "non_layer": ["average", "language", "task"],
+    }
+
+
+# --space: name -> the search space (spaces.search_space.SearchSpace fields) at a depth
+SPACES = {"wide": _wide_space, "demo": lambda depth: {}}  # demo: the search's defaults
 
 
 def enumerate_space(space, depth, pool) -> list[dict]:
@@ -142,7 +160,7 @@ def bench_shape(args) -> None:
             "language_experts": [str(dirs["language"])],
             "world": str(world),
             "proxy_eval": {
-                "max_gen_toks": args.max_gen_toks,
+                "max_gen_toks": args.max_gen_toks or 32,
                 "batch_size": "auto",
                 "limit": args.limit,
             },
@@ -201,7 +219,9 @@ def main() -> None:
     ap.add_argument("--shape", choices=["llama-8b"], help="(d) only: trials of this shape")
     ap.add_argument("--depth", type=int, help="(d): fewer layers (a CPU smoke run)")
     ap.add_argument("--trials", type=int, default=4, help="(d): recipes timed")
-    ap.add_argument("--max-gen-toks", type=int, default=32, help="(d): MGSM generation budget")
+    ap.add_argument("--space", default="wide", choices=sorted(SPACES), help="(a)-(c): the search space (wide: the benchmark's own grid; demo: the search's defaults, as `layerswap demo` searches)")  # fmt: skip
+    ap.add_argument("--experts", type=Path, nargs=2, metavar=("MATH", "LANG"), help="(a)-(c): these trained checkpoints (from --world's base) instead of two quick tiny experts")  # fmt: skip
+    ap.add_argument("--max-gen-toks", type=int, help="MGSM generation budget (default: 8 in (a)-(c), 32 in (d))")  # fmt: skip
     ap.add_argument("--limit", type=int, help="(d): first N items per proxy (default: all)")
     args = ap.parse_args()
     if args.shape:
@@ -223,7 +243,11 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
     world = args.world or build_world(tmp / "world", size=args.size, progress=False)
-    paths = make_experts(world, tmp / "experts")
+    if args.experts:  # trained checkpoints (e.g. the demo's), from the world's base
+        paths = {"base": world / "base", "task": args.experts[0], "language": args.experts[1]}
+    else:
+        paths = make_experts(world, tmp / "experts")
+    gen_toks = args.max_gen_toks or 8
     depth = json.loads((Path(paths["task"]) / "config.json").read_text())["num_hidden_layers"]
     exp = SearchExperiment.model_validate(
         {
@@ -233,14 +257,8 @@ def main() -> None:
             "task_experts": [str(paths["task"])],
             "language_experts": [str(paths["language"])],
             "world": str(world),
-            "proxy_eval": {"max_gen_toks": 8},
-            "space": {
-                "bottom": {"low": 0, "high": max(1, depth // 2)},
-                "top": {"low": 0, "high": max(1, depth // 4)},
-                "bottom_transition": {"low": 0, "high": 1},
-                "top_transition": {"low": 0, "high": 1},
-                "non_layer": ["average", "language", "task"],
-            },
+            "proxy_eval": {"max_gen_toks": gen_toks},
+            "space": SPACES[args.space](depth),
             "search": {
                 "num_samples": args.recipes,
                 "max_concurrent": 1,
@@ -358,7 +376,10 @@ def main() -> None:
         out = tmp / "disk" / r["recipe_id"]
         merge_to_disk(parse_recipe(yaml.safe_load(r["recipe_yaml"])), out, overwrite=True)
         raw = evaluate(
-            str(out), proxies, include_path=str(tmp / "run" / "search" / "tasks"), max_gen_toks=8
+            str(out),
+            proxies,
+            include_path=str(tmp / "run" / "search" / "tasks"),
+            max_gen_toks=gen_toks,
         )
         for t in proxies:
             if abs(task_score(raw, t) - r[f"proxy__{t}"]) > 1e-9:
