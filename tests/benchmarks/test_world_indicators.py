@@ -1,0 +1,98 @@
+"""benchmarks/world_indicators.py on the tiny world: merges scored from the registry's experts.
+
+Run `.venv/bin/python -m pytest tests/benchmarks/test_world_indicators.py -q`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import world_indicators
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny_world, tmp_path_factory):
+    """Three math and three language "experts" (the base shifted) and their registry."""
+    from world.sft import load_base
+
+    out = tmp_path_factory.mktemp("sweep")
+    rows = []
+    for kind, shifts in (("math", (0.0, 0.01, 0.03)), ("language", (0.0, 0.02, 0.05))):
+        for i, shift in enumerate(shifts):
+            model, _ = load_base(tiny_world)
+            for p in model.parameters():
+                p.data += shift
+            path = out / f"{kind}{i}"
+            model.save_pretrained(path)
+            rows.append({"expert_id": f"{kind}{i}", "kind": kind, "path": str(path), "ind__a": float(i), "ind__b": float(-i)})  # fmt: skip
+    reg = out / "registry.parquet"
+    pd.DataFrame(rows).to_parquet(reg)
+    return reg, out
+
+
+def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_world, sweep, tmp_path, monkeypatch):  # fmt: skip
+    import torch
+
+    from spaces.recipe import parse_recipe
+    from spaces.zones import paper_default
+    from trainables.merge.compose import compose_recipe
+    from world.sft import load_base
+
+    reg, experts = sweep
+    scored = []  # what each scoring call saw, and a distinct score per call
+
+    def fake_correct(model, tok, rows, max_new_tokens=24, batch_size=32):
+        scored.append({k: v.clone() for k, v in model.state_dict().items()})
+        return [True] * len(scored) + [False] * (10 - len(scored))
+
+    monkeypatch.setattr("world.sft.mgsm_correct", fake_correct)
+    out = tmp_path / "ind.json"
+    partners = [experts / "math2", experts / "language2"]
+    world_indicators.main(["--world", str(tiny_world), "--registry", str(reg), "--math", str(partners[0]), "--lang", str(partners[1]), "--json", str(out)])  # fmt: skip
+    got = json.loads(out.read_text())
+    names = [f"math{i}" for i in range(3)] + [f"language{i}" for i in range(3)]
+    assert [r["expert_id"] for r in got["experts"]] == names
+    assert [r["merge_score"] for r in got["experts"]] == [pytest.approx(i / 10) for i in range(1, 7)]  # fmt: skip
+    # each scored model is the paper default of that expert and the other kind's partner
+    model, _ = load_base(tiny_world)
+    depth = model.config.num_hidden_layers
+    pdf = paper_default(depth)
+    rec = parse_recipe({"method": "layer_swap", "task_expert": "math", "language_expert": "language", "bottom": pdf.bottom, "top": pdf.top})  # fmt: skip
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, seen in zip(names, scored, strict=True):
+        kind = "math" if name.startswith("math") else "language"
+        states = {"base": base, "math": world_indicators.load_state(partners[0]), "language": world_indicators.load_state(partners[1])}  # fmt: skip
+        states[kind] = world_indicators.load_state(experts / name)
+        want = compose_recipe(rec, states, depth)
+        assert all(torch.equal(seen[k], want[k]) for k in want), name
+
+
+def test_correlations_are_each_kinds_spearman_of_its_indicators():
+    rng = np.random.default_rng(0)
+    rows = [{"kind": k, "merge_score": float(rng.random()), "ind__a": float(rng.random()), "ind__b": float(i)} for k in ("math", "language") for i in range(6)]  # fmt: skip
+    got = world_indicators.correlations(rows, resamples=200)
+    assert [(c["kind"], c["indicator"]) for c in got] == [("math", "a"), ("math", "b"), ("language", "a"), ("language", "b")]  # fmt: skip
+    for c in got:
+        mine = [r for r in rows if r["kind"] == c["kind"]]
+        rho = stats.spearmanr([r[f"ind__{c['indicator']}"] for r in mine], [r["merge_score"] for r in mine]).statistic  # fmt: skip
+        assert c["n"] == 6 and c["spearman"][0] == pytest.approx(rho)
+        assert c["spearman"][1] <= c["spearman"][0] <= c["spearman"][2]
+
+
+def test_a_file_that_is_not_a_registry_is_named(tmp_path):
+    bad = tmp_path / "rows.parquet"
+    pd.DataFrame([{"x": 1}]).to_parquet(bad)
+    with pytest.raises(ValueError, match=r"rows\.parquet: not an expert registry"):
+        world_indicators.registry_experts([bad])
+    with pytest.raises(ValueError, match="no such registry file"):
+        world_indicators.registry_experts([tmp_path / "missing.parquet"])
