@@ -200,6 +200,12 @@ class WorldConfig(StrictModel):
     # the tokenizer's chat template (world/model.py CHAT_TEMPLATES), which SFT goes through:
     # lm-eval's "Question: ...\nAnswer:" layout, or a "<|user|>/<|assistant|>" chat of its own
     chat_template: Literal["question-answer", "user-assistant"] = "question-answer"
+    # what Belebele (and the language SFT's multiple choice) asks (world/items.py READINGS):
+    # "where-who", where someone lives or goes, who goes somewhere, what someone has; "verbs",
+    # what someone has, buys, loses or gives, the word problems' verbs. Pretraining's
+    # Belebele-layout documents always ask where-who, so "verbs" is a layout only the language
+    # SFT teaches, and xa Belebele then measures how much of the language expert a merge keeps
+    belebele_questions: Literal["where-who", "verbs"] = "where-who"
     belebele_dev: int = Field(100, ge=4)
     belebele_test: int = Field(200, ge=4)
     corpus: CorpusMix = CorpusMix()

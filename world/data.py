@@ -10,6 +10,7 @@ import random
 
 from spaces.world import WorldConfig
 from world.items import (
+    READINGS,
     Problem,
     Reading,
     ask_about,
@@ -72,13 +73,14 @@ def _reading_key(r: Reading) -> str:
     return f"{row['flores_passage']}\nQ: {row['question']}"
 
 
-def _readings(rng: random.Random, n: int, taken: set[str]) -> list[Reading]:
+def _readings(rng: random.Random, n: int, taken: set[str], make=make_reading) -> list[Reading]:
+    """`n` readings by `make` (world.items.READINGS), none of `taken` (which gains their keys)."""
     positions = [i % 4 for i in range(n)]  # balanced answer positions, in random order
     rng.shuffle(positions)
     out = []
     for pos in positions:
         while True:
-            r = make_reading(rng, pos)
+            r = make(rng, pos)
             key = _reading_key(r)
             if key not in taken:
                 taken.add(key)
@@ -117,7 +119,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
     rng = _rng(cfg, f"{stream}-{lang.code}")
     w = lang.w
     name = LANG_NAMES[lang.code]
-    reserved = reserved_keys(cfg)[1]  # no Belebele dev/test passage reappears here
+    reserved = reserved_keys(cfg, "where-who")[1]  # no Belebele dev/test passage reappears here
 
     def clause():
         return generic_clause(rng, counts=cfg.count_sentences)
@@ -135,7 +137,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
             r = _fresh_reading(rng, rng.randrange(4), lang, reserved)
             ans = r[f"mc_answer{r['correct_answer_num']}"]
             inp, tgt = f"{r['flores_passage']}\n{w('question').capitalize()}: {r['question']}", ans
-        elif kind >= 6:
+        elif kind >= 6:  # where-who whatever Belebele asks: the tokenizer learns from these rows
             inp, tgt = _multiple_choice(rng, lang, reserved)
         elif kind == 3:
             s = render(clause(), lang)[:-1]
@@ -152,18 +154,18 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
     return rows
 
 
-def _fresh_reading(rng: random.Random, pos: int, lang: Language, reserved: set[str]) -> dict:
-    """A reading item in `lang` (answer at `pos`) that is none of Belebele's dev or test items."""
+def _fresh_reading(rng: random.Random, pos: int, lang: Language, reserved: set[str], make=make_reading) -> dict:  # fmt: skip
+    """A reading item by `make` in `lang` (answer at `pos`), none of Belebele's dev or test items."""
     while True:
-        r = make_reading(rng, pos)
+        r = make(rng, pos)
         if _reading_key(r) not in reserved:
             return r.render(lang)
 
 
-def _multiple_choice(rng: random.Random, lang: Language, reserved: set[str]) -> tuple[str, str]:
+def _multiple_choice(rng: random.Random, lang: Language, reserved: set[str], make=make_reading) -> tuple[str, str]:  # fmt: skip
     """A reading item in belebele's P/Q/A-D layout, answered by its letter: (inputs, targets)."""
     pos = rng.randrange(4)
-    return belebele_prompt(_fresh_reading(rng, pos, lang, reserved)).removesuffix("\nAnswer:"), LETTERS[pos]  # fmt: skip
+    return belebele_prompt(_fresh_reading(rng, pos, lang, reserved, make)).removesuffix("\nAnswer:"), LETTERS[pos]  # fmt: skip
 
 
 def _reading_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
@@ -181,7 +183,7 @@ def _reading_rows(cfg: WorldConfig, lang: Language, n: int) -> list[dict]:
     rows = []
     for mc in kinds:
         if mc:
-            inp, tgt = _multiple_choice(rng, lang, reserved)
+            inp, tgt = _multiple_choice(rng, lang, reserved, READINGS[cfg.belebele_questions])
         else:
             facts = count_facts(rng, cfg.max_operand)
             fact = facts[rng.randrange(len(facts))]
@@ -248,8 +250,9 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
             cfg, langs[code], cfg.lang_sft
         )
     brng, btaken = _rng(cfg, "belebele"), set()
-    bdev = _readings(brng, cfg.belebele_dev, btaken)
-    btest = _readings(brng, cfg.belebele_test, btaken)
+    make = READINGS[cfg.belebele_questions]
+    bdev = _readings(brng, cfg.belebele_dev, btaken, make)
+    btest = _readings(brng, cfg.belebele_test, btaken, make)
     for code, lang in langs.items():
         for split, probs in (("train", train), ("dev", dev), ("test", test)):
             out[f"data/mgsm/{code}/{split}.jsonl"] = [
@@ -266,12 +269,24 @@ def instruction_rows(cfg: WorldConfig, langs: dict[str, Language | None]) -> lis
     return [_aya_rows(cfg, langs[code], cfg.lang_sft) for code in TARGETS]
 
 
-def reserved_keys(cfg: WorldConfig) -> tuple[set[str], set[str]]:
-    """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of pretraining."""
+def reserved_keys(cfg: WorldConfig, questions: str | None = None) -> tuple[set[str], set[str]]:
+    """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of
+    pretraining and SFT.
+
+    Args:
+        cfg: the world config.
+        questions: the Belebele question kind whose items to reserve (world.items.READINGS;
+            default the config's). Pretraining's readings and the Aya rows (which the tokenizer
+            learns from) ask where-who questions and pass "where-who": they then are the same
+            whatever `belebele_questions` is, and so is the base.
+    Returns:
+        (MGSM texts, Belebele keys).
+    """
     taken = {p.text(None) for probs in mgsm_problems(cfg).values() for p in probs}
     btaken: set[str] = set()
     brng = _rng(cfg, "belebele")
-    _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken)
+    make = READINGS[questions or cfg.belebele_questions]
+    _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken, make)
     return taken, btaken
 
 
@@ -303,7 +318,7 @@ def tagged_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[t
     staged pretraining (`model.graft`) can teach the target languages apart from English."""
     mix = cfg.corpus
     rng = _rng(cfg, "corpus")
-    math_taken, bele_taken = reserved_keys(cfg)
+    math_taken, bele_taken = reserved_keys(cfg, "where-who")  # the kind its readings ask
     docs: list[tuple[str, str]] = []
     for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
         lang = langs[code]

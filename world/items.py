@@ -259,6 +259,46 @@ def make_reading(rng: random.Random, correct: int, n_facts: int = 2) -> Reading:
     return Reading(tuple(facts[i] for i in order), question, tuple(opts), correct)
 
 
+# The verbs variant (WorldConfig.belebele_questions "verbs"): every question is "what does X
+# <verb>?" and the position tells the verb, so answering is reading the verbs the word problems
+# use for their operations ("buys" adds, "loses" and "gives" take away) in the item's language.
+# "have" keeps position C, where the where/who layout has its "what" question.
+VERB_KINDS = ("buy", "lose", "have", "give")
+
+
+def make_verb_reading(rng: random.Random, correct: int, n_facts: int = 2) -> Reading:
+    """A passage of `n_facts` facts (different people, verbs and things) and a "what does X
+    <verb>?" question about one of them; the options are things, the right one the only one the
+    passage mentions.
+
+    Args:
+        rng: the random source.
+        correct: position (0..3) of the correct option, which fixes the verb asked (VERB_KINDS).
+        n_facts: sentences in the passage (1..4).
+    Returns:
+        the Reading.
+    """
+    people = rng.sample(NAMES, n_facts + 1)  # passage subjects, then the one "give" gives to
+    nouns = rng.sample(list(NOUNS), n_facts + 3)  # passage things, then 3 distractors
+    others = [k for k in VERB_KINDS if k != VERB_KINDS[correct]]
+    verbs = [VERB_KINDS[correct], *rng.sample(others, n_facts - 1)]
+    to = NP(name=people[n_facts])
+    facts = []
+    for i, v in enumerate(verbs):
+        thing = NP(noun=nouns[i], adj=rng.choice(ADJS), det="a")
+        facts.append(Clause(NP(name=people[i]), v, (thing,), to=to if v == "give" else None))
+    question = Clause(NP(name=people[0]), verbs[0], to=to if verbs[0] == "give" else None, qword="what")  # fmt: skip
+    spare = iter(nouns[n_facts:])
+    opts = tuple(NP(noun=nouns[0]) if pos == correct else NP(noun=next(spare)) for pos in range(4))
+    order = list(range(n_facts))
+    rng.shuffle(order)
+    return Reading(tuple(facts[i] for i in order), question, opts, correct)
+
+
+# WorldConfig.belebele_questions -> the reading generator of Belebele and its SFT look-alikes
+READINGS = {"where-who": make_reading, "verbs": make_verb_reading}
+
+
 def belebele_prompt(row: dict) -> str:
     """lm-eval's belebele prompt (tasks/belebele/_default_template_yaml), up to "Answer:"."""
     return (

@@ -273,3 +273,52 @@ def test_reading_world_keeps_the_aya_worlds_tokenizer_and_base(tiny_world, tmp_p
     theirs = json.loads((tiny_world / "world.json").read_text())["sha256"]
     differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     assert differ == ["data/sft/lang_xa.jsonl", "data/sft/lang_xb.jsonl"]
+
+
+def test_verb_readings_ask_the_verb_the_position_names():
+    from world.items import VERB_KINDS, make_verb_reading
+
+    seen = set()
+    for seed in range(200):
+        pos = seed % 4
+        r = make_verb_reading(random.Random(seed), pos).render(None)
+        verbs = {c.verb for c in make_verb_reading(random.Random(seed), pos).passage}
+        assert len(verbs) == 2 and VERB_KINDS[pos] in verbs  # the asked verb and one other
+        q = r["question"]
+        assert q.startswith("What does ") and q.split()[3].rstrip("?") == VERB_KINDS[pos]
+        options = [r[f"mc_answer{i}"] for i in range(1, 5)]
+        mentioned = [o for o in options if o in r["flores_passage"].split(" ") or f"{o}." in r["flores_passage"].split(" ")]  # fmt: skip
+        assert mentioned == [options[pos]] and r["correct_answer_num"] == str(pos + 1)
+        seen.add(q.split()[3].rstrip("?"))
+    assert seen == set(VERB_KINDS)
+    assert make_verb_reading(random.Random(5), 2) == make_verb_reading(random.Random(5), 2)
+
+
+def test_verbs_belebele_changes_only_belebele_and_the_language_sft(tiny_world, tmp_path):
+    # pretraining's readings and the Aya rows (the tokenizer's) ask where-who whatever Belebele
+    # asks, so a "verbs" world keeps the preset's corpus, tokenizer and base
+    import json
+
+    from spaces.world import with_overrides, world_config
+    from world import build_world
+    from world.data import make_datasets, tagged_corpus, world_languages
+    from world.items import VERB_KINDS
+
+    preset = world_config("tiny", 0)
+    cfg = with_overrides(preset, {"lang_sft_kinds": "reading", "belebele_questions": "verbs", "reading_mc_share": 0.25}, "test")  # fmt: skip
+    langs = world_languages(cfg)
+    assert tagged_corpus(cfg, langs) == tagged_corpus(preset, langs)
+    data = make_datasets(cfg, langs)
+    for split in ("dev", "test"):
+        for r in data[f"data/belebele/en/{split}.jsonl"]:
+            asked = r["question"].split()[3].rstrip("?")
+            assert asked == VERB_KINDS[int(r["correct_answer_num"]) - 1]
+    taught = [r for r in data["data/sft/lang_xa.jsonl"] if r["targets"] in ("A", "B", "C", "D")]
+    evaluated = {r["flores_passage"] for s in ("dev", "test") for r in data[f"data/belebele/xa/{s}.jsonl"]}  # fmt: skip
+    assert taught and not {r["inputs"].split("\nQ: ")[0].removeprefix("P: ") for r in taught} & evaluated  # fmt: skip
+    out = build_world(tmp_path / "verbs", seed=0, size="tiny", config=cfg, progress=False)
+    mine = json.loads((out / "world.json").read_text())["sha256"]
+    theirs = json.loads((tiny_world / "world.json").read_text())["sha256"]
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    assert [k for k in differ if "belebele" not in k] == ["data/sft/lang_xa.jsonl", "data/sft/lang_xb.jsonl"]  # fmt: skip
+    assert "base/model.safetensors" not in differ and "base/tokenizer.json" not in differ
