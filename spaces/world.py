@@ -205,7 +205,8 @@ class WorldConfig(StrictModel):
     # what someone has, buys, loses or gives, the word problems' verbs. Pretraining's
     # Belebele-layout documents always ask where-who, so "verbs" is a layout only the language
     # SFT teaches, and xa Belebele then measures how much of the language expert a merge keeps
-    belebele_questions: Literal["where-who", "verbs"] = "where-who"
+    # "both": each item one or the other, by a fair coin
+    belebele_questions: Literal["where-who", "verbs", "both"] = "where-who"
     belebele_dev: int = Field(100, ge=4)
     belebele_test: int = Field(200, ge=4)
     corpus: CorpusMix = CorpusMix()

@@ -119,7 +119,7 @@ def _aya_rows(cfg: WorldConfig, lang: Language, n: int, stream: str = "aya", mul
     rng = _rng(cfg, f"{stream}-{lang.code}")
     w = lang.w
     name = LANG_NAMES[lang.code]
-    reserved = reserved_keys(cfg, "where-who")[1]  # no Belebele dev/test passage reappears here
+    reserved = pretraining_reserved(cfg)[1]  # no Belebele dev/test passage reappears here
 
     def clause():
         return generic_clause(rng, counts=cfg.count_sentences)
@@ -276,9 +276,7 @@ def reserved_keys(cfg: WorldConfig, questions: str | None = None) -> tuple[set[s
     Args:
         cfg: the world config.
         questions: the Belebele question kind whose items to reserve (world.items.READINGS;
-            default the config's). Pretraining's readings and the Aya rows (which the tokenizer
-            learns from) ask where-who questions and pass "where-who": they then are the same
-            whatever `belebele_questions` is, and so is the base.
+            default the config's).
     Returns:
         (MGSM texts, Belebele keys).
     """
@@ -288,6 +286,17 @@ def reserved_keys(cfg: WorldConfig, questions: str | None = None) -> tuple[set[s
     make = READINGS[questions or cfg.belebele_questions]
     _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken, make)
     return taken, btaken
+
+
+def pretraining_reserved(cfg: WorldConfig) -> tuple[set[str], set[str]]:
+    """What pretraining's documents and the Aya rows (the tokenizer learns from them) keep out:
+    the config's evaluation items and the where-who Belebele items a "where-who" world would
+    have. Their readings always ask where-who, so with any `belebele_questions` they are drawn
+    against the same keys and come out the same (unless one equals an item of the config's
+    Belebele, which is then left out: a corpus that differs, which the shipped base's corpus
+    check names), and so does the base."""
+    math_taken, bele_taken = reserved_keys(cfg)
+    return math_taken, bele_taken | reserved_keys(cfg, "where-who")[1]
 
 
 def _passage(rng: random.Random, lang: Language | None, counts: bool) -> str:
@@ -318,7 +327,7 @@ def tagged_corpus(cfg: WorldConfig, langs: dict[str, Language | None]) -> list[t
     staged pretraining (`model.graft`) can teach the target languages apart from English."""
     mix = cfg.corpus
     rng = _rng(cfg, "corpus")
-    math_taken, bele_taken = reserved_keys(cfg, "where-who")  # the kind its readings ask
+    math_taken, bele_taken = pretraining_reserved(cfg)
     docs: list[tuple[str, str]] = []
     for code, n_math in (("en", mix.en_math), ("xa", mix.xa_math), ("xb", mix.xb_math)):
         lang = langs[code]

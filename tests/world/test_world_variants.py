@@ -322,3 +322,20 @@ def test_verbs_belebele_changes_only_belebele_and_the_language_sft(tiny_world, t
     differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     assert [k for k in differ if "belebele" not in k] == ["data/sft/lang_xa.jsonl", "data/sft/lang_xb.jsonl"]  # fmt: skip
     assert "base/model.safetensors" not in differ and "base/tokenizer.json" not in differ
+
+
+def test_both_belebele_mixes_the_two_layouts_item_by_item():
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets, world_languages
+    from world.items import READING_KINDS, VERB_KINDS
+
+    cfg = with_overrides(world_config("tiny", 0), {"belebele_questions": "both", "belebele_test": 200}, "test")  # fmt: skip
+    rows = make_datasets(cfg, world_languages(cfg))["data/belebele/en/test.jsonl"]
+    where_who = [r for r in rows if r["question"].startswith(("Where ", "Who "))]
+    verbs = [r for r in rows if r["question"].split()[3].rstrip("?") in ("buy", "lose", "give")]
+    assert 60 < len(where_who) and 60 < len(verbs)  # a fair coin over 200 items (and "have" either)
+    for r in where_who:
+        pos = int(r["correct_answer_num"]) - 1
+        assert READING_KINDS[pos] in ("live", "who", "go")
+    for r in verbs:
+        assert VERB_KINDS[int(r["correct_answer_num"]) - 1] == r["question"].split()[3].rstrip("?")
