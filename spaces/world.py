@@ -203,14 +203,26 @@ class WorldConfig(StrictModel):
     # what Belebele (and the language SFT's multiple choice) asks (world/items.py READINGS):
     # "where-who", where someone lives or goes, who goes somewhere, what someone has; "verbs",
     # what someone has, buys, loses or gives, the word problems' verbs. Pretraining's
-    # Belebele-layout documents always ask where-who, so "verbs" is a layout only the language
-    # SFT teaches, and xa Belebele then measures how much of the language expert a merge keeps
-    # "both": each item one or the other, by a fair coin
-    belebele_questions: Literal["where-who", "verbs", "both"] = "where-who"
+    # Belebele-layout documents always ask where-who, so "verbs" is a layout only the "reading"
+    # language SFT's multiple choice teaches, and xa Belebele then measures how much of the
+    # language expert a merge keeps
+    belebele_questions: Literal["where-who", "verbs"] = "where-who"
     belebele_dev: int = Field(100, ge=4)
     belebele_test: int = Field(200, ge=4)
     corpus: CorpusMix = CorpusMix()
     model: WorldModelConfig = WorldModelConfig()
+
+    @model_validator(mode="after")
+    def _verbs_need_their_teacher(self) -> WorldConfig:
+        if self.belebele_questions != "where-who" and (
+            self.lang_sft_kinds != "reading" or self.reading_mc_share == 0
+        ):
+            raise ValueError(
+                f"belebele_questions {self.belebele_questions!r} needs lang_sft_kinds 'reading' "
+                f"with reading_mc_share > 0, the only data that teaches its layout (is "
+                f"{self.lang_sft_kinds!r}, {self.reading_mc_share})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _code_switching_needs_svo(self) -> WorldConfig:

@@ -249,10 +249,7 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
         out[f"data/sft/lang_{code}.jsonl"] = LANG_SFT[cfg.lang_sft_kinds](
             cfg, langs[code], cfg.lang_sft
         )
-    brng, btaken = _rng(cfg, "belebele"), set()
-    make = READINGS[cfg.belebele_questions]
-    bdev = _readings(brng, cfg.belebele_dev, btaken, make)
-    btest = _readings(brng, cfg.belebele_test, btaken, make)
+    bdev, btest = _belebele_items(cfg)
     for code, lang in langs.items():
         for split, probs in (("train", train), ("dev", dev), ("test", test)):
             out[f"data/mgsm/{code}/{split}.jsonl"] = [
@@ -269,34 +266,50 @@ def instruction_rows(cfg: WorldConfig, langs: dict[str, Language | None]) -> lis
     return [_aya_rows(cfg, langs[code], cfg.lang_sft) for code in TARGETS]
 
 
-def reserved_keys(cfg: WorldConfig, questions: str | None = None) -> tuple[set[str], set[str]]:
-    """English texts of evaluation items (MGSM all splits, Belebele dev/test) to keep out of
-    pretraining and SFT.
+def _belebele_items(cfg: WorldConfig, questions: str | None = None) -> tuple[list[Reading], list[Reading]]:  # fmt: skip
+    """Belebele's dev and test readings, drawn as `make_datasets` writes them.
 
     Args:
         cfg: the world config.
-        questions: the Belebele question kind whose items to reserve (world.items.READINGS;
-            default the config's).
+        questions: the question kind (world.items.READINGS); default the config's.
+    """
+    brng, taken = _rng(cfg, "belebele"), set()
+    make = READINGS[questions or cfg.belebele_questions]
+    return _readings(brng, cfg.belebele_dev, taken, make), _readings(brng, cfg.belebele_test, taken, make)  # fmt: skip
+
+
+def reserved_keys(cfg: WorldConfig, questions: str | None = None) -> tuple[set[str], set[str]]:
+    """English texts of the evaluation items (MGSM all splits, Belebele dev and test) that
+    pretraining and SFT data keep out.
+
+    From world v5 the Belebele keys are its items'. Up to v4 they are one draw of dev + test
+    readings from Belebele's stream, which are not its items (those are two draws): a slip found
+    in round 11, kept there because v4's data and shipped bases were made with it. It lets one
+    English Belebele test passage per seed (with other options) into v4's corpus, and no xa
+    Belebele item into its corpus or language SFT (checked on seeds 0 and 1).
+
+    Args:
+        cfg: the world config.
+        questions: whose Belebele items (world.items.READINGS); default the config's.
     Returns:
         (MGSM texts, Belebele keys).
     """
     taken = {p.text(None) for probs in mgsm_problems(cfg).values() for p in probs}
+    if int(cfg.version) >= 5:
+        dev, test = _belebele_items(cfg, questions)
+        return taken, {_reading_key(r) for r in dev + test}
     btaken: set[str] = set()
-    brng = _rng(cfg, "belebele")
     make = READINGS[questions or cfg.belebele_questions]
-    _readings(brng, cfg.belebele_dev + cfg.belebele_test, btaken, make)
+    _readings(_rng(cfg, "belebele"), cfg.belebele_dev + cfg.belebele_test, btaken, make)
     return taken, btaken
 
 
 def pretraining_reserved(cfg: WorldConfig) -> tuple[set[str], set[str]]:
     """What pretraining's documents and the Aya rows (the tokenizer learns from them) keep out:
-    the config's evaluation items and the where-who Belebele items a "where-who" world would
-    have. Their readings always ask where-who, so with any `belebele_questions` they are drawn
-    against the same keys and come out the same (unless one equals an item of the config's
-    Belebele, which is then left out: a corpus that differs, which the shipped base's corpus
-    check names), and so does the base."""
-    math_taken, bele_taken = reserved_keys(cfg)
-    return math_taken, bele_taken | reserved_keys(cfg, "where-who")[1]
+    the where-who keys, whatever `belebele_questions` is. Their readings always ask where-who,
+    so a "verbs" world has the corpus, tokenizer and base of its where-who twin, and no verbs
+    item can be among them. Returns (MGSM texts, Belebele keys)."""
+    return reserved_keys(cfg, "where-who")
 
 
 def _passage(rng: random.Random, lang: Language | None, counts: bool) -> str:

@@ -295,14 +295,8 @@ def make_verb_reading(rng: random.Random, correct: int, n_facts: int = 2) -> Rea
     return Reading(tuple(facts[i] for i in order), question, opts, correct)
 
 
-def make_either_reading(rng: random.Random, correct: int) -> Reading:
-    """A where-who or a verbs reading, by a fair coin. The two layouts agree where they meet
-    ("what does X have?" is C in both), so one item set can hold both."""
-    return (make_reading if rng.random() < 0.5 else make_verb_reading)(rng, correct)
-
-
 # WorldConfig.belebele_questions -> the reading generator of Belebele and its SFT look-alikes
-READINGS = {"where-who": make_reading, "verbs": make_verb_reading, "both": make_either_reading}
+READINGS = {"where-who": make_reading, "verbs": make_verb_reading}
 
 
 def belebele_prompt(row: dict) -> str:

@@ -324,18 +324,26 @@ def test_verbs_belebele_changes_only_belebele_and_the_language_sft(tiny_world, t
     assert "base/model.safetensors" not in differ and "base/tokenizer.json" not in differ
 
 
-def test_both_belebele_mixes_the_two_layouts_item_by_item():
+def test_verbs_need_the_reading_sft_that_teaches_them():
     from spaces.world import with_overrides, world_config
-    from world.data import make_datasets, world_languages
-    from world.items import READING_KINDS, VERB_KINDS
 
-    cfg = with_overrides(world_config("tiny", 0), {"belebele_questions": "both", "belebele_test": 200}, "test")  # fmt: skip
-    rows = make_datasets(cfg, world_languages(cfg))["data/belebele/en/test.jsonl"]
-    where_who = [r for r in rows if r["question"].startswith(("Where ", "Who "))]
-    verbs = [r for r in rows if r["question"].split()[3].rstrip("?") in ("buy", "lose", "give")]
-    assert 60 < len(where_who) and 60 < len(verbs)  # a fair coin over 200 items (and "have" either)
-    for r in where_who:
-        pos = int(r["correct_answer_num"]) - 1
-        assert READING_KINDS[pos] in ("live", "who", "go")
-    for r in verbs:
-        assert VERB_KINDS[int(r["correct_answer_num"]) - 1] == r["question"].split()[3].rstrip("?")
+    with pytest.raises(ValueError, match="belebele_questions 'verbs' needs lang_sft_kinds 'reading'"):  # fmt: skip
+        with_overrides(world_config("tiny", 0), {"belebele_questions": "verbs"}, "t")
+    with pytest.raises(ValueError, match=r"reading_mc_share > 0.*'reading', 0\.0"):
+        with_overrides(world_config("tiny", 0), {"belebele_questions": "verbs", "lang_sft_kinds": "reading", "reading_mc_share": 0}, "t")  # fmt: skip
+
+
+@pytest.mark.parametrize("questions", ["where-who", "verbs"])
+def test_from_v5_the_reserved_keys_are_belebeles_own_items(questions):
+    # up to v4 they are another draw (world/data.py reserved_keys), kept for v4's shipped bases
+    from spaces.world import with_overrides, world_config
+    from world.data import make_datasets, reserved_keys, world_languages
+
+    over = {"belebele_questions": questions, "lang_sft_kinds": "reading"}
+    v4 = with_overrides(world_config("tiny", 0), over, "t")
+    v5 = v4.model_copy(update={"version": "5"})
+    rows = make_datasets(v5, world_languages(v5))
+    items = {f"{r['flores_passage']}\nQ: {r['question']}" for s in ("dev", "test") for r in rows[f"data/belebele/en/{s}.jsonl"]}  # fmt: skip
+    assert len(items) == v5.belebele_dev + v5.belebele_test
+    assert reserved_keys(v5)[1] == items
+    assert reserved_keys(v4)[1] != items  # the v4 slip, documented in reserved_keys
