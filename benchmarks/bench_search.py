@@ -121,6 +121,57 @@ def replay(space, depth, pool, table: dict, sampler, budget: int, top: set, warm
     return None
 
 
+def search_efficiency(exp, depth: int, pool, table: dict, budget_share: float, seeds: int) -> dict:
+    """(c): TPE (with and without the paper default enqueued) and random search replayed against
+    the grid table, `seeds` seeds each: distinct evaluations to reach a top-5 % recipe.
+
+    Args:
+        exp: the search experiment (its space and sampler settings).
+        depth, pool: the model's depth and the expert pool the recipes decode with.
+        table: recipe id -> proxy objective, every recipe of the space.
+        budget_share: the search budget as a share of the grid.
+        seeds: seeds per sampler.
+    Returns:
+        the report's "c_search_efficiency" block.
+    """
+    import optuna
+
+    from search.searcher import make_sampler
+    from spaces.search_space import warm_start
+
+    values = sorted(table.values(), reverse=True)
+    cut = values[max(0, int(0.05 * len(values)) - 1)]
+    top = {r for r, v in table.items() if v >= cut}
+    budget = max(1, int(budget_share * len(table)))
+
+    def exp_s(seed):  # the search's own sampler settings, with this budget and seed
+        return exp.model_copy(
+            update={"search": exp.search.model_copy(update={"seed": seed, "num_samples": budget})}
+        )
+
+    res_c = {
+        "distinct_recipes": len(table),
+        "top5_threshold": cut,
+        "top5_count": len(top),
+        "budget": budget,
+    }
+    for name, make, warm in (
+        ("tpe", lambda s: make_sampler(exp_s(s)), warm_start(exp.space, depth, pool)),
+        ("tpe_no_warm_start", lambda s: make_sampler(exp_s(s)), None),
+        ("random", lambda s: optuna.samplers.RandomSampler(seed=s), None),
+    ):
+        hits = [replay(exp.space, depth, pool, table, make(s), budget, top, warm) for s in range(seeds)]  # fmt: skip
+        found = [h for h in hits if h is not None]
+        median = statistics.median([h if h is not None else budget + 1 for h in hits])
+        res_c[name] = {
+            "evals_to_top5": hits,
+            "found": f"{len(found)}/{len(hits)}",
+            "median_evals": median,
+            "median_share_of_grid": round(median / len(table), 3),
+        }
+    return res_c
+
+
 def bench_shape(args) -> None:
     """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
     import torch
@@ -224,6 +275,15 @@ def main() -> None:
     ap.add_argument("--max-gen-toks", type=int, help="MGSM generation budget (default: 8 in (a)-(c), 32 in (d))")  # fmt: skip
     ap.add_argument("--limit", type=int, help="(d): first N items per proxy (default: all)")
     args = ap.parse_args()
+    if args.experts and args.world is None:
+        ap.error("--experts needs --world, the world whose base they were trained from")
+    if args.shape and (args.experts or args.space != "wide"):
+        ap.error(
+            "--shape (d) uses random weights of that shape: --experts and --space are (a)-(c)'s"
+        )
+    for d in args.experts or []:
+        if not (d / "config.json").is_file():
+            ap.error(f"--experts {d}: not a checkpoint folder (no config.json)")
     if args.shape:
         return bench_shape(args)
 
@@ -237,7 +297,7 @@ def main() -> None:
     from search.trial import TrialRunner
     from spaces.recipe import recipe_id
     from spaces.search_experiment import SearchExperiment
-    from spaces.search_space import ExpertPool, decode, warm_start
+    from spaces.search_space import ExpertPool, decode
     from trainables.evaluate.tasks import write_world_tasks
     from world import build_world
 
@@ -291,43 +351,8 @@ def main() -> None:
         tc, tt = tc + res.t_compose_s, tt + res.t_total_s
     report["grid_compose_share"] = round(tc / tt, 4)
     report["grid_seconds"] = round(time.perf_counter() - t0, 1)
-    values = sorted(table.values(), reverse=True)
-    cut = values[max(0, int(0.05 * len(values)) - 1)]
-    top = {r for r, v in table.items() if v >= cut}
-    budget = max(1, int(args.budget * len(table)))
     report["grid_table"] = [[p, table[recipe_id(decode(p, exp.space, depth, pool))]] for p in grid]
-    from search.searcher import make_sampler
-
-    def exp_s(seed):  # the search's own sampler settings, with this budget and seed
-        return exp.model_copy(
-            update={"search": exp.search.model_copy(update={"seed": seed, "num_samples": budget})}
-        )
-
-    res_c = {
-        "distinct_recipes": len(table),
-        "top5_threshold": cut,
-        "top5_count": len(top),
-        "budget": budget,
-    }
-    for name, make, warm in (
-        ("tpe", lambda s: make_sampler(exp_s(s)), warm_start(exp.space, depth, pool)),
-        ("tpe_no_warm_start", lambda s: make_sampler(exp_s(s)), None),
-        ("random", lambda s: optuna.samplers.RandomSampler(seed=s), None),
-    ):
-        hits = [
-            replay(exp.space, depth, pool, table, make(s), budget, top, warm)
-            for s in range(args.seeds)
-        ]
-        found = [h for h in hits if h is not None]
-        res_c[name] = {
-            "evals_to_top5": hits,
-            "found": f"{len(found)}/{len(hits)}",
-            "median_evals": statistics.median([h if h is not None else budget + 1 for h in hits]),
-            "median_share_of_grid": round(
-                statistics.median([h if h is not None else budget + 1 for h in hits]) / len(table),
-                3,
-            ),
-        }
+    res_c = search_efficiency(exp, depth, pool, table, args.budget, args.seeds)
     report["c_search_efficiency"] = res_c
     print(json.dumps(res_c, indent=1), flush=True)
     if args.only_c:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-KIND_SIDE = {"math": "math", "language": "language"}  # registry kind -> recipe side it fills
+TARGET = "xa"  # the language whose MGSM the merges are scored on
 
 
 def parse_args(argv):
@@ -39,43 +39,38 @@ def parse_args(argv):
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, help="write every expert's row and the correlations here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for flag in ("world", "math", "lang"):
+        if not getattr(args, flag).is_dir():
+            p.error(f"--{flag} {getattr(args, flag)}: not a folder")
+    return args
 
 
 def registry_experts(paths: list[Path]) -> list[dict]:
-    """The experts of the registries (one row per checkpoint), checked for what the study needs.
+    """The experts of the registries (search.registry's schema, validated): math experts and
+    the language experts of TARGET, one row per checkpoint.
 
     Raises:
-        ValueError: a file is missing, or a row has no kind/path/indicator column.
+        ValueError: a file is missing or not a registry (naming it), or it holds no such expert.
     """
-    import pandas as pd
+    from search.registry import read_registry
 
     rows = []
     for p in paths:
-        if not p.is_file():
-            raise ValueError(f"{p}: no such registry file")
-        df = pd.read_parquet(p)
-        missing = {"expert_id", "kind", "path"} - set(df.columns)
-        if missing or not any(c.startswith("ind__") for c in df.columns):
-            raise ValueError(f"{p}: not an expert registry (missing {sorted(missing) or 'ind__* columns'})")  # fmt: skip
-        rows += df.drop_duplicates("expert_id").to_dict("records")
+        mine = [r for r in read_registry(p).to_pylist() if r["kind"] == "math" or r["language"] == TARGET]  # fmt: skip
+        if not mine:
+            raise ValueError(f"{p}: no math or {TARGET} language expert in this registry")
+        rows += mine
     return rows
-
-
-def load_state(path: Path) -> dict:
-    """A checkpoint's state dict (safetensors only)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def correlations(rows: list[dict], resamples: int) -> list[dict]:
     """Per kind and indicator: Spearman of the indicator with the merge's score, 95 % CI."""
     from analysis.stats import correlate
+    from spaces.sweep import EXPERT_KINDS
 
     out = []
-    for kind in KIND_SIDE:
+    for kind in EXPERT_KINDS:
         mine = [r for r in rows if r["kind"] == kind]
         for col in sorted({c for r in mine for c in r if c.startswith("ind__")}):
             x = [r.get(col, float("nan")) for r in mine]
@@ -90,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from spaces.recipe import parse_recipe
     from spaces.zones import paper_default
     from trainables.merge.compose import compose_recipe
+    from trainables.merge.live import load_expert
     from world.sft import load_base, mgsm_correct, read_rows
 
     t0 = time.time()
@@ -102,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     pd_ = paper_default(depth)
     pair = {"method": "layer_swap", "task_expert": "math", "language_expert": "language"}
     recipe = parse_recipe({**pair, "bottom": pd_.bottom, "top": pd_.top})
-    partners = {"math": load_state(args.math), "language": load_state(args.lang)}
+    partners = {"math": load_expert(str(args.math), lambda: base), "language": load_expert(str(args.lang), lambda: base)}  # fmt: skip
     print(f"{len(experts)} experts; paper default b{pd_.bottom} u{pd_.top}; xa MGSM {args.split} ({len(xa)} items)")  # fmt: skip
     rows = []
     for e in experts:
-        states = {"base": base, **partners, KIND_SIDE[e["kind"]]: load_state(Path(e["path"]))}
+        # a recipe's sides are named as registry kinds: "math" and "language"
+        states = {"base": base, **partners, e["kind"]: load_expert(e["path"], lambda: base)}
         model.load_state_dict(compose_recipe(recipe, states, depth))
         score = float(np.mean(mgsm_correct(model, tok, xa, max_new_tokens=20)))
         inds = {k: float(v) for k, v in e.items() if k.startswith("ind__") and v == v}

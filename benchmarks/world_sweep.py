@@ -10,8 +10,8 @@ and ~2 min to probe (test split, --select) per core here, ~1.5x that per core of
 OUT/<variant>-s<seed>/ (the world; one already there is reused if it is the same variant),
 OUT/<variant>-s<seed>.{build,probe}.log, .json (world_probe --json) and OUT/summary.md, a row per
 run: xa MGSM on the probe's split of the base, the experts, the paper default, soup, TIES, the
-best swap (a biased pick: a maximum over 15) and, with --select, the best swap by the search's
-proxies. A measurement for designing the world (issue 15), not a test.
+best swap (a biased pick: a maximum over world_probe.recipes' 33 layer swaps) and, with --select,
+the best swap by the search's proxies. A measurement for designing the world (issue 15), not a test.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def summary(rows: list[dict]) -> str:
             continue
         xa = r["xa"]
         paper = next(n for n in xa if n.startswith("paper default"))
-        swaps = [n for n in xa if n.startswith("swap ")]
+        swaps = [n for n in xa if n.startswith(("swap ", "paper default"))]
         best = max(swaps, key=lambda n: xa[n])
         d, lo, hi = r["diff"][best]
         cells = [f"{xa[n]:.3f}" for n in ("base", "math", "language", paper, "uniform soup", "ties")]  # fmt: skip

@@ -22,26 +22,32 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def sweep(tiny_world, tmp_path_factory):
-    """Three math and three language "experts" (the base shifted) and their registry."""
+    """Three math and three xa language "experts" (the base shifted), one xb language expert,
+    and their registry as search.registry writes it."""
+    from search.registry import expert_row, write_registry
     from world.sft import load_base
 
     out = tmp_path_factory.mktemp("sweep")
     rows = []
-    for kind, shifts in (("math", (0.0, 0.01, 0.03)), ("language", (0.0, 0.02, 0.05))):
+    for kind, lang, shifts in (("math", "en", (0.0, 0.01, 0.03)), ("language", "xa", (0.0, 0.02, 0.05)), ("language", "xb", (0.1,))):  # fmt: skip
         for i, shift in enumerate(shifts):
             model, _ = load_base(tiny_world)
             for p in model.parameters():
                 p.data += shift
-            path = out / f"{kind}{i}"
-            model.save_pretrained(path)
-            rows.append({"expert_id": f"{kind}{i}", "kind": kind, "path": str(path), "ind__a": float(i), "ind__b": float(-i)})  # fmt: skip
+            name = f"{kind}{i}" if lang != "xb" else "xb0"
+            model.save_pretrained(out / name)
+            exp = {"name": name, "kind": kind, "language": lang, "mode": {"type": "full"}, "base": str(tiny_world / "base")}  # fmt: skip
+            manifest = {"step": 10 * (i + 1), "samples": 160, "seed": 0, "hparams": {}}
+            cols = {"ind__a": float(i), "n_items__a": 20, "ind__b": float(-i), "n_items__b": 20}
+            rows.append(expert_row(exp, out / name, manifest, name, cols))
     reg = out / "registry.parquet"
-    pd.DataFrame(rows).to_parquet(reg)
+    write_registry(reg, rows)
     return reg, out
 
 
 def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_world, sweep, tmp_path, monkeypatch):  # fmt: skip
     import torch
+    from safetensors.torch import load_file
 
     from spaces.recipe import parse_recipe
     from spaces.zones import paper_default
@@ -61,7 +67,7 @@ def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_wor
     world_indicators.main(["--world", str(tiny_world), "--registry", str(reg), "--math", str(partners[0]), "--lang", str(partners[1]), "--json", str(out)])  # fmt: skip
     got = json.loads(out.read_text())
     names = [f"math{i}" for i in range(3)] + [f"language{i}" for i in range(3)]
-    assert [r["expert_id"] for r in got["experts"]] == names
+    assert [Path(r["path"]).name for r in got["experts"]] == names  # xb's expert left out
     assert [r["merge_score"] for r in got["experts"]] == [pytest.approx(i / 10) for i in range(1, 7)]  # fmt: skip
     # each scored model is the paper default of that expert and the other kind's partner
     model, _ = load_base(tiny_world)
@@ -71,8 +77,8 @@ def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_wor
     base = {k: v.clone() for k, v in model.state_dict().items()}
     for name, seen in zip(names, scored, strict=True):
         kind = "math" if name.startswith("math") else "language"
-        states = {"base": base, "math": world_indicators.load_state(partners[0]), "language": world_indicators.load_state(partners[1])}  # fmt: skip
-        states[kind] = world_indicators.load_state(experts / name)
+        states = {"base": base, "math": load_file(partners[0] / "model.safetensors"), "language": load_file(partners[1] / "model.safetensors")}  # fmt: skip
+        states[kind] = load_file(experts / name / "model.safetensors")
         want = compose_recipe(rec, states, depth)
         assert all(torch.equal(seen[k], want[k]) for k in want), name
 
@@ -89,10 +95,13 @@ def test_correlations_are_each_kinds_spearman_of_its_indicators():
         assert c["spearman"][1] <= c["spearman"][0] <= c["spearman"][2]
 
 
-def test_a_file_that_is_not_a_registry_is_named(tmp_path):
+def test_a_file_that_is_not_a_registry_or_a_missing_folder_is_named(tmp_path, capsys):
     bad = tmp_path / "rows.parquet"
     pd.DataFrame([{"x": 1}]).to_parquet(bad)
-    with pytest.raises(ValueError, match=r"rows\.parquet: not an expert registry"):
+    with pytest.raises(ValueError, match=r"rows\.parquet: expert registry is missing column"):
         world_indicators.registry_experts([bad])
-    with pytest.raises(ValueError, match="no such registry file"):
+    with pytest.raises(ValueError, match="no expert registry"):
         world_indicators.registry_experts([tmp_path / "missing.parquet"])
+    with pytest.raises(SystemExit):
+        world_indicators.parse_args(["--world", str(tmp_path), "--registry", str(bad), "--math", str(tmp_path / "nope"), "--lang", str(tmp_path)])  # fmt: skip
+    assert "--math" in capsys.readouterr().err
