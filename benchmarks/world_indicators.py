@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         inds = {k: float(v) for k, v in e.items() if k.startswith("ind__") and v == v}
         rows.append({"expert_id": e["expert_id"], "kind": e["kind"], "path": str(e["path"]), "merge_score": score, **inds})  # fmt: skip
         shown = "  ".join(f"{k.removeprefix('ind__')} {v:.3f}" for k, v in inds.items())
-        print(f"  {e['kind']:<8} {Path(e['path']).parent.name}/{Path(e['path']).name}: merge {score:.3f}  {shown}", flush=True)  # fmt: skip
+        lr = json.loads(e["hparams"] or "{}").get("lr", float("nan"))
+        print(f"  {e['kind']:<8} {e['trial_id']} (lr {lr:.2g}) step {e['step']}: merge {score:.3f}  {shown}", flush=True)  # fmt: skip
     print("\nSpearman(indicator, merge xa MGSM) over the experts of each kind, 95 % CI")
     corr = correlations(rows, args.resamples)
     for c in corr:
