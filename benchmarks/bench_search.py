@@ -172,37 +172,11 @@ def search_efficiency(exp, depth: int, pool, table: dict, budget_share: float, s
     return res_c
 
 
-def bench_shape(args) -> None:
-    """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
-    import torch
-    from shapes import shape_config, shape_experts
-    from transformers import AutoTokenizer
-
-    from search.trial import TrialRunner
+def shape_experiment(args, world: Path, dirs: dict, depth: int):
+    """(d)'s search experiment: the shape's random experts on the world's proxies, one GPU a trial."""
     from spaces.search_experiment import SearchExperiment
-    from spaces.search_space import ExpertPool, decode, warm_start
-    from trainables.evaluate.tasks import write_world_tasks
-    from world import build_world
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.set_num_threads(os.cpu_count() or 1)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-shape-"))
-    world = args.world or build_world(tmp / "world", size="tiny", progress=False)
-    tok = AutoTokenizer.from_pretrained(world / "base")
-    cfg = shape_config(args.shape, tok, args.depth)
-    t0 = time.perf_counter()
-    states = shape_experts(cfg, make_on=device)
-    print(
-        f"{args.shape} (depth {cfg.num_hidden_layers}) experts made in {time.perf_counter() - t0:.0f}s"
-    )
-    dirs = {}
-    for role in states:  # config and tokenizer on disk; the weights come from memory
-        dirs[role] = tmp / role
-        cfg.save_pretrained(dirs[role])
-        tok.save_pretrained(dirs[role])
-    by_path = {str(d): states[r] for r, d in dirs.items()}
-    depth = cfg.num_hidden_layers
-    exp = SearchExperiment.model_validate(
+    return SearchExperiment.model_validate(
         {
             "name": "bench-shape",
             "language": "xa",
@@ -225,6 +199,38 @@ def bench_shape(args) -> None:
             "search": {"gpus_per_trial": 1, "fidelity": {"screen": None}},
         }
     )
+
+
+def bench_shape(args) -> None:
+    """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
+    import torch
+    from shapes import shape_config, shape_experts
+    from transformers import AutoTokenizer
+
+    from search.trial import TrialRunner
+    from spaces.search_space import ExpertPool, decode, warm_start
+    from trainables.evaluate.tasks import write_world_tasks
+    from world import build_world
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(os.cpu_count() or 1)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-shape-"))
+    world = args.world or build_world(tmp / "world", size="tiny", progress=False)
+    tok = AutoTokenizer.from_pretrained(world / "base")
+    cfg = shape_config(args.shape, tok, args.depth)
+    t0 = time.perf_counter()
+    states = shape_experts(cfg, make_on=device)
+    print(
+        f"{args.shape} (depth {cfg.num_hidden_layers}) experts made in {time.perf_counter() - t0:.0f}s"
+    )
+    dirs = {}
+    for role in states:  # config and tokenizer on disk; the weights come from memory
+        dirs[role] = tmp / role
+        cfg.save_pretrained(dirs[role])
+        tok.save_pretrained(dirs[role])
+    by_path = {str(d): states[r] for r, d in dirs.items()}
+    depth = cfg.num_hidden_layers
+    exp = shape_experiment(args, world, dirs, depth)
     pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
     tasks = tmp / "tasks"
     write_world_tasks(world, tasks)
@@ -255,7 +261,7 @@ def bench_shape(args) -> None:
     )
 
 
-def main() -> None:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--world", type=Path, help="world folder (default: build a tiny one in a temp dir)"
@@ -274,7 +280,7 @@ def main() -> None:
     ap.add_argument("--experts", type=Path, nargs=2, metavar=("MATH", "LANG"), help="(a)-(c): these trained checkpoints (from --world's base) instead of two quick tiny experts")  # fmt: skip
     ap.add_argument("--max-gen-toks", type=int, help="MGSM generation budget (default: 8 in (a)-(c), 32 in (d))")  # fmt: skip
     ap.add_argument("--limit", type=int, help="(d): first N items per proxy (default: all)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.experts and args.world is None:
         ap.error("--experts needs --world, the world whose base they were trained from")
     if args.shape and (args.experts or args.space != "wide"):
@@ -284,30 +290,26 @@ def main() -> None:
     for d in args.experts or []:
         if not (d / "config.json").is_file():
             ap.error(f"--experts {d}: not a checkpoint folder (no config.json)")
-    if args.shape:
-        return bench_shape(args)
+    return args
 
-    import optuna
-    import torch
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    torch.set_num_threads(1)
+def bench_experiment(args, tmp: Path):
+    """The world, the experts and the search experiment (a)-(c) run on.
+
+    Returns:
+        (experiment, world folder, depth, expert pool).
+    """
     from search_fixtures import make_experts
 
-    from search.trial import TrialRunner
-    from spaces.recipe import recipe_id
     from spaces.search_experiment import SearchExperiment
-    from spaces.search_space import ExpertPool, decode
-    from trainables.evaluate.tasks import write_world_tasks
+    from spaces.search_space import ExpertPool
     from world import build_world
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
     world = args.world or build_world(tmp / "world", size=args.size, progress=False)
     if args.experts:  # trained checkpoints (e.g. the demo's), from the world's base
         paths = {"base": world / "base", "task": args.experts[0], "language": args.experts[1]}
     else:
         paths = make_experts(world, tmp / "experts")
-    gen_toks = args.max_gen_toks or 8
     depth = json.loads((Path(paths["task"]) / "config.json").read_text())["num_hidden_layers"]
     exp = SearchExperiment.model_validate(
         {
@@ -317,7 +319,7 @@ def main() -> None:
             "task_experts": [str(paths["task"])],
             "language_experts": [str(paths["language"])],
             "world": str(world),
-            "proxy_eval": {"max_gen_toks": gen_toks},
+            "proxy_eval": {"max_gen_toks": args.max_gen_toks or 8},
             "space": SPACES[args.space](depth),
             "search": {
                 "num_samples": args.recipes,
@@ -326,22 +328,30 @@ def main() -> None:
             },
         }
     )
-    pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
-    grid = enumerate_space(exp.space, depth, pool)
-    report: dict = {"world": str(world), "depth": depth, "grid_size": len(grid)}
-    print(f"grid: {len(grid)} recipes (depth {depth})", flush=True)
+    return exp, world, depth, ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)  # fmt: skip
 
-    # (c) first: the exhaustive table, in-process (also gives per-trial timings)
-    tasks = tmp / "tasks"
-    write_world_tasks(world, tasks)
+
+def grid_table(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path, grid_from: Path | None) -> tuple[dict, dict]:  # fmt: skip
+    """(c)'s table: every recipe of the grid scored once in-process (or read from `grid_from`).
+
+    Returns:
+        (recipe id -> proxy objective, {"grid_compose_share", "grid_seconds"}).
+    """
+    from search.trial import TrialRunner
+    from spaces.recipe import recipe_id
+    from spaces.search_space import decode
+    from trainables.evaluate.tasks import write_world_tasks
+
     table, t0, tc, tt = {}, time.perf_counter(), 0.0, 1e-9
-    if args.grid_from is not None:
+    if grid_from is not None:
         # saved as [params, objective] pairs: recipe ids name this run's expert paths
-        saved = json.loads(args.grid_from.read_text())["grid_table"]
+        saved = json.loads(grid_from.read_text())["grid_table"]
         table = {recipe_id(decode(p, exp.space, depth, pool)): v for p, v in saved}
         assert len(table) == len(grid), "the grid changed since that run"
-    runner = TrialRunner(exp, pool, [str(tasks)]) if not table else None
-    for i, params in enumerate(grid if not table else []):
+        return table, {"grid_compose_share": None, "grid_seconds": 0.0}
+    write_world_tasks(world, tmp / "tasks")
+    runner = TrialRunner(exp, pool, [str(tmp / "tasks")])
+    for i, params in enumerate(grid):
         if i % 20 == 0:
             print(f"grid: {i}/{len(grid)} ({time.perf_counter() - t0:.0f}s)", flush=True)
         rec = decode(params, exp.space, depth, pool)
@@ -349,94 +359,109 @@ def main() -> None:
         assert res.status == "ok", res.error
         table[recipe_id(rec)] = res.objective
         tc, tt = tc + res.t_compose_s, tt + res.t_total_s
-    report["grid_compose_share"] = round(tc / tt, 4)
-    report["grid_seconds"] = round(time.perf_counter() - t0, 1)
-    report["grid_table"] = [[p, table[recipe_id(decode(p, exp.space, depth, pool))]] for p in grid]
-    res_c = search_efficiency(exp, depth, pool, table, args.budget, args.seeds)
-    report["c_search_efficiency"] = res_c
-    print(json.dumps(res_c, indent=1), flush=True)
-    if args.only_c:
-        import shutil
+    timing = {"grid_compose_share": round(tc / tt, 4), "grid_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return table, timing
 
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
 
-    # (a) + (b): the search through Ray on N recipes, then the disk + lm-eval loop on the same
+def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
+    """(a) + (b): the search through Ray on `n_recipes` of the grid, then a merge-to-disk +
+    lm-eval loop on the same recipes; their per-recipe scores must agree.
+
+    Returns:
+        {"a_throughput": ..., "b_compose_share": {"search_trials": ...}}.
+    """
+    import shutil
+
     import pyarrow.parquet as pq
     import ray
+    import yaml
 
     from search.search import run_search
+    from spaces.recipe import parse_recipe
     from trainables.evaluate.harness import evaluate
     from trainables.evaluate.scoring import task_score
     from trainables.merge.engine import merge_to_disk
 
-    step = max(1, len(grid) // args.recipes)
-    chosen = grid[::step][: args.recipes]
+    chosen = grid[:: max(1, len(grid) // n_recipes)][:n_recipes]
     exp_a = exp.model_copy(
         update={"search": exp.search.model_copy(update={"points_to_evaluate": chosen[1:]})}
     )
     ray_tmp = tempfile.mkdtemp(prefix="lsb", dir="/tmp")
-    ray.init(
-        num_cpus=2,
-        _temp_dir=ray_tmp,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
+    ray.init(num_cpus=2, _temp_dir=ray_tmp, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
     run_search(exp_a, tmp / "run", progress=False)
     t_search = time.perf_counter() - t0
     ray.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     rows = pq.read_table(tmp / "run" / "search" / "trials.parquet").to_pylist()
     evaluated = [r for r in rows if r["status"] == "ok"]
     proxies = [p.task for p in exp.proxy_list]
     t0 = time.perf_counter()
     mismatches = []
     for r in evaluated:
-        import yaml
-
-        from spaces.recipe import parse_recipe
-
         out = tmp / "disk" / r["recipe_id"]
         merge_to_disk(parse_recipe(yaml.safe_load(r["recipe_yaml"])), out, overwrite=True)
-        raw = evaluate(
-            str(out),
-            proxies,
-            include_path=str(tmp / "run" / "search" / "tasks"),
-            max_gen_toks=gen_toks,
-        )
+        tasks = str(tmp / "run" / "search" / "tasks")
+        raw = evaluate(str(out), proxies, include_path=tasks, max_gen_toks=exp.proxy_eval.max_gen_toks)  # fmt: skip
         for t in proxies:
             if abs(task_score(raw, t) - r[f"proxy__{t}"]) > 1e-9:
                 mismatches.append((r["recipe_id"], t, task_score(raw, t), r[f"proxy__{t}"]))
     t_loop = time.perf_counter() - t0
     n = len(evaluated)
-    comp = sum(r["t_compose_s"] for r in evaluated) / max(
-        1e-9, sum(r["t_total_s"] for r in evaluated)
-    )
-    report["a_throughput"] = {
-        "recipes": n,
-        "search_seconds_incl_ray_setup": round(t_search, 1),
-        "search_trial_seconds": round(sum(r["t_total_s"] for r in evaluated), 2),
-        "loop_seconds": round(t_loop, 1),
-        "search_trials_per_hour": round(3600 * n / t_search, 1),
-        "loop_trials_per_hour": round(3600 * n / t_loop, 1),
-        "speedup_wall": round(t_loop / t_search, 2),
-        "speedup_per_trial": round(t_loop / max(1e-9, sum(r["t_total_s"] for r in evaluated)), 2),
-        "score_mismatches": mismatches,
+    t_trials = max(1e-9, sum(r["t_total_s"] for r in evaluated))
+    return {
+        "a_throughput": {
+            "recipes": n,
+            "search_seconds_incl_ray_setup": round(t_search, 1),
+            "search_trial_seconds": round(t_trials, 2),
+            "loop_seconds": round(t_loop, 1),
+            "search_trials_per_hour": round(3600 * n / t_search, 1),
+            "loop_trials_per_hour": round(3600 * n / t_loop, 1),
+            "speedup_wall": round(t_loop / t_search, 2),
+            "speedup_per_trial": round(t_loop / t_trials, 2),
+            "score_mismatches": mismatches,
+        },
+        "b_compose_share": {
+            "search_trials": round(sum(r["t_compose_s"] for r in evaluated) / t_trials, 4)
+        },
     }
-    report["b_compose_share"] = {
-        "search_trials": round(comp, 4),
-        "grid_trials": report["grid_compose_share"],
-    }
-    print(json.dumps({k: report[k] for k in ("a_throughput", "b_compose_share")}, indent=1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.shape:
+        return bench_shape(args)
     import shutil
 
+    import optuna
+    import torch
+
+    from spaces.recipe import recipe_id
+    from spaces.search_space import decode
+    from trainables.atomic import atomic_write_text
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
+    exp, world, depth, pool = bench_experiment(args, tmp)
+    grid = enumerate_space(exp.space, depth, pool)
+    report: dict = {"world": str(world), "depth": depth, "grid_size": len(grid)}
+    print(f"grid: {len(grid)} recipes (depth {depth})", flush=True)
+    # (c) first: the exhaustive table, in-process (also gives per-trial timings)
+    table, timing = grid_table(exp, world, depth, pool, grid, tmp, args.grid_from)
+    report |= timing
+    report["grid_table"] = [[p, table[recipe_id(decode(p, exp.space, depth, pool))]] for p in grid]
+    report["c_search_efficiency"] = search_efficiency(exp, depth, pool, table, args.budget, args.seeds)  # fmt: skip
+    print(json.dumps(report["c_search_efficiency"], indent=1), flush=True)
+    if not args.only_c:
+        ab = race(exp, grid, args.recipes, tmp)
+        ab["b_compose_share"]["grid_trials"] = report["grid_compose_share"]
+        report |= ab
+        print(json.dumps(ab, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
