@@ -3,10 +3,11 @@
 Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing world), or
 `... --config VARIANT.yaml --seed 0 --out runs/world-v` (builds that variant of the full world
 first, `layerswap world build --config`). ~10 min on one of 2 CPU cores for v4 (--select; 7 min
-with --experts); add `--device cuda` on a GPU. Options: --math-lr/--math-steps/--lang-lr/--lang-steps (the experts,
-trained by world.sft, the world's own plain-torch SFT, not the Ray trainer; --lang-layers trains
-only those layers of the language expert; --lang-data trains it on another JSONL), --split dev|test,
---non-layer (whose embeddings, final norm and lm_head the swaps take), --json OUT (every item's
+with --experts); add `--device cuda` on a GPU. Options: --math-lr/--math-steps/--lang-lr/
+--lang-steps (the experts, trained by world.sft, the world's own plain-torch SFT, not the Ray
+trainer; --lang-layers trains only those layers of the language expert; --lang-data trains it
+on another JSONL), --split dev|test, --non-layer (whose embeddings, final norm and lm_head the
+swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
 base plus one expert's ΔW in one block only, per block: each gain to first order), --select
@@ -133,13 +134,12 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
 
     states = {}
     if args.experts is not None:
-        from transformers import AutoModelForCausalLM
+        from trainables.merge.live import load_expert
 
         model, tok = load_base(world)
         states["base"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for name, d in zip(("math", "language"), args.experts, strict=True):
-            loaded = AutoModelForCausalLM.from_pretrained(d, use_safetensors=True)
-            states[name] = {k: v.detach().clone() for k, v in loaded.state_dict().items()}
+            states[name] = load_expert(str(d), lambda: states["base"])  # LoRA folded into base
             print(f"{name} expert from {d}")
         model.to(args.device)
         return states, model, tok

@@ -281,8 +281,8 @@ def test_verb_readings_ask_the_verb_the_position_names():
     seen = set()
     for seed in range(200):
         pos = seed % 4
-        r = make_verb_reading(random.Random(seed), pos).render(None)
-        verbs = {c.verb for c in make_verb_reading(random.Random(seed), pos).passage}
+        reading = make_verb_reading(random.Random(seed), pos)
+        r, verbs = reading.render(None), {c.verb for c in reading.passage}
         assert len(verbs) == 2 and VERB_KINDS[pos] in verbs  # the asked verb and one other
         q = r["question"]
         assert q.startswith("What does ") and q.split()[3].rstrip("?") == VERB_KINDS[pos]
