@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from trainables.merge.threads import signals_blocked
+
 # safetensors dtype tag -> (torch dtype, bytes per element)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
     "F64": (torch.float64, 8),
@@ -249,9 +251,8 @@ class Checkpoint:
                 del t  # release the buffer export before the map closes
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        while self._fds:  # one at a time: an interrupt halfway never leads to a double close
+            os.close(self._fds.popitem()[1])
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -295,8 +296,8 @@ class ShardWriter:
     """Writes tensors into HF-style safetensors shards plus an index, in any order, from threads.
 
     The layout (which tensor in which shard, at which offset) is fixed up front from the specs:
-    every shard's header is written and the file sized at construction, then each tensor's bytes
-    land at their final offsets with positional writes. Bytes of one tensor arrive in order (each
+    `open()` writes every shard's header and sizes the file, then each tensor's bytes land at
+    their final offsets with positional writes (use it as `with ShardWriter(...) as w: w.open()`). Bytes of one tensor arrive in order (each
     call appends to that tensor); different tensors may be written concurrently.
     """
 
@@ -326,25 +327,40 @@ class ShardWriter:
         # name -> (fd, absolute offset, nbytes); name -> bytes written so far
         self._where: dict[str, tuple[int, int, int]] = {}
         self._done: dict[str, int] = {}
-        for fname, group in self.shards:
-            header = _header_bytes(group, {"format": "pt"})
-            fd = os.open(
-                out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666
-            )  # the umask decides
+
+    def open(self) -> ShardWriter:
+        """Create every shard: header written, file sized, each tensor's offset noted.
+
+        Call it inside `with writer:`, which closes the files on any way out (an interrupt
+        included); it is not done in the constructor, so no file is open before that `with`.
+        """
+        try:
+            for fname, group in self.shards:
+                self._create(self.out_dir / fname, group)
+        except BaseException:  # a full disk at shard 3: shards 1-2 must not stay open
+            self.close_files()
+            raise
+        return self
+
+    def _create(self, path: Path, group: list[OutSpec]) -> None:
+        header = _header_bytes(group, {"format": "pt"})
+        with signals_blocked():  # an interrupt between open and append would leak the file
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the umask decides
             self._fds.append(fd)
-            _pwrite_all(fd, header, 0)
-            offset = len(header)
-            for s in group:
-                self._where[s.name] = (fd, offset, s.nbytes)
-                self._done[s.name] = 0
-                offset += s.nbytes
-            os.ftruncate(fd, offset)
+        _pwrite_all(fd, header, 0)
+        offset = len(header)
+        for s in group:
+            self._where[s.name] = (fd, offset, s.nbytes)
+            self._done[s.name] = 0
+            offset += s.nbytes
+        os.ftruncate(fd, offset)
 
     def _claim(self, name: str, count: int) -> tuple[int, int]:
         """Reserve the next `count` bytes of tensor `name`; returns (fd, absolute offset)."""
         with self._lock:
             if name not in self._where:
-                raise RuntimeError(f"ShardWriter: unknown tensor {name!r}")
+                what = "unknown tensor" if self._fds else "not open (call open()) for tensor"
+                raise RuntimeError(f"ShardWriter: {what} {name!r}")
             fd, start, nbytes = self._where[name]
             done = self._done[name]
             if done + count > nbytes:
@@ -380,9 +396,19 @@ class ShardWriter:
 
     def close_files(self) -> None:
         """Close the shard files (idempotent); `close` also checks completeness and indexes."""
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
+        while self._fds:  # one at a time: an interrupt halfway never leads to a double close
+            os.close(self._fds.pop())
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close_files()
+
+    def __del__(self) -> None:
+        # The last resort: a signal can land on __exit__'s first line, before it closes anything.
+        if getattr(self, "_fds", None):
+            self.close_files()
 
     def close(self) -> None:
         """Close the shards and write the index (only when there are several shards).

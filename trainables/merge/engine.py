@@ -11,7 +11,6 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from trainables.merge.modelcard import model_card
 from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
 from trainables.merge.plan import build_plan, primary_ref, recipe_refs
 from trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
+from trainables.merge.threads import run_in_threads
 from trainables.outputs import check_output, output_dir
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
@@ -226,23 +226,17 @@ def write_plan(
 ) -> None:
     """Execute a plan into safetensors shards in `out_dir`, one chunk at a time.
 
-    Every tensor has a fixed offset in the output, so tensors are independent tasks: a small
-    thread pool takes them largest first (whole-tensor kernel copies and float32 merges both
-    release the GIL), which keeps the cores busy until the end.
+    Every tensor has a fixed offset in the output, so tensors are independent tasks: a few
+    threads take them largest first (whole-tensor kernel copies and float32 merges both
+    release the GIL), which keeps the cores busy until the end. An interrupt stops them after
+    the tensor each is on (`run_in_threads`), before the shard files are closed.
     """
     first = next(iter(ckpts.values()))
     order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
     specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
-    writer = ShardWriter(out_dir, specs, max_shard_bytes)
-    bar = tqdm(
-        total=writer.total_bytes, unit="B", unit_scale=True, desc="merge", disable=not progress
-    )
-    stop = threading.Event()
     local = threading.local()  # per-thread work buffers
 
-    def run(name: str) -> None:
-        if stop.is_set():
-            return
+    def run(name: str) -> None:  # on a worker thread; `writer` and `bar` exist by then
         op = plan[name]
         if isinstance(op, Linear) and op.take is not None:
             copy_checked(ckpts[op.take], name, writer, CHUNK_ELEMS * 4)
@@ -253,20 +247,16 @@ def write_plan(
         bar.update(first.tensors[name].nbytes)
 
     workers = max(1, min(MAX_WORKERS, os.cpu_count() or 1))
-    try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="layerswap") as pool:
-            tasks = sorted(order, key=lambda n: -first.tensors[n].nbytes)
-            futures = [pool.submit(run, n) for n in tasks]
-            try:
-                for f in as_completed(futures):
-                    f.result()
-            except BaseException:
-                stop.set()
-                pool.shutdown(cancel_futures=True)
-                raise
-    finally:
-        writer.close_files()
-        bar.close()
+    largest_first = sorted(order, key=lambda n: -first.tensors[n].nbytes)
+    # Files are opened inside the `with`: an interrupt anywhere closes what is open.
+    with (
+        ShardWriter(out_dir, specs, max_shard_bytes) as writer,
+        tqdm(
+            total=writer.total_bytes, unit="B", unit_scale=True, desc="merge", disable=not progress
+        ) as bar,
+    ):
+        writer.open()
+        run_in_threads(largest_first, run, workers, name="layerswap-merge")
     writer.close()
 
 

@@ -322,18 +322,20 @@ def _fold(base: Checkpoint, merged: dict[str, Merged], out: Path, progress: bool
             )
     order = sorted(base.tensors, key=lambda n: (str(base.tensors[n].path), base.tensors[n].start))
     specs = [OutSpec(n, base.tensors[n].dtype, base.tensors[n].shape) for n in order]
-    writer = ShardWriter(out, specs, DEFAULT_SHARD_BYTES)
-    for name in tqdm(order, desc="fold", disable=not progress):
-        w = base.read(name)
-        check_finite(w, base, name)
-        m = merged.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
-        if m is not None:
-            # From the sources in float32, not the (possibly low-precision) concatenated factors.
-            acc = w.float()
-            for f, weight in m.terms:
-                acc += f.delta(weight)
-            w = acc.to(w.dtype)
-        writer.write(name, byte_view(w.contiguous()))
+    with ShardWriter(out, specs, DEFAULT_SHARD_BYTES) as writer:  # files closed on any error
+        writer.open()
+        for name in tqdm(order, desc="fold", disable=not progress):
+            w = base.read(name)
+            check_finite(w, base, name)
+            m = merged.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
+            if m is not None:
+                # From the sources in float32, not the (possibly low-precision) concatenated
+                # factors.
+                acc = w.float()
+                for f, weight in m.terms:
+                    acc += f.delta(weight)
+                w = acc.to(w.dtype)
+            writer.write(name, byte_view(w.contiguous()))
     writer.close()
 
 

@@ -292,7 +292,7 @@ def _tensors() -> dict[str, torch.Tensor]:
 def _write(out: Path, tensors: dict, max_bytes: int) -> ShardWriter:
 
     specs = [OutSpec(n, TAGS[t.dtype], tuple(t.shape)) for n, t in tensors.items()]
-    w = ShardWriter(out, specs, max_bytes)
+    w = ShardWriter(out, specs, max_bytes).open()
     for n, t in tensors.items():
         raw = t.contiguous().view(torch.uint8).numpy().tobytes()
         # in two pieces, as the engine streams rows
@@ -346,13 +346,16 @@ def test_shard_writer_several_shards_and_index(tmp_path):
 
 def test_shard_writer_misuse(tmp_path):
     spec = [OutSpec("a", "F32", (2,)), OutSpec("b", "F32", (2,))]
-    w = ShardWriter(tmp_path, spec, 100)
+    with pytest.raises(RuntimeError, match=r"not open \(call open\(\)\) for tensor 'a'"):
+        ShardWriter(tmp_path, spec, 100).write("a", b"\0" * 8)
+    assert not list(tmp_path.iterdir())  # nothing is created before open()
+    w = ShardWriter(tmp_path, spec, 100).open()
     with pytest.raises(RuntimeError, match="unknown tensor 'z'"):
         w.write("z", b"\0" * 8)
-    w = ShardWriter(tmp_path, spec, 100)
+    w = ShardWriter(tmp_path, spec, 100).open()
     with pytest.raises(RuntimeError, match="too many bytes"):
         w.write("a", b"\0" * 12)
-    w = ShardWriter(tmp_path, spec, 100)
+    w = ShardWriter(tmp_path, spec, 100).open()
     w.write("a", b"\0" * 8)
     with pytest.raises(RuntimeError, match="1 tensors not written"):
         w.close()
@@ -362,7 +365,7 @@ def test_shard_writer_any_order(tmp_path):
     """Tensors may be written in any order (the engine copies and computes on two threads)."""
     tensors = _tensors()
     specs = [OutSpec(n, TAGS[t.dtype], tuple(t.shape)) for n, t in tensors.items()]
-    w = ShardWriter(tmp_path, specs, 400)
+    w = ShardWriter(tmp_path, specs, 400).open()
     for n in reversed(list(tensors)):
         w.write(n, tensors[n].contiguous().view(torch.uint8).numpy().tobytes())
     w.close()
