@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     # here. Ray Train's is kept out while fit() runs (trainables/train/ray_train._fit_signals).
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
-        return args.func(args)
+        code = args.func(args)
+        if _SIGNALLED:
+            # A library swallowed the interrupt and the command went on to the end (seen: a
+            # KeyboardInterrupt raised in an isinstance check that C code reports as ignored).
+            # The signal still decides the exit code, so `layerswap ... && next` stops.
+            raise KeyboardInterrupt
+        return code
     except BaseException as e:
         return _outcome(e)
     finally:

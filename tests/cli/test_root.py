@@ -1,5 +1,6 @@
 """The root command: every subcommand is registered, and building the parser stays light
-(`layerswap --help` must not pay for torch, ray, lm-eval, optuna or pandas)."""
+(`layerswap --help` must not pay for torch, ray, lm-eval, optuna or pandas), and a signal decides
+the exit code even where a library swallowed its KeyboardInterrupt."""
 
 from __future__ import annotations
 
@@ -23,3 +24,32 @@ def test_building_the_parser_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_interrupt_a_library_swallowed_still_exits_130():
+    """SIGINT raised KeyboardInterrupt inside code that ignored it; the command then finished."""
+    code = """
+import argparse, os, signal, sys, time
+import cli
+
+def swallowing_command(args):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: cli's handler raises here
+        time.sleep(5)
+    except KeyboardInterrupt:
+        pass  # as a C callback that reports the error as ignored and goes on
+    print("finished")
+    return 0
+
+def parser():
+    p = argparse.ArgumentParser(prog="layerswap")
+    p.set_defaults(func=swallowing_command)
+    return p
+
+cli.build_parser = parser
+sys.exit(cli.main([]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130, out.stderr
+    assert out.stdout == "finished\n"
+    assert "layerswap: interrupted (SIGINT)" in out.stderr and "Traceback" not in out.stderr
