@@ -393,14 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     models = dict(states)
     for name, rec in recipes(depth, args.non_layer).items():
         models[name] = compose_recipe(parse_recipe(rec), states, depth)
-    rows, items, proxy = [], {}, {}
+    rows, items, proxy, raw_proxy = [], {}, {}, {}
     for name, state in models.items():
         model.load_state_dict(state)
         full = name in ("base", "math", "language") or name.startswith("paper default")
         merge = name not in ("base", "math", "language")
-        items[name], extra, scores = score_model(model, tok, data, full, args.select and merge, args.split)  # fmt: skip
+        # The base and experts' proxies too: where each indicator's range lies (raw_proxy)
+        items[name], extra, scores = score_model(model, tok, data, full, args.select, args.split)  # fmt: skip
         if scores:
-            proxy[name] = combine(proxies, scores)[0]
+            raw_proxy[name] = scores
+            if merge:
+                proxy[name] = combine(proxies, scores)[0]
         rows.append((name, extra))
     better = max(("math", "language"), key=lambda n: items[n].mean())
     print(f"\nxa MGSM {args.split} ({len(xa)} items); diff to the better expert ({better}), 95 % CI")  # fmt: skip
@@ -427,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"args": {k: str(v) for k, v in vars(args).items()}, "table": table}
         raw["items"] = {n: v.astype(int).tolist() for n, v in items.items()}
         raw["select"] = picked
+        raw["proxy_scores"] = raw_proxy  # per merge (and base, experts): each proxy task's score
         args.json.write_text(json.dumps(raw, indent=1) + "\n")
     return 0
 
