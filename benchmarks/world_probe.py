@@ -288,7 +288,9 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     from world.sft import (
         MISREADS,
         OUTCOMES,
-        belebele_accuracy,
+        belebele_accuracy_of,
+        belebele_gold_prob,
+        belebele_option_logps,
         classify,
         mgsm_answers,
         mgsm_outcomes,
@@ -299,7 +301,13 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     found = {lang: classify(texts, data[lang]) for lang, texts in answers.items()}
     outcomes, en = found["xa"], found.get("en")
     extra = dict(zip(("xa reads", "computes"), reads_computes(outcomes), strict=True))
-    bele = belebele_accuracy(model, tok, data["bele"]) if full or select else None
+    if full or select:
+        logps = belebele_option_logps(model, tok, data["bele"])
+        bele = belebele_accuracy_of(logps, data["bele"])
+        # not a proxy: its continuous reading, kept for comparison (issue 15's seed 0)
+        extra["xa Belebele p(gold)"] = belebele_gold_prob(logps, data["bele"])
+    else:
+        bele = None
     if full:
         extra["en MGSM"] = en.count("right") / max(1, len(en))
         extra["xa Belebele"] = bele
@@ -344,6 +352,26 @@ def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int
     # NaN (a constant side) as None: the JSON stays standard
     spearman = [None if np.isnan(v) else v for v in (rho.estimate, rho.low, rho.high)]
     return {"pick": pick, "proxy": proxy, "spearman": spearman, "n": rho.n}
+
+
+def indicator_spearman(readings: dict[str, dict[str, float]], items: dict, resamples: int) -> dict:
+    """Print and return each indicator's own Spearman correlation with xa MGSM over the merges.
+
+    Args:
+        readings: indicator -> {merge name: value} (the base and experts left out).
+        items: name -> per-item xa MGSM correctness on the probe's split.
+    Returns:
+        {indicator: [rho, low, high]} (95 % bootstrap CI, analysis.stats.correlate).
+    """
+    from analysis.stats import correlate
+
+    out = {}
+    for name, by_merge in readings.items():
+        merges = list(by_merge)
+        rho = next(c for c in correlate([by_merge[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
+        print(f"  Spearman({name}, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
+        out[name] = [rho.estimate, rho.low, rho.high]
+    return out
 
 
 def true_equations(world: Path, split: str, en_rows: list[dict]) -> list[str]:
@@ -421,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         return tuple(float(np.mean(mgsm_correct(model, tok, r, max_new_tokens=20))) for r in (xa, en))  # fmt: skip
 
     picked = proxy_pick(proxy, items, better, args.resamples) if args.select else None
+    if picked:
+        readings = {t: {n: raw_proxy[n][t] for n in proxy} for t in PROXY_TASKS}
+        gold = {n: e["xa Belebele p(gold)"] for n, e in rows if n in proxy}
+        picked["per_indicator"] = indicator_spearman({**readings, "xa Belebele p(gold)": gold}, items, args.resamples)  # fmt: skip
     if args.attribution:
         attribution(states, depth, score)
     if args.per_layer:

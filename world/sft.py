@@ -242,19 +242,47 @@ def classify(texts: list[str], rows: list[dict]) -> list[str]:
 
 
 @torch.no_grad()
-def belebele_accuracy(model, tok, rows: list[dict]) -> float:
-    """Argmax over the loglikelihood of " A".." D" after lm-eval's belebele prompt."""
+def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
+    """Loglikelihood of " A".." D" after lm-eval's belebele prompt, per row: [len(rows), 4]."""
     from world.items import belebele_prompt
 
     letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
     device = next(model.parameters()).device
-    right = 0
-    for r in rows:
+    out = torch.empty(len(rows), 4, dtype=torch.float64)  # sums of float32 logps, kept exact
+    for i, r in enumerate(rows):
         ctx = tok(belebele_prompt(r), add_special_tokens=False)["input_ids"]
-        scores = []
-        for cont in letters:
+        for j, cont in enumerate(letters):
             ids = torch.tensor([ctx + cont], device=device)
             logp = torch.log_softmax(model(input_ids=ids).logits[0, len(ctx) - 1 : -1], -1)
-            scores.append(sum(logp[i, t].item() for i, t in enumerate(cont)))
-        right += str(1 + max(range(4), key=scores.__getitem__)) == r["correct_answer_num"]
-    return right / max(1, len(rows))
+            out[i, j] = sum(logp[k, t].item() for k, t in enumerate(cont))
+    return out
+
+
+def _gold(rows: list[dict]) -> torch.Tensor:
+    return torch.tensor([int(r["correct_answer_num"]) - 1 for r in rows], dtype=torch.long)
+
+
+def belebele_accuracy(model, tok, rows: list[dict]) -> float:
+    """Argmax over the loglikelihood of " A".." D" after lm-eval's belebele prompt."""
+    return belebele_accuracy_of(belebele_option_logps(model, tok, rows), rows)
+
+
+def belebele_accuracy_of(logps: torch.Tensor, rows: list[dict]) -> float:
+    """Accuracy from `belebele_option_logps` (the first option of a tie, as lm-eval's argmax)."""
+    if not rows:
+        return 0.0
+    return (logps.argmax(-1) == _gold(rows)).double().mean().item()
+
+
+def belebele_gold_prob(logps: torch.Tensor, rows: list[dict]) -> float:
+    """Mean probability of the right option, the four options' likelihoods renormalised: the
+    accuracy's continuous reading, which keeps ranking models that all answer every item right.
+
+    Args:
+        logps: `belebele_option_logps` of the rows, [len(rows), 4].
+        rows: Belebele rows (their correct_answer_num).
+    """
+    if not rows:
+        return 0.0
+    probs = torch.softmax(logps, -1)  # [len(rows), 4]
+    return probs.gather(1, _gold(rows)[:, None]).mean().item()

@@ -1,4 +1,4 @@
-"""world.sft's MGSM answer classes (right / slip / misread / no_equation) and misread kinds.
+"""world.sft's MGSM answer classes (right / slip / misread / no_equation), misread kinds and Belebele scores.
 
 Run: .venv/bin/python -m pytest -q tests/world/test_world_sft.py
 """
@@ -52,3 +52,19 @@ def test_answer_outcome(text, answer, outcome):
 def test_misread_kind(text, equation, kind):
     assert misread_kind(text, equation) == kind
     assert kind is None or kind in MISREADS
+
+
+def test_belebele_accuracy_and_gold_probability_from_option_loglikelihoods():
+    import math
+
+    import torch
+
+    from world.sft import belebele_accuracy_of, belebele_gold_prob
+
+    rows = [{"correct_answer_num": "2"}, {"correct_answer_num": "4"}, {"correct_answer_num": "1"}]
+    p = [[0.1, 0.7, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25], [0.4, 0.4, 0.1, 0.1]]
+    logps = torch.tensor(p, dtype=torch.float64).log() - 3.0  # likelihoods, not normalised
+    # row 1 right; row 2 a four-way tie: option A, wrong; row 3 a tie of A and B: A, right
+    assert belebele_accuracy_of(logps, rows) == 2 / 3
+    assert math.isclose(belebele_gold_prob(logps, rows), (0.7 + 0.25 + 0.4) / 3, rel_tol=1e-12)
+    assert belebele_accuracy_of(logps[:0], []) == belebele_gold_prob(logps[:0], []) == 0.0
