@@ -58,24 +58,35 @@ def test_training_resumes_on_a_surviving_node(tiny_world, ray_cluster, tmp_path,
     with ray_cluster(workers=2, cpus=1, env=env) as (cluster, nodes):
 
         def remove_the_training_node():
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                steps = [json.loads(x)["step"] for x in log.read_text().splitlines()] if log.exists() else []  # fmt: skip
-                if steps and steps[-1] >= 5:
-                    (name,) = _readers(audit, audit_dir)  # the worker's node, from outside
-                    lost.update(node=name, at_step=steps[-1])
-                    cluster.remove_node(nodes[name])
-                    return
-                time.sleep(0.1)
+            # An error here would otherwise die with the thread and leave only `lost == {}`.
+            try:
+                # Until training ends, not a fixed deadline: on a loaded machine Ray's start-up
+                # alone took minutes (a 180 s deadline ran out before step 5).
+                while not trained.is_set():
+                    steps = [json.loads(x)["step"] for x in log.read_text().splitlines()] if log.exists() else []  # fmt: skip
+                    readers = _readers(audit, audit_dir) if steps and steps[-1] >= 5 else set()
+                    lost["readers seen"] = sorted(readers)
+                    if len(readers) == 1:  # the worker's node, from outside
+                        (name,) = readers
+                        lost.update(node=name, at_step=steps[-1])
+                        cluster.remove_node(nodes[name])
+                        return
+                    time.sleep(0.1)
+            except Exception as e:  # reported by the assertion below
+                lost["error"] = repr(e)
 
+        trained = threading.Event()
         remover = threading.Thread(target=remove_the_training_node, daemon=True)
         remover.start()
-        res = train_with_ray(exp)
-        remover.join()
+        try:
+            res = train_with_ray(exp)
+        finally:
+            trained.set()
+            remover.join()
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
     assert res.error is None, res.error
-    assert lost and 5 <= lost["at_step"] < 8, lost
+    assert 5 <= lost.get("at_step", -1) < 8, lost
     assert {name for name, n in nodes.items() if n.node_id in alive} == {"w1", "w2"} - {
         lost["node"]
     }
