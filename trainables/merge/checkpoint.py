@@ -297,8 +297,9 @@ class ShardWriter:
 
     The layout (which tensor in which shard, at which offset) is fixed up front from the specs:
     `open()` writes every shard's header and sizes the file, then each tensor's bytes land at
-    their final offsets with positional writes (use it as `with ShardWriter(...) as w: w.open()`). Bytes of one tensor arrive in order (each
-    call appends to that tensor); different tensors may be written concurrently.
+    their final offsets with positional writes (use it as `with ShardWriter(...) as w: w.open()`).
+    Bytes of one tensor arrive in order (each call appends to that tensor); different tensors may
+    be written concurrently.
     """
 
     def __init__(

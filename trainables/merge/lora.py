@@ -329,8 +329,7 @@ def _fold(base: Checkpoint, merged: dict[str, Merged], out: Path, progress: bool
             check_finite(w, base, name)
             m = merged.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
             if m is not None:
-                # From the sources in float32, not the (possibly low-precision) concatenated
-                # factors.
+                # From the sources in float32, not the (maybe low-precision) concatenated factors.
                 acc = w.float()
                 for f, weight in m.terms:
                     acc += f.delta(weight)
