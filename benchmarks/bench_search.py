@@ -172,18 +172,26 @@ def search_efficiency(exp, depth: int, pool, table: dict, budget_share: float, s
     return res_c
 
 
+def _one_pair(name: str, world: Path, paths: dict) -> dict:
+    """The experiment fields every benchmark search shares: one task and one language expert of
+    `paths` ({"base", "task", "language"}) on the world's xa proxies."""
+    return {
+        "name": name,
+        "language": "xa",
+        "base": str(paths["base"]),
+        "task_experts": [str(paths["task"])],
+        "language_experts": [str(paths["language"])],
+        "world": str(world),
+    }
+
+
 def shape_experiment(args, world: Path, dirs: dict, depth: int):
     """(d)'s search experiment: the shape's random experts on the world's proxies, one GPU a trial."""
     from spaces.search_experiment import SearchExperiment
 
     return SearchExperiment.model_validate(
         {
-            "name": "bench-shape",
-            "language": "xa",
-            "base": str(dirs["base"]),
-            "task_experts": [str(dirs["task"])],
-            "language_experts": [str(dirs["language"])],
-            "world": str(world),
+            **_one_pair("bench-shape", world, dirs),
             "proxy_eval": {
                 "max_gen_toks": args.max_gen_toks or 32,
                 "batch_size": "auto",
@@ -313,12 +321,7 @@ def bench_experiment(args, tmp: Path):
     depth = json.loads((Path(paths["task"]) / "config.json").read_text())["num_hidden_layers"]
     exp = SearchExperiment.model_validate(
         {
-            "name": "bench",
-            "language": "xa",
-            "base": str(paths["base"]),
-            "task_experts": [str(paths["task"])],
-            "language_experts": [str(paths["language"])],
-            "world": str(world),
+            **_one_pair("bench", world, paths),
             "proxy_eval": {"max_gen_toks": args.max_gen_toks or 8},
             "space": SPACES[args.space](depth),
             "search": {

@@ -248,7 +248,9 @@ def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
 
     letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
     device = next(model.parameters()).device
-    out = torch.empty(len(rows), 4, dtype=torch.float64)  # sums of float32 logps, kept exact
+    # On the CPU whatever the model's device: a result table filled from .item() floats, only
+    # ever compared with `_gold`'s CPU labels. float64 keeps the sums of float32 logps exact.
+    out = torch.empty(len(rows), 4, dtype=torch.float64)
     for i, r in enumerate(rows):
         ctx = tok(belebele_prompt(r), add_special_tokens=False)["input_ids"]
         for j, cont in enumerate(letters):
@@ -259,6 +261,7 @@ def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
 
 
 def _gold(rows: list[dict]) -> torch.Tensor:
+    """The right option's index per row, on the CPU beside `belebele_option_logps`' table."""
     return torch.tensor([int(r["correct_answer_num"]) - 1 for r in rows], dtype=torch.long)
 
 

@@ -155,7 +155,8 @@ def test_interrupt_anywhere_in_run_in_threads_stops_every_worker():
     assert k > 20  # the trace did cover the caller's lines
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+# Open files are read from Linux's /proc (CI and the clusters this targets are Linux).
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads open files from /proc")
 def test_interrupt_anywhere_in_write_plan_leaves_no_thread_or_open_file(tmp_path):
     from spaces.recipe import parse_recipe
     from trainables.merge.engine import open_checkpoints, plan_for, write_plan
