@@ -18,6 +18,7 @@ import optuna
 from search.pool import include_paths, model_depth, resolve_pool
 from search.results import TrialStore
 from search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
+from search.trial import check_proxy_scales
 from search.tune_trial import TrialSpec, merge_trial
 from spaces.search_experiment import SearchExperiment
 from spaces.search_space import ExpertPool, warm_start
@@ -61,6 +62,7 @@ def run_search(
     store = TrialStore(sdir / "trials.parquet")
     db = sdir / "study.db"
     exp = experiment
+    check_proxy_scales(exp)  # before anything is written: a wrong scale fails every trial
     _check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
     depth = model_depth(pool)

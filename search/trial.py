@@ -16,7 +16,7 @@ import torch
 from spaces.recipe import Recipe
 from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
-from trainables.evaluate.scoring import aggregate_score
+from trainables.evaluate.scoring import aggregate_score, task_higher_is_better, task_key
 from trainables.merge.live import ExpertCache, LiveModel, Loader
 from trainables.storage import local_copy
 
@@ -47,9 +47,50 @@ class TrialResult:
 
 def combine(proxies: list[Proxy], scores: dict[str, float]) -> tuple[float, list[float]]:
     """Weighted mean of chance-normalised scores, and the per-proxy normalised scores."""
-    norm = [(scores[p.task] - p.chance) / (1 - p.chance) for p in proxies]
+    norm = [p.normalise(scores[p.task]) for p in proxies]
     total = sum(p.weight for p in proxies) or 1.0
     return sum(p.weight * v for p, v in zip(proxies, norm, strict=True)) / total, norm
+
+
+def check_direction(proxy: Proxy, task) -> None:
+    """Refuse a proxy whose scale points the wrong way for its lm-eval metric.
+
+    Raises:
+        ValueError: e.g. a `brier_score` task (lower is better) with best above worst.
+    """
+    metric, _ = task_key(task)
+    if task_higher_is_better(task) == proxy.lower_is_better:
+        way = "higher" if task_higher_is_better(task) else "lower"
+        raise ValueError(
+            f"proxy {proxy.task}: lm-eval's {metric} is {way}-is-better, but the proxy has best "
+            f"{proxy.best} and worst {proxy.worst} (set best and worst the other way round)"
+        )
+
+
+def check_proxy_scales(experiment: SearchExperiment) -> None:
+    """Before a search starts: every proxy's scale points the way its lm-eval metric does.
+
+    Loads the proxy tasks (dev splits only; world tasks written to a temporary folder, so
+    nothing is written beside the run) and applies `check_direction`.
+
+    Raises:
+        ValueError: naming the proxy, its metric and its best/worst.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from trainables.evaluate.lm_eval_api import load_tasks
+    from trainables.evaluate.tasks import write_world_tasks
+
+    proxies = experiment.proxy_list
+    with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
+        paths = list(experiment.include_path)
+        if experiment.world is not None:
+            write_world_tasks(Path(experiment.world), Path(tmp))
+            paths.insert(0, tmp)
+        tasks = load_tasks([p.task for p in proxies], paths)
+        for p in proxies:
+            check_direction(p, tasks[p.task])
 
 
 def hoeffding_upper(mean: float, n: int, total: int, delta: float) -> float:
@@ -95,6 +136,8 @@ class TrialRunner:
         kw |= dict(batch_size=pe.batch_size, seed=experiment.search.seed)
         kw |= dict(num_fewshot={p.task: p.num_fewshot for p in experiment.proxy_list})
         full = ProxyEvaluator(names, self.tokenizer, limit=pe.limit, **kw)
+        for p in experiment.proxy_list:
+            check_direction(p, full.tasks[p.task].task)
         self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
         screen = experiment.search.fidelity.screen
         if screen is not None and not experiment.search.multi_objective:
@@ -165,7 +208,14 @@ class TrialRunner:
                 )
                 fid = self.exp.search.fidelity
                 d = fid.delta / len(proxies)  # union bound over proxies
-                ub = {t: hoeffding_upper(m[t], n[t], self.n_items[t], d) for t in m}
+                # The bound is on each proxy's own item range, mapped to [0, 1] with 1 best
+                # (a Brier score's optimistic side is its lower end).
+                ub = {
+                    p.task: p.from_unit(
+                        hoeffding_upper(p.to_unit(m[p.task]), n[p.task], self.n_items[p.task], d)
+                    )
+                    for p in proxies
+                }
                 res.upper_bound = combine(proxies, ub)[0]
                 if reject_below is not None and res.upper_bound < reject_below:
                     res.status = "pruned"

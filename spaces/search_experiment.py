@@ -26,12 +26,48 @@ class RegistrySource(StrictModel):
 
 
 class Proxy(StrictModel):
-    """One proxy task and how it enters the objective: weight * (score - chance) / (1 - chance)."""
+    """One proxy task and how it enters the objective: weight * (score - chance) / (best - chance).
+
+    The task's reported metric (trainables/evaluate/scoring) is read on its own scale: per item
+    it lies between `worst` and `best`, and `best` may be the lower end, for a lower-is-better
+    metric such as lm-eval's multiple-choice `brier_score` (best 0, worst 2, chance 0.75 for four
+    options). Accuracy-like metrics keep the defaults (worst 0, best 1).
+    """
 
     task: str
     weight: float = Field(1.0, ge=0)
-    chance: float = Field(0.0, ge=0, lt=1)
+    chance: float = 0.0  # the score of guessing; normalises to 0
+    best: float = 1.0  # the best per-item score; normalises to 1
+    worst: float = 0.0  # the other end of the per-item range (bounds screening, search.trial)
     num_fewshot: int = Field(0, ge=0)  # in-context examples (lm-eval num_fewshot)
+
+    @model_validator(mode="after")
+    def _scale(self) -> Proxy:
+        lo, hi = sorted((self.worst, self.best))
+        if lo == hi:
+            raise ValueError(f"proxy {self.task}: best {self.best} equals worst {self.worst}")
+        if not lo <= self.chance <= hi or self.chance == self.best:
+            raise ValueError(
+                f"proxy {self.task}: chance {self.chance} must lie between worst {self.worst} "
+                f"and best {self.best}, and differ from best"
+            )
+        return self
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.best < self.worst
+
+    def normalise(self, score: float) -> float:
+        """`score` on the objective's scale: chance 0, best 1."""
+        return (score - self.chance) / (self.best - self.chance)
+
+    def to_unit(self, score: float) -> float:
+        """`score` on [0, 1] with 1 best: the scale of a per-item Hoeffding bound."""
+        return (score - self.worst) / (self.best - self.worst)
+
+    def from_unit(self, u: float) -> float:
+        """Inverse of `to_unit`."""
+        return self.worst + u * (self.best - self.worst)
 
 
 class Fidelity(StrictModel):

@@ -747,6 +747,20 @@ def search__unknown_proxy_task(e: Env):
 
 
 @case()
+def search__proxy_chance_outside_its_scale(e: Env):
+    f = e.search_exp(proxies=[{"task": "world_belebele_brier_xa_dev", "chance": 1.5}])
+    return ["search", f, "--out", e.at("run")], ["proxy world_belebele_brier_xa_dev: chance 1.5 must lie between worst 0.0 and best 1.0"]  # fmt: skip
+
+
+@case()
+def search__lower_is_better_proxy_scaled_as_accuracy(e: Env):
+    # Brier's chance (0.75) lies inside accuracy's default scale; only the metric's direction
+    # tells the mistake, and the search refuses it before Ray starts or anything is written.
+    f = e.search_exp(proxies=[{"task": "world_belebele_brier_xa_dev", "chance": 0.75}])
+    return ["search", f, "--out", e.at("run")], ["proxy world_belebele_brier_xa_dev: lm-eval's brier_score is lower-is-better, but the proxy has best 1.0 and worst 0.0"]  # fmt: skip
+
+
+@case()
 def search__unknown_target_task(e: Env):
     f = e.search_exp(target="world_mgsm_direct_xq")
     return ["search", f, "--out", e.at("run")], ["target world_mgsm_direct_xq: unknown task"]

@@ -183,7 +183,7 @@ def test_unknown_proxy_and_target_tasks(tiny_world, paths):
         target="world_mgsm_direct_xq",
     )
     proxy, target = check_search(exp)
-    assert proxy.startswith("proxies[1].task world_mgsm_direct_xq_dev: unknown task (known world tasks: world_belebele_en, ")  # fmt: skip
+    assert proxy.startswith("proxies[1].task world_mgsm_direct_xq_dev: unknown task (known world tasks: world_belebele_brier_en, ")  # fmt: skip
     assert "world_mgsm_direct_xa_dev" in proxy
     assert target.startswith("target world_mgsm_direct_xq: unknown task")
 

@@ -10,6 +10,7 @@ import torch
 from search_fixtures import experiment, make_experts
 
 from search.trial import TrialRunner, combine, hoeffding_upper
+from spaces.search_experiment import Proxy
 from spaces.search_space import ExpertPool, decode, warm_start
 from trainables.merge.compose import compose_recipe
 
@@ -116,6 +117,42 @@ def test_screening_prunes_and_full_scores_match_unscreened(setup):
     )
     again = plain.run(rec)
     assert again.proxies == pytest.approx(full.proxies) and again.fidelity == 8
+
+
+BRIER = {"task": "world_belebele_brier_xa_dev", "chance": 0.75, "best": 0.0, "worst": 2.0}
+
+
+def test_brier_proxy_lower_is_better_normalises_and_screens_optimistically(setup):
+    """A lower-is-better proxy: Brier 0 scores 1, guessing 0 and the screen's bound lies on
+    the low (optimistic) side of the screened Brier; pruning still works."""
+    exp, pool, _, _, tasks = setup
+    bexp = exp.model_copy(update={"proxies": [Proxy(**BRIER)]})
+    runner = TrialRunner(bexp, pool, [str(tasks)])
+    rec = _recipe(bexp, pool, bottom=2, bottom_transition=1)
+    full = runner.run(rec, reject_below=-10.0)
+    assert full.status == "ok", full.error
+    brier = full.proxies[BRIER["task"]]
+    assert 0 < brier < 2 and full.objective == pytest.approx(1 - brier / 0.75)
+    pruned = runner.run(rec, reject_below=1.01)  # above any Brier's best
+    assert pruned.status == "pruned" and pruned.fidelity == 4
+    screened = pruned.proxies[BRIER["task"]]
+    assert pruned.upper_bound > 1 - screened / 0.75  # the bound is optimistic: a lower Brier
+    assert combine([Proxy(**BRIER)], {BRIER["task"]: 0.0})[0] == 1.0
+    assert combine([Proxy(**BRIER)], {BRIER["task"]: 0.75})[0] == 0.0
+
+
+def test_proxy_scale_against_the_metrics_direction_is_refused(setup):
+    exp, pool, _, _, tasks = setup
+    wrong = exp.model_copy(
+        update={"proxies": [Proxy(task=BRIER["task"], chance=0.75, best=2.0, worst=0.0)]}
+    )
+    with pytest.raises(ValueError, match=r"brier_score is lower-is-better.*best 2\.0"):
+        TrialRunner(wrong, pool, [str(tasks)])
+    acc = exp.model_copy(
+        update={"proxies": [Proxy(task="world_belebele_xa_dev", chance=0.25, best=0, worst=1)]}
+    )
+    with pytest.raises(ValueError, match="acc is higher-is-better"):
+        TrialRunner(acc, pool, [str(tasks)])
 
 
 def test_hoeffding_bound():

@@ -180,11 +180,14 @@ class IndicatorScorer:
         if self.backend == "proxy":
             for name, ev in self._evals.items():
                 res = ev.score(model)
-                values: list[float] = []
+                # A group's leaves pooled item by item, under the leaves' own aggregation
+                # (a mean for acc; brier_score's items are (gold, probabilities) pairs).
+                values: list = []
                 for leaf, items in res.items.items():
                     metric, filt = task_key(ev.tasks[leaf].task)
-                    values += [float(it.metrics[f"{metric},{filt}"]) for it in items]
-                scores[name], counts[name] = sum(values) / len(values), len(values)
+                    agg = ev.tasks[leaf].task.aggregation()[metric]
+                    values += [it.metrics[f"{metric},{filt}"] for it in items]
+                scores[name], counts[name] = float(agg(values)), len(values)
         else:
             raw = evaluate(
                 model,

@@ -71,3 +71,10 @@ def aggregate_score(task: Any, aggregate: dict[str, float]) -> float:
     if key not in aggregate:
         raise ValueError(f"{task.config.task}: no {key!r} in the proxy aggregate {sorted(aggregate)}")  # fmt: skip
     return float(aggregate[key])
+
+
+def task_higher_is_better(task: Any) -> bool:
+    """Whether a larger value of an lm-eval Task's reported metric is better (lm-eval's own flag:
+    True for acc and exact_match, False for brier_score)."""
+    metric, _ = task_key(task)
+    return bool(task.higher_is_better().get(metric, True))

@@ -14,6 +14,11 @@ from trainables.evaluate.lm_eval_api import include_list, offline_defaults
 # Built-in lm-eval configs the world tasks include; the synthetic languages use English prompts.
 MGSM_BASE = "mgsm/direct/mgsm_direct_en.yaml"
 BELEBELE_BASE = "belebele/belebele_eng_Latn.yaml"
+# world_belebele_brier_*: reported by brier_score (the first metric), accuracy beside it.
+BRIER_METRICS = [
+    {"metric": "brier_score", "aggregation": "brier_score", "higher_is_better": False},
+    {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+]
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -46,11 +51,13 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
     """Write lm-eval task YAMLs for a world's MGSM and Belebele files.
 
     Each set and language gets a dev and a test task (`world_mgsm_direct_{code}_dev`,
-    `world_mgsm_direct_{code}`, `world_belebele_{code}_dev`, `world_belebele_{code}`); each
+    `world_mgsm_direct_{code}`, `world_belebele_{code}_dev`, `world_belebele_{code}`), and
+    Belebele a Brier-scored twin of each (`world_belebele_brier_{code}[_dev]`); each
     `include:`s lm-eval's installed built-in config (mgsm_direct_en, belebele_eng_Latn) and
-    overrides only the data source, so prompts, filters and metrics are lm-eval's. Tags
-    `world_mgsm_direct[_dev]` and `world_belebele[_dev]` run all languages. A dev task reads
-    only the dev file (plus MGSM's train file for few-shot), never the test file.
+    overrides only the data source (and the Brier twins' metric list, lm-eval's own metrics), so
+    prompts, filters and metrics are lm-eval's. Tags `world_mgsm_direct[_dev]`,
+    `world_belebele[_dev]` and `world_belebele_brier[_dev]` run all languages. A dev task
+    reads only the dev file (plus MGSM's train file for few-shot), never the test file.
 
     Args:
         world_dir: the world folder W with W/data/mgsm/{code}/{train,dev,test}.jsonl and
@@ -100,6 +107,15 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
             # draw them from dev, so the test set never shapes a dev score.
             cfg["fewshot_split"] = split
             configs[name] = cfg
+            # The same items scored by the gold option's share of the four options'
+            # probability (lm-eval's brier_score, lower is better), then accuracy: a
+            # continuous reading that still ranks models where accuracy saturates.
+            brier = f"world_belebele_brier_{code}{suffix}"
+            tag = f"world_belebele_brier{suffix}"
+            cfg = _task_yaml(bases["belebele"], brier, tag, files, split)
+            cfg["fewshot_split"] = split
+            cfg["metric_list"] = BRIER_METRICS
+            configs[brier] = cfg
     if not configs:
         raise ValueError(
             f"{world_dir}: no world evaluation data (expected data/mgsm/CODE/test.jsonl or "

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import lm_eval
 import torch
+import yaml
+
+from trainables.evaluate.tasks import BRIER_METRICS
 
 LM_EVAL_TASKS = Path(lm_eval.__file__).parent / "tasks"
 MGSM_EN = LM_EVAL_TASKS / "mgsm" / "direct" / "mgsm_direct_en.yaml"
@@ -62,7 +65,8 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
 
 
 def write_world(root: Path, n_mgsm: int = 10, n_bele: int = 10) -> Path:
-    """Task YAMLs `mgsm_{dev,test}` and `bele_{dev,test}` over JSONL files under `root`."""
+    """Task YAMLs `mgsm_{dev,test}`, `bele_{dev,test}` and `bele_brier_{dev,test}` (Belebele
+    scored by brier_score) over JSONL files under `root`."""
     root.mkdir(parents=True, exist_ok=True)
     train = _jsonl(root / "mgsm_train.jsonl", mgsm_rows(8, 0, train=True))
     for split, seed in (("dev", 1), ("test", 2)):
@@ -77,6 +81,13 @@ def write_world(root: Path, n_mgsm: int = 10, n_bele: int = 10) -> Path:
             f"include: {BELEBELE_EN}\ntask: bele_{split}\ndataset_path: json\ndataset_name: null\n"
             f"dataset_kwargs:\n  data_files:\n    {split}: {data}\n"
             f"test_split: {split}\nfewshot_split: {split}\n"
+        )
+        # The same items scored by lm-eval's brier_score first (as the world's Brier twins).
+        (root / f"bele_brier_{split}.yaml").write_text(
+            f"include: {BELEBELE_EN}\ntask: bele_brier_{split}\ndataset_path: json\n"
+            f"dataset_name: null\ndataset_kwargs:\n  data_files:\n    {split}: {data}\n"
+            f"test_split: {split}\nfewshot_split: {split}\n"
+            + yaml.safe_dump({"metric_list": BRIER_METRICS})
         )
     return root
 

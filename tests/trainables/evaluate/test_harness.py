@@ -213,7 +213,7 @@ def test_world_task_yamls(setup, tmp_path):
     names = ev.write_world_tasks(setup["world"], tmp_path)
     assert names == sorted(
         f"world_{s}_{c}{v}"
-        for s in ("mgsm_direct", "belebele")
+        for s in ("mgsm_direct", "belebele", "belebele_brier")
         for c in ("en", "xa")
         for v in ("", "_dev")
     )
@@ -227,6 +227,18 @@ def test_world_task_yamls(setup, tmp_path):
     test = yaml.safe_load((tmp_path / "world_belebele_en.yaml").read_text())
     assert test["include"].endswith("belebele/belebele_eng_Latn.yaml")
     assert set(test["dataset_kwargs"]["data_files"]) == {"test"}
+    # The Brier twin: the same items and prompt, reported by brier_score (lower is better).
+    brier = yaml.safe_load((tmp_path / "world_belebele_brier_xa_dev.yaml").read_text())
+    plain = yaml.safe_load((tmp_path / "world_belebele_xa_dev.yaml").read_text())
+    assert (
+        brier["dataset_kwargs"] == plain["dataset_kwargs"] and brier["include"] == plain["include"]
+    )
+    assert brier["metric_list"][0] == {
+        "metric": "brier_score",
+        "aggregation": "brier_score",
+        "higher_is_better": False,
+    }
+    assert brier["tag"] == ["world_belebele_brier_dev"] and brier["test_split"] == "dev"
 
     # world-only indexing still resolves the built-in includes (absolute file paths)
     from lm_eval.tasks import TaskManager

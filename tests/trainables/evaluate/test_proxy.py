@@ -160,3 +160,40 @@ def test_access_log_names_splits_and_doc_ids(world, tok, models):
     # The proxy stage never reads a test split (zero-shot: no fewshot reads either).
     assert all(a.split == "dev" for a in log)
     assert ev.splits_read() == {("mgsm_dev", "dev"), ("bele_dev", "dev")}
+
+
+def test_brier_scored_belebele_matches_lm_eval_and_the_option_probabilities(world, tok, models):
+    """A multiple-choice task reported by brier_score: lm-eval's number, and the textbook one
+    computed here from the four options' log-likelihoods."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    ev = ProxyEvaluator(["bele_brier_dev"], tok, include_path=str(world))
+    model = models[1]
+    result = ev.score(model)
+    ours = result.aggregate["bele_brier_dev"]
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok),
+        tasks=["bele_brier_dev"],
+        task_manager=TaskManager(include_path=str(world), include_defaults=False),
+        bootstrap_iters=0,
+        cache_requests=False,
+    )
+    ref = out["results"]["bele_brier_dev"]
+    assert ours["brier_score,none"] == pytest.approx(ref["brier_score,none"], abs=1e-6)
+    assert ours["acc,none"] == ref["acc,none"]
+    by_hand = []
+    for r in result.items["bele_brier_dev"]:
+        lls = np.array([ll for ll, _ in r.response])
+        p = np.exp(lls - lls.max())
+        p /= p.sum()
+        gold = int(
+            ev.tasks["bele_brier_dev"].task.doc_to_target(
+                next(it.doc for it in ev.tasks["bele_brier_dev"].items if it.doc_id == r.doc_id)
+            )
+        )
+        by_hand.append(((p - np.eye(4)[gold]) ** 2).sum())
+    assert ours["brier_score,none"] == pytest.approx(float(np.mean(by_hand)), abs=1e-9)
+    # Not a constant: a random model's options are not uniform (Brier of uniform is 0.75).
+    assert 0 < ours["brier_score,none"] < 2 and ours["brier_score,none"] != pytest.approx(0.75)

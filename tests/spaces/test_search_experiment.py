@@ -1,0 +1,50 @@
+"""A proxy's scale: chance, best and worst, validated once; lower-is-better metrics (Brier) too.
+
+Run: .venv/bin/python -m pytest -q tests/spaces/test_search_experiment.py
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from spaces.search_experiment import Proxy, world_proxies
+
+
+def test_accuracy_defaults_are_the_old_rule():
+    p = Proxy(task="t", chance=0.25)
+    assert not p.lower_is_better
+    assert p.normalise(0.25) == 0 and p.normalise(1.0) == 1 and p.normalise(0.625) == 0.5
+    assert p.to_unit(0.4) == 0.4 and p.from_unit(0.4) == 0.4
+
+
+def test_brier_scale_points_down():
+    p = Proxy(task="t", chance=0.75, best=0.0, worst=2.0)
+    assert p.lower_is_better
+    assert p.normalise(0.0) == 1 and p.normalise(0.75) == 0 and p.normalise(1.5) == -1
+    assert (
+        p.to_unit(0.0) == 1
+        and p.to_unit(2.0) == 0
+        and p.from_unit(p.to_unit(0.3)) == pytest.approx(0.3)
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"chance": 1.0}, "chance 1.0 must lie between worst 0.0 and best 1.0"),
+        ({"chance": -0.1}, "chance -0.1 must lie"),
+        ({"chance": 0.75, "best": 0.0, "worst": 0.0}, "best 0.0 equals worst 0.0"),
+        ({"chance": 2.5, "best": 0.0, "worst": 2.0}, "chance 2.5 must lie"),
+        ({"chance": 0.0, "best": 0.0, "worst": 2.0}, "differ from best"),
+    ],
+)
+def test_bad_scales_name_the_value(kw, words):
+    with pytest.raises(ValidationError, match=words):
+        Proxy(task="t", **kw)
+
+
+def test_world_default_proxies_validate():
+    assert [p.task for p in world_proxies("xa")] and all(
+        isinstance(p, Proxy) for p in world_proxies("xa")
+    )
