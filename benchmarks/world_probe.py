@@ -268,8 +268,10 @@ def reads_computes(outcomes: list[str]) -> tuple[float, float]:
     return eq / max(1, len(outcomes)), outcomes.count("right") / eq if eq else float("nan")
 
 
-# what score_model scores as the search's default world proxies (spaces.search_experiment)
-PROXY_TASKS = ("world_belebele_xa_dev", "world_mgsm_direct_en_dev")
+# what score_model scores, as the search would (spaces.search_experiment): the default world
+# proxies are among them; the others are readings for comparison
+PROXY_TASKS = ("world_belebele_xa_dev", "world_belebele_brier_xa_dev", "world_mgsm_direct_en_dev")
+# (spaces.search_experiment.world_readings gives each one's scale)
 
 
 def score_model(model, tok, data: dict, full: bool, select: bool, split: str) -> tuple[np.ndarray, dict, dict]:  # fmt: skip
@@ -289,6 +291,7 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
         MISREADS,
         OUTCOMES,
         belebele_accuracy_of,
+        belebele_brier,
         belebele_gold_prob,
         belebele_option_logps,
         classify,
@@ -304,10 +307,11 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     if full or select:
         logps = belebele_option_logps(model, tok, data["bele"])
         bele = belebele_accuracy_of(logps, data["bele"])
-        # not a proxy: its continuous reading, kept for comparison (issue 15's seed 0)
+        brier = belebele_brier(logps, data["bele"])
+        # the gold option's mean probability: Brier's plainer relative, for comparison
         extra["xa Belebele p(gold)"] = belebele_gold_prob(logps, data["bele"])
     else:
-        bele = None
+        bele = brier = None
     if full:
         extra["en MGSM"] = en.count("right") / max(1, len(en))
         extra["xa Belebele"] = bele
@@ -320,7 +324,7 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     proxy = {}
     if select:
         en_dev = en if full and split == "dev" else mgsm_outcomes(model, tok, data["en_dev"], max_new_tokens=20)  # fmt: skip
-        proxy = dict(zip(PROXY_TASKS, (bele, en_dev.count("right") / max(1, len(en_dev))), strict=True))  # fmt: skip
+        proxy = dict(zip(PROXY_TASKS, (bele, brier, en_dev.count("right") / max(1, len(en_dev))), strict=True))  # fmt: skip
     return np.array([o == "right" for o in outcomes]), extra, proxy
 
 
@@ -402,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.paired import paired_diff
     from search.trial import combine
     from spaces.recipe import parse_recipe
-    from spaces.search_experiment import world_proxies
+    from spaces.search_experiment import world_proxies, world_readings
     from trainables.merge.compose import compose_recipe
     from world.sft import MISREADS, OUTCOMES, mgsm_correct, read_rows
 
@@ -416,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     depth = model.config.num_hidden_layers
     xa, en = data["xa"], data["en"]
     proxies = world_proxies("xa")  # the search's defaults, scored here by world.sft
-    if {p.task for p in proxies} != set(PROXY_TASKS):
+    if not {p.task for p in proxies} <= set(PROXY_TASKS):
         raise ValueError(f"the search's world proxies are {[p.task for p in proxies]}; score_model scores {PROXY_TASKS}")  # fmt: skip
     models = dict(states)
     for name, rec in recipes(depth, args.non_layer).items():
@@ -450,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
 
     picked = proxy_pick(proxy, items, better, args.resamples) if args.select else None
     if picked:
-        readings = {t: {n: raw_proxy[n][t] for n in proxy} for t in PROXY_TASKS}
+        # Each reading on its proxy scale (chance 0, best 1), so a good indicator's rho is positive.
+        scale = world_readings("xa")
+        readings = {t: {n: scale[t].normalise(raw_proxy[n][t]) for n in proxy} for t in PROXY_TASKS}  # fmt: skip
         gold = {n: e["xa Belebele p(gold)"] for n, e in rows if n in proxy}
         picked["per_indicator"] = indicator_spearman({**readings, "xa Belebele p(gold)": gold}, items, args.resamples)  # fmt: skip
     if args.attribution:

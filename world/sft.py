@@ -289,3 +289,18 @@ def belebele_gold_prob(logps: torch.Tensor, rows: list[dict]) -> float:
         return 0.0
     probs = torch.softmax(logps, -1)  # [len(rows), 4]
     return probs.gather(1, _gold(rows)[:, None]).mean().item()
+
+
+def belebele_brier(logps: torch.Tensor, rows: list[dict]) -> float:
+    """Mean multi-class Brier score of the four renormalised options (lower is better; 0.75
+    for a uniform guess), as lm-eval's `brier_score` of the world_belebele_brier_* tasks.
+
+    Args:
+        logps: `belebele_option_logps` of the rows, [len(rows), 4].
+        rows: Belebele rows (their correct_answer_num).
+    """
+    if not rows:
+        return 0.0
+    probs = torch.softmax(logps, -1)  # [len(rows), 4]
+    onehot = torch.nn.functional.one_hot(_gold(rows), 4).double()
+    return ((probs - onehot) ** 2).sum(-1).mean().item()

@@ -184,7 +184,7 @@ def test_experiment_config(tmp_path):
     )
     exp = load_search_experiment(tmp_path / "e.yaml")
     assert exp.task_experts == [str(tmp_path / "m")] and exp.search.num_samples == 3
-    assert [p.task for p in exp.proxy_list] == ["world_belebele_xa_dev", "world_mgsm_direct_en_dev"]
+    assert [p.task for p in exp.proxy_list] == ["world_belebele_brier_xa_dev"]
     assert exp.target_task == "world_mgsm_direct_xa"
     assert heldout_task("world_belebele_xa_dev") == "world_belebele_xa"
     (tmp_path / "bad.yaml").write_text(
@@ -198,7 +198,7 @@ def test_experiment_config(tmp_path):
             base="b",
             task_experts=["m"],
             language_experts=["l"],
-            target="world_mgsm_direct_en_dev",
+            target="world_belebele_brier_xa_dev",
         )
     with pytest.raises(ValidationError, match="at least one of each"):
         SearchExperiment(language="xa", base="b", task_experts=["m"])

@@ -54,12 +54,12 @@ def test_misread_kind(text, equation, kind):
     assert kind is None or kind in MISREADS
 
 
-def test_belebele_accuracy_and_gold_probability_from_option_loglikelihoods():
+def test_belebele_accuracy_gold_probability_and_brier_from_option_loglikelihoods():
     import math
 
     import torch
 
-    from world.sft import belebele_accuracy_of, belebele_gold_prob
+    from world.sft import belebele_accuracy_of, belebele_brier, belebele_gold_prob
 
     rows = [{"correct_answer_num": "2"}, {"correct_answer_num": "4"}, {"correct_answer_num": "1"}]
     p = [[0.1, 0.7, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25], [0.4, 0.4, 0.1, 0.1]]
@@ -68,3 +68,36 @@ def test_belebele_accuracy_and_gold_probability_from_option_loglikelihoods():
     assert belebele_accuracy_of(logps, rows) == 2 / 3
     assert math.isclose(belebele_gold_prob(logps, rows), (0.7 + 0.25 + 0.4) / 3, rel_tol=1e-12)
     assert belebele_accuracy_of(logps[:0], []) == belebele_gold_prob(logps[:0], []) == 0.0
+    # Brier: (1 - p_gold)^2 + the other options' p^2, per row, averaged
+    brier = ((0.3**2 + 3 * 0.1**2) + (0.75**2 + 3 * 0.25**2) + (0.6**2 + 0.4**2 + 2 * 0.1**2)) / 3
+    assert math.isclose(belebele_brier(logps, rows), brier, rel_tol=1e-12)
+    assert belebele_brier(logps[:0], []) == 0.0
+
+
+def test_belebele_readings_equal_lm_eval_on_the_world_tasks(tiny_world, one_thread, tmp_path):
+    """world.sft's Belebele accuracy and Brier score (the world probe's) equal lm-eval's numbers
+    on the world's task YAMLs, scored by the proxy evaluator (the search's)."""
+    import math
+
+    from trainables.evaluate.proxy import ProxyEvaluator
+    from trainables.evaluate.tasks import write_world_tasks
+    from world.sft import (
+        belebele_accuracy_of,
+        belebele_brier,
+        belebele_option_logps,
+        load_base,
+        read_rows,
+    )
+
+    model, tok = load_base(tiny_world)
+    rows = read_rows(tiny_world, "data/belebele/xa/dev.jsonl")[:12]
+    logps = belebele_option_logps(model, tok, rows)
+    tasks = write_world_tasks(tiny_world, tmp_path)
+    names = ["world_belebele_xa_dev", "world_belebele_brier_xa_dev"]
+    assert set(names) <= set(tasks)
+    ev = ProxyEvaluator(names, tok, include_path=str(tmp_path), limit=12)
+    agg = ev.score(model).aggregate
+    assert agg["world_belebele_xa_dev"]["acc,none"] == belebele_accuracy_of(logps, rows)
+    brier = agg["world_belebele_brier_xa_dev"]["brier_score,none"]
+    assert math.isclose(brier, belebele_brier(logps, rows), abs_tol=1e-5)
+    assert 0 < brier < 2
