@@ -209,8 +209,8 @@ def test_proxy_without_a_test_variant(tiny_world, paths, tmp_path):
     exp = _with(experiment(tiny_world, paths, target="world_belebele_en"), world=str(world))
     _only(
         check_search(exp),
-        "proxies[0].task (default) world_belebele_xa_dev: promotion also evaluates its test "
-        "variant world_belebele_xa: unknown task",
+        "proxies[0].task (default) world_belebele_brier_xa_dev: promotion also evaluates its "
+        "test variant world_belebele_brier_xa: unknown task",
     )
 
 

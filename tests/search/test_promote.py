@@ -22,6 +22,8 @@ from trainables.evaluate.harness import resolve_device
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TARGET, BELE, MGSM = "world_mgsm_direct_xa", "world_belebele_xa_dev", "world_mgsm_direct_en_dev"
+# Two proxies, each with a held-out test variant: promotion's task order and shot groups
+PROXIES = [{"task": BELE, "chance": 0.25}, {"task": MGSM}]
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,9 @@ def _run_dir(root: Path, paths: dict[str, Path]) -> tuple[Path, str]:
 
 
 def test_shot_groups(tiny_world, experts):
-    exp = experiment(tiny_world, experts)  # defaults: 0 shots everywhere, one lm-eval run
+    exp = experiment(tiny_world, experts, proxies=PROXIES)  # 0 shots everywhere: one lm-eval run
     assert shot_groups(exp) == [(0, [TARGET, "world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM])]  # fmt: skip
-    exp = experiment(tiny_world, experts, promote={"num_fewshot": None})  # the task's default
+    exp = experiment(tiny_world, experts, proxies=PROXIES, promote={"num_fewshot": None})
     assert shot_groups(exp) == [
         (None, [TARGET]),
         (0, ["world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM]),
@@ -72,6 +74,7 @@ def test_promote_on_the_auto_device(tiny_world, experts, tmp_path):
     exp = experiment(
         tiny_world,
         experts,
+        proxies=PROXIES,
         promote={"top_k": 1, "limit": 2, "max_gen_toks": 4, "baselines": ["base"],
                  "device": "auto", "batch_size": "auto", "num_fewshot": 1, "write_best": False},
     )  # fmt: skip
