@@ -85,6 +85,9 @@ def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, st
                     value, row["_fidelity"] = dev[(r["model"], proxy)]
                 else:
                     value = tr[c] if tr is not None else None
+                if proxy in run.lower_is_better and value is not None:
+                    # so that a good indicator's correlation is positive, as for the others
+                    name, value = f"{name} (negated: lower is better)", -float(value)
             row[name] = value
             levels[name] = "merge"
         for side, col in (

@@ -18,6 +18,7 @@ REGISTRY = Path("experts/registry.parquet")
 TRIALS = Path("search/trials.parquet")
 STUDY = Path("search/study.db")
 PROMOTION = Path("promotion/results.parquet")
+EXPERIMENT = Path("search/experiment.json")  # the search's validated experiment
 
 # Columns without which a file's rows mean nothing; everything else is optional.
 REQUIRED = {
@@ -37,6 +38,8 @@ class RunData:
     promotion: pd.DataFrame | None = None
     study_db: Path | None = None
     recipe_yaml: Path | None = None  # a demo-style run: one recipe naming base and experts
+    # proxy tasks whose metric is lower-is-better (a Brier score), from the search's experiment
+    lower_is_better: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
     def resolve(self, path: str | None) -> Path | None:
@@ -89,7 +92,20 @@ def load_run(root: str | Path) -> RunData:
         run.study_db = root / STUDY
     if (root / "recipe.yaml").exists():
         run.recipe_yaml = root / "recipe.yaml"
+    if (root / EXPERIMENT).exists():
+        run.lower_is_better = _lower_is_better(root / EXPERIMENT)
     return run
+
+
+def _lower_is_better(path: Path) -> set[str]:
+    """The proxy tasks of a saved search experiment whose scale points down (Proxy.best < worst)."""
+    from spaces.search_experiment import SearchExperiment
+
+    try:
+        exp = SearchExperiment.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a search experiment ({e})") from e
+    return {p.task for p in exp.proxy_list if p.lower_is_better}
 
 
 # ---------------------------------------------------------------------------------------------

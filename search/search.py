@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 
 from search.pool import include_paths, model_depth, resolve_pool
-from search.results import TrialStore
+from search.results import PROXY_PREFIX, TrialStore
 from search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
 from search.trial import check_proxy_scales
 from search.tune_trial import TrialSpec, merge_trial
@@ -66,7 +66,8 @@ def run_search(
     _check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
     depth = model_depth(pool)
-    atomic_write_text(sdir / "experiment.json", exp.model_dump_json(indent=1))
+    # Proxies spelled out: what this search optimised, whatever later defaults become.
+    atomic_write_text(sdir / "experiment.json", explicit(exp).model_dump_json(indent=1))
     atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
     spec = TrialSpec(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
@@ -91,9 +92,18 @@ def search_outputs(run_dir: Path) -> list[Path]:
     return [Path(run_dir) / name for name in SEARCH_OUTPUTS]
 
 
+def explicit(exp: SearchExperiment) -> SearchExperiment:
+    """`exp` with its proxies spelled out (the world default resolved)."""
+    return exp.model_copy(update={"proxies": exp.proxy_list})
+
+
 def search_identity(exp: SearchExperiment) -> str:
-    """A stable id of what a search compares (its budget and promotion may change on resume)."""
-    text = exp.model_dump_json(exclude={"search", "promote"})
+    """A stable id of what a search compares (its budget and promotion may change on resume).
+
+    Default proxies count as the list they resolve to, so a search saved with them spelled out
+    (RUN/search/experiment.json) is the same search, and a changed default is a different one.
+    """
+    text = explicit(exp).model_dump_json(exclude={"search", "promote"})
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -117,6 +127,14 @@ def _check_search_dir(
     if resume and saved.exists() and _saved_identity(saved) != search_identity(exp):
         # Only the budget and promotion may change on resume: rows must stay comparable.
         raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")
+    scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
+    if resume and not scored <= {p.task for p in exp.proxy_list}:
+        # A search saved before its default proxies changed (its experiment.json left them
+        # implicit) would otherwise continue under another objective.
+        raise OutputError(
+            f"--resume: {store.path} holds trials scored on {sorted(scored)}, this experiment's "
+            f"proxies are {[p.task for p in exp.proxy_list]}; start a new search (--out)"
+        )
     write_marker(sdir, "search", search_identity(exp))
 
 

@@ -82,6 +82,33 @@ def test_indicator_table_joins_experts_and_trials(run_dir):
         assert r["math expert: mgsm_direct_en_dev"] == want
 
 
+def test_a_lower_is_better_proxy_is_negated_so_good_still_correlates_up(run_dir, tmp_path):
+    """A Brier-scored proxy (lower is better, as the saved experiment says) enters the table
+    negated and labelled, so a good indicator's Spearman is positive like the others'."""
+    from analysis.load import EXPERIMENT
+
+    exp = {"language": "xa", "base": "b", "task_experts": ["m"], "language_experts": ["l"],
+           "proxies": [{"task": "world_belebele_xa_dev", "chance": 0.75, "best": 0, "worst": 2},
+                       {"task": "world_mgsm_direct_en_dev"}]}  # fmt: skip
+    (tmp_path / EXPERIMENT).parent.mkdir(parents=True)
+    (tmp_path / EXPERIMENT).write_text(json.dumps(exp))
+    assert load_run(tmp_path).lower_is_better == {"world_belebele_xa_dev"}
+    (tmp_path / EXPERIMENT).write_text("{not json")
+    with pytest.raises(ValueError, match=r"experiment\.json: not a search experiment"):
+        load_run(tmp_path)
+
+    run = load_run(run_dir)
+    plain, _ = indicator_table(run, "world_mgsm_direct_xa")
+    run.lower_is_better = {"world_belebele_xa_dev"}
+    flipped, levels = indicator_table(run, "world_mgsm_direct_xa")
+    name = "merge: belebele_xa_dev (negated: lower is better)"
+    assert levels[name] == "merge" and "merge: belebele_xa_dev" not in flipped
+    assert flipped[name].tolist() == (-plain["merge: belebele_xa_dev"]).tolist()
+    assert (
+        flipped["merge: mgsm_direct_en_dev"].tolist() == plain["merge: mgsm_direct_en_dev"].tolist()
+    )
+
+
 def test_treatments_table_and_friedman_matrix(run_dir):
     vals = treatment_values(load_run(run_dir))
     t1, t3 = treatment_tables(vals)

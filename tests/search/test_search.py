@@ -81,7 +81,7 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
     for r in rows:
         assert r["status"] in ("ok", "failed", "duplicate", "pruned")
         if r["status"] == "ok":
-            assert r["fidelity"] == 8 and 0 <= r["proxy__world_belebele_xa_dev"] <= 1
+            assert r["fidelity"] == 8 and 0 <= r["proxy__world_belebele_brier_xa_dev"] <= 2
             assert r["t_compose_s"] < r["t_eval_s"]
     # the proxy stage read dev splits only: never the target's (or any) test split
     assert res.splits_read and all(t.endswith("_dev") and s == "dev" for t, s in res.splits_read)
@@ -97,7 +97,7 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
     # paper_default uses language expert 0 (the NaN one): reported failed, promotion goes on
     assert "base" in models and "paper_default" not in models
     assert any(m.startswith("candidate_") for m in models)
-    assert {"world_mgsm_direct_xa", "world_belebele_xa", "world_belebele_xa_dev"} <= {
+    assert {"world_mgsm_direct_xa", "world_belebele_brier_xa", "world_belebele_brier_xa_dev"} <= {
         r["task"] for r in got
     }
     assert all(Path(r["raw_json"]).is_file() for r in got)
@@ -184,3 +184,25 @@ def test_killed_driver_resumes_without_losing_or_repeating(world_and_experts, tm
     finished = {f"{t.number:04d}" for t in study.trials if t.state != optuna.trial.TrialState.FAIL}
     assert finished <= set(ids)
     assert json.loads((run / "search" / "splits_read.json").read_text())
+
+
+def test_default_proxies_are_saved_spelled_out_and_resuming_other_proxies_is_refused(tmp_path):
+    """No Ray: the search's own checks. A search saved before the world default changed (its
+    experiment.json left the proxies implicit) must not continue under the new objective."""
+    from search.results import TrialStore
+    from search.search import _check_search_dir, explicit, search_identity
+    from spaces.search_experiment import SearchExperiment
+    from trainables.outputs import OutputError, write_marker
+
+    exp = SearchExperiment(language="xa", base="b", task_experts=["m"], language_experts=["l"])
+    assert exp.proxies is None and explicit(exp).proxies == exp.proxy_list
+    assert search_identity(explicit(exp)) == search_identity(exp)
+    sdir = tmp_path / "search"
+    store = TrialStore(sdir / "trials.parquet")
+    store.append({"trial_id": "0000", "status": "ok", "objective": 0.9,
+                  "proxy__world_belebele_xa_dev": 0.9, "proxy__world_mgsm_direct_en_dev": 0.8})  # fmt: skip
+    (sdir / "experiment.json").write_text(exp.model_dump_json())  # implicit, as before
+    write_marker(sdir, "search", search_identity(exp))
+    with pytest.raises(OutputError, match=r"scored on \['world_belebele_xa_dev', 'world_mgsm"):
+        _check_search_dir(exp, sdir, TrialStore(sdir / "trials.parquet"), sdir / "db", True)
+    assert TrialStore(sdir / "trials.parquet").rows[0]["objective"] == 0.9  # untouched
