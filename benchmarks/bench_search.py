@@ -14,8 +14,9 @@ Run: nice -n 10 .venv/bin/python benchmarks/bench_search.py [--world DIR] [--siz
     bench_search.py --world runs/demo0/world --experts MATH LANG --space demo --max-gen-toks 24 --only-c
 (d) with --shape llama-8b (on a GPU): seconds per trial (compose + proxies) of a model of that
     shape with random weights and the world tokenizer, experts in host memory (benchmarks/
-    shapes.py), on all items of the world's Belebele xa dev + English MGSM dev, and the share of
-    trial time spent copying expert tensors to the device. Skips (a)-(c).
+    shapes.py), on all items of the world's default proxies (spaces.search_experiment.
+    world_proxies), and the share of trial time spent copying expert tensors to the device.
+    Skips (a)-(c).
     Run: .venv/bin/python benchmarks/bench_search.py --shape llama-8b [--trials 4] [--depth N]
 """
 
