@@ -18,6 +18,8 @@ import yaml
 from audit_hook.sitecustomize import read_log
 from search_fixtures import audited_ray, experiment, make_experts
 
+from spaces.search_experiment import world_proxies
+
 # `datasets` caches a loaded split as <builder>-<split>.arrow, written first as
 # <builder>-<split>-00000-00000-of-NNNNN.arrow (it maps the file in natively when reading it
 # back, which no audit hook sees: hence the fresh cache, so every split is parsed from its JSONL).
@@ -74,6 +76,8 @@ def test_the_search_opens_dev_files_and_no_test_split(tiny_world, experts, tmp_p
     exp = experiment(
         tiny_world,
         experts,
+        # the world default (Brier-scored Belebele) and a generated task beside it
+        proxies=[*world_proxies("xa"), {"task": "world_mgsm_direct_en_dev"}],
         search={"num_samples": 2},
         proxy_eval={"limit": 4, "max_gen_toks": 4},
     )
@@ -81,8 +85,8 @@ def test_the_search_opens_dev_files_and_no_test_split(tiny_world, experts, tmp_p
 
     assert res.n_trials == 2
     assert_no_test_split_opened(opens, tiny_world)
-    # Not vacuously: the workers were watched opening the default proxies' dev files
-    # (target-language Belebele dev, English MGSM dev).
+    # Not vacuously: the workers were watched opening the proxies' dev files (target-language
+    # Belebele dev, English MGSM dev).
     data = tiny_world / "data"
     assert_opened(opens, [data / "belebele/xa/dev.jsonl", data / "mgsm/en/dev.jsonl"])
 
