@@ -16,7 +16,7 @@ import torch
 from spaces.recipe import Recipe
 from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
-from trainables.evaluate.scoring import aggregate_score, task_higher_is_better, task_key
+from trainables.evaluate.scoring import aggregate_score, config_higher_is_better, task_key
 from trainables.merge.live import ExpertCache, LiveModel, Loader
 from trainables.storage import local_copy
 
@@ -52,15 +52,14 @@ def combine(proxies: list[Proxy], scores: dict[str, float]) -> tuple[float, list
     return sum(p.weight * v for p, v in zip(proxies, norm, strict=True)) / total, norm
 
 
-def check_direction(proxy: Proxy, task) -> None:
+def check_direction(proxy: Proxy, metric: str, higher_is_better: bool) -> None:
     """Refuse a proxy whose scale points the wrong way for its lm-eval metric.
 
     Raises:
         ValueError: e.g. a `brier_score` task (lower is better) with best above worst.
     """
-    metric, _ = task_key(task)
-    if task_higher_is_better(task) == proxy.lower_is_better:
-        way = "higher" if task_higher_is_better(task) else "lower"
+    if higher_is_better == proxy.lower_is_better:
+        way = "higher" if higher_is_better else "lower"
         raise ValueError(
             f"proxy {proxy.task}: lm-eval's {metric} is {way}-is-better, but the proxy has best "
             f"{proxy.best} and worst {proxy.worst} (set best and worst the other way round)"
@@ -70,8 +69,9 @@ def check_direction(proxy: Proxy, task) -> None:
 def check_proxy_scales(experiment: SearchExperiment) -> None:
     """Before a search starts: every proxy's scale points the way its lm-eval metric does.
 
-    Loads the proxy tasks (dev splits only; world tasks written to a temporary folder, so
-    nothing is written beside the run) and applies `check_direction`.
+    Reads the proxy tasks' configs only (no data; world tasks written to a temporary folder, so
+    nothing is written beside the run) and applies `check_direction`; a task defined by a Python
+    class is checked by each trial instead (TrialRunner).
 
     Raises:
         ValueError: naming the proxy, its metric and its best/worst.
@@ -79,7 +79,7 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
     import tempfile
     from pathlib import Path
 
-    from trainables.evaluate.lm_eval_api import load_tasks
+    from trainables.evaluate.lm_eval_api import task_configs
     from trainables.evaluate.tasks import write_world_tasks
 
     proxies = experiment.proxy_list
@@ -88,9 +88,10 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
         if experiment.world is not None:
             write_world_tasks(Path(experiment.world), Path(tmp))
             paths.insert(0, tmp)
-        tasks = load_tasks([p.task for p in proxies], paths)
-        for p in proxies:
-            check_direction(p, tasks[p.task])
+        configs = task_configs([p.task for p in proxies], paths)
+    for p in proxies:
+        if configs[p.task] is not None:
+            check_direction(p, *config_higher_is_better(configs[p.task], p.task))
 
 
 def hoeffding_upper(mean: float, n: int, total: int, delta: float) -> float:
@@ -137,7 +138,9 @@ class TrialRunner:
         kw |= dict(num_fewshot={p.task: p.num_fewshot for p in experiment.proxy_list})
         full = ProxyEvaluator(names, self.tokenizer, limit=pe.limit, **kw)
         for p in experiment.proxy_list:
-            check_direction(p, full.tasks[p.task].task)
+            task = full.tasks[p.task].task
+            metric, _ = task_key(task)
+            check_direction(p, metric, bool(task.higher_is_better().get(metric, True)))
         self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
         screen = experiment.search.fidelity.screen
         if screen is not None and not experiment.search.multi_objective:

@@ -1,8 +1,8 @@
 """The lm-eval internals layerswap relies on, behind one small adapter (lm-eval pinned to 0.4.13).
 
 The cached proxy evaluator mirrors lm-eval's HFLM and Task pipeline, so it needs a few things
-lm-eval does not promise to keep: a Task's filter pipelines (`Task._filters`) and the task-dict
-shape `get_task_dict` returns; `lm_eval_output` and `request_bars_off`, which hide lm-eval's
+lm-eval does not promise to keep: a Task's filter pipelines (`Task._filters`), the task-dict
+shape `get_task_dict` returns and the task index's resolved configs (`task_index[name].cfg`); `lm_eval_output` and `request_bars_off`, which hide lm-eval's
 log and progress bars, need the tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`. They are reached
 only here; tests/trainables/evaluate/test_lm_eval_api.py fails loudly, naming the version, when
 an lm-eval release changes them.
@@ -61,6 +61,19 @@ def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[s
             else:
                 out[val.config.task] = val
     return out
+
+
+def task_configs(task_names: list[str], include_path: str | Path | list) -> dict[str, dict | None]:
+    """Each task's config as lm-eval resolves it (its `include:`s merged), without loading any
+    data: `TaskManager.task_index[name].cfg`. None for a task defined by a Python class.
+
+    Raises:
+        ValueError: naming the tasks neither `include_path` nor lm-eval knows.
+    """
+    from trainables.evaluate.tasks import task_manager  # imports this module
+
+    index = task_manager(list(task_names), include_path).task_index
+    return {name: index[name].cfg for name in task_names}
 
 
 def apply_filters(task: Any, instances: list) -> None:

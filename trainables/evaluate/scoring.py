@@ -73,8 +73,15 @@ def aggregate_score(task: Any, aggregate: dict[str, float]) -> float:
     return float(aggregate[key])
 
 
-def task_higher_is_better(task: Any) -> bool:
-    """Whether a larger value of an lm-eval Task's reported metric is better (lm-eval's own flag:
-    True for acc and exact_match, False for brier_score)."""
-    metric, _ = task_key(task)
-    return bool(task.higher_is_better().get(metric, True))
+def config_higher_is_better(cfg: dict, task: str) -> tuple[str, bool]:
+    """(metric, whether larger is better) of a task config's reported metric: the config's own
+    `higher_is_better` for it, else lm-eval's registry (True for acc and exact_match, False for
+    brier_score); the same flags a loaded Task reports."""
+    from lm_eval.api.registry import is_higher_better
+
+    metric, _ = scoring_key(cfg.get("metric_list"), cfg.get("filter_list"), task)
+    entry = next(m for m in cfg["metric_list"] if m["metric"] == metric)
+    flag = entry.get("higher_is_better")
+    if flag is None:
+        flag = is_higher_better(metric)
+    return metric, True if flag is None else bool(flag)

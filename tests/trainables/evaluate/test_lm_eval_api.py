@@ -14,7 +14,9 @@ from trainables.evaluate.lm_eval_api import (
     REQUEST_METHODS,
     apply_filters,
     load_tasks,
+    task_configs,
 )
+from trainables.evaluate.scoring import config_higher_is_better
 
 CHANGED = (
     f"lm-eval {lm_eval.__version__} (the adapter mirrors {LM_EVAL_VERSION}) no longer behaves as "
@@ -38,6 +40,23 @@ def test_load_tasks_gives_task_objects_by_leaf_name(tasks):
 
     assert sorted(tasks) == ["bele_dev", "mgsm_dev"], CHANGED
     assert all(isinstance(t, Task) for t in tasks.values()), CHANGED
+
+
+def test_task_configs_resolve_includes_without_data(tmp_path):
+    """The search checks a proxy's direction from its config alone (no dataset opened): the
+    config must carry the included built-in's metrics and their direction."""
+    world = write_world(tmp_path / "w", n_mgsm=3, n_bele=3)
+    for f in world.glob("*.jsonl"):
+        f.unlink()  # no data: a config read must not need it
+    names = ["mgsm_dev", "bele_dev", "bele_brier_dev"]
+    cfgs = task_configs(names, world)
+    assert cfgs["mgsm_dev"]["output_type"] == "generate_until", CHANGED  # from the include
+    got = {n: config_higher_is_better(cfgs[n], n) for n in names}
+    assert got == {
+        "mgsm_dev": ("exact_match", True),
+        "bele_dev": ("acc", True),
+        "bele_brier_dev": ("brier_score", False),
+    }, CHANGED
 
 
 def test_filters_fill_filtered_resps_by_name(tasks):
