@@ -87,8 +87,9 @@ def parse_args(argv):
     p.add_argument(
         "--select",
         action="store_true",
-        help="also: score every merge on the search's default proxies (xa Belebele dev, English "
-        "MGSM dev, combined by search.trial.combine; scored here by world.sft, not lm-eval), "
+        help="also: score every merge on the search's default world proxies (spaces."
+        "search_experiment.world_proxies, combined by search.trial.combine; scored here by "
+        "world.sft, not lm-eval) and on each reading of PROXY_TASKS alone, "
         "report the best swap of the probe's grid by that proxy (the search's own space may be "
         "narrower) and the Spearman correlation of proxy and xa MGSM over all merges (~1 min)",
     )
@@ -282,7 +283,8 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
         data: rows by name: "xa" and "en" (MGSM, probe's split), "en_dev", "bele" (xa dev);
             "equations": the split's true equations, in the rows' order.
         full: also English MGSM, xa Belebele and the wrong-answer classes (experts, paper default).
-        select: also the search's proxies, each scored once (reusing what `full` scored).
+        select: also every reading of PROXY_TASKS (the search's default proxies among them),
+            each scored once (reusing what `full` scored).
         split: the probe's split ("dev": its English MGSM is the proxy's).
     Returns:
         (per-item correctness, {column: value}, {proxy task: score}).
