@@ -189,7 +189,7 @@ def _make_searcher(
         if fresh
         else None,
     )
-    searcher.study.set_user_attr("proxies", json.dumps([p.task for p in exp.proxy_list]))
+    searcher.study.set_user_attr("proxies", json.dumps([p.model_dump() for p in exp.proxy_list]))
     return searcher
 
 

@@ -18,9 +18,10 @@ from search.optuna_tune import OptunaTuneSearch
 from search.pool import expert_id
 from search.progress import TrialProgress
 from search.results import PROXY_PREFIX, TrialStore
+from search.trial import combine
 from search.tune_trial import META
 from spaces.recipe import dump_recipe, recipe_id
-from spaces.search_experiment import SearchExperiment
+from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool, decode, recipe_fields, suggest
 
 STATES = optuna.trial.TrialState
@@ -230,7 +231,10 @@ def tell(study: optuna.Study, trial, row: dict, result: dict | None) -> None:
                         for k, v in row.items()
                         if k.startswith(PROXY_PREFIX)
                     }
-                    values = [proxies.get(p) for p in _proxy_tasks(study)]
+                    # A served duplicate or a reconciled trial: its row keeps the raw
+                    # scores; tell them normalised, as the trial itself reports them.
+                    scales = _proxies(study)
+                    values = combine(scales, {p.task: proxies.get(p.task) for p in scales})[1]
                 study.tell(trial, values)
             else:
                 study.tell(trial, row["objective"])
@@ -246,8 +250,11 @@ def tell(study: optuna.Study, trial, row: dict, result: dict | None) -> None:
         print(f"search: optuna tell for trial {row['trial_id']}: {e}")
 
 
-def _proxy_tasks(study) -> list[str]:
-    return json.loads(study.user_attrs.get("proxies", "[]"))
+def _proxies(study) -> list[Proxy]:
+    """The study's proxies with their scales (search.search records them on the study; a study
+    begun before the scales were recorded holds task names: accuracy-like scales, as then)."""
+    saved = json.loads(study.user_attrs.get("proxies", "[]"))
+    return [Proxy(task=p) if isinstance(p, str) else Proxy.model_validate(p) for p in saved]
 
 
 def reconcile(study: optuna.Study, store: TrialStore) -> int:

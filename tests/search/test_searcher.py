@@ -117,6 +117,29 @@ def test_multi_objective_tells_every_proxy(tmp_path):
     assert t.state == S.COMPLETE and t.values == [0.2, 0.8]
 
 
+def test_multi_objective_tells_a_served_row_normalised_on_each_proxys_scale():
+    """A duplicate (or a reconciled trial) carries only raw proxy scores: Optuna must hear them
+    as the trial reports them, chance 0 and best 1, a Brier score turned the right way up."""
+    import json
+
+    from search.searcher import tell
+
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    scales = [{"task": "bele_brier_dev", "chance": 0.75, "best": 0.0, "worst": 2.0},
+              {"task": "mgsm_dev"}]  # fmt: skip
+    study.set_user_attr("proxies", json.dumps(scales))
+    trial = study.ask()
+    row = {"status": "duplicate", "objective": 0.1, "proxy__bele_brier_dev": 1.5, "proxy__mgsm_dev": 0.2}  # fmt: skip
+    tell(study, trial, row, {"source_status": "ok"})
+    assert study.trials[0].values == [-1.0, 0.2]
+    # a study begun before the scales were recorded names its proxies only: told as before
+    old = optuna.create_study(directions=["maximize", "maximize"])
+    old.set_user_attr("proxies", json.dumps(["a_dev", "b_dev"]))
+    t = old.ask()
+    tell(old, t, {"status": "ok", "objective": 0.5, "proxy__a_dev": 0.3, "proxy__b_dev": 0.7}, None)
+    assert old.trials[0].values == [0.3, 0.7]
+
+
 def test_store_refuses_a_trial_twice(tmp_path):
     store = TrialStore(tmp_path / "x.parquet")
     store.append({"trial_id": "0001", "recipe_id": "r", "status": "ok", "objective": 1.0})

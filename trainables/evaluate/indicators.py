@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainables.evaluate.harness import BatchSize, check_batch_size, evaluate, resolve_device
-from trainables.evaluate.lm_eval_api import include_list
+from trainables.evaluate.lm_eval_api import include_list, task_configs
 from trainables.evaluate.proxy import ProxyEvaluator
-from trainables.evaluate.scoring import group_score, task_key
+from trainables.evaluate.scoring import config_higher_is_better, group_score, task_key
 from trainables.evaluate.tasks import lm_eval_tasks_dir
 from trainables.merge.lora import is_lora_adapter
 
@@ -104,6 +104,21 @@ def load_tokenizer(path: str | Path, *, base: str | Path | None = None):
     return AutoTokenizer.from_pretrained(str(src))
 
 
+def refuse_lower_is_better(name: str, metric: str, higher_is_better: bool, leaf: str = "") -> None:
+    """Indicators rank experts larger-first (the registry's top_k, sweeps, the search's pool):
+    a lower-is-better metric such as brier_score would pick the worst experts.
+
+    Raises:
+        ValueError: naming the indicator, its task and metric.
+    """
+    if not higher_is_better:
+        where = name if leaf in ("", name) else f"{name} (task {leaf})"
+        raise ValueError(
+            f"indicator {where}: lm-eval's {metric} is lower-is-better, and indicators rank "
+            "experts larger-first; use a higher-is-better task (e.g. world_belebele_xa_dev)"
+        )
+
+
 class IndicatorScorer:
     """Scores checkpoints on fixed indicator tasks; prompts are built once (proxy backend).
 
@@ -164,6 +179,14 @@ class IndicatorScorer:
                     gen_kwargs={"max_gen_toks": int(max_gen_toks)},
                     batch_size=self.batch_size,
                 )
+                for leaf, cache in self._evals[name].tasks.items():
+                    metric, _ = task_key(cache.task)
+                    hib = cache.task.higher_is_better().get(metric, True)
+                    refuse_lower_is_better(name, metric, hib, leaf)
+        else:  # lm-eval loads the tasks per run; their configs tell the direction now
+            for name, cfg in task_configs(self.tasks, include_path).items():
+                if cfg is not None and cfg.get("metric_list"):  # a group's leaves: per run
+                    refuse_lower_is_better(name, *config_higher_is_better(cfg, name))
 
     def score(self, model) -> IndicatorScores:
         """Score an in-memory model on every indicator task, on the scorer's device.
@@ -180,14 +203,11 @@ class IndicatorScorer:
         if self.backend == "proxy":
             for name, ev in self._evals.items():
                 res = ev.score(model)
-                # A group's leaves pooled item by item, under the leaves' own aggregation
-                # (a mean for acc; brier_score's items are (gold, probabilities) pairs).
-                values: list = []
+                values: list[float] = []
                 for leaf, items in res.items.items():
                     metric, filt = task_key(ev.tasks[leaf].task)
-                    agg = ev.tasks[leaf].task.aggregation()[metric]
-                    values += [it.metrics[f"{metric},{filt}"] for it in items]
-                scores[name], counts[name] = float(agg(values)), len(values)
+                    values += [float(it.metrics[f"{metric},{filt}"]) for it in items]
+                scores[name], counts[name] = sum(values) / len(values), len(values)
         else:
             raw = evaluate(
                 model,

@@ -139,6 +139,10 @@ def test_bad_arguments(world, tasks_dir):
         IndicatorScorer([], tok, include_path=tasks_dir)
     with pytest.raises(ValueError, match="backend"):
         IndicatorScorer(TASKS, tok, include_path=tasks_dir, backend="vllm")
+    # Indicators rank experts larger-first: a Brier-scored task is refused by both backends.
+    for backend in ("proxy", "lm_eval"):
+        with pytest.raises(ValueError, match="indicator world_belebele_brier_xa_dev: lm-eval's brier_score is lower-is-better"):  # fmt: skip
+            IndicatorScorer([TASKS[0], "world_belebele_brier_xa_dev"], tok, include_path=tasks_dir, backend=backend)  # fmt: skip
 
 
 def test_device_and_batch_size_are_checked_once(world, tasks_dir, monkeypatch):
