@@ -98,14 +98,19 @@ def load_run(root: str | Path) -> RunData:
 
 
 def _lower_is_better(path: Path) -> set[str]:
-    """The proxy tasks of a saved search experiment whose scale points down (Proxy.best < worst)."""
-    from spaces.search_experiment import SearchExperiment
+    """The proxy tasks of a saved search experiment whose scale points down (Proxy.best < worst).
+
+    Only its `proxies` are read, each as a `Proxy`: the rest of the schema may have moved since
+    the run. A run saved with implicit (default) proxies predates lower-is-better proxies.
+    """
+    from spaces.search_experiment import Proxy
 
     try:
-        exp = SearchExperiment.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a search experiment ({e})") from e
-    return {p.task for p in exp.proxy_list if p.lower_is_better}
+        saved = json.loads(path.read_text(encoding="utf-8")).get("proxies") or []
+        proxies = [Proxy.model_validate(p) for p in saved]
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not a search experiment's proxies ({e})") from e
+    return {p.task for p in proxies if p.lower_is_better}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,8 +144,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "eval",
         help="evaluate a checkpoint with lm-eval (world or built-in tasks)",
         description="Evaluate a checkpoint folder with lm-eval's simple_evaluate. With --world, "
-        "the world's MGSM/Belebele sets are available as world_mgsm_direct_CODE[_dev] and "
-        "world_belebele_CODE[_dev] (tags world_mgsm_direct[_dev], world_belebele[_dev]). Built-in "
+        "the world's MGSM/Belebele sets are available as world_mgsm_direct_CODE[_dev], "
+        "world_belebele_CODE[_dev] and world_belebele_brier_CODE[_dev] (the same Belebele items "
+        "reported by lm-eval's brier_score, lower is better; tags world_mgsm_direct[_dev], "
+        "world_belebele[_dev], world_belebele_brier[_dev]). Built-in "
         "task names work too when their datasets are reachable (HF_HUB_OFFLINE=0 "
         "HF_DATASETS_OFFLINE=0 to allow downloads).",
     )

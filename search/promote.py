@@ -355,8 +355,10 @@ def leaderboard(
 ) -> str:
     """Markdown: model, kind, recipe id, proxy dev scores, proxy test scores, target test score."""
     proxies = [p.task for p in exp.proxy_list]
+    down = [", lower is better" if p.lower_is_better else "" for p in exp.proxy_list]
     head = ["model", "kind", "recipe id", "search objective"]
-    head += [f"{t} (dev)" for t in proxies] + [f"{heldout_task(t)} (test)" for t in proxies]
+    head += [f"{t} (dev{d})" for t, d in zip(proxies, down, strict=True)]
+    head += [f"{heldout_task(t)} (test{d})" for t, d in zip(proxies, down, strict=True)]
     head += [f"**{exp.target_task} (target, test)**"]
     lines = [
         f"# Leaderboard: {exp.name} (target language {exp.language})",

@@ -67,14 +67,16 @@ def check_direction(proxy: Proxy, metric: str, higher_is_better: bool) -> None:
 
 
 def check_proxy_scales(experiment: SearchExperiment) -> None:
-    """Before a search starts: every proxy's scale points the way its lm-eval metric does.
+    """Before a search starts: every proxy's scale points the way its lm-eval metric does, and
+    the target is higher-is-better (promotion and analysis rank models by it larger-first).
 
-    Reads the proxy tasks' configs only (no data; world tasks written to a temporary folder, so
-    nothing is written beside the run) and applies `check_direction`; a task defined by a Python
-    class is checked by each trial instead (TrialRunner).
+    Reads the tasks' configs only (no data; world tasks written to a temporary folder, so
+    nothing is written beside the run). The trials check again on the loaded tasks (TrialRunner:
+    also for callers that skip the driver, such as the benchmarks).
 
     Raises:
-        ValueError: naming the proxy, its metric and its best/worst.
+        ValueError: naming the proxy (its metric, best and worst), a proxy that is a group or a
+            tag, or a lower-is-better target.
     """
     import tempfile
     from pathlib import Path
@@ -83,15 +85,25 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
     from trainables.evaluate.tasks import write_world_tasks
 
     proxies = experiment.proxy_list
+    names = [p.task for p in proxies]
     with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
         paths = list(experiment.include_path)
         if experiment.world is not None:
             write_world_tasks(Path(experiment.world), Path(tmp))
             paths.insert(0, tmp)
-        configs = task_configs([p.task for p in proxies], paths)
+        configs = task_configs([*names, experiment.target_task], paths)
     for p in proxies:
-        if configs[p.task] is not None:
-            check_direction(p, *config_higher_is_better(configs[p.task], p.task))
+        if configs[p.task] is None:
+            raise ValueError(f"proxy {p.task}: a group or tag of tasks; a proxy is one task")
+        check_direction(p, *config_higher_is_better(configs[p.task], p.task))
+    target = configs[experiment.target_task]
+    if target is not None:
+        metric, up = config_higher_is_better(target, experiment.target_task)
+        if not up:
+            raise ValueError(
+                f"target {experiment.target_task}: lm-eval's {metric} is lower-is-better; "
+                "promotion ranks models by the target larger-first"
+            )
 
 
 def hoeffding_upper(mean: float, n: int, total: int, delta: float) -> float:

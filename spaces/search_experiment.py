@@ -36,9 +36,10 @@ class Proxy(StrictModel):
 
     task: str
     weight: float = Field(1.0, ge=0)
-    chance: float = 0.0  # the score of guessing; normalises to 0
-    best: float = 1.0  # the best per-item score; normalises to 1
-    worst: float = 0.0  # the other end of the per-item range (bounds screening, search.trial)
+    chance: float = Field(0.0, allow_inf_nan=False)  # the score of guessing; normalises to 0
+    best: float = Field(1.0, allow_inf_nan=False)  # the best per-item score; normalises to 1
+    # the other end of the per-item range (bounds screening, search.trial)
+    worst: float = Field(0.0, allow_inf_nan=False)
     num_fewshot: int = Field(0, ge=0)  # in-context examples (lm-eval num_fewshot)
 
     @model_validator(mode="after")

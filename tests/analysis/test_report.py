@@ -93,8 +93,12 @@ def test_a_lower_is_better_proxy_is_negated_so_good_still_correlates_up(run_dir,
     (tmp_path / EXPERIMENT).parent.mkdir(parents=True)
     (tmp_path / EXPERIMENT).write_text(json.dumps(exp))
     assert load_run(tmp_path).lower_is_better == {"world_belebele_xa_dev"}
+    (tmp_path / EXPERIMENT).write_text(json.dumps({**exp, "a_field_of_later_code": 1}))
+    assert load_run(tmp_path).lower_is_better == {"world_belebele_xa_dev"}  # proxies only
+    (tmp_path / EXPERIMENT).write_text(json.dumps({**exp, "proxies": None}))
+    assert load_run(tmp_path).lower_is_better == set()  # implicit: before Brier proxies
     (tmp_path / EXPERIMENT).write_text("{not json")
-    with pytest.raises(ValueError, match=r"experiment\.json: not a search experiment"):
+    with pytest.raises(ValueError, match=r"experiment\.json: not a search experiment's proxies"):
         load_run(tmp_path)
 
     run = load_run(run_dir)

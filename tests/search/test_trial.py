@@ -5,6 +5,8 @@ Run: .venv/bin/python -m pytest -q tests/search/test_trial.py
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from search_fixtures import experiment, make_experts
@@ -153,6 +155,28 @@ def test_proxy_scale_against_the_metrics_direction_is_refused(setup):
     )
     with pytest.raises(ValueError, match="acc is higher-is-better"):
         TrialRunner(acc, pool, [str(tasks)])
+
+
+def test_the_drivers_check_reads_configs_and_refuses_tags_and_a_lower_is_better_target(setup):
+    """check_proxy_scales (run before a search writes anything): the world default passes; a
+    tag as a proxy, a proxy scaled against its metric and a Brier target are refused by name."""
+    from search.trial import check_proxy_scales
+
+    exp = setup[0]
+    check_proxy_scales(exp.model_copy(update={"proxies": None}))  # the world default
+    check_proxy_scales(exp.model_copy(update={"proxies": [Proxy(**BRIER)]}))
+    cases = {
+        "a group or tag of tasks": {"proxies": [Proxy(task="world_belebele_dev", chance=0.25)]},
+        "brier_score is lower-is-better, but the proxy has best 1.0": {
+            "proxies": [Proxy(task=BRIER["task"], chance=0.75)]
+        },
+        "target world_belebele_brier_xa: lm-eval's brier_score is lower-is-better": {
+            "target": "world_belebele_brier_xa"
+        },
+    }
+    for words, update in cases.items():
+        with pytest.raises(ValueError, match=re.escape(words)):
+            check_proxy_scales(exp.model_copy(update=update))
 
 
 def test_hoeffding_bound():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from spaces.search_experiment import Proxy, world_proxies
+from spaces.search_experiment import Proxy, world_proxies, world_readings
 
 
 def test_accuracy_defaults_are_the_old_rule():
@@ -44,7 +44,19 @@ def test_bad_scales_name_the_value(kw, words):
         Proxy(task="t", **kw)
 
 
-def test_world_default_proxies_validate():
-    assert [p.task for p in world_proxies("xa")] and all(
-        isinstance(p, Proxy) for p in world_proxies("xa")
-    )
+def test_world_readings_and_the_default():
+    readings = world_readings("xa")
+    assert list(readings) == [
+        "world_belebele_xa_dev",
+        "world_belebele_brier_xa_dev",
+        "world_mgsm_direct_en_dev",
+    ]
+    assert [p.lower_is_better for p in readings.values()] == [False, True, False]
+    assert world_proxies("xa") == [readings["world_belebele_brier_xa_dev"]]
+
+
+def test_infinite_or_nan_scales_are_refused():
+    for field in ("chance", "best", "worst"):
+        for bad in (float("inf"), float("nan")):
+            with pytest.raises(ValidationError, match=field):
+                Proxy(task="t", **{field: bad})

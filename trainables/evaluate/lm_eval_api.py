@@ -64,16 +64,20 @@ def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[s
 
 
 def task_configs(task_names: list[str], include_path: str | Path | list) -> dict[str, dict | None]:
-    """Each task's config as lm-eval resolves it (its `include:`s merged), without loading any
-    data: `TaskManager.task_index[name].cfg`. None for a task defined by a Python class.
+    """Each single task's config as lm-eval resolves it (its `include:`s merged), without
+    loading any data: `TaskManager.task_index[name].cfg`. None for a group or a tag (their
+    leaves are configured apart).
 
     Raises:
         ValueError: naming the tasks neither `include_path` nor lm-eval knows.
     """
+    from lm_eval.tasks._index import Kind
+
     from trainables.evaluate.tasks import task_manager  # imports this module
 
     index = task_manager(list(task_names), include_path).task_index
-    return {name: index[name].cfg for name in task_names}
+    single = (Kind.TASK, Kind.PY_TASK)
+    return {n: index[n].cfg if index[n].kind in single else None for n in task_names}
 
 
 def apply_filters(task: Any, instances: list) -> None:

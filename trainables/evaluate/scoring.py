@@ -80,8 +80,7 @@ def config_higher_is_better(cfg: dict, task: str) -> tuple[str, bool]:
     from lm_eval.api.registry import is_higher_better
 
     metric, _ = scoring_key(cfg.get("metric_list"), cfg.get("filter_list"), task)
-    entry = next(m for m in cfg["metric_list"] if m["metric"] == metric)
-    flag = entry.get("higher_is_better")
+    flag = cfg["metric_list"][0].get("higher_is_better")  # scoring_key's metric
     if flag is None:
         flag = is_higher_better(metric)
     return metric, True if flag is None else bool(flag)
