@@ -294,11 +294,7 @@ def belebele_gold_prob(logps: torch.Tensor, rows: list[dict]) -> float:
 def belebele_brier(logps: torch.Tensor, rows: list[dict]) -> float:
     """Mean multi-class Brier score of the four renormalised options (lower is better; 0.75
     for a uniform guess), as lm-eval's `brier_score` of the world_belebele_brier_* tasks.
-
-    Args:
-        logps: `belebele_option_logps` of the rows, [len(rows), 4].
-        rows: Belebele rows (their correct_answer_num).
-    """
+    Arguments as `belebele_gold_prob`'s."""
     if not rows:
         return 0.0
     probs = torch.softmax(logps, -1)  # [len(rows), 4]
