@@ -40,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from spaces.search_experiment import world_readings  # noqa: E402  (pydantic only: no torch)
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -269,10 +271,10 @@ def reads_computes(outcomes: list[str]) -> tuple[float, float]:
     return eq / max(1, len(outcomes)), outcomes.count("right") / eq if eq else float("nan")
 
 
-# what score_model scores, as the search would (spaces.search_experiment): the default world
-# proxies are among them; the others are readings for comparison
-PROXY_TASKS = ("world_belebele_xa_dev", "world_belebele_brier_xa_dev", "world_mgsm_direct_en_dev")
-# (spaces.search_experiment.world_readings gives each one's scale)
+# what score_model scores, as the search would: every world reading (spaces.search_experiment.
+# world_readings, which holds their scales; the default proxies are among them), in its order:
+# xa Belebele accuracy, its Brier score, English MGSM dev
+PROXY_TASKS = tuple(world_readings("xa"))
 
 
 def score_model(model, tok, data: dict, full: bool, select: bool, split: str) -> tuple[np.ndarray, dict, dict]:  # fmt: skip
@@ -408,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.paired import paired_diff
     from search.trial import combine
     from spaces.recipe import parse_recipe
-    from spaces.search_experiment import world_proxies, world_readings
+    from spaces.search_experiment import world_proxies
     from trainables.merge.compose import compose_recipe
     from world.sft import MISREADS, OUTCOMES, mgsm_correct, read_rows
 

@@ -16,7 +16,11 @@ import torch
 from spaces.recipe import Recipe
 from spaces.search_experiment import Proxy, SearchExperiment
 from spaces.search_space import ExpertPool
-from trainables.evaluate.scoring import aggregate_score, config_higher_is_better, task_key
+from trainables.evaluate.scoring import (
+    aggregate_score,
+    config_higher_is_better,
+    task_higher_is_better,
+)
 from trainables.merge.live import ExpertCache, LiveModel, Loader
 from trainables.storage import local_copy
 
@@ -150,9 +154,7 @@ class TrialRunner:
         kw |= dict(num_fewshot={p.task: p.num_fewshot for p in experiment.proxy_list})
         full = ProxyEvaluator(names, self.tokenizer, limit=pe.limit, **kw)
         for p in experiment.proxy_list:
-            task = full.tasks[p.task].task
-            metric, _ = task_key(task)
-            check_direction(p, metric, bool(task.higher_is_better().get(metric, True)))
+            check_direction(p, *task_higher_is_better(full.tasks[p.task].task))
         self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
         screen = experiment.search.fidelity.screen
         if screen is not None and not experiment.search.multi_objective:

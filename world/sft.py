@@ -248,8 +248,9 @@ def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
 
     letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
     device = next(model.parameters()).device
-    # On the CPU whatever the model's device: a result table filled from .item() floats, only
-    # ever compared with `_gold`'s CPU labels. float64 keeps the sums of float32 logps exact.
+    # A host-side table on purpose: it is filled from .item() floats (already on the host), is
+    # never fed to the model, and `_gold` makes its labels on the table's device. float64 keeps
+    # the sums of float32 logps exact.
     out = torch.empty(len(rows), 4, dtype=torch.float64)
     for i, r in enumerate(rows):
         ctx = tok(belebele_prompt(r), add_special_tokens=False)["input_ids"]
@@ -260,9 +261,10 @@ def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
     return out
 
 
-def _gold(rows: list[dict]) -> torch.Tensor:
-    """The right option's index per row, on the CPU beside `belebele_option_logps`' table."""
-    return torch.tensor([int(r["correct_answer_num"]) - 1 for r in rows], dtype=torch.long)
+def _gold(rows: list[dict], device: torch.device) -> torch.Tensor:
+    """The right option's index per row, on `device` (that of the option table it meets)."""
+    labels = [int(r["correct_answer_num"]) - 1 for r in rows]
+    return torch.tensor(labels, dtype=torch.long, device=device)
 
 
 def belebele_accuracy(model, tok, rows: list[dict]) -> float:
@@ -274,7 +276,7 @@ def belebele_accuracy_of(logps: torch.Tensor, rows: list[dict]) -> float:
     """Accuracy from `belebele_option_logps` (the first option of a tie, as lm-eval's argmax)."""
     if not rows:
         return 0.0
-    return (logps.argmax(-1) == _gold(rows)).double().mean().item()
+    return (logps.argmax(-1) == _gold(rows, logps.device)).double().mean().item()
 
 
 def belebele_gold_prob(logps: torch.Tensor, rows: list[dict]) -> float:
@@ -288,7 +290,7 @@ def belebele_gold_prob(logps: torch.Tensor, rows: list[dict]) -> float:
     if not rows:
         return 0.0
     probs = torch.softmax(logps, -1)  # [len(rows), 4]
-    return probs.gather(1, _gold(rows)[:, None]).mean().item()
+    return probs.gather(1, _gold(rows, logps.device)[:, None]).mean().item()
 
 
 def belebele_brier(logps: torch.Tensor, rows: list[dict]) -> float:
@@ -298,5 +300,5 @@ def belebele_brier(logps: torch.Tensor, rows: list[dict]) -> float:
     if not rows:
         return 0.0
     probs = torch.softmax(logps, -1)  # [len(rows), 4]
-    onehot = torch.nn.functional.one_hot(_gold(rows), 4).double()
+    onehot = torch.nn.functional.one_hot(_gold(rows, logps.device), 4).double()
     return ((probs - onehot) ** 2).sum(-1).mean().item()

@@ -15,7 +15,12 @@ from typing import Any, Literal
 from trainables.evaluate.harness import BatchSize, check_batch_size, evaluate, resolve_device
 from trainables.evaluate.lm_eval_api import include_list, task_configs
 from trainables.evaluate.proxy import ProxyEvaluator
-from trainables.evaluate.scoring import config_higher_is_better, group_score, task_key
+from trainables.evaluate.scoring import (
+    config_higher_is_better,
+    group_score,
+    task_higher_is_better,
+    task_key,
+)
 from trainables.evaluate.tasks import lm_eval_tasks_dir
 from trainables.merge.lora import is_lora_adapter
 
@@ -180,9 +185,7 @@ class IndicatorScorer:
                     batch_size=self.batch_size,
                 )
                 for leaf, cache in self._evals[name].tasks.items():
-                    metric, _ = task_key(cache.task)
-                    hib = cache.task.higher_is_better().get(metric, True)
-                    refuse_lower_is_better(name, metric, hib, leaf)
+                    refuse_lower_is_better(name, *task_higher_is_better(cache.task), leaf)
         else:  # lm-eval loads the tasks per run; their configs tell the direction now
             for name, cfg in task_configs(self.tasks, include_path).items():
                 if cfg is not None and cfg.get("metric_list"):  # a group's leaves: per run

@@ -84,3 +84,10 @@ def config_higher_is_better(cfg: dict, task: str) -> tuple[str, bool]:
     if flag is None:
         flag = is_higher_better(metric)
     return metric, True if flag is None else bool(flag)
+
+
+def task_higher_is_better(task: Any) -> tuple[str, bool]:
+    """(metric, whether larger is better) of a loaded lm-eval Task's reported metric, by the
+    Task's own flags (the config's, else lm-eval's registry, as `config_higher_is_better`)."""
+    metric, _ = task_key(task)
+    return metric, bool(task.higher_is_better().get(metric, True))

@@ -79,43 +79,7 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
         if not path.is_file():
             raise ValueError(f"lm-eval built-in task config {path} not found (lm_eval changed?)")
 
-    configs: dict[str, dict] = {}
-    for code_dir in sorted((world_dir / "data" / "mgsm").glob("*/")):
-        code = code_dir.name
-        train = code_dir / "train.jsonl"
-        for split, suffix in (("dev", "_dev"), ("test", "")):
-            if not (code_dir / f"{split}.jsonl").is_file():
-                continue
-            # train first: `datasets` fixes the column types from the first split it reads,
-            # and only train has string answers (null elsewhere; null casts to string, not back).
-            files = {"train": train} if train.is_file() else {}
-            files[split] = code_dir / f"{split}.jsonl"
-            name = f"world_mgsm_direct_{code}{suffix}"
-            cfg = _task_yaml(bases["mgsm"], name, f"world_mgsm_direct{suffix}", files, split)
-            # Few-shot examples come from the 8-item train split, as in the real MGSM.
-            cfg["training_split"] = "train" if train.is_file() else None
-            configs[name] = cfg
-    for code_dir in sorted((world_dir / "data" / "belebele").glob("*/")):
-        code = code_dir.name
-        for split, suffix in (("dev", "_dev"), ("test", "")):
-            if not (code_dir / f"{split}.jsonl").is_file():
-                continue
-            files = {split: code_dir / f"{split}.jsonl"}
-            name = f"world_belebele_{code}{suffix}"
-            cfg = _task_yaml(bases["belebele"], name, f"world_belebele{suffix}", files, split)
-            # Built-in Belebele draws few-shot examples from its only split; a dev task must
-            # draw them from dev, so the test set never shapes a dev score.
-            cfg["fewshot_split"] = split
-            configs[name] = cfg
-            # The same items scored by the gold option's share of the four options'
-            # probability (lm-eval's brier_score, lower is better), then accuracy: a
-            # continuous reading that still ranks models where accuracy saturates.
-            brier = f"world_belebele_brier_{code}{suffix}"
-            tag = f"world_belebele_brier{suffix}"
-            cfg = _task_yaml(bases["belebele"], brier, tag, files, split)
-            cfg["fewshot_split"] = split
-            cfg["metric_list"] = BRIER_METRICS
-            configs[brier] = cfg
+    configs = {**_mgsm_configs(world_dir, bases["mgsm"]), **_belebele_configs(world_dir, bases["belebele"])}  # fmt: skip
     if not configs:
         raise ValueError(
             f"{world_dir}: no world evaluation data (expected data/mgsm/CODE/test.jsonl or "
@@ -130,6 +94,55 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
     for name, cfg in configs.items():
         atomic_write_text(tasks_dir / f"{name}.yaml", yaml.safe_dump(cfg, sort_keys=False))
     return sorted(configs)
+
+
+def _splits(code_dir: Path):
+    """(split, task-name suffix) of each of dev and test present in `code_dir`."""
+    for split, suffix in (("dev", "_dev"), ("test", "")):
+        if (code_dir / f"{split}.jsonl").is_file():
+            yield split, suffix
+
+
+def _mgsm_configs(world_dir: Path, base: Path) -> dict[str, dict]:
+    """world_mgsm_direct_{code}[_dev] over W/data/mgsm/{code}/."""
+    configs = {}
+    for code_dir in sorted((world_dir / "data" / "mgsm").glob("*/")):
+        train = code_dir / "train.jsonl"
+        for split, suffix in _splits(code_dir):
+            # train first: `datasets` fixes the column types from the first split it reads,
+            # and only train has string answers (null elsewhere; null casts to string, not back).
+            files = {"train": train} if train.is_file() else {}
+            files[split] = code_dir / f"{split}.jsonl"
+            name = f"world_mgsm_direct_{code_dir.name}{suffix}"
+            cfg = _task_yaml(base, name, f"world_mgsm_direct{suffix}", files, split)
+            # Few-shot examples come from the 8-item train split, as in the real MGSM.
+            cfg["training_split"] = "train" if train.is_file() else None
+            configs[name] = cfg
+    return configs
+
+
+# Belebele's variants: the built-in metrics (accuracy), and the same items reported by lm-eval's
+# brier_score over the four options' renormalised probabilities (lower is better): a continuous
+# reading that still ranks models where accuracy saturates.
+BELEBELE_VARIANTS = {"world_belebele": None, "world_belebele_brier": BRIER_METRICS}
+
+
+def _belebele_configs(world_dir: Path, base: Path) -> dict[str, dict]:
+    """Each BELEBELE_VARIANTS stem + _{code}[_dev] over W/data/belebele/{code}/."""
+    configs = {}
+    for code_dir in sorted((world_dir / "data" / "belebele").glob("*/")):
+        for split, suffix in _splits(code_dir):
+            files = {split: code_dir / f"{split}.jsonl"}
+            for stem, metrics in BELEBELE_VARIANTS.items():
+                name = f"{stem}_{code_dir.name}{suffix}"
+                cfg = _task_yaml(base, name, f"{stem}{suffix}", files, split)
+                # Built-in Belebele draws few-shot examples from its only split; a dev task
+                # must draw them from dev, so the test set never shapes a dev score.
+                cfg["fewshot_split"] = split
+                if metrics is not None:
+                    cfg["metric_list"] = metrics
+                configs[name] = cfg
+    return configs
 
 
 def task_manager(tasks: list[str], include_path: str | Path | list | None = None):
