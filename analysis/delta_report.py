@@ -1,5 +1,5 @@
-"""The "where the experts changed" report section: ΔW heatmaps per expert, the math-minus-language
-contrast and the (b, u) it suggests. Experts come from experts/registry.parquet (path, base) or,
+"""The "where the experts changed" report section: ΔW heatmaps per expert, their depth summary
+next to the paper's Fig. 2, the math-minus-language contrast and the (b, u) it suggests. Experts come from experts/registry.parquet (path, base) or,
 for a demo-style run, from RUN/recipe.yaml (task_expert, language_expert, base)."""
 
 from __future__ import annotations
@@ -10,12 +10,48 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.delta import Boundaries, DeltaMap, row_mav, suggest_boundaries
+from analysis.delta import (
+    DEFAULT_QUANTILE,
+    GROUPS,
+    REGIONS,
+    Boundaries,
+    DeltaMap,
+    depth_regions,
+    row_mav,
+    suggest_boundaries,
+)
 from analysis.figures import heatmap
 from analysis.load import RunData, ok_trials
 from analysis.sections import Section, absent
 
 TITLE = "Where the experts changed (ΔW)"
+# What the layer-swapping paper (§3.2, Fig. 2, Llama 3.1 8B) reports, to read the regions by.
+PAPER_FIG2 = (
+    "The paper's Fig. 2 (Llama 3.1 8B): the language expert's attention changes most in the "
+    "first and last couple of layers and its MLP not at all until the last few; the math "
+    "expert's bottom half barely changes, its top half changes in attention and MLP."
+)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Which rows count as changed: an absolute MAV, else each expert's `quantile` of its own."""
+
+    absolute: float | None = None
+    quantile: float = DEFAULT_QUANTILE
+
+    def of(self, dm: DeltaMap) -> float:
+        return self.absolute if self.absolute is not None else dm.threshold_auto(self.quantile)
+
+    def describe(self) -> str:
+        if self.absolute is not None:
+            return f"absolute threshold {self.absolute:g}"
+        pct = f"{100 * self.quantile:g}"
+        return (
+            f"per-expert threshold = the {pct}th percentile of that expert's row MAVs over all "
+            f"its 2-D layer parameters, so about {100 - 100 * self.quantile:g} % of its rows "
+            "count as changed"
+        )
 
 
 @dataclass(frozen=True)
@@ -68,30 +104,41 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
 
 
 def delta_section(
-    run: RunData, *, threshold: float | None = None, max_per_kind: int = 2
+    run: RunData,
+    *,
+    threshold: float | None = None,
+    quantile: float = DEFAULT_QUANTILE,
+    max_per_kind: int = 2,
 ) -> Section:
-    """ΔW heatmaps (fraction of rows per layer × type whose mean |ΔW| exceeds the threshold)."""
+    """ΔW heatmaps (fraction of rows per layer × type whose mean |ΔW| exceeds the threshold).
+
+    Args:
+        run: the loaded run.
+        threshold: an absolute row-MAV threshold; None: each expert's `quantile`.
+        quantile: in (0, 1), used when `threshold` is None.
+        max_per_kind: experts mapped per kind.
+    Returns:
+        The section (heatmaps, depth-region table, contrast, suggested boundaries).
+    """
+    thr = Threshold(threshold, quantile)
     experts, notes = pick_experts(run, max_per_kind)
     if not experts:
         why = "no expert checkpoints with a base (experts/registry.parquet path/base, or recipe.yaml)."
         sec = absent("delta", TITLE, why + (" " + "; ".join(notes) if notes else ""))
         return sec
     sec = Section("delta", TITLE)
-    _method_paragraph(sec, threshold)
+    _method_paragraph(sec, thr)
     if notes:
         _skipped_paragraph(sec, notes)
-    maps = _expert_heatmaps(sec, experts, threshold)
-    _contrast(sec, maps, threshold)
+    maps = _expert_heatmaps(sec, experts, thr)
+    _depth_table(sec, maps, thr)
+    _contrast(sec, maps, thr)
     return sec
 
 
-def _method_paragraph(sec: Section, threshold: float | None) -> None:
+def _method_paragraph(sec: Section, thr: Threshold) -> None:
     """What the heatmaps show and which threshold they use."""
-    thr_text = (
-        f"absolute threshold {threshold:g}"
-        if threshold is not None
-        else "per-expert threshold = the median row MAV of that expert over all its 2-D layer parameters"
-    )
+    thr_text = thr.describe()
     sec.text(
         "For each expert against its base: per layer and parameter type, the fraction of rows "
         f"whose mean |W_expert - W_base| exceeds the threshold ({thr_text}), as in the layer-"
@@ -106,21 +153,22 @@ def _skipped_paragraph(sec: Section, notes: list[str]) -> None:
 
 
 def _expert_heatmaps(
-    sec: Section, experts: list[ExpertRef], threshold: float | None
+    sec: Section, experts: list[ExpertRef], thr: Threshold
 ) -> list[tuple[ExpertRef, DeltaMap]]:
     """One rows-changed heatmap per expert. Returns each expert with its ΔW map, in order."""
     maps: list[tuple[ExpertRef, DeltaMap]] = []
     for e in experts:
         dm = row_mav(e.path, e.base)
         maps.append((e, dm))
-        frac = dm.fractions(threshold)
-        thr = dm.threshold_auto() if threshold is None else threshold
+        value = thr.of(dm)
+        frac = dm.fractions(value)
         nrows = sum(len(v) for v in dm.mav.values())
+        p10, p50, p90 = dm.row_quantiles([0.1, 0.5, 0.9])
         png = heatmap(
             frac,
             dm.types,
             [str(i) for i in range(dm.num_layers)],
-            title=f"{e.label}: rows changed (thr {thr:.2e})",
+            title=f"{e.label}: rows changed (thr {value:.2e})",
             vmin=0.0,
             vmax=1.0,
             cmap="Greens",
@@ -133,14 +181,32 @@ def _expert_heatmaps(
             f"delta_{e.kind}_{len(maps)}",
             png,
             f"{e.label} ({e.path}) vs base ({e.base}): {len(dm.mav)} 2-D parameters, "
-            f"{nrows} rows, {dm.num_layers} layers.",
+            f"{nrows} rows, {dm.num_layers} layers; row MAV 10th / 50th / 90th percentile "
+            f"{p10:.2e} / {p50:.2e} / {p90:.2e}, threshold {value:.2e}.",
         )
     return maps
 
 
-def _contrast(
-    sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], threshold: float | None
-) -> None:
+def _depth_table(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Threshold) -> None:
+    """Each expert's rows changed by depth region and column group, beside the paper's
+    description of its Fig. 2 (the comparison the paper invites, in numbers)."""
+    rows, data = [], {}
+    for e, dm in maps:
+        reg = depth_regions(dm.fractions(thr.of(dm)), dm.types)
+        data[e.label] = reg
+        rows.append({"expert": e.label} | {f"{g} {r}": reg[g][r] for g in GROUPS for r in REGIONS})
+    df = pd.DataFrame(rows)
+    for c in df.columns[1:]:
+        df[c] = df[c].map(lambda v: "–" if np.isnan(v) else f"{v:.3f}")
+    sec.table(
+        "Fraction of rows changed by depth (bottom quarter / middle half / top quarter of the "
+        "layers) and column group (attention q/k/v/o, MLP gate/up/down). " + PAPER_FIG2,
+        df,
+    )
+    sec.data["depth_regions"] = data
+
+
+def _contrast(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Threshold) -> None:
     """Contrast the first math and language experts and suggest (b, u); else say why not."""
     math_maps = [m for m in maps if m[0].kind == "math"]
     lang_maps = [m for m in maps if m[0].kind == "language"]
@@ -151,9 +217,9 @@ def _contrast(
     if mm.types != lm.types or mm.num_layers != lm.num_layers:
         sec.text("Contrast: the math and language experts' parameter layouts differ.")
         return
-    fm, fl = mm.fractions(threshold), lm.fractions(threshold)
+    fm, fl = mm.fractions(thr.of(mm)), lm.fractions(thr.of(lm))
     _contrast_figure(sec, me, le, mm, fm - fl)
-    _suggested_boundaries(sec, suggest_boundaries(fl, fm), me, le, mm.num_layers, threshold)
+    _suggested_boundaries(sec, suggest_boundaries(fl, fm), me, le, mm.num_layers, thr)
 
 
 def _contrast_figure(
@@ -185,7 +251,7 @@ def _suggested_boundaries(
     me: ExpertRef,
     le: ExpertRef,
     num_layers: int,
-    threshold: float | None,
+    thr: Threshold,
 ) -> None:
     """The dominance table, the suggested warm-start paragraph and its summary.json entry."""
     sec.table(
@@ -205,7 +271,8 @@ def _suggested_boundaries(
         "dominance": b.dominance,
         "math_expert": str(me.path),
         "language_expert": str(le.path),
-        "threshold": threshold,
+        "threshold": thr.absolute,
+        "quantile": None if thr.absolute is not None else thr.quantile,
     }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.delta import DEFAULT_QUANTILE
 from analysis.load import load_run
 from analysis.sections import Figure, Section, Table
 
@@ -40,6 +41,7 @@ def build_sections(
     n_resamples: int = 2000,
     seed: int = 0,
     delta_threshold: float | None = None,
+    delta_quantile: float = DEFAULT_QUANTILE,
     max_experts: int = 2,
 ) -> tuple[list[Section], list[str]]:
     """Compute every report section from whatever the run has.
@@ -56,7 +58,9 @@ def build_sections(
     run = load_run(run_dir)
     sections = [
         indicators_section(run, n_resamples=n_resamples, seed=seed),
-        delta_section(run, threshold=delta_threshold, max_per_kind=max_experts),
+        delta_section(
+            run, threshold=delta_threshold, quantile=delta_quantile, max_per_kind=max_experts
+        ),
         search_section(run),
         treatments_section(run),
         paired_section(run, n_resamples=n_resamples, seed=seed),
@@ -141,6 +145,7 @@ def analyze_run(
     n_resamples: int = 2000,
     seed: int = 0,
     delta_threshold: float | None = None,
+    delta_quantile: float = DEFAULT_QUANTILE,
     max_experts: int = 2,
 ) -> Path:
     """Analyze a run directory and write the report folder atomically.
@@ -150,7 +155,8 @@ def analyze_run(
         out: report folder (default RUN_DIR/analysis).
         overwrite: replace an existing report folder.
         n_resamples, seed: bootstrap settings for the correlation CIs.
-        delta_threshold: absolute ΔW row threshold (None: per-expert median).
+        delta_threshold: absolute ΔW row threshold (None: each expert's `delta_quantile`).
+        delta_quantile: the per-expert row-MAV quantile used as threshold, in (0, 1).
         max_experts: ΔW maps per expert kind.
     Returns:
         The report folder.
@@ -171,6 +177,7 @@ def analyze_run(
         n_resamples=n_resamples,
         seed=seed,
         delta_threshold=delta_threshold,
+        delta_quantile=delta_quantile,
         max_experts=max_experts,
     )
     title = f"layerswap analysis: {run_dir.resolve().name}"

@@ -21,6 +21,16 @@ def _nonneg_float(text: str) -> float:
     return v
 
 
+def _open_unit_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (exclusive), got {text!r}")  # fmt: skip
+    return v
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from analysis.report import analyze_run
 
@@ -31,6 +41,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         n_resamples=args.resamples,
         seed=args.seed,
         delta_threshold=args.delta_threshold,
+        # Left out when not given: analysis.delta.DEFAULT_QUANTILE is the one default.
+        **({} if args.delta_quantile is None else {"delta_quantile": args.delta_quantile}),
         max_experts=args.max_experts,
     )
     print(
@@ -64,12 +76,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="bootstrap resamples for the correlation CIs (default: 2000)",
     )
     a.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
-    a.add_argument(
+    thr = a.add_mutually_exclusive_group()
+    thr.add_argument(
         "--delta-threshold",
         type=_nonneg_float,
         default=None,
         metavar="X",
-        help="absolute row threshold on mean |ΔW| (default: each expert's median row value)",
+        help="absolute row threshold on mean |ΔW| (default: a per-expert quantile, below)",
+    )
+    thr.add_argument(
+        "--delta-quantile",
+        type=_open_unit_float,
+        default=None,
+        metavar="Q",
+        help="a row counts as changed when its mean |ΔW| is above this quantile of the "
+        "expert's own rows (default: 0.9, the expert's top 10 %%)",
     )
     a.add_argument(
         "--max-experts",

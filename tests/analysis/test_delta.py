@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from analysis_synth import CHANGED_ROWS, LANG_LAYERS, LAYERS, MATH_LAYERS, tiny_base, write_changed
 
-from analysis.delta import TYPES, param_type, row_mav, suggest_boundaries
+from analysis.delta import TYPES, DeltaMap, depth_regions, param_type, row_mav, suggest_boundaries
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,10 @@ def test_marks_exactly_the_changed_rows(models):
     for (layer, t), rows in dm.mav.items():
         want = len(CHANGED_ROWS) / len(rows) if layer in MATH_LAYERS else 0.0
         assert frac[layer, dm.types.index(t)] == pytest.approx(want)
-    # The default threshold is the median row MAV: most rows are unchanged, so it is 0 here.
+    # The default threshold is the 90th-percentile row MAV: under 10 % of rows changed here,
+    # so it is 0 and the default marks exactly the changed rows.
+    allrows = np.concatenate(list(dm.mav.values()))
+    assert 0 < (allrows > 0).mean() < 0.1
     assert dm.threshold_auto() == 0.0
     np.testing.assert_array_equal(dm.fractions(), frac)
     # A threshold above every change marks nothing.
@@ -74,6 +77,34 @@ def test_row_mav_values(models):
     want = (a[name].float() - b[name].float()).abs().mean(dim=1).numpy()
     got = row_mav(models["lang"], models["base"]).mav[(5, "up")]
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_quantile_threshold_marks_the_top_rows():
+    # One parameter with row MAVs 1..10: the 0.9 quantile is 9.1, so only row 10 passes; the
+    # median 5.5 lets 6..10 pass.
+    dm = DeltaMap("e", "b", 1, ["q"], {(0, "q"): np.arange(1.0, 11.0)})
+    assert dm.threshold_auto() == pytest.approx(9.1)
+    assert dm.fractions()[0, 0] == pytest.approx(0.1)
+    assert dm.threshold_auto(0.5) == pytest.approx(5.5)
+    assert dm.fractions(quantile=0.5)[0, 0] == pytest.approx(0.5)
+    assert dm.fractions(threshold=0.0)[0, 0] == 1.0  # an absolute threshold wins
+    np.testing.assert_allclose(dm.row_quantiles([0.1, 0.5]), [1.9, 5.5])
+
+
+def test_depth_regions_by_quarter_and_group():
+    types = ["q", "k", "v", "o", "gate", "up", "down"]
+    frac = np.zeros((8, 7))  # 8 layers: quarters are layers 0-1, 2-5, 6-7
+    frac[0:2, 0:4] = 0.4  # attention, bottom quarter
+    frac[6:8, 4:7] = 0.8  # MLP, top quarter
+    frac[3, 4] = 0.6  # one gate in the middle: 0.6 / (4 layers * 3 types)
+    frac[:, 1] = np.nan  # a model without k: left out of the attention means
+    reg = depth_regions(frac, types)
+    assert reg["attention"] == {"bottom quarter": pytest.approx(0.4), "middle half": 0.0, "top quarter": 0.0}  # fmt: skip
+    assert reg["MLP"] == {"bottom quarter": 0.0, "middle half": pytest.approx(0.05), "top quarter": pytest.approx(0.8)}  # fmt: skip
+    # A group the model lacks entirely, and a model too shallow for a middle: NaN, not 0.
+    only_attn = depth_regions(np.ones((2, 1)), ["q"])
+    assert np.isnan(only_attn["MLP"]["top quarter"]) and np.isnan(only_attn["attention"]["middle half"])  # fmt: skip
+    assert only_attn["attention"]["bottom quarter"] == 1.0
 
 
 def test_suggested_boundaries_on_constructed_case(models):

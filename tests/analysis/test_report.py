@@ -44,6 +44,17 @@ def test_report_renders_with_embedded_figures_and_tables(report):
     summary = json.loads((report / "summary.json").read_text())
     assert summary["sections"]["delta"]["suggested_boundaries"]["bottom"] == 2
     assert summary["sections"]["delta"]["suggested_boundaries"]["top"] == 1
+    # The depth table: the math expert changed layers 2-4 of 6 (the middle half only), the
+    # language expert layers 0, 1 and 5 (bottom quarter, top quarter and one middle layer).
+    regions = summary["sections"]["delta"]["depth_regions"]
+    math = next(v for k, v in regions.items() if k.startswith("math"))
+    lang = next(v for k, v in regions.items() if k.startswith("language"))
+    for group in ("attention", "MLP"):
+        assert math[group]["bottom quarter"] == math[group]["top quarter"] == 0.0
+        assert math[group]["middle half"] > 0
+        assert lang[group]["bottom quarter"] > lang[group]["middle half"] > 0
+        assert lang[group]["top quarter"] > lang[group]["middle half"]
+    assert "| expert | attention bottom quarter |" in md and "The paper's Fig. 2" in md
 
 
 @pytest.mark.slow
@@ -182,6 +193,10 @@ def test_help_lists_analyze(capsys):
         main(["analyze", "--help"])
     text = capsys.readouterr().out
     assert "RUN_DIR" in text and "--out" in text and "report.html" in text
+    from analysis.delta import DEFAULT_QUANTILE
+
+    # The help states the one default the report uses (the CLI passes none of its own).
+    assert f"(default: {DEFAULT_QUANTILE:g}, the expert's top" in " ".join(text.split())
 
 
 @pytest.mark.slow

@@ -984,6 +984,16 @@ def analyze__negative_delta_threshold(e: Env):
     return ["analyze", str(e.run), "--delta-threshold", "-1"], ["--delta-threshold", "expected a number >= 0, got '-1'"]  # fmt: skip
 
 
+@case()
+def analyze__delta_quantile_of_one(e: Env):
+    return ["analyze", str(e.run), "--delta-quantile", "1"], ["--delta-quantile", "expected a number between 0 and 1 (exclusive), got '1'"]  # fmt: skip
+
+
+@case()
+def analyze__delta_threshold_and_quantile(e: Env):
+    return ["analyze", str(e.run), "--delta-threshold", "0.1", "--delta-quantile", "0.5"], ["--delta-quantile", "not allowed with argument --delta-threshold"]  # fmt: skip
+
+
 # ----------------------------------------------------------------------------------------- demo
 
 
