@@ -169,6 +169,13 @@ class Boundaries:
     top: int  # u: layers [L-u, L) to the language expert
     dominance: list[float]  # per layer: mean over types of (language fraction - math fraction)
 
+    @property
+    def is_warm_start(self) -> bool:
+        """Whether the split looks like a layer swap: the papers' keep most layers with the
+        math expert (b 3-5, u 0-2 of 32), so one handing the language expert more than half
+        means the maps lack the language-outside / math-inside pattern."""
+        return self.bottom + self.top <= len(self.dominance) // 2
+
 
 def suggest_boundaries(lang: np.ndarray, math: np.ndarray) -> Boundaries:
     """The layer-swap boundaries (b, u) the ΔW maps suggest.

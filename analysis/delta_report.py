@@ -259,11 +259,19 @@ def _suggested_boundaries(
         "zone the suggested boundaries give it.",
         _dominance_table(b),
     )
+    usable = b.is_warm_start
+    caveat = (
+        ""
+        if usable
+        else " It gives the language expert more than half the layers: these maps do not show "
+        "the papers' language-outside / math-inside split, so it is no warm start; search the "
+        "space's own range instead."
+    )
     sec.text(
         f"Suggested warm start: b = {b.bottom}, u = {b.top} (layers [0, {b.bottom}) and "
         f"[{num_layers - b.top}, {num_layers}) from the language expert): the split into "
         "language bottom / math middle / language top that agrees most with the per-layer "
-        "dominance (see analysis.delta.suggest_boundaries)."
+        "dominance (see analysis.delta.suggest_boundaries)." + caveat
     )
     sec.data["suggested_boundaries"] = {
         "bottom": b.bottom,
@@ -273,6 +281,7 @@ def _suggested_boundaries(
         "language_expert": str(le.path),
         "threshold": thr.absolute,
         "quantile": None if thr.absolute is not None else thr.quantile,
+        "usable_warm_start": usable,
     }
 
 

@@ -122,6 +122,7 @@ def test_suggested_boundaries_rule():
 
     lang, math = frac([0.9, 0.8, 0.7, -0.5, -0.6, -0.7, -0.4, 0.3])
     assert (lambda r: (r.bottom, r.top))(suggest_boundaries(lang, math)) == (3, 1)
+    assert suggest_boundaries(lang, math).is_warm_start  # 4 of 8 layers to language
     # A small dip inside the bottom run does not cut it short: the sum decides.
     lang, math = frac([0.9, -0.1, 0.8, -0.5, -0.6, -0.7, -0.4, -0.3])
     assert (lambda r: (r.bottom, r.top))(suggest_boundaries(lang, math)) == (3, 0)
@@ -132,6 +133,7 @@ def test_suggested_boundaries_rule():
     lang, math = frac([0.2] * 6)
     r = suggest_boundaries(lang, math)
     assert r.bottom + r.top == 5
+    assert not r.is_warm_start  # 5 of 6 layers to language: not a layer swap's split
     with pytest.raises(ValueError, match="shape"):
         suggest_boundaries(np.zeros((3, 2)), np.zeros((4, 2)))
 

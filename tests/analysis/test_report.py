@@ -44,6 +44,8 @@ def test_report_renders_with_embedded_figures_and_tables(report):
     summary = json.loads((report / "summary.json").read_text())
     assert summary["sections"]["delta"]["suggested_boundaries"]["bottom"] == 2
     assert summary["sections"]["delta"]["suggested_boundaries"]["top"] == 1
+    assert summary["sections"]["delta"]["suggested_boundaries"]["usable_warm_start"] is True
+    assert "no warm start" not in md
     # The depth table: the math expert changed layers 2-4 of 6 (the middle half only), the
     # language expert layers 0, 1 and 5 (bottom quarter, top quarter and one middle layer).
     regions = summary["sections"]["delta"]["depth_regions"]
