@@ -1,6 +1,7 @@
 """The "where the experts changed" report section: ΔW heatmaps per expert, their depth summary
-next to the paper's Fig. 2, the math-minus-language contrast and the (b, u) it suggests. Experts come from experts/registry.parquet (path, base) or,
-for a demo-style run, from RUN/recipe.yaml (task_expert, language_expert, base)."""
+beside the paper's Fig. 2, the math-minus-language contrast and the (b, u) it suggests. Experts
+come from experts/registry.parquet (path, base) or, for a demo-style run, from RUN/recipe.yaml
+(task_expert, language_expert, base)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ class Threshold:
     quantile: float = DEFAULT_QUANTILE
 
     def of(self, dm: DeltaMap) -> float:
+        """The threshold for this expert's map."""
         return self.absolute if self.absolute is not None else dm.threshold_auto(self.quantile)
 
     def describe(self) -> str:
+        """The threshold in words, for the section's method paragraph."""
         if self.absolute is not None:
             return f"absolute threshold {self.absolute:g}"
         pct = f"{100 * self.quantile:g}"
@@ -193,7 +196,8 @@ def _depth_table(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Thre
     rows, data = [], {}
     for e, dm in maps:
         reg = depth_regions(dm.fractions(thr.of(dm)), dm.types)
-        data[e.label] = reg
+        # summary.json is strict JSON: an empty region is null there, "–" in the table.
+        data[e.label] = {g: {r: None if np.isnan(v) else v for r, v in d.items()} for g, d in reg.items()}  # fmt: skip
         rows.append({"expert": e.label} | {f"{g} {r}": reg[g][r] for g in GROUPS for r in REGIONS})
     df = pd.DataFrame(rows)
     for c in df.columns[1:]:
