@@ -98,8 +98,9 @@ def parse_args(argv):
     p.add_argument(
         "--attribution",
         action="store_true",
-        help="also: MGSM of the base plus one expert's ΔW in one block only, per block and expert "
-        "(where each expert's gain lives, to first order; ~1 min more)",
+        help="also: xa and English MGSM and xa Belebele dev Brier of the base plus one expert's ΔW "
+        "in one block only, per block and expert (where each expert's gain lives, to first "
+        "order; a few minutes more)",
     )
     p.add_argument(
         "--per-layer",
@@ -242,20 +243,29 @@ def per_layer(states: dict, depth: int, score) -> None:
         print(f"  {_block_name(b):<10} " + "   ".join(cells))
 
 
-def attribution(states: dict, depth: int, score) -> None:
-    """Print `score` (-> (xa, en) MGSM) of the base with one expert's ΔW in one block only.
+def attribution(states: dict, depth: int, score, read) -> dict:
+    """Print `score` (-> (xa, en) MGSM) and `read` (-> xa Belebele dev Brier, lower is better)
+    of the base with one expert's ΔW in one block only.
 
     A swap can only combine what each expert's gain is made of block by block: if no single
-    block (nor a few) carries the gain, no layer swap keeps it.
+    block (nor a few) carries the gain, no layer swap keeps it; and where the language expert's
+    reading gain lives says which blocks a swap should take from it.
+    Returns:
+        {"base": [xa, en, brier], expert: {block name: [xa, en, brier]}} for the JSON.
     """
     xa0, en0 = score(states["base"])
-    print(f"\nbase xa / en MGSM {xa0:.3f} / {en0:.3f}; base + one expert's ΔW in one block:")
+    br0 = read(states["base"])
+    out: dict = {"base": [xa0, en0, br0]}
+    print(f"\nbase xa / en MGSM / xa Belebele Brier {xa0:.3f} / {en0:.3f} / {br0:.3f}; base + one expert's ΔW in one block:")  # fmt: skip
     for expert in ("math", "language"):
-        cells = []
+        out[expert] = {}
+        print(f"  {expert}:")
         for b in [*range(depth), None]:
-            xa, en = score(_with_block(states["base"], states[expert], b))
-            cells.append(f"{_block_name(b)}:{xa:.2f}/{en:.2f}")
-        print(f"  {expert:<9} " + " ".join(cells))
+            state = _with_block(states["base"], states[expert], b)
+            xa, en = score(state)
+            out[expert][_block_name(b)] = [xa, en, read(state)]
+            print(f"    {_block_name(b):<10} {xa:.3f} / {en:.3f} / {out[expert][_block_name(b)][2]:.3f}")  # fmt: skip
+    return out
 
 
 def reads_computes(outcomes: list[str]) -> tuple[float, float]:
@@ -463,8 +473,14 @@ def main(argv: list[str] | None = None) -> int:
         readings = {t: {n: scale[t].normalise(raw_proxy[n][t]) for n in proxy} for t in PROXY_TASKS}  # fmt: skip
         gold = {n: e["xa Belebele p(gold)"] for n, e in rows if n in proxy}
         picked["per_indicator"] = indicator_spearman({**readings, "xa Belebele p(gold)": gold}, items, args.resamples)  # fmt: skip
-    if args.attribution:
-        attribution(states, depth, score)
+
+    def read(state) -> float:
+        from world.sft import belebele_brier, belebele_option_logps
+
+        model.load_state_dict(state)
+        return belebele_brier(belebele_option_logps(model, tok, data["bele"]), data["bele"])
+
+    blocks = attribution(states, depth, score, read) if args.attribution else None
     if args.per_layer:
         per_layer(states, depth, score)
     print(f"({time.time() - t0:.0f}s)")
@@ -472,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"args": {k: str(v) for k, v in vars(args).items()}, "table": table}
         raw["items"] = {n: v.astype(int).tolist() for n, v in items.items()}
         raw["select"] = picked
+        raw["attribution"] = blocks
         raw["proxy_scores"] = raw_proxy  # per merge (and base, experts): each proxy task's score
         args.json.write_text(json.dumps(raw, indent=1) + "\n")
     return 0

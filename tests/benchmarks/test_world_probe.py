@@ -56,3 +56,26 @@ def test_experts_are_taken_from_checkpoints_not_trained(tiny_world, tmp_path, ca
     key = next(iter(states["base"]))
     assert torch.equal(states["math"][key], states["base"][key] + 1.0)
     assert torch.equal(states["language"][key], states["math"][key] + 2.0)  # the same float ops
+
+
+def test_attribution_scores_the_base_with_exactly_one_block_of_each_expert(capsys):
+    # Two layers and one non-layer weight; each expert shifts every weight by its own amount,
+    # so a score that reads the three weights tells which block came from which expert.
+    keys = ("model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight", "model.norm.weight")  # fmt: skip
+    states = {
+        name: {k: torch.full((2,), shift) for k in keys}
+        for name, shift in (("base", 0.0), ("math", 1.0), ("language", 2.0))
+    }
+
+    def score(state):  # -> (layer 0, layer 1): stands in for (xa, en) MGSM
+        return float(state[keys[0]][0]), float(state[keys[1]][0])
+
+    def read(state):  # the non-layer weight: stands in for the Brier score
+        return float(state[keys[2]][0])
+
+    out = world_probe.attribution(states, 2, score, read)
+    assert out["base"] == [0.0, 0.0, 0.0]
+    assert out["math"] == {"0": [1.0, 0.0, 0.0], "1": [0.0, 1.0, 0.0], "non-layer": [0.0, 0.0, 1.0]}  # fmt: skip
+    assert out["language"]["1"] == [0.0, 2.0, 0.0] and out["language"]["non-layer"] == [0.0, 0.0, 2.0]  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "non-layer  0.000 / 0.000 / 1.000" in printed and "non-layer  0.000 / 0.000 / 2.000" in printed  # fmt: skip
