@@ -1,8 +1,8 @@
 """Slow: the full world (v4) is what layer swapping needs — gentle SFT on its data lifts the
-experts' own indicators, and the paper's default swap of the two experts beats both experts and
-the base on xa MGSM test.
+experts' own indicators, the paper's default swap of the two experts beats both experts and
+the base on xa MGSM test, and the ΔW maps show the MLP half of the paper's Figure 2.
 
-Run `.venv/bin/python -m pytest -q -m slow tests/world/test_world_finetune.py` (~3.5 min on 2
+Run `.venv/bin/python -m pytest -q -m slow tests/world/test_world_finetune.py` (~4 min on 2
 shared CPU cores: the world reuses the shipped base of seed 0, or a complete world at
 $LAYERSWAP_WORLD; two 300-step SFTs, then dev and test scoring).
 """
@@ -26,11 +26,14 @@ MEASURED = {
     "en MGSM dev": "base 0.75 -> math expert 0.90",
     "xa Belebele dev": "base 0.83 -> language expert 0.93",
     "xa MGSM test": "base 0.244, math 0.268, language 0.204, paper default 0.368",
+    # analysis.delta: rows above the expert's 90th-percentile row MAV, bottom / middle / top
+    "MLP rows changed": "math 0.015 / 0.047 / 0.315, language 0.051 / 0.050 / 0.160",
 }
 # Each margin is half the lead measured (the base's xa Belebele is already 0.83); the swap's
 # paired bootstrap CI must also exclude 0.
 LR, STEPS = 3e-5, 300
 MATH_MARGIN, LANG_MARGIN, SWAP_MARGIN = 0.075, 0.05, 0.05
+MATH_DW_MARGIN, LANG_DW_MARGIN = 0.15, 0.05  # top over bottom quarter, half of the lead measured
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +113,21 @@ def test_paper_default_swap_beats_both_experts_and_the_base_on_xa_mgsm(full_worl
     assert acc["swap"] >= acc[rival] + SWAP_MARGIN, (acc, rival)
     low = paired_diff(right["swap"], right[rival], 2000, seed=0)[1]
     assert low > 0, (acc, rival, low)
+
+
+def test_delta_maps_show_where_each_expert_changed_as_in_the_papers_figure_2(full_world, states, tmp_path):  # fmt: skip
+    """The half of the paper's Fig. 2 the world shows (README "The embedded world"): the math
+    expert's MLP changes in the top quarter, not the bottom; so does the language expert's
+    (the paper: "do not change at all until the last few layers"). Its attention is not
+    asserted: the world's language expert does not concentrate it in the outer layers."""
+    from analysis.delta import depth_regions, row_mav
+
+    mlp = {}
+    for name in ("math", "language"):
+        model, _ = _loaded(full_world, states[name])
+        model.save_pretrained(tmp_path / name)  # safetensors, as the trainer's checkpoints
+        dm = row_mav(tmp_path / name, full_world / "base")
+        mlp[name] = depth_regions(dm.fractions(), dm.types)["MLP"]
+    print(f"MLP rows changed, bottom / middle / top: {mlp} (measured: {MEASURED['MLP rows changed']})")  # fmt: skip
+    for name, margin in (("math", MATH_DW_MARGIN), ("language", LANG_DW_MARGIN)):
+        assert mlp[name]["top quarter"] >= mlp[name]["bottom quarter"] + margin, (name, mlp)
