@@ -40,6 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from world_probe_blocks import attribution, per_layer  # noqa: E402
+from world_probe_select import indicator_spearman, proxy_pick  # noqa: E402
+
 from spaces.search_experiment import world_readings  # noqa: E402  (pydantic only: no torch)
 
 
@@ -207,67 +210,6 @@ def recipes(depth: int, non_layer: str = "average") -> dict[str, dict]:
     return out
 
 
-def _with_block(state: dict, donor: dict, block: int | None) -> dict:
-    """`state` with one block (a layer index, or None: the non-layer weights) from `donor`."""
-    from trainables.merge.arch import layer_index
-
-    return {k: donor[k] if layer_index(k) == block else v for k, v in state.items()}
-
-
-def _block_name(block: int | None) -> str:
-    return "non-layer" if block is None else str(block)
-
-
-def per_layer(states: dict, depth: int, score) -> None:
-    """Print each expert's relative ΔW per block, then `score` (-> (xa, en) MGSM) of the math
-    expert with one block (a layer, or the non-layer weights) from the base or the language
-    expert."""
-    from trainables.merge.arch import layer_index
-
-    blocks = [*range(depth), None]
-    base = states["base"]
-    for expert in ("math", "language"):
-        sq = {b: [0.0, 0.0] for b in blocks}
-        for k, v in states[expert].items():
-            sq[layer_index(k)][0] += float((v.float() - base[k].float()).pow(2).sum())
-            sq[layer_index(k)][1] += float(base[k].float().pow(2).sum())
-        rel = "  ".join(f"{_block_name(b)}:{(d / max(n, 1e-12)) ** 0.5:.4f}" for b, (d, n) in sq.items())  # fmt: skip
-        print(f"relative ΔW, {expert}: {rel}")
-    xa0, en0 = score(states["math"])
-    print(f"\nmath expert xa / en MGSM {xa0:.3f} / {en0:.3f}; with one block from ...")
-    for b in blocks:
-        cells = []
-        for donor in ("base", "language"):
-            xa, en = score(_with_block(states["math"], states[donor], b))
-            cells.append(f"{donor} {xa:.3f} / {en:.3f}")
-        print(f"  {_block_name(b):<10} " + "   ".join(cells))
-
-
-def attribution(states: dict, depth: int, score, read) -> dict:
-    """Print `score` (-> (xa, en) MGSM) and `read` (-> xa Belebele dev Brier, lower is better)
-    of the base with one expert's ΔW in one block only.
-
-    A swap can only combine what each expert's gain is made of block by block: if no single
-    block (nor a few) carries the gain, no layer swap keeps it; and where the language expert's
-    reading gain lives says which blocks a swap should take from it.
-    Returns:
-        {"base": [xa, en, brier], expert: {block name: [xa, en, brier]}} for the JSON.
-    """
-    xa0, en0 = score(states["base"])
-    br0 = read(states["base"])
-    out: dict = {"base": [xa0, en0, br0]}
-    print(f"\nbase xa / en MGSM / xa Belebele Brier {xa0:.3f} / {en0:.3f} / {br0:.3f}; base + one expert's ΔW in one block:")  # fmt: skip
-    for expert in ("math", "language"):
-        out[expert] = {}
-        print(f"  {expert}:")
-        for b in [*range(depth), None]:
-            state = _with_block(states["base"], states[expert], b)
-            xa, en = score(state)
-            out[expert][_block_name(b)] = [xa, en, read(state)]
-            print(f"    {_block_name(b):<10} {xa:.3f} / {en:.3f} / {out[expert][_block_name(b)][2]:.3f}")  # fmt: skip
-    return out
-
-
 def reads_computes(outcomes: list[str]) -> tuple[float, float]:
     """Reading and arithmetic apart, so a merge's gain can be told as one or the other.
 
@@ -340,56 +282,6 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
         en_dev = en if full and split == "dev" else mgsm_outcomes(model, tok, data["en_dev"], max_new_tokens=20)  # fmt: skip
         proxy = dict(zip(PROXY_TASKS, (bele, brier, en_dev.count("right") / max(1, len(en_dev))), strict=True))  # fmt: skip
     return np.array([o == "right" for o in outcomes]), extra, proxy
-
-
-def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int) -> dict:
-    """Print the layer swap of the probe's grid with the best proxy objective (a stand-in for the
-    search's pick, scored on the probe's split) and the Spearman correlation of proxy and xa
-    MGSM over all merges.
-
-    Args:
-        proxy: merge name -> proxy objective (the base and experts left out).
-        items: name -> per-item xa MGSM correctness on the probe's split.
-        better: the better expert's name.
-        resamples: bootstrap resamples.
-    Returns:
-        {"pick", "proxy": {name: objective}, "spearman": [rho, low, high], "n"}.
-    """
-    from analysis.paired import paired_diff
-    from analysis.stats import correlate
-
-    merges = list(proxy)
-    swaps = [n for n in merges if n.startswith(("swap ", "paper default"))]  # the search's space
-    pick = max(swaps, key=lambda n: proxy[n])  # the first of a tie
-    print(f"\nbest swap by the search's proxy objective ({len(swaps)} layer swaps): {pick}, proxy {proxy[pick]:.3f}")  # fmt: skip
-    for ref in (better, "base"):
-        d, lo, hi = paired_diff(items[pick], items[ref], resamples, seed=0)
-        print(f"  xa MGSM {items[pick].mean():.3f}, diff to {ref} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-    rho = next(c for c in correlate([proxy[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
-    print(f"  Spearman(proxy, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
-    # NaN (a constant side) as None: the JSON stays standard
-    spearman = [None if np.isnan(v) else v for v in (rho.estimate, rho.low, rho.high)]
-    return {"pick": pick, "proxy": proxy, "spearman": spearman, "n": rho.n}
-
-
-def indicator_spearman(readings: dict[str, dict[str, float]], items: dict, resamples: int) -> dict:
-    """Print and return each indicator's own Spearman correlation with xa MGSM over the merges.
-
-    Args:
-        readings: indicator -> {merge name: value} (the base and experts left out).
-        items: name -> per-item xa MGSM correctness on the probe's split.
-    Returns:
-        {indicator: [rho, low, high]} (95 % bootstrap CI, analysis.stats.correlate).
-    """
-    from analysis.stats import correlate
-
-    out = {}
-    for name, by_merge in readings.items():
-        merges = list(by_merge)
-        rho = next(c for c in correlate([by_merge[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
-        print(f"  Spearman({name}, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
-        out[name] = [rho.estimate, rho.low, rho.high]
-    return out
 
 
 def true_equations(world: Path, split: str, en_rows: list[dict]) -> list[str]:

@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_probe
+import world_probe_blocks
 
 
 def test_a_missing_lang_data_file_is_refused_by_name_before_any_training(tmp_path, capsys):
@@ -73,7 +74,7 @@ def test_attribution_scores_the_base_with_exactly_one_block_of_each_expert(capsy
     def read(state):  # the non-layer weight: stands in for the Brier score
         return float(state[keys[2]][0])
 
-    out = world_probe.attribution(states, 2, score, read)
+    out = world_probe_blocks.attribution(states, 2, score, read)
     assert out["base"] == [0.0, 0.0, 0.0]
     assert out["math"] == {"0": [1.0, 0.0, 0.0], "1": [0.0, 1.0, 0.0], "non-layer": [0.0, 0.0, 1.0]}  # fmt: skip
     assert out["language"]["1"] == [0.0, 2.0, 0.0] and out["language"]["non-layer"] == [0.0, 0.0, 2.0]  # fmt: skip
