@@ -56,14 +56,20 @@ class DeltaMap:
     mav: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
     def row_quantiles(self, qs) -> np.ndarray:
-        """The given quantiles of the row MAVs over all of this expert's 2-D layer parameters."""
+        """Quantiles of the row MAVs over all of this expert's 2-D layer parameters.
+
+        Args:
+            qs: a quantile in [0, 1] or a sequence of them.
+        Returns:
+            np.quantile's answer (a 0-d array for one quantile).
+        """
         allrows = np.concatenate(list(self.mav.values())) if self.mav else np.zeros(1)
         return np.quantile(allrows, qs)
 
     def threshold_auto(self, quantile: float = DEFAULT_QUANTILE) -> float:
         """The default threshold: the `quantile` of this expert's row MAVs, so "changed" is
         relative to the expert's own changes (the paper picks a per-expert absolute threshold
-        by eye; a quantile makes experts comparable)."""
+        by eye; a quantile makes experts comparable). Returns the threshold."""
         return float(self.row_quantiles(quantile))
 
     def fractions(self, threshold: float | None = None, quantile: float = DEFAULT_QUANTILE) -> np.ndarray:  # fmt: skip
@@ -135,6 +141,9 @@ def _row_mav(expert: Path, base: Path, chunk_elems: int) -> DeltaMap:
                 a.sub_(b).abs_()
                 out[r0:r1] = a.view(r1 - r0, cols).mean(dim=1).double().numpy()
                 del a, b
+            if not np.isfinite(out).all():  # a diverged expert: a NaN would empty every map
+                bad = int(np.flatnonzero(~np.isfinite(out))[0])
+                raise ValueError(f"{expert}: tensor {name!r} row {bad} differs from {base} by a non-finite amount (NaN or inf weights)")  # fmt: skip
             dm.mav[(layer, t)] = out
     return dm
 
@@ -152,7 +161,8 @@ def depth_regions(frac: np.ndarray, types: list[str]) -> dict[str, dict[str, flo
     """
     num = frac.shape[0]
     q = max(1, num // 4)
-    rows = {REGIONS[0]: slice(0, q), REGIONS[1]: slice(q, num - q), REGIONS[2]: slice(num - q, num)}  # fmt: skip
+    # The top starts after the bottom, so one layer is the bottom quarter only (top: NaN).
+    rows = {REGIONS[0]: slice(0, q), REGIONS[1]: slice(q, num - q), REGIONS[2]: slice(max(q, num - q), num)}  # fmt: skip
     out: dict[str, dict[str, float]] = {}
     for group, members in GROUPS.items():
         cols = [types.index(t) for t in members if t in types]
@@ -171,10 +181,11 @@ class Boundaries:
 
     @property
     def is_warm_start(self) -> bool:
-        """Whether the split looks like a layer swap: the papers' keep most layers with the
-        math expert (b 3-5, u 0-2 of 32), so one handing the language expert more than half
-        means the maps lack the language-outside / math-inside pattern."""
-        return self.bottom + self.top <= len(self.dominance) // 2
+        """Whether the split looks like a layer swap: the papers' swaps give the language
+        expert some layers but keep most with the math expert (b 3-5, u 0-2 of 32), so a split
+        giving it none, or more than half, means the maps lack the language-outside /
+        math-inside pattern."""
+        return 0 < self.bottom + self.top <= len(self.dominance) // 2
 
 
 def suggest_boundaries(lang: np.ndarray, math: np.ndarray) -> Boundaries:

@@ -42,18 +42,17 @@ class Threshold:
     quantile: float = DEFAULT_QUANTILE
 
     def of(self, dm: DeltaMap) -> float:
-        """The threshold for this expert's map."""
+        """Args: dm, the expert's ΔW map. Returns: the row-MAV threshold for its map."""
         return self.absolute if self.absolute is not None else dm.threshold_auto(self.quantile)
 
     def describe(self) -> str:
         """The threshold in words, for the section's method paragraph."""
         if self.absolute is not None:
             return f"absolute threshold {self.absolute:g}"
-        pct = f"{100 * self.quantile:g}"
         return (
-            f"per-expert threshold = the {pct}th percentile of that expert's row MAVs over all "
-            f"its 2-D layer parameters, so about {100 - 100 * self.quantile:g} % of its rows "
-            "count as changed"
+            f"per-expert threshold = the {self.quantile:g} quantile of that expert's row MAVs "
+            f"over all its 2-D layer parameters, so about {100 - 100 * self.quantile:g} % of its "
+            "rows count as changed"
         )
 
 
@@ -196,8 +195,7 @@ def _depth_table(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Thre
     rows, data = [], {}
     for e, dm in maps:
         reg = depth_regions(dm.fractions(thr.of(dm)), dm.types)
-        # summary.json is strict JSON: an empty region is null there, "–" in the table.
-        data[e.label] = {g: {r: None if np.isnan(v) else v for r, v in d.items()} for g, d in reg.items()}  # fmt: skip
+        data[e.label] = reg  # an empty region (NaN) is null in summary.json, "–" in the table
         rows.append({"expert": e.label} | {f"{g} {r}": reg[g][r] for g in GROUPS for r in REGIONS})
     df = pd.DataFrame(rows)
     for c in df.columns[1:]:
@@ -221,9 +219,10 @@ def _contrast(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Thresho
     if mm.types != lm.types or mm.num_layers != lm.num_layers:
         sec.text("Contrast: the math and language experts' parameter layouts differ.")
         return
-    fm, fl = mm.fractions(thr.of(mm)), lm.fractions(thr.of(lm))
+    used = {"math": thr.of(mm), "language": thr.of(lm)}  # each expert's own, when a quantile
+    fm, fl = mm.fractions(used["math"]), lm.fractions(used["language"])
     _contrast_figure(sec, me, le, mm, fm - fl)
-    _suggested_boundaries(sec, suggest_boundaries(fl, fm), me, le, mm.num_layers, thr)
+    _suggested_boundaries(sec, suggest_boundaries(fl, fm), me, le, mm.num_layers, thr, used)
 
 
 def _contrast_figure(
@@ -244,8 +243,10 @@ def _contrast_figure(
     sec.figure(
         "delta_contrast",
         png,
-        f"{me.label} minus {le.label}: red = the math expert changed more rows, blue = the "
-        "language expert did.",
+        f"{me.label} minus {le.label}: red = more of the math expert's rows pass its threshold, "
+        "blue = more of the language expert's pass its own (with per-expert quantile "
+        "thresholds each map marks the same share of its rows, so this shows where each "
+        "expert's changes sit relative to the other's, not which changed more).",
     )
 
 
@@ -256,8 +257,10 @@ def _suggested_boundaries(
     le: ExpertRef,
     num_layers: int,
     thr: Threshold,
+    used: dict[str, float],
 ) -> None:
-    """The dominance table, the suggested warm-start paragraph and its summary.json entry."""
+    """The dominance table, the suggested warm-start paragraph and its summary.json entry
+    (`used`: the row-MAV threshold each expert's map was cut at, by kind)."""
     sec.table(
         "Language dominance per layer (mean over types of language − math fraction) and the "
         "zone the suggested boundaries give it.",
@@ -267,9 +270,9 @@ def _suggested_boundaries(
     caveat = (
         ""
         if usable
-        else " It gives the language expert more than half the layers: these maps do not show "
-        "the papers' language-outside / math-inside split, so it is no warm start; search the "
-        "space's own range instead."
+        else f" It gives the language expert {b.bottom + b.top} of {num_layers} layers: these "
+        "maps do not show the papers' language-outside / math-inside split, so it is no warm "
+        "start; search the space's own range instead."
     )
     sec.text(
         f"Suggested warm start: b = {b.bottom}, u = {b.top} (layers [0, {b.bottom}) and "
@@ -285,6 +288,7 @@ def _suggested_boundaries(
         "language_expert": str(le.path),
         "threshold": thr.absolute,
         "quantile": None if thr.absolute is not None else thr.quantile,
+        "thresholds": used,
         "usable_warm_start": usable,
     }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -201,8 +202,21 @@ def analyze_run(
             "files": present,
             "sections": {s.key: s.data for s in sections},
         }
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(_strict(summary), indent=2, allow_nan=False)
+        (tmp / "summary.json").write_text(text + "\n", encoding="utf-8")
     return out
+
+
+def _strict(value):
+    """`value` with every NaN or infinite float as None: summary.json is standard JSON (a
+    section's undefined statistic, e.g. a correlation of a constant, reads null)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _run_inputs(run_dir: Path) -> list[Path]:

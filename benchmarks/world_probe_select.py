@@ -54,5 +54,7 @@ def indicator_spearman(readings: dict[str, dict[str, float]], items: dict, resam
         merges = list(by_merge)
         rho = next(c for c in correlate([by_merge[n] for n in merges], [items[n].mean() for n in merges], n_resamples=resamples) if c.method == "spearman")  # fmt: skip
         print(f"  Spearman({name}, xa MGSM) over {rho.n} merges {rho.estimate:+.2f} [{rho.low:+.2f}, {rho.high:+.2f}]")  # fmt: skip
-        out[name] = [rho.estimate, rho.low, rho.high]
+        out[name] = [
+            None if np.isnan(v) else v for v in (rho.estimate, rho.low, rho.high)
+        ]  # strict JSON
     return out

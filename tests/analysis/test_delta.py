@@ -105,6 +105,9 @@ def test_depth_regions_by_quarter_and_group():
     only_attn = depth_regions(np.ones((2, 1)), ["q"])
     assert np.isnan(only_attn["MLP"]["top quarter"]) and np.isnan(only_attn["attention"]["middle half"])  # fmt: skip
     assert only_attn["attention"]["bottom quarter"] == 1.0
+    # One layer is the bottom quarter only, not also the top.
+    one = depth_regions(np.full((1, 1), 0.5), ["q"])["attention"]
+    assert one["bottom quarter"] == 0.5 and np.isnan(one["top quarter"])
 
 
 def test_suggested_boundaries_on_constructed_case(models):
@@ -129,6 +132,7 @@ def test_suggested_boundaries_rule():
     # No language dominance anywhere: no language layers.
     lang, math = frac([-0.1] * 6)
     assert (lambda r: (r.bottom, r.top))(suggest_boundaries(lang, math)) == (0, 0)
+    assert not suggest_boundaries(lang, math).is_warm_start  # no layers to language: no swap
     # Language everywhere: still keeps one math layer (b + u <= L - 1).
     lang, math = frac([0.2] * 6)
     r = suggest_boundaries(lang, math)
@@ -155,3 +159,19 @@ def test_errors_name_the_folder(models, tmp_path):
     (tmp_path / "lora" / "adapter_config.json").write_text("{}")
     with pytest.raises(ValueError, match="LoRA"):
         row_mav(tmp_path / "lora", models["base"])
+
+
+def test_a_non_finite_expert_is_refused_naming_tensor_and_row(models, tmp_path):
+    # A NaN row would make the quantile threshold NaN and every map read "nothing changed".
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "diverged"
+    bad.mkdir()
+    (bad / "config.json").write_text((models["base"] / "config.json").read_text())
+    state = load_file(models["base"] / "model.safetensors")
+    name = "model.layers.3.mlp.down_proj.weight"
+    state[name] = state[name].clone()
+    state[name][2, 0] = float("nan")
+    save_file(state, bad / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"{bad}: tensor '{name}' row 2 .*non-finite"):
+        row_mav(bad, models["base"])

@@ -190,6 +190,38 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, nothing_written)
     assert e.value.code == 2
 
 
+@pytest.mark.slow
+def test_delta_quantile_reaches_the_report(run_dir, tmp_path):
+    out = tmp_path / "q50"
+    assert main(["analyze", str(run_dir), "--out", str(out), "--resamples", "50", "--delta-quantile", "0.5"]) == 0  # fmt: skip
+    assert "the 0.5 quantile of that expert's row MAVs" in (out / "report.md").read_text()
+    delta = json.loads((out / "summary.json").read_text())["sections"]["delta"]
+    assert delta["suggested_boundaries"]["quantile"] == 0.5
+
+
+def test_a_split_that_is_no_layer_swap_is_called_no_warm_start(tmp_path):
+    from analysis.delta import Boundaries
+    from analysis.delta_report import ExpertRef, Threshold, _suggested_boundaries
+    from analysis.sections import Section
+
+    sec = Section("delta", "t")
+    refs = [ExpertRef(k, k, tmp_path / k, tmp_path / "base") for k in ("math", "language")]
+    b = Boundaries(bottom=5, top=0, dominance=[0.1] * 6)
+    _suggested_boundaries(sec, b, *refs, 6, Threshold(), {"math": 1.0, "language": 2.0})
+    text = " ".join(x for x in sec.blocks if isinstance(x, str))
+    assert "gives the language expert 5 of 6 layers" in text and "no warm start" in text
+    entry = sec.data["suggested_boundaries"]
+    assert entry["usable_warm_start"] is False and entry["thresholds"] == {"math": 1.0, "language": 2.0}  # fmt: skip
+
+
+def test_summary_json_holds_no_nan():
+    from analysis.report import _strict
+
+    raw = {"rho": [float("nan"), 0.5], "inner": {"x": float("inf"), "n": 3}, "t": (1.0, float("-inf"))}  # fmt: skip
+    assert _strict(raw) == {"rho": [None, 0.5], "inner": {"x": None, "n": 3}, "t": [1.0, None]}
+    json.dumps(_strict(raw), allow_nan=False)  # what analyze_run writes with
+
+
 def test_help_lists_analyze(capsys):
     with pytest.raises(SystemExit):
         main(["analyze", "--help"])
@@ -198,7 +230,8 @@ def test_help_lists_analyze(capsys):
     from analysis.delta import DEFAULT_QUANTILE
 
     # The help states the one default the report uses (the CLI passes none of its own).
-    assert f"(default: {DEFAULT_QUANTILE:g}, the expert's top" in " ".join(text.split())
+    top = f"{100 - 100 * DEFAULT_QUANTILE:g} %"
+    assert f"(default: {DEFAULT_QUANTILE:g}, the expert's top {top})" in " ".join(text.split())
 
 
 @pytest.mark.slow
