@@ -11,7 +11,8 @@ swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
 base plus one expert's ΔW in one block only, per block: each gain to first order), --select
-(the best swap by the search's proxies, and how well the proxy ranks the merges).
+(the best swap by the search's proxies, and how well the proxy, each indicator and, for
+reference, the target's own dev split rank the merges).
 
 Prints, for the base, both experts, the paper's default swap scaled to depth, every layer swap
 (b in 1..5, u in 0..2; and b in 2..4, u in 0..2 with transition zones of 1 or 2 layers), the
@@ -96,7 +97,9 @@ def parse_args(argv):
         "search_experiment.world_proxies, combined by search.trial.combine; scored here by "
         "world.sft, not lm-eval) and on each reading of PROXY_TASKS alone, "
         "report the best swap of the probe's grid by that proxy (the search's own space may be "
-        "narrower) and the Spearman correlation of proxy and xa MGSM over all merges (~1 min)",
+        "narrower) and the Spearman correlation of proxy and xa MGSM over all merges; with "
+        "--split test also xa MGSM dev's, the target's own dev split, as a reference for what "
+        "a dev measure can rank (~2 min)",
     )
     p.add_argument(
         "--attribution",
@@ -234,7 +237,7 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
 
     Args:
         model, tok: the model (its state loaded) and tokenizer.
-        data: rows by name: "xa" and "en" (MGSM, probe's split), "en_dev", "bele" (xa dev);
+        data: rows by name: "xa" and "en" (MGSM, probe's split), "en_dev", "xa_dev", "bele" (xa dev);
             "equations": the split's true equations, in the rows' order.
         full: also English MGSM, xa Belebele and the wrong-answer classes (experts, paper default).
         select: also every reading of PROXY_TASKS (the search's default proxies among them),
@@ -281,6 +284,11 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     if select:
         en_dev = en if full and split == "dev" else mgsm_outcomes(model, tok, data["en_dev"], max_new_tokens=20)  # fmt: skip
         proxy = dict(zip(PROXY_TASKS, (bele, brier, en_dev.count("right") / max(1, len(en_dev))), strict=True))  # fmt: skip
+        if split == "test":
+            # A reference, not a proxy: the target's own dev split (100 items), what any dev
+            # measure of the target itself would rank the merges by, noise included.
+            xa_dev = mgsm_outcomes(model, tok, data["xa_dev"], max_new_tokens=20)
+            extra["xa MGSM dev"] = xa_dev.count("right") / max(1, len(xa_dev))
     return np.array([o == "right" for o in outcomes]), extra, proxy
 
 
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     world = world_dir(args)
     data = {lang: read_rows(world, f"data/mgsm/{lang}/{args.split}.jsonl") for lang in ("xa", "en")}
     data["en_dev"] = read_rows(world, "data/mgsm/en/dev.jsonl")
+    data["xa_dev"] = read_rows(world, "data/mgsm/xa/dev.jsonl")
     data["bele"] = read_rows(world, "data/belebele/xa/dev.jsonl")
     data["equations"] = true_equations(world, args.split, data["en"])  # before minutes of SFT
     states, model, tok = train_experts(world, args)
@@ -363,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         # Each reading on its proxy scale (chance 0, best 1), so a good indicator's rho is positive.
         scale = world_readings("xa")
         readings = {t: {n: scale[t].normalise(raw_proxy[n][t]) for n in proxy} for t in PROXY_TASKS}  # fmt: skip
-        gold = {n: e["xa Belebele p(gold)"] for n, e in rows if n in proxy}
-        picked["per_indicator"] = indicator_spearman({**readings, "xa Belebele p(gold)": gold}, items, args.resamples)  # fmt: skip
+        side = {c: {n: e[c] for n, e in rows if n in proxy and c in e} for c in ("xa Belebele p(gold)", "xa MGSM dev")}  # fmt: skip
+        picked["per_indicator"] = indicator_spearman({**readings, **{c: v for c, v in side.items() if v}}, items, args.resamples)  # fmt: skip
 
     def read(state) -> float:
         from world.sft import belebele_brier, belebele_option_logps
