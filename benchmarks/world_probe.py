@@ -4,8 +4,8 @@ Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing
 `... --config VARIANT.yaml --seed 0 --out runs/world-v` (builds that variant of the full world
 first, `layerswap world build --config`). ~12 min on one of 2 CPU cores for v4 (--select; 10
 min with --experts; --attribution ~10 min more); add `--device cuda` on a GPU. Options:
---math-lr/--math-steps/--lang-lr/--lang-steps (the experts, trained by world.sft, the world's own plain-torch SFT, not the Ray
-trainer; --lang-layers trains only those layers of the language expert; --lang-data trains it
+--math-lr/--math-steps/--lang-lr/--lang-steps (the experts, trained by world.sft, the world's
+own plain-torch SFT, not the Ray trainer; --lang-layers trains only those layers of the language expert; --lang-data trains it
 on another JSONL), --split dev|test, --non-layer (whose embeddings, final norm and lm_head the
 swaps take), --json OUT (every item's
 correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
