@@ -5,10 +5,10 @@ Run `.venv/bin/python benchmarks/world_probe.py --world runs/world` (an existing
 first, `layerswap world build --config`). ~12 min on one of 2 CPU cores for v4 (--select; 10
 min with --experts; --attribution ~10 min more); add `--device cuda` on a GPU. Options:
 --math-lr/--math-steps/--lang-lr/--lang-steps (the experts, trained by world.sft, the world's
-own plain-torch SFT, not the Ray trainer; --lang-layers trains only those layers of the language expert; --lang-data trains it
-on another JSONL), --split dev|test, --non-layer (whose embeddings, final norm and lm_head the
-swaps take), --json OUT (every item's
-correctness, for re-analysis), --per-layer (where the math expert's gain lives: one layer at a
+own plain-torch SFT, not the Ray trainer; --lang-layers trains only those layers of the
+language expert; --lang-data trains it on another JSONL), --split dev|test, --non-layer (whose
+embeddings, final norm and lm_head the swaps take), --json OUT (every item's correctness, for
+re-analysis), --per-layer (where the math expert's gain lives: one layer at a
 time reverted to the base or taken from the language expert; ~2 min more), --attribution (the
 base plus one expert's ΔW in one block only, per block: each gain to first order), --select
 (the best swap by the search's proxies, and how well the proxy, each indicator and, for
