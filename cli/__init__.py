@@ -45,6 +45,23 @@ def _on_signal(signum, frame):
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
 
 
+def _quiet_signal_unraisable(previous):
+    """An unraisable hook that keeps quiet about our own signal exceptions.
+
+    A signal that lands in a weakref callback or __del__ (seen: Ray's teardown after a search's
+    last trial) raises there, where Python cannot propagate it and prints "Exception ignored
+    in ... Traceback". The signal is already recorded in _SIGNALLED and decides the exit code
+    and the one-line message, so only those exceptions are dropped; the rest go to `previous`.
+    """
+
+    def hook(unraisable):
+        if _SIGNALLED and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+            return
+        previous(unraisable)
+
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the command; invalid input exits 2 with one line naming the problem.
 
@@ -54,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _SIGNALLED.clear()
     before = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = _quiet_signal_unraisable(unraisable)
     # Ray Tune's own SIGINT handler ends the tuning loop and returns as if it had finished (the
     # command would go on to promotion and exit 0); without it Ctrl-C raises KeyboardInterrupt
     # here. Ray Train's is kept out while fit() runs (trainables/train/ray_train._fit_signals).
@@ -71,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+        sys.unraisablehook = unraisable
 
 
 def _outcome(e: BaseException) -> int:

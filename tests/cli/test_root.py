@@ -53,3 +53,46 @@ sys.exit(cli.main([]))
     assert out.returncode == 130, out.stderr
     assert out.stdout == "finished\n"
     assert "layerswap: interrupted (SIGINT)" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_interrupt_in_a_weakref_callback_prints_no_traceback():
+    """SIGINT landed in a weakref callback (as in Ray's teardown after a search's last trial),
+    where Python cannot raise it and prints "Exception ignored ... Traceback" unless told not to;
+    the exit code and the one-line message still follow the signal. A foreign exception in such
+    a callback is still reported."""
+    code = """
+import argparse, os, signal, sys, time, weakref
+import cli
+
+class Thing:
+    pass
+
+def interrupted_in_callback(ref):
+    os.kill(os.getpid(), signal.SIGINT)  # a real signal: cli's handler raises in this callback
+    time.sleep(5)
+
+def failing_callback(ref):
+    raise RuntimeError("a library's own bug")
+
+def command(args):
+    a, b = Thing(), Thing()
+    keep = [weakref.ref(a, interrupted_in_callback), weakref.ref(b, failing_callback)]
+    del a  # the callback runs now; its KeyboardInterrupt goes to sys.unraisablehook
+    del b
+    print("finished")
+    return 0
+
+def parser():
+    p = argparse.ArgumentParser(prog="layerswap")
+    p.set_defaults(func=command)
+    return p
+
+cli.build_parser = parser
+sys.exit(cli.main([]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130, out.stderr
+    assert out.stdout == "finished\n"
+    assert "layerswap: interrupted (SIGINT)" in out.stderr
+    assert "KeyboardInterrupt" not in out.stderr
+    assert "RuntimeError: a library's own bug" in out.stderr  # other unraisables still shown
