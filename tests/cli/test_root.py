@@ -10,6 +10,24 @@ import sys
 from cli import SUBCOMMANDS, build_parser
 
 HEAVY = ("torch", "ray", "lm_eval", "optuna", "pandas", "transformers", "matplotlib")
+# Runs `command(args)`, defined by a test's script, as the only layerswap subcommand, through
+# cli.main, in a fresh process (real signals; exit code and streams seen from outside).
+AS_THE_COMMAND = """
+import argparse
+
+def parser():
+    p = argparse.ArgumentParser(prog="layerswap")
+    p.set_defaults(func=command)
+    return p
+
+cli.build_parser = parser
+sys.exit(cli.main([]))
+"""
+
+
+def run_as_the_command(script: str) -> subprocess.CompletedProcess:
+    code = script + AS_THE_COMMAND
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
 def test_every_subcommand_is_registered():
@@ -29,10 +47,10 @@ def test_building_the_parser_imports_nothing_heavy():
 def test_an_interrupt_a_library_swallowed_still_exits_130():
     """SIGINT raised KeyboardInterrupt inside code that ignored it; the command then finished."""
     code = """
-import argparse, os, signal, sys, time
+import os, signal, sys, time
 import cli
 
-def swallowing_command(args):
+def command(args):
     try:
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: cli's handler raises here
         time.sleep(5)
@@ -40,16 +58,8 @@ def swallowing_command(args):
         pass  # as a C callback that reports the error as ignored and goes on
     print("finished")
     return 0
-
-def parser():
-    p = argparse.ArgumentParser(prog="layerswap")
-    p.set_defaults(func=swallowing_command)
-    return p
-
-cli.build_parser = parser
-sys.exit(cli.main([]))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_as_the_command(code)
     assert out.returncode == 130, out.stderr
     assert out.stdout == "finished\n"
     assert "layerswap: interrupted (SIGINT)" in out.stderr and "Traceback" not in out.stderr
@@ -61,7 +71,7 @@ def test_an_interrupt_in_a_weakref_callback_prints_no_traceback():
     the exit code and the one-line message still follow the signal. A foreign exception in such
     a callback is still reported."""
     code = """
-import argparse, os, signal, sys, time, weakref
+import os, signal, sys, time, weakref
 import cli
 
 class Thing:
@@ -81,16 +91,8 @@ def command(args):
     del b
     print("finished")
     return 0
-
-def parser():
-    p = argparse.ArgumentParser(prog="layerswap")
-    p.set_defaults(func=command)
-    return p
-
-cli.build_parser = parser
-sys.exit(cli.main([]))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_as_the_command(code)
     assert out.returncode == 130, out.stderr
     assert out.stdout == "finished\n"
     assert "layerswap: interrupted (SIGINT)" in out.stderr
