@@ -82,7 +82,9 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
         assert r["status"] in ("ok", "failed", "duplicate", "pruned")
         if r["status"] == "ok":
             assert r["fidelity"] == 8 and 0 <= r["proxy__world_belebele_brier_xa_dev"] <= 2
-            assert r["t_compose_s"] < r["t_eval_s"]
+            # Both stages timed. Not their order: with the Brier-scored proxy (log-likelihoods
+            # only) a tiny world's eval of 8 items takes as long as composing (24 ms each, seen).
+            assert r["t_compose_s"] > 0 and r["t_eval_s"] > 0
     # the proxy stage read dev splits only: never the target's (or any) test split
     assert res.splits_read and all(t.endswith("_dev") and s == "dev" for t, s in res.splits_read)
     study = optuna.load_study(study_name="t", storage=f"sqlite:///{run / 'search' / 'study.db'}")
