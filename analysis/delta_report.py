@@ -57,6 +57,16 @@ class Threshold:
 
 
 @dataclass(frozen=True)
+class Mapped:
+    """One expert's ΔW map, cut once: the threshold used and the [L, types] fractions."""
+
+    ref: ExpertRef
+    dm: DeltaMap
+    threshold: float
+    frac: np.ndarray
+
+
+@dataclass(frozen=True)
 class ExpertRef:
     label: str
     kind: str  # "math" | "language"
@@ -133,7 +143,7 @@ def delta_section(
     if notes:
         _skipped_paragraph(sec, notes)
     maps = _expert_heatmaps(sec, experts, thr)
-    _depth_table(sec, maps, thr)
+    _depth_table(sec, maps)
     _contrast(sec, maps, thr)
     return sec
 
@@ -154,16 +164,14 @@ def _skipped_paragraph(sec: Section, notes: list[str]) -> None:
     sec.text("Skipped: " + "; ".join(notes[:4]) + more + ".")
 
 
-def _expert_heatmaps(
-    sec: Section, experts: list[ExpertRef], thr: Threshold
-) -> list[tuple[ExpertRef, DeltaMap]]:
+def _expert_heatmaps(sec: Section, experts: list[ExpertRef], thr: Threshold) -> list[Mapped]:
     """One rows-changed heatmap per expert. Returns each expert with its ΔW map, in order."""
-    maps: list[tuple[ExpertRef, DeltaMap]] = []
+    maps: list[Mapped] = []
     for e in experts:
         dm = row_mav(e.path, e.base)
-        maps.append((e, dm))
         value = thr.of(dm)
         frac = dm.fractions(value)
+        maps.append(Mapped(e, dm, value, frac))
         nrows = sum(len(v) for v in dm.mav.values())
         p10, p50, p90 = dm.row_quantiles([0.1, 0.5, 0.9])
         png = heatmap(
@@ -189,12 +197,12 @@ def _expert_heatmaps(
     return maps
 
 
-def _depth_table(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Threshold) -> None:
+def _depth_table(sec: Section, maps: list[Mapped]) -> None:
     """Each expert's rows changed by depth region and column group, beside the paper's
     description of its Fig. 2 (the comparison the paper invites, in numbers)."""
     rows, data = [], {}
-    for e, dm in maps:
-        reg = depth_regions(dm.fractions(thr.of(dm)), dm.types)
+    for m in maps:
+        e, reg = m.ref, depth_regions(m.frac, m.dm.types)
         data[e.label] = reg  # an empty region (NaN) is null in summary.json, "–" in the table
         rows.append({"expert": e.label} | {f"{g} {r}": reg[g][r] for g in GROUPS for r in REGIONS})
     df = pd.DataFrame(rows)
@@ -208,19 +216,20 @@ def _depth_table(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Thre
     sec.data["depth_regions"] = data
 
 
-def _contrast(sec: Section, maps: list[tuple[ExpertRef, DeltaMap]], thr: Threshold) -> None:
+def _contrast(sec: Section, maps: list[Mapped], thr: Threshold) -> None:
     """Contrast the first math and language experts and suggest (b, u); else say why not."""
-    math_maps = [m for m in maps if m[0].kind == "math"]
-    lang_maps = [m for m in maps if m[0].kind == "language"]
+    math_maps = [m for m in maps if m.ref.kind == "math"]
+    lang_maps = [m for m in maps if m.ref.kind == "language"]
     if not (math_maps and lang_maps):
         sec.text("Contrast and suggested boundaries: need one math and one language expert.")
         return
-    (me, mm), (le, lm) = math_maps[0], lang_maps[0]
+    (m, lg) = math_maps[0], lang_maps[0]
+    me, mm, le, lm = m.ref, m.dm, lg.ref, lg.dm
     if mm.types != lm.types or mm.num_layers != lm.num_layers:
         sec.text("Contrast: the math and language experts' parameter layouts differ.")
         return
-    used = {"math": thr.of(mm), "language": thr.of(lm)}  # each expert's own, when a quantile
-    fm, fl = mm.fractions(used["math"]), lm.fractions(used["language"])
+    used = {"math": m.threshold, "language": lg.threshold}  # each expert's own, for a quantile
+    fm, fl = m.frac, lg.frac
     _contrast_figure(sec, me, le, mm, fm - fl)
     _suggested_boundaries(sec, suggest_boundaries(fl, fm), me, le, mm.num_layers, thr, used)
 
