@@ -2,8 +2,9 @@
 
 `TrialProgress` formats one line per finished trial ("[search] trial 7/20  ok  objective 0.4120
 best 0.4550 (#0003)  elapsed 1m12s  ETA 2m05s"), with the ETA from the mean duration of the trials
-finished so far and how many run at once. `Stages` prints "[demo] stage 3/5: ..." as each stage
-starts and keeps the wall time of each. Lines are whole and plain (no carriage-return redraw), so
+finished so far and how many run at once. `Stages` prints "[demo] stage 3/5: ... (at 2m52s)" as
+each stage starts and keeps the wall time of each; every line says how long the run has been
+going, so the log of a run that was killed still shows where its time went. Lines are whole and plain (no carriage-return redraw), so
 a log file of a run reads like the terminal did. Used by search/searcher.py and search/demo.py;
 tested in tests/search/test_progress.py.
 """
@@ -128,7 +129,8 @@ class TrialProgress:
 
 
 class Stages:
-    """Numbered stage lines ("[demo] stage 3/5: merge search ...") and each stage's wall time."""
+    """Numbered stage lines ("[demo] stage 3/5: merge search ... (at 2m52s)") and each stage's
+    wall time; the time since the first stage started closes every line."""
 
     def __init__(self, tag: str, total: int, *, clock: Clock = time.monotonic, emit: Emit = _print):
         """Args:
@@ -141,6 +143,10 @@ class Stages:
         self.seconds: dict[str, float] = {}  # stage key -> wall time, in order
         self._n = 0
         self._current: tuple[str, float] | None = None
+        self._t0: float | None = None
+
+    def _at(self) -> str:
+        return f"(at {duration(self.clock() - self._t0)})"
 
     def start(self, key: str, text: str) -> str:
         """End the current stage (its time goes to `seconds`), start stage `key`; emit its line.
@@ -154,13 +160,15 @@ class Stages:
         self.end()
         self._n += 1
         self._current = (key, self.clock())
-        line = f"[{self.tag}] stage {self._n}/{self.total}: {text}"
+        if self._t0 is None:
+            self._t0 = self._current[1]
+        line = f"[{self.tag}] stage {self._n}/{self.total}: {text} {self._at()}"
         self.emit(line)
         return line
 
     def note(self, text: str) -> str:
-        """Emit a line that belongs to the current stage ("[demo]   text"); return it."""
-        line = f"[{self.tag}]   {text}"
+        """Emit a line that belongs to the current stage ("[demo]   text (at 3m05s)"); return it."""
+        line = f"[{self.tag}]   {text}" + ("" if self._t0 is None else f" {self._at()}")
         self.emit(line)
         return line
 

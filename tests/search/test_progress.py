@@ -83,16 +83,17 @@ def test_stage_lines_and_wall_time_per_stage():
     st.start("world", "world (tiny, seed 0)")
     clock.t = 12
     st.start("train", "Ray Train: 2 experts")
+    clock.t = 75
     st.note("math step 4")
     clock.t = 100
     st.start("search", "merge search: 3 trials")
     clock.t = 130
     assert st.end() == {"world": 12.0, "train": 88.0, "search": 30.0}
     assert lines == [
-        "[demo] stage 1/3: world (tiny, seed 0)",
-        "[demo] stage 2/3: Ray Train: 2 experts",
-        "[demo]   math step 4",
-        "[demo] stage 3/3: merge search: 3 trials",
+        "[demo] stage 1/3: world (tiny, seed 0) (at 0s)",
+        "[demo] stage 2/3: Ray Train: 2 experts (at 12s)",
+        "[demo]   math step 4 (at 1m15s)",
+        "[demo] stage 3/3: merge search: 3 trials (at 1m40s)",
     ]
 
 
