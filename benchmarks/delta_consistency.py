@@ -1,0 +1,143 @@
+"""How reproducible an expert's weight change is, and how it relates to another expert's: for
+two checkpoints A and B fine-tuned from one base, the cosine between their ΔW rows
+(ΔW = W_ckpt - W_base, each row of each 2-D layer parameter) and each one's row MAV, averaged
+per depth region (bottom quarter / middle half / top quarter) and column group (attention, MLP).
+
+Two runs of one expert that differ only in data order give the part of ΔW the training signal
+fixes (cosine near 1: every run moves the weights the same way); a math and a language expert
+give how much their changes overlap (near 0: orthogonal). With near-uniform row MAVs and
+reproducible directions, a magnitude map such as the paper's Fig. 2 has nothing to localise.
+
+Run: `python benchmarks/delta_consistency.py --base WORLD/base --pair A B [--pair A B ...]`
+(checkpoint folders or .safetensors files of a full fine-tune; safetensors only), or with
+`--world W --out DIR` first train a math and a language expert per `--sft-seeds` by world.sft
+(the shipped configs' lr 3e-5 and 300 steps; ~90 s each on one core) and compare the two runs of
+each expert and the two experts of the first seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from analysis.delta import GROUPS, REGIONS, TYPES, param_type
+from trainables.merge.arch import layer_index
+
+
+def _label(path: Path) -> str:
+    """A checkpoint's short name: "run/samples_000004800" for a folder, the file name otherwise."""
+    return f"{path.parent.name}/{path.name}" if path.is_dir() else path.name
+
+
+def _weights(path: Path) -> Path:
+    path = Path(path)
+    f = path / "model.safetensors" if path.is_dir() else path
+    if not f.is_file():
+        raise ValueError(f"{path}: no model.safetensors (a full fine-tune's checkpoint is needed)")
+    return f
+
+
+def pair_stats(base: Path, a: Path, b: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean row cosine(ΔW_a, ΔW_b) and mean row MAV of each, per column group and depth region.
+
+    Returns:
+        {"cosine" | "mav_a" | "mav_b": {group: {region: value}}}.
+    Raises:
+        ValueError: a layer parameter missing from A or B, or of another shape (named).
+    """
+    with safe_open(_weights(base), "pt") as fb, safe_open(_weights(a), "pt") as fa, safe_open(_weights(b), "pt") as fc:  # fmt: skip
+        keys_a, keys_b = set(fa.keys()), set(fc.keys())
+        rows = []
+        for key in fb.keys():
+            kind, layer = param_type(key), layer_index(key)
+            if kind not in TYPES or layer is None:  # 2-D projections only (norms are 1-D)
+                continue
+            for name, keys in ((a, keys_a), (b, keys_b)):
+                if key not in keys:
+                    raise ValueError(f"{name}: tensor {key} missing (not a full fine-tune of {base}?)")  # fmt: skip
+            w = fb.get_tensor(key).double()  # [rows, cols]
+            da, db = fa.get_tensor(key).double() - w, fc.get_tensor(key).double() - w
+            if da.shape != w.shape or db.shape != w.shape:
+                raise ValueError(f"tensor {key}: shapes {tuple(w.shape)} / {tuple(da.shape)} / {tuple(db.shape)} differ")  # fmt: skip
+            cos = torch.nn.functional.cosine_similarity(da, db, dim=1)  # [rows]
+            rows.append((layer, kind, cos.mean().item(), da.abs().mean().item(), db.abs().mean().item()))  # fmt: skip
+    depth = 1 + max(r[0] for r in rows)
+    q = depth // 4
+    bounds = {REGIONS[0]: (0, q), REGIONS[1]: (q, depth - q), REGIONS[2]: (depth - q, depth)}
+    out: dict[str, dict[str, dict[str, float]]] = {"cosine": {}, "mav_a": {}, "mav_b": {}}
+    for group, types in GROUPS.items():
+        for col, stat in enumerate(out, start=2):
+            out[stat][group] = {
+                region: float(np.mean([r[col] for r in rows if r[1] in types and lo <= r[0] < hi]))
+                for region, (lo, hi) in bounds.items()
+            }
+    return out
+
+
+def train_pairs(world: Path, out: Path, seeds: list[int], lr: float, steps: int) -> list[tuple[Path, Path]]:  # fmt: skip
+    """Train math and language experts per seed by world.sft into `out` (kept if already there).
+
+    Returns:
+        the pairs to compare: each expert's first two seeds, then math vs language of seed 1.
+    """
+    from safetensors.torch import save_file
+
+    from world.sft import load_base, pairs, read_rows, sft
+
+    out.mkdir(parents=True, exist_ok=True)
+    made = {}
+    for seed in seeds:
+        for kind, data in (("math", "math_en"), ("language", "lang_xa")):
+            path = made[kind, seed] = out / f"{kind}_seed{seed}.safetensors"
+            if path.exists():
+                continue
+            model, tok = load_base(world)
+            sft(model, tok, pairs(read_rows(world, f"data/sft/{data}.jsonl")), steps, lr, seed=seed)  # fmt: skip
+            tmp = path.with_suffix(".tmp")
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)
+            tmp.replace(path)  # atomic: a killed run leaves no half-written expert
+            print(f"trained {path.name}", flush=True)
+    a, b = seeds[0], seeds[1]
+    return [(made["language", a], made["language", b]), (made["math", a], made["math", b]),
+            (made["math", a], made["language", a])]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", type=Path, help="the base checkpoint folder (default: WORLD/base)")
+    ap.add_argument("--pair", nargs=2, type=Path, action="append", default=[], metavar=("A", "B"),
+                    help="two checkpoints fine-tuned from the base (repeatable)")  # fmt: skip
+    ap.add_argument("--world", type=Path, help="a built world: train experts by world.sft first")
+    ap.add_argument("--out", type=Path, help="where --world's experts go (reused when there)")
+    ap.add_argument("--sft-seeds", type=int, nargs=2, default=[0, 1], help="data-order seeds")
+    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args(argv)
+    if args.world is not None:
+        if args.out is None:
+            ap.error("--world needs --out (where the trained experts go)")
+        torch.set_num_threads(1)  # fixed, as the world's pretraining: reductions depend on it
+        args.pair = train_pairs(args.world, args.out, args.sft_seeds, args.lr, args.steps) + args.pair  # fmt: skip
+        args.base = args.base or args.world / "base"
+    if args.base is None or not args.pair:
+        ap.error("give --base and --pair A B, or --world W --out DIR")
+    head = " | ".join(f"{g} {r}" for g in GROUPS for r in REGIONS)
+    print(f"| A | B | reading | {head} |")
+    print("|---|---|---|" + "---|" * (len(GROUPS) * len(REGIONS)))
+    for a, b in args.pair:
+        try:
+            stats = pair_stats(args.base, a, b)
+        except (ValueError, OSError) as e:
+            ap.exit(2, f"delta_consistency: {e}\n")
+        for stat, label in (("cosine", "row cosine"), ("mav_a", "row MAV of A"), ("mav_b", "row MAV of B")):  # fmt: skip
+            cells = " | ".join(f"{stats[stat][g][r]:.3g}" for g in GROUPS for r in REGIONS)
+            print(f"| {_label(a)} | {_label(b)} | {label} | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
