@@ -11,8 +11,8 @@ reproducible directions, a magnitude map such as the paper's Fig. 2 has nothing 
 Run: `python benchmarks/delta_consistency.py --base WORLD/base --pair A B [--pair A B ...]`
 (checkpoint folders or .safetensors files of a full fine-tune; safetensors only), or with
 `--world W --out DIR` first train a math and a language expert per `--sft-seeds` by world.sft
-(the shipped configs' lr 3e-5 and 300 steps; ~90 s each on one core) and compare the two runs of
-each expert and the two experts of the first seed.
+(the shipped configs' lr 3e-5 and 300 steps; 84-92 s each on one core here) and compare the two
+runs of each expert and the two experts of the first seed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from analysis.delta import GROUPS, REGIONS, TYPES, param_type
+from analysis.delta import GROUPS, REGIONS, TYPES, depth_regions, param_type
 from trainables.merge.arch import layer_index
 
 
@@ -34,6 +34,7 @@ def _label(path: Path) -> str:
 
 
 def _weights(path: Path) -> Path:
+    """The checkpoint's safetensors file (never a pickle)."""
     path = Path(path)
     f = path / "model.safetensors" if path.is_dir() else path
     if not f.is_file():
@@ -41,40 +42,55 @@ def _weights(path: Path) -> Path:
     return f
 
 
-def pair_stats(base: Path, a: Path, b: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """Mean row cosine(ΔW_a, ΔW_b) and mean row MAV of each, per column group and depth region.
+def _deltas(fb, fa, fc, key: str, names: tuple[Path, Path]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ΔW of A and B for one tensor, [rows, cols] float64; shapes checked before anything loads."""
+    shape = tuple(fb.get_slice(key).get_shape())
+    for name, f in zip(names, (fa, fc), strict=True):
+        if key not in f.keys():
+            raise ValueError(f"{name}: tensor {key} missing (not a full fine-tune of the base?)")
+        other = tuple(f.get_slice(key).get_shape())
+        if other != shape:
+            raise ValueError(f"{name}: tensor {key} has shape {other}, the base {shape}")
+    w = fb.get_tensor(key).double()
+    da, db = fa.get_tensor(key).double() - w, fc.get_tensor(key).double() - w
+    for name, d in zip(names, (da, db), strict=True):
+        if not torch.isfinite(d).all():
+            raise ValueError(f"{name}: tensor {key} has non-finite values")
+    return da, db
 
+
+def pair_stats(base: Path, a: Path, b: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean row cosine(ΔW_a, ΔW_b) and mean row MAV of each, per column group and depth region
+    (each tensor's mean over its rows, then the unweighted mean over the region's tensors).
+
+    Args:
+        base: the base checkpoint (folder or .safetensors).
+        a, b: two full fine-tunes of it.
     Returns:
-        {"cosine" | "mav_a" | "mav_b": {group: {region: value}}}.
+        {"cosine" | "mav_a" | "mav_b": {group: {region: value}}}, regions as
+        analysis.delta.depth_regions cuts them.
     Raises:
-        ValueError: a layer parameter missing from A or B, or of another shape (named).
+        ValueError: a layer projection missing from A or B, of another shape or non-finite
+            (named), or no layer projections at all.
     """
+    cells: dict[tuple[int, str], tuple[float, float, float]] = {}
     with safe_open(_weights(base), "pt") as fb, safe_open(_weights(a), "pt") as fa, safe_open(_weights(b), "pt") as fc:  # fmt: skip
-        keys_a, keys_b = set(fa.keys()), set(fc.keys())
-        rows = []
         for key in fb.keys():
             kind, layer = param_type(key), layer_index(key)
             if kind not in TYPES or layer is None:  # 2-D projections only (norms are 1-D)
                 continue
-            for name, keys in ((a, keys_a), (b, keys_b)):
-                if key not in keys:
-                    raise ValueError(f"{name}: tensor {key} missing (not a full fine-tune of {base}?)")  # fmt: skip
-            w = fb.get_tensor(key).double()  # [rows, cols]
-            da, db = fa.get_tensor(key).double() - w, fc.get_tensor(key).double() - w
-            if da.shape != w.shape or db.shape != w.shape:
-                raise ValueError(f"tensor {key}: shapes {tuple(w.shape)} / {tuple(da.shape)} / {tuple(db.shape)} differ")  # fmt: skip
+            da, db = _deltas(fb, fa, fc, key, (a, b))
             cos = torch.nn.functional.cosine_similarity(da, db, dim=1)  # [rows]
-            rows.append((layer, kind, cos.mean().item(), da.abs().mean().item(), db.abs().mean().item()))  # fmt: skip
-    depth = 1 + max(r[0] for r in rows)
-    q = depth // 4
-    bounds = {REGIONS[0]: (0, q), REGIONS[1]: (q, depth - q), REGIONS[2]: (depth - q, depth)}
-    out: dict[str, dict[str, dict[str, float]]] = {"cosine": {}, "mav_a": {}, "mav_b": {}}
-    for group, types in GROUPS.items():
-        for col, stat in enumerate(out, start=2):
-            out[stat][group] = {
-                region: float(np.mean([r[col] for r in rows if r[1] in types and lo <= r[0] < hi]))
-                for region, (lo, hi) in bounds.items()
-            }
+            cells[layer, kind] = (cos.mean().item(), da.abs().mean().item(), db.abs().mean().item())  # fmt: skip
+    if not cells:
+        raise ValueError(f"{base}: no decoder-layer projections (q/k/v/o, gate/up/down) found")
+    depth = 1 + max(layer for layer, _ in cells)
+    out = {}
+    for col, stat in enumerate(("cosine", "mav_a", "mav_b")):
+        grid = np.full((depth, len(TYPES)), np.nan)  # [L, types], as analysis.delta's fractions
+        for (layer, kind), values in cells.items():
+            grid[layer, TYPES.index(kind)] = values[col]
+        out[stat] = depth_regions(grid, list(TYPES))
     return out
 
 
@@ -82,7 +98,7 @@ def train_pairs(world: Path, out: Path, seeds: list[int], lr: float, steps: int)
     """Train math and language experts per seed by world.sft into `out` (kept if already there).
 
     Returns:
-        the pairs to compare: each expert's first two seeds, then math vs language of seed 1.
+        the pairs to compare: each expert's two seeds, then math vs language of the first seed.
     """
     from safetensors.torch import save_file
 
@@ -98,7 +114,8 @@ def train_pairs(world: Path, out: Path, seeds: list[int], lr: float, steps: int)
             model, tok = load_base(world)
             sft(model, tok, pairs(read_rows(world, f"data/sft/{data}.jsonl")), steps, lr, seed=seed)  # fmt: skip
             tmp = path.with_suffix(".tmp")
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)
+            # cloned: a tied lm_head shares the embedding's memory, which safetensors refuses
+            save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, tmp)  # fmt: skip
             tmp.replace(path)  # atomic: a killed run leaves no half-written expert
             print(f"trained {path.name}", flush=True)
     a, b = seeds[0], seeds[1]
@@ -107,6 +124,7 @@ def train_pairs(world: Path, out: Path, seeds: list[int], lr: float, steps: int)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train (with --world), then print the table of every pair; exit 2 naming bad input."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", type=Path, help="the base checkpoint folder (default: WORLD/base)")
     ap.add_argument("--pair", nargs=2, type=Path, action="append", default=[], metavar=("A", "B"),
@@ -118,23 +136,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args(argv)
     if args.world is not None:
+        if args.base is not None:
+            ap.error("--world trains from WORLD/base: give --base only without --world")
         if args.out is None:
             ap.error("--world needs --out (where the trained experts go)")
         torch.set_num_threads(1)  # fixed, as the world's pretraining: reductions depend on it
         args.pair = train_pairs(args.world, args.out, args.sft_seeds, args.lr, args.steps) + args.pair  # fmt: skip
-        args.base = args.base or args.world / "base"
+        args.base = args.world / "base"
     if args.base is None or not args.pair:
         ap.error("give --base and --pair A B, or --world W --out DIR")
+    try:  # every pair measured before anything prints: a bad one leaves no half table
+        stats = [pair_stats(args.base, a, b) for a, b in args.pair]
+    except (ValueError, OSError) as e:
+        ap.exit(2, f"delta_consistency: {e}\n")
     head = " | ".join(f"{g} {r}" for g in GROUPS for r in REGIONS)
     print(f"| A | B | reading | {head} |")
     print("|---|---|---|" + "---|" * (len(GROUPS) * len(REGIONS)))
-    for a, b in args.pair:
-        try:
-            stats = pair_stats(args.base, a, b)
-        except (ValueError, OSError) as e:
-            ap.exit(2, f"delta_consistency: {e}\n")
+    for (a, b), st in zip(args.pair, stats, strict=True):
         for stat, label in (("cosine", "row cosine"), ("mav_a", "row MAV of A"), ("mav_b", "row MAV of B")):  # fmt: skip
-            cells = " | ".join(f"{stats[stat][g][r]:.3g}" for g in GROUPS for r in REGIONS)
+            cells = " | ".join(f"{st[stat][g][r]:.3g}" for g in GROUPS for r in REGIONS)
             print(f"| {_label(a)} | {_label(b)} | {label} | {cells} |")
     return 0
 
