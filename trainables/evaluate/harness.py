@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainables.atomic import atomic_write_text
-from trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults, request_bars_off
+from trainables.evaluate.lm_eval_api import (
+    lm_eval_output,
+    offline_defaults,
+    quiet_git_probe,
+    request_bars_off,
+)
 from trainables.evaluate.scoring import score_key
 from trainables.evaluate.tasks import (
     lm_eval_tasks_dir,
@@ -174,6 +179,7 @@ def evaluate(
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     if not verbose:
         request_bars_off(lm)
+    quiet_git_probe()
     raw = simple_evaluate(
         model=lm,
         tasks=list(tasks),

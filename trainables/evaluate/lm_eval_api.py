@@ -2,16 +2,18 @@
 
 The cached proxy evaluator mirrors lm-eval's HFLM and Task pipeline, so it needs a few things
 lm-eval does not promise to keep: a Task's filter pipelines (`Task._filters`), the task-dict
-shape `get_task_dict` returns and the task index's resolved configs (`task_index[name].cfg`); `lm_eval_output` and `request_bars_off`, which hide lm-eval's
-log and progress bars, need the tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`. They are reached
-only here; tests/trainables/evaluate/test_lm_eval_api.py fails loudly, naming the version, when
-an lm-eval release changes them.
+shape `get_task_dict` returns and the task index's resolved configs (`task_index[name].cfg`);
+`lm_eval_output` and `request_bars_off`, which hide lm-eval's log and progress bars, need the
+tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`; `quiet_git_probe` replaces
+the `get_git_commit_hash` that `lm_eval.evaluator` imported. They are reached only here; tests/trainables/evaluate/test_lm_eval_api.py fails loudly, naming the
+version, when an lm-eval release changes them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -132,3 +134,29 @@ def request_bars_off(lm: Any) -> None:
         method = getattr(lm, name, None)
         if method is not None and "disable_tqdm" in inspect.signature(method).parameters:
             setattr(lm, name, partial(method, disable_tqdm=True))
+
+
+def quiet_git_probe() -> None:
+    """Keep lm-eval's git probe off stderr; the hash it records is unchanged.
+
+    `simple_evaluate` records the git commit of the working directory by running `git describe
+    --always` with git's stderr inherited, so outside a git checkout every evaluated model printed
+    "fatal: not a git repository". The same probe with git's stderr discarded (mirroring lm-eval
+    0.4.13's `loggers.utils.get_git_commit_hash`, fallback included) takes the place of the name
+    `lm_eval.evaluator` imported; idempotent.
+    """
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    current = evaluator.get_git_commit_hash
+    original = getattr(current, "lm_eval_original", current)  # kept, for tests and undoing
+
+    def get_git_commit_hash() -> str | None:
+        try:
+            out = subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL)  # fmt: skip
+            return out.strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())  # as lm-eval: None outside git
+
+    get_git_commit_hash.lm_eval_original = original
+    evaluator.get_git_commit_hash = get_git_commit_hash

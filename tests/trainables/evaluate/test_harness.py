@@ -423,3 +423,19 @@ def test_in_memory_model_is_moved_and_device_recorded(setup, tmp_path, monkeypat
     assert moved == ["cpu"]
     assert raw["config"]["device"] == "cpu" and raw["config"]["batch_size"] == "auto"
     check_against_expectations(raw, setup["expect"])
+
+
+def test_an_evaluation_outside_git_prints_no_git_error(setup, tmp_path, monkeypatch, capfd):
+    """lm-eval records the working directory's git commit; outside a checkout its probe printed
+    "fatal: not a git repository" for every evaluated model (seen in every demo run elsewhere)."""
+    tasks_dir = tmp_path / "tasks"
+    ev.write_world_tasks(setup["world"], tasks_dir)
+    here = tmp_path / "not_a_repo"
+    here.mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above it
+    monkeypatch.chdir(here)
+    capfd.readouterr()
+    raw = ev.evaluate(setup["root"] / "model", ["world_mgsm_direct_xa"], include_path=tasks_dir, limit=LIMIT, max_gen_toks=MAX_GEN)  # fmt: skip
+    err = capfd.readouterr().err
+    assert "not a git repository" not in err, err[-2000:]
+    assert raw["git_hash"] is None  # recorded as lm-eval records it outside git

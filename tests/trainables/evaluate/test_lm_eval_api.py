@@ -4,6 +4,8 @@ installed version, when an lm-eval release changes what the proxy evaluator reli
 from __future__ import annotations
 
 import copy
+import inspect
+import subprocess
 
 import lm_eval
 import pytest
@@ -14,6 +16,7 @@ from trainables.evaluate.lm_eval_api import (
     REQUEST_METHODS,
     apply_filters,
     load_tasks,
+    quiet_git_probe,
     task_configs,
 )
 from trainables.evaluate.scoring import config_higher_is_better
@@ -111,3 +114,40 @@ def test_evaluate_is_quiet_unless_verbose(tasks, tmp_path_factory, capfd):
     evaluate(model, ["mgsm_dev", "bele_dev"], verbose=False, **kw)
     quiet = "".join(capfd.readouterr())
     assert not [s for s in LM_EVAL_NOISE if s in quiet], quiet[-2000:]
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+
+def test_quiet_git_probe_mirrors_lm_evals_and_prints_nothing(tmp_path, monkeypatch, capfd):
+    """Where lm-eval reaches its git probe, and that the quiet one returns what lm-eval's does:
+    the commit inside a git checkout, None outside one, where lm-eval's own prints git's
+    "fatal: not a git repository" (if a release stops printing it, this adapter can go)."""
+    import lm_eval.evaluator as evaluator
+
+    current = evaluator.get_git_commit_hash  # lm-eval's, or the quiet one an earlier test set
+    original = getattr(current, "lm_eval_original", current)
+    assert original.__module__ == "lm_eval.loggers.utils", CHANGED
+    assert "get_git_commit_hash()" in inspect.getsource(evaluator.simple_evaluate), CHANGED
+    monkeypatch.setattr(evaluator, "get_git_commit_hash", current)  # restored after the test
+    quiet_git_probe()
+    quiet = evaluator.get_git_commit_hash
+    assert quiet is not original and quiet.lm_eval_original is original
+
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above it
+    monkeypatch.chdir(outside)
+    capfd.readouterr()
+    assert original() is None
+    assert "not a git repository" in capfd.readouterr().err, CHANGED
+    assert quiet() is None
+    assert capfd.readouterr().err == ""
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "x")
+    monkeypatch.chdir(repo)
+    assert quiet() == original() == _git(repo, "describe", "--always")
