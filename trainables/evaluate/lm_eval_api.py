@@ -4,9 +4,10 @@ The cached proxy evaluator mirrors lm-eval's HFLM and Task pipeline, so it needs
 lm-eval does not promise to keep: a Task's filter pipelines (`Task._filters`), the task-dict
 shape `get_task_dict` returns and the task index's resolved configs (`task_index[name].cfg`);
 `lm_eval_output` and `request_bars_off`, which hide lm-eval's log and progress bars, need the
-tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`; `quiet_git_probe` replaces
-the `get_git_commit_hash` that `lm_eval.evaluator` imported. They are reached only here; tests/trainables/evaluate/test_lm_eval_api.py fails loudly, naming the
-version, when an lm-eval release changes them.
+tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`; `quiet_git_probe` replaces the
+`get_git_commit_hash` that `lm_eval.evaluator` imported. They are reached only here;
+tests/trainables/evaluate/test_lm_eval_api.py fails loudly, naming the version, when an lm-eval
+release changes them.
 """
 
 from __future__ import annotations
