@@ -25,7 +25,7 @@ EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_
 
 @dataclass
 class DemoSettings:
-    """Knobs of the demo; the defaults fit 2 CPU cores in about ten minutes."""
+    """Knobs of the demo; the defaults fit 2 CPU cores in about five minutes."""
 
     world_size: str = "full"
     seed: int = 0
@@ -35,6 +35,11 @@ class DemoSettings:
     promote_top_k: int = 3
     promote_limit: int | None = None  # test items per task in promotion (None: all, 250 for MGSM)
     max_gen_toks: int = 24  # a worked answer and "The answer is 12" end near token 20
+    # Rows per forward pass when scoring the experts' indicators: "auto" (16 on a CPU, 64 on a
+    # GPU), as the search's proxies. At 1 a checkpoint took 13 s on 2 cores and 45 s on an H100
+    # machine's GPU (1.8 s / 1.2 s at auto), and every checkpoint of both shipped seeds reads the
+    # same at either (benchmarks/logs/world_v4/gpu_h100/README.md).
+    indicator_batch_size: int | str = "auto"
 
 
 @dataclass
@@ -74,9 +79,7 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
     return parse_train_experiment(data, source=f"spaces/examples/{name}")
 
 
-def _score_experts(
-    run_dir: Path, world: Path, trained: dict, limit: int | None, gen: int, stages: Stages
-) -> None:
+def _score_experts(run_dir: Path, world: Path, trained: dict, st: DemoSettings, stages: Stages) -> None:  # fmt: skip
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
     from search.registry import append_rows, expert_row, registry_path
     from spaces.train_experiment import experiment_json
@@ -91,8 +94,9 @@ def _score_experts(
         tasks,
         load_tokenizer(world / "base"),
         include_path=str(tasks_dir),
-        limit=limit,
-        max_gen_toks=gen,
+        limit=st.proxy_limit,
+        max_gen_toks=st.max_gen_toks,
+        batch_size=st.indicator_batch_size,
     )
     base = scorer.score_checkpoint(world / "base").scores
     stages.note("base          " + "  ".join(f"{t} {base[t]:.3f}" for t in tasks))
@@ -178,7 +182,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
         if resume and _scored(out, trained):
             stages.note("every checkpoint is in experts/registry.parquet already: kept")
         else:
-            _score_experts(out, world, trained, st.proxy_limit, st.max_gen_toks, stages)
+            _score_experts(out, world, trained, st, stages)
 
         exp = _search_experiment(world, out, st)
         stages.start(
