@@ -58,14 +58,23 @@ def compare(run: Path, batch_size, device: str, max_gen_toks: int = 24) -> tuple
     return rows, spent
 
 
+def _batch(text: str):
+    """--batch-size: "auto" or a positive int (argparse names the bad value)."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive int or auto")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the comparison; exit 1 when a reading differs."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a layerswap demo run folder")
-    ap.add_argument("--batch-size", default="auto", help='rows per forward pass: an int or "auto"')
+    ap.add_argument("--batch-size", default="auto", type=_batch, help='rows per forward pass: an int or "auto"')  # fmt: skip
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     args = ap.parse_args(argv)
-    batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
+    batch = args.batch_size
     try:
         rows, spent = compare(args.run, batch, args.device)
     except ValueError as e:
