@@ -1,9 +1,9 @@
 """Compare lm-eval result files item by item: the same model scored twice (e.g. on cuda and on
-the CPU), or two runs of one evaluation. For each task both files hold and each per-item metric
-both report (the task's scoring metric first): the two aggregates, how many items gave the same
-answer (generation: the filtered answer, e.g. MGSM's extracted number; multiple choice: the
-option with the highest log-likelihood), how many the same generated text, how many the same
-per-item score, and the largest per-item score difference.
+the CPU), or two runs of one evaluation. For each task both files hold, on its scoring metric
+(items read by `trainables.evaluate.harness.predictions`): the two aggregates, how many items
+gave the same answer (generation: the filtered answer, e.g. MGSM's extracted number; multiple
+choice: the option with the highest log-likelihood), how many the same generated text, how many
+the same per-item score, and the largest per-item score difference.
 
 Run: `python benchmarks/compare_items.py A.json B.json [A2.json B2.json ...]` (pairs; lm-eval's
 JSON with its samples logged, as `layerswap eval --out` and a promotion's
@@ -18,9 +18,8 @@ import json
 import math
 from pathlib import Path
 
+from trainables.evaluate.harness import predictions
 from trainables.evaluate.scoring import score_key
-
-PER_ITEM = ("exact_match", "acc", "acc_norm", "brier_score")  # metrics lm-eval logs per sample
 
 
 def load(path: Path) -> dict:
@@ -42,89 +41,42 @@ def load(path: Path) -> dict:
     return data
 
 
-def _metrics(a: dict, b: dict, task: str) -> list[str]:
-    """The "metric,filter" keys both results report per item for `task`, the scoring one first."""
-    metric, filt = score_key(a, task)
-    first = f"{metric},{filt}"
-    keys = [first] + [k for k in a["results"][task] if k != first and k.split(",")[0] in PER_ITEM]
-    return [k for k in keys if k.split(",")[0] in PER_ITEM and k in b["results"].get(task, {})]
-
-
-def _item_score(sample: dict, metric: str, where: str) -> float:
-    """One item's score; lm-eval logs a Brier item as [gold index, "[p0 p1 ...]"] (numpy text)."""
-    name = metric.split(",")[0]
-    if name not in sample:
-        raise ValueError(f"{where}: no per-item {name!r} in the sample")
-    value = sample[name]
-    try:
-        if name == "brier_score":
-            gold, probs = value
-            p = [float(x) for x in str(probs).strip("[]").split()]
-            return sum((q - (k == int(gold))) ** 2 for k, q in enumerate(p))
-        return float(value)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: cannot read {name} {value!r} ({e})") from e
-
-
-def _answer(sample: dict):
-    """The filtered answer of a generation; the chosen option of a multiple choice, whose
-    filtered_resps are one [log-likelihood, is_greedy] pair per option."""
-    resp = sample.get("filtered_resps")
-    if isinstance(resp, list) and resp and all(isinstance(r, list) and len(r) == 2 for r in resp):
-        lls = [float(r[0]) for r in resp]
-        return lls.index(max(lls))
-    return json.dumps(resp)
-
-
-def _text(sample: dict) -> str | None:
-    """The generated text of a generation sample (None for a multiple choice)."""
-    resps = sample.get("resps")
-    flat = resps[0] if isinstance(resps, list) and resps and isinstance(resps[0], list) else resps
-    return json.dumps(flat) if flat and all(isinstance(r, str) for r in flat) else None
-
-
-def _by_doc(samples: list[dict], metric: str) -> dict:
-    """The samples of the metric's filter by doc_id (a task with two filters logs each item
-    once per filter)."""
-    wanted = metric.split(",")[1]
-    return {s["doc_id"]: s for s in samples if s.get("filter", wanted) == wanted}
-
-
 def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list[dict], list[str]]:  # fmt: skip
-    """Compare two results item by item.
+    """Compare two results item by item on each task's scoring metric (`harness.predictions`).
 
     Args:
         a, b: lm-eval result dicts with samples.
         names: how the two are called in messages (their file names).
     Returns:
-        (rows, notes): one row per task and metric, with task, metric, items, a, b
-        (aggregates), same_answer, same_text (None for multiple choice), same_score, max_abs;
-        notes say what only one of the two holds.
+        (rows, notes): one row per task, with task, metric, items, a, b (aggregates),
+        same_answer, same_text (None for multiple choice), same_score, max_abs; notes say what
+        only one of the two holds.
     Raises:
-        ValueError: naming file, task and doc_id, when a sample cannot be read.
+        ValueError: naming file, task and doc, when a sample cannot be read.
     """
     rows, notes = [], []
     for only, mine, other in ((names[0], a, b), (names[1], b, a)):
         notes += [f"task {t} only in {only}" for t in sorted(set(mine["samples"]) - set(other["samples"]))]  # fmt: skip
     for task in sorted(set(a["samples"]) & set(b["samples"])):
-        try:
-            metrics = _metrics(a, b, task)
-        except ValueError as e:
-            raise ValueError(f"{names[0]}: {e}") from e
-        for metric in metrics:
-            sa, sb = _by_doc(a["samples"][task], metric), _by_doc(b["samples"][task], metric)
-            ids = sorted(set(sa) & set(sb))
-            if len(ids) < max(len(sa), len(sb)):
-                notes.append(f"{task} {metric}: {len(sa) - len(ids)} items only in {names[0]}, {len(sb) - len(ids)} only in {names[1]}")  # fmt: skip
-            diffs = [abs(_item_score(sa[i], metric, f"{names[0]} {task} doc {i}") - _item_score(sb[i], metric, f"{names[1]} {task} doc {i}")) for i in ids]  # fmt: skip
-            texts = [(_text(sa[i]), _text(sb[i])) for i in ids]
-            generated = bool(texts) and all(x is not None for x, _ in texts)
-            rows.append({"task": task, "metric": metric, "items": len(ids),
-                         "a": a["results"][task][metric], "b": b["results"][task][metric],
-                         "same_answer": sum(_answer(sa[i]) == _answer(sb[i]) for i in ids),
-                         "same_text": sum(x == y for x, y in texts) if generated else None,
-                         "same_score": sum(d == 0 for d in diffs),
-                         "max_abs": max(diffs) if diffs else math.nan})  # fmt: skip
+        read = []
+        for name, raw in zip(names, (a, b), strict=True):
+            try:
+                read.append({r["doc_id"]: r for r in predictions(raw, task)})
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{name}: {e}") from e
+        pa, pb = read
+        ids = sorted(set(pa) & set(pb))
+        if len(ids) < max(len(pa), len(pb)):
+            notes.append(f"{task}: {len(pa) - len(ids)} items only in {names[0]}, {len(pb) - len(ids)} only in {names[1]}")  # fmt: skip
+        metric = ",".join(score_key(a, task))
+        diffs = [abs(pa[i]["score"] - pb[i]["score"]) for i in ids]
+        generated = bool(ids) and all(pa[i]["response"] is not None for i in ids)
+        rows.append({"task": task, "metric": metric, "items": len(ids),
+                     "a": a["results"][task].get(metric, math.nan), "b": b["results"][task].get(metric, math.nan),
+                     "same_answer": sum(pa[i]["prediction"] == pb[i]["prediction"] for i in ids),
+                     "same_text": sum(pa[i]["response"] == pb[i]["response"] for i in ids) if generated else None,
+                     "same_score": sum(d == 0 for d in diffs),
+                     "max_abs": max(diffs) if diffs else math.nan})  # fmt: skip
     return rows, notes
 
 

@@ -9,7 +9,7 @@ give how much their changes overlap (near 0: orthogonal). With near-uniform row 
 reproducible directions, a magnitude map such as the paper's Fig. 2 has nothing to localise.
 
 Run: `python benchmarks/delta_consistency.py --base WORLD/base --pair A B [--pair A B ...]`
-(checkpoint folders or .safetensors files of a full fine-tune; safetensors only), or with
+(checkpoint folders of full fine-tunes; safetensors only), or with
 `--world W --out DIR` first train a math and a language expert per `--sft-seeds` by world.sft
 (the shipped configs' lr 3e-5 and 300 steps; 84-92 s each on one core here) and compare the two
 runs of each expert and the two experts of the first seed.
@@ -22,40 +22,33 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from analysis.delta import GROUPS, REGIONS, TYPES, depth_regions, param_type
-from trainables.merge.arch import layer_index
+from trainables.merge.arch import param_slot
+from trainables.merge.checkpoint import Checkpoint
 
 
 def _label(path: Path) -> str:
-    """A checkpoint's short name: "run/samples_000004800" for a folder, the file name otherwise."""
-    return f"{path.parent.name}/{path.name}" if path.is_dir() else path.name
+    """A checkpoint folder's short name, e.g. "world_math_full/samples_000004800"."""
+    return f"{path.parent.name}/{path.name}"
 
 
-def _weights(path: Path) -> Path:
-    """The checkpoint's safetensors file (never a pickle)."""
-    path = Path(path)
-    f = path / "model.safetensors" if path.is_dir() else path
-    if not f.is_file():
-        raise ValueError(f"{path}: no model.safetensors (a full fine-tune's checkpoint is needed)")
-    return f
-
-
-def _deltas(fb, fa, fc, key: str, names: tuple[Path, Path]) -> tuple[torch.Tensor, torch.Tensor]:
-    """ΔW of A and B for one tensor, [rows, cols] float64; shapes checked before anything loads."""
-    shape = tuple(fb.get_slice(key).get_shape())
-    for name, f in zip(names, (fa, fc), strict=True):
-        if key not in f.keys():
-            raise ValueError(f"{name}: tensor {key} missing (not a full fine-tune of the base?)")
-        other = tuple(f.get_slice(key).get_shape())
-        if other != shape:
-            raise ValueError(f"{name}: tensor {key} has shape {other}, the base {shape}")
-    w = fb.get_tensor(key).double()
-    da, db = fa.get_tensor(key).double() - w, fc.get_tensor(key).double() - w
-    for name, d in zip(names, (da, db), strict=True):
+def _deltas(cks: tuple[Checkpoint, Checkpoint, Checkpoint], name: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """ΔW of A and B for one tensor of the base, [rows, cols] float64; checked from the headers
+    (present, same shape) before anything is read, and finite after."""
+    base, *pair = cks
+    shape = base.tensors[name].shape
+    for ck in pair:
+        info = ck.tensors.get(name)
+        if info is None:
+            raise ValueError(f"{ck.root}: tensor {name} missing (not a full fine-tune of the base?)")  # fmt: skip
+        if info.shape != shape:
+            raise ValueError(f"{ck.root}: tensor {name} has shape {tuple(info.shape)}, the base {tuple(shape)}")  # fmt: skip
+    w = base.read(name).double().view(shape)
+    da, db = (ck.read(name).double().view(shape) - w for ck in pair)
+    for ck, d in zip(pair, (da, db), strict=True):
         if not torch.isfinite(d).all():
-            raise ValueError(f"{name}: tensor {key} has non-finite values")
+            raise ValueError(f"{ck.root}: tensor {name} has non-finite values")
     return da, db
 
 
@@ -64,22 +57,22 @@ def pair_stats(base: Path, a: Path, b: Path) -> dict[str, dict[str, dict[str, fl
     (each tensor's mean over its rows, then the unweighted mean over the region's tensors).
 
     Args:
-        base: the base checkpoint (folder or .safetensors).
+        base: the base checkpoint folder (safetensors, read as analysis.delta reads them).
         a, b: two full fine-tunes of it.
     Returns:
         {"cosine" | "mav_a" | "mav_b": {group: {region: value}}}, regions as
         analysis.delta.depth_regions cuts them.
     Raises:
-        ValueError: a layer projection missing from A or B, of another shape or non-finite
-            (named), or no layer projections at all.
+        ValueError: a folder that is no checkpoint; a layer projection missing from A or B, of
+            another shape or non-finite (named); no layer projections at all.
     """
     cells: dict[tuple[int, str], tuple[float, float, float]] = {}
-    with safe_open(_weights(base), "pt") as fb, safe_open(_weights(a), "pt") as fa, safe_open(_weights(b), "pt") as fc:  # fmt: skip
-        for key in fb.keys():
-            kind, layer = param_type(key), layer_index(key)
-            if kind not in TYPES or layer is None:  # 2-D projections only (norms are 1-D)
+    with Checkpoint.open(base) as cb, Checkpoint.open(a) as ca, Checkpoint.open(b) as cc:
+        for name, info in cb.tensors.items():
+            kind, layer = param_type(name), param_slot(name).layer
+            if kind not in TYPES or layer is None or len(info.shape) != 2:
                 continue
-            da, db = _deltas(fb, fa, fc, key, (a, b))
+            da, db = _deltas((cb, ca, cc), name)
             cos = torch.nn.functional.cosine_similarity(da, db, dim=1)  # [rows]
             cells[layer, kind] = (cos.mean().item(), da.abs().mean().item(), db.abs().mean().item())  # fmt: skip
     if not cells:
@@ -95,28 +88,26 @@ def pair_stats(base: Path, a: Path, b: Path) -> dict[str, dict[str, dict[str, fl
 
 
 def train_pairs(world: Path, out: Path, seeds: list[int], lr: float, steps: int) -> list[tuple[Path, Path]]:  # fmt: skip
-    """Train math and language experts per seed by world.sft into `out` (kept if already there).
+    """Train math and language experts per seed by world.sft into checkpoint folders under
+    `out` (kept if already there).
 
     Returns:
         the pairs to compare: each expert's two seeds, then math vs language of the first seed.
     """
-    from safetensors.torch import save_file
-
+    from trainables.atomic import atomic_dir
+    from world.model import save_model
     from world.sft import load_base, pairs, read_rows, sft
 
-    out.mkdir(parents=True, exist_ok=True)
     made = {}
     for seed in seeds:
         for kind, data in (("math", "math_en"), ("language", "lang_xa")):
-            path = made[kind, seed] = out / f"{kind}_seed{seed}.safetensors"
+            path = made[kind, seed] = out / f"{kind}_seed{seed}"
             if path.exists():
                 continue
             model, tok = load_base(world)
             sft(model, tok, pairs(read_rows(world, f"data/sft/{data}.jsonl")), steps, lr, seed=seed)  # fmt: skip
-            tmp = path.with_suffix(".tmp")
-            # cloned: a tied lm_head shares the embedding's memory, which safetensors refuses
-            save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, tmp)  # fmt: skip
-            tmp.replace(path)  # atomic: a killed run leaves no half-written expert
+            with atomic_dir(path) as tmp:  # a killed run leaves no half-written expert
+                save_model(model, tok, tmp)
             print(f"trained {path.name}", flush=True)
     a, b = seeds[0], seeds[1]
     return [(made["language", a], made["language", b]), (made["math", a], made["math", b]),

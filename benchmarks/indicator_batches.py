@@ -15,17 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
-INDICATORS = ("world_mgsm_direct_en_dev", "world_belebele_xa_dev")  # the demo's (search/demo.py)
 
-
-def compare(run: Path, batch_size, device: str, max_gen_toks: int = 24) -> tuple[list[dict], float]:  # fmt: skip
-    """Re-score each registry checkpoint of `run` and pair the readings with the registry's.
+def compare(run: Path, batch_size, device: str) -> tuple[list[dict], float]:
+    """Re-score each registry checkpoint of `run` with the demo's own indicator scorer (its
+    default settings but `batch_size`) and pair the readings with the registry's.
 
     Args:
         run: a demo run folder (experts/registry.parquet, world/).
         batch_size: an int or "auto".
         device: "cpu", "cuda" or "auto".
-        max_gen_toks: the demo's generation budget (DemoSettings.max_gen_toks).
     Returns:
         (rows of checkpoint, task, registry reading, new reading; seconds spent scoring).
     Raises:
@@ -33,7 +31,7 @@ def compare(run: Path, batch_size, device: str, max_gen_toks: int = 24) -> tuple
     """
     import pandas as pd
 
-    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+    from search.demo import INDICATORS, DemoSettings, indicator_scorer
     from trainables.evaluate.tasks import write_world_tasks
 
     reg_path = run / "experts" / "registry.parquet"
@@ -47,7 +45,7 @@ def compare(run: Path, batch_size, device: str, max_gen_toks: int = 24) -> tuple
     if not tasks_dir.is_dir():  # written afresh elsewhere: nothing is added to the run
         tasks_dir = Path(tempfile.mkdtemp(prefix="indicator_batches_"))
         write_world_tasks(run / "world", tasks_dir)
-    scorer = IndicatorScorer(list(INDICATORS), load_tokenizer(run / "world" / "base"), include_path=str(tasks_dir), max_gen_toks=max_gen_toks, device=device, batch_size=batch_size)  # fmt: skip
+    scorer = indicator_scorer(run / "world", tasks_dir, DemoSettings(indicator_batch_size=batch_size), device)  # fmt: skip
     rows, spent = [], 0.0
     for _, entry in reg.iterrows():
         t0 = time.perf_counter()
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['checkpoint']} | {r['task']} | {r['registry']:.4f} | {r['now']:.4f} |")
     differ = [r for r in rows if r["registry"] != r["now"]]
-    n = len(rows) // len(INDICATORS)
+    n = len({r["checkpoint"] for r in rows})
     print(f"\n{len(rows) - len(differ)} of {len(rows)} readings equal; {n} checkpoints re-scored in {spent:.1f} s on {args.device}")  # fmt: skip
     return 1 if differ else 0
 

@@ -21,6 +21,8 @@ from search.progress import Stages, duration
 
 LANGUAGE = "xa"  # the world's higher-resource synthetic target language
 EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_full.yaml"}
+# the merging indicators of both kinds of expert (the follow-up paper's): English MGSM, target Belebele
+INDICATORS = ("world_mgsm_direct_en_dev", f"world_belebele_{LANGUAGE}_dev")
 
 
 @dataclass
@@ -79,27 +81,34 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
     return parse_train_experiment(data, source=f"spaces/examples/{name}")
 
 
+def indicator_scorer(world: Path, tasks_dir: Path, st: DemoSettings, device: str = "auto"):
+    """The demo's scorer of INDICATORS on the world's dev splits, as `st` sets it up.
+
+    Args:
+        world: the world folder (its base's tokenizer).
+        tasks_dir: where the world's task YAMLs were written (`write_world_tasks`).
+        st: the demo's settings (items, generation budget, batch size).
+        device: "auto", "cpu" or "cuda".
+    Returns:
+        a trainables.evaluate.indicators.IndicatorScorer.
+    """
+    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+
+    return IndicatorScorer(list(INDICATORS), load_tokenizer(world / "base"), include_path=str(tasks_dir), limit=st.proxy_limit, max_gen_toks=st.max_gen_toks, batch_size=st.indicator_batch_size, device=device)  # fmt: skip
+
+
 def _score_experts(run_dir: Path, world: Path, trained: dict, st: DemoSettings, stages: Stages) -> None:  # fmt: skip
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
     from search.registry import append_rows, expert_row, registry_path
     from spaces.train_experiment import experiment_json
-    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
     from trainables.evaluate.tasks import write_world_tasks
     from trainables.train import find_checkpoints, read_manifest
 
     tasks_dir = run_dir / "experts" / "tasks"
     write_world_tasks(world, tasks_dir)
-    tasks = ["world_mgsm_direct_en_dev", f"world_belebele_{LANGUAGE}_dev"]
-    scorer = IndicatorScorer(
-        tasks,
-        load_tokenizer(world / "base"),
-        include_path=str(tasks_dir),
-        limit=st.proxy_limit,
-        max_gen_toks=st.max_gen_toks,
-        batch_size=st.indicator_batch_size,
-    )
+    scorer = indicator_scorer(world, tasks_dir, st)
     base = scorer.score_checkpoint(world / "base").scores
-    stages.note("base          " + "  ".join(f"{t} {base[t]:.3f}" for t in tasks))
+    stages.note("base          " + "  ".join(f"{t} {base[t]:.3f}" for t in INDICATORS))
     rows = []
     for kind, (exp, run, _) in trained.items():
         for ck in find_checkpoints(run):
@@ -108,7 +117,7 @@ def _score_experts(run_dir: Path, world: Path, trained: dict, st: DemoSettings, 
             rows.append(expert_row(experiment_json(exp), ck, man, exp.name, s.columns()))
             stages.note(
                 f"{kind:<8} step {man['step']:>4}  "
-                + "  ".join(f"{t} {s.scores[t]:.3f}" for t in tasks)
+                + "  ".join(f"{t} {s.scores[t]:.3f}" for t in INDICATORS)
             )
     append_rows(registry_path(run_dir), rows)
 

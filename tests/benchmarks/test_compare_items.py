@@ -14,12 +14,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import compare_items
 
+from trainables.evaluate.harness import predictions
+
 
 def _mgsm(doc: int, text: str, answer: str, right: bool) -> list[dict]:
     """One MGSM item as lm-eval logs it: once per filter."""
     return [
         {
             "doc_id": doc,
+            "target": "4",
             "filter": f,
             "resps": [[text]],
             "filtered_resps": [answer if f == "flexible-extract" else text],
@@ -31,7 +34,7 @@ def _mgsm(doc: int, text: str, answer: str, right: bool) -> list[dict]:
 
 def _bele(doc: int, lls: list[float], gold: int, probs: list[float]) -> dict:
     """One Brier-scored Belebele item: [log-likelihood, is_greedy] per option; Brier as numpy text."""
-    return {"doc_id": doc, "filter": "none", "resps": [[[x, False]] for x in lls],
+    return {"doc_id": doc, "target": gold, "filter": "none", "resps": [[[x, False]] for x in lls],
             "filtered_resps": [[x, False] for x in lls], "acc": float(lls.index(max(lls)) == gold),
             "brier_score": [gold, "[" + " ".join(f"{p:.8f}" for p in probs) + "]"]}  # fmt: skip
 
@@ -41,10 +44,14 @@ def _result(mgsm: list[list[dict]], bele: list[dict]) -> dict:
     return {
         "configs": {
             "m": {
+                "output_type": "generate_until",
                 "metric_list": [{"metric": "exact_match"}],
                 "filter_list": [{"name": "remove_whitespace"}, {"name": "flexible-extract"}],
             },
-            "b": {"metric_list": [{"metric": "brier_score"}, {"metric": "acc"}]},
+            "b": {
+                "output_type": "multiple_choice",
+                "metric_list": [{"metric": "brier_score"}, {"metric": "acc"}],
+            },
         },
         "results": {
             "m": {"exact_match,flexible-extract": em, "exact_match,remove_whitespace": 0.0},
@@ -71,7 +78,7 @@ def test_counts_answers_texts_and_item_scores():
     brier = got["b", "brier_score,none"]
     # the same option chosen (index 1) although the log-likelihoods differ; Brier from the probs
     assert (brier["same_answer"], brier["same_text"], brier["same_score"]) == (1, None, 1)
-    assert compare_items._item_score(b["samples"]["b"][0], "brier_score,none", "x") == pytest.approx(0.2**2 + 0.3**2 + 2 * 0.05**2)  # fmt: skip
+    assert predictions(b, "b")[0]["score"] == pytest.approx(0.2**2 + 0.3**2 + 2 * 0.05**2)  # fmt: skip
     assert notes == []
 
 

@@ -78,7 +78,7 @@ def test_bad_checkpoints_are_named(ckpts, tmp_path, capsys):
     cases = [
         (other, "tensor model.layers.3.mlp.up_proj.weight has shape (4, 5), the base (5, 4)"),
         (nan, "tensor model.layers.5.self_attn.q_proj.weight has non-finite values"),
-        (tmp_path / "none", "no model.safetensors"),
+        (tmp_path / "none", "not a checkpoint folder"),  # the merge engine's checkpoint reader
     ]
     for bad, why in cases:
         with pytest.raises(SystemExit) as e:

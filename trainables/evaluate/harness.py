@@ -11,12 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainables.atomic import atomic_write_text
-from trainables.evaluate.lm_eval_api import (
-    lm_eval_output,
-    offline_defaults,
-    quiet_git_probe,
-    request_bars_off,
-)
+from trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults, request_bars_off
 from trainables.evaluate.scoring import score_key
 from trainables.evaluate.tasks import (
     lm_eval_tasks_dir,
@@ -111,6 +106,21 @@ def _jsonable(raw: dict) -> dict:
     return json.loads(json.dumps(raw, default=handle_non_serializable, ensure_ascii=False))
 
 
+def _hflm(model: Any, tokenizer: Any, device: str, batch_size: BatchSize, verbose: bool):
+    """lm-eval's HFLM over a checkpoint folder (loaded on `device`) or a model object (moved
+    there: HFLM takes the object's own device as its device); request bars off unless verbose."""
+    from lm_eval.models.huggingface import HFLM
+
+    if isinstance(model, (str, Path)):
+        lm = HFLM(pretrained=str(model), tokenizer=tokenizer, device=device, batch_size=batch_size, trust_remote_code=False)  # fmt: skip
+    else:
+        model.to(device)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    if not verbose:
+        request_bars_off(lm)
+    return lm
+
+
 def evaluate(
     model: Any,
     tasks: list[str],
@@ -154,7 +164,6 @@ def evaluate(
         raise ValueError("no tasks given")
     offline_defaults()
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
 
     # Cheap checks first: task indexing and model loading take seconds.
     batch_size = check_batch_size(batch_size)
@@ -165,21 +174,7 @@ def evaluate(
         raise ValueError("an in-memory model needs its tokenizer (tokenizer=...)")
     lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
     tm = task_manager(list(tasks), include_path)
-    if isinstance(model, (str, Path)):
-        path = Path(model)
-        lm = HFLM(
-            pretrained=str(path),
-            tokenizer=tokenizer,
-            device=device,
-            batch_size=batch_size,
-            trust_remote_code=False,
-        )
-    else:
-        model.to(device)  # HFLM takes the object's own device (model.device) as its device
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-    if not verbose:
-        request_bars_off(lm)
-    quiet_git_probe()
+    lm = _hflm(model, tokenizer, device, batch_size, verbose)
     raw = simple_evaluate(
         model=lm,
         tasks=list(tasks),
@@ -206,6 +201,17 @@ def evaluate(
 # ---------------------------------------------------------------- reading results
 
 
+def _item_score(sample: dict, metric: str) -> float:
+    """One sample's value of `metric`; lm-eval logs a Brier item as [gold index, "[p0 p1 ...]"]
+    (numpy's text of the option probabilities), which is scored here as its aggregation does."""
+    value = sample[metric]
+    if metric != "brier_score":
+        return float(value)
+    gold, probs = value
+    p = [float(x) for x in str(probs).strip("[]").split()]
+    return sum((q - (k == int(gold))) ** 2 for k, q in enumerate(p))
+
+
 def predictions(raw: dict, task: str) -> list[dict]:
     """Per-doc records of one task from the logged samples, in doc order.
 
@@ -213,9 +219,11 @@ def predictions(raw: dict, task: str) -> list[dict]:
         raw: a result dict from `evaluate` (or its JSON file, loaded).
         task: the task name.
     Returns:
-        [{"doc_id", "prediction", "target", "score", "correct"}]: prediction is the filtered
-        response (generate_until) or the argmax choice index (multiple_choice); score is the
-        sample's value of the task's metric (see `score_key`) and correct is score == 1.
+        [{"doc_id", "prediction", "response", "target", "score", "correct"}]: prediction is
+        the filtered response (generate_until) or the argmax choice index (multiple_choice);
+        response is the generated text (None for multiple choice); score is the sample's value
+        of the task's metric (see `score_key`; a Brier item's own Brier score); correct is
+        score == 1, for a lower-is-better Brier task the argmax being the gold option.
     """
     metric, filt = score_key(raw, task)
     samples = (raw.get("samples") or {}).get(task)
@@ -224,21 +232,20 @@ def predictions(raw: dict, task: str) -> list[dict]:
     output_type = raw["configs"][task].get("output_type")
     rows = []
     for s in sorted((s for s in samples if s["filter"] == filt), key=lambda s: s["doc_id"]):
+        response = None
         if output_type == "multiple_choice":
             lls = [float(r[0]) for r in s["filtered_resps"]]
             pred: Any = max(range(len(lls)), key=lambda i: (lls[i], -i))  # first max, as np
         else:
             pred = s["filtered_resps"][0]
-        score = float(s[metric])
-        rows.append(
-            {
-                "doc_id": int(s["doc_id"]),
-                "prediction": pred,
-                "target": s["target"],
-                "score": score,
-                "correct": score == 1.0,
-            }
-        )
+            response = s["resps"][0][0] if s.get("resps") else None
+        try:
+            score = _item_score(s, metric)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"task {task!r} doc {s['doc_id']}: cannot read its {metric} ({e!r})") from None  # fmt: skip
+        correct = pred == s["target"] if metric == "brier_score" else score == 1.0
+        rows.append({"doc_id": int(s["doc_id"]), "prediction": pred, "response": response,
+                     "target": s["target"], "score": score, "correct": correct})  # fmt: skip
     return rows
 
 

@@ -94,7 +94,8 @@ REQUEST_METHODS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
 
 
 def lm_eval_output(verbose: bool) -> None:
-    """Show or hide lm-eval's log and its per-document task bar: the one place they are set.
+    """Show or hide lm-eval's log and its per-document task bar, and keep its git probe quiet:
+    the one place lm-eval's output is set.
 
     Call it before lm-eval runs (task indexing and HFLM's constructor already log). lm-eval's
     logger gets INFO through lm-eval's own handler (`setup_logging`, which honours
@@ -109,6 +110,7 @@ def lm_eval_output(verbose: bool) -> None:
     import lm_eval.api.task as task_module
     from tqdm import tqdm
 
+    quiet_git_probe()  # git's "fatal: not a git repository" is noise, verbose or not
     if verbose:
         from lm_eval.utils import setup_logging
 
