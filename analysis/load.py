@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainables.atomic import read_parquet
+
 REGISTRY = Path("experts/registry.parquet")
 TRIALS = Path("search/trials.parquet")
 STUDY = Path("search/study.db")
@@ -62,7 +64,7 @@ def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
         ValueError naming the file for an unreadable file or a missing required column.
     """
     try:
-        df = pd.read_parquet(path)
+        df = read_parquet(path).to_pandas()
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise ValueError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     missing = [c for c in required if c not in df.columns]

@@ -376,12 +376,12 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
     """
     import shutil
 
-    import pyarrow.parquet as pq
     import ray
     import yaml
 
     from search.search import run_search
     from spaces.recipe import parse_recipe
+    from trainables.atomic import read_parquet
     from trainables.evaluate.harness import evaluate
     from trainables.evaluate.scoring import task_score
     from trainables.merge.engine import merge_to_disk
@@ -397,7 +397,7 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
     t_search = time.perf_counter() - t0
     ray.shutdown()
     shutil.rmtree(ray_tmp, ignore_errors=True)
-    rows = pq.read_table(tmp / "run" / "search" / "trials.parquet").to_pylist()
+    rows = read_parquet(tmp / "run" / "search" / "trials.parquet").to_pylist()
     evaluated = [r for r in rows if r["status"] == "ok"]
     proxies = [p.task for p in exp.proxy_list]
     t0 = time.perf_counter()

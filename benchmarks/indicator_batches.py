@@ -29,15 +29,14 @@ def compare(run: Path, batch_size, device: str) -> tuple[list[dict], float]:
     Raises:
         ValueError: naming what is missing from `run`.
     """
-    import pandas as pd
-
     from search.demo import INDICATORS, DemoSettings, indicator_scorer
+    from trainables.atomic import read_parquet
     from trainables.evaluate.tasks import write_world_tasks
 
     reg_path = run / "experts" / "registry.parquet"
     if not reg_path.is_file() or not (run / "world" / "base").is_dir():
         raise ValueError(f"{run}: not a demo run (needs experts/registry.parquet and world/base)")
-    reg = pd.read_parquet(reg_path)
+    reg = read_parquet(reg_path).to_pandas()
     missing = [t for t in INDICATORS if f"ind__{t}" not in reg.columns]
     if missing:
         raise ValueError(f"{reg_path}: no readings of {', '.join(missing)}")

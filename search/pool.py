@@ -67,9 +67,9 @@ def registry_problems(path: str | Path) -> tuple[list[dict[str, Any]], list[str]
         (rows, problems): rows are [] unless problems is empty; every problem names the file.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from search.registry import COLUMNS
+    from trainables.atomic import read_parquet
 
     where = f"experts.registry {path}"
     p = Path(path)
@@ -77,7 +77,7 @@ def registry_problems(path: str | Path) -> tuple[list[dict[str, Any]], list[str]
         what = "a folder, not a file" if p.is_dir() else "no such file"
         return [], [f"{where}: {what} ({WRITTEN_BY})"]
     try:
-        table = pq.read_table(p)
+        table = read_parquet(p)
     except (pa.ArrowInvalid, OSError) as e:
         return [], [f"{where}: not a readable Parquet file ({e}; {WRITTEN_BY})"]
     names = table.column_names

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from spaces.sweep import EXPERT_KINDS
 from spaces.train_experiment import MODE_NAMES
-from trainables.atomic import atomic_write
+from trainables.atomic import atomic_write, read_parquet
 from trainables.storage import absolute, is_under
 
 REGISTRY_REL = Path("experts") / "registry.parquet"
@@ -169,7 +169,7 @@ def read_registry(path: str | Path) -> pa.Table:
     if not path.is_file():
         raise ValueError(f"{path}: no expert registry (run `layerswap train` with a search block)")
     try:
-        table = pq.read_table(path)
+        table = read_parquet(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
     validate(table, path)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainables.atomic import atomic_write
+from trainables.atomic import atomic_write, read_parquet
 
 # The table's fixed columns, in order (the schema analysis/load.py reads); proxy__<task> columns follow.
 COLUMNS: dict[str, pa.DataType] = {
@@ -67,7 +67,7 @@ class TrialStore:
         self.path = Path(path)
         self.rows: list[dict] = []
         if self.path.exists():
-            self.rows = pq.read_table(self.path).to_pylist()
+            self.rows = read_parquet(self.path).to_pylist()
 
     def __len__(self) -> int:
         return len(self.rows)

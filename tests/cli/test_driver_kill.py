@@ -24,10 +24,10 @@ STEPS, TRIALS = 200, 8  # tiny-world steps take ~50 ms: a checkpoint at 100, the
 
 
 def _trials(run: Path) -> list[dict]:
-    import pyarrow.parquet as pq
+    from trainables.atomic import read_parquet  # the driver may be replacing it
 
     table = run / "search" / "trials.parquet"
-    return pq.read_table(table).to_pylist() if table.exists() else []
+    return read_parquet(table).to_pylist() if table.exists() else []
 
 
 def _checkpoints(run: Path) -> dict[str, tuple[int, int]]:

@@ -222,10 +222,10 @@ def _search_exp(world: Path, tmp_path: Path) -> Path:
 
 
 def _trials(run: Path) -> list[dict]:
-    import pyarrow.parquet as pq
+    from trainables.atomic import read_parquet  # the driver may be replacing it
 
     table = run / "search" / "trials.parquet"
-    return pq.read_table(table).to_pylist() if table.exists() else []
+    return read_parquet(table).to_pylist() if table.exists() else []
 
 
 @pytest.mark.slow

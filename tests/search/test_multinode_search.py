@@ -13,10 +13,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from audit_hook import sitecustomize as audit
 from search_fixtures import experiment, make_experts
+
+from trainables.atomic import read_parquet
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def _search(world, paths, limit: int = 8, **search):
 
 
 def _rows(path: Path) -> list[dict]:
-    return pq.read_table(path).to_pylist()
+    return read_parquet(path).to_pylist()
 
 
 def _scores(rows: list[dict]) -> dict[str, tuple]:

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import optuna
-import pyarrow.parquet as pq
 import pytest
 from search_fixtures import experiment, make_experts
 
 from tests.conftest import pids_naming
+from trainables.atomic import read_parquet
 
 HERE = Path(__file__).parent
 
@@ -34,7 +34,7 @@ def world_and_experts(tmp_path_factory):
 
 
 def _rows(run: Path) -> list[dict]:
-    return pq.read_table(run / "search" / "trials.parquet").to_pylist()
+    return read_parquet(run / "search" / "trials.parquet").to_pylist()
 
 
 @pytest.mark.slow
@@ -94,7 +94,7 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
     assert len(study.trials) == 6
 
     board = promote(exp, run, progress=False)
-    got = pq.read_table(board.results_path).to_pylist()
+    got = read_parquet(board.results_path).to_pylist()
     models = {r["model"] for r in got}
     # paper_default uses language expert 0 (the NaN one): reported failed, promotion goes on
     assert "base" in models and "paper_default" not in models
@@ -157,14 +157,14 @@ def test_killed_driver_resumes_without_losing_or_repeating(world_and_experts, tm
     deadline = time.time() + 120
     try:
         while time.time() < deadline and proc.poll() is None:
-            if table.exists() and len(pq.read_table(table)) >= 2:
+            if table.exists() and len(read_parquet(table)) >= 2:
                 break
             time.sleep(0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
         proc.wait()
     _kill_started_under(ray_tmp)
-    before = pq.read_table(table).to_pylist()
+    before = read_parquet(table).to_pylist()
     assert 2 <= len(before) < 7, (tmp_path / "driver-0.log").read_text()[-3000:]
 
     ray_tmp2 = tempfile.mkdtemp(prefix="lsr", dir="/tmp")
@@ -177,7 +177,7 @@ def test_killed_driver_resumes_without_losing_or_repeating(world_and_experts, tm
         _kill_started_under(ray_tmp2)
         for d in (ray_tmp, ray_tmp2):
             shutil.rmtree(d, ignore_errors=True)
-    after = pq.read_table(table).to_pylist()
+    after = read_parquet(table).to_pylist()
     ids = [r["trial_id"] for r in after]
     assert len(after) == 7 and len(set(ids)) == 7
     assert after[: len(before)] == before  # finished trials kept as they were

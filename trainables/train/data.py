@@ -34,10 +34,10 @@ def _read_rows(path: Path) -> list[tuple[str, dict]]:
     """(where, row) for every row of a local .jsonl/.json/.parquet file; `where` names the file
     and the JSONL line (or the row of a .json array / Parquet table)."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        from trainables.atomic import read_parquet
 
         try:
-            rows = pq.read_table(path).to_pylist()
+            rows = read_parquet(path).to_pylist()
         except (OSError, ValueError) as e:  # pyarrow's ArrowIOError / ArrowInvalid
             raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
     elif path.suffix == ".json":
