@@ -165,6 +165,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
 
     from search.promote import promote
     from search.search import run_search
+    from trainables.ray_session import init_ray
     from world import build_world
 
     stages = Stages("demo", 5)
@@ -180,7 +181,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
     )
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         trained = _train_experts(exps, out)
 

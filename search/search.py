@@ -209,9 +209,10 @@ def _run_tuner(
     from ray.tune.search import ConcurrencyLimiter
 
     from search.expert_store import choose_store, stop_stores
+    from trainables.ray_session import init_ray
 
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(include_dashboard=False, log_to_driver=False, configure_logging=False)
     limit, resources = _trial_resources(exp, ray.cluster_resources())
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"

@@ -317,12 +317,14 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     import ray
     from ray import tune
 
+    from trainables.ray_session import init_ray
+
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     plan = plan_sweep(experiment, run_dir)
     reg = registry_path(run_dir)
     if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=verbose > 0)
+        init_ray(ignore_reinit_error=True, include_dashboard=False, log_to_driver=verbose > 0)
     alg, param_space = _searcher(plan)
     # A trial that nests a TorchTrainer only drives it: its workers reserve their own CPUs.
     cpus = plan.sweep.cpus_per_trial if plan.executor == "in_trial" else 0.01

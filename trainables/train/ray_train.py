@@ -31,6 +31,7 @@ from spaces.train_experiment import (
     parse_train_experiment,
 )
 from trainables.atomic import atomic_dir
+from trainables.ray_session import init_ray
 
 
 def _upload_into(run_dir: str, merged: bool = False):
@@ -245,6 +246,11 @@ def _fit_signals() -> Iterator[None]:
 
     def on_sigterm(signum, frame):
         terminated.append(signum)
+        if callable(before):  # the caller's handler still hears of it (the CLI's records it)
+            try:
+                before(signum, frame)
+            except BaseException:
+                pass  # whatever it raises, KeyboardInterrupt is what leaves fit()
         raise KeyboardInterrupt
 
     def keep(signum, handler):
@@ -270,7 +276,7 @@ def _fit_interruptibly(trainer: TorchTrainer):
     """`trainer.fit()`; in a driver's main thread SIGINT stops it with KeyboardInterrupt and
     SIGTERM with SystemExit(SIGTERM). Elsewhere (a Ray task, a Tune trial) it runs as it is."""
     if not ray.is_initialized():
-        ray.init()
+        init_ray()
     in_ray_worker = ray.get_runtime_context().worker.mode == ray.WORKER_MODE
     if in_ray_worker or threading.current_thread() is not threading.main_thread():
         return trainer.fit()
