@@ -16,6 +16,8 @@ import sys
 
 from pydantic import ValidationError
 
+from cli.watchdog import Watchdog
+
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo")
 
@@ -126,7 +128,9 @@ def _interrupted(name: str, code: int) -> int:
 
 def run() -> None:
     """The console script: `main`, then exit; a signal during Ray's shutdown at exit (after
-    the outcome is decided) is ignored rather than printed as a traceback."""
+    the outcome is decided) is ignored rather than printed as a traceback. A signalled command
+    ends within the watchdog's deadline, its exit (Ray's shutdown at exit) included."""
+    Watchdog()  # daemon thread: lives until the process ends
     code = main()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)

@@ -26,6 +26,7 @@ from tests.conftest import pids_naming
 # well under 10 s everywhere (the interpreter's own teardown with torch loaded is 2-4 s of it).
 BOUND_S = 30
 MESSAGE = "layerswap: interrupted ({}); nothing half-written was kept"
+WATCHDOG = "layerswap: interrupted ({}); still running"  # cli/watchdog.py, after its deadline
 # What trainables/atomic.py and trainables/outputs.py leave only when something went wrong:
 # `.NAME.tmp-XXXXXXXX` (being built), `.NAME.old-...` (being replaced), `.NAME.replaced-...`.
 LEFTOVER = re.compile(r"^\..+\.(tmp|old|replaced)-[0-9a-f]{8}$")
@@ -105,11 +106,13 @@ class Cli:
                 pytest.fail(f"no {what} after {timeout} s\n{self.tail()}")
             time.sleep(0.02)
 
-    def interrupt(self, sig: signal.Signals) -> float:
-        """Send `sig` to the command; check the exit code, stderr and timing; return seconds."""
+    def interrupt(self, sig: signal.Signals, *, group: bool = False) -> float:
+        """Send `sig` to the command (`group`: to its whole process group, Ray's processes
+        included, as `timeout` and schedulers do); check the exit code, stderr and timing;
+        return seconds. A group signal may end in the watchdog's message instead."""
         assert self.proc.poll() is None, f"finished before the signal\n{self.tail()}"
         t0 = time.monotonic()
-        os.kill(self.proc.pid, sig)
+        (os.killpg if group else os.kill)(self.proc.pid, sig)
         try:
             self.proc.wait(timeout=BOUND_S)
         except subprocess.TimeoutExpired:
@@ -122,7 +125,8 @@ class Cli:
         )
         assert self.proc.returncode == EXIT_CODE[sig], self.tail()
         assert "Traceback" not in self.own_stderr, self.tail()
-        assert MESSAGE.format(SIGNAL_NAME[sig]) in self.stderr, self.tail()
+        said = MESSAGE.format(SIGNAL_NAME[sig]) if not group else WATCHDOG.format(SIGNAL_NAME[sig])
+        assert said in self.stderr or MESSAGE.format(SIGNAL_NAME[sig]) in self.stderr, self.tail()
         return took
 
     def finish(self, timeout: float = 400) -> int:

@@ -259,6 +259,29 @@ def test_sigint_mid_search_then_resume(tiny_world, tmp_path, cli, ray_tmp):
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_mid_search_then_resume(tiny_world, tmp_path, cli, ray_tmp):
+    """`timeout`/a scheduler: Ray's GCS and raylet get the SIGTERM too. Measured before the fix:
+    exit 134 after Ray's C++ stack dump (its alarm(3) abort), or exit 1 after 60 s in the GCS
+    client with workers left behind; now 143 within the watchdog's deadline."""
+    f, run = _search_exp(tiny_world, tmp_path), tmp_path / "run"
+    c = cli("search", f, "--out", run, "--no-promote", env=ray_tmp.env)
+    c.wait_for(lambda: len(_trials(run)) >= 1, "a trial row in trials.parquet")
+    c.interrupt(signal.SIGTERM, group=True)
+    assert "SIGTERM received" not in c.stderr, c.tail()  # Ray's C++ handler kept out
+    left = ray_tmp.gone(timeout=60)  # workers whose raylet is gone end by themselves
+    assert not left, left
+    before = _trials(run)
+    assert 1 <= len(before) < SAMPLES, [r["trial_id"] for r in before]
+
+    c = cli("search", f, "--out", run, "--no-promote", "--resume", env=ray_tmp.env)
+    assert c.finish() == 0, c.tail()
+    rows = _trials(run)
+    assert rows[: len(before)] == before
+    ids = [r["trial_id"] for r in rows]
+    assert len(rows) == SAMPLES and len(set(ids)) == SAMPLES, ids
+
+
 # --- analyze ----------------------------------------------------------------------------------
 
 
