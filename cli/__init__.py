@@ -16,7 +16,7 @@ import sys
 
 from pydantic import ValidationError
 
-from cli.watchdog import Watchdog
+from cli.watchdog import EXIT, Watchdog
 
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo")
@@ -101,17 +101,18 @@ def _outcome(e: BaseException) -> int:
     # KeyboardInterrupt and fail later with an unrelated error.
     if _SIGNALLED or isinstance(e, (KeyboardInterrupt, Terminated)):
         sigterm = (_SIGNALLED[:1] or [None])[0] == signal.SIGTERM or isinstance(e, Terminated)
-        return _interrupted("SIGTERM", 143) if sigterm else _interrupted("SIGINT", 130)
+        return _interrupted(signal.SIGTERM if sigterm else signal.SIGINT)
     if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
-        # ray.init replaces the driver's SIGTERM handler with sys.exit(SIGTERM)
-        return _interrupted("SIGTERM", 143)
+        # Ray's driver SIGTERM handler, sys.exit(SIGTERM), if one landed while ray.init ran
+        return _interrupted(signal.SIGTERM)
     if isinstance(e, (ValueError, ValidationError, FileExistsError, FileNotFoundError, OSError)):
         print(f"layerswap: error: {e}", file=sys.stderr)
         return 2
     raise e
 
 
-def _interrupted(name: str, code: int) -> int:
+def _interrupted(sig: int) -> int:
+    name, code = EXIT[sig]
     # Ray's C++ failure handler arms alarm(3) on SIGTERM to abort the process (exit -6).
     signal.alarm(0)
     # CPython marks an interrupt that passed through code compiled from strings (dataclasses
@@ -130,8 +131,9 @@ def run() -> None:
     """The console script: `main`, then exit; a signal during Ray's shutdown at exit (after
     the outcome is decided) is ignored rather than printed as a traceback. A signalled command
     ends within the watchdog's deadline, its exit (Ray's shutdown at exit) included."""
-    Watchdog()  # daemon thread: lives until the process ends
+    watchdog = Watchdog()  # never closed: its deadline covers the exit too
     code = main()
+    watchdog.command_ended()
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     sys.exit(code)

@@ -15,7 +15,8 @@ import ray
 
 
 def init_ray(**kwargs) -> None:
-    """`ray.init(**kwargs)`, then the caller's SIGTERM handler again, made to pass `ray.get`.
+    """`ray.init(**kwargs)`, then the caller's Python SIGTERM handler again, made to pass `ray.get`
+    (a default or ignored SIGTERM is left to Ray's handler).
 
     `ray.init` replaces the driver's SIGTERM handler with `sys.exit(SIGTERM)`, and its core
     worker puts a C++ handler in front that dumps a stack and arms `alarm(3)` to abort. A

@@ -6,6 +6,7 @@ signal handler cannot end (PEP 475 resumes it). Run: .venv/bin/python -m pytest 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -59,3 +60,39 @@ def test_a_process_that_finishes_before_the_deadline_is_left_alone():
 def test_a_closed_watchdog_ends_nothing_and_gives_the_wakeup_fd_back():
     rc, out, err, _ = _run(0.2, "SIGTERM", "closed", 1.5)
     assert (rc, out, err) == (0, "finished\n", "")
+
+
+def test_a_forked_childs_sigterm_is_not_taken_for_the_commands():
+    """A forked child (multiprocessing's fork pool in lm-eval's bootstrap SIGTERMs its workers on
+    exit) inherits the wakeup fd; the command must not be ended for the child's signal."""
+    script = textwrap.dedent(
+        """
+        import multiprocessing as mp, os, signal, sys, time
+        from cli.watchdog import Watchdog
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # a Python handler, as the CLI's
+        Watchdog(deadline_s=0.5)
+        child = mp.get_context("fork").Process(target=time.sleep, args=(30,))
+        child.start()
+        time.sleep(0.5)  # the child is in its sleep, its handler installed
+        os.kill(child.pid, signal.SIGTERM)
+        child.join(timeout=20)
+        assert child.exitcode == 143, child.exitcode
+        time.sleep(2)
+        print("finished", flush=True)
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (p.returncode, p.stdout) == (0, "finished\n"), p.stderr
+
+
+def test_the_deadline_holds_when_stderr_is_gone():
+    """Ctrl-C on `layerswap ... | tee log` ends tee too: the message cannot be written."""
+    r, w = os.pipe()
+    os.close(r)  # a reader that is gone: writes fail with EPIPE
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "1", "SIGTERM", "open", "30"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=w, text=True, timeout=60,
+    )  # fmt: skip
+    os.close(w)
+    assert p.returncode == 143 and time.monotonic() - t0 < 15, p.stdout

@@ -40,7 +40,7 @@ def test_read_parquet_never_sees_a_torn_file_while_another_process_replaces_it(t
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT)
     by_handle, by_path, path_errors, handle_errors = 0, 0, 0, []
     try:
-        deadline = time.time() + 30
+        deadline = time.time() + 10
         # Path reads interleaved as the control: they must fail sometimes, or the race is not here.
         while time.time() < deadline and (by_handle < 300 or path_errors < 5):
             try:
@@ -51,7 +51,7 @@ def test_read_parquet_never_sees_a_torn_file_while_another_process_replaces_it(t
             by_handle += 1
             try:
                 pq.read_table(path)
-            except OSError:
+            except Exception:
                 path_errors += 1
             by_path += 1
             assert writer.poll() is None, "the writer process died"

@@ -31,7 +31,7 @@ from spaces.train_experiment import (
     parse_train_experiment,
 )
 from trainables.atomic import atomic_dir
-from trainables.ray_session import init_ray
+from trainables.ray_session import init_ray, through_ray_get
 
 
 def _upload_into(run_dir: str, merged: bool = False):
@@ -243,14 +243,14 @@ def _fit_signals() -> Iterator[None]:
     """
     real = signal.signal
     terminated = []
+    before = signal.getsignal(signal.SIGTERM)
+    # The caller's handler still hears of it (the CLI's records it and decides the exit code).
+    caller = through_ray_get(before) if callable(before) else None
 
     def on_sigterm(signum, frame):
         terminated.append(signum)
-        if callable(before):  # the caller's handler still hears of it (the CLI's records it)
-            try:
-                before(signum, frame)
-            except BaseException:
-                pass  # whatever it raises, KeyboardInterrupt is what leaves fit()
+        if caller is not None:
+            caller(signum, frame)  # raises KeyboardInterrupt for whatever the caller's raises
         raise KeyboardInterrupt
 
     def keep(signum, handler):
@@ -258,7 +258,7 @@ def _fit_signals() -> Iterator[None]:
             return signal.getsignal(signum)
         return real(signum, handler)
 
-    before = real(signal.SIGTERM, on_sigterm)
+    real(signal.SIGTERM, on_sigterm)
     signal.signal = keep
     try:
         yield
