@@ -69,8 +69,9 @@ class Watchdog:
             return
         self._closed.set()
         try:
-            if signal.set_wakeup_fd(-1) != self._w:  # not ours after all: put it back
-                signal.set_wakeup_fd(self._previous)
+            current = signal.set_wakeup_fd(-1)
+            if current != self._w:  # not ours after all: put it back
+                signal.set_wakeup_fd(current)
         except ValueError:  # not the main thread
             pass
         for fd in (self._r, self._w):

@@ -125,8 +125,8 @@ class Cli:
         )
         assert self.proc.returncode == EXIT_CODE[sig], self.tail()
         assert "Traceback" not in self.own_stderr, self.tail()
-        said = MESSAGE.format(SIGNAL_NAME[sig]) if not group else WATCHDOG.format(SIGNAL_NAME[sig])
-        assert said in self.stderr or MESSAGE.format(SIGNAL_NAME[sig]) in self.stderr, self.tail()
+        messages = (MESSAGE, WATCHDOG) if group else (MESSAGE,)
+        assert any(m.format(SIGNAL_NAME[sig]) in self.stderr for m in messages), self.tail()
         return took
 
     def finish(self, timeout: float = 400) -> int:

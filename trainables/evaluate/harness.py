@@ -203,13 +203,15 @@ def evaluate(
 
 def _item_score(sample: dict, metric: str) -> float:
     """One sample's value of `metric`; lm-eval logs a Brier item as [gold index, "[p0 p1 ...]"]
-    (numpy's text of the option probabilities), which is scored here as its aggregation does."""
+    (numpy's text of the option probabilities), which lm-eval's own aggregation scores."""
     value = sample[metric]
     if metric != "brier_score":
         return float(value)
+    from lm_eval.api.metrics import brier_score
+
     gold, probs = value
     p = [float(x) for x in str(probs).strip("[]").split()]
-    return sum((q - (k == int(gold))) ** 2 for k, q in enumerate(p))
+    return float(brier_score([(int(gold), p)]))
 
 
 def predictions(raw: dict, task: str) -> list[dict]:
