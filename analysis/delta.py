@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from trainables.merge.arch import param_slot
-from trainables.merge.checkpoint import Checkpoint
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.merge.checkpoint import Checkpoint
 
 CHUNK_ELEMS = 4 * 1024 * 1024  # elements read per tensor per step (≈8 MB of bf16)
 # Parameter types in the paper's column order; aliases cover Meta's original Llama naming.

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from analysis.delta import (
+from layerswap.analysis.delta import (
     DEFAULT_QUANTILE,
     GROUPS,
     REGIONS,
@@ -21,9 +20,9 @@ from analysis.delta import (
     row_mav,
     suggest_boundaries,
 )
-from analysis.figures import heatmap
-from analysis.load import RunData, ok_trials
-from analysis.sections import Section, absent
+from layerswap.analysis.figures import heatmap
+from layerswap.analysis.load import RunData, ok_trials
+from layerswap.analysis.sections import Section, absent
 
 TITLE = "Where the experts changed (ΔW)"
 # What the layer-swapping paper (§3.2, Fig. 2, Llama 3.1 8B) reports, to read the regions by.
@@ -101,7 +100,7 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
                 continue
             out.append(ExpertRef(f"{kind} expert {r['expert_id']}", kind, path, base))
     elif run.recipe_yaml is not None:
-        from spaces.recipe import LayerSwapRecipe, load_recipe
+        from layerswap.spaces.recipe import LayerSwapRecipe, load_recipe
 
         recipe = load_recipe(run.recipe_yaml)
         if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from analysis.figures import scatter
-from analysis.load import (
+from layerswap.analysis.figures import scatter
+from layerswap.analysis.load import (
     RunData,
     indicator_columns,
     proxy_columns,
@@ -24,8 +23,8 @@ from analysis.load import (
     target_tasks,
     trial_by_recipe,
 )
-from analysis.sections import Figure, Section, absent, fmt_ci
-from analysis.stats import correlate, topk_agreement
+from layerswap.analysis.sections import Figure, Section, absent, fmt_ci
+from layerswap.analysis.stats import correlate, topk_agreement
 
 TITLE = "Merging indicators vs target score"
 MAX_SCATTERS = 24

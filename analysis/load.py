@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-
-from trainables.atomic import read_parquet
+from layerswap.trainables.atomic import read_parquet
 
 REGISTRY = Path("experts/registry.parquet")
 TRIALS = Path("search/trials.parquet")
@@ -105,7 +104,7 @@ def _lower_is_better(path: Path) -> set[str]:
     Only its `proxies` are read, each as a `Proxy`: the rest of the schema may have moved since
     the run. A run saved with implicit (default) proxies predates lower-is-better proxies.
     """
-    from spaces.search_experiment import Proxy
+    from layerswap.spaces.search_experiment import Proxy
 
     try:
         saved = json.loads(path.read_text(encoding="utf-8")).get("proxies") or []

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from analysis.load import RunData, target_tasks
-from analysis.sections import Section, absent
-from analysis.stats import bootstrap_indices, percentile_ci
+from layerswap.analysis.load import RunData, target_tasks
+from layerswap.analysis.sections import Section, absent
+from layerswap.analysis.stats import bootstrap_indices, percentile_ci
 
 TITLE = "Against the experts (paired, per item)"
 EXPERTS = ("math_expert", "language_expert")  # promotion's baseline names (search/promote.py)
@@ -29,7 +28,7 @@ def item_scores(run: RunData, task: str) -> dict[str, np.ndarray]:
     Raises:
         ValueError: a raw JSON file that is not JSON or has no logged samples (naming it).
     """
-    from trainables.evaluate.harness import predictions
+    from layerswap.trainables.evaluate.harness import predictions
 
     p = run.promotion
     if p is None or "raw_json" not in p.columns:

@@ -9,10 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from analysis.figures import bars, best_so_far, heatmap, scatter
-from analysis.load import RunData, ok_trials, short, target_scores, target_tasks, trial_by_recipe
-from analysis.sections import Section, absent, fmt
+from layerswap.analysis.figures import bars, best_so_far, heatmap, scatter
+from layerswap.analysis.load import (
+    RunData,
+    ok_trials,
+    short,
+    target_scores,
+    target_tasks,
+    trial_by_recipe,
+)
+from layerswap.analysis.sections import Section, absent, fmt
 
 TITLE = "The merge search"
 

@@ -14,8 +14,7 @@ import re
 
 import numpy as np
 import pandas as pd
-
-from analysis.load import (
+from layerswap.analysis.load import (
     RunData,
     hparams,
     is_mgsm,
@@ -24,8 +23,8 @@ from analysis.load import (
     test_name,
     trial_by_recipe,
 )
-from analysis.sections import Section, absent
-from analysis.stats import friedman
+from layerswap.analysis.sections import Section, absent
+from layerswap.analysis.stats import friedman
 
 TITLE = "Treatments"
 ROWS = ["base model", "math-only", "language-only", "data mixing", "simultaneous", "layer swap"]

@@ -1,4 +1,4 @@
-"""ΔW analysis benchmark: peak RSS and wall time of `analysis.delta.row_mav` (+ the heatmap) on
+"""ΔW analysis benchmark: peak RSS and wall time of `layerswap.analysis.delta.row_mav` (+ the heatmap) on
 two Llama-3.2-1B-shaped bf16 checkpoints (~2.47 GB each, the merge benchmark's cached experts;
 generated under WORKDIR/experts-1b/ when missing, see benchmarks/bench_merge.py).
 
@@ -29,8 +29,8 @@ TARGET_PEAK_RSS_MIB = 1024
 
 def child(expert: Path, base: Path, out_png: Path) -> None:
     """The measured work: row MAVs, fractions, suggested boundaries, one heatmap PNG."""
-    from analysis.delta import row_mav, suggest_boundaries
-    from analysis.figures import heatmap
+    from layerswap.analysis.delta import row_mav, suggest_boundaries
+    from layerswap.analysis.figures import heatmap
 
     t0 = time.perf_counter()
     dm = row_mav(expert, base)

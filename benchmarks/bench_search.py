@@ -58,7 +58,7 @@ SPACES = {"wide": _wide_space, "demo": lambda depth: {}}  # demo: the search's d
 
 def enumerate_space(space, depth, pool) -> list[dict]:
     """Every params dict the define-by-run space can produce (DFS over its suggest calls)."""
-    from spaces.search_space import suggest
+    from layerswap.spaces.search_space import suggest
 
     class Path_:
         def __init__(self, prefix):
@@ -100,9 +100,8 @@ def enumerate_space(space, depth, pool) -> list[dict]:
 def replay(space, depth, pool, table: dict, sampler, budget: int, top: set, warm: dict | None):
     """Distinct evaluations until a top recipe is evaluated (None if not within budget)."""
     import optuna
-
-    from spaces.recipe import recipe_id
-    from spaces.search_space import decode, suggest
+    from layerswap.spaces.recipe import recipe_id
+    from layerswap.spaces.search_space import decode, suggest
 
     study = optuna.create_study(direction="maximize", sampler=sampler)
     if warm is not None:
@@ -136,9 +135,8 @@ def search_efficiency(exp, depth: int, pool, table: dict, budget_share: float, s
         the report's "c_search_efficiency" block.
     """
     import optuna
-
-    from search.searcher import make_sampler
-    from spaces.search_space import warm_start
+    from layerswap.search.searcher import make_sampler
+    from layerswap.spaces.search_space import warm_start
 
     values = sorted(table.values(), reverse=True)
     cut = values[max(0, int(0.05 * len(values)) - 1)]
@@ -188,7 +186,7 @@ def _one_pair(name: str, world: Path, paths: dict) -> dict:
 
 def shape_experiment(args, world: Path, dirs: dict, depth: int):
     """(d)'s search experiment: the shape's random experts on the world's proxies, one GPU a trial."""
-    from spaces.search_experiment import SearchExperiment
+    from layerswap.spaces.search_experiment import SearchExperiment
 
     return SearchExperiment.model_validate(
         {
@@ -213,13 +211,12 @@ def shape_experiment(args, world: Path, dirs: dict, depth: int):
 def bench_shape(args) -> None:
     """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
     import torch
+    from layerswap.search.trial import TrialRunner
+    from layerswap.spaces.search_space import ExpertPool, decode, warm_start
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
+    from layerswap.world import build_world
     from shapes import shape_config, shape_experts
     from transformers import AutoTokenizer
-
-    from search.trial import TrialRunner
-    from spaces.search_space import ExpertPool, decode, warm_start
-    from trainables.evaluate.tasks import write_world_tasks
-    from world import build_world
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(os.cpu_count() or 1)
@@ -308,11 +305,10 @@ def bench_experiment(args, tmp: Path):
     Returns:
         (experiment, world folder, depth, expert pool).
     """
+    from layerswap.spaces.search_experiment import SearchExperiment
+    from layerswap.spaces.search_space import ExpertPool
+    from layerswap.world import build_world
     from search_fixtures import make_experts
-
-    from spaces.search_experiment import SearchExperiment
-    from spaces.search_space import ExpertPool
-    from world import build_world
 
     world = args.world or build_world(tmp / "world", size=args.size, progress=False)
     if args.experts:  # trained checkpoints (e.g. the demo's), from the world's base
@@ -341,10 +337,10 @@ def grid_table(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path, 
     Returns:
         (recipe id -> proxy objective, {"grid_compose_share", "grid_seconds"}).
     """
-    from search.trial import TrialRunner
-    from spaces.recipe import recipe_id
-    from spaces.search_space import decode
-    from trainables.evaluate.tasks import write_world_tasks
+    from layerswap.search.trial import TrialRunner
+    from layerswap.spaces.recipe import recipe_id
+    from layerswap.spaces.search_space import decode
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     table, t0, tc, tt = {}, time.perf_counter(), 0.0, 1e-9
     if grid_from is not None:
@@ -378,13 +374,12 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
 
     import ray
     import yaml
-
-    from search.search import run_search
-    from spaces.recipe import parse_recipe
-    from trainables.atomic import read_parquet
-    from trainables.evaluate.harness import evaluate
-    from trainables.evaluate.scoring import task_score
-    from trainables.merge.engine import merge_to_disk
+    from layerswap.search.search import run_search
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.trainables.atomic import read_parquet
+    from layerswap.trainables.evaluate.harness import evaluate
+    from layerswap.trainables.evaluate.scoring import task_score
+    from layerswap.trainables.merge.engine import merge_to_disk
 
     chosen = grid[:: max(1, len(grid) // n_recipes)][:n_recipes]
     exp_a = exp.model_copy(
@@ -439,10 +434,9 @@ def main(argv=None) -> None:
 
     import optuna
     import torch
-
-    from spaces.recipe import recipe_id
-    from spaces.search_space import decode
-    from trainables.atomic import atomic_write_text
+    from layerswap.spaces.recipe import recipe_id
+    from layerswap.spaces.search_space import decode
+    from layerswap.trainables.atomic import atomic_write_text
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(1)

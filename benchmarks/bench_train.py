@@ -51,7 +51,7 @@ def throughput(log: Path) -> dict:
 
 def compare_strategies(exp, root: Path) -> dict:
     """Ray Train, 2 workers: ddp, fsdp, ddp again (the two DDP runs bracket the FSDP one)."""
-    from trainables.train.ray_train import train_with_ray
+    from layerswap.trainables.train.ray_train import train_with_ray
 
     out = {}
     for tag, strategy in (("ddp_a", "ddp"), ("fsdp", "fsdp"), ("ddp_b", "ddp")):
@@ -95,7 +95,7 @@ def parse_args() -> argparse.Namespace:
 
 def experiments(args: argparse.Namespace, world: Path, base: Path, root: Path):
     """exp(tag, workers, strategy): the benchmark's experiment, logging steps to root/<tag>.jsonl."""
-    from spaces.train_experiment import parse_train_experiment
+    from layerswap.spaces.train_experiment import parse_train_experiment
 
     def exp(tag: str, workers: int = 1, strategy: str = "ddp"):
         return parse_train_experiment(
@@ -130,7 +130,7 @@ def experiments(args: argparse.Namespace, world: Path, base: Path, root: Path):
 
 def plain_run(exp, root: Path, tag: str) -> dict:
     """The plain loop in this process: its throughput and time to the first step."""
-    from trainables.train import run_training
+    from layerswap.trainables.train import run_training
 
     t = time.time()
     run_training(exp(tag), workdir=root / tag, report=lambda m, c: None)
@@ -144,9 +144,8 @@ def main() -> int:
 
     import ray
     import torch
-
-    from trainables.train.ray_train import train_with_ray
-    from world import build_world
+    from layerswap.trainables.train.ray_train import train_with_ray
+    from layerswap.world import build_world
 
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="bench_train_"))

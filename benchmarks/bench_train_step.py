@@ -87,9 +87,8 @@ def _args() -> argparse.Namespace:
 def _tokenizer(world: Path | None):
     """The world tokenizer (benchmarks/shapes.py pairs it with the real architectures); a tiny
     world is built in a temporary folder, removed once the tokenizer is in memory."""
+    from layerswap.world import build_world
     from transformers import AutoTokenizer
-
-    from world import build_world
 
     if world is not None:
         return AutoTokenizer.from_pretrained(world / "base")
@@ -101,7 +100,7 @@ def _tokenizer(world: Path | None):
 def _experiment(args, strategy: str, offload: bool, use_gpu: bool):
     """A TrainExperiment with the benchmark's settings. `base` and the dataset are placeholders:
     the model and the batches come from memory, and nothing on this path reads either."""
-    from spaces.train_experiment import parse_train_experiment
+    from layerswap.spaces.train_experiment import parse_train_experiment
 
     return parse_train_experiment(
         {
@@ -130,8 +129,7 @@ def _experiment(args, strategy: str, offload: bool, use_gpu: bool):
 def _plan(exp, cfg, device):
     """The trainer's memory plan for `exp` on `cfg` (GiB of the device when it is a GPU)."""
     import torch
-
-    from trainables.train.plan import memory_plan
+    from layerswap.trainables.train.plan import memory_plan
 
     gpu = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None  # fmt: skip
     return memory_plan(exp, cfg, source=f"shapes.py {cfg.num_hidden_layers} layers", gpu_memory=gpu)  # fmt: skip
@@ -170,8 +168,7 @@ def _data(vocab: int, rows: int, seq_len: int, seed: int = 0):
     """TrainData of `rows` random sequences of exactly `seq_len` ids, labelled with themselves
     (no padding, so every token counts), one stream: what build_data would hand the loop."""
     import torch
-
-    from trainables.train.data import Stream, TrainData
+    from layerswap.trainables.train.data import Stream, TrainData
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (rows, seq_len), generator=g).tolist()
@@ -181,11 +178,10 @@ def _data(vocab: int, rows: int, seq_len: int, seed: int = 0):
 def _setup(args, exp, cfg, device):
     """The loop's _Run for `exp`: model built on the device, prepared, cast, wrapped."""
     import torch
+    from layerswap.trainables.train.loop import _adamw, _prepare_model, _Run
+    from layerswap.trainables.train.precision import resolve_precision
+    from layerswap.trainables.train.strategies import pick
     from transformers import AutoModelForCausalLM
-
-    from trainables.train.loop import _adamw, _prepare_model, _Run
-    from trainables.train.precision import resolve_precision
-    from trainables.train.strategies import pick
 
     torch.manual_seed(0)
     # bf16 straight away: an fp32 build of 8B would take 32 GB before the cast.
@@ -223,8 +219,7 @@ def _setup(args, exp, cfg, device):
 def _measure(run, warmup: int, steps: int) -> dict:
     """Run warmup + steps of the loop's _train_step; seconds, tokens and losses per step."""
     import torch
-
-    from trainables.train.loop import _train_step
+    from layerswap.trainables.train.loop import _train_step
 
     cuda = run.device.type == "cuda"
     if cuda:

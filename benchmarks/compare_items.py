@@ -1,6 +1,6 @@
 """Compare lm-eval result files item by item: the same model scored twice (e.g. on cuda and on
 the CPU), or two runs of one evaluation. For each task both files hold, on its scoring metric
-(items read by `trainables.evaluate.harness.predictions`): the two aggregates, how many items
+(items read by `layerswap.trainables.evaluate.harness.predictions`): the two aggregates, how many items
 gave the same answer (generation: the filtered answer, e.g. MGSM's extracted number; multiple
 choice: the option with the highest log-likelihood), how many the same generated text, how many
 the same per-item score, and the largest per-item score difference.
@@ -18,8 +18,8 @@ import json
 import math
 from pathlib import Path
 
-from trainables.evaluate.harness import predictions
-from trainables.evaluate.scoring import score_key
+from layerswap.trainables.evaluate.harness import predictions
+from layerswap.trainables.evaluate.scoring import score_key
 
 
 def load(path: Path) -> dict:

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from analysis.delta import GROUPS, REGIONS, TYPES, depth_regions, param_type
-from trainables.merge.arch import param_slot
-from trainables.merge.checkpoint import Checkpoint
+from layerswap.analysis.delta import GROUPS, REGIONS, TYPES, depth_regions, param_type
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.merge.checkpoint import Checkpoint
 
 
 def _label(path: Path) -> str:
@@ -94,9 +93,9 @@ def train_pairs(world: Path, out: Path, seeds: list[int], lr: float, steps: int)
     Returns:
         the pairs to compare: each expert's two seeds, then math vs language of the first seed.
     """
-    from trainables.atomic import atomic_dir
-    from world.model import save_model
-    from world.sft import load_base, pairs, read_rows, sft
+    from layerswap.trainables.atomic import atomic_dir
+    from layerswap.world.model import save_model
+    from layerswap.world.sft import load_base, pairs, read_rows, sft
 
     made = {}
     for seed in seeds:

@@ -29,9 +29,9 @@ def compare(run: Path, batch_size, device: str) -> tuple[list[dict], float]:
     Raises:
         ValueError: naming what is missing from `run`.
     """
-    from search.demo import INDICATORS, DemoSettings, indicator_scorer
-    from trainables.atomic import read_parquet
-    from trainables.evaluate.tasks import write_world_tasks
+    from layerswap.search.demo import INDICATORS, DemoSettings, indicator_scorer
+    from layerswap.trainables.atomic import read_parquet
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     reg_path = run / "experts" / "registry.parquet"
     if not reg_path.is_file() or not (run / "world" / "base").is_dir():

@@ -99,7 +99,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="layerswap-shot-") as tmp:
         html = args.html
         if html is None:
-            from cli import main as cli
+            from layerswap.cli import main as cli
 
             if args.keep is not None and args.keep.exists():
                 p.error(f"--keep {args.keep}: already exists (give a new folder)")

@@ -67,8 +67,8 @@ def block_gradients(model, tok, examples: Sequence[tuple[str, str]], batch_size:
     Returns:
         {block: gradient}, blocks "L00".. for decoder layers and "emb/head" for the rest.
     """
-    from trainables.merge.arch import layer_index
-    from world.sft import collate, encode_pair
+    from layerswap.trainables.merge.arch import layer_index
+    from layerswap.world.sft import collate, encode_pair
 
     model.zero_grad(set_to_none=True)
     enc = [encode_pair(tok, p, r) for p, r in examples]
@@ -98,8 +98,8 @@ def cosines(a: Grad, b: Grad) -> dict[str, float]:
 def reading_examples(cfg, lang: str, n: int, seed: int) -> list[tuple[str, str]]:
     """`n` fresh word problems of a world's generator (its WorldConfig `cfg`) in `lang` ("xa" or
     "en"), each with the left side of its equation as the response."""
-    from world.data import world_languages
-    from world.items import make_problem
+    from layerswap.world.data import world_languages
+    from layerswap.world.items import make_problem
 
     language = world_languages(cfg)[lang]
     rng = random.Random(f"world-align-{seed}")
@@ -115,8 +115,8 @@ def sources(world: Path, cfg, extra: Sequence[Path], by_kind: bool, n: int, seed
     Raises:
         ValueError: an `extra` file has no rows.
     """
-    from world.data import AYA_KINDS
-    from world.sft import pairs, read_rows
+    from layerswap.world.data import AYA_KINDS
+    from layerswap.world.sft import pairs, read_rows
 
     lang = read_rows(world, "data/sft/lang_xa.jsonl")
     out = {"math_en": read_rows(world, "data/sft/math_en.jsonl"), "lang_xa": lang}
@@ -141,8 +141,8 @@ def sources(world: Path, cfg, extra: Sequence[Path], by_kind: bool, n: int, seed
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from world.build import world_config_of
-    from world.sft import load_base
+    from layerswap.world.build import world_config_of
+    from layerswap.world.sft import load_base
 
     cfg = world_config_of(args.world)
     model, tok = load_base(args.world)

@@ -53,7 +53,7 @@ def registry_experts(paths: list[Path]) -> list[dict]:
     Raises:
         ValueError: a file is missing or not a registry (naming it), or it holds no such expert.
     """
-    from search.registry import read_registry
+    from layerswap.search.registry import read_registry
 
     rows = []
     for p in paths:
@@ -66,8 +66,8 @@ def registry_experts(paths: list[Path]) -> list[dict]:
 
 def correlations(rows: list[dict], resamples: int) -> list[dict]:
     """Per kind and indicator: Spearman of the indicator with the merge's score, 95 % CI."""
-    from analysis.stats import correlate
-    from spaces.sweep import EXPERT_KINDS
+    from layerswap.analysis.stats import correlate
+    from layerswap.spaces.sweep import EXPERT_KINDS
 
     out = []
     for kind in EXPERT_KINDS:
@@ -82,11 +82,11 @@ def correlations(rows: list[dict], resamples: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from spaces.recipe import parse_recipe
-    from spaces.zones import paper_default
-    from trainables.merge.compose import compose_recipe
-    from trainables.merge.live import load_expert
-    from world.sft import load_base, mgsm_correct, read_rows
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.spaces.zones import paper_default
+    from layerswap.trainables.merge.compose import compose_recipe
+    from layerswap.trainables.merge.live import load_expert
+    from layerswap.world.sft import load_base, mgsm_correct, read_rows
 
     t0 = time.time()
     experts = registry_experts(args.registry)

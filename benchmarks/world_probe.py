@@ -41,10 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from layerswap.spaces.search_experiment import world_readings  # noqa: E402  (pydantic only: no torch)
 from world_probe_blocks import attribution, per_layer  # noqa: E402
 from world_probe_select import indicator_spearman, proxy_pick  # noqa: E402
-
-from spaces.search_experiment import world_readings  # noqa: E402  (pydantic only: no torch)
 
 
 def parse_args(argv):
@@ -95,7 +94,7 @@ def parse_args(argv):
         action="store_true",
         help="also: score every merge on the search's default world proxies (spaces."
         "search_experiment.world_proxies, combined by search.trial.combine; scored here by "
-        "world.sft, not lm-eval) and on each reading of PROXY_TASKS alone, "
+        "layerswap.world.sft, not lm-eval) and on each reading of PROXY_TASKS alone, "
         "report the best swap of the probe's grid by that proxy (the search's own space may be "
         "narrower) and the Spearman correlation of proxy and xa MGSM over all merges; with "
         "--split test also xa MGSM dev's, the target's own dev split, as a reference for what "
@@ -130,8 +129,8 @@ def parse_args(argv):
 def world_dir(args) -> Path:
     if args.world is not None:
         return args.world
-    from spaces.world import load_variant
-    from world import build_world
+    from layerswap.spaces.world import load_variant
+    from layerswap.world import build_world
 
     config = load_variant(args.config, "full", args.seed)
     return build_world(args.out, seed=args.seed, size="full", config=config)
@@ -139,12 +138,12 @@ def world_dir(args) -> Path:
 
 def train_experts(world: Path, args) -> tuple[dict, object, object]:
     """{"base", "math", "language": state dict} by world.sft; plus a model and tokenizer."""
-    from trainables.merge.arch import layer_index
-    from world.sft import load_base, pairs, read_rows, sft
+    from layerswap.trainables.merge.arch import layer_index
+    from layerswap.world.sft import load_base, pairs, read_rows, sft
 
     states = {}
     if args.experts is not None:
-        from trainables.merge.live import load_expert
+        from layerswap.trainables.merge.live import load_expert
 
         model, tok = load_base(world)
         states["base"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -173,7 +172,7 @@ def train_experts(world: Path, args) -> tuple[dict, object, object]:
 
 def recipes(depth: int, non_layer: str = "average") -> dict[str, dict]:
     """Name -> recipe mapping: the paper default, a grid of swaps, and the non-layer methods."""
-    from spaces.zones import paper_default
+    from layerswap.spaces.zones import paper_default
 
     pair = {"task_expert": "math", "language_expert": "language", "non_layer": non_layer}
     pd = paper_default(depth)
@@ -246,7 +245,7 @@ def score_model(model, tok, data: dict, full: bool, select: bool, split: str) ->
     Returns:
         (per-item correctness, {column: value}, {proxy task: score}).
     """
-    from world.sft import (
+    from layerswap.world.sft import (
         MISREADS,
         OUTCOMES,
         belebele_accuracy_of,
@@ -306,8 +305,8 @@ def true_equations(world: Path, split: str, en_rows: list[dict]) -> list[str]:
         ValueError: the rows are not the problems this code draws for the world's config (a world
             built by other generator code), which would make every misread kind wrong.
     """
-    from world.build import world_config_of
-    from world.data import mgsm_problems
+    from layerswap.world.build import world_config_of
+    from layerswap.world.data import mgsm_problems
 
     problems = mgsm_problems(world_config_of(world))[split]
     if [p.text(None) for p in problems] != [r["question"] for r in en_rows]:
@@ -317,12 +316,12 @@ def true_equations(world: Path, split: str, en_rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from analysis.paired import paired_diff
-    from search.trial import combine
-    from spaces.recipe import parse_recipe
-    from spaces.search_experiment import world_proxies
-    from trainables.merge.compose import compose_recipe
-    from world.sft import MISREADS, OUTCOMES, mgsm_correct, read_rows
+    from layerswap.analysis.paired import paired_diff
+    from layerswap.search.trial import combine
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.spaces.search_experiment import world_proxies
+    from layerswap.trainables.merge.compose import compose_recipe
+    from layerswap.world.sft import MISREADS, OUTCOMES, mgsm_correct, read_rows
 
     t0 = time.time()
     world = world_dir(args)
@@ -376,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         picked["per_indicator"] = indicator_spearman({**readings, **{c: v for c, v in side.items() if v}}, items, args.resamples)  # fmt: skip
 
     def read(state) -> float:
-        from world.sft import belebele_brier, belebele_option_logps
+        from layerswap.world.sft import belebele_brier, belebele_option_logps
 
         model.load_state_dict(state)
         return belebele_brier(belebele_option_logps(model, tok, data["bele"]), data["bele"])

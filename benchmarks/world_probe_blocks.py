@@ -8,7 +8,7 @@ from __future__ import annotations
 
 def _with_block(state: dict, donor: dict, block: int | None) -> dict:
     """`state` with one block (a layer index, or None: the non-layer weights) from `donor`."""
-    from trainables.merge.arch import layer_index
+    from layerswap.trainables.merge.arch import layer_index
 
     return {k: donor[k] if layer_index(k) == block else v for k, v in state.items()}
 
@@ -21,7 +21,7 @@ def per_layer(states: dict, depth: int, score) -> None:
     """Print each expert's relative ΔW per block, then `score` (-> (xa, en) MGSM) of the math
     expert with one block (a layer, or the non-layer weights) from the base or the language
     expert."""
-    from trainables.merge.arch import layer_index
+    from layerswap.trainables.merge.arch import layer_index
 
     blocks = [*range(depth), None]
     base = states["base"]

@@ -21,8 +21,8 @@ def proxy_pick(proxy: dict[str, float], items: dict, better: str, resamples: int
     Returns:
         {"pick", "proxy": {name: objective}, "spearman": [rho, low, high], "n"}.
     """
-    from analysis.paired import paired_diff
-    from analysis.stats import correlate
+    from layerswap.analysis.paired import paired_diff
+    from layerswap.analysis.stats import correlate
 
     merges = list(proxy)
     swaps = [n for n in merges if n.startswith(("swap ", "paper default"))]  # the search's space
@@ -47,7 +47,7 @@ def indicator_spearman(readings: dict[str, dict[str, float]], items: dict, resam
     Returns:
         {indicator: [rho, low, high]} (95 % bootstrap CI, analysis.stats.correlate).
     """
-    from analysis.stats import correlate
+    from layerswap.analysis.stats import correlate
 
     out = {}
     for name, by_merge in readings.items():

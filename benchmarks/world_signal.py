@@ -36,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args(argv)
 
-    from world import build_world
-    from world.sft import belebele_accuracy, load_base, mgsm_accuracy, pairs, read_rows, sft
+    from layerswap.world import build_world
+    from layerswap.world.sft import (
+        belebele_accuracy,
+        load_base,
+        mgsm_accuracy,
+        pairs,
+        read_rows,
+        sft,
+    )
 
     t0 = time.time()
     world = args.world or Path(tempfile.mkdtemp()) / "world"

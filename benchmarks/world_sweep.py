@@ -105,7 +105,7 @@ def one(variant: Path, seed: int, args: argparse.Namespace, probe_args: list[str
     row: dict = {"run": name, "variant": str(variant), "seed": seed}
     # a world already there is reused if it is this variant's; a different one fails the build
     probe = [sys.executable, str(REPO / "benchmarks" / "world_probe.py"), "--world", str(world), "--json", str(raw), *probe_args]  # fmt: skip
-    build = [sys.executable, "-m", "cli", "world", "build", "--out", str(world), "--seed", str(seed), "--size", args.size, "--config", str(variant.resolve())]  # fmt: skip
+    build = [sys.executable, "-m", "layerswap.cli", "world", "build", "--out", str(world), "--seed", str(seed), "--size", args.size, "--config", str(variant.resolve())]  # fmt: skip
     for step, cmd in (("build", build), ("probe", probe)):
         rc = _run(cmd, out / f"{name}.{step}.log", stop_at)
         if rc != 0:

@@ -65,7 +65,7 @@ def parse_args(argv):
 def count_question(r: random.Random, xa, max_n: int, answer: Callable) -> Callable[[], tuple[str, str]]:  # fmt: skip
     """count_number / count_sentence / count_answer: count facts in xa and a "how many ..."
     question about one of them, answered by `answer(fact, count)`."""
-    from world.items import ask_about, count_facts
+    from layerswap.world.items import ask_about, count_facts
 
     def make() -> tuple[str, str]:
         facts = count_facts(r, max_n)
@@ -79,7 +79,7 @@ def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Call
     """problem_number / problem_sentence: a word problem's clauses in xa (`fresh_problem(r)`, none
     of MGSM's) and a "how many ..." question about one clause that has a number, answered by
     `answer(clause)`."""
-    from world.items import ask_about
+    from layerswap.world.items import ask_about
 
     def make() -> tuple[str, str]:
         while True:
@@ -95,8 +95,8 @@ def problem_question(r: random.Random, xa, fresh_problem: Callable, answer: Call
 
 def count_digits(r: random.Random, xa, max_n: int) -> Callable[[], tuple[str, str]]:
     """count_digits: count facts in xa, answered by themselves with the numbers in 0-9."""
-    from world.items import count_facts
-    from world.lang import render
+    from layerswap.world.items import count_facts
+    from layerswap.world.lang import render
 
     in_digits = dataclasses.replace(xa, digit_words=False)  # the same xa, numbers as 0-9
 
@@ -111,11 +111,11 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
     """{task: a function returning one (inputs, targets) pair}, drawing from one seeded stream
     per task (count_answer a fresh copy of count_number's), so a task's rows do not depend on
     which other tasks are made."""
-    from world.build import world_config_of
-    from world.data import world_languages
-    from world.items import make_problem
-    from world.lang import NOUNS, TVERBS, render
-    from world.sft import read_rows
+    from layerswap.world.build import world_config_of
+    from layerswap.world.data import world_languages
+    from layerswap.world.items import make_problem
+    from layerswap.world.lang import NOUNS, TVERBS, render
+    from layerswap.world.sft import read_rows
 
     cfg = world_config_of(world)
     xa = world_languages(cfg)["xa"]
@@ -185,7 +185,7 @@ def task_makers(world: Path) -> dict[str, Callable[[], tuple[str, str]]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from trainables.atomic import atomic_dir
+    from layerswap.trainables.atomic import atomic_dir
 
     with atomic_dir(args.out) as tmp:  # all files or none
         for task, make in task_makers(args.world).items():

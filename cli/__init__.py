@@ -14,9 +14,8 @@ import os
 import signal
 import sys
 
+from layerswap.cli.watchdog import EXIT, Watchdog
 from pydantic import ValidationError
-
-from cli.watchdog import EXIT, Watchdog
 
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo")
@@ -31,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"cli.{name}").add_parser(sub)
+        importlib.import_module(f"layerswap.cli.{name}").add_parser(sub)
     return p
 
 

@@ -1,5 +1,5 @@
-"""`python -m cli ...` is `layerswap ...`."""
+"""`python -m layerswap.cli ...` is `layerswap ...`."""
 
-from cli import run
+from layerswap.cli import run
 
 run()

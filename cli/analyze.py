@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cli.args import positive_int
+from layerswap.cli.args import positive_int
 
 
 def _nonneg_float(text: str) -> float:
@@ -32,7 +32,7 @@ def _open_unit_float(text: str) -> float:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from analysis.report import analyze_run
+    from layerswap.analysis.report import analyze_run
 
     out = analyze_run(
         args.run_dir,

@@ -10,18 +10,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cli.args import positive_int
+from layerswap.cli.args import positive_int
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.merge_only and args.resume:
         raise ValueError("--resume continues a pipeline run; --merge-only has nothing to resume")
     if args.merge_only:
-        from search.merge_demo import run_merge_demo
+        from layerswap.search.merge_demo import run_merge_demo
 
         run_merge_demo(Path(args.out), overwrite=args.overwrite)
         return 0
-    from search.demo import DemoSettings, run_demo
+    from layerswap.search.demo import DemoSettings, run_demo
 
     settings = DemoSettings(
         world_size=args.world_size,

@@ -10,7 +10,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from trainables.evaluate.harness import (  # light: lm_eval and torch load when run
+from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch load when run
     DEFAULT_MAX_GEN_TOKS,
     check_batch_size,
 )
@@ -78,13 +78,13 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
-    from trainables.evaluate.harness import (
+    from layerswap.trainables.evaluate.harness import (
         check_model_dir,
         evaluate,
         metrics_table,
         resolve_device,
     )
-    from trainables.evaluate.tasks import write_world_tasks
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
@@ -96,7 +96,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model = Path(args.model)
     check_model_dir(model)  # before the slow lm-eval import and task indexing
     if args.world is not None:
-        from world.build import verify_world
+        from layerswap.world.build import verify_world
 
         world = Path(args.world)
         problems = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
@@ -105,7 +105,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if problems:
             raise ValueError(f"--world {args.world}: " + "; ".join(problems))
     if args.out is not None:
-        from trainables.outputs import check_output_file
+        from layerswap.trainables.outputs import check_output_file
 
         check_output_file(
             args.out,

@@ -36,7 +36,7 @@ def cluster_fit(plan, cluster: Path) -> list[str]:
     Reads only `available_node_types[*].resources` (`GPU`, `accelerator_type:NAME`); Ray detects
     undeclared resources when a node starts, so a type without them cannot be judged here.
     """
-    from spaces.base import load_yaml
+    from layerswap.spaces.base import load_yaml
 
     data = load_yaml(cluster, "cluster config")
     types = data.get("available_node_types") if isinstance(data, dict) else None
@@ -57,14 +57,14 @@ def cluster_fit(plan, cluster: Path) -> list[str]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from spaces.study import load_study
-    from trainables.evaluate.lm_eval_api import offline_defaults
+    from layerswap.spaces.study import load_study
+    from layerswap.trainables.evaluate.lm_eval_api import offline_defaults
 
     offline_defaults()  # a plan never reaches the network (an explicit HF_HUB_OFFLINE=0 is kept)
 
     loaded = load_study(args.study)
     if args.json is not None:
-        from trainables.outputs import check_output_file
+        from layerswap.trainables.outputs import check_output_file
 
         check_output_file(
             args.json,
@@ -73,7 +73,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             ours=_is_plan_json,
             what="a layerswap plan JSON",
         )
-    from search.study_plan import format_study_plan, plan_study
+    from layerswap.search.study_plan import format_study_plan, plan_study
 
     plan = plan_study(loaded, args.profile)
     print(format_study_plan(plan))
@@ -84,7 +84,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"layerswap: error: {args.study}: {len(plan.problems)} problem(s)\n  {lines}", file=sys.stderr)  # fmt: skip
         return 2
     if args.json is not None:
-        from trainables.atomic import atomic_write_text
+        from layerswap.trainables.atomic import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(plan.to_json(), indent=1) + "\n")
         print(f"wrote {args.json}")

@@ -16,19 +16,19 @@ def _cmd_search(args: argparse.Namespace) -> int:
     """Validate the experiment and everything it names, run (or resume) the search, promote."""
     from contextlib import nullcontext
 
-    from spaces.search_experiment import load_search_experiment
+    from layerswap.spaces.search_experiment import load_search_experiment
 
     exp = load_search_experiment(args.experiment)
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
     _check(exp, run_dir, args)
-    from search.search import run_search, search_outputs
-    from trainables.outputs import replacing
+    from layerswap.search.search import run_search, search_outputs
+    from layerswap.trainables.outputs import replacing
 
     with replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():
         res = run_search(exp, run_dir, resume=args.resume)
         print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
-            from search.promote import promote
+            from layerswap.search.promote import promote
 
             board = promote(exp, run_dir, verbose=args.verbose)
             print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
@@ -37,8 +37,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     """Every problem with the experiment's inputs and the run folder, before Ray starts."""
-    from search.preflight import check_search
-    from trainables.outputs import output_problems
+    from layerswap.search.preflight import check_search
+    from layerswap.trainables.outputs import output_problems
 
     problems = check_search(exp)
     if args.resume and args.overwrite:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from spaces.train_experiment import TrainExperiment, absolute_local_paths, load_train_experiment
-from trainables.storage import exists, is_uri
+from layerswap.spaces.train_experiment import (
+    TrainExperiment,
+    absolute_local_paths,
+    load_train_experiment,
+)
+from layerswap.trainables.storage import exists, is_uri
 
 
 def check_inputs(exp: TrainExperiment) -> None:
@@ -36,7 +40,7 @@ def check_inputs(exp: TrainExperiment) -> None:
         elif ds.path is not None and (bad := _data_problem(Path(ds.path))) is not None:
             problems.append(bad)  # "FILE:LINE: not valid JSON (...)", as the trainer says it
         if ds.source is not None:
-            from trainables.train.sources import get_source
+            from layerswap.trainables.train.sources import get_source
 
             try:
                 get_source(ds.source)
@@ -53,7 +57,7 @@ def _data_problem(path: Path) -> str | None:
     """Why the trainer could not read a local JSON-lines or JSON dataset (file and line named),
     or None. Checked here, streaming: the trainer reads its data only after the run folder is
     made and the base model loaded."""
-    from spaces.base import check_jsonl, load_json
+    from layerswap.spaces.base import check_jsonl, load_json
 
     try:
         if path.suffix == ".json":  # the suffixes trainables.train.data reads each way
@@ -78,7 +82,7 @@ def check_run_folder(exp: TrainExperiment, run: Path) -> None:
     """Fail before any work when the run folder RUN/train/<name> is, holds or lies inside an
     input (e.g. `--out` at the base model, or a base inside the run `--overwrite` replaces),
     or cannot be created."""
-    from trainables.outputs import OutputError, output_problems
+    from layerswap.trainables.outputs import OutputError, output_problems
 
     problems = output_problems(run, "train", allow_existing=True, inputs=_inputs(exp))
     if problems:
@@ -94,9 +98,9 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     """
     from contextlib import contextmanager
 
-    from search.registry import append_rows, drop_rows_under, registry_path
-    from spaces.train_experiment import experiment_identity
-    from trainables.outputs import OutputError, check_output, replacing, write_marker
+    from layerswap.search.registry import append_rows, drop_rows_under, registry_path
+    from layerswap.spaces.train_experiment import experiment_identity
+    from layerswap.trainables.outputs import OutputError, check_output, replacing, write_marker
 
     folder = run_dir / "train" / exp.name
     if folder.exists() and any(folder.iterdir()):
@@ -130,7 +134,7 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
     Returns:
         0 when every trial finished, 1 when some failed (their rows are still kept).
     """
-    from search.sweep import run_sweep
+    from layerswap.search.sweep import run_sweep
 
     res = run_sweep(exp, run_dir)
     failed = sorted(t for t, s in res.trials.items() if s != "ok")
@@ -147,10 +151,10 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from trainables.train import train_expert
+    from layerswap.trainables.train import train_expert
 
     if args.plan:  # the memory plan only: no weights, no data, no Ray
-        from trainables.train.plan import format_plan, plan_experiment
+        from layerswap.trainables.train.plan import format_plan, plan_experiment
 
         print(format_plan(plan_experiment(load_train_experiment(args.experiment), args.gpu_memory)))  # fmt: skip
         return 0
@@ -178,7 +182,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     where = f"{storage.rstrip('/')}/{exp.name}"
     print(f"trained {exp.name} ({exp.mode.type}); checkpoints under {where}")
     if not is_uri(where):
-        from trainables.train import find_checkpoints
+        from layerswap.trainables.train import find_checkpoints
 
         for ck in find_checkpoints(where):
             print(f"  {ck}")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 
 def _cmd_world_build(args: argparse.Namespace) -> int:
-    from spaces.world import load_variant
-    from world.build import build_world
+    from layerswap.spaces.world import load_variant
+    from layerswap.world.build import build_world
 
     config = load_variant(args.config, args.size, args.seed) if args.config else None
     if config is not None and args.pretrain:
@@ -23,8 +23,8 @@ def _cmd_world_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_world_export_base(args: argparse.Namespace) -> int:
-    from world.build import world_config_of
-    from world.prebuilt import export_base, variant_yaml
+    from layerswap.world.build import world_config_of
+    from layerswap.world.prebuilt import export_base, variant_yaml
 
     limit = {} if args.max_mb is None else {"max_mb": args.max_mb}  # None: world.prebuilt.MAX_MB
     entry = export_base(args.world, args.name, overwrite=args.overwrite, **limit)

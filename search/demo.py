@@ -16,8 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-
-from search.progress import Stages, duration
+from layerswap.search.progress import Stages, duration
 
 LANGUAGE = "xa"  # the world's higher-resource synthetic target language
 EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_full.yaml"}
@@ -64,10 +63,10 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
     Returns:
         the validated spaces.train_experiment.TrainExperiment.
     """
-    from spaces.train_experiment import parse_train_experiment
+    from layerswap.spaces.train_experiment import parse_train_experiment
 
     name = EXAMPLES[kind]
-    text = (resources.files("spaces") / "examples" / name).read_text(encoding="utf-8")
+    text = (resources.files("layerswap.spaces") / "examples" / name).read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     # The examples name the world as runs/world (their documented build location).
     data["base"] = str((world / "base").resolve())
@@ -92,17 +91,17 @@ def indicator_scorer(world: Path, tasks_dir: Path, st: DemoSettings, device: str
     Returns:
         a trainables.evaluate.indicators.IndicatorScorer.
     """
-    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+    from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
     return IndicatorScorer(list(INDICATORS), load_tokenizer(world / "base"), include_path=str(tasks_dir), limit=st.proxy_limit, max_gen_toks=st.max_gen_toks, batch_size=st.indicator_batch_size, device=device)  # fmt: skip
 
 
 def _score_experts(run_dir: Path, world: Path, trained: dict, st: DemoSettings, stages: Stages) -> None:  # fmt: skip
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
-    from search.registry import append_rows, expert_row, registry_path
-    from spaces.train_experiment import experiment_json
-    from trainables.evaluate.tasks import write_world_tasks
-    from trainables.train import find_checkpoints, read_manifest
+    from layerswap.search.registry import append_rows, expert_row, registry_path
+    from layerswap.spaces.train_experiment import experiment_json
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
+    from layerswap.trainables.train import find_checkpoints, read_manifest
 
     tasks_dir = run_dir / "experts" / "tasks"
     write_world_tasks(world, tasks_dir)
@@ -136,8 +135,8 @@ def run_demo(out: Path, *, overwrite: bool = False, resume: bool = False, settin
     Returns:
         DemoResult with the leaderboard, the best model and the wall time per stage.
     """
-    from trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults
-    from trainables.outputs import replacing, write_marker
+    from layerswap.trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults
+    from layerswap.trainables.outputs import replacing, write_marker
 
     offline_defaults()
     # lm-eval's warnings (e.g. about loading its tasks) would bury the demo's own lines; each
@@ -162,11 +161,10 @@ def _identity(st: DemoSettings) -> str:
 def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> DemoResult:
     """World, experts, indicators, search and promotion into the run folder `out`."""
     import ray
-
-    from search.promote import promote
-    from search.search import run_search
-    from trainables.ray_session import init_ray
-    from world import build_world
+    from layerswap.search.promote import promote
+    from layerswap.search.search import run_search
+    from layerswap.trainables.ray_session import init_ray
+    from layerswap.world import build_world
 
     stages = Stages("demo", 5)
     stages.start("world", f"world ({st.world_size}, seed {st.seed}) -> {out / 'world'}")
@@ -230,7 +228,7 @@ def _check_previous_run(out: Path, overwrite: bool, resume: bool, identity: str)
         OutputError: a run exists and neither flag says what to do, both flags are given, or
             `resume` meets a run of another world seed or size.
     """
-    from trainables.outputs import OutputError, check_output, read_marker
+    from layerswap.trainables.outputs import OutputError, check_output, read_marker
 
     if overwrite and resume:
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
@@ -261,7 +259,7 @@ def _reuse_world(old: Path, new: Path, st: DemoSettings) -> None:
     import os
     import shutil
 
-    from world.build import MANIFEST, verify_world
+    from layerswap.world.build import MANIFEST, verify_world
 
     try:
         m = json.loads((old / MANIFEST).read_text())
@@ -293,8 +291,7 @@ def _train_experts(exps: dict, out: Path) -> dict:
         run failed.
     """
     import ray
-
-    from trainables.train.run import train_expert
+    from layerswap.trainables.train.run import train_expert
 
     # The two experts are independent runs: each TorchTrainer is driven from its own Ray
     # task (a driver needs no CPU of its own), so both train at once on a 2-core machine.
@@ -315,8 +312,8 @@ def _train_experts(exps: dict, out: Path) -> dict:
 
 def _scored(out: Path, trained: dict) -> bool:
     """Whether the registry holds a row for every checkpoint of the trained experts."""
-    from search.registry import read_rows, registry_path
-    from trainables.train import find_checkpoints
+    from layerswap.search.registry import read_rows, registry_path
+    from layerswap.trainables.train import find_checkpoints
 
     have = {str(Path(r["path"]).resolve()) for r in read_rows(registry_path(out))}
     want = {str(c.resolve()) for _, run, _ in trained.values() for c in find_checkpoints(run)}
@@ -329,7 +326,7 @@ def _search_experiment(world: Path, out: Path, st: DemoSettings):
     Returns:
         the validated spaces.search_experiment.SearchExperiment.
     """
-    from spaces.search_experiment import SearchExperiment
+    from layerswap.spaces.search_experiment import SearchExperiment
 
     return SearchExperiment.model_validate(
         {

@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-
-from spaces.search_space import ExpertPool
-from trainables.merge.live import ExpertCache, Loader
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.merge.live import ExpertCache, Loader
 
 PREFIX = "layerswap-experts"
 NAMESPACE = "layerswap"  # named actors live here, whatever namespace the driver's job has
@@ -120,7 +119,7 @@ def stop_stores(key: str) -> int:
 
 def expert_bytes(pool: ExpertPool) -> int:
     """Bytes the experts take in memory, from file sizes (a LoRA expert folds to the base's)."""
-    from trainables.merge.lora import is_lora_adapter
+    from layerswap.trainables.merge.lora import is_lora_adapter
 
     def size(path: str | None) -> int:
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if path else 0

@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import torch
-
-from spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
-from spaces.zones import layer_map, paper_default
-from trainables.merge.checkpoint import Checkpoint
-from trainables.outputs import output_dir
+from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
+from layerswap.spaces.zones import layer_map, paper_default
+from layerswap.trainables.merge.checkpoint import Checkpoint
+from layerswap.trainables.outputs import output_dir
 
 NUM_LAYERS = 12
 
@@ -39,10 +38,9 @@ def _layer_sources(merged: Path, paths: dict[str, Path], num_layers: int) -> lis
 
 def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     """Build the tiny family, merge it, reload and report. Writes everything under `out`."""
+    from layerswap.trainables.merge.engine import merge_to_disk
+    from layerswap.world.tiny import make_tiny_family
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trainables.merge.engine import merge_to_disk
-    from world.tiny import make_tiny_family
 
     t0 = time.perf_counter()
     with output_dir(out, "merge-demo", overwrite=overwrite) as tmp:

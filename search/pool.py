@@ -12,9 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from spaces.recipe import ExpertSoup
-from spaces.search_experiment import SearchExperiment
-from spaces.search_space import ExpertPool, ExpertRef
+from layerswap.spaces.recipe import ExpertSoup
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_space import ExpertPool, ExpertRef
 
 # The registry columns the pool reads (their types: search.registry.COLUMNS, which writes them).
 POOL_COLUMNS = ("expert_id", "kind", "language", "mode", "path")
@@ -30,7 +30,7 @@ def resolve_pool(exp: SearchExperiment) -> ExpertPool:
     """
     if exp.experts is None:
         return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
-    from trainables.merge.lora import is_lora_adapter
+    from layerswap.trainables.merge.lora import is_lora_adapter
 
     rows, problems = registry_problems(exp.experts.registry)
     picks: dict[str, list[dict[str, Any]]] = {}
@@ -67,9 +67,8 @@ def registry_problems(path: str | Path) -> tuple[list[dict[str, Any]], list[str]
         (rows, problems): rows are [] unless problems is empty; every problem names the file.
     """
     import pyarrow as pa
-
-    from search.registry import COLUMNS
-    from trainables.atomic import read_parquet
+    from layerswap.search.registry import COLUMNS
+    from layerswap.trainables.atomic import read_parquet
 
     where = f"experts.registry {path}"
     p = Path(path)
@@ -151,7 +150,7 @@ def model_depth(pool: ExpertPool) -> int:
     like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
     if like is None:
         raise ValueError("cannot tell the depth: LoRA experts need `base`")
-    from trainables.storage import join, read_text  # a registry's experts may be URIs
+    from layerswap.trainables.storage import join, read_text  # a registry's experts may be URIs
 
     cfg = json.loads(read_text(join(like, "config.json")))
     return int(cfg["num_hidden_layers"])
@@ -169,7 +168,7 @@ def expert_id(pool: ExpertPool, ref) -> str:
 def include_paths(exp: SearchExperiment, run_dir: Path) -> list[str]:
     paths = list(exp.include_path)
     if exp.world is not None:
-        from trainables.evaluate.tasks import write_world_tasks
+        from layerswap.trainables.evaluate.tasks import write_world_tasks
 
         tasks = run_dir / "tasks"
         write_world_tasks(Path(exp.world), tasks)

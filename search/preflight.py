@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search.pool import pool_base, registry_picks, registry_problems
-from spaces.search_experiment import SearchExperiment, heldout_task
-from trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
-from trainables.storage import exists, is_uri
+from layerswap.search.pool import pool_base, registry_picks, registry_problems
+from layerswap.spaces.search_experiment import SearchExperiment, heldout_task
+from layerswap.trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
+from layerswap.trainables.storage import exists, is_uri
 
 # Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES} and lora.CONFIG: those
 # modules import torch, and the preflight must not (tests/search/test_preflight.py pins them).
@@ -124,7 +124,7 @@ def _is_hub_id(ref: str) -> bool:
 
 
 def _is_lora_adapter(path: Path) -> bool:
-    """trainables.merge.lora.is_lora_adapter, without importing torch."""
+    """layerswap.trainables.merge.lora.is_lora_adapter, without importing torch."""
     try:
         return json.loads((path / ADAPTER_CONFIG).read_text()).get("peft_type") == "LORA"
     except (OSError, ValueError, AttributeError):
@@ -240,7 +240,7 @@ def _check_agreement(
 def _check_depth_source(
     exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
 ) -> None:
-    """search.pool.model_depth reads num_hidden_layers of the first full task expert, else base."""
+    """layerswap.search.pool.model_depth reads num_hidden_layers of the first full task expert, else base."""
     like = next((f for f in experts if f.side == "task" and f.kind == "full"), base)
     if like is None:
         return  # no base and LoRA task experts only: _check_base_needed says so
@@ -278,7 +278,7 @@ def _check_tokenizer(
 def _check_expert_kinds(
     exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
 ) -> None:
-    """spaces.search_space._choices: each side needs an expert of a kind the space allows."""
+    """layerswap.spaces.search_space._choices: each side needs an expert of a kind the space allows."""
     allowed = exp.space.expert_kinds
     for side in ("task", "language"):
         kinds = sorted({f.kind for f in experts if f.side == side})
@@ -315,7 +315,7 @@ class _Tasks:
 
 def _task_sources(exp: SearchExperiment, out: Preflight) -> _Tasks:
     """The world's task names (as pool.include_paths would write them) and include_path folders."""
-    from trainables.evaluate.tasks import write_world_tasks
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     src = _Tasks()
     if exp.world is not None:
@@ -326,7 +326,7 @@ def _task_sources(exp: SearchExperiment, out: Preflight) -> _Tasks:
             )
             src.incomplete = True
         else:
-            from world.build import verify_world
+            from layerswap.world.build import verify_world
 
             # sha256 of everything but the test splits, which the search must never open
             damage = verify_world(w, only=lambda rel: not rel.endswith("/test.jsonl"), hand_made_ok=True)  # fmt: skip
@@ -369,7 +369,7 @@ def _mentioned(name: str, root: Path, src: _Tasks) -> bool:
 
 
 def _builtin_root() -> Path | None:
-    from trainables.evaluate.tasks import lm_eval_tasks_dir
+    from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
 
     try:
         return lm_eval_tasks_dir()

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-
-from search.results import TrialStore, write_parquet_atomic
-from spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
-from spaces.search_experiment import SearchExperiment, heldout_task
-from spaces.search_space import ExpertPool
-from spaces.zones import paper_default
-from trainables.atomic import atomic_write_text
+from layerswap.search.results import TrialStore, write_parquet_atomic
+from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
+from layerswap.spaces.search_experiment import SearchExperiment, heldout_task
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.spaces.zones import paper_default
+from layerswap.trainables.atomic import atomic_write_text
 
 RESULT_COLUMNS = {
     "model": pa.string(),
@@ -165,7 +164,7 @@ def promote(
 
 def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:
     """The search's own expert pool (RUN/search/pool.json), else the experiment's, resolved anew."""
-    from search.pool import resolve_pool
+    from layerswap.search.pool import resolve_pool
 
     pool_file = run_dir / "search" / "pool.json"
     return (
@@ -198,9 +197,9 @@ def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
 
 def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
-    from search.pool import include_paths, model_depth
-    from trainables.evaluate.harness import resolve_device
-    from trainables.merge.live import ExpertCache, LiveModel
+    from layerswap.search.pool import include_paths, model_depth
+    from layerswap.trainables.evaluate.harness import resolve_device
+    from layerswap.trainables.merge.live import ExpertCache, LiveModel
 
     # Resolved once, before anything loads: an unusable device (cuda without a GPU) is one
     # error here, not every model failing in turn.
@@ -212,9 +211,8 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     cands = [(f"candidate_{r['recipe_id']}", r) for r in store.best(exp.promote.top_k)]
     tasks = promotion_tasks(exp)
     inc = include_paths(exp, pdir)
+    from layerswap.trainables.storage import local_copy
     from transformers import AutoTokenizer
-
-    from trainables.storage import local_copy
 
     tok = AutoTokenizer.from_pretrained(
         str(local_copy(pool.task[0].path if pool.task[0].kind == "full" else pool.base))
@@ -250,7 +248,7 @@ def _evaluate_models(
     exp: SearchExperiment, plan: _Plan, progress: bool, verbose: bool = False
 ) -> _Evaluation:
     """Run lm-eval on every model in turn; write its raw JSON per task and collect the rows."""
-    from trainables.evaluate.harness import evaluate
+    from layerswap.trainables.evaluate.harness import evaluate
 
     ev = _Evaluation()
     live = plan.live
@@ -293,7 +291,7 @@ def _record_model(
 ) -> None:
     """One model's lm-eval results (raws: task -> result): promotion/lm_eval/<name>/<task>.json,
     its scores and rows."""
-    from trainables.evaluate.scoring import score_key
+    from layerswap.trainables.evaluate.scoring import score_key
 
     for task in plan.tasks:
         raw = raws[task]
@@ -338,8 +336,7 @@ def _write_results(exp: SearchExperiment, run_dir: Path, plan: _Plan, ev: _Evalu
 def write_best(row: dict, out: Path) -> Path:
     """Merge the best recipe to disk (weights, recipe YAML, model card) with the merge engine."""
     import yaml
-
-    from trainables.merge.api import merge
+    from layerswap.trainables.merge.api import merge
 
     recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))
     return merge(recipe, out, overwrite=True, fold=True)  # LoRA experts: full weights too

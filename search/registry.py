@@ -15,11 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from spaces.sweep import EXPERT_KINDS
-from spaces.train_experiment import MODE_NAMES
-from trainables.atomic import atomic_write, read_parquet
-from trainables.storage import absolute, is_under
+from layerswap.spaces.sweep import EXPERT_KINDS
+from layerswap.spaces.train_experiment import MODE_NAMES
+from layerswap.trainables.atomic import atomic_write, read_parquet
+from layerswap.trainables.storage import absolute, is_under
 
 REGISTRY_REL = Path("experts") / "registry.parquet"
 IND = "ind__"

@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
-
-from search.pool import include_paths, model_depth, resolve_pool
-from search.results import PROXY_PREFIX, TrialStore
-from search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
-from search.trial import check_proxy_scales
-from search.tune_trial import TrialSpec, merge_trial
-from spaces.search_experiment import SearchExperiment
-from spaces.search_space import ExpertPool, warm_start
-from trainables.atomic import atomic_write_text
-from trainables.outputs import OutputError, check_output, write_marker
+from layerswap.search.pool import include_paths, model_depth, resolve_pool
+from layerswap.search.results import PROXY_PREFIX, TrialStore
+from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
+from layerswap.search.trial import check_proxy_scales
+from layerswap.search.tune_trial import TrialSpec, merge_trial
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_space import ExpertPool, warm_start
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.outputs import OutputError, check_output, write_marker
 
 
 @dataclass
@@ -205,11 +204,10 @@ def _run_tuner(
     import dataclasses
 
     import ray
+    from layerswap.search.expert_store import choose_store, stop_stores
+    from layerswap.trainables.ray_session import init_ray
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
-
-    from search.expert_store import choose_store, stop_stores
-    from trainables.ray_session import init_ray
 
     if not ray.is_initialized():
         init_ray(include_dashboard=False, log_to_driver=False, configure_logging=False)

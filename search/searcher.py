@@ -13,16 +13,15 @@ from datetime import datetime, timezone
 from functools import partial
 
 import optuna
-
-from search.optuna_tune import OptunaTuneSearch
-from search.pool import expert_id
-from search.progress import TrialProgress
-from search.results import PROXY_PREFIX, TrialStore
-from search.trial import combine
-from search.tune_trial import META
-from spaces.recipe import dump_recipe, recipe_id
-from spaces.search_experiment import Proxy, SearchExperiment
-from spaces.search_space import ExpertPool, decode, recipe_fields, suggest
+from layerswap.search.optuna_tune import OptunaTuneSearch
+from layerswap.search.pool import expert_id
+from layerswap.search.progress import TrialProgress
+from layerswap.search.results import PROXY_PREFIX, TrialStore
+from layerswap.search.trial import combine
+from layerswap.search.tune_trial import META
+from layerswap.spaces.recipe import dump_recipe, recipe_id
+from layerswap.spaces.search_experiment import Proxy, SearchExperiment
+from layerswap.spaces.search_space import ExpertPool, decode, recipe_fields, suggest
 
 STATES = optuna.trial.TrialState
 

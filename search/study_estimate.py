@@ -31,8 +31,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from spaces.study import Profile, TaskShape
-from spaces.train_experiment import TrainExperiment
+from layerswap.spaces.study import Profile, TaskShape
+from layerswap.spaces.train_experiment import TrainExperiment
 
 # Swept hyperparameters that change what a run costs; the rest (lr, warmup, ...) do not.
 COST_PARAMS = (
@@ -103,7 +103,7 @@ def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
         shape: its trainables.train.plan_model.ModelShape (model_shape(config)).
         exp: the experiment whose mode decides what trains (LoRA adds its adapters).
     """
-    from trainables.train.plan_model import trainable_split
+    from layerswap.trainables.train.plan_model import trainable_split
 
     n_mm = sum(i * o for i, o in shape.linears.values())
     elt = shape.dtype.itemsize
@@ -150,7 +150,7 @@ def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
         return exp.hyper.max_steps
     if n_train is None:
         return None
-    from trainables.train import data
+    from layerswap.trainables.train import data
 
     # total_steps reads only the streams' lengths: a stand-in stream of n_train examples.
     stand_in = data.TrainData([data.Stream([None] * n_train, 0, 0)], [], [])
@@ -159,7 +159,7 @@ def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
 
 def checkpoints(exp: TrainExperiment, steps: int) -> int:
     """Checkpoints a run of `steps` steps writes (the training loop's own rule)."""
-    from trainables.train.loop import checkpoint_due
+    from layerswap.trainables.train.loop import checkpoint_due
 
     bs = exp.hyper.batch_size
     return sum(checkpoint_due(exp, s, s * bs, steps) for s in range(1, steps + 1))
@@ -237,7 +237,7 @@ def eval_cost(
 
 def auto_batch(device: str) -> int:
     """Rows per pass that `batch_size: auto` starts at on `device` (the proxy evaluator's rule)."""
-    from trainables.evaluate.proxy_lm import AUTO_START
+    from layerswap.trainables.evaluate.proxy_lm import AUTO_START
 
     return AUTO_START["cpu" if device == "cpu" else "cuda"]
 
@@ -245,7 +245,7 @@ def auto_batch(device: str) -> int:
 def world_items(task: str, world: str | None) -> int | None:
     """Items of a world task: the lines of its split in the world folder, or, before the world
     is built, the full preset's count (spaces.world.world_config)."""
-    from spaces.world import world_config
+    from layerswap.spaces.world import world_config
 
     kind = "mgsm" if task.startswith("world_mgsm") else "belebele"
     dev = task.endswith("_dev")
@@ -269,8 +269,8 @@ def cost_variants(exp: TrainExperiment) -> tuple[list[TrainExperiment], list[str
     Returns:
         (the variants that validate, one message per combination that cannot run).
     """
-    from spaces.sweep import Choice
-    from spaces.train_experiment import with_overrides
+    from layerswap.spaces.sweep import Choice
+    from layerswap.spaces.train_experiment import with_overrides
 
     if exp.search is None:
         return [exp], []

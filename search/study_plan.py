@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from search import preflight
-from search import study_estimate as est
-from search.promote import promotion_tasks, shot_groups
-from spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
-from spaces.train_experiment import TrainExperiment
+from layerswap.search import preflight
+from layerswap.search import study_estimate as est
+from layerswap.search.promote import promotion_tasks, shot_groups
+from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
+from layerswap.spaces.train_experiment import TrainExperiment
 
 STAGES = {
     "train": "expert training",
@@ -97,7 +97,7 @@ class _Ctx:
         if base is None:
             return None
         if base not in self.models:
-            from trainables.train.plan_model import load_model_config, model_shape
+            from layerswap.trainables.train.plan_model import load_model_config, model_shape
 
             try:
                 cfg, origin = load_model_config(base)
@@ -136,8 +136,8 @@ class _Ctx:
 def _rows(ex: StudyExpert, ctx: _Ctx) -> list[int] | None:
     """Rows of each dataset: local files counted (the trainer's reader), Hub sources from the
     study's `rows`, else their `limit`; None when one cannot be known."""
-    from trainables.train.data import load_pairs
-    from trainables.train.sources import get_source, resolve_language
+    from layerswap.trainables.train.data import load_pairs
+    from layerswap.trainables.train.sources import get_source, resolve_language
 
     rows: list[int] | None = []
     for i, ds in enumerate(ex.experiment.datasets):
@@ -203,7 +203,7 @@ def _train_row(ex: StudyExpert, ctx: _Ctx) -> tuple[Row, float]:
 
 def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
     """Stage-2 row: the sweep scores its checkpoints on the expert kind's indicators."""
-    from search.sweep import world_dir
+    from layerswap.search.sweep import world_dir
 
     exp, sw = ex.experiment, ex.experiment.search
     if sw is None:
@@ -302,8 +302,8 @@ def _trial_row(s: StudySearch, cost: est.ModelCost, ctx: _Ctx) -> Row:
 def _promotion_row(s: StudySearch, cost: est.ModelCost, depth: int, pool: tuple, ctx: _Ctx) -> Row:  # fmt: skip
     """Stage-4 row: the top_k recipes and the baselines (search.promote.baselines) on every
     promotion task, one lm-eval run per few-shot group."""
-    from search.promote import baselines
-    from spaces.search_space import ExpertPool
+    from layerswap.search.promote import baselines
+    from layerswap.spaces.search_space import ExpertPool
 
     exp, pr, prof = s.experiment, s.experiment.promote, ctx.prof
     n_task, n_lang, base = pool

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search.registry import append_rows, expert_row, read_rows, registry_path, top_k
-from spaces.sweep import Choice, SweepConfig
-from spaces.train_experiment import (
+from layerswap.search.registry import append_rows, expert_row, read_rows, registry_path, top_k
+from layerswap.spaces.sweep import Choice, SweepConfig
+from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
     experiment_json,
@@ -77,7 +77,7 @@ def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
     world = world_dir(experiment)
     include = None
     if world is not None:
-        from trainables.evaluate.tasks import write_world_tasks
+        from layerswap.trainables.evaluate.tasks import write_world_tasks
 
         tasks_dir = Path(run_dir) / "experts" / "tasks"
         write_world_tasks(world, tasks_dir)
@@ -127,7 +127,7 @@ _SCORERS: dict[tuple, Any] = {}  # per worker process: reused actors keep their 
 
 
 def _scorer(plan: SweepPlan, base: str):
-    from trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+    from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
     sw = plan.sweep
     key = (tuple(plan.tasks), plan.include_path, base, sw.limit, sw.num_fewshot, sw.max_gen_toks,
@@ -169,15 +169,15 @@ def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]
     nested TorchTrainer (storage workdir/, FailureConfig from the experiment) whose reports reach
     Tune through TuneReportCallback.
     """
-    from trainables.train import find_checkpoints
+    from layerswap.trainables.train import find_checkpoints
 
     if executor == "in_trial":
-        from trainables.train import run_training
+        from layerswap.trainables.train import run_training
 
         done = find_checkpoints(workdir) if workdir.is_dir() else []
         run_training(variant, workdir=workdir, resume_from=done[-1] if done else None)
     else:
-        from trainables.train.ray_train import trainer_for
+        from layerswap.trainables.train.ray_train import trainer_for
 
         result = trainer_for(
             variant, storage_path=str(workdir.parent), name=workdir.name, callbacks=[_tune_report()]
@@ -204,7 +204,7 @@ def _tune_report():
 def score_rows(plan: SweepPlan, checkpoints: list[Path], trial_id: str, params: dict) -> list[dict]:
     """Score checkpoints on the plan's indicators; one registry row each (the trial's last
     checkpoint only when `checkpoints: last`)."""
-    from trainables.train import read_manifest
+    from layerswap.trainables.train import read_manifest
 
     exp = plan.experiment
     chosen = checkpoints[-1:] if plan.sweep.checkpoints == "last" else checkpoints
@@ -315,9 +315,8 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         SweepResult with this sweep's rows and its top_k experts on the metric task.
     """
     import ray
+    from layerswap.trainables.ray_session import init_ray
     from ray import tune
-
-    from trainables.ray_session import init_ray
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)

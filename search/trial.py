@@ -12,17 +12,16 @@ import traceback
 from dataclasses import asdict, dataclass, field
 
 import torch
-
-from spaces.recipe import Recipe
-from spaces.search_experiment import Proxy, SearchExperiment
-from spaces.search_space import ExpertPool
-from trainables.evaluate.scoring import (
+from layerswap.spaces.recipe import Recipe
+from layerswap.spaces.search_experiment import Proxy, SearchExperiment
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
     config_higher_is_better,
     task_higher_is_better,
 )
-from trainables.merge.live import ExpertCache, LiveModel, Loader
-from trainables.storage import local_copy
+from layerswap.trainables.merge.live import ExpertCache, LiveModel, Loader
+from layerswap.trainables.storage import local_copy
 
 
 @dataclass
@@ -85,8 +84,8 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
     import tempfile
     from pathlib import Path
 
-    from trainables.evaluate.lm_eval_api import task_configs
-    from trainables.evaluate.tasks import write_world_tasks
+    from layerswap.trainables.evaluate.lm_eval_api import task_configs
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     proxies = experiment.proxy_list
     names = [p.task for p in proxies]
@@ -138,9 +137,8 @@ class TrialRunner:
         device: str = "cpu",
         loader: Loader | None = None,
     ):
+        from layerswap.trainables.evaluate.proxy import ProxyEvaluator
         from transformers import AutoTokenizer
-
-        from trainables.evaluate.proxy import ProxyEvaluator
 
         self.exp = experiment
         self.pool = pool

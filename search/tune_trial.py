@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from search.trial import TrialRunner
-from spaces.search_experiment import SearchExperiment
-from spaces.search_space import ExpertPool, decode
+from layerswap.search.trial import TrialRunner
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_space import ExpertPool, decode
 
 # One runner per worker process and spec: experts, live model and prompts survive across
 # trials because the search runs with reuse_actors=True.
@@ -62,7 +62,7 @@ def runner_for(spec: TrialSpec) -> TrialRunner:
         device, _ = trial_device(exp.search.gpus_per_trial)
         loader = None
         if spec.expert_store == "node":
-            from search.expert_store import node_loader
+            from layerswap.search.expert_store import node_loader
 
             loader = node_loader(spec.store_key, pool.base)
         _RUNNERS[spec.key] = TrialRunner(

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from layerswap.spaces.base import StrictModel, load_yaml, resolve_local, validate
+from layerswap.spaces.partitions import PARTITIONS, PartitionName
 from pydantic import Field, TypeAdapter, model_validator
-
-from spaces.base import StrictModel, load_yaml, resolve_local, validate
-from spaces.partitions import PARTITIONS, PartitionName
 
 Side = Literal["task", "language"]
 Component = Literal["attention", "mlp"]

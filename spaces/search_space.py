@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from layerswap.spaces.base import StrictModel
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, SideWeights, Zones
+from layerswap.spaces.zones import check_fits, paper_default
 from pydantic import Field, model_validator
-
-from spaces.base import StrictModel
-from spaces.recipe import ExpertSoup, LayerSwapRecipe, SideWeights, Zones
-from spaces.zones import check_fits, paper_default
 
 MergeRecipe = LayerSwapRecipe
 Weighting = Literal["uniform", "explicit", "magnitude"]

@@ -15,12 +15,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from layerswap.spaces.base import StrictModel, load_yaml, resolve_local, validate
+from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
+from layerswap.spaces.sweep import SweepConfig
+from layerswap.spaces.train_experiment import TrainExperiment, load_train_experiment, with_overrides
 from pydantic import Field, model_validator
-
-from spaces.base import StrictModel, load_yaml, resolve_local, validate
-from spaces.search_experiment import SearchExperiment, load_search_experiment
-from spaces.sweep import SweepConfig
-from spaces.train_experiment import TrainExperiment, load_train_experiment, with_overrides
 
 
 class ExpertEntry(StrictModel):
@@ -168,7 +167,7 @@ def _load_expert(i: int, entry: ExpertEntry, root: Path) -> StudyExpert:
 
 def _load_search(i: int, entry: SearchEntry, study: Path) -> StudySearch:
     """searches[i] loaded; a ValueError names the entry and the field."""
-    from spaces.search_experiment import resolve_paths  # the search file's own path rule
+    from layerswap.spaces.search_experiment import resolve_paths  # the search file's own path rule
 
     if entry.config is not None:
         label = f"searches[{i}] ({entry.config})"
@@ -298,7 +297,7 @@ def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
         ValueError naming the file and every bad field.
     """
     if path is None:
-        with resources.as_file(resources.files("spaces") / "throughput.yaml") as p:
+        with resources.as_file(resources.files("layerswap.spaces") / "throughput.yaml") as p:
             return load_profiles(p)
     data = load_yaml(Path(path), "throughput profiles")
     return validate(Profiles, data, source=str(path), what="throughput profiles").profiles

@@ -12,12 +12,11 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
+from layerswap.spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
+from layerswap.spaces.partitions import PARTITIONS, PartitionName
+from layerswap.spaces.recipe import Side, Zones
+from layerswap.spaces.sweep import ExpertKind, SweepConfig
 from pydantic import BaseModel, Field, TypeAdapter, model_validator
-
-from spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
-from spaces.partitions import PARTITIONS, PartitionName
-from spaces.recipe import Side, Zones
-from spaces.sweep import ExpertKind, SweepConfig
 
 Schedule = Literal["linear", "wsd", "constant_with_warmup"]
 # Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).

@@ -9,9 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from layerswap.spaces.base import StrictModel, load_yaml, validate
 from pydantic import Field, model_validator
-
-from spaces.base import StrictModel, load_yaml, validate
 
 WORLD_VERSION = "4"
 WorldSize = Literal["full", "tiny"]

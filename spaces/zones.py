@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from spaces.recipe import (
+from layerswap.spaces.recipe import (
     COMPONENTS,
     Component,
     LayerSwapRecipe,

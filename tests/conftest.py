@@ -1,7 +1,7 @@
 """Shared fixtures: tiny Llama families built once per session, and checkpoint helpers.
 
 Every family has a `base` and two perturbed experts (`task` noise 0.02, `language` noise 0.04)
-written by `world.tiny.make_tiny_family`. Tests read checkpoints back with the safetensors
+written by `layerswap.world.tiny.make_tiny_family`. Tests read checkpoints back with the safetensors
 library itself, never with the engine's own reader, so expectations stay independent.
 """
 
@@ -96,7 +96,7 @@ class Family:
 
 
 def _build(tmp_path_factory, label: str, **kw) -> Family:
-    from world.tiny import make_tiny_family
+    from layerswap.world.tiny import make_tiny_family
 
     root = tmp_path_factory.mktemp(label)
     paths = dict(make_tiny_family(root, num_layers=NUM_LAYERS, **kw))
@@ -167,7 +167,7 @@ def ckpt():
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory) -> Path:
     """The tiny world under the session's base temp (build_world is a no-op once complete)."""
-    from world import build_world
+    from layerswap.world import build_world
 
     return build_world(tmp_path_factory.getbasetemp() / "tiny_world", seed=0, size="tiny", progress=False)  # fmt: skip
 

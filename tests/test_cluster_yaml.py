@@ -16,11 +16,10 @@ import jsonschema
 import pytest
 import ray
 import yaml
-
-from spaces.search_experiment import load_search_experiment
-from spaces.train_experiment import load_train_experiment
-from trainables.train.plan import GPU_MEMORY_GIB, plan_experiment
-from trainables.train.plan_model import load_model_config, model_shape
+from layerswap.spaces.search_experiment import load_search_experiment
+from layerswap.spaces.train_experiment import load_train_experiment
+from layerswap.trainables.train.plan import GPU_MEMORY_GIB, plan_experiment
+from layerswap.trainables.train.plan_model import load_model_config, model_shape
 
 ROOT = Path(__file__).parents[1]
 CLUSTER_TEXT = (ROOT / "cluster.yaml").read_text()

@@ -26,13 +26,27 @@ ALLOWED = {
 RAY_ALLOWED = {"trainables/train/ray_train.py", "trainables/ray_session.py"}
 
 
+def _room(module: str, names: tuple[str, ...] = ()) -> set[str]:
+    """The project room (`search`, ...) or outside package (`torch`) an imported name lives in.
+
+    `layerswap.search.x` -> {"search"}; `from layerswap import search, spaces` -> both.
+    """
+    parts = module.split(".")
+    if parts[0] != "layerswap":
+        return {parts[0]}
+    if len(parts) > 1:
+        return {parts[1]}
+    return set(names) or {"layerswap"}
+
+
 def _imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
+            for a in node.names:
+                out |= _room(a.name)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module.split(".")[0])
+            out |= _room(node.module, tuple(a.name for a in node.names))
     return out
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainables.atomic import atomic_dir, atomic_write_text
+from layerswap.trainables.atomic import atomic_dir, atomic_write_text
 
 MARKER = ".layerswap.json"
 

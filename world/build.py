@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from spaces.world import WorldConfig, WorldSize, world_config
-from trainables.outputs import output_dir
-from world.data import instruction_rows, make_datasets, tagged_corpus, world_languages
-from world.lang import LANG_NAMES
+from layerswap.spaces.world import WorldConfig, WorldSize, world_config
+from layerswap.trainables.outputs import output_dir
+from layerswap.world.data import instruction_rows, make_datasets, tagged_corpus, world_languages
+from layerswap.world.lang import LANG_NAMES
 
 MANIFEST = "world.json"
 # resource level per language (the manifest also gives each one's share of pretraining documents)
@@ -161,14 +161,14 @@ def build_world(
     if (cfg.seed, cfg.size) != (seed, size):
         raise ValueError(f"config is for seed {cfg.seed} size {cfg.size}, not seed {seed} size {size}")  # fmt: skip
     if config is None and not pretrain:
-        from world.prebuilt import with_shipped_base
+        from layerswap.world.prebuilt import with_shipped_base
 
         cfg = with_shipped_base(cfg)
     if _already_built(out, cfg, overwrite, progress):
         return out
     shipped = None
     if cfg.model.prebuilt is not None:  # a base pretrained on a larger budget, checked up front
-        from world.prebuilt import check_prebuilt
+        from layerswap.world.prebuilt import check_prebuilt
 
         shipped = check_prebuilt(cfg)
     t0 = time.time()
@@ -186,7 +186,7 @@ def build_world(
         )
         if progress:
             print(f"world: {len(datasets)} datasets, {len(docs)} corpus docs ({time.time() - t0:.1f}s)")  # fmt: skip
-        from world.model import train_tokenizer
+        from layerswap.world.model import train_tokenizer
 
         # the tokenizer also sees generic instructions in the target languages, so instructions
         # do not fall apart into bytes; always the Aya rows, whichever language SFT the world
@@ -206,14 +206,14 @@ def _make_base(cfg: WorldConfig, tok, tagged: list[tuple[str, str]], tmp: Path, 
     (`shipped`, checked by world.prebuilt.check_prebuilt) after the tokenizer trained here is
     compared with its own. Returns the final pretraining loss."""
     if shipped is not None:
-        from world.prebuilt import reuse_base
+        from layerswap.world.prebuilt import reuse_base
 
         tok.save_pretrained(tmp / "base")
         loss = reuse_base(cfg, tmp, shipped)
         if progress:
             print(f"world: base {shipped} reused")
         return loss
-    from world.model import pretrain, save_model
+    from layerswap.world.model import pretrain, save_model
 
     docs, tags = [doc for _, doc in tagged], [t for t, _ in tagged]
     model, loss = pretrain(docs, tok, cfg.model, cfg.seed, progress=progress, tags=tags)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import random
 
-from spaces.world import WorldConfig
-from world.items import (
+from layerswap.spaces.world import WorldConfig
+from layerswap.world.items import (
     READINGS,
     Problem,
     Reading,
@@ -24,7 +24,7 @@ from world.items import (
     mgsm_prompt,
     worked_answer,
 )
-from world.lang import (
+from layerswap.world.lang import (
     LANG_NAMES,
     MATH_WORDS,
     NAMES,
@@ -215,7 +215,7 @@ def mgsm_problems(cfg: WorldConfig) -> dict[str, list[Problem]]:
     """The world's MGSM problems by split, in the order of its JSONL rows (one per language).
 
     The rows keep MGSM's schema, whose dev and test rows carry no equation; a diagnosis that needs
-    the true equation (`world.sft.misread_kind`) takes it from here.
+    the true equation (`layerswap.world.sft.misread_kind`) takes it from here.
 
     Args:
         cfg: the world config.

@@ -10,7 +10,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from world.lang import (
+from layerswap.world.lang import (
     ADJS,
     CONTAINERS,
     NAMES,

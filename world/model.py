@@ -1,6 +1,6 @@
 """The world's tokenizer (byte-level BPE, digits split) and its small Llama base, pretrained on CPU.
 
-Used by `world.build`; deterministic for a fixed config on one machine (seeded torch,
+Used by `layerswap.world.build`; deterministic for a fixed config on one machine (seeded torch,
 fixed thread count, no data-loader workers).
 """
 
@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import torch
-
-from spaces.world import WorldModelConfig
+from layerswap.spaces.world import WorldModelConfig
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>"]
 # prompt/response SFT format, lm-eval's own QA layout (mgsm_direct's "Question: ...\nAnswer:",
@@ -165,7 +164,7 @@ def _split_stages(docs: list[str], tags: list[str] | None) -> tuple[list[str], l
     Raises:
         ValueError: no tag per document, an unknown tag, or a stage without documents (named).
     """
-    from world.data import SOURCE_TAGS
+    from layerswap.world.data import SOURCE_TAGS
 
     if tags is None or len(tags) != len(docs):
         raise ValueError("a grafted pretraining (model.graft) needs one tag per document")

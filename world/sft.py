@@ -13,9 +13,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
-
-from spaces.base import read_jsonl
-from world.items import mgsm_prompt
+from layerswap.spaces.base import read_jsonl
+from layerswap.world.items import mgsm_prompt
 
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval mgsm flexible-extract
 
@@ -184,7 +183,7 @@ def misread_kind(text: str, equation: str) -> str | None:
 
     Args:
         text: the generation, as `answer_outcome` takes it.
-        equation: the problem's worked equation, e.g. "5 - 2 = 3" (`world.items.Problem`).
+        equation: the problem's worked equation, e.g. "5 - 2 = 3" (`layerswap.world.items.Problem`).
     Returns:
         None unless `answer_outcome` calls it "misread"; else (MISREADS) "operands" (other
         numbers, right operations), "operation" (the problem's numbers, other operations), "both",
@@ -244,7 +243,7 @@ def classify(texts: list[str], rows: list[dict]) -> list[str]:
 @torch.no_grad()
 def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
     """Loglikelihood of " A".." D" after lm-eval's belebele prompt, per row: [len(rows), 4]."""
-    from world.items import belebele_prompt
+    from layerswap.world.items import belebele_prompt
 
     letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
     device = next(model.parameters()).device

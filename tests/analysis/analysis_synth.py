@@ -24,7 +24,7 @@ TYPES = ("q", "k", "v", "o", "gate", "up", "down")
 
 def tiny_base(root: Path) -> Path:
     """A 6-layer tiny Llama base (no tokenizer) at root/base."""
-    from world.tiny import make_tiny_family
+    from layerswap.world.tiny import make_tiny_family
 
     paths = make_tiny_family(root / "family", num_layers=LAYERS, with_tokenizer=False)
     return paths["base"]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from analysis_synth import make_run
-
-from cli import main
+from layerswap.cli import main
 
 
 @pytest.fixture(scope="session")

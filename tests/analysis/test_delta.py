@@ -8,8 +8,14 @@ import json
 import numpy as np
 import pytest
 from analysis_synth import CHANGED_ROWS, LANG_LAYERS, LAYERS, MATH_LAYERS, tiny_base, write_changed
-
-from analysis.delta import TYPES, DeltaMap, depth_regions, param_type, row_mav, suggest_boundaries
+from layerswap.analysis.delta import (
+    TYPES,
+    DeltaMap,
+    depth_regions,
+    param_type,
+    row_mav,
+    suggest_boundaries,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from analysis_synth import lm_eval_raw
-
-from analysis.load import load_run
-from analysis.paired import paired_section
-from analysis.stats import bootstrap_indices
+from layerswap.analysis.load import load_run
+from layerswap.analysis.paired import paired_section
+from layerswap.analysis.stats import bootstrap_indices
 
 TASK = "world_mgsm_direct_xa"
 

@@ -10,11 +10,10 @@ import re
 
 import pandas as pd
 import pytest
-
-from analysis.indicators import indicator_table
-from analysis.load import load_run, target_tasks
-from analysis.treatments import friedman_matrix, treatment_tables, treatment_values
-from cli import main
+from layerswap.analysis.indicators import indicator_table
+from layerswap.analysis.load import load_run, target_tasks
+from layerswap.analysis.treatments import friedman_matrix, treatment_tables, treatment_values
+from layerswap.cli import main
 
 
 @pytest.mark.slow
@@ -98,7 +97,7 @@ def test_indicator_table_joins_experts_and_trials(run_dir):
 def test_a_lower_is_better_proxy_is_negated_so_good_still_correlates_up(run_dir, tmp_path):
     """A Brier-scored proxy (lower is better, as the saved experiment says) enters the table
     negated and labelled, so a good indicator's Spearman is positive like the others'."""
-    from analysis.load import EXPERIMENT
+    from layerswap.analysis.load import EXPERIMENT
 
     exp = {"language": "xa", "base": "b", "task_experts": ["m"], "language_experts": ["l"],
            "proxies": [{"task": "world_belebele_xa_dev", "chance": 0.75, "best": 0, "worst": 2},
@@ -200,9 +199,9 @@ def test_delta_quantile_reaches_the_report(run_dir, tmp_path):
 
 
 def test_a_split_that_is_no_layer_swap_is_called_no_warm_start(tmp_path):
-    from analysis.delta import Boundaries
-    from analysis.delta_report import ExpertRef, Threshold, _suggested_boundaries
-    from analysis.sections import Section
+    from layerswap.analysis.delta import Boundaries
+    from layerswap.analysis.delta_report import ExpertRef, Threshold, _suggested_boundaries
+    from layerswap.analysis.sections import Section
 
     sec = Section("delta", "t")
     refs = [ExpertRef(k, k, tmp_path / k, tmp_path / "base") for k in ("math", "language")]
@@ -215,7 +214,7 @@ def test_a_split_that_is_no_layer_swap_is_called_no_warm_start(tmp_path):
 
 
 def test_summary_json_holds_no_nan():
-    from analysis.report import _strict
+    from layerswap.analysis.report import _strict
 
     raw = {"rho": [float("nan"), 0.5], "inner": {"x": float("inf"), "n": 3}, "t": (1.0, float("-inf"))}  # fmt: skip
     assert _strict(raw) == {"rho": [None, 0.5], "inner": {"x": None, "n": 3}, "t": [1.0, None]}
@@ -227,7 +226,7 @@ def test_help_lists_analyze(capsys):
         main(["analyze", "--help"])
     text = capsys.readouterr().out
     assert "RUN_DIR" in text and "--out" in text and "report.html" in text
-    from analysis.delta import DEFAULT_QUANTILE
+    from layerswap.analysis.delta import DEFAULT_QUANTILE
 
     # The help states the one default the report uses (the CLI passes none of its own).
     top = f"{100 - 100 * DEFAULT_QUANTILE:g} %"
@@ -237,7 +236,7 @@ def test_help_lists_analyze(capsys):
 @pytest.mark.slow
 def test_demo_style_run_maps_the_recipe_experts(tmp_path):
     """A `layerswap demo` folder (recipe.yaml + models/) gets the ΔW section."""
-    from search.merge_demo import run_merge_demo
+    from layerswap.search.merge_demo import run_merge_demo
 
     demo = tmp_path / "demo"
     run_merge_demo(demo)

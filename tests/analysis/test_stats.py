@@ -1,12 +1,10 @@
-"""analysis.stats against scipy.stats on the same numbers: correlations, bootstrap CIs, Friedman."""
+"""layerswap.analysis.stats against scipy.stats on the same numbers: correlations, bootstrap CIs, Friedman."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import stats as sps
-
-from analysis.stats import (
+from layerswap.analysis.stats import (
     bootstrap_indices,
     correlate,
     friedman,
@@ -15,6 +13,7 @@ from analysis.stats import (
     spearman,
     topk_agreement,
 )
+from scipy import stats as sps
 
 
 def _pairs(n=20, seed=3, ties=False):

@@ -13,8 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import compare_items
-
-from trainables.evaluate.harness import predictions
+from layerswap.trainables.evaluate.harness import predictions
 
 
 def _mgsm(doc: int, text: str, answer: str, right: bool) -> list[dict]:

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def sweep(tiny_world, tmp_path_factory):
     """Three math and three xa language "experts" (the base shifted), one xb language expert,
     and their registry as search.registry writes it."""
-    from search.registry import expert_row, write_registry
-    from world.sft import load_base
+    from layerswap.search.registry import expert_row, write_registry
+    from layerswap.world.sft import load_base
 
     out = tmp_path_factory.mktemp("sweep")
     rows = []
@@ -47,12 +47,11 @@ def sweep(tiny_world, tmp_path_factory):
 
 def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_world, sweep, tmp_path, monkeypatch):  # fmt: skip
     import torch
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.spaces.zones import paper_default
+    from layerswap.trainables.merge.compose import compose_recipe
+    from layerswap.world.sft import load_base
     from safetensors.torch import load_file
-
-    from spaces.recipe import parse_recipe
-    from spaces.zones import paper_default
-    from trainables.merge.compose import compose_recipe
-    from world.sft import load_base
 
     reg, experts = sweep
     scored = []  # what each scoring call saw, and a distinct score per call
@@ -61,7 +60,7 @@ def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_wor
         scored.append({k: v.clone() for k, v in model.state_dict().items()})
         return [True] * len(scored) + [False] * (10 - len(scored))
 
-    monkeypatch.setattr("world.sft.mgsm_correct", fake_correct)
+    monkeypatch.setattr("layerswap.world.sft.mgsm_correct", fake_correct)
     out = tmp_path / "ind.json"
     partners = [experts / "math2", experts / "language2"]
     world_indicators.main(["--world", str(tiny_world), "--registry", str(reg), "--math", str(partners[0]), "--lang", str(partners[1]), "--json", str(out)])  # fmt: skip

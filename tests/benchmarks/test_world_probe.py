@@ -30,7 +30,7 @@ def test_an_existing_lang_data_file_is_taken(tmp_path):
 
 
 def test_true_equations_are_the_rows_problems_and_a_foreign_world_is_refused(tiny_world, tmp_path):
-    from world.sft import read_rows
+    from layerswap.world.sft import read_rows
 
     rows = read_rows(tiny_world, "data/mgsm/en/test.jsonl")
     equations = world_probe.true_equations(tiny_world, "test", rows)
@@ -41,7 +41,7 @@ def test_true_equations_are_the_rows_problems_and_a_foreign_world_is_refused(tin
 
 
 def test_experts_are_taken_from_checkpoints_not_trained(tiny_world, tmp_path, capsys, monkeypatch):
-    from world.sft import load_base
+    from layerswap.world.sft import load_base
 
     with pytest.raises(SystemExit):
         world_probe.parse_args(["--world", str(tiny_world), "--experts", str(tmp_path), str(tmp_path)])  # fmt: skip
@@ -52,7 +52,9 @@ def test_experts_are_taken_from_checkpoints_not_trained(tiny_world, tmp_path, ca
             p.data += shift
         model.save_pretrained(tmp_path / name)
     args = world_probe.parse_args(["--world", str(tiny_world), "--experts", str(tmp_path / "math"), str(tmp_path / "lang")])  # fmt: skip
-    monkeypatch.setattr("world.sft.sft", lambda *a, **k: pytest.fail("trained although --experts"))
+    monkeypatch.setattr(
+        "layerswap.world.sft.sft", lambda *a, **k: pytest.fail("trained although --experts")
+    )
     states, _, _ = world_probe.train_experts(tiny_world, args)
     key = next(iter(states["base"]))
     assert torch.equal(states["math"][key], states["base"][key] + 1.0)

@@ -12,10 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_tasks
-
-from world.build import world_config_of
-from world.data import world_languages
-from world.sft import read_rows
+from layerswap.world.build import world_config_of
+from layerswap.world.data import world_languages
+from layerswap.world.sft import read_rows
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +75,8 @@ def test_problem_number_asks_one_clause_of_its_passage_and_answers_its_number(ta
 def digit_word_world(request, tmp_path_factory) -> Path:
     """A tiny world whose xa writes numbers in its own digit words (two pretraining steps), in
     both word orders: SVO xa is rendered by relexifying English, SOV by its own grammar."""
-    from spaces.world import with_overrides, world_config
-    from world import build_world
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world import build_world
 
     fields = {"digit_words": True, "xa_word_order": request.param, "model": {"steps": 2}}
     cfg = with_overrides(world_config("tiny", 0), fields, "test")
@@ -101,12 +100,11 @@ def test_no_task_draws_an_mgsm_dev_or_test_problem(tiny_world, tmp_path, monkeyp
     # task must skip it
     import random
 
-    import world.items
-    import world.lang
+    from layerswap.world import items, lang
 
     held = {r["question"] for s in ("dev", "test") for r in read_rows(tiny_world, f"data/mgsm/en/{s}.jsonl")}  # fmt: skip
     cfg = world_config_of(tiny_world)
-    real, rng = world.items.make_problem, random.Random(0)
+    real, rng = items.make_problem, random.Random(0)
     first = next(p for p in iter(lambda: real(rng, cfg.max_operand, cfg.verb_only_operations), None) if p.text(None) in held)  # fmt: skip
     streams: set[int] = set()
 
@@ -116,12 +114,12 @@ def test_no_task_draws_an_mgsm_dev_or_test_problem(tiny_world, tmp_path, monkeyp
         streams.add(id(r))
         return first
 
-    monkeypatch.setattr(world.items, "make_problem", offer_held_first)
+    monkeypatch.setattr(items, "make_problem", offer_held_first)
     world_tasks.main(["--world", str(tiny_world), "--out", str(tmp_path / "t"), "--rows", "20"])
     assert len(streams) == 3  # problem_translation, problem_number, problem_sentence
     targets = [r["targets"] for r in read_rows(tmp_path / "t", "problem_translation.jsonl")]
     assert len(targets) == 20 and first.text(None) not in targets and not held & set(targets)
-    first_passage = " ".join(world.lang.render(c, _xa(tiny_world)) for c in first.clauses)
+    first_passage = " ".join(lang.render(c, _xa(tiny_world)) for c in first.clauses)
     for task in ("problem_number", "problem_sentence"):
         passages = [r["inputs"].split("\n")[0] for r in read_rows(tmp_path / "t", f"{task}.jsonl")]
         assert len(passages) == 20 and first_passage not in passages

@@ -59,7 +59,7 @@ class Cli:
             **(env or {}),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", *self.args],
+            [sys.executable, "-m", "layerswap.cli", *self.args],
             cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,

@@ -37,8 +37,7 @@ def analysis_run(tmp_path_factory) -> Path:
 def merged_model(family, tmp_path_factory) -> Path:
     """A layer swap of the session's tiny `family`, written by `layerswap merge`."""
     import yaml
-
-    from cli import main
+    from layerswap.cli import main
 
     root = tmp_path_factory.mktemp("merged_model")
     recipe = root / "recipe.yaml"

@@ -5,7 +5,7 @@ existed before is hashed before and after, and no temporary sibling is left behi
 A case is a function that lays out what it needs under its own folder (the working directory
 while it runs) and returns the command line and the substrings stderr must contain. Cases run
 in-process through `cli.main`; `test_real_processes` runs one per heavy command as
-`python -m cli`. Nothing here may train, evaluate, merge or start Ray: tripwires fail any case
+`python -m layerswap.cli`. Nothing here may train, evaluate, merge or start Ray: tripwires fail any case
 that gets that far.
 
 Run: .venv/bin/python -m pytest -q tests/cli/test_bad_input.py   (about 60 s on 2 CPU cores,
@@ -28,9 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
-from cli import SUBCOMMANDS, main
-from trainables.outputs import write_marker
+from layerswap.cli import SUBCOMMANDS, main
+from layerswap.trainables.outputs import write_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 Case = Callable[["Env"], tuple[list[str], list[str]]]
@@ -125,7 +124,7 @@ class Env:
 
     def train_run(self, out: str, exp_file: str) -> str:
         """RUN/train/t as `layerswap train` leaves it once started on `exp_file` (no checkpoint)."""
-        from spaces.train_experiment import (
+        from layerswap.spaces.train_experiment import (
             absolute_local_paths,
             experiment_identity,
             load_train_experiment,
@@ -147,8 +146,8 @@ class Env:
 
     def earlier_search(self, out: str, data: dict) -> str:
         """RUN/search as a search of `data` leaves it once started: marker, experiment, study."""
-        from search.search import search_identity
-        from spaces.search_experiment import SearchExperiment
+        from layerswap.search.search import search_identity
+        from layerswap.spaces.search_experiment import SearchExperiment
 
         sdir = self.tmp / out / "search"
         sdir.mkdir(parents=True)
@@ -1103,7 +1102,7 @@ def _roots(e: Env) -> list[Path]:
 @pytest.fixture(autouse=True)
 def bases_in_tmp(monkeypatch, tmp_path):
     """Shipped world bases under the case's folder, so no case can touch world/bases/."""
-    monkeypatch.setattr("world.prebuilt.BASES_DIR", tmp_path / "bases")
+    monkeypatch.setattr("layerswap.world.prebuilt.BASES_DIR", tmp_path / "bases")
 
 
 @pytest.fixture(autouse=True)
@@ -1118,13 +1117,13 @@ def tripwires(monkeypatch):
         return tripped
 
     for target in (
-        "world.build.make_datasets",
-        "trainables.merge.engine.write_plan",
-        "trainables.train.run._train",
-        "search.sweep.run_sweep",
-        "trainables.evaluate.harness.evaluate",
-        "search.search.resolve_pool",
-        "analysis.report.render_html",
+        "layerswap.world.build.make_datasets",
+        "layerswap.trainables.merge.engine.write_plan",
+        "layerswap.trainables.train.run._train",
+        "layerswap.search.sweep.run_sweep",
+        "layerswap.trainables.evaluate.harness.evaluate",
+        "layerswap.search.search.resolve_pool",
+        "layerswap.analysis.report.render_html",
         "ray.init",
     ):
         monkeypatch.setattr(target, trip(target))
@@ -1260,7 +1259,7 @@ def test_every_command_has_a_battery():
     assert min(per_command.values()) >= 5 and sum(per_command.values()) >= 60, per_command
 
 
-# One case per heavy command, run as `python -m cli` (real stderr, real exit status).
+# One case per heavy command, run as `python -m layerswap.cli` (real stderr, real exit status).
 REAL = (
     merge__out_is_an_input_expert,
     train__changed_config_without_overwrite,
@@ -1286,7 +1285,7 @@ def test_real_processes(tmp_path, tiny_world, family, expert_pair, analysis_run,
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "cli", *argv],
+            [sys.executable, "-m", "layerswap.cli", *argv],
             cwd=e.tmp,
             env=os.environ | {"PYTHONPATH": pythonpath},
             stdout=subprocess.PIPE,

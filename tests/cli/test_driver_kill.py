@@ -24,7 +24,7 @@ STEPS, TRIALS = 200, 8  # tiny-world steps take ~50 ms: a checkpoint at 100, the
 
 
 def _trials(run: Path) -> list[dict]:
-    from trainables.atomic import read_parquet  # the driver may be replacing it
+    from layerswap.trainables.atomic import read_parquet  # the driver may be replacing it
 
     table = run / "search" / "trials.parquet"
     return read_parquet(table).to_pylist() if table.exists() else []
@@ -52,7 +52,7 @@ def _kill(c, ray_tmp) -> None:
 
 
 def test_demo_killed_twice_then_resumed(tmp_path, cli, ray_tmp):
-    from search.registry import read_rows, registry_path
+    from layerswap.search.registry import read_rows, registry_path
 
     run = tmp_path / "demo"
     args = ["demo", "--world-size", "tiny", "--trials", TRIALS, "--train-steps", STEPS, "--out", run]  # fmt: skip

@@ -32,7 +32,7 @@ from tests.trainables.train.train_helpers import make_exp
 @pytest.fixture(scope="module")
 def big_family(tmp_path_factory) -> dict[str, Path]:
     """A 128-layer tiny family: its TIES merge writes for ~1.5 s (enough to land a signal in)."""
-    from world.tiny import make_tiny_family
+    from layerswap.world.tiny import make_tiny_family
 
     return make_tiny_family(tmp_path_factory.mktemp("big"), num_layers=128, with_tokenizer=False)
 
@@ -57,8 +57,8 @@ def test_sigint_mid_merge_writes_nothing(tmp_path, big_family, cli):
 
 @pytest.mark.slow
 def test_sigterm_mid_merge_overwrite_keeps_the_old_output(tmp_path, big_family, cli, tree_state):
-    from spaces.recipe import load_recipe
-    from trainables.merge.api import merge
+    from layerswap.spaces.recipe import load_recipe
+    from layerswap.trainables.merge.api import merge
 
     out = tmp_path / "out"
     old = tmp_path / "old.yaml"  # a cheap layer swap: the output `--overwrite` would replace
@@ -222,7 +222,7 @@ def _search_exp(world: Path, tmp_path: Path) -> Path:
 
 
 def _trials(run: Path) -> list[dict]:
-    from trainables.atomic import read_parquet  # the driver may be replacing it
+    from layerswap.trainables.atomic import read_parquet  # the driver may be replacing it
 
     table = run / "search" / "trials.parquet"
     return read_parquet(table).to_pylist() if table.exists() else []
@@ -326,7 +326,7 @@ def test_atomic_dir_interrupted_in_the_swap(tmp_path, monkeypatch, done):
     The window is microseconds wide, so the second rename raises the KeyboardInterrupt itself:
     before renaming (the old output is aside, the new one not in) or after (the swap is done).
     """
-    import trainables.atomic as atomic
+    import layerswap.trainables.atomic as atomic
 
     out = tmp_path / "out"
     out.mkdir()

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from cli import main
-from cli.merge import parse_size
-from spaces.recipe import load_recipe, recipe_id
-from trainables.merge.checkpoint import Checkpoint
-from world.tiny import make_tiny_family
+from layerswap.cli import main
+from layerswap.cli.merge import parse_size
+from layerswap.spaces.recipe import load_recipe, recipe_id
+from layerswap.trainables.merge.checkpoint import Checkpoint
+from layerswap.world.tiny import make_tiny_family
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +92,7 @@ def test_parse_size():
 
 def test_help_runs_as_console_script():
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "merge", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "layerswap.cli", "merge", "--help"], capture_output=True, text=True
     )
     assert proc.returncode == 0
     assert "--export-mergekit" in proc.stdout
@@ -108,7 +107,7 @@ def test_demo_end_to_end(tmp_path, capsys):
 
 def test_eval_subcommand_is_wired():
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "eval", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "layerswap.cli", "eval", "--help"], capture_output=True, text=True
     )
     assert proc.returncode == 0
     assert "--world" in proc.stdout and "MODEL_DIR" in proc.stdout

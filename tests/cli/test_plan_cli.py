@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layerswap.cli import main
 
-import spaces
-from cli import main
+from layerswap import spaces
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 

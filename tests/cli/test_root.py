@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from cli import SUBCOMMANDS, build_parser
+from layerswap.cli import SUBCOMMANDS, build_parser
 
 HEAVY = ("torch", "ray", "lm_eval", "optuna", "pandas", "transformers", "matplotlib")
 # Runs `command(args)`, defined by a test's script, as the only layerswap subcommand, through
@@ -48,7 +48,7 @@ def test_an_interrupt_a_library_swallowed_still_exits_130():
     """SIGINT raised KeyboardInterrupt inside code that ignored it; the command then finished."""
     code = """
 import os, signal, sys, time
-import cli
+from layerswap import cli
 
 def command(args):
     try:
@@ -72,7 +72,7 @@ def test_an_interrupt_in_a_weakref_callback_prints_no_traceback():
     a callback is still reported."""
     code = """
 import os, signal, sys, time, weakref
-import cli
+from layerswap import cli
 
 class Thing:
     pass

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-
-from cli import main
+from layerswap.cli import main
 
 
 @pytest.fixture
@@ -27,8 +26,8 @@ def search_yaml(tiny_world, expert_pair, tmp_path) -> Path:
 
 @pytest.mark.parametrize(("flags", "verbose"), [([], False), (["--verbose"], True)])
 def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, capsys, flags, verbose):  # fmt: skip
-    import search.promote
-    import search.search
+    from layerswap.search import promote as promote_mod
+    from layerswap.search import search as search_mod
 
     seen = {}
 
@@ -39,8 +38,8 @@ def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, ca
         seen.update(kw)
         return SimpleNamespace(leaderboard="L", best_dir="B")
 
-    monkeypatch.setattr(search.search, "run_search", run_search)
-    monkeypatch.setattr(search.promote, "promote", promote)
+    monkeypatch.setattr(search_mod, "run_search", run_search)
+    monkeypatch.setattr(promote_mod, "promote", promote)
     assert main(["search", str(search_yaml), "--out", str(tmp_path / "run"), *flags]) == 0
     assert seen == {"verbose": verbose}
     assert "[search] 6 trial(s) in T; study S" in capsys.readouterr().out
@@ -48,9 +47,9 @@ def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize(("flags", "verbose"), [([], False), (["--verbose"], True)])
 def test_demo_verbose_reaches_the_pipeline(tmp_path, monkeypatch, flags, verbose):
-    import search.demo
+    from layerswap.search import demo as demo_mod
 
     seen = {}
-    monkeypatch.setattr(search.demo, "run_demo", lambda out, **kw: seen.update(kw))
+    monkeypatch.setattr(demo_mod, "run_demo", lambda out, **kw: seen.update(kw))
     assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 0
     assert seen["verbose"] is verbose

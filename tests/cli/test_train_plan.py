@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layerswap.cli import main
 
-import spaces
-from cli import main
+from layerswap import spaces
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 REAL = sorted(EXAMPLES.glob("real_llama31_8b_*_full.yaml")) + sorted(
@@ -26,12 +26,12 @@ REAL = sorted(EXAMPLES.glob("real_llama31_8b_*_full.yaml")) + sorted(
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import trainables.train
+    from layerswap.trainables import train
 
     def no_training(*a, **k):
         raise AssertionError("--plan must not train")
 
-    monkeypatch.setattr(trainables.train, "train_expert", no_training)
+    monkeypatch.setattr(train, "train_expert", no_training)
 
 
 def test_every_real_config_is_planned():

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
-    from cli.watchdog import Watchdog
+    from layerswap.cli.watchdog import Watchdog
     signal.signal(signal.SIGINT, lambda *a: None)   # handled, and the command runs on
     signal.signal(signal.SIGTERM, lambda *a: None)
     dog = Watchdog(deadline_s=float(sys.argv[1]))
@@ -68,7 +68,7 @@ def test_a_forked_childs_sigterm_is_not_taken_for_the_commands():
     script = textwrap.dedent(
         """
         import multiprocessing as mp, os, signal, sys, time
-        from cli.watchdog import Watchdog
+        from layerswap.cli.watchdog import Watchdog
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # a Python handler, as the CLI's
         Watchdog(deadline_s=0.5)
         child = mp.get_context("fork").Process(target=time.sleep, args=(30,))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_experiment import SearchExperiment
 
 
 def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[str, Path]:
@@ -18,9 +18,8 @@ def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[st
     import shutil
 
     import torch
+    from layerswap.world.tiny import perturbed
     from safetensors.torch import load_file, save_file
-
-    from world.tiny import perturbed
 
     base = world / "base"
     state = load_file(base / "model.safetensors")
@@ -113,7 +112,7 @@ def audited_ray(tmp: Path, roots: list[Path]) -> Iterator[Path]:
 def expert_registry(paths: dict[str, Path], out: Path, language: str = "xa") -> Path:
     """An expert registry (search/registry.py's schema) over `make_experts`' task and language
     experts, scored on English MGSM dev and target Belebele dev; returns the parquet file."""
-    from search.registry import append_rows, expert_id
+    from layerswap.search.registry import append_rows, expert_id
 
     def row(role: str, kind: str, lang: str, mgsm: float, belebele: float) -> dict:
         return {

@@ -11,8 +11,7 @@ import re
 
 import pyarrow.parquet as pq
 import pytest
-
-from cli import main
+from layerswap.cli import main
 
 BASELINES = ["base", "math_expert", "language_expert", "soup_uniform", "soup_magnitude", "ties",
              "paper_default"]  # fmt: skip
@@ -94,9 +93,9 @@ def test_demo_pipeline_on_the_tiny_world(tmp_path, ray_session, capfd):
 def test_indicators_are_scored_in_batches(tiny_world, tmp_path, monkeypatch):
     """The demo's indicator stage scores at `indicator_batch_size` ("auto" by default: at batch 1
     it took 45 s per checkpoint on a GPU machine), and a given batch size reaches the scorer."""
-    import trainables.evaluate.indicators as indicators
-    from search.demo import DemoSettings, _score_experts
-    from search.progress import Stages
+    import layerswap.trainables.evaluate.indicators as indicators
+    from layerswap.search.demo import DemoSettings, _score_experts
+    from layerswap.search.progress import Stages
 
     made = []
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from layerswap.search.expert_store import choose_store, pack, unpack
+from layerswap.search.search import _trial_resources
+from layerswap.spaces.search_space import ExpertPool, ExpertRef
 from search_fixtures import experiment, make_experts
-
-from search.expert_store import choose_store, pack, unpack
-from search.search import _trial_resources
-from spaces.search_space import ExpertPool, ExpertRef
 
 
 def test_pack_round_trip_is_exact():
@@ -52,7 +51,7 @@ def test_resources_follow_gpus_per_trial(tmp_path):
 
 @pytest.fixture(scope="module")
 def world_and_experts(tmp_path_factory):
-    from world import build_world
+    from layerswap.world import build_world
 
     world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
     return world, make_experts(world, tmp_path_factory.mktemp("store") / "experts")
@@ -83,9 +82,8 @@ def _mapping(pid: int, addr: int) -> tuple[str, str]:
 @pytest.mark.slow
 def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
     import ray
-
-    from search.expert_store import NAMESPACE, node_loader, stop_stores, store_name
-    from trainables.merge.live import ExpertCache
+    from layerswap.search.expert_store import NAMESPACE, node_loader, stop_stores, store_name
+    from layerswap.trainables.merge.live import ExpertCache
 
     _, paths = world_and_experts
 
@@ -138,9 +136,8 @@ def test_auto_store_choice_names_sizes(world_and_experts, fake_gpu_ray):
 @pytest.mark.slow
 def test_search_places_trials_by_gpu_and_runs_on_cpu_without_cuda(world_and_experts, fake_gpu_ray, tmp_path):  # fmt: skip
     import ray
-
-    from search.expert_store import NAMESPACE
-    from search.search import run_search
+    from layerswap.search.expert_store import NAMESPACE
+    from layerswap.search.search import run_search
 
     world, paths = world_and_experts
     exp = experiment(world, paths, search={"num_samples": 4, "gpus_per_trial": 0.5})

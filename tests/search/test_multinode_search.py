@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 from audit_hook import sitecustomize as audit
+from layerswap.trainables.atomic import read_parquet
 from search_fixtures import experiment, make_experts
-
-from trainables.atomic import read_parquet
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +31,7 @@ KEEP = ("trial_id", "recipe_id", "status", "objective", "fidelity")
 
 @pytest.fixture(scope="module")
 def world_and_experts(tmp_path_factory):
-    from world import build_world
+    from layerswap.world import build_world
 
     world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
     return world, make_experts(world, tmp_path_factory.mktemp("multinode") / "experts")
@@ -65,7 +64,7 @@ def test_search_spreads_over_nodes_reads_experts_once_per_node_and_matches_one_n
     world_and_experts, ray_cluster, tmp_path
 ):
     """Trials scheduled by (fake) GPU, half a GPU each: two trial processes per worker node."""
-    from search.search import run_search
+    from layerswap.search.search import run_search
 
     world, paths = world_and_experts
     exp = _search(world, paths, gpus_per_trial=0.5)
@@ -108,10 +107,9 @@ def test_search_survives_losing_a_worker_node_mid_search(world_and_experts, ray_
     """Worker w2 is removed while its trials run: Tune runs them again on w1, and the table
     ends with every trial exactly once."""
     import ray
+    from layerswap.search.expert_store import PREFIX
+    from layerswap.search.search import run_search
     from ray.tune import ExperimentAnalysis
-
-    from search.expert_store import PREFIX
-    from search.search import run_search
 
     world, paths = world_and_experts
     # More items per proxy than the other test: a trial runs for seconds, long enough to lose.
@@ -153,7 +151,7 @@ def test_search_survives_losing_a_worker_node_mid_search(world_and_experts, ray_
 
 def _sweep(world: Path):
     """A 4-trial random expert sweep of the tiny world's math expert (2 trials at once)."""
-    from spaces.train_experiment import parse_train_experiment
+    from layerswap.spaces.train_experiment import parse_train_experiment
 
     return parse_train_experiment(
         {
@@ -182,8 +180,8 @@ def _sweep(world: Path):
 def test_expert_sweep_spreads_over_nodes_and_matches_one_node(
     world_and_experts, ray_cluster, ray_one_node, tmp_path
 ):
-    from search.registry import read_rows
-    from search.sweep import run_sweep
+    from layerswap.search.registry import read_rows
+    from layerswap.search.sweep import run_sweep
 
     world, _ = world_and_experts
     exp = _sweep(world)

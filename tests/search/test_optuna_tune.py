@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import optuna
 import ray
-
-from search.optuna_tune import OptunaTuneSearch
+from layerswap.search.optuna_tune import OptunaTuneSearch
 
 CHANGED = (
     f"ray {ray.__version__}: OptunaSearch no longer keeps its study and trials as "

@@ -16,11 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from layerswap.search.pool import resolve_pool
+from layerswap.search.preflight import check_search, preflight
+from layerswap.spaces.search_experiment import SearchExperiment
 from search_fixtures import experiment, expert_registry, make_experts
-
-from search.pool import resolve_pool
-from search.preflight import check_search, preflight
-from spaces.search_experiment import SearchExperiment
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = '{"weight_map": {"a": "m-1.safetensors"}}'  # names a shard that is not there
@@ -256,8 +255,8 @@ def test_three_problems_are_all_reported(tiny_world, paths, tmp_path):
 
 
 def test_torch_free_mirrors_agree_with_the_engine(paths, tmp_path):
-    from search import preflight as pf
-    from trainables.merge import checkpoint, lora
+    from layerswap.search import preflight as pf
+    from layerswap.trainables.merge import checkpoint, lora
 
     assert pf.WEIGHT_FILES == checkpoint.WEIGHT_FILES
     assert pf.PICKLE_SUFFIXES == checkpoint.PICKLE_SUFFIXES

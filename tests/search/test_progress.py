@@ -7,8 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_progress.py
 from __future__ import annotations
 
 import pytest
-
-from search.progress import Stages, TrialProgress, duration
+from layerswap.search.progress import Stages, TrialProgress, duration
 
 
 class FakeClock:

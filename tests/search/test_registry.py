@@ -10,8 +10,7 @@ import threading
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from search.registry import (
+from layerswap.search.registry import (
     COLUMNS,
     append_rows,
     expert_id,

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import optuna
 import pytest
+from layerswap.trainables.atomic import read_parquet
 from search_fixtures import experiment, make_experts
 
 from tests.conftest import pids_naming
-from trainables.atomic import read_parquet
 
 HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def world_and_experts(tmp_path_factory):
-    from world import build_world
+    from layerswap.world import build_world
 
     world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
     paths = make_experts(world, tmp_path_factory.mktemp("search") / "experts", nan_expert=True)
@@ -41,8 +41,8 @@ def _rows(run: Path) -> list[dict]:
 def test_search_end_to_end_with_failures_repeats_and_promotion(
     world_and_experts, tmp_path, ray_session
 ):
-    from search.promote import promote
-    from search.search import run_search
+    from layerswap.search.promote import promote
+    from layerswap.search.search import run_search
 
     world, paths = world_and_experts
     point = {
@@ -114,8 +114,8 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
 DRIVER = """
 import sys, ray
 sys.path.insert(0, {here!r})
-from spaces.search_experiment import SearchExperiment
-from search.search import run_search
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.search.search import run_search
 ray.init(num_cpus=2, _temp_dir={tmp!r}, include_dashboard=False, log_to_driver=False)
 exp = SearchExperiment.model_validate_json(open({exp!r}).read())
 run_search(exp, {run!r}, resume={resume}, progress=True)
@@ -191,10 +191,10 @@ def test_killed_driver_resumes_without_losing_or_repeating(world_and_experts, tm
 def test_default_proxies_are_saved_spelled_out_and_resuming_other_proxies_is_refused(tmp_path):
     """No Ray: the search's own checks. A search saved before the world default changed (its
     experiment.json left the proxies implicit) must not continue under the new objective."""
-    from search.results import TrialStore
-    from search.search import _check_search_dir, explicit, search_identity
-    from spaces.search_experiment import SearchExperiment
-    from trainables.outputs import OutputError, write_marker
+    from layerswap.search.results import TrialStore
+    from layerswap.search.search import _check_search_dir, explicit, search_identity
+    from layerswap.spaces.search_experiment import SearchExperiment
+    from layerswap.trainables.outputs import OutputError, write_marker
 
     exp = SearchExperiment(language="xa", base="b", task_experts=["m"], language_experts=["l"])
     assert exp.proxies is None and explicit(exp).proxies == exp.proxy_list

@@ -9,12 +9,11 @@ import math
 
 import optuna
 import pytest
-
-from search.results import TrialStore
-from search.searcher import LayerswapSearch, reconcile
-from search.tune_trial import META
-from spaces.search_experiment import SearchExperiment
-from spaces.search_space import ExpertPool
+from layerswap.search.results import TrialStore
+from layerswap.search.searcher import LayerswapSearch, reconcile
+from layerswap.search.tune_trial import META
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_space import ExpertPool
 
 S = optuna.trial.TrialState
 POINT = {"bottom": 1, "top": 0, "bottom_transition": 0, "weights": "uniform"}
@@ -122,7 +121,7 @@ def test_multi_objective_tells_a_served_row_normalised_on_each_proxys_scale():
     as the trial reports them, chance 0 and best 1, a Brier score turned the right way up."""
     import json
 
-    from search.searcher import tell
+    from layerswap.search.searcher import tell
 
     study = optuna.create_study(directions=["maximize", "maximize"])
     scales = [{"task": "bele_brier_dev", "chance": 0.75, "best": 0.0, "worst": 2.0},
@@ -150,8 +149,7 @@ def test_store_refuses_a_trial_twice(tmp_path):
 def test_pool_from_the_expert_registry(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from search.pool import resolve_pool
+    from layerswap.search.pool import resolve_pool
 
     def row(i, kind, lang, mode, ind_m, ind_b):
         return {"expert_id": f"e{i}", "kind": kind, "language": lang, "mode": mode, "path": f"/x/e{i}", "base": "/b", "ind__world_mgsm_direct_en_dev": ind_m, "ind__world_belebele_xa_dev": ind_b}  # fmt: skip

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 from audit_hook.sitecustomize import read_log
+from layerswap.spaces.search_experiment import world_proxies
 from search_fixtures import audited_ray, experiment, make_experts
-
-from spaces.search_experiment import world_proxies
 
 # `datasets` caches a loaded split as <builder>-<split>.arrow, written first as
 # <builder>-<split>-00000-00000-of-NNNNN.arrow (it maps the file in natively when reading it
@@ -41,7 +40,7 @@ def audited_search(world: Path, exp, tmp: Path):
     Returns:
         (SearchResult, [(pid, mode, path)] of every open, by the driver and every Ray process).
     """
-    from search.search import run_search
+    from layerswap.search.search import run_search
 
     with audited_ray(tmp, [world]) as log_dir:
         res = run_search(exp, tmp / "run", progress=False)
@@ -95,7 +94,7 @@ def test_the_search_opens_dev_files_and_no_test_split(tiny_world, experts, tmp_p
 def test_the_audit_catches_a_dev_task_that_reads_the_test_file(tiny_world, experts, tmp_path):
     """A proxy task named and reported as a dev split but wired to the test JSONL: what the
     trials report looks clean, and only the outside record shows the test file was read."""
-    from trainables.evaluate.tasks import write_world_tasks
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     scratch, leaky = tmp_path / "world_tasks", tmp_path / "leaky_tasks"
     write_world_tasks(tiny_world, scratch)

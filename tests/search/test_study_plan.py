@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from search import study_estimate as est
-from search.study_plan import format_study_plan, plan_study
-from spaces.study import Profile, load_study
+from layerswap.search import study_estimate as est
+from layerswap.search.study_plan import format_study_plan, plan_study
+from layerswap.spaces.study import Profile, load_study
 
 # A 2-layer Llama, hidden 8, MLP 16, 2 heads of 4, vocab 32, fp32. Matmul weights per layer:
 # q, k, v, o 4 x 8*8 = 256, MLP 3 x 8*16 = 384 -> 640; x 2 layers + lm_head 8*32 = 256 -> 1536.
@@ -210,7 +209,7 @@ def test_printed_plan_names_figures_and_their_origin(plan):
 
 
 def test_hours_scale_with_tokens_and_devices(tmp_path):
-    from trainables.train.plan_model import load_model_config, model_shape
+    from layerswap.trainables.train.plan_model import load_model_config, model_shape
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     loaded = load_study(make_study(tmp_path / "s"))
@@ -227,8 +226,8 @@ def test_hours_scale_with_tokens_and_devices(tmp_path):
 
 
 def test_lora_keeps_the_forward_and_activation_backward(tmp_path):
-    from spaces.train_experiment import with_overrides
-    from trainables.train.plan_model import load_model_config, model_shape
+    from layerswap.spaces.train_experiment import with_overrides
+    from layerswap.trainables.train.plan_model import load_model_config, model_shape
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     shape = model_shape(load_model_config(str(tmp_path))[0])

@@ -13,10 +13,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from search.registry import read_rows, registry_path, top_k
-from search.sweep import _flat_params, _searcher, plan_sweep, run_sweep, score_rows, trial_seed
-from spaces.train_experiment import parse_train_experiment
+from layerswap.search.registry import read_rows, registry_path, top_k
+from layerswap.search.sweep import (
+    _flat_params,
+    _searcher,
+    plan_sweep,
+    run_sweep,
+    score_rows,
+    trial_seed,
+)
+from layerswap.spaces.train_experiment import parse_train_experiment
 
 MGSM, BELE = "world_mgsm_direct_en_dev", "world_belebele_en_dev"
 LIMIT, GEN_TOKS = 8, 16
@@ -25,7 +31,7 @@ LIMIT, GEN_TOKS = 8, 16
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """The tiny world, seed 0 (build_world is idempotent: other modules reuse this folder)."""
-    from world import build_world
+    from layerswap.world import build_world
 
     return build_world(
         tmp_path_factory.getbasetemp() / "sweep_world" / "world",
@@ -111,7 +117,7 @@ def test_random_search_space(world, tmp_path):
 
 def test_score_rows_last_checkpoint(world, tmp_path):
     """Rows straight from the plain loop's checkpoints (no Ray): `checkpoints: last` keeps one."""
-    from trainables.train import find_checkpoints, run_training
+    from layerswap.trainables.train import find_checkpoints, run_training
 
     search = {"params": SPACE, "checkpoints": "last", "limit": 4, "max_gen_toks": 8}
     exp = experiment(world, search, hyper={"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "seed": 3})  # fmt: skip
@@ -138,8 +144,8 @@ def ray_local():
 
 @pytest.mark.slow
 def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
-    from trainables.evaluate.harness import evaluate
-    from trainables.evaluate.scoring import task_score
+    from layerswap.trainables.evaluate.harness import evaluate
+    from layerswap.trainables.evaluate.scoring import task_score
 
     search = {
         "num_samples": 4,

@@ -9,20 +9,19 @@ import re
 
 import pytest
 import torch
+from layerswap.search.trial import TrialRunner, combine, hoeffding_upper
+from layerswap.spaces.search_experiment import Proxy
+from layerswap.spaces.search_space import ExpertPool, decode, warm_start
+from layerswap.trainables.merge.compose import compose_recipe
 from search_fixtures import experiment, make_experts
-
-from search.trial import TrialRunner, combine, hoeffding_upper
-from spaces.search_experiment import Proxy
-from spaces.search_space import ExpertPool, decode, warm_start
-from trainables.merge.compose import compose_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from trainables.evaluate.tasks import write_world_tasks
-    from world import build_world
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
+    from layerswap.world import build_world
 
     world = build_world(tmp_path_factory.getbasetemp() / "tiny_world", size="tiny", progress=False)
     root = tmp_path_factory.mktemp("trial")
@@ -160,7 +159,7 @@ def test_proxy_scale_against_the_metrics_direction_is_refused(setup):
 def test_the_drivers_check_reads_configs_and_refuses_tags_and_a_lower_is_better_target(setup):
     """check_proxy_scales (run before a search writes anything): the world default passes; a
     tag as a proxy, a proxy scaled against its metric and a Brier target are refused by name."""
-    from search.trial import check_proxy_scales
+    from layerswap.search.trial import check_proxy_scales
 
     exp = setup[0]
     check_proxy_scales(exp.model_copy(update={"proxies": None}))  # the world default
@@ -187,7 +186,7 @@ def test_hoeffding_bound():
 
 
 def test_served_duplicate_does_no_work(setup):
-    from search.tune_trial import META, TrialSpec, run_config
+    from layerswap.search.tune_trial import META, TrialSpec, run_config
 
     exp, pool, _, _, tasks = setup
     spec = TrialSpec(exp.model_dump_json(), pool.model_dump_json(), (str(tasks),), 4)
@@ -201,12 +200,11 @@ def test_lora_experts_are_folded_and_match_the_disk_merge(setup, tmp_path):
     """LoRA experts: the cache folds each adapter into the base; a swap equals merge --fold."""
     import peft
     import transformers
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.spaces.search_space import ExpertRef
+    from layerswap.trainables.merge.live import ExpertCache, LiveModel
+    from layerswap.trainables.merge.lora import merge_lora_to_disk
     from safetensors.torch import load_file
-
-    from spaces.recipe import parse_recipe
-    from spaces.search_space import ExpertRef
-    from trainables.merge.live import ExpertCache, LiveModel
-    from trainables.merge.lora import merge_lora_to_disk
 
     _, _, _, paths, _ = setup
     base = str(paths["base"])

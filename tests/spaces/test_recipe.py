@@ -7,8 +7,7 @@ import sys
 
 import pytest
 import yaml
-
-from spaces.recipe import (
+from layerswap.spaces.recipe import (
     ExpertSoup,
     LayerSwapRecipe,
     RecipeError,

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from pydantic import ValidationError
-
-from spaces.recipe import ExpertSoup, RecipeError, SideWeights, recipe_id
-from spaces.search_experiment import SearchExperiment, heldout_task, load_search_experiment
-from spaces.search_space import (
+from layerswap.spaces.recipe import ExpertSoup, RecipeError, SideWeights, recipe_id
+from layerswap.spaces.search_experiment import (
+    SearchExperiment,
+    heldout_task,
+    load_search_experiment,
+)
+from layerswap.spaces.search_space import (
     ExpertPool,
     ExpertRef,
     SearchSpace,
@@ -21,6 +23,7 @@ from spaces.search_space import (
     suggest,
     warm_start,
 )
+from pydantic import ValidationError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 POOL = ExpertPool.from_paths(["/m0", "/m1"], ["/l0", "/l1"], base="/base")

@@ -6,10 +6,9 @@ Run: .venv/bin/python -m pytest -q tests/spaces/test_sweep_config.py
 from __future__ import annotations
 
 import pytest
+from layerswap.spaces.sweep import TABLE4, Choice, Range, SweepConfig, indicator_tasks
+from layerswap.spaces.train_experiment import parse_train_experiment
 from pydantic import ValidationError
-
-from spaces.sweep import TABLE4, Choice, Range, SweepConfig, indicator_tasks
-from spaces.train_experiment import parse_train_experiment
 
 
 def _exp(search: dict | None = None, **kw) -> dict:
@@ -67,7 +66,7 @@ def test_invalid_blocks(bad, match):
 def test_shipped_examples_validate():
     from pathlib import Path
 
-    from spaces.train_experiment import load_train_experiment
+    from layerswap.spaces.train_experiment import load_train_experiment
 
     for path in sorted((Path(__file__).parents[2] / "spaces" / "examples").glob("*.yaml")):
         if path.stem.endswith(("_search", "_study")):  # merge searches and studies: not training

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-import spaces
-from spaces.train_experiment import (
+from layerswap.spaces.train_experiment import (
     MODE_NAMES,
     PartitionSpec,
     load_train_experiment,
@@ -20,6 +18,8 @@ from spaces.train_experiment import (
     partition_spec,
     with_overrides,
 )
+
+from layerswap import spaces
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 
@@ -150,7 +150,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
 
 
 def test_absolute_local_paths(tmp_path):
-    from spaces.train_experiment import absolute_local_paths
+    from layerswap.spaces.train_experiment import absolute_local_paths
 
     (tmp_path / "runs/world/base").mkdir(parents=True)
     (tmp_path / "runs/world/d.jsonl").write_text("{}\n")

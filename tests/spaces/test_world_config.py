@@ -6,8 +6,7 @@ Run `.venv/bin/python -m pytest -q tests/spaces/test_world_config.py`.
 from __future__ import annotations
 
 import pytest
-
-from spaces.world import load_variant, with_overrides, world_config
+from layerswap.spaces.world import load_variant, with_overrides, world_config
 
 
 def test_nested_override_keeps_the_rest():

@@ -7,9 +7,8 @@ L = language expert, X = transition (weighted average), T = task expert.
 from __future__ import annotations
 
 import pytest
-
-from spaces.recipe import RecipeError, RevertSpec, Zones, parse_recipe
-from spaces.zones import check_fits, layer_map, layer_source, reverted
+from layerswap.spaces.recipe import RecipeError, RevertSpec, Zones, parse_recipe
+from layerswap.spaces.zones import check_fits, layer_map, layer_source, reverted
 
 LETTER = {"language": "L", "transition": "X", "task": "T"}
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from trainables.atomic import atomic_write, read_parquet
+from layerswap.trainables.atomic import atomic_write, read_parquet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +23,7 @@ WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     import pyarrow as pa, pyarrow.parquet as pq
-    from trainables.atomic import atomic_write
+    from layerswap.trainables.atomic import atomic_write
     path, n = Path(sys.argv[1]), 1
     while True:
         t = pa.table({"a": list(range(n)), "s": ["x" * n] * n})

@@ -12,8 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from trainables.ray_session import through_ray_get
+from layerswap.trainables.ray_session import through_ray_get
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +50,7 @@ DRIVER = textwrap.dedent(
     """
     import os, signal, sys, threading, time
     import ray
-    from trainables.ray_session import init_ray
+    from layerswap.trainables.ray_session import init_ray
 
     heard = []
     class Stop(BaseException):

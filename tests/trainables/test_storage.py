@@ -1,4 +1,4 @@
-"""trainables.storage: URI rules, the download cache (hits and misses by size and ETag), atomic
+"""layerswap.trainables.storage: URI rules, the download cache (hits and misses by size and ETag), atomic
 downloads and uploads, and errors that name the URI. Remote cases run against a real moto S3.
 
 Run: .venv/bin/python -m pytest -q tests/trainables/test_storage.py
@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from trainables import storage
+from layerswap.trainables import storage
 
 
 def _folder(root: Path, files: dict[str, bytes]) -> Path:
@@ -202,7 +201,7 @@ def test_credential_errors_say_so():
 
 
 def test_marker_is_the_training_manifest():
-    from trainables.train.state import MANIFEST
+    from layerswap.trainables.train.state import MANIFEST
 
     assert storage.MARKERS == (MANIFEST,)
 
@@ -210,9 +209,9 @@ def test_marker_is_the_training_manifest():
 def test_training_data_may_live_in_storage(s3, tmp_path):
     """A dataset `path` that is a URI is read from its local copy; `layerswap train` checks
     that it exists before any work."""
-    from cli.train import check_inputs
-    from spaces.train_experiment import DatasetSpec, parse_train_experiment
-    from trainables.train.data import load_pairs
+    from layerswap.cli.train import check_inputs
+    from layerswap.spaces.train_experiment import DatasetSpec, parse_train_experiment
+    from layerswap.trainables.train.data import load_pairs
 
     src = _folder(tmp_path / "d", {"math.jsonl": b'{"question": "1+1?", "answer": "2"}\n'})
     bucket = s3.bucket()

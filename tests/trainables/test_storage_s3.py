@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from trainables import storage
+from layerswap.trainables import storage
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +37,7 @@ def ray_s3(s3):
 
 
 def _experiment(world: Path, kind: str, **over):
-    from spaces.train_experiment import parse_train_experiment
+    from layerswap.spaces.train_experiment import parse_train_experiment
 
     data = "math_en" if kind == "math" else "lang_xa"
     cfg = {
@@ -56,16 +55,16 @@ def _experiment(world: Path, kind: str, **over):
 
 def _checkpoints(run: str) -> list[str]:
     """The checkpoint folders under a run URI (those holding a training manifest)."""
-    from trainables.train.state import MANIFEST
+    from layerswap.trainables.train.state import MANIFEST
 
     return [f.removesuffix(f"/{MANIFEST}") for f in storage.list_files(run) if f.endswith(MANIFEST)]  # fmt: skip
 
 
 def _register(exp, checkpoint: str, registry: Path, indicator: str, score: float) -> None:
     """One registry row for a checkpoint in the bucket (its manifest read from there)."""
-    from search.registry import append_rows, expert_row
-    from spaces.train_experiment import experiment_json
-    from trainables.train.state import MANIFEST
+    from layerswap.search.registry import append_rows, expert_row
+    from layerswap.spaces.train_experiment import experiment_json
+    from layerswap.trainables.train.state import MANIFEST
 
     manifest = json.loads(storage.read_text(storage.join(checkpoint, MANIFEST)))
     cols = {f"ind__{indicator}": score, f"n_items__{indicator}": 8}
@@ -73,13 +72,13 @@ def _register(exp, checkpoint: str, registry: Path, indicator: str, score: float
 
 
 def test_train_register_search_and_merge_through_s3(tiny_world, ray_s3, tmp_path, capsys):
-    from cli import main
-    from search.preflight import preflight
-    from search.registry import read_rows, registry_path
-    from search.search import run_search
-    from spaces.search_experiment import SearchExperiment
-    from trainables.train import run_training
-    from trainables.train.run import train_expert
+    from layerswap.cli import main
+    from layerswap.search.preflight import preflight
+    from layerswap.search.registry import read_rows, registry_path
+    from layerswap.search.search import run_search
+    from layerswap.spaces.search_experiment import SearchExperiment
+    from layerswap.trainables.train import run_training
+    from layerswap.trainables.train.run import train_expert
 
     bucket = ray_s3.bucket()
     train = storage.join(bucket, "train")

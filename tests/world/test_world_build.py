@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cli.world import add_parser as add_world_parser
-from trainables.outputs import OutputError
-from world import build_world
-from world.build import verify_world
+from layerswap.cli.world import add_parser as add_world_parser
+from layerswap.trainables.outputs import OutputError
+from layerswap.world import build_world
+from layerswap.world.build import verify_world
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"
 
@@ -165,7 +164,7 @@ VARIANT = {"digit_words": True, "count_sentences": True, "xa_word_order": "SVO"}
 
 
 def test_variant_is_built_recorded_and_told_apart(tiny_world, tmp_path, jsonl):
-    from spaces.world import with_overrides, world_config
+    from layerswap.spaces.world import with_overrides, world_config
 
     config = with_overrides(world_config("tiny", 0), VARIANT, "test")
     out = build_world(tmp_path / "v", seed=0, size="tiny", config=config, progress=False)
@@ -193,7 +192,7 @@ def test_variant_is_built_recorded_and_told_apart(tiny_world, tmp_path, jsonl):
 
 
 def test_digit_words_leave_every_other_word_alone():
-    from world.lang import NUMERALS, make_language
+    from layerswap.world.lang import NUMERALS, make_language
 
     plain, digits = make_language("xa", 0), make_language("xa", 0, digit_words=True)
     assert {k: v for k, v in digits.words.items() if k not in NUMERALS} == plain.words
@@ -213,8 +212,8 @@ def test_cli_config_flag(tmp_path):
 
 
 def test_worked_layout_moves_worked_solutions_under_the_mgsm_prompt():
-    from spaces.world import with_overrides, world_config
-    from world.data import make_corpus, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_corpus, world_languages
 
     preset = world_config("tiny", 0)
     mgsm = with_overrides(preset, {"corpus": {"worked_layout": "mgsm"}}, "test")
@@ -235,8 +234,8 @@ def test_worked_layout_moves_worked_solutions_under_the_mgsm_prompt():
 def test_mgsm_problems_are_the_worlds_mgsm_rows(tiny_world, jsonl):
     """The true equations a diagnosis takes from `mgsm_problems` are those of the rows the world
     wrote (dev and test rows carry none), item by item and in every language."""
-    from world.build import world_config_of
-    from world.data import mgsm_problems, world_languages
+    from layerswap.world.build import world_config_of
+    from layerswap.world.data import mgsm_problems, world_languages
 
     cfg = world_config_of(tiny_world)
     problems = mgsm_problems(cfg)

@@ -38,7 +38,7 @@ MATH_DW_MARGIN, LANG_DW_MARGIN = 0.15, 0.05  # top over bottom quarter, half of 
 
 @pytest.fixture(scope="module")
 def full_world(tmp_path_factory) -> Path:
-    from world import build_world
+    from layerswap.world import build_world
 
     where = os.environ.get("LAYERSWAP_WORLD")
     out = Path(where) if where else tmp_path_factory.mktemp("full") / "world"
@@ -48,7 +48,7 @@ def full_world(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def states(full_world) -> dict[str, dict]:
     """{"base", "math", "language": state dict}, the experts trained once for the module."""
-    from world.sft import load_base, pairs, read_rows, sft
+    from layerswap.world.sft import load_base, pairs, read_rows, sft
 
     out = {}
     for name, data in (("base", None), ("math", "math_en"), ("language", "lang_xa")):
@@ -60,7 +60,7 @@ def states(full_world) -> dict[str, dict]:
 
 
 def _loaded(world: Path, state: dict):
-    from world.sft import load_base
+    from layerswap.world.sft import load_base
 
     model, tok = load_base(world)
     model.load_state_dict(state)
@@ -68,7 +68,7 @@ def _loaded(world: Path, state: dict):
 
 
 def test_math_sft_raises_english_mgsm(full_world, states):
-    from world.sft import mgsm_accuracy, read_rows
+    from layerswap.world.sft import mgsm_accuracy, read_rows
 
     dev = read_rows(full_world, "data/mgsm/en/dev.jsonl")
     before = mgsm_accuracy(*_loaded(full_world, states["base"]), dev)
@@ -78,7 +78,7 @@ def test_math_sft_raises_english_mgsm(full_world, states):
 
 
 def test_lang_sft_raises_xa_belebele_without_arithmetic(full_world, states):
-    from world.sft import belebele_accuracy, read_rows
+    from layerswap.world.sft import belebele_accuracy, read_rows
 
     rows = read_rows(full_world, "data/sft/lang_xa.jsonl")
     # the language SFT reads numbers but never computes: no arithmetic operator anywhere
@@ -91,11 +91,11 @@ def test_lang_sft_raises_xa_belebele_without_arithmetic(full_world, states):
 
 
 def test_paper_default_swap_beats_both_experts_and_the_base_on_xa_mgsm(full_world, states):
-    from analysis.paired import paired_diff
-    from spaces.recipe import parse_recipe
-    from spaces.zones import paper_default
-    from trainables.merge.compose import compose_recipe
-    from world.sft import load_base, mgsm_correct, read_rows
+    from layerswap.analysis.paired import paired_diff
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.spaces.zones import paper_default
+    from layerswap.trainables.merge.compose import compose_recipe
+    from layerswap.world.sft import load_base, mgsm_correct, read_rows
 
     model, tok = load_base(full_world)
     depth = model.config.num_hidden_layers
@@ -120,7 +120,7 @@ def test_delta_maps_show_where_each_expert_changed_as_in_the_papers_figure_2(ful
     expert's MLP changes in the top quarter, not the bottom; so does the language expert's
     (the paper: "do not change at all until the last few layers"). Its attention is not
     asserted: the world's language expert does not concentrate it in the outer layers."""
-    from analysis.delta import depth_regions, row_mav
+    from layerswap.analysis.delta import depth_regions, row_mav
 
     mlp = {}
     for name in ("math", "language"):

@@ -11,9 +11,9 @@ import torch
 
 
 def _tiny_corpus():
-    from spaces.world import world_config
-    from world.data import tagged_corpus, world_languages
-    from world.model import train_tokenizer
+    from layerswap.spaces.world import world_config
+    from layerswap.world.data import tagged_corpus, world_languages
+    from layerswap.world.model import train_tokenizer
 
     cfg = world_config("tiny", 0)
     tagged = tagged_corpus(cfg, world_languages(cfg))
@@ -22,8 +22,8 @@ def _tiny_corpus():
 
 
 def test_tagged_corpus_is_make_corpus_with_tags():
-    from spaces.world import with_overrides, world_config
-    from world.data import SOURCE_TAGS, make_corpus, tagged_corpus, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import SOURCE_TAGS, make_corpus, tagged_corpus, world_languages
 
     cfg = with_overrides(world_config("tiny", 0), {"xa_word_order": "SVO", "corpus": {"code_switched": 20}}, "t")  # fmt: skip
     langs = world_languages(cfg)
@@ -39,8 +39,8 @@ def test_tagged_corpus_is_make_corpus_with_tags():
 
 
 def test_graft_trains_the_outer_layers_only():
-    from spaces.world import GraftConfig
-    from world.model import ENGLISH_STAGE, pretrain
+    from layerswap.spaces.world import GraftConfig
+    from layerswap.world.model import ENGLISH_STAGE, pretrain
 
     cfg, tagged, tok = _tiny_corpus()
     mc = cfg.model.model_copy(update={"steps": 4})
@@ -59,8 +59,8 @@ def test_graft_trains_the_outer_layers_only():
 
 
 def test_graft_bottom_only_without_replay():
-    from spaces.world import GraftConfig
-    from world.model import ENGLISH_STAGE, pretrain
+    from layerswap.spaces.world import GraftConfig
+    from layerswap.world.model import ENGLISH_STAGE, pretrain
 
     cfg, tagged, tok = _tiny_corpus()
     docs, tags = [d for _, d in tagged], [t for t, _ in tagged]
@@ -75,8 +75,8 @@ def test_graft_bottom_only_without_replay():
 
 
 def test_graft_needs_tags_and_a_middle():
-    from spaces.world import GraftConfig, with_overrides, world_config
-    from world.model import pretrain
+    from layerswap.spaces.world import GraftConfig, with_overrides, world_config
+    from layerswap.world.model import pretrain
 
     cfg, tagged, tok = _tiny_corpus()
     mc = cfg.model.model_copy(update={"graft": GraftConfig(steps=1)})
@@ -99,8 +99,8 @@ def test_graft_needs_tags_and_a_middle():
 def test_xa_instructions_join_the_corpus_in_the_qa_layout():
     from collections import Counter
 
-    from spaces.world import with_overrides, world_config
-    from world.data import make_datasets, tagged_corpus, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_datasets, tagged_corpus, world_languages
 
     preset = world_config("tiny", 0)
     langs = world_languages(preset)
@@ -119,8 +119,8 @@ def test_xa_instructions_join_the_corpus_in_the_qa_layout():
 
 
 def test_graft_stage_learns_from_the_target_documents():
-    from spaces.world import GraftConfig
-    from world.model import ENGLISH_STAGE, pretrain
+    from layerswap.spaces.world import GraftConfig
+    from layerswap.world.model import ENGLISH_STAGE, pretrain
 
     cfg, tagged, tok = _tiny_corpus()
     docs, tags = [d for _, d in tagged], [t for t, _ in tagged]

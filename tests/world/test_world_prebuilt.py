@@ -12,14 +12,13 @@ import re
 import shutil
 from pathlib import Path
 
+import layerswap.world.prebuilt as prebuilt
 import pytest
 import yaml
-
-import world.prebuilt as prebuilt
-from cli import main
-from spaces.world import PrebuiltBase, load_variant, with_overrides, world_config
-from world import build_world
-from world.prebuilt import (
+from layerswap.cli import main
+from layerswap.spaces.world import PrebuiltBase, load_variant, with_overrides, world_config
+from layerswap.world import build_world
+from layerswap.world.prebuilt import (
     CONFIG_FILE,
     ENTRY_FILE,
     MODEL_FILES,
@@ -57,7 +56,7 @@ def _no_pretraining(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("pretrain was called although the base is shipped")
 
-    monkeypatch.setattr("world.model.pretrain", refuse)
+    monkeypatch.setattr("layerswap.world.model.pretrain", refuse)
 
 
 def test_export_copies_the_base_and_records_its_hashes(tiny_world, bases, shipped):
@@ -95,7 +94,7 @@ def test_the_preset_reuses_the_base_shipped_under_its_name_unless_told_to_pretra
     assert name == "tiny-v4-seed0"
     export_base(tiny_world, name)
     calls = _Calls()
-    monkeypatch.setattr("world.model.pretrain", calls)
+    monkeypatch.setattr("layerswap.world.model.pretrain", calls)
     out = build_world(tmp_path / "w", seed=SEED, size="tiny", progress=False)
     assert calls.n == 0
     assert (out / "base/model.safetensors").read_bytes() == (tiny_world / "base/model.safetensors").read_bytes()  # fmt: skip

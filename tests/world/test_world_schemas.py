@@ -126,7 +126,7 @@ def test_belebele_eval_items_not_in_lang_sft(tiny_world, jsonl, code):
 
 
 def test_read_rows_names_file_and_line(tiny_world, tmp_path):
-    from world.sft import read_rows
+    from layerswap.world.sft import read_rows
 
     (tmp_path / "data").mkdir()
     good = (tiny_world / "data/mgsm/xa/dev.jsonl").read_bytes()

@@ -1,4 +1,4 @@
-"""world.sft's MGSM answer classes (right / slip / misread / no_equation), misread kinds and Belebele scores.
+"""layerswap.world.sft's MGSM answer classes (right / slip / misread / no_equation), misread kinds and Belebele scores.
 
 Run: .venv/bin/python -m pytest -q tests/world/test_world_sft.py
 """
@@ -6,8 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/world/test_world_sft.py
 from __future__ import annotations
 
 import pytest
-
-from world.sft import MISREADS, OUTCOMES, answer_outcome, misread_kind
+from layerswap.world.sft import MISREADS, OUTCOMES, answer_outcome, misread_kind
 
 
 @pytest.mark.parametrize(
@@ -58,8 +57,7 @@ def test_belebele_accuracy_gold_probability_and_brier_from_option_loglikelihoods
     import math
 
     import torch
-
-    from world.sft import belebele_accuracy_of, belebele_brier, belebele_gold_prob
+    from layerswap.world.sft import belebele_accuracy_of, belebele_brier, belebele_gold_prob
 
     rows = [{"correct_answer_num": "2"}, {"correct_answer_num": "4"}, {"correct_answer_num": "1"}]
     p = [[0.1, 0.7, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25], [0.4, 0.4, 0.1, 0.1]]
@@ -75,13 +73,13 @@ def test_belebele_accuracy_gold_probability_and_brier_from_option_loglikelihoods
 
 
 def test_belebele_readings_equal_lm_eval_on_the_world_tasks(tiny_world, one_thread, tmp_path):
-    """world.sft's Belebele accuracy and Brier score (the world probe's) equal lm-eval's numbers
+    """layerswap.world.sft's Belebele accuracy and Brier score (the world probe's) equal lm-eval's numbers
     on the world's task YAMLs, scored by the proxy evaluator (the search's)."""
     import math
 
-    from trainables.evaluate.proxy import ProxyEvaluator
-    from trainables.evaluate.tasks import write_world_tasks
-    from world.sft import (
+    from layerswap.trainables.evaluate.proxy import ProxyEvaluator
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
+    from layerswap.world.sft import (
         belebele_accuracy_of,
         belebele_brier,
         belebele_option_logps,

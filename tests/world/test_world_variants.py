@@ -12,7 +12,7 @@ import pytest
 
 
 def test_max_operand_bounds_problems_and_drills():
-    from world.items import equation, make_problem
+    from layerswap.world.items import equation, make_problem
 
     rng = random.Random(0)
     for _ in range(300):
@@ -26,8 +26,8 @@ def test_max_operand_bounds_problems_and_drills():
 
 
 def test_max_operand_default_keeps_the_preset(tmp_path):
-    from spaces.world import with_overrides, world_config
-    from world.data import make_datasets, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_datasets, world_languages
 
     preset = world_config("tiny", 0)
     same = with_overrides(preset, {"max_operand": 12}, "test")
@@ -39,7 +39,7 @@ def test_max_operand_default_keeps_the_preset(tmp_path):
 
 
 def test_code_switch_keeps_names_math_words_and_prompt():
-    from world.lang import MATH_WORDS, code_switch, make_language
+    from layerswap.world.lang import MATH_WORDS, code_switch, make_language
 
     xa = make_language("xa", 0, order="SVO")
     text = "Question: Yuki has 9 eggs. Yuki buys 3 more eggs. How many eggs does Yuki have now?"
@@ -54,8 +54,8 @@ def test_code_switch_keeps_names_math_words_and_prompt():
 
 
 def test_code_switched_documents_and_counts_in_targets():
-    from spaces.world import with_overrides, world_config
-    from world.data import make_corpus, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_corpus, world_languages
 
     preset = world_config("tiny", 0)
     langs = world_languages(with_overrides(preset, {"xa_word_order": "SVO"}, "t"))
@@ -79,14 +79,14 @@ def test_code_switched_documents_and_counts_in_targets():
 
 
 def test_code_switching_needs_svo():
-    from spaces.world import with_overrides, world_config
+    from layerswap.spaces.world import with_overrides, world_config
 
     with pytest.raises(ValueError, match="code_switched 5 needs xa_word_order SVO"):
         with_overrides(world_config("tiny", 0), {"corpus": {"code_switched": 5}}, "t")
 
 
 def test_verb_only_operations_drop_more():
-    from world.items import make_problem
+    from layerswap.world.items import make_problem
 
     plain = [make_problem(random.Random(s)) for s in range(200)]
     verb = [make_problem(random.Random(s), verb_only=True) for s in range(200)]
@@ -97,8 +97,8 @@ def test_verb_only_operations_drop_more():
 
 
 def test_user_assistant_template_matches_the_corpus_chat_layout():
-    from world.items import chat_layout
-    from world.model import CHAT_TEMPLATES, train_tokenizer
+    from layerswap.world.items import chat_layout
+    from layerswap.world.model import CHAT_TEMPLATES, train_tokenizer
 
     tok = train_tokenizer(["Tom has 3 cups. 3 + 4 = 7."] * 20, 300, "user-assistant")
     assert tok.chat_template == CHAT_TEMPLATES["user-assistant"]
@@ -110,8 +110,8 @@ def test_user_assistant_template_matches_the_corpus_chat_layout():
 
 
 def test_worked_layout_mgsm_plus_chat_splits_worked_solutions():
-    from spaces.world import with_overrides, world_config
-    from world.data import make_corpus, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_corpus, world_languages
 
     cfg = with_overrides(world_config("tiny", 0), {"corpus": {"worked_layout": "mgsm+chat"}}, "t")
     langs = world_languages(cfg)
@@ -123,7 +123,7 @@ def test_worked_layout_mgsm_plus_chat_splits_worked_solutions():
 
 
 def test_number_switch_share():
-    from world.lang import code_switch, make_language
+    from layerswap.world.lang import code_switch, make_language
 
     xa = make_language("xa", 0, digit_words=True, order="SVO")
     text = "Tom has 37 cups and 4 pens."
@@ -134,8 +134,8 @@ def test_number_switch_share():
 
 
 def test_count_questions_replace_plural_rows_and_need_the_verb():
-    from spaces.world import with_overrides, world_config
-    from world.data import make_datasets, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_datasets, world_languages
 
     preset = world_config("tiny", 0)
     langs = world_languages(preset)
@@ -158,7 +158,7 @@ def test_count_questions_replace_plural_rows_and_need_the_verb():
 
 
 def test_math_word_switch_share():
-    from world.lang import MATH_WORDS, code_switch, make_language
+    from layerswap.world.lang import MATH_WORDS, code_switch, make_language
 
     xa = make_language("xa", 0, order="SVO")
     text = "Tom buys 3 more cups."
@@ -173,8 +173,8 @@ def test_math_word_switch_share():
 
 
 def test_direct_answers_drop_the_equation_everywhere():
-    from spaces.world import with_overrides, world_config
-    from world.data import make_corpus, make_datasets, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_corpus, make_datasets, world_languages
 
     preset = world_config("tiny", 0)
     over = {"direct_answers": True, "xa_word_order": "SVO", "corpus": {"code_switched": 20}}
@@ -196,7 +196,7 @@ def test_direct_answers_drop_the_equation_everywhere():
 def test_code_switch_draws_for_every_other_word_even_at_share_0():
     """Worlds built before keep_share existed stay byte-identical: each relexifiable word that is
     not kept takes one draw whatever the share, so numbers switch on the same draws."""
-    from world.lang import MATH_WORDS, NAMES, code_switch, make_language
+    from layerswap.world.lang import MATH_WORDS, NAMES, code_switch, make_language
 
     xa = make_language("xa", 0, digit_words=True, order="SVO")
     text = "Tom has 3 red cups and Ann buys 4 more pens."
@@ -214,7 +214,7 @@ def test_code_switch_draws_for_every_other_word_even_at_share_0():
 
 
 def test_math_word_switch_share_needs_kept_math_words():
-    from spaces.world import with_overrides, world_config
+    from layerswap.spaces.world import with_overrides, world_config
 
     cfg = world_config("tiny", 0)
     svo = {"xa_word_order": "SVO"}
@@ -229,8 +229,8 @@ def test_math_word_switch_share_needs_kept_math_words():
 def test_reading_language_sft_counts_and_multiple_choice():
     import re
 
-    from spaces.world import with_overrides, world_config
-    from world.data import make_datasets, reserved_keys, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_datasets, reserved_keys, world_languages
 
     preset = world_config("tiny", 0)
     cfg = with_overrides(preset, {"lang_sft_kinds": "reading", "lang_sft": 200, "reading_mc_share": 0.25}, "test")  # fmt: skip
@@ -264,8 +264,8 @@ def test_reading_world_keeps_the_aya_worlds_tokenizer_and_base(tiny_world, tmp_p
     # differs from the preset's only in its language SFT files
     import json
 
-    from spaces.world import with_overrides, world_config
-    from world import build_world
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world import build_world
 
     cfg = with_overrides(world_config("tiny", 0), {"lang_sft_kinds": "reading"}, "test")
     out = build_world(tmp_path / "reading", seed=0, size="tiny", config=cfg, progress=False)
@@ -276,7 +276,7 @@ def test_reading_world_keeps_the_aya_worlds_tokenizer_and_base(tiny_world, tmp_p
 
 
 def test_verb_readings_ask_the_verb_the_position_names():
-    from world.items import VERB_KINDS, make_verb_reading
+    from layerswap.world.items import VERB_KINDS, make_verb_reading
 
     seen = set()
     for seed in range(200):
@@ -299,10 +299,10 @@ def test_verbs_belebele_changes_only_belebele_and_the_language_sft(tiny_world, t
     # asks, so a "verbs" world keeps the preset's corpus, tokenizer and base
     import json
 
-    from spaces.world import with_overrides, world_config
-    from world import build_world
-    from world.data import make_datasets, tagged_corpus, world_languages
-    from world.items import VERB_KINDS
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world import build_world
+    from layerswap.world.data import make_datasets, tagged_corpus, world_languages
+    from layerswap.world.items import VERB_KINDS
 
     preset = world_config("tiny", 0)
     cfg = with_overrides(preset, {"lang_sft_kinds": "reading", "belebele_questions": "verbs", "reading_mc_share": 0.25}, "test")  # fmt: skip
@@ -325,7 +325,7 @@ def test_verbs_belebele_changes_only_belebele_and_the_language_sft(tiny_world, t
 
 
 def test_verbs_need_the_reading_sft_that_teaches_them():
-    from spaces.world import with_overrides, world_config
+    from layerswap.spaces.world import with_overrides, world_config
 
     with pytest.raises(ValueError, match="belebele_questions 'verbs' needs lang_sft_kinds 'reading'"):  # fmt: skip
         with_overrides(world_config("tiny", 0), {"belebele_questions": "verbs"}, "t")
@@ -336,8 +336,8 @@ def test_verbs_need_the_reading_sft_that_teaches_them():
 @pytest.mark.parametrize("questions", ["where-who", "verbs"])
 def test_from_v5_the_reserved_keys_are_belebeles_own_items(questions):
     # up to v4 they are another draw (world/data.py reserved_keys), kept for v4's shipped bases
-    from spaces.world import with_overrides, world_config
-    from world.data import make_datasets, reserved_keys, world_languages
+    from layerswap.spaces.world import with_overrides, world_config
+    from layerswap.world.data import make_datasets, reserved_keys, world_languages
 
     over = {"belebele_questions": questions, "lang_sft_kinds": "reading"}
     v4 = with_overrides(world_config("tiny", 0), over, "t")

@@ -10,10 +10,14 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from trainables.atomic import atomic_write_text
-from trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults, request_bars_off
-from trainables.evaluate.scoring import score_key
-from trainables.evaluate.tasks import (
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.evaluate.lm_eval_api import (
+    lm_eval_output,
+    offline_defaults,
+    request_bars_off,
+)
+from layerswap.trainables.evaluate.scoring import score_key
+from layerswap.trainables.evaluate.tasks import (
     lm_eval_tasks_dir,
     task_manager,
     write_world_tasks,
@@ -90,7 +94,7 @@ def check_batch_size(value: Any) -> BatchSize:
 
 def check_model_dir(path: Path) -> None:
     """Refuse, with the file named, what HFLM would fail on late or load unsafely (pickles)."""
-    from trainables.merge.checkpoint import find_weights
+    from layerswap.trainables.merge.checkpoint import find_weights
 
     if not path.is_dir():
         raise ValueError(f"model folder {path} does not exist")

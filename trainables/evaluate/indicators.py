@@ -12,17 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainables.evaluate.harness import BatchSize, check_batch_size, evaluate, resolve_device
-from trainables.evaluate.lm_eval_api import include_list, task_configs
-from trainables.evaluate.proxy import ProxyEvaluator
-from trainables.evaluate.scoring import (
+from layerswap.trainables.evaluate.harness import (
+    BatchSize,
+    check_batch_size,
+    evaluate,
+    resolve_device,
+)
+from layerswap.trainables.evaluate.lm_eval_api import include_list, task_configs
+from layerswap.trainables.evaluate.proxy import ProxyEvaluator
+from layerswap.trainables.evaluate.scoring import (
     config_higher_is_better,
     group_score,
     task_higher_is_better,
     task_key,
 )
-from trainables.evaluate.tasks import lm_eval_tasks_dir
-from trainables.merge.lora import is_lora_adapter
+from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
+from layerswap.trainables.merge.lora import is_lora_adapter
 
 Backend = Literal["proxy", "lm_eval"]
 IND, N_ITEMS = "ind__", "n_items__"  # registry column prefixes (search/registry.py)

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainables.evaluate.lm_eval_api import apply_filters, load_tasks
-from trainables.evaluate.proxy_lm import (
+from layerswap.trainables.evaluate.lm_eval_api import apply_filters, load_tasks
+from layerswap.trainables.evaluate.proxy_lm import (
     BatchSizer,
     choice_loglikelihoods,
     eos_ids,

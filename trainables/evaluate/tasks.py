@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainables.atomic import atomic_write_text
-from trainables.evaluate.lm_eval_api import include_list, offline_defaults
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.evaluate.lm_eval_api import include_list, offline_defaults
 
 # Built-in lm-eval configs the world tasks include; the synthetic languages use English prompts.
 MGSM_BASE = "mgsm/direct/mgsm_direct_en.yaml"

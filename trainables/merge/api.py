@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.recipe import Recipe
-from trainables.merge.engine import (
+from layerswap.spaces.recipe import Recipe
+from layerswap.trainables.merge.engine import (
     DEFAULT_SHARD_BYTES,
     disk_mav_oracle,
     merge_to_disk,
     plan_refs_depth,
     resolve_ref,
 )
-from trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
-from trainables.merge.mergekit_export import mergekit_yaml
+from layerswap.trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
+from layerswap.trainables.merge.mergekit_export import mergekit_yaml
 
 
 def is_lora_recipe(recipe: Recipe) -> bool:

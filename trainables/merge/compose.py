@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-
-from spaces.recipe import Recipe, RecipeError
-from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav
-from trainables.merge.plan import build_plan, recipe_refs
-from trainables.merge.terms import DeltaMerge, Linear, Plan, Terms
+from layerswap.spaces.recipe import Recipe, RecipeError
+from layerswap.trainables.merge.ops import delta_merge, linear_combine, mean_row_mav
+from layerswap.trainables.merge.plan import build_plan, recipe_refs
+from layerswap.trainables.merge.terms import DeltaMerge, Linear, Plan, Terms
 
 StateDict = Mapping[str, torch.Tensor]
 

@@ -15,11 +15,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
-
-from spaces.recipe import Recipe, dump_recipe, recipe_id
-from trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
-from trainables.merge.checkpoint import (
+from layerswap.spaces.recipe import Recipe, dump_recipe, recipe_id
+from layerswap.trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
+from layerswap.trainables.merge.checkpoint import (
     FLOAT_TAGS,
     Checkpoint,
     CheckpointError,
@@ -27,12 +25,13 @@ from trainables.merge.checkpoint import (
     ShardWriter,
     byte_view,
 )
-from trainables.merge.modelcard import model_card
-from trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
-from trainables.merge.plan import build_plan, primary_ref, recipe_refs
-from trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
-from trainables.merge.threads import run_in_threads
-from trainables.outputs import check_output, output_dir
+from layerswap.trainables.merge.modelcard import model_card
+from layerswap.trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
+from layerswap.trainables.merge.plan import build_plan, primary_ref, recipe_refs
+from layerswap.trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
+from layerswap.trainables.merge.threads import run_in_threads
+from layerswap.trainables.outputs import check_output, output_dir
+from tqdm.auto import tqdm
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -56,7 +55,7 @@ RECIPE_FILE = "layerswap_recipe.yaml"
 
 def local_refs(refs: list[str]) -> list[Path]:
     """The recipe references that are local folders (the inputs an output must keep clear of)."""
-    from trainables.storage import is_uri
+    from layerswap.trainables.storage import is_uri
 
     return [p for p in (Path(r).expanduser() for r in refs if not is_uri(r)) if p.exists()]
 
@@ -64,7 +63,7 @@ def local_refs(refs: list[str]) -> list[Path]:
 def resolve_ref(ref: str) -> Path:
     """A local checkpoint folder for a recipe reference (a path, a storage URI, or a hub id
     when online); a URI's folder is its local copy (trainables.storage.local_copy)."""
-    from trainables.storage import is_uri, local_copy
+    from layerswap.trainables.storage import is_uri, local_copy
 
     if is_uri(ref):
         try:

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-from spaces.recipe import Recipe
-from spaces.search_space import ExpertPool
-from trainables.merge.compose import compose, memory_mav_oracle
-from trainables.merge.engine import all_finite
-from trainables.merge.plan import build_plan, recipe_refs
-from trainables.merge.terms import Linear
+from layerswap.spaces.recipe import Recipe
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.merge.compose import compose, memory_mav_oracle
+from layerswap.trainables.merge.engine import all_finite
+from layerswap.trainables.merge.plan import build_plan, recipe_refs
+from layerswap.trainables.merge.terms import Linear
 
 
 def _load_state(path: str) -> dict[str, torch.Tensor]:
@@ -46,8 +45,8 @@ def load_expert(
             local copy (trainables.storage.local_copy).
         base_state: returns the base's state dict (None: no base configured).
     """
-    from trainables.merge.lora import is_lora_adapter, load_adapter
-    from trainables.storage import local_copy
+    from layerswap.trainables.merge.lora import is_lora_adapter, load_adapter
+    from layerswap.trainables.storage import local_copy
 
     path = str(local_copy(ref))
     if not is_lora_adapter(path):
@@ -103,7 +102,7 @@ class ExpertCache:
         if ref is None:
             return None
         if ref not in self._config_dirs:
-            from trainables.storage import is_uri, join, local_copy
+            from layerswap.trainables.storage import is_uri, join, local_copy
 
             if is_uri(ref):
                 try:

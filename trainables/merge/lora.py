@@ -12,14 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-from tqdm.auto import tqdm
-
-from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe, recipe_id
-from spaces.zones import layer_map, reverted
-from trainables.merge.arch import check_model_type, num_layers, param_slot
-from trainables.merge.checkpoint import Checkpoint, CheckpointError, OutSpec, ShardWriter, byte_view
-from trainables.merge.engine import (
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe, recipe_id
+from layerswap.spaces.zones import layer_map, reverted
+from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
+from layerswap.trainables.merge.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    OutSpec,
+    ShardWriter,
+    byte_view,
+)
+from layerswap.trainables.merge.engine import (
     CHUNK_ELEMS,
     DEFAULT_SHARD_BYTES,
     RECIPE_FILE,
@@ -28,10 +31,12 @@ from trainables.merge.engine import (
     local_refs,
     resolve_ref,
 )
-from trainables.merge.modelcard import model_card
-from trainables.merge.plan import recipe_refs
-from trainables.merge.terms import transition_weights
-from trainables.outputs import check_output, output_dir
+from layerswap.trainables.merge.modelcard import model_card
+from layerswap.trainables.merge.plan import recipe_refs
+from layerswap.trainables.merge.terms import transition_weights
+from layerswap.trainables.outputs import check_output, output_dir
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -51,7 +56,7 @@ _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 def is_lora_adapter(path: str | Path) -> bool:
     """Whether `path` (a folder or URI) is a PEFT LoRA adapter (adapter_config.json with
     peft_type LORA)."""
-    from trainables.storage import join, read_text
+    from layerswap.trainables.storage import join, read_text
 
     try:
         return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
@@ -191,7 +196,7 @@ def _base_config(ref: str) -> dict:
     """config.json of a base model: a local folder, or just that file from the hub."""
     if not ref:
         raise RecipeError("no base: set `base` in the recipe (adapters name no base model)")
-    from trainables.storage import is_uri, join, read_text
+    from layerswap.trainables.storage import is_uri, join, read_text
 
     path = Path(ref).expanduser()
     try:

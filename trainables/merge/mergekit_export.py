@@ -9,10 +9,9 @@ import json
 from pathlib import Path
 
 import yaml
-
-from spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, SideWeights
-from spaces.zones import LayerSource, check_fits, layer_source
-from trainables.merge.terms import MagnitudeOracle
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, SideWeights
+from layerswap.spaces.zones import LayerSource, check_fits, layer_source
+from layerswap.trainables.merge.terms import MagnitudeOracle
 
 # mergekit matches a conditional parameter's `filter` as a plain substring of the tensor name
 # (mergekit/config.py:evaluate_setting). Every per-layer tensor of the supported families is

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from spaces.recipe import (
+from layerswap.spaces.recipe import (
     ExpertSoup,
     LayerSwapRecipe,
     Recipe,
@@ -19,9 +19,9 @@ from spaces.recipe import (
     TaskArithmeticRecipe,
     TiesRecipe,
 )
-from spaces.zones import layer_map
-from trainables.merge.arch import param_slot
-from trainables.merge.terms import (
+from layerswap.spaces.zones import layer_map
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.merge.terms import (
     DeltaMerge,
     Linear,
     MagnitudeOracle,

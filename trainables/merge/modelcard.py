@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import yaml
-
-from spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict, recipe_id
-from spaces.zones import layer_map
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict, recipe_id
+from layerswap.spaces.zones import layer_map
 
 
 def _ref(ref) -> str:

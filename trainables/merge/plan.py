@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spaces.recipe import Recipe, RecipeError
-from spaces.zones import reverted
-from trainables.merge.arch import param_slot
-from trainables.merge.methods import method_of
-from trainables.merge.terms import Linear, MagnitudeOracle, Plan, Terms
+from layerswap.spaces.recipe import Recipe, RecipeError
+from layerswap.spaces.zones import reverted
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.merge.methods import method_of
+from layerswap.trainables.merge.terms import Linear, MagnitudeOracle, Plan, Terms
 
 
 def recipe_refs(recipe: Recipe) -> list[str]:

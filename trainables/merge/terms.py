@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spaces.recipe import ExpertSoup, LayerSwapRecipe, ModelRef, RecipeError, SoupWeights
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, ModelRef, RecipeError, SoupWeights
 
 Terms = tuple[tuple[str, float], ...]  # ((checkpoint ref, coefficient), ...)
 

@@ -6,8 +6,8 @@ trainables/train/ray_train.py; the CLI is `layerswap train EXPERIMENT.yaml` (cli
 
 API (stable; the expert-sweep helper builds on it)
 --------------------------------------------------
-Config: `spaces.train_experiment.TrainExperiment` (pydantic, frozen, extra="forbid"), loaded with
-`spaces.train_experiment.load_train_experiment(path)` (ValueError naming file + field) or
+Config: `layerswap.spaces.train_experiment.TrainExperiment` (pydantic, frozen, extra="forbid"), loaded with
+`layerswap.spaces.train_experiment.load_train_experiment(path)` (ValueError naming file + field) or
 `parse_train_experiment(dict, source)`. Derive variants with `exp.model_copy(update=...)` or
 `with_overrides(exp, {"hyper.lr": 1e-4, "hyper.seed": 3})` (dotted paths, re-validated).
 Fields: name, base, kind ("math"|"language"), language (e.g. "en", "xa", "swh"),
@@ -27,7 +27,7 @@ top_k, indicators, max_concurrent, seed) — the sweep owns its semantics.
 with `debug.kill_rank` that rank's process SIGKILLs itself instead.
 
 Training:
-  from trainables.train import run_training, TrainResult
+  from layerswap.trainables.train import run_training, TrainResult
   result = run_training(exp, workdir=Path, resume_from=None | checkpoint_dir, report=None)
     - rank / world size come from torch.distributed when it is initialised, else 0 / 1.
     - report(metrics: dict, checkpoint: Path | None) is called on EVERY rank at each log step
@@ -59,18 +59,18 @@ Training:
   Data order is a pure function of (seed, step): resuming from any checkpoint repeats and
   loses no step; dropout RNG is re-seeded per (seed, step, rank).
 
-Modes: `trainables.train.modes.MODES: dict[str, prepare_fn]`; prepare_fn(model, exp, depth)
+Modes: `layerswap.trainables.train.modes.MODES: dict[str, prepare_fn]`; prepare_fn(model, exp, depth)
 returns Prepared(model, groups {group_name: [(param_name, param)]}, frozen names, is_lora);
 `Prepared.active(step)` -> (stream, stream's own step, group) says which group steps
 (simultaneous alternates the datasets' sides every k steps; other modes: one group).
 Every trainable group has its own AdamW, only the active one steps, so a frozen group's moments
 are untouched; requires_grad is set once before DDP wrapping and never toggled.
-Partitions: `trainables.train.partition.param_sides(names, spec, depth)` -> {name: side|None}.
+Partitions: `layerswap.trainables.train.partition.param_sides(names, spec, depth)` -> {name: side|None}.
 
-Strategies: `trainables.train.strategies.STRATEGIES` (ddp, fsdp): wrap, no_sync, grad_norm;
+Strategies: `layerswap.trainables.train.strategies.STRATEGIES` (ddp, fsdp): wrap, no_sync, grad_norm;
 FSDP checkpoints in trainables/train/sharded.py (save_sharded / load_sharded, collective).
 
-Ray: `trainables.train.ray_train.train_with_ray(exp, storage_path=None, name=None)` ->
+Ray: `layerswap.trainables.train.ray_train.train_with_ray(exp, storage_path=None, name=None)` ->
 RayTrainResult(checkpoint, metrics, path, error); `trainer_for(exp, ..., callbacks=[...])` gives
 the unfitted TorchTrainer (e.g. with a Tune report callback for a nested sweep). Checkpoints land
 in storage_path/name/samples_<9 digits>/. Metric-only reports are forwarded to Ray at most every
@@ -84,8 +84,8 @@ them with the merge engine; `freeze_vs_revert(partial_exp, workdir)` runs both a
 {freeze, full, revert, val_loss: {freeze, revert, full}}; `val_losses(model_dir, exp)`.
 """
 
-from trainables.train.loop import TrainResult, read_manifest, run_training
-from trainables.train.run import train_expert
-from trainables.train.state import find_checkpoints
+from layerswap.trainables.train.loop import TrainResult, read_manifest, run_training
+from layerswap.trainables.train.run import train_expert
+from layerswap.trainables.train.state import find_checkpoints
 
 __all__ = ["TrainResult", "find_checkpoints", "read_manifest", "run_training", "train_expert"]

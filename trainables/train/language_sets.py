@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainables.atomic import atomic_write_text
-from trainables.train.sources import (
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.train.sources import (
     LANGUAGE_SOURCES,
     RECORD_KEYS,
     DataSourceError,

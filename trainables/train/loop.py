@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from spaces.train_experiment import TrainExperiment
-from trainables.train.data import (
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.train.data import (
     TrainData,
     build_data,
     collate,
@@ -27,16 +26,16 @@ from trainables.train.data import (
     local_batch,
     total_steps,
 )
-from trainables.train.modes import Prepared, prepare
-from trainables.train.precision import (
+from layerswap.trainables.train.modes import Prepared, prepare
+from layerswap.trainables.train.precision import (
     Policy,
     apply_precision,
     resolve_precision,
     warn_if_updates_vanish,
 )
-from trainables.train.schedules import lr_at
-from trainables.train.sharded import DCP_DIR, load_sharded, save_sharded
-from trainables.train.state import (
+from layerswap.trainables.train.schedules import lr_at
+from layerswap.trainables.train.sharded import DCP_DIR, load_sharded, save_sharded
+from layerswap.trainables.train.state import (
     STATE_DIR,
     build_manifest,
     load_master,
@@ -46,8 +45,8 @@ from trainables.train.state import (
     read_state,
     save_checkpoint,
 )
-from trainables.train.strategies import Strategy, pick
-from trainables.train.validation import sum_over_ranks, validation_losses
+from layerswap.trainables.train.strategies import Strategy, pick
+from layerswap.trainables.train.validation import sum_over_ranks, validation_losses
 
 __all__ = ["TrainResult", "read_manifest", "run_training"]
 

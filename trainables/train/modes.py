@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from layerswap.spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
+from layerswap.trainables.train.data import stream_step
+from layerswap.trainables.train.partition import lora_target_regex, param_sides
 from torch import nn
-
-from spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
-from trainables.train.data import stream_step
-from trainables.train.partition import lora_target_regex, param_sides
 
 Named = list[tuple[str, nn.Parameter]]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spaces.recipe import LayerSwapRecipe, Side
-from spaces.train_experiment import PartitionSpec
-from spaces.zones import layer_map
-from trainables.merge.arch import param_slot
+from layerswap.spaces.recipe import LayerSwapRecipe, Side
+from layerswap.spaces.train_experiment import PartitionSpec
+from layerswap.spaces.zones import layer_map
+from layerswap.trainables.merge.arch import param_slot
 
 
 def owners(spec: PartitionSpec, depth: int) -> dict[str, list[Side]]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from spaces.train_experiment import TrainExperiment
-from trainables.train.plan_model import (
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.train.plan_model import (
     ModelShape,
     Split,
     layer_of,
@@ -21,7 +21,7 @@ from trainables.train.plan_model import (
     model_shape,
     trainable_split,
 )
-from trainables.train.precision import Policy, dtype_name, resolve_precision
+from layerswap.trainables.train.precision import Policy, dtype_name, resolve_precision
 
 GIB = 2**30
 # Usable memory per GPU (GiB, as nvidia-smi reports it) by Ray's accelerator_type label.

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
-from trainables.merge.arch import layer_index as layer_of
-from trainables.train.partition import lora_target_regex, param_sides
-from trainables.train.precision import config_dtype
+from layerswap.spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
+from layerswap.trainables.merge.arch import layer_index as layer_of
+from layerswap.trainables.train.partition import lora_target_regex, param_sides
+from layerswap.trainables.train.precision import config_dtype
 
 _LLAMA31_8B = {
     "model_type": "llama",

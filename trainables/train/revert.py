@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.recipe import COMPONENTS, LayerSwapRecipe, RevertSpec
-from spaces.train_experiment import PartialMode, TrainExperiment, partition_spec, with_overrides
-from trainables.merge.engine import merge_to_disk
-from trainables.train.partition import owners
+from layerswap.spaces.recipe import COMPONENTS, LayerSwapRecipe, RevertSpec
+from layerswap.spaces.train_experiment import (
+    PartialMode,
+    TrainExperiment,
+    partition_spec,
+    with_overrides,
+)
+from layerswap.trainables.merge.engine import merge_to_disk
+from layerswap.trainables.train.partition import owners
 
 
 def revert_specs(exp: TrainExperiment, depth: int) -> list[RevertSpec]:
@@ -66,10 +71,9 @@ def val_loss(model_dir: str | Path, exp: TrainExperiment) -> float:
 
 def val_losses(model_dir: str | Path, exp: TrainExperiment) -> list[float]:
     """Per dataset, the token-weighted validation loss of a full checkpoint on exp's split."""
+    from layerswap.trainables.train.data import build_data
+    from layerswap.trainables.train.validation import validation_losses
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trainables.train.data import build_data
-    from trainables.train.validation import validation_losses
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token_id is None:
@@ -89,7 +93,7 @@ def freeze_vs_revert(exp: TrainExperiment, workdir: str | Path, run=None) -> dic
     Returns:
         {"freeze": dir, "full": dir, "revert": dir, "val_loss": {"freeze", "revert", "full"}}.
     """
-    from trainables.train.loop import run_training
+    from layerswap.trainables.train.loop import run_training
 
     run = run or run_training
     workdir = Path(workdir)

@@ -11,15 +11,21 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
 
-from spaces.train_experiment import TrainExperiment, experiment_identity, with_overrides
-from trainables.outputs import OutputError, check_output, read_marker, replacing, write_marker
+from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity, with_overrides
+from layerswap.trainables.outputs import (
+    OutputError,
+    check_output,
+    read_marker,
+    replacing,
+    write_marker,
+)
 
 Rerun = Literal["fresh", "resume", "done", "replace"]
 
 
 def last_checkpoint(run: Path) -> tuple[Path | None, bool]:
     """The run's last checkpoint and whether it is the final step's (the run finished)."""
-    from trainables.train.state import find_checkpoints, read_state
+    from layerswap.trainables.train.state import find_checkpoints, read_state
 
     found = find_checkpoints(run) if run.is_dir() else []
     if not found:
@@ -77,7 +83,7 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
             this checkpoint folder (a Path).
         overwrite: start over; the old run is set aside and dropped once the new one finishes.
     """
-    from trainables.storage import is_uri
+    from layerswap.trainables.storage import is_uri
 
     if not use_ray and is_uri(storage):
         raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
@@ -106,7 +112,7 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
 def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None) -> Path | str | None:  # fmt: skip
     """Run the training itself (Ray restores its own run from `storage` when there is one)."""
     if not use_ray:
-        from trainables.train import run_training
+        from layerswap.trainables.train import run_training
 
         if exp.scaling.num_workers != 1:
             print(f"--no-ray: running 1 worker (config asks for {exp.scaling.num_workers})")
@@ -122,7 +128,7 @@ def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None
             ),
         )
         return res.final_checkpoint
-    from trainables.train.ray_train import train_with_ray
+    from layerswap.trainables.train.ray_train import train_with_ray
 
     res = train_with_ray(exp, storage_path=storage)
     if res.error is not None:

@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from layerswap.trainables.atomic import follow_umask
+from layerswap.trainables.train.state import STATE_DIR, fix_config_dtype, write_run_files
+from layerswap.trainables.train.strategies import shared_folder
 from safetensors.torch import save_file
 
-from trainables.atomic import follow_umask
-from trainables.train.state import STATE_DIR, fix_config_dtype, write_run_files
-from trainables.train.strategies import shared_folder
-
 if TYPE_CHECKING:
-    from trainables.train.precision import Policy
+    from layerswap.trainables.train.precision import Policy
 
 DCP_DIR = "dcp"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spaces.base import check_jsonl, decode_utf8, load_json
+from layerswap.spaces.base import check_jsonl, decode_utf8, load_json
 
 Record = dict[str, str]
 Row = Mapping[str, Any]

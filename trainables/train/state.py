@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from layerswap.spaces.train_experiment import TrainExperiment, experiment_json
+from layerswap.trainables.atomic import atomic_dir
 from safetensors.torch import load_file, save_file
 
-from spaces.train_experiment import TrainExperiment, experiment_json
-from trainables.atomic import atomic_dir
-
 if TYPE_CHECKING:  # annotations only: state.py is imported by both
-    from trainables.train.data import TrainData
-    from trainables.train.modes import Prepared
-    from trainables.train.precision import Policy
+    from layerswap.trainables.train.data import TrainData
+    from layerswap.trainables.train.modes import Prepared
+    from layerswap.trainables.train.precision import Policy
 
 MANIFEST = "layerswap_train.json"
 STATE_DIR = "trainer_state"
@@ -188,7 +187,7 @@ def fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
     """Make config.json declare the dtype the weights were saved in (HF writes the model's)."""
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
-    from trainables.train.precision import dtype_name
+    from layerswap.trainables.train.precision import dtype_name
 
     name = dtype_name(dtype)
     if cfg.get("dtype") != name:

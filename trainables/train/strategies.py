@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.train.precision import apply_precision
 from torch import nn
 
-from spaces.train_experiment import TrainExperiment
-from trainables.train.precision import apply_precision
-
 if TYPE_CHECKING:
-    from trainables.train.modes import Prepared
-    from trainables.train.precision import Policy
+    from layerswap.trainables.train.modes import Prepared
+    from layerswap.trainables.train.precision import Policy
 
 
 class Strategy(Protocol):

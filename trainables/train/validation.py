@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-
-from spaces.train_experiment import TrainExperiment
-from trainables.train.data import TrainData, collate
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.train.data import TrainData, collate
 
 if TYPE_CHECKING:
-    from trainables.train.precision import Policy
+    from layerswap.trainables.train.precision import Policy
 
 
 def sum_over_ranks(values: list[float], world: int, device) -> list[float]:

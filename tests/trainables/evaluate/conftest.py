@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="module")
 def tok():
-    from world.tiny import tiny_tokenizer
+    from layerswap.world.tiny import tiny_tokenizer
 
     return tiny_tokenizer()

@@ -16,12 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import layerswap.cli.eval as cli_eval
+import layerswap.trainables.evaluate.harness as ev
 import pytest
 import torch
-
-import cli.eval as cli_eval
-import trainables.evaluate.harness as ev
-from trainables.evaluate.scoring import task_score
+from layerswap.trainables.evaluate.scoring import task_score
 
 MGSM_STOPS = ["Question:", "</s>", "<|im_end|>"]  # mgsm_direct_en.yaml's `until`
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # mgsm direct_yaml's flexible-extract
@@ -90,9 +89,8 @@ def choice_logliks(model, tok, prompt: str) -> list[float]:
 
 
 def digit_model(tok):
+    from layerswap.world.tiny import tiny_config
     from transformers import LlamaForCausalLM
-
-    from world.tiny import tiny_config
 
     torch.manual_seed(3)
     model = LlamaForCausalLM(
@@ -108,7 +106,7 @@ def digit_model(tok):
 def setup(tmp_path_factory):
     """A model folder, the same model in memory, and a world whose answers are set from the
     independent predictions so that some docs are right and some wrong."""
-    from world.tiny import tiny_tokenizer
+    from layerswap.world.tiny import tiny_tokenizer
 
     root = tmp_path_factory.mktemp("evaluate")
     tok = tiny_tokenizer()

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from trainables.evaluate.harness import evaluate, resolve_device, write_world_tasks
-from trainables.evaluate.indicators import (
+from layerswap.trainables.evaluate.harness import evaluate, resolve_device, write_world_tasks
+from layerswap.trainables.evaluate.indicators import (
     IndicatorScorer,
     load_model,
     load_tokenizer,
     score_checkpoint,
 )
-from trainables.evaluate.scoring import task_score
+from layerswap.trainables.evaluate.scoring import task_score
 
 TASKS = ["world_mgsm_direct_en_dev", "world_belebele_xa_dev"]
 GEN_TOKS = 24
@@ -111,7 +110,7 @@ def test_full_checkpoints_match_lm_eval(name, checkpoints, scorer, tasks_dir):
 
 @pytest.mark.slow
 def test_lora_adapter_matches_lm_eval_peft(checkpoints, scorer, tasks_dir):
-    from trainables.merge.lora import is_lora_adapter
+    from layerswap.trainables.merge.lora import is_lora_adapter
 
     assert is_lora_adapter(checkpoints["lora"])
     got = scorer.score_checkpoint(checkpoints["lora"])  # base read from adapter_config.json

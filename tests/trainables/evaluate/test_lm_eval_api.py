@@ -9,9 +9,7 @@ import subprocess
 
 import lm_eval
 import pytest
-from proxy_fixtures import write_world
-
-from trainables.evaluate.lm_eval_api import (
+from layerswap.trainables.evaluate.lm_eval_api import (
     LM_EVAL_VERSION,
     REQUEST_METHODS,
     apply_filters,
@@ -19,7 +17,8 @@ from trainables.evaluate.lm_eval_api import (
     quiet_git_probe,
     task_configs,
 )
-from trainables.evaluate.scoring import config_higher_is_better
+from layerswap.trainables.evaluate.scoring import config_higher_is_better
+from proxy_fixtures import write_world
 
 CHANGED = (
     f"lm-eval {lm_eval.__version__} (the adapter mirrors {LM_EVAL_VERSION}) no longer behaves as "
@@ -96,10 +95,9 @@ LM_EVAL_NOISE = ("Running loglikelihood requests", "Running generate_until reque
 def test_evaluate_is_quiet_unless_verbose(tasks, tmp_path_factory, capfd):
     """harness.evaluate(verbose=False) prints none of lm-eval's bars or INFO log; verbose=True
     shows them (both tasks: one generate_until, one multiple-choice)."""
+    from layerswap.trainables.evaluate.harness import evaluate
+    from layerswap.world.tiny import tiny_tokenizer
     from proxy_fixtures import tiny_models
-
-    from trainables.evaluate.harness import evaluate
-    from world.tiny import tiny_tokenizer
 
     world = write_world(tmp_path_factory.mktemp("lm_eval_output"), n_mgsm=2, n_bele=2)
     tok = tiny_tokenizer()

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layerswap.trainables.evaluate.proxy import ProxyEvaluator
+from layerswap.trainables.evaluate.proxy_lm import BatchSizer, greedy_generate, stop_triggers
 from proxy_fixtures import tiny_models, write_world
-
-from trainables.evaluate.proxy import ProxyEvaluator
-from trainables.evaluate.proxy_lm import BatchSizer, greedy_generate, stop_triggers
 
 GEN = {"max_gen_toks": 16}
 TASKS = ["mgsm_dev", "bele_dev"]

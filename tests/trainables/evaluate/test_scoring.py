@@ -6,8 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
-from trainables.evaluate.scoring import (
+from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
     group_score,
     score_key,

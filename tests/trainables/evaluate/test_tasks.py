@@ -12,8 +12,7 @@ import subprocess
 import sys
 
 import pytest
-
-from trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.evaluate.tasks import write_world_tasks
 
 
 @pytest.fixture
@@ -48,7 +47,9 @@ def test_cli_eval_exits_2_naming_the_file(damaged, tiny_world):
     w, _ = damaged
     args = ["eval", str(tiny_world / "base"), "--world", str(w), "--tasks", "world_mgsm_direct_xa"]
     run = subprocess.run(
-        [sys.executable, "-m", "cli", *args, "--limit", "1"], capture_output=True, text=True
+        [sys.executable, "-m", "layerswap.cli", *args, "--limit", "1"],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert "data/mgsm/xa/test.jsonl: sha256 differs" in run.stderr

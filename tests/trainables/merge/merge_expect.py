@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 
 import torch
+from layerswap.spaces.recipe import parse_recipe
+from layerswap.trainables.merge.engine import merge_to_disk
 from safetensors.torch import load_file
-
-from spaces.recipe import parse_recipe
-from trainables.merge.engine import merge_to_disk
 
 L = 12
 _ATTN = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.|input_layernorm\.)")

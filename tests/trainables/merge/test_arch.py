@@ -7,8 +7,12 @@ import re
 import pytest
 import torch
 import transformers
-
-from trainables.merge.arch import NON_LAYER, ArchitectureError, check_model_type, param_slot
+from layerswap.trainables.merge.arch import (
+    NON_LAYER,
+    ArchitectureError,
+    check_model_type,
+    param_slot,
+)
 
 SMALL = dict(
     vocab_size=64,

@@ -11,11 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-
-from trainables.atomic import atomic_dir, atomic_write_text
-from trainables.merge.checkpoint import (
+from layerswap.trainables.atomic import atomic_dir, atomic_write_text
+from layerswap.trainables.merge.checkpoint import (
     TAGS,
     Checkpoint,
     CheckpointError,
@@ -23,7 +20,9 @@ from trainables.merge.checkpoint import (
     ShardWriter,
     read_header,
 )
-from trainables.merge.ops import row_chunks
+from layerswap.trainables.merge.ops import row_chunks
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 
 def write_raw(path: Path, header: dict, data: bytes) -> Path:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layerswap.spaces.recipe import RecipeError
+from layerswap.trainables.merge.ops import delta_merge
 from merge_expect import (
     assert_state,
     inverse_weights,
@@ -12,9 +14,6 @@ from merge_expect import (
     slot,
     swap_fields,
 )
-
-from spaces.recipe import RecipeError
-from trainables.merge.ops import delta_merge
 
 # --- soups -----------------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from layerswap.spaces.recipe import load_recipe, parse_recipe, recipe_id
+from layerswap.trainables.merge.engine import RECIPE_FILE, merge_to_disk
 from merge_expect import (
     assert_state,
     expected_swap,
@@ -15,9 +17,6 @@ from merge_expect import (
     merge,
     swap_fields,
 )
-
-from spaces.recipe import load_recipe, parse_recipe, recipe_id
-from trainables.merge.engine import RECIPE_FILE, merge_to_disk
 
 # --- sharding, dtypes ------------------------------------------------------------------------
 
@@ -139,7 +138,7 @@ def test_output_is_a_complete_loadable_model(family, tmp_path):
 
 
 def test_overwrite_replaces_only_a_merged_model(family, tmp_path, nothing_written):
-    from trainables.outputs import MARKER, OutputError, read_marker
+    from layerswap.trainables.outputs import MARKER, OutputError, read_marker
 
     out = tmp_path / "out"
     out.mkdir()
@@ -166,7 +165,7 @@ def test_overwrite_replaces_only_a_merged_model(family, tmp_path, nothing_writte
 
 
 def test_overwrite_never_touches_an_input(family, tmp_path):
-    from trainables.outputs import OutputError
+    from layerswap.trainables.outputs import OutputError
 
     fields = swap_fields(family, bottom=1, top=1)
     task = Path(family.ref("task"))
@@ -181,7 +180,7 @@ def test_overwrite_never_touches_an_input(family, tmp_path):
 
 
 def test_disk_magnitude_oracle_is_the_mean_row_mav(family):
-    from trainables.merge.engine import disk_mav_oracle, open_checkpoints
+    from layerswap.trainables.merge.engine import disk_mav_oracle, open_checkpoints
 
     base = family.state("base")
     t, g = family.ref("task"), family.ref("language")
@@ -207,7 +206,7 @@ def test_disk_magnitude_oracle_is_the_mean_row_mav(family):
 
 def test_small_chunks_give_the_same_merge(family, tmp_path, monkeypatch):
     """Row-chunked streaming (tiny chunks) writes exactly what whole-tensor processing does."""
-    import trainables.merge.engine as merge_mod
+    import layerswap.trainables.merge.engine as merge_mod
 
     fields = swap_fields(
         family,

@@ -18,10 +18,9 @@ import pytest
 import torch
 import transformers
 import yaml
+from layerswap.spaces.recipe import LayerSwapRecipe, RecipeError
+from layerswap.trainables.merge.mergekit_export import mergekit_yaml, to_mergekit
 from safetensors.torch import load_file
-
-from spaces.recipe import LayerSwapRecipe, RecipeError
-from trainables.merge.mergekit_export import mergekit_yaml, to_mergekit
 
 pytest.importorskip("mergekit")  # an optional test dependency (pyproject [test])
 
@@ -184,7 +183,7 @@ def test_mergekit_builds_the_recipe_model(case, experts, tmp_path):
 @pytest.mark.parametrize("case", list(CASES))
 def test_engine_equals_mergekit(case, experts, tmp_path):
     """layerswap's own streaming engine and mergekit build the same model from one recipe."""
-    from trainables.merge.engine import merge_to_disk
+    from layerswap.trainables.merge.engine import merge_to_disk
 
     task_dir, lang_dir = experts
     recipe = LayerSwapRecipe(

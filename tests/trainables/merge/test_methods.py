@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typing
 
-from spaces.recipe import Recipe
-from trainables.merge.methods import METHODS
+from layerswap.spaces.recipe import Recipe
+from layerswap.trainables.merge.methods import METHODS
 
 
 def test_every_recipe_model_has_one_entry_under_its_method():

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from spaces.recipe import RecipeError, parse_recipe
-from trainables.merge.arch import NON_LAYER, ArchitectureError, ParamSlot, param_slot
-from trainables.merge.plan import build_plan, recipe_refs
-from trainables.merge.terms import DeltaMerge, Linear
+from layerswap.spaces.recipe import RecipeError, parse_recipe
+from layerswap.trainables.merge.arch import NON_LAYER, ArchitectureError, ParamSlot, param_slot
+from layerswap.trainables.merge.plan import build_plan, recipe_refs
+from layerswap.trainables.merge.terms import DeltaMerge, Linear
 
 L = 12
 ATTN = [

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from trainables.merge.threads import run_in_threads
+from layerswap.trainables.merge.threads import run_in_threads
 
 BOUND_S = 20  # the call must be over this long after the interrupt (it takes ~0.1 s)
 
@@ -158,10 +157,10 @@ def test_interrupt_anywhere_in_run_in_threads_stops_every_worker():
 # Open files are read from Linux's /proc (CI and the clusters this targets are Linux).
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads open files from /proc")
 def test_interrupt_anywhere_in_write_plan_leaves_no_thread_or_open_file(tmp_path):
-    from spaces.recipe import parse_recipe
-    from trainables.merge.engine import open_checkpoints, plan_for, write_plan
-    from trainables.merge.plan import recipe_refs
-    from world.tiny import make_tiny_family
+    from layerswap.spaces.recipe import parse_recipe
+    from layerswap.trainables.merge.engine import open_checkpoints, plan_for, write_plan
+    from layerswap.trainables.merge.plan import recipe_refs
+    from layerswap.world.tiny import make_tiny_family
 
     # Two layers (20 tensors): every line of write_plan is ~1000 interrupt points already.
     fam = make_tiny_family(tmp_path / "fam", num_layers=2, with_tokenizer=False)

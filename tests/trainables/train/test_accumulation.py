@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layerswap.trainables.train import run_training
 from safetensors.torch import load_file
 from train_helpers import MODE_CFGS, make_exp
-
-from trainables.train import run_training
 
 
 @pytest.mark.parametrize("mode", ["full", "simultaneous"])

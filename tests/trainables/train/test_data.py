@@ -11,11 +11,10 @@ import sys
 
 import pytest
 import yaml
+from layerswap.spaces.train_experiment import DatasetSpec
+from layerswap.trainables.train.data import load_pairs
 
-from spaces.train_experiment import DatasetSpec
-from trainables.train.data import load_pairs
-
-LAYERSWAP = [sys.executable, "-m", "cli"]
+LAYERSWAP = [sys.executable, "-m", "layerswap.cli"]
 ROW = b'{"question": "Tom has 2 apples.", "answer": "2"}\n'
 
 

@@ -119,7 +119,7 @@ def test_cpu_offload_takes_the_same_steps(mixed_runs):
 
 
 def test_fsdp_partial_keeps_frozen_layers_bit_identical(bf16_world, mixed_runs):
-    from trainables.merge.arch import param_slot
+    from layerswap.trainables.merge.arch import param_slot
 
     base = load_file(bf16_world / "base/model.safetensors")
     ckpt = mixed_runs["partial"]["final"]

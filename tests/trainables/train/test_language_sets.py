@@ -9,9 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-
-from trainables.train.language_sets import build_language_set, looks_like_math, mix, write_jsonl
-from trainables.train.sources import load_sft
+from layerswap.trainables.train.language_sets import (
+    build_language_set,
+    looks_like_math,
+    mix,
+    write_jsonl,
+)
+from layerswap.trainables.train.sources import load_sft
 
 FIX = Path(__file__).parents[2] / "fixtures" / "datasets"
 

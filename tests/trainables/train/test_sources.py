@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from trainables.train.sources import (
+from layerswap.trainables.train.sources import (
     LANGUAGE_SOURCES,
     SOURCES,
     DataSourceError,

@@ -9,11 +9,10 @@ import json
 
 import pytest
 import torch
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 from safetensors.torch import load_file
 from train_helpers import EDGE, MODE_CFGS, MODE_HYPER, make_exp
-
-from trainables.merge.arch import param_slot
-from trainables.train import find_checkpoints, read_manifest, run_training
 
 
 def _train(world, tmp_path, mode, **over):
@@ -28,7 +27,7 @@ def _train(world, tmp_path, mode, **over):
 @pytest.fixture(scope="module")
 def base_val(tiny_world):
     """Validation loss of the base per dataset, for one- and two-dataset experiments."""
-    from trainables.train.revert import val_losses
+    from layerswap.trainables.train.revert import val_losses
 
     return {n: val_losses(tiny_world / "base", make_exp(tiny_world, MODE_CFGS[n])) for n in ("full", "mix")}  # fmt: skip
 
@@ -193,7 +192,7 @@ def test_mix_lora_trains_one_adapter_on_both_datasets(tiny_world, tmp_path):
 
 
 def test_every_mode_of_the_config_has_a_prepare_function():
-    from spaces.train_experiment import MODE_NAMES
-    from trainables.train.modes import MODES
+    from layerswap.spaces.train_experiment import MODE_NAMES
+    from layerswap.trainables.train.modes import MODES
 
     assert list(MODES) == list(MODE_NAMES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spaces.train_experiment import TrainExperiment, parse_train_experiment
+from layerswap.spaces.train_experiment import TrainExperiment, parse_train_experiment
 
 # A custom partition that fits the tiny world's 4 layers: layers 0 and 3 language, 1-2 task.
 EDGE = {"bottom": 1, "top": 1}
@@ -63,8 +63,7 @@ def ddp_worker(rank: int, world: int, init: str, jobs: list[dict], out: str) -> 
 
     import torch
     import torch.distributed as dist
-
-    from trainables.train import run_training
+    from layerswap.trainables.train import run_training
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
