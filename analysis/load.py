@@ -1,5 +1,5 @@
 """Read a run directory's result files into pandas, tolerating absences (schemas: search/
-results.py trials, search/registry.py experts, search/promote.py promotion).
+results.py trials, experts/registry.py experts, search/promote.py promotion).
 
 `load_run(RUN)` returns a `RunData`; every file is optional, but a file that exists and cannot be
 read (or lacks a required column) raises ValueError naming the file.

@@ -29,7 +29,7 @@ def compare(run: Path, batch_size, device: str) -> tuple[list[dict], float]:
     Raises:
         ValueError: naming what is missing from `run`.
     """
-    from layerswap.search.demo import INDICATORS, DemoSettings, indicator_scorer
+    from layerswap.demo.pipeline import INDICATORS, DemoSettings, indicator_scorer
     from layerswap.trainables.atomic import read_parquet
     from layerswap.trainables.evaluate.tasks import write_world_tasks
 

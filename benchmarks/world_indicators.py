@@ -53,7 +53,7 @@ def registry_experts(paths: list[Path]) -> list[dict]:
     Raises:
         ValueError: a file is missing or not a registry (naming it), or it holds no such expert.
     """
-    from layerswap.search.registry import read_registry
+    from layerswap.experts.registry import read_registry
 
     rows = []
     for p in paths:

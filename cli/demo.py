@@ -1,6 +1,6 @@
 """`layerswap demo --out DIR`: the whole pipeline on the embedded world (or --merge-only).
 
-Thin: the pipeline is search.demo.run_demo, the merge-only demo search.merge_demo. It prints its
+Thin: the pipeline is demo.pipeline.run_demo, the merge-only demo demo.merge_only. It prints its
 own progress (stage k/5, trial k/N with the best so far and an ETA, one line per promoted model);
 `--verbose` adds lm-eval's progress bars and log. Run `layerswap demo --help`.
 """
@@ -17,11 +17,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.merge_only and args.resume:
         raise ValueError("--resume continues a pipeline run; --merge-only has nothing to resume")
     if args.merge_only:
-        from layerswap.search.merge_demo import run_merge_demo
+        from layerswap.demo.merge_only import run_merge_demo
 
         run_merge_demo(Path(args.out), overwrite=args.overwrite)
         return 0
-    from layerswap.search.demo import DemoSettings, run_demo
+    from layerswap.demo.pipeline import DemoSettings, run_demo
 
     settings = DemoSettings(
         world_size=args.world_size,

@@ -3,7 +3,7 @@ whole study offline: resolve its names, count its runs, trials and evaluations, 
 device-hours per stage from the model shapes and a throughput profile (spaces/throughput.yaml).
 
 Thin: validates the study and every config it names (spaces/study.py), then prints
-search.study_plan.plan_study's plan. Problems (a task or dataset source that does not resolve,
+study.plan.plan_study's plan. Problems (a task or dataset source that does not resolve,
 a sweep trial that cannot run, ...) are listed and exit 2; `--json` is then not written.
 Nothing trains, loads weights or reaches the network. Run `layerswap plan --help`.
 """
@@ -73,7 +73,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             ours=_is_plan_json,
             what="a layerswap plan JSON",
         )
-    from layerswap.search.study_plan import format_study_plan, plan_study
+    from layerswap.study.plan import format_study_plan, plan_study
 
     plan = plan_study(loaded, args.profile)
     print(format_study_plan(plan))

@@ -98,7 +98,7 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     """
     from contextlib import contextmanager
 
-    from layerswap.search.registry import append_rows, drop_rows_under, registry_path
+    from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
     from layerswap.spaces.train_experiment import experiment_identity
     from layerswap.trainables.outputs import OutputError, check_output, replacing, write_marker
 
@@ -134,7 +134,7 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
     Returns:
         0 when every trial finished, 1 when some failed (their rows are still kept).
     """
-    from layerswap.search.sweep import run_sweep
+    from layerswap.experts.sweep import run_sweep
 
     res = run_sweep(exp, run_dir)
     failed = sorted(t for t, s in res.trials.items() if s != "ok")

@@ -1,5 +1,4 @@
-"""Drivers and their stores: the merge search (`search.py` driving Tune + Optuna through
-`searcher.py`, one trial per recipe in `trial.py` / `tune_trial.py`, rows in `results.py`),
-promotion to the full evaluation (`promote.py`), expert sweeps and their registry (`sweep.py`,
-`registry.py`), and the demos (`demo.py`, `merge_demo.py`). Ray is imported only here and in
-trainables/train/ray_train.py."""
+"""The merge search and its promotion: `search.py` drives Ray Tune + Optuna through `searcher.py`,
+one trial per recipe in `trial.py` / `tune_trial.py`, rows in `results.py`, experts once per node
+in `expert_store.py`, the pool in `pool.py`, checks before Ray in `preflight.py`; `promote.py`
+gives the best recipes the full evaluation. Expert sweeps are experts/, the demo demo/."""

@@ -6,7 +6,7 @@ finished so far and how many run at once. `Stages` prints "[demo] stage 3/5: ...
 each stage starts and keeps the wall time of each; every line says how long the run has been
 going, so the log of a run that was killed still shows where its time went. Lines are whole and
 plain (no carriage-return redraw), so a log file of a run reads like the terminal did. Used by
-search/searcher.py and search/demo.py; tested in tests/search/test_progress.py.
+search/searcher.py and demo/pipeline.py; tested in tests/search/test_progress.py.
 """
 
 from __future__ import annotations

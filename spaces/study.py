@@ -5,7 +5,7 @@ device throughput profile its plan is estimated with.
 and every config it names, with its overrides applied, and lists every problem at once;
 `load_profiles()` reads the named device profiles of spaces/throughput.yaml, each figure with
 its provenance (measured by a layerswap benchmark, or assumed, with the reason). Plan a study
-with `layerswap plan STUDY.yaml` (search/study_plan.py). Pure data: no torch, no ray.
+with `layerswap plan STUDY.yaml` (study/plan.py). Pure data: no torch, no ray.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class SearchEntry(StrictModel):
 
 class TaskShape(StrictModel):
     """What one evaluation task costs per item, for tasks the plan has no built-in shape for
-    (search/study_estimate.py TASK_SHAPES) or to replace one.
+    (study/estimate.py TASK_SHAPES) or to replace one.
 
     Fields:
         items: items in the split evaluated (None: from the built-in table or the world).
@@ -254,8 +254,8 @@ class Figure(StrictModel):
 class Profile(StrictModel):
     """A device (one GPU, or one CPU thread) and what layerswap's work achieves on it.
 
-    Figures (search/study_estimate.py says how each enters an estimate):
-        train_flops_per_s: training FLOP/s per device, FLOPs counted by study_estimate's rule.
+    Figures (study/estimate.py says how each enters an estimate):
+        train_flops_per_s: training FLOP/s per device, FLOPs counted by study/estimate.py's rule.
         prefill_flops_per_s: forward-only FLOP/s (scoring, prompts, validation).
         decode_bytes_per_s: weight bytes read per second while decoding (one read per step).
         decode_step_overhead_s: fixed seconds per decoding step (launches, Python).

@@ -1,6 +1,6 @@
 """The `search:` block of a training experiment: an expert sweep over training hyperparameters.
 
-Pure data (no torch, no ray). `SweepConfig.model_validate(yaml_dict)`; `search/sweep.py` runs it.
+Pure data (no torch, no ray). `SweepConfig.model_validate(yaml_dict)`; `experts/sweep.py` runs it.
 """
 
 from __future__ import annotations

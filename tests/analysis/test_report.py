@@ -236,7 +236,7 @@ def test_help_lists_analyze(capsys):
 @pytest.mark.slow
 def test_demo_style_run_maps_the_recipe_experts(tmp_path):
     """A `layerswap demo` folder (recipe.yaml + models/) gets the ΔW section."""
-    from layerswap.search.merge_demo import run_merge_demo
+    from layerswap.demo.merge_only import run_merge_demo
 
     demo = tmp_path / "demo"
     run_merge_demo(demo)

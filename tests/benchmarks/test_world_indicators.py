@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def sweep(tiny_world, tmp_path_factory):
     """Three math and three xa language "experts" (the base shifted), one xb language expert,
     and their registry as search.registry writes it."""
-    from layerswap.search.registry import expert_row, write_registry
+    from layerswap.experts.registry import expert_row, write_registry
     from layerswap.world.sft import load_base
 
     out = tmp_path_factory.mktemp("sweep")

@@ -1120,7 +1120,7 @@ def tripwires(monkeypatch):
         "layerswap.world.build.make_datasets",
         "layerswap.trainables.merge.engine.write_plan",
         "layerswap.trainables.train.run._train",
-        "layerswap.search.sweep.run_sweep",
+        "layerswap.experts.sweep.run_sweep",
         "layerswap.trainables.evaluate.harness.evaluate",
         "layerswap.search.search.resolve_pool",
         "layerswap.analysis.report.render_html",

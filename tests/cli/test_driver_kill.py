@@ -52,7 +52,7 @@ def _kill(c, ray_tmp) -> None:
 
 
 def test_demo_killed_twice_then_resumed(tmp_path, cli, ray_tmp):
-    from layerswap.search.registry import read_rows, registry_path
+    from layerswap.experts.registry import read_rows, registry_path
 
     run = tmp_path / "demo"
     args = ["demo", "--world-size", "tiny", "--trials", TRIALS, "--train-steps", STEPS, "--out", run]  # fmt: skip

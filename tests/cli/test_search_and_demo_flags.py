@@ -1,6 +1,6 @@
 """`layerswap search` / `layerswap demo` output switches: `--verbose` reaches promotion (lm-eval's
 bars and log), off by default. The search and promotion themselves are stubbed here; the real
-output of a run is checked by tests/search/test_demo.py.
+output of a run is checked by tests/demo/test_demo.py.
 
 Run: .venv/bin/python -m pytest -q tests/cli/test_search_and_demo_flags.py
 """
@@ -47,7 +47,7 @@ def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize(("flags", "verbose"), [([], False), (["--verbose"], True)])
 def test_demo_verbose_reaches_the_pipeline(tmp_path, monkeypatch, flags, verbose):
-    from layerswap.search import demo as demo_mod
+    from layerswap.demo import pipeline as demo_mod
 
     seen = {}
     monkeypatch.setattr(demo_mod, "run_demo", lambda out, **kw: seen.update(kw))

@@ -46,10 +46,10 @@ def test_train_validates_before_any_work(tiny_world, tmp_path, capsys):
 
 def test_search_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
     calls = []
-    fake = types.ModuleType("layerswap.search.sweep")
+    fake = types.ModuleType("layerswap.experts.sweep")
     done = types.SimpleNamespace(trials={}, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
     fake.run_sweep = lambda exp, run_dir: calls.append((exp.name, run_dir)) or done
-    monkeypatch.setitem(sys.modules, "layerswap.search.sweep", fake)
+    monkeypatch.setitem(sys.modules, "layerswap.experts.sweep", fake)
     exp = make_exp(tiny_world, "full", search={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}})  # fmt: skip
     f = _write(tmp_path, exp.model_dump(mode="json"))
     assert main(["train", str(f), "--out", str(tmp_path / "run")]) == 0

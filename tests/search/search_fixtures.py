@@ -110,9 +110,9 @@ def audited_ray(tmp: Path, roots: list[Path]) -> Iterator[Path]:
 
 
 def expert_registry(paths: dict[str, Path], out: Path, language: str = "xa") -> Path:
-    """An expert registry (search/registry.py's schema) over `make_experts`' task and language
+    """An expert registry (experts/registry.py's schema) over `make_experts`' task and language
     experts, scored on English MGSM dev and target Belebele dev; returns the parquet file."""
-    from layerswap.search.registry import append_rows, expert_id
+    from layerswap.experts.registry import append_rows, expert_id
 
     def row(role: str, kind: str, lang: str, mgsm: float, belebele: float) -> dict:
         return {

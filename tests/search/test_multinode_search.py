@@ -180,8 +180,8 @@ def _sweep(world: Path):
 def test_expert_sweep_spreads_over_nodes_and_matches_one_node(
     world_and_experts, ray_cluster, ray_one_node, tmp_path
 ):
-    from layerswap.search.registry import read_rows
-    from layerswap.search.sweep import run_sweep
+    from layerswap.experts.registry import read_rows
+    from layerswap.experts.sweep import run_sweep
 
     world, _ = world_and_experts
     exp = _sweep(world)

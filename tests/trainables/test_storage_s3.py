@@ -62,7 +62,7 @@ def _checkpoints(run: str) -> list[str]:
 
 def _register(exp, checkpoint: str, registry: Path, indicator: str, score: float) -> None:
     """One registry row for a checkpoint in the bucket (its manifest read from there)."""
-    from layerswap.search.registry import append_rows, expert_row
+    from layerswap.experts.registry import append_rows, expert_row
     from layerswap.spaces.train_experiment import experiment_json
     from layerswap.trainables.train.state import MANIFEST
 
@@ -73,8 +73,8 @@ def _register(exp, checkpoint: str, registry: Path, indicator: str, score: float
 
 def test_train_register_search_and_merge_through_s3(tiny_world, ray_s3, tmp_path, capsys):
     from layerswap.cli import main
+    from layerswap.experts.registry import read_rows, registry_path
     from layerswap.search.preflight import preflight
-    from layerswap.search.registry import read_rows, registry_path
     from layerswap.search.search import run_search
     from layerswap.spaces.search_experiment import SearchExperiment
     from layerswap.trainables.train import run_training

@@ -30,7 +30,7 @@ from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
 from layerswap.trainables.merge.lora import is_lora_adapter
 
 Backend = Literal["proxy", "lm_eval"]
-IND, N_ITEMS = "ind__", "n_items__"  # registry column prefixes (search/registry.py)
+IND, N_ITEMS = "ind__", "n_items__"  # registry column prefixes (experts/registry.py)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def test_indicators_are_scored_in_batches(tiny_world, tmp_path, monkeypatch):
     """The demo's indicator stage scores at `indicator_batch_size` ("auto" by default: at batch 1
     it took 45 s per checkpoint on a GPU machine), and a given batch size reaches the scorer."""
     import layerswap.trainables.evaluate.indicators as indicators
-    from layerswap.search.demo import DemoSettings, _score_experts
+    from layerswap.demo.pipeline import DemoSettings, _score_experts
     from layerswap.search.progress import Stages
 
     made = []

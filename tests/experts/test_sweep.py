@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from layerswap.search.registry import read_rows, registry_path, top_k
-from layerswap.search.sweep import (
+from layerswap.experts.registry import read_rows, registry_path, top_k
+from layerswap.experts.sweep import (
     _flat_params,
     _searcher,
     plan_sweep,

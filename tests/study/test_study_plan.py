@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from layerswap.search import study_estimate as est
-from layerswap.search.study_plan import format_study_plan, plan_study
 from layerswap.spaces.study import Profile, load_study
+from layerswap.study import estimate as est
+from layerswap.study.plan import format_study_plan, plan_study
 
 # A 2-layer Llama, hidden 8, MLP 16, 2 heads of 4, vocab 32, fp32. Matmul weights per layer:
 # q, k, v, o 4 x 8*8 = 256, MLP 3 x 8*16 = 384 -> 640; x 2 layers + lm_head 8*32 = 256 -> 1536.

@@ -98,7 +98,7 @@ def indicator_scorer(world: Path, tasks_dir: Path, st: DemoSettings, device: str
 
 def _score_experts(run_dir: Path, world: Path, trained: dict, st: DemoSettings, stages: Stages) -> None:  # fmt: skip
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
-    from layerswap.search.registry import append_rows, expert_row, registry_path
+    from layerswap.experts.registry import append_rows, expert_row, registry_path
     from layerswap.spaces.train_experiment import experiment_json
     from layerswap.trainables.evaluate.tasks import write_world_tasks
     from layerswap.trainables.train import find_checkpoints, read_manifest
@@ -312,7 +312,7 @@ def _train_experts(exps: dict, out: Path) -> dict:
 
 def _scored(out: Path, trained: dict) -> bool:
     """Whether the registry holds a row for every checkpoint of the trained experts."""
-    from layerswap.search.registry import read_rows, registry_path
+    from layerswap.experts.registry import read_rows, registry_path
     from layerswap.trainables.train import find_checkpoints
 
     have = {str(Path(r["path"]).resolve()) for r in read_rows(registry_path(out))}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerswap.search.registry import append_rows, expert_row, read_rows, registry_path, top_k
+from layerswap.experts.registry import append_rows, expert_row, read_rows, registry_path, top_k
 from layerswap.spaces.sweep import Choice, SweepConfig
 from layerswap.spaces.train_experiment import (
     TrainExperiment,

@@ -8,7 +8,7 @@ the target and proxy test tasks). `format_study_plan(plan)` is what `layerswap p
 Names are resolved without network: model configs (spaces' path rule, the HF cache, built-in
 copies), lm-eval task names (search/preflight.py's finder), dataset sources
 (trainables.train.sources). What cannot be known offline is listed, never guessed silently.
-The cost model is search/study_estimate.py. Tests: .venv/bin/pytest -q tests/search/test_study_plan.py
+The cost model is study/estimate.py. Tests: .venv/bin/pytest -q tests/search/test_study_plan.py
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from layerswap.search import preflight
-from layerswap.search import study_estimate as est
 from layerswap.search.promote import promotion_tasks, shot_groups
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
 from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.study import estimate as est
 
 STAGES = {
     "train": "expert training",
@@ -203,7 +203,7 @@ def _train_row(ex: StudyExpert, ctx: _Ctx) -> tuple[Row, float]:
 
 def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
     """Stage-2 row: the sweep scores its checkpoints on the expert kind's indicators."""
-    from layerswap.search.sweep import world_dir
+    from layerswap.experts.sweep import world_dir
 
     exp, sw = ex.experiment, ex.experiment.search
     if sw is None:
@@ -216,7 +216,7 @@ def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
         return None
     w = str(world) if world else None
     ctx.find_tasks([(f"{ex.label}: indicator", t) for t in tasks], w)
-    # Sweep trials reserve CPUs only (search/sweep.py run_sweep), so `auto` scores on the CPU.
+    # Sweep trials reserve CPUs only (experts/sweep.py run_sweep), so `auto` scores on the CPU.
     device = "cuda" if sw.device == "cuda" else "cpu"
     if device == "cpu" and ctx.prof.kind == "gpu":
         ctx.plan.warnings.append(f"{ex.label}: indicators score on the CPU (search.device {sw.device}: sweep trials hold no GPU), where the {ctx.plan.profile} figures do not apply; set device: cuda")  # fmt: skip
