@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.checkpoint import Checkpoint
 

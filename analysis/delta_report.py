@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from layerswap.analysis.delta import (
     DEFAULT_QUANTILE,
     GROUPS,

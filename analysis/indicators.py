@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from layerswap.analysis.figures import scatter
 from layerswap.analysis.load import (
     RunData,

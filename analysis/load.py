@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
 from layerswap.trainables.atomic import read_parquet
 
 REGISTRY = Path("experts/registry.parquet")

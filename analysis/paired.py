@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from layerswap.analysis.load import RunData, target_tasks
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci

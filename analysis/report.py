@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+
 from layerswap.analysis.delta import DEFAULT_QUANTILE
 from layerswap.analysis.load import load_run
 from layerswap.analysis.sections import Figure, Section, Table

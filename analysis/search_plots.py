@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from layerswap.analysis.figures import bars, best_so_far, heatmap, scatter
 from layerswap.analysis.load import (
     RunData,

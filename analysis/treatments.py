@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pandas as pd
+
 from layerswap.analysis.load import (
     RunData,
     hparams,

@@ -87,11 +87,12 @@ def main() -> None:
 
     import lm_eval
     import torch
-    from layerswap.trainables.evaluate.proxy import ProxyEvaluator
-    from layerswap.world.tiny import tiny_tokenizer
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
     from proxy_fixtures import tiny_models, write_world
+
+    from layerswap.trainables.evaluate.proxy import ProxyEvaluator
+    from layerswap.world.tiny import tiny_tokenizer
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -63,13 +63,14 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
 from layerswap.spaces.recipe import parse_recipe  # noqa: E402
 from layerswap.trainables.merge.checkpoint import Checkpoint, OutSpec, ShardWriter  # noqa: E402
 from layerswap.trainables.merge.compose import compose_recipe  # noqa: E402
 from layerswap.trainables.merge.engine import merge_to_disk, open_checkpoints, plan_for  # noqa: E402
 from layerswap.trainables.merge.mergekit_export import to_mergekit  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
 
 TARGET_MERGE_OVER_COPY = 1.33
 TARGET_MERGEKIT_OVER_MERGE = 2.0

@@ -100,6 +100,7 @@ def enumerate_space(space, depth, pool) -> list[dict]:
 def replay(space, depth, pool, table: dict, sampler, budget: int, top: set, warm: dict | None):
     """Distinct evaluations until a top recipe is evaluated (None if not within budget)."""
     import optuna
+
     from layerswap.spaces.recipe import recipe_id
     from layerswap.spaces.search_space import decode, suggest
 
@@ -135,6 +136,7 @@ def search_efficiency(exp, depth: int, pool, table: dict, budget_share: float, s
         the report's "c_search_efficiency" block.
     """
     import optuna
+
     from layerswap.search.searcher import make_sampler
     from layerswap.spaces.search_space import warm_start
 
@@ -211,12 +213,13 @@ def shape_experiment(args, world: Path, dirs: dict, depth: int):
 def bench_shape(args) -> None:
     """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
     import torch
+    from shapes import shape_config, shape_experts
+    from transformers import AutoTokenizer
+
     from layerswap.search.trial import TrialRunner
     from layerswap.spaces.search_space import ExpertPool, decode, warm_start
     from layerswap.trainables.evaluate.tasks import write_world_tasks
     from layerswap.world import build_world
-    from shapes import shape_config, shape_experts
-    from transformers import AutoTokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(os.cpu_count() or 1)
@@ -305,10 +308,11 @@ def bench_experiment(args, tmp: Path):
     Returns:
         (experiment, world folder, depth, expert pool).
     """
+    from search_fixtures import make_experts
+
     from layerswap.spaces.search_experiment import SearchExperiment
     from layerswap.spaces.search_space import ExpertPool
     from layerswap.world import build_world
-    from search_fixtures import make_experts
 
     world = args.world or build_world(tmp / "world", size=args.size, progress=False)
     if args.experts:  # trained checkpoints (e.g. the demo's), from the world's base
@@ -374,6 +378,7 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
 
     import ray
     import yaml
+
     from layerswap.search.search import run_search
     from layerswap.spaces.recipe import parse_recipe
     from layerswap.trainables.atomic import read_parquet
@@ -434,6 +439,7 @@ def main(argv=None) -> None:
 
     import optuna
     import torch
+
     from layerswap.spaces.recipe import recipe_id
     from layerswap.spaces.search_space import decode
     from layerswap.trainables.atomic import atomic_write_text

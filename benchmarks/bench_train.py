@@ -144,6 +144,7 @@ def main() -> int:
 
     import ray
     import torch
+
     from layerswap.trainables.train.ray_train import train_with_ray
     from layerswap.world import build_world
 

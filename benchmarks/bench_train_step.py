@@ -87,8 +87,9 @@ def _args() -> argparse.Namespace:
 def _tokenizer(world: Path | None):
     """The world tokenizer (benchmarks/shapes.py pairs it with the real architectures); a tiny
     world is built in a temporary folder, removed once the tokenizer is in memory."""
-    from layerswap.world import build_world
     from transformers import AutoTokenizer
+
+    from layerswap.world import build_world
 
     if world is not None:
         return AutoTokenizer.from_pretrained(world / "base")
@@ -129,6 +130,7 @@ def _experiment(args, strategy: str, offload: bool, use_gpu: bool):
 def _plan(exp, cfg, device):
     """The trainer's memory plan for `exp` on `cfg` (GiB of the device when it is a GPU)."""
     import torch
+
     from layerswap.trainables.train.plan import memory_plan
 
     gpu = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None  # fmt: skip
@@ -168,6 +170,7 @@ def _data(vocab: int, rows: int, seq_len: int, seed: int = 0):
     """TrainData of `rows` random sequences of exactly `seq_len` ids, labelled with themselves
     (no padding, so every token counts), one stream: what build_data would hand the loop."""
     import torch
+
     from layerswap.trainables.train.data import Stream, TrainData
 
     g = torch.Generator().manual_seed(seed)
@@ -178,10 +181,11 @@ def _data(vocab: int, rows: int, seq_len: int, seed: int = 0):
 def _setup(args, exp, cfg, device):
     """The loop's _Run for `exp`: model built on the device, prepared, cast, wrapped."""
     import torch
+    from transformers import AutoModelForCausalLM
+
     from layerswap.trainables.train.loop import _adamw, _prepare_model, _Run
     from layerswap.trainables.train.precision import resolve_precision
     from layerswap.trainables.train.strategies import pick
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     # bf16 straight away: an fp32 build of 8B would take 32 GB before the cast.
@@ -219,6 +223,7 @@ def _setup(args, exp, cfg, device):
 def _measure(run, warmup: int, steps: int) -> dict:
     """Run warmup + steps of the loop's _train_step; seconds, tokens and losses per step."""
     import torch
+
     from layerswap.trainables.train.loop import _train_step
 
     cuda = run.device.type == "cuda"

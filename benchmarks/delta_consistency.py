@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from layerswap.analysis.delta import GROUPS, REGIONS, TYPES, depth_regions, param_type
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.checkpoint import Checkpoint

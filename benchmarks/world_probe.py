@@ -41,9 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from layerswap.spaces.search_experiment import world_readings  # noqa: E402  (pydantic only: no torch)
 from world_probe_blocks import attribution, per_layer  # noqa: E402
 from world_probe_select import indicator_spearman, proxy_pick  # noqa: E402
+
+from layerswap.spaces.search_experiment import world_readings  # noqa: E402  (pydantic only: no torch)
 
 
 def parse_args(argv):

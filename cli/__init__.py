@@ -14,8 +14,9 @@ import os
 import signal
 import sys
 
-from layerswap.cli.watchdog import EXIT, Watchdog
 from pydantic import ValidationError
+
+from layerswap.cli.watchdog import EXIT, Watchdog
 
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo")

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+
 from layerswap.search.progress import Stages, duration
 
 LANGUAGE = "xa"  # the world's higher-resource synthetic target language
@@ -161,6 +162,7 @@ def _identity(st: DemoSettings) -> str:
 def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> DemoResult:
     """World, experts, indicators, search and promotion into the run folder `out`."""
     import ray
+
     from layerswap.search.promote import promote
     from layerswap.search.search import run_search
     from layerswap.trainables.ray_session import init_ray
@@ -291,6 +293,7 @@ def _train_experts(exps: dict, out: Path) -> dict:
         run failed.
     """
     import ray
+
     from layerswap.trainables.train.run import train_expert
 
     # The two experts are independent runs: each TorchTrainer is driven from its own Ray

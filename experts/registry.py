@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from layerswap.spaces.sweep import EXPERT_KINDS
 from layerswap.spaces.train_experiment import MODE_NAMES
 from layerswap.trainables.atomic import atomic_write, read_parquet

@@ -315,8 +315,9 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         SweepResult with this sweep's rows and its top_k experts on the metric task.
     """
     import ray
-    from layerswap.trainables.ray_session import init_ray
     from ray import tune
+
+    from layerswap.trainables.ray_session import init_ray
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)

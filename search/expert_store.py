@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.live import ExpertCache, Loader
 

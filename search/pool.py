@@ -67,6 +67,7 @@ def registry_problems(path: str | Path) -> tuple[list[dict[str, Any]], list[str]
         (rows, problems): rows are [] unless problems is empty; every problem names the file.
     """
     import pyarrow as pa
+
     from layerswap.experts.registry import COLUMNS
     from layerswap.trainables.atomic import read_parquet
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
 from layerswap.spaces.search_experiment import SearchExperiment, heldout_task
@@ -211,8 +212,9 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     cands = [(f"candidate_{r['recipe_id']}", r) for r in store.best(exp.promote.top_k)]
     tasks = promotion_tasks(exp)
     inc = include_paths(exp, pdir)
-    from layerswap.trainables.storage import local_copy
     from transformers import AutoTokenizer
+
+    from layerswap.trainables.storage import local_copy
 
     tok = AutoTokenizer.from_pretrained(
         str(local_copy(pool.task[0].path if pool.task[0].kind == "full" else pool.base))
@@ -336,6 +338,7 @@ def _write_results(exp: SearchExperiment, run_dir: Path, plan: _Plan, ev: _Evalu
 def write_best(row: dict, out: Path) -> Path:
     """Merge the best recipe to disk (weights, recipe YAML, model card) with the merge engine."""
     import yaml
+
     from layerswap.trainables.merge.api import merge
 
     recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from layerswap.trainables.atomic import atomic_write, read_parquet
 
 # The table's fixed columns, in order (the schema analysis/load.py reads); proxy__<task> columns follow.

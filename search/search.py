@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+
 from layerswap.search.pool import include_paths, model_depth, resolve_pool
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
@@ -204,10 +205,11 @@ def _run_tuner(
     import dataclasses
 
     import ray
-    from layerswap.search.expert_store import choose_store, stop_stores
-    from layerswap.trainables.ray_session import init_ray
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
+
+    from layerswap.search.expert_store import choose_store, stop_stores
+    from layerswap.trainables.ray_session import init_ray
 
     if not ray.is_initialized():
         init_ray(include_dashboard=False, log_to_driver=False, configure_logging=False)

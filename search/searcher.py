@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from functools import partial
 
 import optuna
+
 from layerswap.search.optuna_tune import OptunaTuneSearch
 from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress

@@ -12,6 +12,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 
 import torch
+
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
@@ -137,8 +138,9 @@ class TrialRunner:
         device: str = "cpu",
         loader: Loader | None = None,
     ):
-        from layerswap.trainables.evaluate.proxy import ProxyEvaluator
         from transformers import AutoTokenizer
+
+        from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 
         self.exp = experiment
         self.pool = pool

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from pydantic import Field, TypeAdapter, model_validator
+
 from layerswap.spaces.base import StrictModel, load_yaml, resolve_local, validate
 from layerswap.spaces.partitions import PARTITIONS, PartitionName
-from pydantic import Field, TypeAdapter, model_validator
 
 Side = Literal["task", "language"]
 Component = Literal["attention", "mlp"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
+from pydantic import Field, model_validator
+
 from layerswap.spaces.base import BatchSize, Device, StrictModel, load_yaml, resolve_local, validate
 from layerswap.spaces.search_space import SearchSpace
-from pydantic import Field, model_validator
 
 
 class RegistrySource(StrictModel):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
 from layerswap.spaces.base import StrictModel
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, SideWeights, Zones
 from layerswap.spaces.zones import check_fits, paper_default
-from pydantic import Field, model_validator
 
 MergeRecipe = LayerSwapRecipe
 Weighting = Literal["uniform", "explicit", "magnitude"]

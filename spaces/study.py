@@ -15,11 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
 from layerswap.spaces.base import StrictModel, load_yaml, resolve_local, validate
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
 from layerswap.spaces.sweep import SweepConfig
 from layerswap.spaces.train_experiment import TrainExperiment, load_train_experiment, with_overrides
-from pydantic import Field, model_validator
 
 
 class ExpertEntry(StrictModel):

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from layerswap.spaces.base import BatchSize, Device, StrictModel
 from pydantic import Field, model_validator
+
+from layerswap.spaces.base import BatchSize, Device, StrictModel
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
 EXPERT_KINDS: tuple[str, ...] = get_args(ExpertKind)

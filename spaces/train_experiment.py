@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
+
 from layerswap.spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
 from layerswap.spaces.partitions import PARTITIONS, PartitionName
 from layerswap.spaces.recipe import Side, Zones
 from layerswap.spaces.sweep import ExpertKind, SweepConfig
-from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
 Schedule = Literal["linear", "wsd", "constant_with_warmup"]
 # Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).

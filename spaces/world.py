@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from layerswap.spaces.base import StrictModel, load_yaml, validate
 from pydantic import Field, model_validator
+
+from layerswap.spaces.base import StrictModel, load_yaml, validate
 
 WORLD_VERSION = "4"
 WorldSize = Literal["full", "tiny"]

@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 import ray
 import yaml
+
 from layerswap.spaces.search_experiment import load_search_experiment
 from layerswap.spaces.train_experiment import load_train_experiment
 from layerswap.trainables.train.plan import GPU_MEMORY_GIB, plan_experiment

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from layerswap.spaces.world import WorldModelConfig
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>"]

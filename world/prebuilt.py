@@ -227,6 +227,7 @@ def variant_yaml(cfg: WorldConfig, entry: PrebuiltBase) -> str:
         `model.prebuilt` set to `entry`.
     """
     import yaml
+
     from layerswap.spaces.world import FIXED
 
     data = {k: v for k, v in _config_json(cfg).items() if k not in FIXED}

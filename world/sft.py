@@ -13,6 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
+
 from layerswap.spaces.base import read_jsonl
 from layerswap.world.items import mgsm_prompt
 

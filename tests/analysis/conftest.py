@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from analysis_synth import make_run
+
 from layerswap.cli import main
 
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from analysis_synth import CHANGED_ROWS, LANG_LAYERS, LAYERS, MATH_LAYERS, tiny_base, write_changed
+
 from layerswap.analysis.delta import (
     TYPES,
     DeltaMap,

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from analysis_synth import lm_eval_raw
+
 from layerswap.analysis.load import load_run
 from layerswap.analysis.paired import paired_section
 from layerswap.analysis.stats import bootstrap_indices

@@ -10,6 +10,7 @@ import re
 
 import pandas as pd
 import pytest
+
 from layerswap.analysis.indicators import indicator_table
 from layerswap.analysis.load import load_run, target_tasks
 from layerswap.analysis.treatments import friedman_matrix, treatment_tables, treatment_values

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats as sps
+
 from layerswap.analysis.stats import (
     bootstrap_indices,
     correlate,
@@ -13,7 +15,6 @@ from layerswap.analysis.stats import (
     spearman,
     topk_agreement,
 )
-from scipy import stats as sps
 
 
 def _pairs(n=20, seed=3, ties=False):

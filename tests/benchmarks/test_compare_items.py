@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import compare_items
+
 from layerswap.trainables.evaluate.harness import predictions
 
 

@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_align
+
 from layerswap.world.build import world_config_of
 from layerswap.world.data import AYA_KINDS, world_languages
 from layerswap.world.sft import load_base, read_rows

@@ -47,11 +47,12 @@ def sweep(tiny_world, tmp_path_factory):
 
 def test_every_expert_is_merged_with_the_other_kinds_partner_and_scored(tiny_world, sweep, tmp_path, monkeypatch):  # fmt: skip
     import torch
+    from safetensors.torch import load_file
+
     from layerswap.spaces.recipe import parse_recipe
     from layerswap.spaces.zones import paper_default
     from layerswap.trainables.merge.compose import compose_recipe
     from layerswap.world.sft import load_base
-    from safetensors.torch import load_file
 
     reg, experts = sweep
     scored = []  # what each scoring call saw, and a distinct score per call

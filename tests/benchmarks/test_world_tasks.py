@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_tasks
+
 from layerswap.world.build import world_config_of
 from layerswap.world.data import world_languages
 from layerswap.world.sft import read_rows

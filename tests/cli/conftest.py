@@ -37,6 +37,7 @@ def analysis_run(tmp_path_factory) -> Path:
 def merged_model(family, tmp_path_factory) -> Path:
     """A layer swap of the session's tiny `family`, written by `layerswap merge`."""
     import yaml
+
     from layerswap.cli import main
 
     root = tmp_path_factory.mktemp("merged_model")

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+
 from layerswap.cli import SUBCOMMANDS, main
 from layerswap.trainables.outputs import write_marker
 

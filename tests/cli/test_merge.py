@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from layerswap.cli import main
 from layerswap.cli.merge import parse_size
 from layerswap.spaces.recipe import load_recipe, recipe_id

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+
 from layerswap.cli import main
 
 

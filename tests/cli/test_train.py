@@ -11,8 +11,8 @@ import types
 from pathlib import Path
 
 import yaml
-from layerswap.cli import main
 
+from layerswap.cli import main
 from tests.trainables.train.train_helpers import make_exp
 
 

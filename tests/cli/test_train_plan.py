@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from layerswap.cli import main
 
 from layerswap import spaces
+from layerswap.cli import main
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 REAL = sorted(EXAMPLES.glob("real_llama31_8b_*_full.yaml")) + sorted(

@@ -11,6 +11,7 @@ import re
 
 import pyarrow.parquet as pq
 import pytest
+
 from layerswap.cli import main
 
 BASELINES = ["base", "math_expert", "language_expert", "soup_uniform", "soup_magnitude", "ties",

@@ -10,6 +10,7 @@ import threading
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from layerswap.experts.registry import (
     COLUMNS,
     append_rows,

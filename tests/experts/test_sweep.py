@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from layerswap.experts.registry import read_rows, registry_path, top_k
 from layerswap.experts.sweep import (
     _flat_params,

@@ -18,8 +18,9 @@ def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[st
     import shutil
 
     import torch
-    from layerswap.world.tiny import perturbed
     from safetensors.torch import load_file, save_file
+
+    from layerswap.world.tiny import perturbed
 
     base = world / "base"
     state = load_file(base / "model.safetensors")

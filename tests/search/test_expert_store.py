@@ -12,10 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from search_fixtures import experiment, make_experts
+
 from layerswap.search.expert_store import choose_store, pack, unpack
 from layerswap.search.search import _trial_resources
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
-from search_fixtures import experiment, make_experts
 
 
 def test_pack_round_trip_is_exact():
@@ -82,6 +83,7 @@ def _mapping(pid: int, addr: int) -> tuple[str, str]:
 @pytest.mark.slow
 def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
     import ray
+
     from layerswap.search.expert_store import NAMESPACE, node_loader, stop_stores, store_name
     from layerswap.trainables.merge.live import ExpertCache
 
@@ -136,6 +138,7 @@ def test_auto_store_choice_names_sizes(world_and_experts, fake_gpu_ray):
 @pytest.mark.slow
 def test_search_places_trials_by_gpu_and_runs_on_cpu_without_cuda(world_and_experts, fake_gpu_ray, tmp_path):  # fmt: skip
     import ray
+
     from layerswap.search.expert_store import NAMESPACE
     from layerswap.search.search import run_search
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from audit_hook import sitecustomize as audit
-from layerswap.trainables.atomic import read_parquet
 from search_fixtures import experiment, make_experts
+
+from layerswap.trainables.atomic import read_parquet
 
 pytestmark = pytest.mark.slow
 
@@ -107,9 +108,10 @@ def test_search_survives_losing_a_worker_node_mid_search(world_and_experts, ray_
     """Worker w2 is removed while its trials run: Tune runs them again on w1, and the table
     ends with every trial exactly once."""
     import ray
+    from ray.tune import ExperimentAnalysis
+
     from layerswap.search.expert_store import PREFIX
     from layerswap.search.search import run_search
-    from ray.tune import ExperimentAnalysis
 
     world, paths = world_and_experts
     # More items per proxy than the other test: a trial runs for seconds, long enough to lose.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import optuna
 import ray
+
 from layerswap.search.optuna_tune import OptunaTuneSearch
 
 CHANGED = (

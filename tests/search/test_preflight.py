@@ -16,10 +16,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from search_fixtures import experiment, expert_registry, make_experts
+
 from layerswap.search.pool import resolve_pool
 from layerswap.search.preflight import check_search, preflight
 from layerswap.spaces.search_experiment import SearchExperiment
-from search_fixtures import experiment, expert_registry, make_experts
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = '{"weight_map": {"a": "m-1.safetensors"}}'  # names a shard that is not there

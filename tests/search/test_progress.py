@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_progress.py
 from __future__ import annotations
 
 import pytest
+
 from layerswap.search.progress import Stages, TrialProgress, duration
 
 

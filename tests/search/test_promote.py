@@ -12,11 +12,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from search_fixtures import experiment, make_experts
+
 from layerswap.search.promote import RESULT_COLUMNS, promote, shot_groups
 from layerswap.search.results import TrialStore
 from layerswap.spaces.recipe import LayerSwapRecipe, dump_recipe, recipe_id
 from layerswap.trainables.evaluate.harness import resolve_device
-from search_fixtures import experiment, make_experts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-from layerswap.trainables.atomic import read_parquet
 from search_fixtures import experiment, make_experts
 
+from layerswap.trainables.atomic import read_parquet
 from tests.conftest import pids_naming
 
 HERE = Path(__file__).parent

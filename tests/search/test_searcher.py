@@ -9,6 +9,7 @@ import math
 
 import optuna
 import pytest
+
 from layerswap.search.results import TrialStore
 from layerswap.search.searcher import LayerswapSearch, reconcile
 from layerswap.search.tune_trial import META
@@ -149,6 +150,7 @@ def test_store_refuses_a_trial_twice(tmp_path):
 def test_pool_from_the_expert_registry(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from layerswap.search.pool import resolve_pool
 
     def row(i, kind, lang, mode, ind_m, ind_b):

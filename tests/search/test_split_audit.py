@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 from audit_hook.sitecustomize import read_log
-from layerswap.spaces.search_experiment import world_proxies
 from search_fixtures import audited_ray, experiment, make_experts
+
+from layerswap.spaces.search_experiment import world_proxies
 
 # `datasets` caches a loaded split as <builder>-<split>.arrow, written first as
 # <builder>-<split>-00000-00000-of-NNNNN.arrow (it maps the file in natively when reading it

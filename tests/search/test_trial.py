@@ -9,11 +9,12 @@ import re
 
 import pytest
 import torch
+from search_fixtures import experiment, make_experts
+
 from layerswap.search.trial import TrialRunner, combine, hoeffding_upper
 from layerswap.spaces.search_experiment import Proxy
 from layerswap.spaces.search_space import ExpertPool, decode, warm_start
 from layerswap.trainables.merge.compose import compose_recipe
-from search_fixtures import experiment, make_experts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -200,11 +201,12 @@ def test_lora_experts_are_folded_and_match_the_disk_merge(setup, tmp_path):
     """LoRA experts: the cache folds each adapter into the base; a swap equals merge --fold."""
     import peft
     import transformers
+    from safetensors.torch import load_file
+
     from layerswap.spaces.recipe import parse_recipe
     from layerswap.spaces.search_space import ExpertRef
     from layerswap.trainables.merge.live import ExpertCache, LiveModel
     from layerswap.trainables.merge.lora import merge_lora_to_disk
-    from safetensors.torch import load_file
 
     _, _, _, paths, _ = setup
     base = str(paths["base"])

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from layerswap.spaces.base import load_json, load_yaml, read_jsonl
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"

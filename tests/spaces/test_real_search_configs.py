@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from layerswap import spaces
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
 from layerswap.spaces.search_space import warm_start
 from layerswap.spaces.sweep import LANG_CODES, indicator_tasks
-
-from layerswap import spaces
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 CONFIGS = sorted(EXAMPLES.glob("real_*_search.yaml"))

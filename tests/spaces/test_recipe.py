@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import yaml
+
 from layerswap.spaces.recipe import (
     ExpertSoup,
     LayerSwapRecipe,

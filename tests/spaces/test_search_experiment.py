@@ -6,8 +6,9 @@ Run: .venv/bin/python -m pytest -q tests/spaces/test_search_experiment.py
 from __future__ import annotations
 
 import pytest
-from layerswap.spaces.search_experiment import Proxy, world_proxies, world_readings
 from pydantic import ValidationError
+
+from layerswap.spaces.search_experiment import Proxy, world_proxies, world_readings
 
 
 def test_accuracy_defaults_are_the_old_rule():

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import optuna
 import pytest
+from pydantic import ValidationError
+
 from layerswap.spaces.recipe import ExpertSoup, RecipeError, SideWeights, recipe_id
 from layerswap.spaces.search_experiment import (
     SearchExperiment,
@@ -23,7 +25,6 @@ from layerswap.spaces.search_space import (
     suggest,
     warm_start,
 )
-from pydantic import ValidationError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 POOL = ExpertPool.from_paths(["/m0", "/m1"], ["/l0", "/l1"], base="/base")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from layerswap.spaces.study import Figure, load_profiles, load_study
 
 from layerswap import spaces
+from layerswap.spaces.study import Figure, load_profiles, load_study
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 ROOT = Path(__file__).resolve().parents[2]

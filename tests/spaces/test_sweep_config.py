@@ -6,9 +6,10 @@ Run: .venv/bin/python -m pytest -q tests/spaces/test_sweep_config.py
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
+
 from layerswap.spaces.sweep import TABLE4, Choice, Range, SweepConfig, indicator_tasks
 from layerswap.spaces.train_experiment import parse_train_experiment
-from pydantic import ValidationError
 
 
 def _exp(search: dict | None = None, **kw) -> dict:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from layerswap import spaces
 from layerswap.spaces.train_experiment import (
     MODE_NAMES,
     PartitionSpec,
@@ -18,8 +20,6 @@ from layerswap.spaces.train_experiment import (
     partition_spec,
     with_overrides,
 )
-
-from layerswap import spaces
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 

@@ -6,6 +6,7 @@ Run `.venv/bin/python -m pytest -q tests/spaces/test_world_config.py`.
 from __future__ import annotations
 
 import pytest
+
 from layerswap.spaces.world import load_variant, with_overrides, world_config
 
 

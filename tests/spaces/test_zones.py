@@ -7,6 +7,7 @@ L = language expert, X = transition (weighted average), T = task expert.
 from __future__ import annotations
 
 import pytest
+
 from layerswap.spaces.recipe import RecipeError, RevertSpec, Zones, parse_recipe
 from layerswap.spaces.zones import check_fits, layer_map, layer_source, reverted
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from layerswap.spaces.study import Profile, load_study
 from layerswap.study import estimate as est
 from layerswap.study.plan import format_study_plan, plan_study

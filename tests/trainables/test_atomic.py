@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from layerswap.trainables.atomic import atomic_write, read_parquet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from layerswap.trainables.ray_session import through_ray_get
 
 ROOT = Path(__file__).resolve().parents[2]

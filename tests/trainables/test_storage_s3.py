@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from layerswap.trainables import storage
 
 pytestmark = pytest.mark.slow

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from layerswap.cli.world import add_parser as add_world_parser
 from layerswap.trainables.outputs import OutputError
 from layerswap.world import build_world

@@ -12,9 +12,10 @@ import re
 import shutil
 from pathlib import Path
 
-import layerswap.world.prebuilt as prebuilt
 import pytest
 import yaml
+
+import layerswap.world.prebuilt as prebuilt
 from layerswap.cli import main
 from layerswap.spaces.world import PrebuiltBase, load_variant, with_overrides, world_config
 from layerswap.world import build_world

@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/world/test_world_sft.py
 from __future__ import annotations
 
 import pytest
+
 from layerswap.world.sft import MISREADS, OUTCOMES, answer_outcome, misread_kind
 
 
@@ -57,6 +58,7 @@ def test_belebele_accuracy_gold_probability_and_brier_from_option_loglikelihoods
     import math
 
     import torch
+
     from layerswap.world.sft import belebele_accuracy_of, belebele_brier, belebele_gold_prob
 
     rows = [{"correct_answer_num": "2"}, {"correct_answer_num": "4"}, {"correct_answer_num": "1"}]

@@ -50,8 +50,9 @@ def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[s
     Groups are flattened: `get_task_dict` nests a group's tasks in dicts of their own.
     """
     offline_defaults()
-    from layerswap.trainables.evaluate.tasks import task_manager  # imports this module
     from lm_eval.tasks import get_task_dict
+
+    from layerswap.trainables.evaluate.tasks import task_manager  # imports this module
 
     tm = task_manager(list(task_names), include_path)
     out: dict[str, Any] = {}
@@ -73,8 +74,9 @@ def task_configs(task_names: list[str], include_path: str | Path | list) -> dict
     Raises:
         ValueError: naming the tasks neither `include_path` nor lm-eval knows.
     """
-    from layerswap.trainables.evaluate.tasks import task_manager  # imports this module
     from lm_eval.tasks._index import Kind
+
+    from layerswap.trainables.evaluate.tasks import task_manager  # imports this module
 
     index = task_manager(list(task_names), include_path).task_index
     single = (Kind.TASK, Kind.PY_TASK)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from layerswap.trainables.evaluate.harness import check_batch_size
 from lm_eval.models.utils import postprocess_generated_text
+
+from layerswap.trainables.evaluate.harness import check_batch_size
 
 # Rows per forward pass when the batch size is "auto": where to start on each device type. On a
 # GPU the evaluator halves it on out-of-memory and remembers what fit; on a CPU rows are cheap

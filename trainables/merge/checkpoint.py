@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from layerswap.trainables.merge.threads import signals_blocked
 
 # safetensors dtype tag -> (torch dtype, bytes per element)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+
 from layerswap.spaces.recipe import Recipe, RecipeError
 from layerswap.trainables.merge.ops import delta_merge, linear_combine, mean_row_mav
 from layerswap.trainables.merge.plan import build_plan, recipe_refs

@@ -15,6 +15,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
+
 from layerswap.spaces.recipe import Recipe, dump_recipe, recipe_id
 from layerswap.trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
 from layerswap.trainables.merge.checkpoint import (
@@ -31,7 +33,6 @@ from layerswap.trainables.merge.plan import build_plan, primary_ref, recipe_refs
 from layerswap.trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.outputs import check_output, output_dir
-from tqdm.auto import tqdm
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe, recipe_id
 from layerswap.spaces.zones import layer_map, reverted
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
@@ -35,8 +38,6 @@ from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.plan import recipe_refs
 from layerswap.trainables.merge.terms import transition_weights
 from layerswap.trainables.outputs import check_output, output_dir
-from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import yaml
+
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, SideWeights
 from layerswap.spaces.zones import LayerSource, check_fits, layer_source
 from layerswap.trainables.merge.terms import MagnitudeOracle

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict, recipe_id
 from layerswap.spaces.zones import layer_map
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from layerswap.spaces.base import iter_jsonl, load_json
 from layerswap.spaces.train_experiment import DatasetSpec, TrainExperiment
 

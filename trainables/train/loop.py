@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.train.data import (
     TrainData,

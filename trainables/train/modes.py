@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from torch import nn
+
 from layerswap.spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
 from layerswap.trainables.train.data import stream_step
 from layerswap.trainables.train.partition import lora_target_regex, param_sides
-from torch import nn
 
 Named = list[tuple[str, nn.Parameter]]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from layerswap.spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
 from layerswap.trainables.merge.arch import layer_index as layer_of
 from layerswap.trainables.train.partition import lora_target_regex, param_sides

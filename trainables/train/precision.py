@@ -14,8 +14,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from layerswap.spaces.train_experiment import TrainExperiment
 from torch import nn
+
+from layerswap.spaces.train_experiment import TrainExperiment
 
 # Below this share of trainable weights that one step of the peak LR can still move, bf16-pure
 # warns: those weights stay at the base, to bf16 precision, however long the run.

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray.train
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -29,8 +32,6 @@ from layerswap.spaces.train_experiment import (
 )
 from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.ray_session import init_ray, through_ray_get
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
 
 
 def _upload_into(run_dir: str, merged: bool = False):
@@ -100,6 +101,7 @@ def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
 def _worker(config: dict) -> None:
     """Per-worker fn: resume from Ray's checkpoint if any, run the loop, report to Ray."""
     import torch
+
     from layerswap.trainables.train import run_training
 
     exp = parse_train_experiment(config["experiment"], source="ray worker")

@@ -71,9 +71,10 @@ def val_loss(model_dir: str | Path, exp: TrainExperiment) -> float:
 
 def val_losses(model_dir: str | Path, exp: TrainExperiment) -> list[float]:
     """Per dataset, the token-weighted validation loss of a full checkpoint on exp's split."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from layerswap.trainables.train.data import build_data
     from layerswap.trainables.train.validation import validation_losses
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token_id is None:

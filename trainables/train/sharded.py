@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
+
 from layerswap.trainables.atomic import follow_umask
 from layerswap.trainables.train.state import STATE_DIR, fix_config_dtype, write_run_files
 from layerswap.trainables.train.strategies import shared_folder
-from safetensors.torch import save_file
 
 if TYPE_CHECKING:
     from layerswap.trainables.train.precision import Policy

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors.torch import load_file, save_file
+
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_json
 from layerswap.trainables.atomic import atomic_dir
-from safetensors.torch import load_file, save_file
 
 if TYPE_CHECKING:  # annotations only: state.py is imported by both
     from layerswap.trainables.train.data import TrainData

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.train.precision import apply_precision
-from torch import nn
 
 if TYPE_CHECKING:
     from layerswap.trainables.train.modes import Prepared

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.train.data import TrainData, collate
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import lm_eval
 import torch
 import yaml
+
 from layerswap.trainables.evaluate.tasks import BRIER_METRICS
 
 LM_EVAL_TASKS = Path(lm_eval.__file__).parent / "tasks"
@@ -97,8 +98,9 @@ def tiny_models(tok, n: int = 3, seed: int = 0):
     Weights are larger than the default init so greedy choices are not float near-ties, and the
     lm_head rows of digit tokens are scaled up so greedy generation often emits numbers.
     """
-    from layerswap.world.tiny import perturbed, tiny_config
     from transformers import LlamaForCausalLM
+
+    from layerswap.world.tiny import perturbed, tiny_config
 
     torch.manual_seed(seed)
     cfg = tiny_config(2, vocab_size=len(tok), max_position_embeddings=256, initializer_range=0.2)

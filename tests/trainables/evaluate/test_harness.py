@@ -16,10 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import layerswap.cli.eval as cli_eval
-import layerswap.trainables.evaluate.harness as ev
 import pytest
 import torch
+
+import layerswap.cli.eval as cli_eval
+import layerswap.trainables.evaluate.harness as ev
 from layerswap.trainables.evaluate.scoring import task_score
 
 MGSM_STOPS = ["Question:", "</s>", "<|im_end|>"]  # mgsm_direct_en.yaml's `until`
@@ -89,8 +90,9 @@ def choice_logliks(model, tok, prompt: str) -> list[float]:
 
 
 def digit_model(tok):
-    from layerswap.world.tiny import tiny_config
     from transformers import LlamaForCausalLM
+
+    from layerswap.world.tiny import tiny_config
 
     torch.manual_seed(3)
     model = LlamaForCausalLM(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from layerswap.trainables.evaluate.harness import evaluate, resolve_device, write_world_tasks
 from layerswap.trainables.evaluate.indicators import (
     IndicatorScorer,

@@ -9,6 +9,8 @@ import subprocess
 
 import lm_eval
 import pytest
+from proxy_fixtures import write_world
+
 from layerswap.trainables.evaluate.lm_eval_api import (
     LM_EVAL_VERSION,
     REQUEST_METHODS,
@@ -18,7 +20,6 @@ from layerswap.trainables.evaluate.lm_eval_api import (
     task_configs,
 )
 from layerswap.trainables.evaluate.scoring import config_higher_is_better
-from proxy_fixtures import write_world
 
 CHANGED = (
     f"lm-eval {lm_eval.__version__} (the adapter mirrors {LM_EVAL_VERSION}) no longer behaves as "
@@ -95,9 +96,10 @@ LM_EVAL_NOISE = ("Running loglikelihood requests", "Running generate_until reque
 def test_evaluate_is_quiet_unless_verbose(tasks, tmp_path_factory, capfd):
     """harness.evaluate(verbose=False) prints none of lm-eval's bars or INFO log; verbose=True
     shows them (both tasks: one generate_until, one multiple-choice)."""
+    from proxy_fixtures import tiny_models
+
     from layerswap.trainables.evaluate.harness import evaluate
     from layerswap.world.tiny import tiny_tokenizer
-    from proxy_fixtures import tiny_models
 
     world = write_world(tmp_path_factory.mktemp("lm_eval_output"), n_mgsm=2, n_bele=2)
     tok = tiny_tokenizer()

@@ -9,8 +9,9 @@ import math
 
 import numpy as np
 import pytest
-from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from proxy_fixtures import tiny_models, write_world
+
+from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 
 GEN = {"max_gen_toks": 16}
 TASKS = ["mgsm_dev", "bele_dev"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from proxy_fixtures import tiny_models, write_world
+
 from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from layerswap.trainables.evaluate.proxy_lm import BatchSizer, greedy_generate, stop_triggers
-from proxy_fixtures import tiny_models, write_world
 
 GEN = {"max_gen_toks": 16}
 TASKS = ["mgsm_dev", "bele_dev"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
     group_score,

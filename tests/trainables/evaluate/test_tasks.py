@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 
 

@@ -11,9 +11,10 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+
 from layerswap.spaces.recipe import parse_recipe
 from layerswap.trainables.merge.engine import merge_to_disk
-from safetensors.torch import load_file
 
 L = 12
 _ATTN = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.|input_layernorm\.)")

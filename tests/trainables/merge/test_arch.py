@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 import transformers
+
 from layerswap.trainables.merge.arch import (
     NON_LAYER,
     ArchitectureError,

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
 from layerswap.trainables.atomic import atomic_dir, atomic_write_text
 from layerswap.trainables.merge.checkpoint import (
     TAGS,
@@ -21,8 +24,6 @@ from layerswap.trainables.merge.checkpoint import (
     read_header,
 )
 from layerswap.trainables.merge.ops import row_chunks
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 
 def write_raw(path: Path, header: dict, data: bytes) -> Path:

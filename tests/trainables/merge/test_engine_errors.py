@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from layerswap.spaces.recipe import RecipeError
 from merge_expect import (
     merge,
     swap_fields,
 )
+
+from layerswap.spaces.recipe import RecipeError
 
 # --- errors: clear messages, nothing written -------------------------------------------------
 

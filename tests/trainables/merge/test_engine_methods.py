@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layerswap.spaces.recipe import RecipeError
-from layerswap.trainables.merge.ops import delta_merge
 from merge_expect import (
     assert_state,
     inverse_weights,
@@ -14,6 +12,9 @@ from merge_expect import (
     slot,
     swap_fields,
 )
+
+from layerswap.spaces.recipe import RecipeError
+from layerswap.trainables.merge.ops import delta_merge
 
 # --- soups -----------------------------------------------------------------------------------
 

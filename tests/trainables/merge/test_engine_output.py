@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from layerswap.spaces.recipe import load_recipe, parse_recipe, recipe_id
-from layerswap.trainables.merge.engine import RECIPE_FILE, merge_to_disk
 from merge_expect import (
     assert_state,
     expected_swap,
@@ -17,6 +15,9 @@ from merge_expect import (
     merge,
     swap_fields,
 )
+
+from layerswap.spaces.recipe import load_recipe, parse_recipe, recipe_id
+from layerswap.trainables.merge.engine import RECIPE_FILE, merge_to_disk
 
 # --- sharding, dtypes ------------------------------------------------------------------------
 

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from layerswap.spaces.recipe import RecipeError, parse_recipe
 from layerswap.trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
 from layerswap.world.tiny import make_tiny_family
-from safetensors.torch import load_file, save_file
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -319,6 +320,7 @@ def test_merged_adapter_is_an_expert_again(world, tmp_path):
 def test_cli_detects_lora_experts_and_folds(world, tmp_path):
     """`layerswap merge` on adapter experts writes an adapter, or full weights with --fold."""
     import yaml
+
     from layerswap.cli import main
 
     path = tmp_path / "recipe.yaml"

@@ -18,9 +18,10 @@ import pytest
 import torch
 import transformers
 import yaml
+from safetensors.torch import load_file
+
 from layerswap.spaces.recipe import LayerSwapRecipe, RecipeError
 from layerswap.trainables.merge.mergekit_export import mergekit_yaml, to_mergekit
-from safetensors.torch import load_file
 
 pytest.importorskip("mergekit")  # an optional test dependency (pyproject [test])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from layerswap.spaces.recipe import RecipeError, parse_recipe
 from layerswap.trainables.merge.arch import NON_LAYER, ArchitectureError, ParamSlot, param_slot
 from layerswap.trainables.merge.plan import build_plan, recipe_refs

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from layerswap.trainables.merge.threads import run_in_threads
 
 BOUND_S = 20  # the call must be over this long after the interrupt (it takes ~0.1 s)

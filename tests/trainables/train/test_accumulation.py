@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layerswap.trainables.train import run_training
 from safetensors.torch import load_file
 from train_helpers import MODE_CFGS, make_exp
+
+from layerswap.trainables.train import run_training
 
 
 @pytest.mark.parametrize("mode", ["full", "simultaneous"])

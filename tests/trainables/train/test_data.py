@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import yaml
+
 from layerswap.spaces.train_experiment import DatasetSpec
 from layerswap.trainables.train.data import load_pairs
 

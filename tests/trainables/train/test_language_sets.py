@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from layerswap.trainables.train.language_sets import (
     build_language_set,
     looks_like_math,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
 from layerswap.spaces.train_experiment import parse_train_experiment
 from layerswap.trainables.train.modes import prepare
 from layerswap.trainables.train.plan import GIB, format_plan, memory_plan
 from layerswap.trainables.train.plan_model import KNOWN_CONFIGS, load_model_config, model_shape
-from transformers import LlamaConfig, LlamaForCausalLM
 
 # h 64, i 128, 2 layers, 4 heads x 16, 2 kv heads, vocab 100, untied: 86,848 parameters:
 # embed 6400 + lm_head 6400 + final norm 64 + 2 x (q 4096 + k 2048 + v 2048 + o 4096

@@ -45,6 +45,7 @@ def test_training_resumes_on_a_surviving_node(tiny_world, ray_cluster, tmp_path,
 
     monkeypatch.syspath_prepend(str(AUDIT))
     from audit_hook import sitecustomize as audit
+
     from layerswap.trainables.train import find_checkpoints, read_manifest
     from layerswap.trainables.train.ray_train import train_with_ray
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from layerswap.trainables.train import read_manifest, run_training
-from layerswap.trainables.train.precision import resolve_precision, unmovable_share
 from safetensors.torch import load_file
 from train_helpers import make_exp
+
+from layerswap.trainables.train import read_manifest, run_training
+from layerswap.trainables.train.precision import resolve_precision, unmovable_share
 
 LR = 1e-7
 # 50 steps at the papers' LR on a bf16 base; small batches keep it to seconds on one thread.

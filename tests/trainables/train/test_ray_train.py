@@ -84,9 +84,10 @@ def test_two_workers_survive_a_failure_without_losing_or_repeating_steps(tiny_wo
 
 def test_cli_trains_lora_on_ray(tiny_world, tmp_path, ray_session, capsys):
     import torch
-    from layerswap.cli import main
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
+    from layerswap.cli import main
 
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump(_cfg(tiny_world, tmp_path, mode={"type": "lora", "rank": 4}, name="lora_t")))  # fmt: skip
@@ -104,11 +105,12 @@ def test_fsdp_worker_killed_resumes_from_sharded_checkpoint(tiny_world, tmp_path
     """FSDP on 2 Ray workers; rank 1's process is SIGKILLed at the 7th update: the group
     restarts from the merged sharded checkpoint with every step exactly once."""
     import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
     from layerswap.spaces.train_experiment import parse_train_experiment
     from layerswap.trainables.train import find_checkpoints, read_manifest
     from layerswap.trainables.train.ray_train import train_with_ray
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     log = tmp_path / "steps.jsonl"
     cfg = _cfg(

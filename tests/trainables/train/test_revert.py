@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layerswap.trainables.merge.arch import param_slot
-from layerswap.trainables.train.revert import freeze_vs_revert, revert_specs
 from safetensors.torch import load_file
 from train_helpers import EDGE, make_exp
+
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.train.revert import freeze_vs_revert, revert_specs
 
 
 def test_freeze_vs_revert_both_arms(tiny_world, tmp_path):

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from layerswap.trainables.train.sources import (
     LANGUAGE_SOURCES,
     SOURCES,

@@ -10,10 +10,11 @@ import json
 import pytest
 import torch
 import torch.multiprocessing as mp
-from layerswap.trainables.merge.arch import param_slot
-from layerswap.trainables.train.revert import val_losses
 from safetensors.torch import load_file
 from train_helpers import MODE_CFGS, MODE_HYPER, ddp_worker, make_exp
+
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.train.revert import val_losses
 
 # One spawned 2-process group trains all five modes: ~30 s on an idle 2-core box.
 pytestmark = pytest.mark.slow

@@ -9,10 +9,11 @@ import json
 
 import pytest
 import torch
-from layerswap.trainables.merge.arch import param_slot
-from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 from safetensors.torch import load_file
 from train_helpers import EDGE, MODE_CFGS, MODE_HYPER, make_exp
+
+from layerswap.trainables.merge.arch import param_slot
+from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 
 
 def _train(world, tmp_path, mode, **over):

@@ -63,6 +63,7 @@ def ddp_worker(rank: int, world: int, init: str, jobs: list[dict], out: str) -> 
 
     import torch
     import torch.distributed as dist
+
     from layerswap.trainables.train import run_training
 
     torch.set_num_threads(1)
