@@ -11,13 +11,37 @@ Run `layerswap demo --world-size tiny --trials 3 --out runs/demo-tiny` (a few mi
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import ray
 import yaml
 
+from layerswap.experts.registry import append_rows, expert_row, read_rows, registry_path
 from layerswap.search.progress import Stages, duration
+from layerswap.search.promote import promote
+from layerswap.search.search import run_search
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.train_experiment import experiment_json, parse_train_experiment
+from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+from layerswap.trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults
+from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.outputs import (
+    OutputError,
+    check_output,
+    read_marker,
+    replacing,
+    write_marker,
+)
+from layerswap.trainables.ray_session import init_ray
+from layerswap.trainables.train import find_checkpoints, read_manifest
+from layerswap.trainables.train.run import train_expert
+from layerswap.world import build_world
+from layerswap.world.build import MANIFEST, verify_world
 
 LANGUAGE = "xa"  # the world's higher-resource synthetic target language
 EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_full.yaml"}
@@ -64,7 +88,6 @@ def example_experiment(kind: str, world: Path, run_dir: Path, steps: int | None)
     Returns:
         the validated spaces.train_experiment.TrainExperiment.
     """
-    from layerswap.spaces.train_experiment import parse_train_experiment
 
     name = EXAMPLES[kind]
     text = (resources.files("layerswap.spaces") / "examples" / name).read_text(encoding="utf-8")
@@ -92,17 +115,12 @@ def indicator_scorer(world: Path, tasks_dir: Path, st: DemoSettings, device: str
     Returns:
         a trainables.evaluate.indicators.IndicatorScorer.
     """
-    from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
     return IndicatorScorer(list(INDICATORS), load_tokenizer(world / "base"), include_path=str(tasks_dir), limit=st.proxy_limit, max_gen_toks=st.max_gen_toks, batch_size=st.indicator_batch_size, device=device)  # fmt: skip
 
 
 def _score_experts(run_dir: Path, world: Path, trained: dict, st: DemoSettings, stages: Stages) -> None:  # fmt: skip
     """Score each expert's checkpoints on both kinds' indicators -> RUN/experts/registry.parquet."""
-    from layerswap.experts.registry import append_rows, expert_row, registry_path
-    from layerswap.spaces.train_experiment import experiment_json
-    from layerswap.trainables.evaluate.tasks import write_world_tasks
-    from layerswap.trainables.train import find_checkpoints, read_manifest
 
     tasks_dir = run_dir / "experts" / "tasks"
     write_world_tasks(world, tasks_dir)
@@ -136,8 +154,6 @@ def run_demo(out: Path, *, overwrite: bool = False, resume: bool = False, settin
     Returns:
         DemoResult with the leaderboard, the best model and the wall time per stage.
     """
-    from layerswap.trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults
-    from layerswap.trainables.outputs import replacing, write_marker
 
     offline_defaults()
     # lm-eval's warnings (e.g. about loading its tasks) would bury the demo's own lines; each
@@ -161,12 +177,6 @@ def _identity(st: DemoSettings) -> str:
 
 def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> DemoResult:
     """World, experts, indicators, search and promotion into the run folder `out`."""
-    import ray
-
-    from layerswap.search.promote import promote
-    from layerswap.search.search import run_search
-    from layerswap.trainables.ray_session import init_ray
-    from layerswap.world import build_world
 
     stages = Stages("demo", 5)
     stages.start("world", f"world ({st.world_size}, seed {st.seed}) -> {out / 'world'}")
@@ -230,7 +240,6 @@ def _check_previous_run(out: Path, overwrite: bool, resume: bool, identity: str)
         OutputError: a run exists and neither flag says what to do, both flags are given, or
             `resume` meets a run of another world seed or size.
     """
-    from layerswap.trainables.outputs import OutputError, check_output, read_marker
 
     if overwrite and resume:
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
@@ -257,11 +266,6 @@ def _check_previous_run(out: Path, overwrite: bool, resume: bool, identity: str)
 
 def _reuse_world(old: Path, new: Path, st: DemoSettings) -> None:
     """Hard-link the replaced run's world into the new run when it is the one asked for."""
-    import json
-    import os
-    import shutil
-
-    from layerswap.world.build import MANIFEST, verify_world
 
     try:
         m = json.loads((old / MANIFEST).read_text())
@@ -292,9 +296,6 @@ def _train_experts(exps: dict, out: Path) -> dict:
         kind -> (its TrainExperiment, its run folder, its last checkpoint); raises if either
         run failed.
     """
-    import ray
-
-    from layerswap.trainables.train.run import train_expert
 
     # The two experts are independent runs: each TorchTrainer is driven from its own Ray
     # task (a driver needs no CPU of its own), so both train at once on a 2-core machine.
@@ -315,8 +316,6 @@ def _train_experts(exps: dict, out: Path) -> dict:
 
 def _scored(out: Path, trained: dict) -> bool:
     """Whether the registry holds a row for every checkpoint of the trained experts."""
-    from layerswap.experts.registry import read_rows, registry_path
-    from layerswap.trainables.train import find_checkpoints
 
     have = {str(Path(r["path"]).resolve()) for r in read_rows(registry_path(out))}
     want = {str(c.resolve()) for _, run, _ in trained.values() for c in find_checkpoints(run)}
@@ -329,7 +328,6 @@ def _search_experiment(world: Path, out: Path, st: DemoSettings):
     Returns:
         the validated spaces.search_experiment.SearchExperiment.
     """
-    from layerswap.spaces.search_experiment import SearchExperiment
 
     return SearchExperiment.model_validate(
         {

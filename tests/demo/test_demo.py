@@ -94,18 +94,18 @@ def test_demo_pipeline_on_the_tiny_world(tmp_path, ray_session, capfd):
 def test_indicators_are_scored_in_batches(tiny_world, tmp_path, monkeypatch):
     """The demo's indicator stage scores at `indicator_batch_size` ("auto" by default: at batch 1
     it took 45 s per checkpoint on a GPU machine), and a given batch size reaches the scorer."""
-    import layerswap.trainables.evaluate.indicators as indicators
+    from layerswap.demo import pipeline
     from layerswap.demo.pipeline import DemoSettings, _score_experts
     from layerswap.search.progress import Stages
 
     made = []
 
-    class Scorer(indicators.IndicatorScorer):
+    class Scorer(pipeline.IndicatorScorer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             made.append(self)
 
-    monkeypatch.setattr(indicators, "IndicatorScorer", Scorer)
+    monkeypatch.setattr(pipeline, "IndicatorScorer", Scorer)
     lines: list[str] = []
     for size, want in ((None, "auto"), (4, 4)):
         st = DemoSettings(world_size="tiny", proxy_limit=2) if size is None else DemoSettings(world_size="tiny", proxy_limit=2, indicator_batch_size=size)  # fmt: skip
