@@ -32,9 +32,14 @@ T = TypeVar("T")
 
 
 class StrictModel(BaseModel):
-    """Frozen pydantic model that refuses unknown keys (a typo is an error, never ignored)."""
+    """Frozen pydantic model that refuses unknown keys (a typo is an error, never ignored).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Every field carries a one-line docstring under it (`use_attribute_docstrings`): it becomes
+    the field's description, which the config reference (docs/reference/configs.md) and the JSON
+    Schemas (`layerswap schema`) show; tests/spaces/test_reference.py fails on a field without one.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def field_errors(e: ValidationError, top: str) -> str:

@@ -30,9 +30,13 @@ class Zones(StrictModel):
     """Layer-swap boundaries (DESIGN.md §1): bottom `b`, top `u`, transitions `t_b`, `t_u`."""
 
     bottom: int = Field(ge=0)
+    """Layers at the bottom taken from the language expert (b)."""
     top: int = Field(ge=0)
+    """Layers at the top taken from the language expert (u)."""
     bottom_transition: int = Field(0, ge=0)
+    """Layers above the bottom zone that average the two experts (t_b)."""
     top_transition: int = Field(0, ge=0)
+    """Layers below the top zone that average the two experts (t_u)."""
 
     @property
     def min_depth(self) -> int:
@@ -43,7 +47,9 @@ class SideWeights(StrictModel):
     """Explicit transition/average weights of the two experts."""
 
     task: float = Field(1.0, ge=0)
+    """Weight of the task (math) expert; the two weights are normalised to sum to 1."""
     language: float = Field(1.0, ge=0)
+    """Weight of the language expert; the two weights are normalised to sum to 1."""
 
     @model_validator(mode="after")
     def _not_both_zero(self) -> SideWeights:
@@ -70,7 +76,10 @@ class ExpertSoup(StrictModel):
     """An expert given as a soup of checkpoints (e.g. three language experts averaged)."""
 
     soup: list[str] = Field(min_length=1)
+    """Checkpoints averaged into this expert (paths, Hub ids or URIs)."""
     weights: SoupWeights = "uniform"
+    """"uniform", "magnitude" (each checkpoint by 1 / the mean absolute size of its change from
+    `base`) or one weight per checkpoint."""
 
     @model_validator(mode="after")
     def _weights_fit(self) -> ExpertSoup:
@@ -89,10 +98,15 @@ class RevertSpec(StrictModel):
     """
 
     layers: list[int] | None = None
+    """Decoder layers (0-based) to reset; or give `partition` and `side` instead."""
     components: list[Component] = Field(default_factory=lambda: list(COMPONENTS), min_length=1)
+    """Which parts of the selected layers are reset: attention, MLP or both."""
     partition: PartitionName | None = None
+    """A named partition (A, B, C) whose `side` is reset; needs `side`."""
     side: Side | None = None
+    """The side of `partition` that is reset: "task" or "language"."""
     non_layer: bool = False
+    """Also reset embeddings, final norm and lm_head to the base."""
 
     @model_validator(mode="after")
     def _one_selector(self) -> RevertSpec:
@@ -111,7 +125,10 @@ class RevertSpec(StrictModel):
 
 class _RecipeBase(StrictModel):
     base: str | None = None
+    """The base checkpoint the experts were fine-tuned from; needed by magnitude weights, revert
+    and LoRA adapter experts."""
     revert: list[RevertSpec] = Field(default_factory=list)
+    """Parameters reset to `base` after merging (train-then-revert), one selector per entry."""
 
     @model_validator(mode="after")
     def _revert_needs_base(self):
@@ -129,16 +146,28 @@ class LayerSwapRecipe(_RecipeBase):
     """
 
     method: Literal["layer_swap"]
+    """Selects this method."""
     task_expert: ModelRef
+    """The task (math) expert, which gives the middle layers: a checkpoint, or a soup of them."""
     language_expert: ModelRef
+    """The language expert, which gives the bottom and top layers: a checkpoint, or a soup."""
     bottom: int = Field(ge=0)
+    """Bottom layers taken from the language expert (b); `partition:` may set it."""
     top: int = Field(ge=0)
+    """Top layers taken from the language expert (u); `partition:` may set it."""
     bottom_transition: int = Field(0, ge=0)
+    """Layers above the bottom zone that average the two experts (t_b)."""
     top_transition: int = Field(0, ge=0)
+    """Layers below the top zone that average the two experts (t_u)."""
     attention: Zones | Side | None = None
+    """Attention's own zones, or a whole side ("task"/"language"); None: the layer zones."""
     mlp: Zones | Side | None = None
+    """The MLP's own zones, or a whole side ("task"/"language"); None: the layer zones."""
     transition_weights: SideWeights | Literal["magnitude"] = SideWeights()
+    """Weights of the experts in transition layers and averaged non-layer tensors, or
+    "magnitude" (each expert by 1 / the size of its change from `base`; needs `base`)."""
     non_layer: Literal["average", "language", "task"] = "average"
+    """Where embeddings, final norm and lm_head come from: averaged, or one expert's."""
 
     @model_validator(mode="before")
     @classmethod
@@ -184,8 +213,12 @@ class SoupRecipe(_RecipeBase):
     """Model soup: a (uniform, magnitude-adjusted or explicit) weighted average of N models."""
 
     method: Literal["soup"]
+    """Selects this method."""
     models: list[str] = Field(min_length=2)
+    """The checkpoints averaged (paths, Hub ids or URIs)."""
     weights: SoupWeights = "uniform"
+    """"uniform", "magnitude" (each model by 1 / the mean absolute size of its change from
+    `base`; needs `base`) or one weight per model."""
 
     @model_validator(mode="after")
     def _weights_fit(self) -> SoupRecipe:
@@ -197,9 +230,13 @@ class SoupRecipe(_RecipeBase):
 
 class _DeltaRecipe(_RecipeBase):
     base: str
+    """The base checkpoint; each model enters as its difference (delta) from it."""
     models: list[str] = Field(min_length=1)
+    """The fine-tuned checkpoints whose deltas are combined."""
     weights: list[float] | None = None
+    """One weight per model (None: all 1)."""
     scale: float = 1.0
+    """Factor on the combined delta before it is added to `base`."""
 
     @model_validator(mode="after")
     def _weights_fit(self):
@@ -216,13 +253,16 @@ class TaskArithmeticRecipe(_DeltaRecipe):
     """base + scale * sum_i w_i (theta_i - base)  (Ilharco et al., 2023)."""
 
     method: Literal["task_arithmetic"]
+    """Selects this method."""
 
 
 class TiesRecipe(_DeltaRecipe):
     """TIES (Yadav et al., 2023): trim deltas to `density`, elect signs, disjoint weighted mean."""
 
     method: Literal["ties"]
+    """Selects this method."""
     density: float = Field(0.2, gt=0, le=1)
+    """Share of each delta's entries kept (the largest by magnitude) before the sign election."""
 
     @model_validator(mode="after")
     def _weights_non_negative(self) -> TiesRecipe:

@@ -19,10 +19,17 @@ class RegistrySource(StrictModel):
     """Experts from RUN/experts/registry.parquet: the top_k of each kind by an indicator column."""
 
     registry: str
+    """The registry.parquet file (RUN/experts/registry.parquet) that expert sweeps wrote."""
     top_k: int = Field(2, ge=1)
-    language: str | None = None  # language experts of this language (default: the target's)
-    task_indicator: str | None = None  # e.g. ind__world_mgsm_direct_en_dev (default: first ind__)
+    """Best experts taken of each kind."""
+    language: str | None = None
+    """Take language experts of this language (None: the search's target language)."""
+    task_indicator: str | None = None
+    """Indicator column ranking task experts, e.g. ind__world_mgsm_direct_en_dev (None: English
+    MGSM dev when present, else the first indicator)."""
     language_indicator: str | None = None
+    """Indicator column ranking language experts (None: the target's Belebele dev when present,
+    else the first indicator)."""
 
 
 class Proxy(StrictModel):
@@ -35,12 +42,17 @@ class Proxy(StrictModel):
     """
 
     task: str
+    """The lm-eval task name (a dev split; world tasks end in `_dev`)."""
     weight: float = Field(1.0, ge=0)
-    chance: float = Field(0.0, allow_inf_nan=False)  # the score of guessing; normalises to 0
-    best: float = Field(1.0, allow_inf_nan=False)  # the best per-item score; normalises to 1
-    # the other end of the per-item range (bounds screening, search.trial)
+    """Its weight in the objective's weighted mean."""
+    chance: float = Field(0.0, allow_inf_nan=False)
+    """The score of guessing; normalises to 0."""
+    best: float = Field(1.0, allow_inf_nan=False)
+    """The best per-item score; normalises to 1."""
     worst: float = Field(0.0, allow_inf_nan=False)
-    num_fewshot: int = Field(0, ge=0)  # in-context examples (lm-eval num_fewshot)
+    """The other end of the per-item range (bounds early rejection, `search.fidelity`)."""
+    num_fewshot: int = Field(0, ge=0)
+    """In-context examples in each prompt (lm-eval num_fewshot)."""
 
     @model_validator(mode="after")
     def _scale(self) -> Proxy:
@@ -80,38 +92,54 @@ class Fidelity(StrictModel):
     """
 
     screen: float | None = Field(0.25, gt=0, lt=1)
+    """Share of every proxy's items scored first (None: no screening, every trial runs whole)."""
     delta: float = Field(0.05, gt=0, lt=1)
+    """The bound's confidence is 1 - delta."""
     keep_top: int = Field(3, ge=1)
+    """A trial stops only when its bound is below the keep_top-th best full objective so far."""
 
 
 class ProxyEvalSettings(StrictModel):
-    limit: int | None = Field(None, ge=1)  # first N dev docs per proxy (None: all)
+    """How trials score the proxies (the cached in-process evaluator)."""
+
+    limit: int | None = Field(None, ge=1)
+    """First N dev items of each proxy (None: all)."""
     max_gen_toks: int = Field(32, ge=1)
+    """Generation budget (tokens) of generate_until proxies."""
     # 1 reproduces lm-eval's HFLM at batch size 1 token for token; larger batches are padded,
     # which can move a float near-tie (see trainables/evaluate/proxy_lm.py).
     batch_size: BatchSize = "auto"
+    """Rows per forward pass, or "auto" (the largest that fits the device)."""
 
 
 class SearchSettings(StrictModel):
+    """The Tune + Optuna run: budget, seed, resources per trial."""
+
     num_samples: int = Field(20, ge=1)
+    """Trials (merge candidates scored), the paper default first."""
     seed: int = 0
-    max_concurrent: int | None = Field(None, ge=1)  # default: cluster CPUs // cpus_per_trial
+    """Seeds the Optuna sampler."""
+    max_concurrent: int | None = Field(None, ge=1)
+    """Trials running at once (None: the cluster's CPUs // cpus_per_trial)."""
     cpus_per_trial: float = Field(1.0, gt=0)
-    # GPUs per trial: a fraction shares one GPU between trials (0.5: two per GPU); 0: CPU only.
+    """CPUs a trial reserves."""
     gpus_per_trial: float = Field(0.0, ge=0)
-    # Where trials hold the experts: "node" (once per node, in Ray's shared object store),
-    # "process" (each trial process loads its own), "auto" (node when several trials share a
-    # node). On a GPU the experts also stay on the device when they fit (trial results say).
+    """GPUs a trial reserves: a fraction shares one GPU (0.5: two trials per GPU); 0: CPU only."""
+    # On a GPU the experts also stay on the device when they fit (trial results say).
     expert_store: Literal["auto", "node", "process"] = "auto"
+    """Where trials hold the experts: "node" (once per node, in Ray's object store), "process"
+    (each trial process loads its own), "auto" (node when several trials share a node)."""
     torch_threads: int = Field(1, ge=1)
-    multi_objective: bool = False  # Pareto over the proxies instead of their weighted mean
-    # Extra warm-start points (Optuna params), evaluated after the paper default.
+    """torch CPU threads in each trial process."""
+    multi_objective: bool = False
+    """Search the Pareto front over the proxies instead of their weighted mean."""
     points_to_evaluate: list[dict] = Field(default_factory=list)
+    """Extra warm-start points (Optuna params), evaluated after the paper default."""
     fidelity: Fidelity = Fidelity()
-    # Times Tune runs a trial again when its process or its node dies (a lost node, an OOM
-    # kill); the retry lands on a surviving node. A trial's own errors are failed rows and are
-    # never retried (search/trial.py never raises).
+    """Early rejection of poor candidates inside a trial."""
+    # A trial's own errors are failed rows and are never retried (search/trial.py never raises).
     max_failures: int = Field(2, ge=0)
+    """Times Tune reruns a trial whose process or node died (a lost node, an OOM kill)."""
 
     @model_validator(mode="after")
     def _whole_or_fraction(self) -> SearchSettings:
@@ -127,37 +155,62 @@ BASELINES: tuple[str, ...] = get_args(Baseline)
 
 
 class PromoteSettings(StrictModel):
+    """Promotion after the search: the best recipes and baselines evaluated with lm-eval."""
+
     top_k: int = Field(3, ge=1)
-    limit: int | None = Field(None, ge=1)  # lm-eval docs per task (None: all)
+    """Best recipes (by proxy objective) merged and evaluated on the target."""
+    limit: int | None = Field(None, ge=1)
+    """lm-eval items per task (None: all)."""
     max_gen_toks: int = Field(32, ge=1)
-    batch_size: BatchSize = 16  # lm-eval HFLM batch size ("auto": lm-eval's own search)
+    """Generation budget (tokens) of generate_until tasks."""
+    batch_size: BatchSize = 16
+    """lm-eval HFLM batch size ("auto": lm-eval's own search)."""
     device: Device = "auto"
-    # The target task's shots (None: the task's own default). 0 like the proxies' default, so
-    # target and proxies share one lm-eval run per model.
+    """Where models are evaluated: "auto" (the GPU when there is one), "cpu" or "cuda"."""
+    # 0 like the proxies' default, so target and proxies share one lm-eval run per model.
     num_fewshot: int | None = Field(0, ge=0)
+    """Few-shot examples for the target task (None: the task's own default)."""
     baselines: list[Baseline] = Field(default_factory=lambda: list(BASELINES))
+    """Reference models evaluated beside the recipes."""
     ties_density: float = Field(0.2, gt=0, le=1)
-    select_by: Literal["proxy", "target"] = "proxy"  # "target" picks the best on the test split
+    """TIES density of the "ties" baseline."""
+    select_by: Literal["proxy", "target"] = "proxy"
+    """How the best model is chosen: by proxy objective, or "target" (the test split decides)."""
     write_best: bool = True
+    """Write the chosen model to RUN/best."""
 
 
 class SearchExperiment(StrictModel):
     """A merge search on one target language."""
 
     name: str = Field("search", pattern=r"^[A-Za-z0-9_.-]+$")
-    language: str  # target language code, e.g. "xa" or "sw"
+    """The search's name (the Optuna study's and Tune experiment's)."""
+    language: str
+    """Target language code, e.g. "xa" or "sw"."""
     base: str | None = None
+    """The base checkpoint the experts share (needed by magnitude weighting and LoRA experts)."""
     task_experts: list[str] = Field(default_factory=list)
+    """Task (math) expert checkpoints; or give `experts` instead."""
     language_experts: list[str] = Field(default_factory=list)
+    """Language expert checkpoints; or give `experts` instead."""
     experts: RegistrySource | None = None
-    world: str | None = None  # an embedded world folder: its lm-eval tasks are added
-    include_path: list[str] = Field(default_factory=list)  # extra task YAML folders
-    proxies: list[Proxy] | None = None  # default: world_proxies (target Belebele dev, Brier)
-    target: str | None = None  # default: world_mgsm_direct_<language> (test split)
+    """Take the experts from an expert registry instead of listing them."""
+    world: str | None = None
+    """An embedded world folder: its lm-eval tasks are added."""
+    include_path: list[str] = Field(default_factory=list)
+    """Extra lm-eval task YAML folders."""
+    proxies: list[Proxy] | None = None
+    """The dev tasks trials are scored on (None: the target's world Belebele dev, Brier score)."""
+    target: str | None = None
+    """The held-out test task promotion reports (None: world_mgsm_direct_<language>)."""
     space: SearchSpace = SearchSpace()
+    """What the search may vary."""
     search: SearchSettings = SearchSettings()
+    """Budget and resources of the Tune run."""
     proxy_eval: ProxyEvalSettings = ProxyEvalSettings()
+    """How trials score the proxies."""
     promote: PromoteSettings = PromoteSettings()
+    """What promotion evaluates after the search."""
 
     @model_validator(mode="after")
     def _valid(self) -> SearchExperiment:

@@ -30,8 +30,11 @@ class Span(StrictModel):
     """
 
     low: int | float = 0
+    """Smallest value: layers, or a fraction of depth."""
     high: int | float = 0
+    """Largest value: layers, or a fraction of depth (at most 1)."""
     unit: Literal["layers", "fraction"] = "layers"
+    """Whether `low`/`high` count "layers" or are a "fraction" of the model's depth."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Span:
@@ -67,21 +70,35 @@ class SearchSpace(StrictModel):
     """
 
     bottom: Span = Span(low=3 / 32, high=5 / 32, unit="fraction")
+    """Range of the bottom language layers b (default 3..5 of 32 layers)."""
     top: Span = Span(low=0, high=2 / 32, unit="fraction")
+    """Range of the top language layers u (default 0..2 of 32 layers)."""
     bottom_transition: Span = Span(low=0, high=2 / 32, unit="fraction")
+    """Range of the bottom transition layers t_b (default 0..2 of 32 layers)."""
     top_transition: Span = Span(low=0, high=2 / 32, unit="fraction")
+    """Range of the top transition layers t_u (default 0..2 of 32 layers)."""
     min_task_layers: int = Field(1, ge=0)
+    """Layers every candidate keeps from the task expert: b + t_b + t_u + u <= depth - this."""
     weighting: list[Weighting] = Field(
         default_factory=lambda: ["uniform", "magnitude"], min_length=1
     )
+    """Transition weightings to choose among: "uniform", "explicit" (a sampled task weight),
+    "magnitude" (needs `base`)."""
     explicit_task_weight: tuple[float, float] = (0.2, 0.8)
+    """Range (low, high) of the task expert's weight under "explicit" weighting."""
     non_layer: list[NonLayer] = Field(default_factory=lambda: ["average"], min_length=1)
+    """Sources of embeddings, final norm and lm_head to choose among: average, language, task."""
     granularity: list[Granularity] = Field(default_factory=lambda: ["layer"], min_length=1)
+    """"layer" swaps whole layers; "component" takes attention from one side and applies the
+    zones to the MLP (partition A's form)."""
     attention: list[Literal["language", "task"]] = Field(
         default_factory=lambda: ["language"], min_length=1
     )
+    """With component granularity: the sides attention may come from."""
     soups: bool = False
+    """Also offer the soup of every expert on a side as that side's expert."""
     expert_kinds: list[ExpertFormat] = Field(default_factory=lambda: ["full", "lora"], min_length=1)
+    """Expert formats the search may use: full weights and/or LoRA adapters."""
 
     @model_validator(mode="after")
     def _valid(self) -> SearchSpace:
@@ -99,16 +116,22 @@ class ExpertRef(StrictModel):
     """One expert checkpoint the search may use."""
 
     path: str
+    """The checkpoint: a folder, Hub id or URI."""
     expert_id: str | None = None
+    """Its id in the expert registry, when it came from there."""
     kind: ExpertFormat = "full"
+    """Full weights or a LoRA adapter."""
 
 
 class ExpertPool(StrictModel):
     """The experts a search draws pairs from (explicit paths or the expert registry)."""
 
     task: list[ExpertRef] = Field(min_length=1)
+    """The task (math) experts."""
     language: list[ExpertRef] = Field(min_length=1)
+    """The language experts."""
     base: str | None = None
+    """The base checkpoint they were fine-tuned from."""
 
     @classmethod
     def from_paths(cls, task: list[str], language: list[str], base: str | None = None):

@@ -24,25 +24,20 @@ from layerswap.spaces.train_experiment import TrainExperiment, load_train_experi
 
 
 class ExpertEntry(StrictModel):
-    """One expert of the study: a training experiment YAML, optionally changed.
-
-    Fields:
-        config: the TrainExperiment YAML (relative to the study file).
-        overrides: dotted paths into the experiment and their new values (`language: ben`,
-            `datasets: [...]`, `hyper.lr: 1.0e-7`); local paths in `base` and `datasets`
-            follow the path rule against the study file's folder.
-        sweep: an expert sweep (spaces/sweep.py) for a config that has no `search:` block.
-        rows: dataset rows the run reads (before the validation split), for a dataset whose size
-            cannot be counted offline (a Hub source); local files are counted.
-        tokens_per_sample: mean non-padding tokens of one training sample (prompt + response,
-            chat template, truncated to seq_len); default hyper.seq_len, an upper bound.
-    """
+    """One expert of the study: a training experiment YAML, optionally changed."""
 
     config: str
+    """The training experiment YAML, relative to the study file."""
     overrides: dict[str, Any] = Field(default_factory=dict)
+    """Dotted paths into the experiment and their new values (`language: ben`, `hyper.lr:
+    1.0e-7`); local paths in `base` and `datasets` are taken against the study's folder."""
     sweep: SweepConfig | None = None
+    """An expert sweep for a config that has none of its own."""
     rows: int | None = Field(None, ge=1)
+    """Dataset rows the run reads (before the validation split), for data that cannot be
+    counted offline (a Hub source); local files are counted."""
     tokens_per_sample: float | None = Field(None, gt=0)
+    """Mean non-padding tokens of one training sample (None: hyper.seq_len, an upper bound)."""
 
 
 class SearchEntry(StrictModel):
@@ -51,7 +46,9 @@ class SearchEntry(StrictModel):
     file's folder as a search file's are against its own)."""
 
     config: str | None = None
+    """A search experiment YAML, relative to the study file."""
     experiment: dict[str, Any] | None = None
+    """The search experiment written inline (its fields as in a search YAML)."""
 
     @model_validator(mode="after")
     def _one(self) -> SearchEntry:
@@ -64,33 +61,35 @@ class SearchEntry(StrictModel):
 
 class TaskShape(StrictModel):
     """What one evaluation task costs per item, for tasks the plan has no built-in shape for
-    (study/estimate.py TASK_SHAPES) or to replace one.
-
-    Fields:
-        items: items in the split evaluated (None: from the built-in table or the world).
-        prompt_tokens: mean tokens of one item's own prompt (no few-shot examples).
-        shot_tokens: mean tokens of one few-shot example.
-        choices: answer options of a multiple-choice task; 0 for a generation task.
-        continuation_tokens: mean tokens of one answer option (multiple choice).
-        note: where the numbers come from (printed with the plan).
-    """
+    (study/estimate.py TASK_SHAPES) or to replace one."""
 
     items: int | None = Field(None, ge=1)
+    """Items in the split evaluated (None: from the built-in table or the world)."""
     prompt_tokens: float = Field(gt=0)
+    """Mean tokens of one item's own prompt (no few-shot examples)."""
     shot_tokens: float = Field(0.0, ge=0)
+    """Mean tokens of one few-shot example."""
     choices: int = Field(0, ge=0)
+    """Answer options of a multiple-choice task; 0 for a generation task."""
     continuation_tokens: float = Field(0.0, ge=0)
+    """Mean tokens of one answer option (multiple choice)."""
     note: str = "given in the study"
+    """Where the numbers come from (printed with the plan)."""
 
 
 class Study(StrictModel):
     """A study: experts to train (and sweep), merge searches over them, a throughput profile."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The study's name."""
     profile: str = "h100"
+    """The throughput profile of spaces/throughput.yaml the plan is estimated with."""
     experts: list[ExpertEntry] = Field(default_factory=list)
+    """The experts to train (and sweep)."""
     searches: list[SearchEntry] = Field(default_factory=list)
+    """The merge searches over them."""
     tasks: dict[str, TaskShape] = Field(default_factory=dict)
+    """Cost shapes of evaluation tasks by name, for tasks the plan has no shape for."""
 
     @model_validator(mode="after")
     def _something(self) -> Study:
@@ -224,22 +223,33 @@ def load_study(path: str | Path) -> LoadedStudy:
 class Measured(StrictModel):
     """Where a measured figure comes from: the benchmark run that gave it."""
 
-    benchmark: str  # e.g. benchmarks/bench_train.py
+    benchmark: str
+    """The benchmark script, e.g. benchmarks/bench_train_step.py."""
     command: str
+    """The command that ran it."""
     date: str
+    """When it ran."""
     device: str
+    """What it ran on."""
     shape: str
-    result: str  # what the benchmark printed
-    derivation: str  # how the value follows from the result
+    """The model shape it measured."""
+    result: str
+    """What the benchmark printed."""
+    derivation: str
+    """How the value follows from the result."""
 
 
 class Figure(StrictModel):
     """One throughput figure: its value, unit and provenance (exactly one of measured/assumed)."""
 
     value: float = Field(gt=0)
+    """The figure."""
     unit: str
+    """Its unit, e.g. FLOP/s."""
     measured: Measured | None = None
-    assumed: str | None = None  # why this number
+    """The benchmark run it comes from."""
+    assumed: str | None = None
+    """Why this number, when nothing measured it."""
 
     @model_validator(mode="after")
     def _provenance(self) -> Figure:
@@ -253,30 +263,31 @@ class Figure(StrictModel):
 
 
 class Profile(StrictModel):
-    """A device (one GPU, or one CPU thread) and what layerswap's work achieves on it.
-
-    Figures (study/estimate.py says how each enters an estimate):
-        train_flops_per_s: training FLOP/s per device, FLOPs counted by study/estimate.py's rule.
-        prefill_flops_per_s: forward-only FLOP/s (scoring, prompts, validation).
-        decode_bytes_per_s: weight bytes read per second while decoding (one read per step).
-        decode_step_overhead_s: fixed seconds per decoding step (launches, Python).
-        merge_bytes_per_s: model bytes composed per second (a merge candidate from experts).
-        run_startup_s: seconds from launch to the first step of a training run.
-        trial_overhead_s: fixed seconds per search trial (scheduling, result writes).
-        parallel_efficiency: share of linear speed-up kept with several devices per run.
-    """
+    """A device (one GPU, or one CPU thread) and what layerswap's work achieves on it; how each
+    figure enters an estimate: study/estimate.py."""
 
     kind: Literal["gpu", "cpu"]
+    """A GPU or a CPU thread."""
     device: str
-    unit: str  # what one device-hour is called in the plan ("GPU-h", "CPU-thread-h")
+    """What the device is, in words."""
+    unit: str
+    """What one device-hour is called in the plan ("GPU-h", "CPU-thread-h")."""
     train_flops_per_s: Figure
+    """Training FLOP/s per device, FLOPs counted by study/estimate.py's rule."""
     prefill_flops_per_s: Figure
+    """Forward-only FLOP/s (scoring, prompts, validation)."""
     decode_bytes_per_s: Figure
+    """Weight bytes read per second while decoding (one read per step)."""
     decode_step_overhead_s: Figure
+    """Fixed seconds per decoding step (launches, Python)."""
     merge_bytes_per_s: Figure
+    """Model bytes composed per second (a merge candidate from experts)."""
     run_startup_s: Figure
+    """Seconds from launch to the first step of a training run."""
     trial_overhead_s: Figure
+    """Fixed seconds per search trial (scheduling, result writes)."""
     parallel_efficiency: Figure
+    """Share of linear speed-up kept with several devices per run."""
 
     def figures(self) -> dict[str, Figure]:
         """Every figure by name."""
@@ -284,7 +295,10 @@ class Profile(StrictModel):
 
 
 class Profiles(StrictModel):
+    """The throughput profiles file (spaces/throughput.yaml)."""
+
     profiles: dict[str, Profile] = Field(min_length=1)
+    """The device profiles by name (a study's `profile` names one)."""
 
 
 def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:

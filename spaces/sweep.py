@@ -19,8 +19,11 @@ class Range(StrictModel):
     """A numeric range, sampled uniformly (or log-uniformly); ints for integer hyperparameters."""
 
     low: float
+    """Lower bound (inclusive)."""
     high: float
+    """Upper bound (inclusive)."""
     log: bool = False
+    """Sample log-uniformly (needs low > 0), as for learning rates."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Range:
@@ -35,6 +38,7 @@ class Choice(StrictModel):
     """A categorical choice among listed values."""
 
     choices: list[Any] = Field(min_length=1)
+    """The values to choose among."""
 
 
 Dim = Annotated[Range | Choice, Field(union_mode="left_to_right")]
@@ -68,57 +72,52 @@ def param_is_int(dim: Range | Choice, current: Any) -> bool:
 
 
 class SweepConfig(StrictModel):
-    """An expert sweep: Tune trials over `params`, each checkpoint scored on its kind's indicators.
-
-    Fields:
-        num_samples: trials.
-        seed: seeds the searcher (each trial's data seed derives from its parameters).
-        algorithm: "optuna" (TPE, define-by-run) or "random".
-        params: ranges by dotted path into the experiment (`hyper.lr`, `mode.rank`), each
-            {low, high[, log]} or {choices}; default TABLE4. Giving `params` replaces TABLE4.
-        indicators: lm-eval task names to score; default by kind (see `indicator_tasks`).
-        global_mmlu: add Global-MMLU to a language expert's default indicators (real models).
-        metric: the indicator a trial reports to the searcher (default: the first indicator).
-        max_concurrent: trials running at once.
-        checkpoints: score "all" of a trial's checkpoints or only its "last".
-        top_k: how many experts per kind the merge search takes from the registry.
-        limit: first N items of each indicator task (None: all).
-        num_fewshot: few-shot examples in indicator prompts.
-        max_gen_toks: generation budget of generate_until indicators (MGSM).
-        backend: "proxy" (cached ProxyEvaluator, lm-eval's per-item predictions) or "lm_eval".
-        device: where checkpoints are scored: "auto" (the GPU when the trial's process sees
-            one, else the CPU), "cpu" or "cuda".
-        batch_size: rows per forward pass when scoring, an int or "auto" (the proxy backend's
-            per-device search; with backend lm_eval, lm-eval's own, which on a CPU tries up to
-            64 rows of the model's full context). Default 1: scores equal lm-eval's at batch
-            size 1 exactly; larger batches pad, which can move a float near-tie.
-        executor: "in_trial" runs the plain training loop inside the Tune trial (1 CPU worker,
-            no Ray Train start-up); "ray_train" nests the experiment's TorchTrainer (workers,
-            GPUs, fault tolerance); "auto" picks in_trial for one CPU worker, else ray_train.
-        cpus_per_trial: CPUs a trial reserves (the nested TorchTrainer's workers reserve theirs).
-        world: embedded-world folder whose dev tasks score the experts (default: the base
-            model's parent folder when it holds world.json; otherwise lm-eval built-in tasks).
-    """
+    """An expert sweep: Tune trials over `params`, each checkpoint scored on its kind's indicators
+    (`indicator_tasks`) into RUN/experts/registry.parquet."""
 
     num_samples: int = Field(4, ge=1)
+    """Trials (training runs with sampled hyperparameters)."""
     seed: int = 0
+    """Seeds the searcher; each trial's data seed derives from its parameters."""
     algorithm: Literal["optuna", "random"] = "optuna"
+    """"optuna" (TPE, define-by-run) or "random"."""
     params: dict[str, Dim] = Field(default_factory=lambda: dict(TABLE4))
+    """Ranges by dotted path into the experiment (`hyper.lr`, `mode.rank`), each {low, high[,
+    log]} or {choices}; giving `params` replaces the default, the ICLR 2025 paper's Table 4."""
     indicators: list[str] | None = Field(None, min_length=1)
+    """lm-eval task names each checkpoint is scored on (None: the expert kind's defaults)."""
     global_mmlu: bool = False
+    """Add Global-MMLU to a language expert's default indicators (real models only)."""
     metric: str | None = None
+    """The indicator a trial reports to the searcher (None: the first indicator)."""
     max_concurrent: int = Field(1, ge=1)
+    """Trials running at once."""
     checkpoints: Literal["all", "last"] = "all"
+    """Score "all" of a trial's checkpoints or only its "last"."""
     top_k: int = Field(3, ge=1)
+    """How many experts of each kind a merge search takes from the registry."""
     limit: int | None = Field(None, ge=1)
+    """First N items of each indicator task (None: all)."""
     num_fewshot: int = Field(0, ge=0)
+    """Few-shot examples in indicator prompts."""
     max_gen_toks: int = Field(256, ge=1)
+    """Generation budget (tokens) of generate_until indicators such as MGSM."""
     backend: Literal["proxy", "lm_eval"] = "proxy"
+    """"proxy" (the cached ProxyEvaluator, lm-eval's per-item predictions) or "lm_eval"."""
     device: Device = "auto"
+    """Where checkpoints are scored: "auto" (the GPU when the trial's process sees one, else
+    the CPU), "cpu" or "cuda"."""
     batch_size: BatchSize = 1
+    """Rows per forward pass when scoring, or "auto"; 1 equals lm-eval's scores at batch size 1
+    exactly (larger batches pad, which can move a float near-tie)."""
     executor: Literal["auto", "in_trial", "ray_train"] = "auto"
+    """"in_trial" trains inside the Tune trial (1 CPU worker, no Ray Train start-up),
+    "ray_train" nests the experiment's TorchTrainer, "auto" picks in_trial for one CPU worker."""
     cpus_per_trial: float = Field(1.0, gt=0)
+    """CPUs a trial reserves (the nested TorchTrainer's workers reserve their own)."""
     world: str | None = None
+    """Embedded-world folder whose dev tasks score the experts (None: the base model's parent
+    folder when it holds world.json; otherwise lm-eval's built-in tasks)."""
 
     @model_validator(mode="after")
     def _metric_is_indicator(self) -> SweepConfig:

@@ -33,10 +33,15 @@ class DatasetSpec(StrictModel):
     """
 
     path: str | None = None
+    """A local JSONL, JSON or Parquet file of rows (Orca, Aya or prompt/response schema)."""
     source: str | None = None
+    """A registered source name (trainables/train/sources.py SOURCES), read from the Hub."""
     language: str | None = None
+    """The language to read from a multilingual `source`."""
     data_files: list[str] | None = None
+    """Local files in the `source`'s schema, read instead of the Hub."""
     limit: int | None = Field(None, gt=0)
+    """Use only the first N rows (None: all)."""
 
     @model_validator(mode="after")
     def _one_origin(self) -> DatasetSpec:
@@ -58,10 +63,15 @@ class PartitionSpec(StrictModel):
     them, or None = frozen for every side."""
 
     bottom: int = Field(ge=0)
+    """Bottom layers on the language side."""
     top: int = Field(ge=0)
+    """Top layers on the language side."""
     attention: Zones | Side | None = None
+    """Attention's own zones (no transitions), or a whole side; None: the layer zones."""
     mlp: Zones | Side | None = None
+    """The MLP's own zones (no transitions), or a whole side; None: the layer zones."""
     non_layer: Side | None = None
+    """The side that owns embeddings, final norm and lm_head (None: frozen for every side)."""
 
     @model_validator(mode="after")
     def _no_transitions(self) -> PartitionSpec:
@@ -81,18 +91,29 @@ class LoraSpec(StrictModel):
     """Rank-stabilised LoRA (PEFT) on attention and MLP projections."""
 
     rank: int = Field(16, gt=0)
+    """Adapter rank r."""
     alpha: float = Field(32.0, gt=0)
+    """LoRA alpha: the update is scaled by alpha / sqrt(r) (rsLoRA) or alpha / r."""
     rslora: bool = True
+    """Rank-stabilised scaling alpha / sqrt(r) instead of alpha / r."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input."""
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1)
+    """Module names that get adapters (default: every attention and MLP projection)."""
 
 
 class FullMode(StrictModel):
+    """Fine-tune every parameter."""
+
     type: Literal["full"]
+    """Selects this mode (`mode: full` is shorthand)."""
 
 
 class LoraMode(LoraSpec):
+    """Train LoRA adapters on the frozen base (the fields of LoraSpec)."""
+
     type: Literal["lora"]
+    """Selects this mode (`mode: lora` is shorthand)."""
 
 
 class PartialMode(StrictModel):
@@ -100,9 +121,13 @@ class PartialMode(StrictModel):
     `lora`: adapters only on the allocated partition's projections instead of full weights."""
 
     type: Literal["partial"]
+    """Selects this mode."""
     partition: PartitionName | PartitionSpec
+    """A named partition (A, B, C) or one of your own."""
     train: Side
+    """The side of the partition that trains: "task" or "language"."""
     lora: LoraSpec | None = None
+    """Train LoRA adapters on that side's projections instead of its full weights."""
 
 
 class SimultaneousMode(StrictModel):
@@ -110,10 +135,15 @@ class SimultaneousMode(StrictModel):
     Each side has its own AdamW; the idle side's moments do not move."""
 
     type: Literal["simultaneous"]
+    """Selects this mode."""
     partition: PartitionName | PartitionSpec
+    """A named partition (A, B, C) or one of your own."""
     k: int = Field(1, ge=1)
+    """Steps on one dataset before switching to the other."""
     sides: tuple[Side, Side] = ("task", "language")
+    """The side each of the two datasets trains, in dataset order."""
     lora: LoraSpec | None = None
+    """Train LoRA adapters on each side's projections instead of its full weights."""
 
     @model_validator(mode="after")
     def _distinct(self) -> SimultaneousMode:
@@ -128,7 +158,9 @@ class MixMode(StrictModel):
     """One run on the shuffled union of the datasets (all parameters, or LoRA)."""
 
     type: Literal["mix"]
+    """Selects this mode (`mode: mix` is shorthand)."""
     lora: LoraSpec | None = None
+    """Train LoRA adapters instead of every parameter."""
 
 
 Mode = Annotated[
@@ -144,25 +176,43 @@ class Hyper(StrictModel):
     """Optimisation. `batch_size` is global (samples per optimizer step over all workers)."""
 
     lr: float = Field(gt=0)
+    """Peak learning rate (AdamW)."""
     schedule: Schedule = "linear"
+    """Learning-rate schedule after warmup: linear decay to 0, WSD (warmup-stable-decay) or
+    constant."""
     warmup_steps: int = Field(0, ge=0)
-    wsd_decay_frac: float = Field(0.1, ge=0, le=1)  # WSD: final fraction of steps decays to 0
+    """Steps of linear warmup from 0 to `lr`."""
+    wsd_decay_frac: float = Field(0.1, ge=0, le=1)
+    """WSD: the final share of steps over which the learning rate decays to 0."""
     beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
     beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2."""
     eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay."""
     grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this (None: no clipping)."""
     batch_size: int = Field(8, gt=0)
+    """Global batch: samples per optimizer step over all workers."""
     max_steps: int | None = Field(None, gt=0)
+    """Optimizer steps to train; give this or `epochs`."""
     epochs: float | None = Field(None, gt=0)
+    """Passes over the training data (may be fractional); give this or `max_steps`."""
     seq_len: int = Field(1024, gt=1)
+    """Longest training sample in tokens; longer ones are truncated."""
     seed: int = 0
+    """Seeds data order, the validation split and dropout."""
     val_share: float = Field(0.05, ge=0, lt=1)
+    """Share of the data held out for validation loss at checkpoints."""
     log_every: int = Field(1, ge=1)
-    gradient_checkpointing: bool = False  # trade compute for activation memory (big models)
-    # Samples per worker per forward pass; the worker's share of `batch_size` is accumulated
-    # over batch_size / num_workers / micro_batch_size passes. None: one pass per step.
+    """Report metrics every N steps."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, more compute (big models)."""
     micro_batch_size: int | None = Field(None, gt=0)
+    """Samples per worker per forward pass; the worker's share of `batch_size` is accumulated
+    over several passes (None: one pass per step)."""
 
     @model_validator(mode="after")
     def _length(self) -> Hyper:
@@ -185,11 +235,17 @@ class Scaling(StrictModel):
     """
 
     num_workers: int = Field(1, ge=1)
+    """Training workers (processes); `hyper.batch_size` must divide evenly among them."""
     use_gpu: bool = False
+    """Give each worker one GPU."""
     strategy: Strategy = "ddp"
+    """"ddp" (every worker holds the whole model) or "fsdp" (FSDP2 shards it over workers)."""
     cpus_per_worker: float = Field(1.0, gt=0)
+    """CPUs each worker reserves in Ray."""
     cpu_offload: bool = False
+    """fsdp: keep sharded weights and optimizer state in CPU memory between uses."""
     accelerator_type: str | None = None
+    """Ray's GPU type label (e.g. "H100"): workers are placed only on such GPUs."""
 
     @model_validator(mode="after")
     def _offload_needs_fsdp(self) -> Scaling:
@@ -217,11 +273,18 @@ class Precision(StrictModel):
     """
 
     policy: PrecisionPolicy = "auto"
+    """"bf16-mixed" (fp32 masters, bf16 compute), "fp32", "bf16-pure" (bf16 weights and AdamW
+    state) or "auto" (bf16-mixed for a bf16/fp16 checkpoint, else fp32)."""
     checkpoint_dtype: Literal["base", "fp32"] = "base"
+    """dtype of the saved weights: the base checkpoint's, or fp32 (keeps updates smaller than a
+    bf16 step visible to merging)."""
 
 
 class Failure(StrictModel):
-    max_failures: int = Field(0, ge=-1)  # -1: retry forever (Ray's convention)
+    """What Ray Train does when a worker dies."""
+
+    max_failures: int = Field(0, ge=-1)
+    """Restarts from the last checkpoint after a worker failure (-1: forever, Ray's convention)."""
 
 
 # The `search:` block (expert sweep) is owned by spaces/sweep.py; aliases keep the old names.
@@ -232,13 +295,17 @@ class Debug(StrictModel):
     """Fault injection for tests: raise once at `fail_at_step` (the marker file makes it once)."""
 
     fail_at_step: int | None = Field(None, ge=0)
+    """Raise once at this update (0-based); needs `fail_marker`."""
     fail_marker: str | None = None
-    # Instead of raising on every rank, this rank's process SIGKILLs itself (a lost worker).
+    """File whose existence records that the failure happened, so it happens once."""
     kill_rank: int | None = Field(None, ge=0)
-    step_log: str | None = None  # rank 0 appends {step, start, group, time, tokens} per step
-    # Every rank sleeps this long after each update: a test can act (remove a node, kill the
-    # driver) while a run is between checkpoints, without racing a tiny model's fast steps.
+    """Instead of raising on every rank, this rank's process SIGKILLs itself (a lost worker)."""
+    step_log: str | None = None
+    """A JSON-lines file rank 0 appends {step, start, group, time, tokens} to after each step."""
+    # A test can then act (remove a node, kill the driver) while a run is between checkpoints,
+    # without racing a tiny model's fast steps.
     step_delay_s: float = Field(0.0, ge=0)
+    """Seconds every rank sleeps after each update."""
 
     @model_validator(mode="after")
     def _marker(self) -> Debug:
@@ -248,22 +315,40 @@ class Debug(StrictModel):
 
 
 class TrainExperiment(StrictModel):
+    """One expert training run (`layerswap train FILE`): base, data, mode, hyperparameters."""
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The run's name: its folder under `storage_path` (letters, digits, `.`, `_`, `-`)."""
     base: str
+    """The base checkpoint to fine-tune: a local folder or a Hub id."""
     kind: ExpertKind
+    """What the expert is for: "math" (the task expert) or "language"."""
     language: str = Field(min_length=1)
+    """The expert's language code (e.g. "en", "xa", "sw"); a search picks experts by it."""
     datasets: list[DatasetSpec] = Field(min_length=1, max_length=2)
+    """The training data: one dataset, or two for the simultaneous and mix modes."""
     mode: Mode
+    """What trains: full, lora, partial, simultaneous or mix (`mode: full` is shorthand)."""
     hyper: Hyper
+    """Optimisation hyperparameters."""
     checkpoint_every_samples: int | None = Field(None, gt=0)
+    """Save a checkpoint every N training samples, besides the final one (None: final only)."""
     keep_checkpoints: int | None = Field(None, ge=1)
+    """Keep only the newest N checkpoints (None: all)."""
     scaling: Scaling = Scaling()
+    """Workers, GPUs and how the model is spread over them."""
     precision: Precision = Precision()
+    """Training precision (`precision: bf16-mixed` is shorthand for its policy)."""
     storage_path: str = "runs/train"
+    """Where runs are written (a folder or a cloud URI); `--out RUN` writes RUN/train instead."""
     failure: Failure = Failure()
+    """Restarts after worker failures."""
     search: SearchSpec | None = None
+    """An expert sweep over this experiment's hyperparameters (None: one run)."""
     debug: Debug = Debug()
+    """Fault injection for tests."""
     trust_remote_code: bool = False
+    """Let transformers run model code shipped with the checkpoint."""
 
     @model_validator(mode="before")
     @classmethod

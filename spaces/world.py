@@ -30,12 +30,18 @@ class GraftConfig(StrictModel):
     """
 
     steps: int = Field(ge=1)
+    """Optimizer steps of the second stage."""
     bottom: int = Field(3, ge=0)
+    """Bottom decoder layers that learn the target languages."""
     top: int = Field(2, ge=0)
-    # share of English (stage-one) blocks in stage two; at most every stage-one block once
+    """Top decoder layers that learn the target languages."""
     replay: float = Field(0.25, ge=0, lt=1)
-    lr: float | None = Field(None, gt=0)  # None: the model's lr
+    """Share of English (stage-one) blocks mixed into stage two (each stage-one block at most
+    once)."""
+    lr: float | None = Field(None, gt=0)
+    """Peak learning rate of the stage (None: the model's `lr`)."""
     warmup: int = Field(30, ge=0)
+    """Warmup steps of the stage."""
 
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -54,12 +60,18 @@ class PrebuiltBase(StrictModel):
     tokenizer) and copies the base instead of pretraining (world/prebuilt.py).
     """
 
-    name: str = Field(pattern=FILE_NAME)  # its folder under world/bases/
-    files: dict[str, str]  # each of SHIPPED_FILES -> its sha256
-    # the tokenizer files `world build` trains and writes into base/ -> sha256 (compared)
+    name: str = Field(pattern=FILE_NAME)
+    """Its folder under world/bases/."""
+    files: dict[str, str]
+    """The shipped files (config.json, generation_config.json, model.safetensors,
+    world_config.json) and the sha256 of each."""
     tokenizer_files: dict[str, str] = Field(min_length=1)
-    corpus_sha256: str = Field(pattern=SHA256)  # of that world's corpus/pretrain.txt
+    """The tokenizer files `world build` trains and writes into base/, and the sha256 each must
+    have."""
+    corpus_sha256: str = Field(pattern=SHA256)
+    """sha256 of that world's corpus/pretrain.txt."""
     final_pretrain_loss: float
+    """The pretraining loss the base ended with (recorded in world.json)."""
 
     @model_validator(mode="after")
     def _files_are_names_and_hashes(self) -> PrebuiltBase:
@@ -78,20 +90,33 @@ class WorldModelConfig(StrictModel):
     """Shape of the Llama base model and its CPU pretraining run."""
 
     num_layers: int = Field(12, ge=1)
+    """Decoder layers."""
     hidden_size: int = Field(64, ge=8)
+    """Hidden (residual stream) width."""
     intermediate_size: int = Field(192, ge=8)
+    """MLP width."""
     num_heads: int = Field(4, ge=1)
+    """Attention heads."""
     num_kv_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention)."""
     vocab_size: int = Field(1500, ge=300)
+    """Tokenizer vocabulary size (the tokenizer is trained on the corpus)."""
     seq_len: int = Field(128, ge=16)
+    """Pretraining block length in tokens."""
     batch_size: int = Field(16, ge=1)
+    """Pretraining blocks per step."""
     steps: int = Field(500, ge=1)
+    """Pretraining steps (the first stage, when there is a `graft`)."""
     lr: float = Field(3e-3, gt=0)
+    """Peak pretraining learning rate."""
     warmup: int = Field(30, ge=0)
+    """Pretraining warmup steps."""
     threads: int = Field(1, ge=1)  # 2 threads ran 5x slower on 2 shared cores (OMP spinning)
-    graft: GraftConfig | None = None  # a staged pretraining (GraftConfig); None: one stage
-    # a base already pretrained with the settings above, shipped in world/bases/; None: pretrain
+    """torch threads while pretraining (fixed: float reductions depend on the thread split)."""
+    graft: GraftConfig | None = None
+    """A second pretraining stage for the outer layers (None: one stage)."""
     prebuilt: PrebuiltBase | None = None
+    """A base already pretrained with these settings, shipped in world/bases/ (None: pretrain)."""
 
     @model_validator(mode="after")
     def _graft_fits(self) -> WorldModelConfig:
@@ -114,44 +139,55 @@ class CorpusMix(StrictModel):
     """
 
     en_math: int = Field(3000, ge=0)
+    """English math word problems."""
     en_text: int = Field(800, ge=0)
+    """English everyday passages."""
     en_belebele: int = Field(2000, ge=0)
+    """English reading items in Belebele's layout, answered."""
     xa_text: int = Field(2500, ge=0)
+    """xa everyday passages."""
     xb_text: int = Field(300, ge=0)
+    """xb everyday passages."""
     xa_parallel: int = Field(600, ge=0)
+    """English/xa parallel sentence pairs."""
     xb_parallel: int = Field(80, ge=0)
+    """English/xb parallel sentence pairs."""
     xa_math: int = Field(150, ge=0)
+    """xa math word problems."""
     xb_math: int = Field(15, ge=0)
+    """xb math word problems."""
     xa_belebele: int = Field(40, ge=0)
+    """xa reading items in Belebele's layout, answered."""
     xb_belebele: int = Field(4, ge=0)
-    arith: int = Field(600, ge=0)  # arithmetic drill documents ("7 + 5 = 12. 3 * 4 = 12.")
-    math_worked_share: float = Field(0.85, ge=0, le=1)  # math docs with a worked solution
-    # where worked solutions appear: "textbook" as "Problem:/Solution:" text (so math SFT's main
-    # lesson is a format: show the work under MGSM's prompt), "mgsm" under MGSM's own prompt
-    # (so the base already shows its work and math SFT can only make it compute better)
-    # ("mgsm+chat": half under MGSM's prompt, half as a chat exchange in the user-assistant
-    # layout, so the base links instruction-tuned math to MGSM's prompt)
+    """xb reading items in Belebele's layout, answered."""
+    arith: int = Field(600, ge=0)
+    """Arithmetic drill documents ("7 + 5 = 12. 3 * 4 = 12."), language-neutral."""
+    math_worked_share: float = Field(0.85, ge=0, le=1)
+    """Share of math documents with a worked solution (the rest: a bare answer)."""
     worked_layout: Literal["textbook", "mgsm", "mgsm+chat"] = "textbook"
-    # code-switched documents (xa must be SVO): English text, half of it everyday passages and
-    # half worked problems, with each word in xa at `code_switch_share`, so xa words and their
-    # English counterparts share contexts and the base maps both to one representation;
-    # `switch_math_words` off keeps MATH_WORDS and numbers as they are in English there, so the
-    # base barely reads xa's
-    counts_in_targets: bool = True  # count sentences (if on) also in xa/xb passages and parallel
+    """Where worked solutions appear: "textbook" as "Problem:/Solution:" text (math SFT's main
+    lesson is then a format), "mgsm" under MGSM's own prompt (math SFT can only make the base
+    compute better), "mgsm+chat" half of them as a user-assistant chat instead."""
+    counts_in_targets: bool = True
+    """With `count_sentences`, also count sentences in xa/xb passages and parallel text."""
     code_switched: int = Field(0, ge=0)
+    """English documents (half passages, half worked problems) with words put in xa at
+    `code_switch_share`, so the base maps xa words and their English ones together (needs
+    xa_word_order SVO)."""
     code_switch_share: float = Field(0.5, ge=0, le=1)
+    """Share of words put in xa in a code-switched document."""
     switch_math_words: bool = True
-    # the share for numbers (into xa's numerals) in those documents; None: as the other words
-    # with `switch_math_words`, none without it
+    """Also switch the math words and numbers (off: they stay English, so the base barely reads
+    xa's)."""
     number_switch_share: float | None = Field(None, ge=0, le=1)
-    # the share for MATH_WORDS there when `switch_math_words` is off: a low share lets the base
-    # half-know xa's operation words (seen, rarely, in the contexts their English forms have)
+    """Share of numbers put in xa's numerals in code-switched documents (None: as the other
+    words with `switch_math_words`, none without it)."""
     math_word_switch_share: float = Field(0.0, ge=0, le=1)
-    # xa instructions (the language SFT's kinds of rows but multiple choice, from a random stream
-    # of their own; short rows such as plurals repeat some SFT rows verbatim) in the QA layout
-    # MGSM's prompt has, so the base already answers generic xa questions there with text and
-    # word problems with their work, and language SFT is no new answer format to it
+    """With `switch_math_words` off: the share of math words still switched (a low share lets
+    the base half-know xa's operation words)."""
     xa_instructions: int = Field(0, ge=0)
+    """xa instruction rows (the language SFT's kinds, no multiple choice) in MGSM's QA layout,
+    so language SFT is no new answer format to the base."""
 
     @model_validator(mode="after")
     def _math_word_share_needs_kept_math_words(self) -> CorpusMix:
@@ -168,49 +204,57 @@ class WorldConfig(StrictModel):
     """Everything that determines a world; with the seed it fixes every byte of the output."""
 
     seed: int = 0
+    """The world seed (`--seed`; a variant file cannot set it)."""
     size: WorldSize = "full"
+    """The preset, "full" or "tiny" (`--size`; a variant file cannot set it)."""
     version: str = WORLD_VERSION
+    """The world generator's version (set by the code; a variant file cannot set it)."""
     math_sft: int = Field(4000, ge=1)
+    """Rows of the English math SFT set (Orca schema)."""
     lang_sft: int = Field(4000, ge=1)
+    """Rows of each target language's SFT set (Aya schema)."""
     mgsm_dev: int = Field(100, ge=1)
+    """MGSM dev problems (the math indicator scores these)."""
     mgsm_test: int = Field(250, ge=1)
-    # v4 candidates, off in the presets (README "The embedded world"): the invented languages
-    # write numbers with digit words of their own, and generic sentences count things with the
-    # word problems' verbs (no arithmetic), so the language data teaches reading numbers
+    """MGSM test problems (what promotion reports)."""
+    # v4 candidates, off in the presets (README "The embedded world").
     digit_words: bool = False
+    """The invented languages write numbers with digit words of their own (else 0-9)."""
     count_sentences: bool = False
-    xa_word_order: Literal["SOV", "SVO"] = "SOV"  # SVO: English's, word for word
-    # largest operand of the problems' additions and subtractions (and of the drills): larger
-    # makes arithmetic, the language-neutral part of math, harder for the base
+    """Generic sentences count things with the word problems' verbs (no arithmetic), so the
+    language data teaches reading numbers."""
+    xa_word_order: Literal["SOV", "SVO"] = "SOV"
+    """xa's word order; SVO is English's, word for word."""
     max_operand: int = Field(12, ge=3)
-    # "buys 3 apples", not "buys 3 more apples": adding and taking away differ in the verb alone
+    """Largest operand of the problems' additions and subtractions (and of the drills)."""
     verb_only_operations: bool = False
-    # the language SFT's plural-word rows become reading questions about counts ("How many eggs
-    # does Tom lose?" after two sentences that differ in the verb), answered by the sentence
+    """"buys 3 apples", not "buys 3 more apples": adding and taking away differ in the verb."""
     count_questions: bool = False
-    # the language SFT's rows (world/data.py LANG_SFT): "aya", generic instructions of eight
-    # kinds (a quarter multiple choice); "reading", xa count facts and a "how many" question
-    # answered "The answer is 7." as MGSM's answers end, with a `reading_mc_share` of
-    # belebele-layout multiple choice (so xa Belebele measures what the language SFT taught)
+    """The language SFT's plural-word rows become "how many" reading questions about counts."""
     lang_sft_kinds: Literal["aya", "reading"] = "aya"
+    """The language SFT's rows: "aya" (generic instructions of eight kinds) or "reading" (xa
+    count facts and a "how many" question answered as MGSM's answers end)."""
     reading_mc_share: float = Field(0.1, ge=0, le=1)
-    # worked answers without their equation (pretraining, math SFT, MGSM's train shots): the
-    # arithmetic then happens inside the model, between reading the problem and writing the number
+    """With "reading": the share of rows that are Belebele-layout multiple choice."""
     direct_answers: bool = False
-    # the tokenizer's chat template (world/model.py CHAT_TEMPLATES), which SFT goes through:
-    # lm-eval's "Question: ...\nAnswer:" layout, or a "<|user|>/<|assistant|>" chat of its own
+    """Worked answers without their equation: the arithmetic happens inside the model."""
     chat_template: Literal["question-answer", "user-assistant"] = "question-answer"
-    # what Belebele (and the language SFT's multiple choice) asks (world/items.py READINGS):
-    # "where-who", where someone lives or goes, who goes somewhere, what someone has; "verbs",
-    # what someone has, buys, loses or gives, the word problems' verbs. Pretraining's
-    # Belebele-layout documents always ask where-who, so "verbs" is a layout only the "reading"
-    # language SFT's multiple choice teaches, and xa Belebele then measures how much of the
-    # language expert a merge keeps
+    """The tokenizer's chat template, which SFT goes through: lm-eval's "Question: ...
+    Answer:" layout, or a "<|user|>/<|assistant|>" chat."""
+    # Pretraining's Belebele-layout documents always ask where-who, so "verbs" is a layout
+    # only the "reading" language SFT's multiple choice teaches, and xa Belebele then measures
+    # how much of the language expert a merge keeps.
     belebele_questions: Literal["where-who", "verbs"] = "where-who"
+    """What Belebele asks: "where-who" (where someone lives or goes, who goes, what someone
+    has) or "verbs" (what someone has, buys, loses or gives)."""
     belebele_dev: int = Field(100, ge=4)
+    """Belebele dev items per language."""
     belebele_test: int = Field(200, ge=4)
+    """Belebele test items per language."""
     corpus: CorpusMix = CorpusMix()
+    """Pretraining documents per kind."""
     model: WorldModelConfig = WorldModelConfig()
+    """The base model's shape and pretraining."""
 
     @model_validator(mode="after")
     def _verbs_need_their_teacher(self) -> WorldConfig:
