@@ -11,9 +11,9 @@ from collections.abc import Mapping
 import torch
 
 from layerswap.spaces.recipe import Recipe, RecipeError
-from layerswap.trainables.merge.ops import delta_merge, linear_combine, mean_row_mav
+from layerswap.trainables.merge.ops import mean_row_mav, op_kind
 from layerswap.trainables.merge.plan import build_plan, recipe_refs
-from layerswap.trainables.merge.terms import DeltaMerge, Linear, Plan, Terms
+from layerswap.trainables.merge.terms import Plan, Terms
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -42,23 +42,16 @@ def compose(plan: Plan, sources: Mapping[str, StateDict]) -> dict[str, torch.Ten
         sources: {checkpoint ref: state dict} for every ref the plan names.
     Returns:
         {tensor name: tensor}; taken tensors are the source tensors themselves.
+    Raises:
+        ValueError for an op that trainables.merge.ops.OPS does not know.
     """
     out: dict[str, torch.Tensor] = {}
     for name, op in plan.items():
-        if isinstance(op, Linear):
-            if op.take is not None:
-                out[name] = sources[op.take][name]
-            else:
-                tensors = [sources[r][name] for r, _ in op.terms]
-                out[name] = linear_combine(tensors, [c for _, c in op.terms], tensors[0].dtype)
-        elif isinstance(op, DeltaMerge):
-            out[name] = delta_merge(
-                sources[op.base][name],
-                [sources[m][name] for m in op.models],
-                op.weights,
-                op.scale,
-                op.density,
-            )
+        kind = op_kind(op)  # an op it does not know raises here, before a tensor is missing
+        if op.take is not None:
+            out[name] = sources[op.take][name]
+        else:
+            out[name] = kind.apply(op, [sources[r][name] for r in op.refs], None)
     return out
 
 

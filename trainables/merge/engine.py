@@ -28,9 +28,9 @@ from layerswap.trainables.merge.checkpoint import (
     byte_view,
 )
 from layerswap.trainables.merge.modelcard import model_card
-from layerswap.trainables.merge.ops import delta_merge, linear_combine, mean_row_mav, row_chunks
+from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
 from layerswap.trainables.merge.plan import build_plan, primary_ref, recipe_refs
-from layerswap.trainables.merge.terms import DeltaMerge, Linear, Op, Plan, Terms
+from layerswap.trainables.merge.terms import Op, Plan, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.outputs import check_output, output_dir
 
@@ -231,6 +231,8 @@ def write_plan(
     release the GIL), which keeps the cores busy until the end. An interrupt stops them after
     the tensor each is on (`run_in_threads`), before the shard files are closed.
     """
+    for op in plan.values():
+        op_kind(op)  # an op the table does not know raises, naming it, before a file exists
     first = next(iter(ckpts.values()))
     order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
     specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
@@ -238,7 +240,7 @@ def write_plan(
 
     def run(name: str) -> None:  # on a worker thread; `writer` and `bar` exist by then
         op = plan[name]
-        if isinstance(op, Linear) and op.take is not None:
+        if op.take is not None:
             copy_checked(ckpts[op.take], name, writer, CHUNK_ELEMS * 4)
         else:
             if not hasattr(local, "bufs"):
@@ -263,10 +265,11 @@ def write_plan(
 def _write_computed(
     name: str, op: Op, ckpts: dict[str, Checkpoint], writer: ShardWriter, bufs: _Buffers
 ) -> None:
-    """One merged (not taken) tensor: a weighted average chunk by chunk, or a delta merge."""
+    """One merged (not taken) tensor: row chunk by row chunk if its op allows, else whole."""
     info = next(iter(ckpts.values())).tensors[name]
-    if isinstance(op, DeltaMerge):
-        out = _delta_tensor(op, ckpts, name)
+    kind = op_kind(op)
+    if not kind.rowwise:
+        out = kind.apply(op, [_read_checked(ckpts[ref], name) for ref in op.refs], None)
         writer.write(name, byte_view(out.contiguous()))
         return
     if info.dtype not in FLOAT_TAGS:
@@ -274,27 +277,22 @@ def _write_computed(
     for start, count in row_chunks(info.shape, CHUNK_ELEMS):
         with ExitStack() as stack:
             # Inputs straight from the page cache: no copy into user space before the math.
-            parts = [
-                stack.enter_context(ckpts[ref].mapped(name, start, count)) for ref, _ in op.terms
-            ]
+            parts = [stack.enter_context(ckpts[ref].mapped(name, start, count)) for ref in op.refs]
             out = bufs.get("out", count, info.torch_dtype)
-            linear_combine(parts, [c for _, c in op.terms], info.torch_dtype, out=out)
+            kind.apply(op, parts, out)
             if not all_finite(out):
                 # A positive combination is non-finite iff an input is (or it overflows): name
                 # the input, checking the inputs only on this rare path.
-                for (ref, _), t in zip(op.terms, parts, strict=True):
+                for ref, t in zip(op.refs, parts, strict=True):
                     check_finite(t, ckpts[ref], name)
                 raise CheckpointError(f"tensor {name!r}: weighted average overflows to Inf")
         writer.write(name, byte_view(out))
 
 
-def _delta_tensor(op: DeltaMerge, ckpts: dict[str, Checkpoint], name: str) -> torch.Tensor:
-    tensors = []
-    for ref in (op.base, *op.models):
-        t = ckpts[ref].read(name)
-        check_finite(t, ckpts[ref], name)
-        tensors.append(t)
-    return delta_merge(tensors[0], tensors[1:], op.weights, op.scale, op.density)
+def _read_checked(ck: Checkpoint, name: str) -> torch.Tensor:
+    t = ck.read(name)
+    check_finite(t, ck, name)
+    return t
 
 
 def merge_to_disk(

@@ -20,6 +20,7 @@ from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
+from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.plan import build_plan, recipe_refs
 from layerswap.trainables.merge.terms import Linear
 
@@ -254,11 +255,13 @@ class LiveModel:
     def _apply(self, plan: dict, refs: list[str]) -> int:
         # Sources as seen from the device: averaged tensors are computed where the model is.
         sources = {r: _OnDevice(self, r) for r in refs}
+        for op in plan.values():
+            op_kind(op)  # an op the table does not know raises, naming it, before any swap
         moved = 0
         for name, op in plan.items():
             if self.loaded.get(name) == op:
                 continue
-            if isinstance(op, Linear) and op.take is not None:
+            if op.take is not None:
                 if name in self.cache.nonfinite[op.take]:
                     raise ValueError(f"non-finite weights in {op.take}: tensor {name}")
                 t = self.tensor(op.take, name)  # on the CPU: shared with the cache, no copy

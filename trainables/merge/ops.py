@@ -2,14 +2,19 @@
 
 Plain torch, no I/O: the disk engine calls these per chunk or per tensor, the in-memory
 composer per tensor. Everything is computed in float32 and cast back to the input dtype.
+`OPS` is the one dispatch from an op of trainables/merge/terms.py to its arithmetic; both
+executors reach it through `op_kind`, so an op neither knows is an error, not a missing tensor.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
+
+from layerswap.trainables.merge.terms import DeltaMerge, Linear, Op
 
 # Elements per step of linear_combine: its float32 work buffers (4 MiB each) stay in cache and
 # are reused, instead of whole-tensor float32 temporaries that are page-faulted on every call.
@@ -175,3 +180,47 @@ def mean_row_mav(
             s, r = row_mav_sum(delta.view(-1, shape[1]) if len(shape) == 2 else delta)
             total, rows = total + s, rows + r
     return total / rows if rows else 0.0
+
+
+@dataclass(frozen=True)
+class OpKind:
+    """How one kind of op is computed from its checkpoints' tensors (op.refs, in that order).
+
+    apply: (op, tensors, out) -> the merged tensor, in the inputs' dtype; written into `out`
+        when given (a row-wise kind only). rowwise: True if `apply` on any row range of the
+        inputs gives that row range of the result, so the disk engine may stream it in chunks;
+        False if it needs whole tensors (TIES's top-k is over the whole tensor).
+    """
+
+    apply: Callable[[Op, Sequence[torch.Tensor], torch.Tensor | None], torch.Tensor]
+    rowwise: bool
+
+
+def _apply_linear(op: Linear, tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None):
+    dtype = out.dtype if out is not None else tensors[0].dtype
+    return linear_combine(tensors, [c for _, c in op.terms], dtype, out=out)
+
+
+def _apply_delta(op: DeltaMerge, tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None):
+    if out is not None:
+        raise ValueError("a delta merge is computed whole; it does not write into `out`")
+    return delta_merge(tensors[0], tensors[1:], op.weights, op.scale, op.density)
+
+
+OPS: dict[type, OpKind] = {
+    Linear: OpKind(_apply_linear, rowwise=True),
+    DeltaMerge: OpKind(_apply_delta, rowwise=False),
+}
+
+
+def op_kind(op: object) -> OpKind:
+    """The entry of `OPS` for an op.
+
+    Raises:
+        ValueError naming the op's type and the known ones.
+    """
+    kind = OPS.get(type(op))
+    if kind is None:
+        known = ", ".join(t.__name__ for t in OPS)
+        raise ValueError(f"unknown merge op {type(op).__name__} ({op!r}); known ops: {known}")
+    return kind

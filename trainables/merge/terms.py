@@ -29,6 +29,11 @@ class Linear:
             return self.terms[0][0]
         return None
 
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The checkpoints it reads, in the order its tensors are combined."""
+        return tuple(r for r, _ in self.terms)
+
 
 @dataclass(frozen=True)
 class DeltaMerge:
@@ -39,6 +44,16 @@ class DeltaMerge:
     weights: tuple[float, ...]
     scale: float
     density: float | None
+
+    @property
+    def take(self) -> None:
+        """Never copied whole: a delta merge always computes."""
+        return None
+
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The checkpoints it reads: the base, then the models."""
+        return (self.base, *self.models)
 
 
 Op = Linear | DeltaMerge
