@@ -152,7 +152,7 @@ def analyze_run(
     """Analyze a run directory and write the report folder atomically.
 
     Args:
-        run_dir: the run (layout: README, "Merge search" and "Training experts").
+        run_dir: the run (layout: docs/guides/search.md and docs/guides/train.md).
         out: report folder (default RUN_DIR/analysis).
         overwrite: replace an existing report folder.
         n_resamples, seed: bootstrap settings for the correlation CIs.

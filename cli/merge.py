@@ -113,7 +113,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "atomically with the recipe and a model card. LoRA adapter experts are merged as "
         "adapters (or folded into full weights with --fold).",
     )
-    m.add_argument("recipe", type=Path, help="recipe YAML (see README for the keys)")
+    m.add_argument("recipe", type=Path, help="recipe YAML (keys: docs/guides/merge.md)")
     m.add_argument("--out", type=Path, help="output folder (must not exist unless --overwrite)")
     m.add_argument(
         "--overwrite",

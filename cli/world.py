@@ -1,4 +1,4 @@
-"""`layerswap world build --out DIR`: build the embedded world (DESIGN.md §3) into a folder;
+"""`layerswap world build --out DIR`: build the embedded world (docs/world/index.md) into a folder;
 `layerswap world export-base DIR --name NAME`: ship its base for `world build` to reuse.
 
 Thin: calls world.build.build_world and world.prebuilt.export_base (torch and tokenizers load
@@ -49,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w = subparsers.add_parser(
         "world",
         help="the embedded world: synthetic languages, datasets and a pretrained tiny base",
-        description="Generate the embedded evaluation world (DESIGN.md §3).",
+        description="Generate the embedded evaluation world (docs/world/index.md).",
     )
     wsub = w.add_subparsers(dest="world_command", required=True, metavar="ACTION")
     b = wsub.add_parser(

@@ -27,7 +27,7 @@ class RecipeError(ValueError):
 
 
 class Zones(StrictModel):
-    """Layer-swap boundaries (DESIGN.md §1): bottom `b`, top `u`, transitions `t_b`, `t_u`."""
+    """Layer-swap boundaries (docs/method.md): bottom `b`, top `u`, transitions `t_b`, `t_u`."""
 
     bottom: int = Field(ge=0)
     """Layers at the bottom taken from the language expert (b)."""

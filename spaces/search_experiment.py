@@ -259,11 +259,12 @@ def world_proxies(language: str) -> list[Proxy]:
 
     Why not the follow-up paper's two indicators (target Belebele accuracy, English MGSM)? The
     paper reads them per expert, to choose experts (the expert registry does: search/pool.py).
-    Across the merges of one pair of experts, measured on v4 seeds 0 and 1 (README, "The
-    embedded world"): English MGSM falls as language layers come in while xa MGSM rises
-    (Spearman with xa MGSM test -0.23 and -0.42), and xa Belebele accuracy saturates at 1.00
-    for most swaps of seed 0; the Brier score of the same items keeps ranking them (+0.56,
-    +0.45). The space's bounds keep the math expert's middle layers in every candidate.
+    Across the merges of one pair of experts, measured on v4 seeds 0 and 1
+    (docs/world/index.md, "The search's proxy"): English MGSM falls as language layers come in
+    while xa MGSM rises (Spearman with xa MGSM test -0.23 and -0.42), and xa Belebele accuracy
+    saturates at 1.00 for most swaps of seed 0; the Brier score of the same items keeps ranking
+    them (+0.56, +0.45). The space's bounds keep the math expert's middle layers in every
+    candidate.
     """
     return [world_readings(language)[f"world_belebele_brier_{language}_dev"]]
 

@@ -83,7 +83,7 @@ class PartitionSpec(StrictModel):
 
 
 def partition_spec(p: PartitionName | PartitionSpec) -> PartitionSpec:
-    """A named partition (A, B, C of DESIGN.md §1) as a PartitionSpec (non-layer frozen)."""
+    """A named partition (A, B, C of docs/method.md) as a PartitionSpec (non-layer frozen)."""
     return p if isinstance(p, PartitionSpec) else PartitionSpec(**PARTITIONS[p])
 
 

@@ -1,4 +1,5 @@
-"""Config of the embedded world (DESIGN.md §3): dataset sizes, corpus mix, model shape, training.
+"""Config of the embedded world (docs/world/index.md): dataset sizes, corpus mix, model shape,
+training.
 
 Pure data. `world_config("full" | "tiny", seed)` gives the two presets `layerswap world build` uses.
 """
@@ -217,7 +218,7 @@ class WorldConfig(StrictModel):
     """MGSM dev problems (the math indicator scores these)."""
     mgsm_test: int = Field(250, ge=1)
     """MGSM test problems (what promotion reports)."""
-    # v4 candidates, off in the presets (README "The embedded world").
+    # v4 candidates, off in the presets (docs/world/variants.md).
     digit_words: bool = False
     """The invented languages write numbers with digit words of their own (else 0-9)."""
     count_sentences: bool = False
@@ -279,7 +280,7 @@ class WorldConfig(StrictModel):
 
 
 def world_config(size: WorldSize = "full", seed: int = 0) -> WorldConfig:
-    """The preset for `size`: "full" (v4, README "The embedded world") or "tiny" (seconds, for tests).
+    """The preset for `size`: "full" (v4, docs/world/index.md) or "tiny" (seconds, for tests).
 
     "full" is the world where layer swapping does what the papers found (issue 15's ninth and
     tenth rounds): 24 layers whose outer ones (bottom 5, top 3) alone learn xa in a second

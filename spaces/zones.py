@@ -1,4 +1,4 @@
-"""Which expert owns each layer of a layer swap: the zone table of DESIGN.md §1, as pure functions.
+"""Which expert owns each layer of a layer swap: the zone table of docs/method.md, as pure functions.
 
 Used by the merge planner and by anything (search, training) that reasons about swap boundaries.
 """

@@ -1,4 +1,4 @@
-"""The packages import one way (README "Layout"): cli on top, spaces at the bottom.
+"""The packages import one way (docs/development.md, "Layout"): cli on top, spaces at the bottom.
 
 Parses every module's imports (top level and inside functions) with ast, so a lazy import that
 runs back up the layers fails here too.

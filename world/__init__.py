@@ -1,4 +1,5 @@
-"""The embedded world (DESIGN.md §3): synthetic languages, real-schema datasets, a CPU-pretrained base.
+"""The embedded world (docs/world/index.md): synthetic languages, real-schema datasets, a
+CPU-pretrained base.
 
 A data generator, not a search driver: `build_world(Path("runs/world"))` or `layerswap world
 build --out runs/world`; `layerswap.world.tiny` makes the tiny generated model family the tests and the

@@ -3,7 +3,7 @@
 `layerswap world export-base WORLD --name NAME` copies a built world's base into
 world/bases/NAME and prints the world's variant YAML with a `model: {prebuilt: ...}` entry;
 `layerswap world build --config` with it checks the world it builds is the one the base was
-pretrained for and copies the base instead of pretraining it (README "The embedded world").
+pretrained for and copies the base instead of pretraining it (docs/world/index.md).
 A base exported as NAME = `preset_base_name(cfg)` (e.g. full-v4-seed0) is the one `world build`
 reuses for that preset without any --config (`with_shipped_base`).
 """

@@ -1,4 +1,4 @@
-"""The zone table of DESIGN.md §1 as pure functions: layer sources, depth checks, reverts.
+"""The zone table of docs/method.md as pure functions: layer sources, depth checks, reverts.
 
 Expectations are written out by hand, one letter per layer:
 L = language expert, X = transition (weighted average), T = task expert.

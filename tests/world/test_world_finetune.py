@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 # The experts as the shipped example configs train them (lr 3e-5, 300 steps of 16), here by the
 # world's own plain-torch SFT (world.sft, SFT seed 0), not the Ray trainer. Measured by these
-# tests on world v4 seed 0 (the xa MGSM test numbers are benchmarks/world_probe.py's, README "The
-# embedded world"):
+# tests on world v4 seed 0 (the xa MGSM test numbers are benchmarks/world_probe.py's,
+# docs/world/index.md "What v4 shows"):
 MEASURED = {
     "en MGSM dev": "base 0.75 -> math expert 0.90",
     "xa Belebele dev": "base 0.83 -> language expert 0.93",
@@ -116,7 +116,7 @@ def test_paper_default_swap_beats_both_experts_and_the_base_on_xa_mgsm(full_worl
 
 
 def test_delta_maps_show_where_each_expert_changed_as_in_the_papers_figure_2(full_world, states, tmp_path):  # fmt: skip
-    """The half of the paper's Fig. 2 the world shows (README "The embedded world"): the math
+    """The half of the paper's Fig. 2 the world shows (docs/world/index.md): the math
     expert's MLP changes in the top quarter, not the bottom; so does the language expert's
     (the paper: "do not change at all until the last few layers"). Its attention is not
     asserted: the world's language expert does not concentrate it in the outer layers."""

@@ -15,7 +15,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "cohere", "cohere
 # `model.layers.{i}.` anywhere in the name (PEFT prefixes it with `base_model.model.`).
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 
-# Why these: a layer's norms travel with the block they feed (DESIGN.md §1). Cohere's parallel
+# Why these: a layer's norms travel with the block they feed (docs/method.md). Cohere's parallel
 # block has one input_layernorm feeding both attention and MLP; it travels with attention.
 _ATTENTION_PREFIXES = ("self_attn.", "attention.", "input_layernorm.")
 _MLP_PREFIXES = (

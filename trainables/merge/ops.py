@@ -120,7 +120,7 @@ def delta_merge(
 def row_mav_sum(delta: torch.Tensor) -> tuple[float, int]:
     """Sum of row-wise mean absolute values of a 1-D or 2-D delta, and the number of rows.
 
-    A 1-D tensor is one row (DESIGN.md §1). Other ranks contribute nothing.
+    A 1-D tensor is one row (docs/method.md). Other ranks contribute nothing.
     """
     if delta.dim() == 1:
         return float(delta.abs().to(torch.float64).mean()), 1

@@ -1,7 +1,8 @@
 """The training modes of issue 4 as an explicit registry: mode name -> prepare function.
 
 Each prepare(model, exp, depth) freezes what the mode freezes (requires_grad set ONCE, before
-any DDP wrapping, never toggled afterwards — DESIGN.md §4), wraps with PEFT LoRA when asked, and
+any DDP wrapping, never toggled afterwards: DDP registers its gradient hooks for the parameters
+that need gradients when it wraps), wraps with PEFT LoRA when asked, and
 groups the trainable parameters. Every group gets its own AdamW in the loop; `Prepared.active`
 says which group steps at a global step, so an idle group's moments never move.
 """

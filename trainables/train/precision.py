@@ -3,7 +3,7 @@
 `resolve_precision(exp)` reads the base's config (no weights) and returns a Policy; the loop keeps the
 trainable weights (and so AdamW's moments) in `Policy.master`, runs forward passes under
 `Policy.autocast(device)`, and writes HF weights in `Policy.save`. Why: pure bf16 AdamW rounds
-away updates smaller than half a bf16 step of the weight (DESIGN.md §5: at LR 1e-7, 0.09 % of
+away updates smaller than half a bf16 step of the weight (docs/guides/gpus.md: at LR 1e-7, 0.09 % of
 a Llama's weights moved), and the papers train at 2e-8 to 2e-7.
 """
 

@@ -1,6 +1,6 @@
 """Expectations for the merge-engine tests, computed independently of the engine.
 
-The zone table of DESIGN.md §1 is written out by hand, one letter per layer:
+The zone table of docs/method.md is written out by hand, one letter per layer:
 L = language expert, T = task expert, X = transition (weighted average), B = base.
 Checkpoints are read back with the safetensors library, not the engine's reader.
 """

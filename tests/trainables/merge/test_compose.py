@@ -119,7 +119,7 @@ def test_taken_tensors_share_storage_averaged_do_not(family):
     src = sources_for(family, recipe)
     task, lang = src[family.ref("task")], src[family.ref("language")]
     mem = compose_recipe(recipe, src, L)
-    row = "LLLXTTTTTXLL"  # DESIGN.md §1 with b=3, t_b=1, t_u=1, u=2 on 12 layers
+    row = "LLLXTTTTTXLL"  # docs/method.md with b=3, t_b=1, t_u=1, u=2 on 12 layers
     counts = {"L": 0, "T": 0, "X": 0}
     for name, t in mem.items():
         m = _LAYER.match(name)

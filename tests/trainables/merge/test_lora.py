@@ -74,7 +74,7 @@ def world(tmp_path_factory):
 
 
 def zone_table(b: int, tb: int, tu: int, u: int) -> list[str]:
-    """DESIGN.md §1, written out: language | transition | task | transition | language."""
+    """docs/method.md's zone table, written out: language | transition | task | transition | language."""
     return (
         ["language"] * b + ["transition"] * tb + ["task"] * (L - b - tb - tu - u)
         + ["transition"] * tu + ["language"] * u

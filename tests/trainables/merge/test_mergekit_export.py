@@ -1,6 +1,6 @@
 """mergekit export: mergekit 0.1.5 run on `to_mergekit(recipe)` must build the recipe's model.
 
-The expectation is computed here from the two checkpoints and the zone table of DESIGN.md §1,
+The expectation is computed here from the two checkpoints and the zone table of docs/method.md,
 independently of spaces.zones and the merge engine. `run_mergekit` is reusable by other tests.
 """
 
@@ -84,7 +84,7 @@ def experts(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _expected_source(layer: int, r: dict) -> str:
-    """Zone table of DESIGN.md §1, written out independently of spaces.zones."""
+    """Zone table of docs/method.md, written out independently of spaces.zones."""
     b, u, tb, tu, n = r["bottom"], r["top"], r["bottom_transition"], r["top_transition"], NUM_LAYERS
     if layer < b:
         return "language"

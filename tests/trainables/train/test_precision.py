@@ -66,7 +66,7 @@ def test_mixed_masters_match_fp32_reference_and_all_move(bf16_world, paper_runs)
 
 
 def test_pure_bf16_loses_the_same_updates(bf16_world, paper_runs):
-    """The contrast the policy exists for (DESIGN.md §5): pure bf16 barely moves at this LR."""
+    """The contrast the policy exists for (docs/guides/gpus.md): pure bf16 barely moves at this LR."""
     base = load_file(bf16_world / "base/model.safetensors")
     pure = load_file(paper_runs[2] / "model.safetensors")
     moved = sum(int((pure[k] != base[k]).sum()) for k in base)

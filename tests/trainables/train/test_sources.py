@@ -20,7 +20,10 @@ from layerswap.trainables.train.sources import (
 )
 
 FIX = Path(__file__).parents[2] / "fixtures" / "datasets"
-PAPERS = Path(__file__).resolve().parents[4] / "shared" / "papers"
+# The SFT dataset tables of both papers, excerpted verbatim with their citations (ICLR 2025 layer
+# swapping, appendix A.1 Table 3; the follow-up, appendix A.6).
+PAPER_TABLES = Path(__file__).parents[2] / "fixtures" / "papers" / "sft_datasets.txt"
+HUB_URL = re.compile(r"huggingface\.co/datasets/([\w.-]+/[\w.-]+)")
 
 # Hub ids named in the follow-up's appendix A.6 and the ICLR paper's appendix A.1 (SFT data).
 PAPER_HUB_IDS = {
@@ -119,16 +122,15 @@ def test_registry_covers_papers():
     assert all(s.schema.split(":")[0] for s in SOURCES.values())
 
 
-@pytest.mark.skipif(not PAPERS.is_dir(), reason="papers not present")
 def test_registry_covers_every_hub_dataset_url_in_the_papers():
-    text = "".join(p.read_text() for p in PAPERS.glob("*.txt"))
-    start = text.find("A.6 SFT Datasets")
-    section = text[start : text.find("A.7", start)]
-    named = set(re.findall(r"huggingface\.co/datasets/([\w.-]+/[\w.-]+)", section))
-    assert named, "appendix A.6 not found"
+    text = PAPER_TABLES.read_text(encoding="utf-8")
+    followup = text[text.index("== [2] A.6 SFT Datasets") :]
+    assert HUB_URL.findall(followup), "the follow-up's appendix A.6 table is missing"
     aliases = {"platdev/ichikara-instruction": "p1atdev/ichikara-instruction"}
+    named = {aliases.get(n, n) for n in HUB_URL.findall(text)}
+    assert named == PAPER_HUB_IDS  # the list above is exactly what the two tables name
     hub_ids = {s.hub_id.lower() for s in SOURCES.values()}
-    assert {aliases.get(n, n).lower() for n in named} <= hub_ids
+    assert {n.lower() for n in named} <= hub_ids
 
 
 def test_unknown_source_lists_known():
