@@ -103,7 +103,7 @@ def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
         shape: its trainables.train.plan_model.ModelShape (model_shape(config)).
         exp: the experiment whose mode decides what trains (LoRA adds its adapters).
     """
-    from layerswap.trainables.train.plan_model import trainable_split
+    from layerswap.trainables.train.modes import trainable_split
 
     n_mm = sum(i * o for i, o in shape.linears.values())
     elt = shape.dtype.itemsize

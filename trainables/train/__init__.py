@@ -59,12 +59,14 @@ Training:
   Data order is a pure function of (seed, step): resuming from any checkpoint repeats and
   loses no step; dropout RNG is re-seeded per (seed, step, rank).
 
-Modes: `layerswap.trainables.train.modes.MODES: dict[str, prepare_fn]`; prepare_fn(model, exp, depth)
-returns Prepared(model, groups {group_name: [(param_name, param)]}, frozen names, is_lora);
+Modes: `layerswap.trainables.train.modes.MODES: dict[str, TrainingMode]`; `mode_of(name)` looks
+one up (an unknown name is a ValueError). An entry's prepare(model, exp, depth) returns
+Prepared(model, groups {group_name: [(param_name, param)]}, frozen names, is_lora);
 `Prepared.active(step)` -> (stream, stream's own step, group) says which group steps
 (simultaneous alternates the datasets' sides every k steps; other modes: one group).
 Every trainable group has its own AdamW, only the active one steps, so a frozen group's moments
-are untouched; requires_grad is set once before DDP wrapping and never toggled.
+are untouched; requires_grad is set once before DDP wrapping and never toggled. Its
+trainable(exp, shape) says the same on parameter names alone, for the memory plan.
 Partitions: `layerswap.trainables.train.partition.param_sides(names, spec, depth)` -> {name: side|None}.
 
 Strategies: `layerswap.trainables.train.strategies.STRATEGIES` (ddp, fsdp): wrap, no_sync, grad_norm;

@@ -1,24 +1,20 @@
 """What the memory plan knows about a model: its config (never its weights) and, from the config,
-every parameter's size and which of them an experiment's mode trains.
+every parameter's size.
 
 `load_model_config(base)` reads config.json (a local folder, the HF cache, the Hub), or for a
 few known Hub ids a built-in copy when the config is not at hand offline; `model_shape(config)`
-builds the model on torch's meta device (shapes only, no memory) and `trainable_split(exp,
-shape)` applies the mode's freezing rules (trainables/train/modes.py) to the names. Used by
-trainables/train/plan.py (`layerswap train EXP.yaml --plan`).
+builds the model on torch's meta device (shapes only, no memory). Which of the parameters an
+experiment's mode trains is the mode table's to say (trainables.train.modes.trainable_split).
+Used by trainables/train/plan.py (`layerswap train EXP.yaml --plan`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from layerswap.spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
-from layerswap.trainables.merge.arch import layer_index as layer_of
-from layerswap.trainables.train.partition import lora_target_regex, param_sides
 from layerswap.trainables.train.precision import config_dtype
 
 _LLAMA31_8B = {
@@ -147,73 +143,3 @@ def model_shape(config) -> ModelShape:
         attention=getattr(config, "_attn_implementation", None) or "sdpa",
         dtype=config_dtype(config),
     )
-
-
-@dataclass(frozen=True)
-class Split:
-    """Which parameters exist during training (LoRA adapters included) and which of them train.
-
-    params: name -> elements, for every parameter of the trained model.
-    trainable: the names that train. linear: the names that are Linear weights (autocast casts
-    those). lora_rank: per layer, the summed rank of the adapters that layer carries.
-    """
-
-    params: dict[str, int]
-    trainable: frozenset[str]
-    linear: frozenset[str]
-    lora_rank: dict[int, int]
-
-
-def _matches(module: str, targets: list[str] | str) -> bool:
-    """PEFT's target_modules rule: a regex fully matches, or a name is the module's last part."""
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module) is not None
-    return any(module == t or module.endswith(f".{t}") for t in targets)
-
-
-def _with_lora(shape: ModelShape, spec: LoraSpec, targets: list[str] | str) -> Split:
-    """The model PEFT builds: the base frozen, rank-`spec.rank` A and B on each target Linear."""
-    params = dict(shape.params)
-    adapters, ranks = set(), {}
-    for mod, (fan_in, fan_out) in shape.linears.items():
-        if not _matches(mod, targets):
-            continue
-        a, b = f"{mod}.lora_A.weight", f"{mod}.lora_B.weight"
-        params[a], params[b] = spec.rank * fan_in, fan_out * spec.rank
-        adapters |= {a, b}
-        if (layer := layer_of(mod)) is not None:
-            ranks[layer] = ranks.get(layer, 0) + spec.rank
-    base_linear = {f"{m}.weight" for m in shape.linears}
-    return Split(params, frozenset(adapters), frozenset(base_linear | adapters), ranks)
-
-
-def trainable_split(exp: TrainExperiment, shape: ModelShape) -> Split:
-    """Apply the experiment's mode to the parameter names, as trainables/train/modes.py does.
-
-    Args:
-        exp: the experiment (its `mode`).
-        shape: the model's sizes.
-    Returns:
-        Split.
-    """
-    mode, depth = exp.mode, shape.layers
-    lora = mode if mode.type == "lora" else getattr(mode, "lora", None)
-    linear = frozenset(f"{m}.weight" for m in shape.linears)
-    if mode.type in ("full", "mix") and lora is None:
-        return Split(dict(shape.params), frozenset(shape.params), linear, {})
-    if mode.type in ("lora", "mix"):
-        return _with_lora(shape, lora, list(lora.target_modules))
-    spec = partition_spec(mode.partition)
-    if mode.type == "partial":
-        if lora is not None:  # adapters only where the partition allocates the trained side
-            regex = lora_target_regex(spec, mode.train, depth, list(lora.target_modules))
-            return _with_lora(shape, lora, regex)
-        sides = param_sides(shape.params, spec, depth)
-        return Split(dict(shape.params), frozenset(n for n, s in sides.items() if s == mode.train), linear, {})  # fmt: skip
-    # simultaneous: both sides train; what no side owns (unowned adapters included) is frozen
-    split = _with_lora(shape, lora, list(lora.target_modules)) if lora is not None else None
-    params = split.params if split else dict(shape.params)
-    pool = split.trainable if split else frozenset(params)
-    sides = param_sides(sorted(pool), spec, depth)
-    trainable = frozenset(n for n, s in sides.items() if s is not None)
-    return Split(params, trainable, split.linear if split else linear, split.lora_rank if split else {})  # fmt: skip

@@ -184,3 +184,31 @@ def test_config_sources(tmp_path):
         assert KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]["num_key_value_heads"] == 8
     shape = model_shape(cfg)
     assert sum(shape.params.values()) == 8_030_261_248  # Llama 3.1 8B's published count
+
+
+def test_the_plan_reads_what_a_mode_trains_from_the_mode_table(monkeypatch):
+    """A mode added to trainables.train.modes.MODES reaches the memory plan with no other edit."""
+    from types import SimpleNamespace
+
+    from layerswap.trainables.train import modes
+
+    def norms_only(exp, shape):  # a mode that trains the norm weights alone
+        norms = frozenset(n for n in shape.params if "norm" in n)
+        return modes.Split(dict(shape.params), norms, frozenset(), {})
+
+    monkeypatch.setitem(modes.MODES, "norms", modes.TrainingMode(modes._full, norms_only))
+    exp = _exp()
+    exp = exp.model_copy(update={"mode": SimpleNamespace(type="norms", lora=None)})
+    plan = memory_plan(exp, LlamaConfig(**TINY))
+    assert plan.params_trainable == 64 + 2 * 2 * 64  # the final norm and two per layer
+    assert plan.params_total == TINY_PARAMS
+
+
+def test_an_unknown_mode_is_an_error_naming_it():
+    from types import SimpleNamespace
+
+    exp = _exp().model_copy(update={"mode": SimpleNamespace(type="bogus", lora=None)})
+    with pytest.raises(ValueError, match=r"unknown training mode 'bogus'; known modes: full, lora"):
+        memory_plan(exp, LlamaConfig(**TINY))
+    with pytest.raises(ValueError, match=r"unknown training mode 'bogus'"):
+        prepare(LlamaForCausalLM(LlamaConfig(**TINY)), exp, 2)
