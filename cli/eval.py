@@ -1,4 +1,5 @@
-"""`layerswap eval MODEL_DIR --tasks T1,T2 [--world DIR]`: lm-eval on a checkpoint folder.
+"""`layerswap eval MODEL_DIR --tasks T1,T2 [--world DIR]`: lm-eval on a checkpoint folder, or on
+a LoRA adapter folder (its base with the adapter applied, as lm-eval's `peft=`).
 
 Thin: checks the folder and the arguments before the slow lm-eval import, then calls
 trainables.evaluate.harness.evaluate and prints its metrics table.
@@ -79,7 +80,7 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
     from layerswap.trainables.evaluate.harness import (
-        check_model_dir,
+        eval_target,
         evaluate,
         metrics_table,
         resolve_device,
@@ -94,7 +95,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ValueError(f"--device: {e}") from None
     model = Path(args.model)
-    check_model_dir(model)  # before the slow lm-eval import and task indexing
+    # Before the slow lm-eval import and task indexing; an adapter folder names its base.
+    base, adapter = eval_target(model, args.base)
     if args.world is not None:
         from layerswap.world.build import verify_world
 
@@ -110,13 +112,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         check_output_file(
             args.out,
             overwrite=args.overwrite,
-            inputs=[model] + ([args.world] if args.world is not None else []),
+            inputs=[model]
+            + ([Path(base)] if adapter is not None and Path(base).is_dir() else [])
+            + ([args.world] if args.world is not None else []),
             ours=_is_result_json,
             what="an lm-eval result JSON",
         )
     if args.world is None:
         _check_world_names(tasks, None, None)
     kw = dict(
+        base=args.base,
         limit=args.limit,
         batch_size=args.batch_size,
         num_fewshot=args.num_fewshot,
@@ -133,6 +138,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     else:
         raw = evaluate(model, tasks, **kw)
     print(metrics_table(raw))
+    if adapter is not None:
+        print(f"evaluated the adapter {adapter} on its base {base}")
     if args.out is not None:
         print(f"wrote raw results {args.out}")
     return 0
@@ -143,7 +150,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e = subparsers.add_parser(
         "eval",
         help="evaluate a checkpoint with lm-eval (world or built-in tasks)",
-        description="Evaluate a checkpoint folder with lm-eval's simple_evaluate. With --world, "
+        description="Evaluate a checkpoint folder with lm-eval's simple_evaluate; an adapter folder "
+        "(adapter_config.json) is evaluated on the base its config names, with the adapter "
+        "applied (lm-eval's peft=). With --world, "
         "the world's MGSM/Belebele sets are available as world_mgsm_direct_CODE[_dev], "
         "world_belebele_CODE[_dev] and world_belebele_brier_CODE[_dev] (the same Belebele items "
         "reported by lm-eval's brier_score, lower is better; tags world_mgsm_direct[_dev], "
@@ -151,7 +160,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "task names work too when their datasets are reachable (HF_HUB_OFFLINE=0 "
         "HF_DATASETS_OFFLINE=0 to allow downloads).",
     )
-    e.add_argument("model", type=Path, metavar="MODEL_DIR", help="checkpoint folder (safetensors)")
+    e.add_argument(
+        "model",
+        type=Path,
+        metavar="MODEL_DIR",
+        help="checkpoint folder (safetensors), or a PEFT adapter folder (evaluated on its base)",
+    )
+    e.add_argument(
+        "--base",
+        metavar="DIR",
+        help="an adapter's base model (default: adapter_config.json's base_model_name_or_path)",
+    )
     e.add_argument("--tasks", required=True, help="comma-separated lm-eval task or tag names")
     e.add_argument("--world", type=Path, metavar="DIR", help="world folder: adds its tasks")
     e.add_argument("--limit", type=_limit, help="first N docs per task (or a fraction < 1)")

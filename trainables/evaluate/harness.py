@@ -25,6 +25,7 @@ from layerswap.trainables.evaluate.tasks import (
 
 __all__ = [
     "check_batch_size",
+    "eval_target",
     "evaluate",
     "lm_eval_tasks_dir",
     "metrics_table",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default, made explicit (HFLM ignores its argument)
+
+ADAPTER_CONFIG = "adapter_config.json"  # what marks a PEFT adapter folder
+_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a hub repo id: "name" or "org/name"
 
 BatchSize = int | Literal["auto"]
 # The devices HFLM accepts for one process (its single-device list), plus our "auto".
@@ -99,8 +103,86 @@ def check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise ValueError(f"model folder {path} does not exist")
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path}/config.json missing: not a Hugging Face checkpoint folder")
+        raise ValueError(
+            f"{path}/config.json missing: not a Hugging Face checkpoint folder "
+            f"(nor a PEFT adapter folder: no {ADAPTER_CONFIG})"
+        )
     find_weights(path)  # CheckpointError (a ValueError) for pickle-only or weightless folders
+
+
+def eval_target(path: Path, base: str | Path | None = None) -> tuple[str, str | None]:
+    """What HFLM loads for a folder: the folder itself, or an adapter's base plus the adapter.
+
+    A PEFT adapter folder (adapter_config.json; what layerswap's LoRA training writes) is
+    evaluated as lm-eval does with `--model_args pretrained=BASE,peft=ADAPTER`: its base model
+    with the adapter applied. Checked here, before lm-eval is imported.
+
+    Args:
+        path: a checkpoint folder or an adapter folder.
+        base: the adapter's base model, overriding adapter_config.json's base_model_name_or_path.
+    Returns:
+        (pretrained, peft): HFLM's `pretrained` (a folder or a hub id in the local cache) and
+        the adapter folder, or None for a full checkpoint.
+    Raises:
+        ValueError naming the file, field and value: an unreadable adapter config, no base, a
+        base that is neither a local checkpoint folder nor resolvable offline, pickled weights.
+    """
+    path = Path(path)
+    cfg_file = path / ADAPTER_CONFIG
+    if not cfg_file.is_file():
+        if base is not None:
+            raise ValueError(
+                f"--base {base}: {path} is not an adapter folder (no {ADAPTER_CONFIG})"
+            )
+        check_model_dir(path)
+        return str(path), None
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{cfg_file}: not a readable adapter config ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_file}: not a JSON object")
+    from layerswap.trainables.merge.checkpoint import find_weights
+
+    find_weights(path)  # adapter_model.safetensors, or a clear refusal of adapter_model.bin
+    if base is None:
+        base = cfg.get("base_model_name_or_path")
+        if not isinstance(base, str) or not base.strip():
+            raise ValueError(
+                f"{cfg_file}: field base_model_name_or_path is {base!r}; it must name the "
+                f"adapter's base model (or give the base with --base DIR)"
+            )
+        where = f"{cfg_file}: field base_model_name_or_path {base!r}"
+    else:
+        where = f"--base {base}"
+    return _resolve_base(str(base), where), str(path.resolve())
+
+
+def _resolve_base(base: str, where: str) -> str:
+    """An adapter's base as HFLM's `pretrained`: a local checkpoint folder, or a hub id already
+    in the Hugging Face cache (downloads only where the user set HF_HUB_OFFLINE=0)."""
+    import os
+
+    local = Path(base).expanduser()
+    if local.is_dir():
+        try:
+            check_model_dir(local)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        return str(local.resolve())
+    if not _HUB_ID.fullmatch(base):
+        raise ValueError(f"{where}: no such folder (give the base with --base DIR)")
+    offline_defaults()
+    if os.environ.get("HF_HUB_OFFLINE") == "0":
+        return base  # the user allowed downloads: HFLM fetches it
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(base, "config.json"), str):
+        return base
+    raise ValueError(
+        f"{where}: not a local folder, and not in the Hugging Face cache (offline); give the base "
+        f"with --base DIR, or allow the download with HF_HUB_OFFLINE=0"
+    )
 
 
 def _jsonable(raw: dict) -> dict:
@@ -110,13 +192,18 @@ def _jsonable(raw: dict) -> dict:
     return json.loads(json.dumps(raw, default=handle_non_serializable, ensure_ascii=False))
 
 
-def _hflm(model: Any, tokenizer: Any, device: str, batch_size: BatchSize, verbose: bool):
-    """lm-eval's HFLM over a checkpoint folder (loaded on `device`) or a model object (moved
-    there: HFLM takes the object's own device as its device); request bars off unless verbose."""
+def _hflm(
+    model: Any, peft: str | None, tokenizer: Any, device: str, batch_size: BatchSize, verbose: bool
+):
+    """lm-eval's HFLM over a checkpoint folder (loaded on `device`; with `peft`, that adapter
+    applied to it, unmerged, by HFLM itself) or a model object (moved there: HFLM takes the
+    object's own device as its device); request bars off unless verbose."""
     from lm_eval.models.huggingface import HFLM
 
     if isinstance(model, (str, Path)):
-        lm = HFLM(pretrained=str(model), tokenizer=tokenizer, device=device, batch_size=batch_size, trust_remote_code=False)  # fmt: skip
+        if tokenizer is None and peft is not None and _has_tokenizer(Path(peft)):
+            tokenizer = peft  # the adapter's own tokenizer (training saves it), as load_tokenizer
+        lm = HFLM(pretrained=str(model), peft=peft, tokenizer=tokenizer, device=device, batch_size=batch_size, trust_remote_code=False)  # fmt: skip
     else:
         model.to(device)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
@@ -125,10 +212,15 @@ def _hflm(model: Any, tokenizer: Any, device: str, batch_size: BatchSize, verbos
     return lm
 
 
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
+
+
 def evaluate(
     model: Any,
     tasks: list[str],
     *,
+    base: str | Path | None = None,
     tokenizer: Any = None,
     include_path: str | Path | list | None = None,
     limit: int | float | None = None,
@@ -145,11 +237,12 @@ def evaluate(
     would share answers). Samples are always logged so `predictions` can read them.
 
     Args:
-        model: a checkpoint folder (str/Path; safetensors only) or a transformers model
-            object. An object is MOVED to the resolved device in place (`model.to(device)`;
-            HFLM itself runs a given object wherever it is), so the caller's model lives
-            there afterwards.
+        model: a checkpoint folder (str/Path; safetensors only), a PEFT adapter folder
+            (evaluated on its base, see `eval_target`), or a transformers model object. An
+            object is MOVED to the resolved device in place (`model.to(device)`; HFLM itself
+            runs a given object wherever it is), so the caller's model lives there afterwards.
         tasks: lm-eval task or tag names, e.g. world_mgsm_direct_xa, belebele_swh_Latn.
+        base: an adapter's base model, instead of its adapter_config.json's.
         tokenizer: required for an in-memory model; optional override for a folder.
         include_path: folder(s) of extra task YAMLs (e.g. from `write_world_tasks`).
         limit: first N docs per task (or a fraction if < 1); None for all.
@@ -163,6 +256,8 @@ def evaluate(
             its errors (see `lm_eval_api.lm_eval_output`, `request_bars_off`).
     Returns:
         lm-eval's raw result dict (results, configs, n-samples, samples, ...) as JSON types.
+        For an adapter, config.model is its base, config.peft the adapter folder and
+        config.model_args lm-eval's own "pretrained=BASE,peft=ADAPTER".
     """
     if not tasks:
         raise ValueError("no tasks given")
@@ -172,13 +267,14 @@ def evaluate(
     # Cheap checks first: task indexing and model loading take seconds.
     batch_size = check_batch_size(batch_size)
     device = resolve_device(device)
+    peft = None
     if isinstance(model, (str, Path)):
-        check_model_dir(Path(model))
+        model, peft = eval_target(Path(model), base)
     elif tokenizer is None:
         raise ValueError("an in-memory model needs its tokenizer (tokenizer=...)")
     lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
     tm = task_manager(list(tasks), include_path)
-    lm = _hflm(model, tokenizer, device, batch_size, verbose)
+    lm = _hflm(model, peft, tokenizer, device, batch_size, verbose)
     raw = simple_evaluate(
         model=lm,
         tasks=list(tasks),
@@ -195,6 +291,8 @@ def evaluate(
     if raw is None:  # only non-zero ranks of a distributed run get None
         raise ValueError("lm-eval returned no results (not rank 0?)")
     raw = _jsonable(dict(raw))
+    if peft is not None:  # which base and adapter, as lm-eval's CLI records `--model_args`
+        raw["config"].update(model=model, peft=peft, model_args=f"pretrained={model},peft={peft}")
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
