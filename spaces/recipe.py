@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, TypeAdapter, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 
 from layerswap.spaces.base import StrictModel, load_yaml, resolve_local, validate
 from layerswap.spaces.partitions import PARTITIONS, PartitionName
@@ -137,13 +137,29 @@ class _RecipeBase(StrictModel):
         return self
 
 
+def _partition_schema(schema: dict) -> None:
+    """The JSON Schema also accepts `partition: A` (what `LayerSwapRecipe._expand_partition`
+    expands) in place of the zone keys it sets."""
+    set_by = sorted(set().union(*PARTITIONS.values()))
+    schema["properties"]["partition"] = {
+        "enum": sorted(PARTITIONS),
+        "description": f"A named partition standing for the keys it sets ({', '.join(set_by)}).",
+    }
+    needed = [k for k in schema.get("required", []) if k in set_by]
+    schema["required"] = [k for k in schema.get("required", []) if k not in set_by]
+    schema["anyOf"] = [{"required": needed}, {"required": ["partition"]}]
+
+
 class LayerSwapRecipe(_RecipeBase):
     """Layer swapping of a task (math) expert and a language expert (ICLR 2025, Alg. 1).
 
     Layers outside [b, L-u) come from the language expert, the middle from the task expert,
     transition zones are weighted averages. `attention`/`mlp` override the layer-level zones per
-    component (a whole side, or zones of their own), which is how partitions A/B/C are written.
+    component (a whole side, or zones of their own), which is how partitions A/B/C are written;
+    `partition: A` (or B, C) is shorthand for the keys that partition sets.
     """
+
+    model_config = ConfigDict(json_schema_extra=_partition_schema)
 
     method: Literal["layer_swap"]
     """Selects this method."""

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from layerswap.spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
 from layerswap.spaces.partitions import PARTITIONS, PartitionName
@@ -314,8 +314,35 @@ class Debug(StrictModel):
         return self
 
 
+def _shorthand_schema(schema: dict) -> None:
+    """The JSON Schema also accepts what `TrainExperiment._mode_shorthand` expands: a mode's
+    name alone for a mode with no other required field (`mode: full`), a precision policy alone
+    (`precision: bf16-mixed`)."""
+    plain = [
+        name
+        for name, model in zip(MODE_NAMES, get_args(get_args(Mode)[0]), strict=True)
+        if all(not f.is_required() for key, f in model.model_fields.items() if key != "type")
+    ]
+    props = schema["properties"]
+    for key, names, field in (
+        ("mode", plain, "type"),
+        ("precision", list(get_args(PrecisionPolicy)), "policy"),
+    ):
+        full = props[key]
+        short = {"enum": names, "description": f"shorthand for {{{field}: NAME}}"}
+        props[key] = {"description": full.pop("description"), "anyOf": [full, short]}
+        if "default" in full:
+            props[key]["default"] = full.pop("default")
+
+
 class TrainExperiment(StrictModel):
-    """One expert training run (`layerswap train FILE`): base, data, mode, hyperparameters."""
+    """One expert training run (`layerswap train FILE`): base, data, mode, hyperparameters.
+
+    Shorthands: `mode: full` (or lora, mix) stands for `mode: {type: full}`, and
+    `precision: bf16-mixed` for `precision: {policy: bf16-mixed}`.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_shorthand_schema)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """The run's name: its folder under `storage_path` (letters, digits, `.`, `_`, `-`)."""
