@@ -1,7 +1,7 @@
 """The `layerswap` command line: a root parser and one thin module per subcommand.
 
-Each subcommand module (`merge`, `train`, `plan`, `search`, `eval`, `analyze`, `world`, `demo`) adds its
-parser and a handler that validates input once and calls a plain function of the library.
+Each subcommand module (`merge`, `train`, `plan`, `search`, `eval`, `analyze`, `world`, `demo`,
+`schema`) adds its parser and a handler that validates input once and calls a plain function of the library.
 Modules import only light things at load time (argparse, the pydantic configs), so `layerswap
 --help` stays fast; torch, ray, lm-eval, optuna and pandas load when a command runs (tested). Run `layerswap --help`.
 """
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from layerswap.cli.watchdog import EXIT, Watchdog
 
 # Order is the order `layerswap --help` lists them in.
-SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo")
+SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo", "schema")
 
 
 def build_parser() -> argparse.ArgumentParser:

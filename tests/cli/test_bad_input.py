@@ -1304,3 +1304,35 @@ def test_real_processes(tmp_path, tiny_world, family, expert_pair, analysis_run,
     assert not problems, "\n".join(problems)
     assert not _changes(before, tree_state(*roots))
     assert not _leftovers(roots)
+
+
+# ---------------------------------------------------------------------------------------- schema
+
+
+@case()
+def schema__unknown_kind(e: Env):
+    return ["schema", "experiment"], ["invalid choice: 'experiment'"]
+
+
+@case()
+def schema__out_exists_without_overwrite(e: Env):
+    out = e.file("train.schema.json", "{}")
+    return ["schema", "train", "--out", out], [f"{out}: already exists; {ABSENT_FLAG}"]
+
+
+@case()
+def schema__out_is_a_foreign_json_overwrite(e: Env):
+    out = e.file("settings.json", '{"editor.tabSize": 4}')
+    return ["schema", "train", "--out", out, "--overwrite"], [f"{out}: is not a layerswap JSON Schema; refusing to replace it"]  # fmt: skip
+
+
+@case()
+def schema__out_is_a_folder(e: Env):
+    out = e.folder("schemas")
+    return ["schema", "recipe", "--out", out], [f"{out}: is a folder; give a file name"]
+
+
+@case()
+def schema__out_in_a_read_only_folder(e: Env):
+    out = f"{e.read_only_parent()}/study.schema.json"
+    return ["schema", "study", "--out", out], [f"{out}: cannot be created"]
