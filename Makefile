@@ -1,17 +1,18 @@
-# One entry point for humans and CI: `make demo`, `make test` (each sets up .venv on first use).
+# One entry point for humans and CI: `make demo`, `make test`, `make docs` (each sets up .venv on
+# first use).
 # torch is installed before the project so a CPU machine takes the CPU wheel (torch==2.13.0 is on
 # this kind of machine's disk) instead of pulling a multi-GB CUDA build through the torch>=2.4 range.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test lint format bench-merge
+.PHONY: install demo test lint format bench-merge docs schemas
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -29,6 +30,17 @@ test: lint
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# The guide (mkdocs + Material) into site/; --strict fails on a broken link or a warning. Its
+# reference pages are generated from the code (docs/hooks/reference.py).
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
+# The JSON Schemas of the config files, rewritten from the models (tests fail when they are stale).
+schemas: install
+	for kind in $$($(PY) -c "from layerswap.spaces.reference import KINDS; print(*KINDS)"); do \
+		$(VENV)/bin/layerswap schema $$kind --out docs/schemas/$$kind.schema.json --overwrite || exit 1; \
+	done
 
 bench-merge: install
 	$(PY) benchmarks/bench_merge.py
