@@ -8,13 +8,21 @@ read (or lacks a required column) raises ValueError naming the file.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from layerswap.spaces.task_families import (
+    WORLD_PREFIX,
+    find_family,
+    heldout_task,
+    task_language,
+    task_split,
+)
 from layerswap.trainables.atomic import read_parquet
+
+IND = "ind__"  # the expert registry's indicator columns: ind__<task>
 
 REGISTRY = Path("experts/registry.parquet")
 TRIALS = Path("search/trials.parquet")
@@ -116,26 +124,18 @@ def _lower_is_better(path: Path) -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Task names: world_mgsm_direct_<lang>[_dev], world_belebele_<lang>[_dev], mgsm_direct_<lang>, ...
+# Task names: their families, splits and languages are spaces.task_families' to say.
 
 
-def task_language(task: str) -> str:
-    """The language code a task name ends with (`world_mgsm_direct_xa_dev` -> `xa`)."""
-    stem = task[: -len("_dev")] if task.endswith("_dev") else task
-    return stem.rsplit("_", 1)[-1]
-
-
-def is_mgsm(task: str) -> bool:
-    return "mgsm" in task
-
-
-def test_name(task: str) -> str:
-    """The test split's task name (the name without `_dev`)."""
-    return task[: -len("_dev")] if task.endswith("_dev") else task
+def is_target_family(task: str) -> bool:
+    """Whether a task (or an `ind__` indicator column) is of a family that measures the task
+    skill (MGSM-like: spaces.task_families); a task of no family is not."""
+    fam = find_family(task.removeprefix(IND))
+    return fam is not None and fam.skill == "task"
 
 
 def target_tasks(run: RunData) -> list[str]:
-    """The target tasks: MGSM test tasks in a non-English language.
+    """The target tasks: test tasks of the task-skill family (MGSM) in a non-English language.
 
     Taken from the promotion results (split "test") when present, else from the registry's
     indicator columns. Returns test-split task names, sorted.
@@ -145,18 +145,18 @@ def target_tasks(run: RunData) -> list[str]:
         prom = run.promotion
         test = prom[prom["split"] == "test"] if "split" in prom.columns else prom
         for t in test["task"].dropna().unique():
-            if is_mgsm(t) and not t.endswith("_dev") and task_language(t) != "en":
+            if is_target_family(t) and task_split(t) == "test" and task_language(t) != "en":
                 found.add(str(t))
     if not found and run.registry is not None:
         for c in indicator_columns(run.registry):
-            t = c[len("ind__") :]
-            if is_mgsm(t) and task_language(t) != "en":
-                found.add(test_name(t))
+            t = c[len(IND) :]
+            if is_target_family(t) and task_language(t) != "en":
+                found.add(heldout_task(t))
     return sorted(found)
 
 
 def indicator_columns(df: pd.DataFrame) -> list[str]:
-    return [c for c in df.columns if c.startswith("ind__")]
+    return [c for c in df.columns if c.startswith(IND)]
 
 
 def proxy_columns(df: pd.DataFrame) -> list[str]:
@@ -223,4 +223,4 @@ def hparams(row: pd.Series) -> dict:
 
 def short(task: str) -> str:
     """A compact label for a task name in figures."""
-    return re.sub(r"^world_", "", task)
+    return task.removeprefix(WORLD_PREFIX)

@@ -16,16 +16,16 @@ import numpy as np
 import pandas as pd
 
 from layerswap.analysis.load import (
+    IND,
     RunData,
     hparams,
-    is_mgsm,
+    is_target_family,
     target_tasks,
-    task_language,
-    test_name,
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import friedman
+from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"
 ROWS = ["base model", "math-only", "language-only", "data mixing", "simultaneous", "layer swap"]
@@ -98,7 +98,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     (treat, mode, lang, (base_name, lang), float(r["value"]), "test", "promotion")
                 )
         if reg is not None:
-            col = next((c for c in (f"ind__{task}", f"ind__{task}_dev") if c in reg.columns), None)
+            col = next((c for c in (IND + task, IND + dev_task(task)) if c in reg.columns), None)
             if col is None:
                 continue
             for _, r in reg.iterrows():
@@ -108,7 +108,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                 if treat != "math-only" and "language" in r.index and str(r["language"]) != lang:
                     continue  # a language expert for another language
                 block = (str(r.get("base", base_name)), lang)
-                split = "dev" if col.endswith("_dev") else "test"
+                split = task_split(col)
                 recs.append((treat, _expert_mode(r), lang, block, float(r[col]), split, "registry"))
     df = pd.DataFrame(
         recs, columns=["treatment", "mode", "language", "block", "value", "split", "source"]
@@ -280,18 +280,18 @@ def _revert(sec: Section, run: RunData) -> None:
     recs = []
     if run.registry is not None and "mode" in run.registry.columns:
         part = run.registry[run.registry["mode"] == "partial"]
-        for c in [c for c in part.columns if c.startswith("ind__") and is_mgsm(c)]:
+        for c in [c for c in part.columns if c.startswith(IND) and is_target_family(c)]:
             for _, r in part.iterrows():
                 if pd.notna(r[c]):
-                    task = c[len("ind__") :]
-                    recs.append((str(r.get("kind", "")), test_name(task), "freeze-then-train", float(r[c]), task != test_name(task)))  # fmt: skip
+                    task = c[len(IND) :]
+                    recs.append((str(r.get("kind", "")), heldout_task(task), "freeze-then-train", float(r[c]), task_split(task) == "dev"))  # fmt: skip
     if run.promotion is not None:
         p = run.promotion[run.promotion["model"].astype(str).str.contains("revert")]
         for _, r in p.iterrows():
-            if is_mgsm(str(r["task"])):
+            if is_target_family(str(r["task"])):
                 kind = "language" if "lang" in str(r["model"]) else "math"
                 split = str(r.get("split", "test"))
-                recs.append((kind, test_name(str(r["task"])), "train-then-revert", float(r["value"]), split == "dev"))  # fmt: skip
+                recs.append((kind, heldout_task(str(r["task"])), "train-then-revert", float(r["value"]), split == "dev"))  # fmt: skip
     if not recs:
         sec.text(
             "Freeze-then-train vs train-then-revert: not in this run (no partial-SFT experts or "

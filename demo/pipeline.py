@@ -26,6 +26,7 @@ from layerswap.search.progress import Stages, duration
 from layerswap.search.promote import promote
 from layerswap.search.search import run_search
 from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.task_families import family
 from layerswap.spaces.train_experiment import experiment_json, parse_train_experiment
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.lm_eval_api import lm_eval_output, offline_defaults
@@ -46,7 +47,10 @@ from layerswap.world.build import MANIFEST, verify_world
 LANGUAGE = "xa"  # the world's higher-resource synthetic target language
 EXAMPLES = {"math": "world_math_full.yaml", "language": f"world_lang_{LANGUAGE}_full.yaml"}
 # the merging indicators of both kinds of expert (the follow-up paper's): English MGSM, target Belebele
-INDICATORS = ("world_mgsm_direct_en_dev", f"world_belebele_{LANGUAGE}_dev")
+INDICATORS = (
+    family("mgsm").world_task("en", "dev"),
+    family("belebele").world_task(LANGUAGE, "dev"),
+)
 
 
 @dataclass
@@ -191,7 +195,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
     )
     started_ray = not ray.is_initialized()
     if started_ray:
-        init_ray(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(verbose=verbose, include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
     try:
         trained = _train_experts(exps, out)
 
@@ -208,7 +212,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
         stages.start(
             "search", f"merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits"
         )
-        run_search(exp, out, resume=resume)
+        run_search(exp, out, resume=resume, verbose=verbose)
     finally:
         if started_ray:
             ray.shutdown()

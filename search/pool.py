@@ -15,6 +15,7 @@ from typing import Any
 from layerswap.spaces.recipe import ExpertSoup
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
+from layerswap.spaces.task_families import family
 
 # The registry columns the pool reads (their types: search.registry.COLUMNS, which writes them).
 POOL_COLUMNS = ("expert_id", "kind", "language", "mode", "path")
@@ -120,8 +121,14 @@ def registry_picks(
     inds = [k for k in (rows[0] if rows else {}) if k.startswith(IND)]
     lang = src.language or exp.language
     sides = (
-        ("task", "math", src.task_indicator, "world_mgsm_direct_en_dev", None),
-        ("language", "language", src.language_indicator, f"world_belebele_{lang}_dev", lang),
+        ("task", "math", src.task_indicator, family("mgsm").world_task("en", "dev"), None),
+        (
+            "language",
+            "language",
+            src.language_indicator,
+            family("belebele").world_task(lang, "dev"),
+            lang,
+        ),
     )
     picks, problems = {}, []
     for side, kind, given, default, language in sides:

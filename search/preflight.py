@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from layerswap.search.pool import pool_base, registry_picks, registry_problems
-from layerswap.spaces.search_experiment import SearchExperiment, heldout_task
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.task_families import heldout_task
 from layerswap.trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
 from layerswap.trainables.storage import exists, is_uri
 

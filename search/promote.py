@@ -17,8 +17,9 @@ import pyarrow as pa
 
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
-from layerswap.spaces.search_experiment import SearchExperiment, heldout_task
+from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
+from layerswap.spaces.task_families import heldout_task, task_split
 from layerswap.spaces.zones import paper_default
 from layerswap.trainables.atomic import atomic_write_text
 
@@ -310,7 +311,7 @@ def _record_model(
                 "kind": kind,
                 "recipe_id": rid,
                 "task": task,
-                "split": "dev" if task.endswith("_dev") else "test",
+                "split": task_split(task),
                 "metric": f"{metric},{filt}",
                 "value": value,
                 "n_items": n,

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from layerswap.spaces.base import BatchSize, Device, StrictModel, load_yaml, resolve_local, validate
 from layerswap.spaces.search_space import SearchSpace
+from layerswap.spaces.task_families import dev_task, family, is_world_task, task_split
 
 
 class RegistrySource(StrictModel):
@@ -222,10 +223,10 @@ class SearchExperiment(StrictModel):
         if self.target_task in {p.task for p in self.proxy_list}:
             raise ValueError(f"target {self.target_task!r} must not be a proxy")
         for i, p in enumerate(self.proxies or []):
-            if p.task.startswith("world_") and not p.task.endswith("_dev"):
+            if is_world_task(p.task) and task_split(p.task) == "test":
                 raise ValueError(
                     f"proxies[{i}].task {p.task!r}: a world test split; the search scores dev "
-                    f"splits only (use {p.task}_dev)"
+                    f"splits only (use {dev_task(p.task)})"
                 )
         if "magnitude" in self.space.weighting and self.base is None:
             raise ValueError("space.weighting magnitude needs `base`")
@@ -239,17 +240,18 @@ class SearchExperiment(StrictModel):
 
     @property
     def target_task(self) -> str:
-        return self.target or f"world_mgsm_direct_{self.language}"
+        return self.target or family("mgsm").world_task(self.language)
 
 
 def world_readings(language: str) -> dict[str, Proxy]:
     """Every world dev reading a search may use as a proxy, by task, each on its own scale:
     `language`'s Belebele accuracy (chance 0.25), the same items' Brier score (lm-eval's
     brier_score: chance 0.75, best 0, worst 2) and English MGSM (exact match)."""
+    bele, mgsm = family("belebele"), family("mgsm")
     readings = [
-        Proxy(task=f"world_belebele_{language}_dev", chance=0.25),
-        Proxy(task=f"world_belebele_brier_{language}_dev", chance=0.75, best=0.0, worst=2.0),
-        Proxy(task="world_mgsm_direct_en_dev"),
+        Proxy(task=bele.world_task(language, "dev"), chance=0.25),
+        Proxy(task=_brier(language), chance=0.75, best=0.0, worst=2.0),
+        Proxy(task=mgsm.world_task("en", "dev")),
     ]
     return {p.task: p for p in readings}
 
@@ -266,12 +268,12 @@ def world_proxies(language: str) -> list[Proxy]:
     them (+0.56, +0.45). The space's bounds keep the math expert's middle layers in every
     candidate.
     """
-    return [world_readings(language)[f"world_belebele_brier_{language}_dev"]]
+    return [world_readings(language)[_brier(language)]]
 
 
-def heldout_task(task: str) -> str:
-    """The test-split variant of a world dev task (`..._dev` -> `...`); others unchanged."""
-    return task[: -len("_dev")] if task.endswith("_dev") else task
+def _brier(language: str) -> str:
+    """`language`'s Brier-scored world Belebele dev task."""
+    return family("belebele").world_task(language, "dev", stem="world_belebele_brier")
 
 
 def resolve_paths(data: dict, root: Path) -> dict:

@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 from layerswap.spaces.base import StrictModel, load_yaml, resolve_local, validate
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
 from layerswap.spaces.sweep import SweepConfig
+from layerswap.spaces.task_families import TaskShape
 from layerswap.spaces.train_experiment import TrainExperiment, load_train_experiment, with_overrides
 
 
@@ -57,24 +58,6 @@ class SearchEntry(StrictModel):
                 "give exactly one of `config` (a search YAML) or `experiment` (inline)"
             )
         return self
-
-
-class TaskShape(StrictModel):
-    """What one evaluation task costs per item, for tasks the plan has no built-in shape for
-    (study/estimate.py TASK_SHAPES) or to replace one."""
-
-    items: int | None = Field(None, ge=1)
-    """Items in the split evaluated (None: from the built-in table or the world)."""
-    prompt_tokens: float = Field(gt=0)
-    """Mean tokens of one item's own prompt (no few-shot examples)."""
-    shot_tokens: float = Field(0.0, ge=0)
-    """Mean tokens of one few-shot example."""
-    choices: int = Field(0, ge=0)
-    """Answer options of a multiple-choice task; 0 for a generation task."""
-    continuation_tokens: float = Field(0.0, ge=0)
-    """Mean tokens of one answer option (multiple choice)."""
-    note: str = "given in the study"
-    """Where the numbers come from (printed with the plan)."""
 
 
 class Study(StrictModel):

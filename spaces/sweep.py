@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from layerswap.spaces.base import BatchSize, Device, StrictModel
+from layerswap.spaces.task_families import family
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
 EXPERT_KINDS: tuple[str, ...] = get_args(ExpertKind)
@@ -237,8 +238,8 @@ def indicator_tasks(
         if global_mmlu:
             raise ValueError("search.global_mmlu: the embedded world has no Global-MMLU")
         if kind == "math":
-            return ["world_mgsm_direct_en_dev"]
-        return [f"world_belebele_{language}_dev"]
+            return [family("mgsm").world_task("en", "dev")]
+        return [family("belebele").world_task(language, "dev")]
     if kind == "math":
         return ["mgsm_direct_en"]
     if language not in LANG_CODES:

@@ -31,7 +31,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerswap.spaces.study import Profile, TaskShape
+from layerswap.spaces.study import Profile
+from layerswap.spaces.task_families import (
+    TaskShape,
+    family_of,
+    find_family,
+    task_language,
+    task_split,
+)
 from layerswap.spaces.train_experiment import TrainExperiment
 
 # Swept hyperparameters that change what a run costs; the rest (lr, warmup, ...) do not.
@@ -46,41 +53,15 @@ COST_PARAMS = (
     "mode.rank",
 )
 
-# Evaluation tasks by name prefix (longest first wins). Items are the splits' published sizes;
-# tokens are assumptions (Llama-3 tokenizer), printed with the plan; a study's `tasks:` replaces
-# them. World tasks take their item counts from the world (study_plan.world_items).
-_MGSM = "assumed: a GSM8K question is ~60 Llama-3 tokens in English, 2-5x that in Bengali, Telugu or Swahili; 150 as a middle; MGSM has 250 problems per language (Shi et al. 2023)"  # fmt: skip
-_BELE = "assumed: a FLORES passage (~90 English words) + question ≈ 150 tokens in English, 2-3x in the target scripts; 350 as a middle; 900 questions per language (Bandarkar et al. 2024)"  # fmt: skip
-_GMMLU = "assumed: MMLU question + 4 options ≈ 100 English tokens, 150 for other languages; 14,042 test items per language (MMLU's test set)"  # fmt: skip
-_WORLD = "assumed: the world's prompts are short (its SFT samples average 26-44 tokens); items from the world"  # fmt: skip
-TASK_SHAPES: dict[str, TaskShape] = {
-    "mgsm_": TaskShape(items=250, prompt_tokens=150, shot_tokens=150, note=_MGSM),
-    "belebele_": TaskShape(
-        items=900, prompt_tokens=350, shot_tokens=350, choices=4, continuation_tokens=15, note=_BELE
-    ),
-    "global_mmlu_full_": TaskShape(
-        items=14042,
-        prompt_tokens=150,
-        shot_tokens=150,
-        choices=4,
-        continuation_tokens=1,
-        note=_GMMLU,
-    ),
-    "world_mgsm_direct_": TaskShape(prompt_tokens=40, shot_tokens=40, note=_WORLD),
-    "world_belebele_": TaskShape(
-        prompt_tokens=80, shot_tokens=80, choices=4, continuation_tokens=4, note=_WORLD
-    ),
-}
-
 
 def task_shape(name: str, given: dict[str, TaskShape]) -> TaskShape | None:
-    """The shape of task `name`: the study's own entry, else the built-in family's, else None."""
+    """The shape of task `name`: the study's own entry, else its task family's
+    (spaces.task_families: world tasks take their item counts from the world, `world_items`),
+    else None (a task of no family: the plan lists it as unknown)."""
     if name in given:
         return given[name]
-    for prefix in sorted(TASK_SHAPES, key=len, reverse=True):
-        if name.startswith(prefix):
-            return TASK_SHAPES[prefix]
-    return None
+    fam = find_family(name)
+    return None if fam is None else fam.shape_of(name)
 
 
 @dataclass(frozen=True)
@@ -244,19 +225,20 @@ def auto_batch(device: str) -> int:
 
 def world_items(task: str, world: str | None) -> int | None:
     """Items of a world task: the lines of its split in the world folder, or, before the world
-    is built, the full preset's count (spaces.world.world_config)."""
+    is built, the full preset's count (spaces.world.world_config).
+
+    Raises:
+        ValueError for a task of no task family (spaces.task_families).
+    """
     from layerswap.spaces.world import world_config
 
-    kind = "mgsm" if task.startswith("world_mgsm") else "belebele"
-    dev = task.endswith("_dev")
-    code = task.removesuffix("_dev").rsplit("_", 1)[-1]
+    fam, split = family_of(task), task_split(task)  # a task of no family raises, naming it
     if world is not None:
-        f = Path(world) / "data" / kind / code / ("dev.jsonl" if dev else "test.jsonl")
+        f = Path(world) / fam.data_file(task_language(task), split)
         if f.is_file():
             with open(f, "rb") as fh:
                 return sum(1 for line in fh if line.strip())
-    cfg = world_config("full")
-    return getattr(cfg, f"{kind}_{'dev' if dev else 'test'}")
+    return getattr(world_config("full"), fam.count_field(split))
 
 
 # ---------------------------------------------------------------------------- per-stage sums

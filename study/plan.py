@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from layerswap.search import preflight
 from layerswap.search.promote import promotion_tasks, shot_groups
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
+from layerswap.spaces.task_families import is_world_task
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.study import estimate as est
 
@@ -111,8 +112,12 @@ class _Ctx:
     def shape(self, task: str, world: str | None, where: str):
         """The task's TaskShape with `items` filled in, or None (recorded as unknown)."""
         shape = est.task_shape(task, self.loaded.study.tasks)
-        if shape is not None and shape.items is None and task.startswith("world_"):
-            shape = shape.model_copy(update={"items": est.world_items(task, world)})
+        if shape is not None and shape.items is None and is_world_task(task):
+            try:
+                shape = shape.model_copy(update={"items": est.world_items(task, world)})
+            except ValueError as e:  # a world task of no family: its items cannot be counted
+                self.plan.problems.append(f"{where}: {e}")
+                return None
         if shape is None or shape.items is None:
             self.plan.unknowns.append(f"{where}: task {task}: no items/token shape known; give it under the study's tasks:")  # fmt: skip
             return None

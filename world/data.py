@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+from layerswap.spaces.task_families import family
 from layerswap.spaces.world import WorldConfig
 from layerswap.world.items import (
     READINGS,
@@ -250,13 +251,15 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
             cfg, langs[code], cfg.lang_sft
         )
     bdev, btest = _belebele_items(cfg)
+    # Where each family's files go, as the evaluator's task YAMLs read them (spaces.task_families).
+    mgsm, belebele = family("mgsm"), family("belebele")
     for code, lang in langs.items():
         for split, probs in (("train", train), ("dev", dev), ("test", test)):
-            out[f"data/mgsm/{code}/{split}.jsonl"] = [
+            out[mgsm.data_file(code, split)] = [
                 _mgsm_row(p, lang, split == "train", cfg.direct_answers) for p in probs
             ]
         for split, reads in (("dev", bdev), ("test", btest)):
-            out[f"data/belebele/{code}/{split}.jsonl"] = [r.render(lang) for r in reads]
+            out[belebele.data_file(code, split)] = [r.render(lang) for r in reads]
     return out
 
 

@@ -10,11 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from layerswap.spaces.recipe import ExpertSoup, RecipeError, SideWeights, recipe_id
-from layerswap.spaces.search_experiment import (
-    SearchExperiment,
-    heldout_task,
-    load_search_experiment,
-)
+from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
 from layerswap.spaces.search_space import (
     ExpertPool,
     ExpertRef,
@@ -25,6 +21,7 @@ from layerswap.spaces.search_space import (
     suggest,
     warm_start,
 )
+from layerswap.spaces.task_families import heldout_task
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 POOL = ExpertPool.from_paths(["/m0", "/m1"], ["/l0", "/l1"], base="/base")

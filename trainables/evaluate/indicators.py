@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from layerswap.spaces.task_families import is_world_task
 from layerswap.trainables.evaluate.harness import (
     BatchSize,
     check_batch_size,
@@ -177,7 +178,7 @@ class IndicatorScorer:
         self._evals: dict[str, ProxyEvaluator] = {}
         if backend == "proxy":
             paths = include_list(include_path)
-            if any(not t.startswith("world_") for t in self.tasks):
+            if any(not is_world_task(t) for t in self.tasks):
                 paths.append(str(lm_eval_tasks_dir()))  # built-in tasks (ProxyEvaluator skips them)
             for name in self.tasks:
                 self._evals[name] = ProxyEvaluator(

@@ -8,17 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from layerswap.spaces.task_families import TaskFamily, split_task, world_families
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.lm_eval_api import include_list, offline_defaults
-
-# Built-in lm-eval configs the world tasks include; the synthetic languages use English prompts.
-MGSM_BASE = "mgsm/direct/mgsm_direct_en.yaml"
-BELEBELE_BASE = "belebele/belebele_eng_Latn.yaml"
-# world_belebele_brier_*: reported by brier_score (the first metric), accuracy beside it.
-BRIER_METRICS = [
-    {"metric": "brier_score", "aggregation": "brier_score", "higher_is_better": False},
-    {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-]
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -48,43 +40,40 @@ def _task_yaml(base: Path, name: str, tag: str, files: dict[str, Path], split: s
 
 
 def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[str]:
-    """Write lm-eval task YAMLs for a world's MGSM and Belebele files.
+    """Write lm-eval task YAMLs for a world's evaluation files, one family at a time.
 
-    Each set and language gets a dev and a test task (`world_mgsm_direct_{code}_dev`,
-    `world_mgsm_direct_{code}`, `world_belebele_{code}_dev`, `world_belebele_{code}`), and
-    Belebele a Brier-scored twin of each (`world_belebele_brier_{code}[_dev]`); each
-    `include:`s lm-eval's installed built-in config (mgsm_direct_en, belebele_eng_Latn) and
-    overrides only the data source (and the Brier twins' metric list, lm-eval's own metrics), so
-    prompts, filters and metrics are lm-eval's. Tags `world_mgsm_direct[_dev]`,
-    `world_belebele[_dev]` and `world_belebele_brier[_dev]` run all languages. A dev task
-    reads only the dev file (plus MGSM's train file for few-shot), never the test file.
+    Each world task family (spaces.task_families: MGSM, Belebele) and language gets a dev and a
+    test task per world stem (`world_mgsm_direct_{code}_dev`, `world_mgsm_direct_{code}`,
+    `world_belebele_{code}[_dev]`, and Belebele's Brier-scored twin
+    `world_belebele_brier_{code}[_dev]`); each `include:`s the family's lm-eval built-in config
+    (the synthetic languages use its English prompts: mgsm_direct_en, belebele_eng_Latn) and
+    overrides only the data source (and a stem's metric list, lm-eval's own metrics), so
+    prompts, filters and metrics are lm-eval's. Tags `{stem}[_dev]` (world_mgsm_direct_dev, ...)
+    run all languages. A dev task reads only the dev file (plus, for a family whose few-shot
+    examples come from train, its train file), never the test file.
 
     Args:
-        world_dir: the world folder W with W/data/mgsm/{code}/{train,dev,test}.jsonl and
-            W/data/belebele/{code}/{dev,test}.jsonl.
+        world_dir: the world folder W with each family's W/data/{family}/{code}/{split}.jsonl.
         tasks_dir: where to write the YAMLs (default W/tasks); stale world_*.yaml are removed.
     Returns:
         The task names written, sorted.
     Raises:
-        ValueError: no evaluation data, or a data file that is not UTF-8 JSON lines of objects
-            (naming the file and line).
+        ValueError: no evaluation data, or lm-eval's built-in config of a family is missing.
     """
     import yaml
 
     world_dir = Path(world_dir).resolve()
     tasks_dir = Path(tasks_dir) if tasks_dir is not None else world_dir / "tasks"
     builtin = lm_eval_tasks_dir()
-    bases = {"mgsm": builtin / MGSM_BASE, "belebele": builtin / BELEBELE_BASE}
-    for path in bases.values():
-        if not path.is_file():
-            raise ValueError(f"lm-eval built-in task config {path} not found (lm_eval changed?)")
-
-    configs = {**_mgsm_configs(world_dir, bases["mgsm"]), **_belebele_configs(world_dir, bases["belebele"])}  # fmt: skip
+    configs: dict[str, dict] = {}
+    for fam in world_families():
+        base = builtin / fam.lm_eval_base
+        if not base.is_file():
+            raise ValueError(f"lm-eval built-in task config {base} not found (lm_eval changed?)")
+        configs |= _family_configs(world_dir, fam, base)
     if not configs:
-        raise ValueError(
-            f"{world_dir}: no world evaluation data (expected data/mgsm/CODE/test.jsonl or "
-            f"data/belebele/CODE/test.jsonl)"
-        )
+        expected = " or ".join(f.data_file("CODE", "test") for f in world_families())
+        raise ValueError(f"{world_dir}: no world evaluation data (expected {expected})")
     # No data file is opened here: the search writes these YAMLs and must never open a test
     # split. A damaged world is caught by its sha256 values (world.build.verify_world).
     tasks_dir.mkdir(parents=True, exist_ok=True)
@@ -96,49 +85,32 @@ def write_world_tasks(world_dir: Path, tasks_dir: Path | None = None) -> list[st
     return sorted(configs)
 
 
-def _splits(code_dir: Path):
-    """(split, task-name suffix) of each of dev and test present in `code_dir`."""
-    for split, suffix in (("dev", "_dev"), ("test", "")):
-        if (code_dir / f"{split}.jsonl").is_file():
-            yield split, suffix
-
-
-def _mgsm_configs(world_dir: Path, base: Path) -> dict[str, dict]:
-    """world_mgsm_direct_{code}[_dev] over W/data/mgsm/{code}/."""
+def _family_configs(world_dir: Path, fam: TaskFamily, base: Path) -> dict[str, dict]:
+    """Each of the family's world stems + _{code}[_dev] over W/data/{family}/{code}/."""
     configs = {}
-    for code_dir in sorted((world_dir / "data" / "mgsm").glob("*/")):
-        train = code_dir / "train.jsonl"
-        for split, suffix in _splits(code_dir):
-            # train first: `datasets` fixes the column types from the first split it reads,
-            # and only train has string answers (null elsewhere; null casts to string, not back).
-            files = {"train": train} if train.is_file() else {}
-            files[split] = code_dir / f"{split}.jsonl"
-            name = f"world_mgsm_direct_{code_dir.name}{suffix}"
-            cfg = _task_yaml(base, name, f"world_mgsm_direct{suffix}", files, split)
-            # Few-shot examples come from the 8-item train split, as in the real MGSM.
-            cfg["training_split"] = "train" if train.is_file() else None
-            configs[name] = cfg
-    return configs
-
-
-# Belebele's variants: the built-in metrics (accuracy), and the same items reported by lm-eval's
-# brier_score over the four options' renormalised probabilities (lower is better): a continuous
-# reading that still ranks models where accuracy saturates.
-BELEBELE_VARIANTS = {"world_belebele": None, "world_belebele_brier": BRIER_METRICS}
-
-
-def _belebele_configs(world_dir: Path, base: Path) -> dict[str, dict]:
-    """Each BELEBELE_VARIANTS stem + _{code}[_dev] over W/data/belebele/{code}/."""
-    configs = {}
-    for code_dir in sorted((world_dir / "data" / "belebele").glob("*/")):
-        for split, suffix in _splits(code_dir):
-            files = {split: code_dir / f"{split}.jsonl"}
-            for stem, metrics in BELEBELE_VARIANTS.items():
-                name = f"{stem}_{code_dir.name}{suffix}"
-                cfg = _task_yaml(base, name, f"{stem}{suffix}", files, split)
-                # Built-in Belebele draws few-shot examples from its only split; a dev task
-                # must draw them from dev, so the test set never shapes a dev score.
-                cfg["fewshot_split"] = split
+    for code_dir in sorted((world_dir / fam.data_folder).glob("*/")):
+        code = code_dir.name
+        train = world_dir / fam.data_file(code, "train")
+        for split in ("dev", "test"):
+            data = world_dir / fam.data_file(code, split)
+            if not data.is_file():
+                continue
+            for stem, metrics in fam.world_stems.items():
+                name = fam.world_task(code, split, stem)
+                if fam.fewshot == "train":
+                    # train first: `datasets` fixes the column types from the first split it
+                    # reads, and only MGSM's train has string answers (null elsewhere; null
+                    # casts to string, not back).
+                    files = {"train": train} if train.is_file() else {}
+                    files[split] = data
+                    cfg = _task_yaml(base, name, split_task(stem, split), files, split)
+                    # Few-shot examples from the 8-item train split, as in the real MGSM.
+                    cfg["training_split"] = "train" if train.is_file() else None
+                else:
+                    cfg = _task_yaml(base, name, split_task(stem, split), {split: data}, split)
+                    # Built-in Belebele draws few-shot examples from its only split; a dev task
+                    # must draw them from dev, so the test set never shapes a dev score.
+                    cfg["fewshot_split"] = split
                 if metrics is not None:
                     cfg["metric_list"] = metrics
                 configs[name] = cfg

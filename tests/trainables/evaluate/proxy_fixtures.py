@@ -12,7 +12,7 @@ import lm_eval
 import torch
 import yaml
 
-from layerswap.trainables.evaluate.tasks import BRIER_METRICS
+from layerswap.spaces.task_families import BRIER_METRICS
 
 LM_EVAL_TASKS = Path(lm_eval.__file__).parent / "tasks"
 MGSM_EN = LM_EVAL_TASKS / "mgsm" / "direct" / "mgsm_direct_en.yaml"
