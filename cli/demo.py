@@ -78,8 +78,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument(
         "--verbose",
         action="store_true",
-        help="also lm-eval's per-request progress bars and INFO log (default: the demo's own "
-        "stage, trial and model lines only)",
+        help="also Ray's, Tune's and Optuna's own notices and lm-eval's per-request progress "
+        "bars and INFO log (default: the demo's own stage, trial and model lines only)",
     )
     d.set_defaults(func=_cmd_demo)
     return d

@@ -3,7 +3,8 @@
 Thin: validates the search experiment, then calls search.search.run_search and
 search.promote.promote (ray, optuna and torch load only when the command runs). Prints one
 "[search] trial k/N ..." line per finished trial (best so far, elapsed, ETA) and one line per
-promoted model; `--verbose` adds lm-eval's progress bars and INFO log during promotion.
+promoted model; `--verbose` adds Ray's, Tune's and Optuna's own notices (Tune's configuration box,
+Ray's token notice) and lm-eval's progress bars and INFO log during promotion.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     from layerswap.trainables.outputs import replacing
 
     with replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():
-        res = run_search(exp, run_dir, resume=args.resume)
+        res = run_search(exp, run_dir, resume=args.resume, verbose=args.verbose)
         print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
             from layerswap.search.promote import promote
@@ -85,8 +86,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument(
         "--verbose",
         action="store_true",
-        help="also lm-eval's per-request progress bars and INFO log in promotion (default: "
-        "layerswap's own trial and model lines only)",
+        help="also Ray's, Tune's and Optuna's own notices in the search and lm-eval's "
+        "per-request progress bars and INFO log in promotion (default: layerswap's own trial "
+        "and model lines only)",
     )
     s.set_defaults(func=_cmd_search)
     return s

@@ -128,7 +128,7 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     return run()
 
 
-def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
+def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> int:
     """An experiment with a `search:` block: the expert sweep, then its top experts printed.
 
     Returns:
@@ -136,7 +136,7 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path) -> int:
     """
     from layerswap.experts.sweep import run_sweep
 
-    res = run_sweep(exp, run_dir)
+    res = run_sweep(exp, run_dir, verbose=int(verbose))  # Tune's verbosity: 1 is its default
     failed = sorted(t for t, s in res.trials.items() if s != "ok")
     print(
         f"expert sweep {exp.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
@@ -171,7 +171,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         run_dir = args.out if args.out is not None else Path(exp.storage_path)
         check_run_folder(exp, run_dir / "train" / exp.name)
         with _sweep_folder(exp, run_dir, args.overwrite):
-            return _run_sweep(exp, run_dir)
+            return _run_sweep(exp, run_dir, args.verbose)
     # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
     storage = str(args.out / "train") if args.out is not None else exp.storage_path
     if not is_uri(storage):
@@ -228,6 +228,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=float,
         metavar="GIB",
         help="with --plan: GPU memory in GiB to check against (instead of accelerator_type's)",
+    )
+    t.add_argument(
+        "--verbose",
+        action="store_true",
+        help="an expert sweep: also Ray Tune's own output (its configuration box, status tables, "
+        "the trials' logs) and Ray's and Optuna's notices (default: the sweep's summary only)",
     )
     t.set_defaults(func=_cmd_train)
     return t

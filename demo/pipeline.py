@@ -5,7 +5,8 @@ shipped example configs), scores them on their merging indicators into the exper
 runs the Ray Tune + Optuna merge search on the proxies' dev splits, promotes the best recipes
 to the full lm-eval evaluation beside the baselines, and writes the leaderboard and best model.
 Prints one "[demo] stage k/5: ..." line per stage, the search's "[search] trial k/N ..." lines and
-promotion's per-model lines; lm-eval's own bars and log only with `verbose` (`--verbose`).
+promotion's per-model lines; Ray's, Tune's and Optuna's notices and lm-eval's own bars and log
+only with `verbose` (`--verbose`).
 Run `layerswap demo --world-size tiny --trials 3 --out runs/demo-tiny` (a few minutes on CPU).
 """
 
@@ -154,7 +155,8 @@ def run_demo(out: Path, *, overwrite: bool = False, resume: bool = False, settin
             their registry rows, finished search trials), unfinished ones go on from where they
             stopped (training from its last checkpoint, the search from its table).
         settings: sizes and budgets (DemoSettings()).
-        verbose: also lm-eval's progress bars and INFO log (off: the demo's own lines only).
+        verbose: also Ray's, Tune's and Optuna's notices and lm-eval's progress bars and INFO
+            log (off: the demo's own lines only).
     Returns:
         DemoResult with the leaderboard, the best model and the wall time per stage.
     """

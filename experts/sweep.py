@@ -310,45 +310,50 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         experiment: a validated experiment with a `search:` block.
         run_dir: RUN; trials train under RUN/train/<name>/<trial_id>/, rows go to
             RUN/experts/registry.parquet.
-        verbose: Tune's verbosity.
+        verbose: Tune's verbosity (RunConfig.verbose); above 0 also Ray's and Tune's own
+            notices and the trials' forwarded logs (see ray_session.tune_output).
     Returns:
         SweepResult with this sweep's rows and its top_k experts on the metric task.
     """
     import ray
     from ray import tune
 
-    from layerswap.trainables.ray_session import init_ray
+    from layerswap.trainables.ray_session import init_ray, tune_output
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     plan = plan_sweep(experiment, run_dir)
     reg = registry_path(run_dir)
     if not ray.is_initialized():
-        init_ray(ignore_reinit_error=True, include_dashboard=False, log_to_driver=verbose > 0)
-    alg, param_space = _searcher(plan)
-    # A trial that nests a TorchTrainer only drives it: its workers reserve their own CPUs.
-    cpus = plan.sweep.cpus_per_trial if plan.executor == "in_trial" else 0.01
-    trainable = tune.with_resources(tune.with_parameters(sweep_trial, plan=plan), {"cpu": cpus})
-    tuner = tune.Tuner(
-        trainable,
-        param_space=param_space,
-        tune_config=tune.TuneConfig(
-            search_alg=alg,
-            num_samples=plan.sweep.num_samples,
-            metric=METRIC,
-            mode="max",
-            reuse_actors=True,
-        ),
-        run_config=tune.RunConfig(
-            name=experiment.name,
-            storage_path=plan.storage,
-            callbacks=[_append_callback(reg)],
-            # A failed in_trial trial restarts and resumes from its last checkpoint (_train).
-            failure_config=tune.FailureConfig(max_failures=experiment.failure.max_failures),
-            verbose=verbose,
-        ),
-    )
-    grid = tuner.fit()
+        # Ray's INFO log ("Started a local Ray instance", Tune's "Wrote the latest version of
+        # all result files") too only when verbose: Ray's logger then has no handler of its own.
+        loud = verbose > 0
+        init_ray(verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
+    with tune_output(verbose > 0):  # an Optuna searcher creates its study in _searcher
+        alg, param_space = _searcher(plan)
+        # A trial that nests a TorchTrainer only drives it: its workers reserve their own CPUs.
+        cpus = plan.sweep.cpus_per_trial if plan.executor == "in_trial" else 0.01
+        trainable = tune.with_resources(tune.with_parameters(sweep_trial, plan=plan), {"cpu": cpus})
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                search_alg=alg,
+                num_samples=plan.sweep.num_samples,
+                metric=METRIC,
+                mode="max",
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=experiment.name,
+                storage_path=plan.storage,
+                callbacks=[_append_callback(reg)],
+                # A failed in_trial trial restarts and resumes from its last checkpoint (_train).
+                failure_config=tune.FailureConfig(max_failures=experiment.failure.max_failures),
+                verbose=verbose,
+            ),
+        )
+        grid = tuner.fit()
     statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error else "ok") for r in grid}
     ids = set(statuses)
     rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]

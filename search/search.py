@@ -46,6 +46,7 @@ def run_search(
     resume: bool = False,
     *,
     progress: bool = True,
+    verbose: bool = False,
 ) -> SearchResult:
     """Run (or resume) the proxy-scored merge search of one experiment.
 
@@ -54,6 +55,7 @@ def run_search(
         run_dir: RUN; writes RUN/search/{trials.parquet,study.db,experiment.json,splits_read.json}.
         resume: continue an interrupted search (finished trials are kept, not repeated).
         progress: print one line per finished trial.
+        verbose: also Ray's, Tune's and Optuna's own notices (see ray_session.tune_output).
     Returns:
         SearchResult (paths, trial count, top-k rows, every split read by the proxy stage).
     """
@@ -73,12 +75,15 @@ def run_search(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
     )
 
-    storage, fresh = _open_study(exp, db, store, progress)
-    remaining = exp.search.num_samples - len(store)
-    searcher = None
-    if remaining > 0:
-        searcher = _make_searcher(exp, pool, depth, store, storage, fresh, progress)
-        _run_tuner(exp, searcher, spec, sdir, remaining, progress)
+    from layerswap.trainables.ray_session import tune_output  # imports ray
+
+    with tune_output(verbose):
+        storage, fresh = _open_study(exp, db, store, progress)
+        remaining = exp.search.num_samples - len(store)
+        searcher = None
+        if remaining > 0:
+            searcher = _make_searcher(exp, pool, depth, store, storage, fresh, progress)
+            _run_tuner(exp, searcher, spec, sdir, remaining, progress, verbose)
     splits = _write_splits(sdir, searcher.splits if searcher is not None else set())
     store = TrialStore(sdir / "trials.parquet")
     return SearchResult(run_dir, store.path, db, len(store), store.best(exp.promote.top_k), splits)
@@ -200,6 +205,7 @@ def _run_tuner(
     sdir: Path,
     remaining: int,
     progress: bool = True,
+    verbose: bool = False,
 ) -> None:
     """Run the remaining trials with Ray Tune, as many at once as the CPUs and GPUs allow."""
     import dataclasses
@@ -212,7 +218,7 @@ def _run_tuner(
     from layerswap.trainables.ray_session import init_ray
 
     if not ray.is_initialized():
-        init_ray(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(verbose=verbose, include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
     limit, resources = _trial_resources(exp, ray.cluster_resources())
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"

@@ -1,22 +1,38 @@
-"""Start or join Ray from a driver without losing the driver's own SIGTERM handling.
+"""Start or join Ray from a driver without losing the driver's own SIGTERM handling, and keep
+Ray's and Tune's own notices out of a command's output unless it runs with --verbose.
 
 Every layerswap driver (demo, search, sweep, `train` on Ray) calls `init_ray(...)` where it
-would call `ray.init(...)`; tests: tests/trainables/test_ray_session.py, and the process-group
-SIGTERM test in tests/cli/test_interrupts.py.
+would call `ray.init(...)`, and runs Tune inside `tune_output(verbose)`; tests:
+tests/trainables/test_ray_session.py, tests/cli/test_ray_output.py, and the process-group SIGTERM
+test in tests/cli/test_interrupts.py.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import ray
 
+# Where ray.init logs "Token authentication is enabled for this Ray cluster..." (a WARNING of
+# ray/_private/authentication/authentication_token_setup.py) when it starts a local cluster.
+# Its documented switch, RAY_AUTH_MODE, would change the authentication itself (and "token"
+# would refuse a running cluster started without it), so only the notice is held back.
+_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+# Tune's new output engine prints its configuration box, "View detailed results here" and a
+# TensorBoard hint at every start, even at RunConfig(verbose=0); RAY_AIR_NEW_OUTPUT=0 selects the
+# legacy engine, which prints nothing at verbose=0 (ray/tune/experimental/output.py, tune.py).
+_NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
-def init_ray(**kwargs) -> None:
+
+def init_ray(*, verbose: bool = False, **kwargs) -> None:
     """`ray.init(**kwargs)`, then the caller's Python SIGTERM handler again, made to pass `ray.get`
-    (a default or ignored SIGTERM is left to Ray's handler).
+    (a default or ignored SIGTERM is left to Ray's handler). Unless `verbose`, Ray's token
+    authentication notice is not printed (the authentication is unchanged).
 
     `ray.init` replaces the driver's SIGTERM handler with `sys.exit(SIGTERM)`, and its core
     worker puts a C++ handler in front that dumps a stack and arms `alarm(3)` to abort. A
@@ -29,13 +45,48 @@ def init_ray(**kwargs) -> None:
     exits 143 after Ray has shut down.
 
     Args:
+        verbose: also Ray's notices while it starts (the command's --verbose).
         kwargs: passed to `ray.init`.
     """
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None
-    ray.init(**kwargs)
+    notice = logging.getLogger(_AUTH_NOTICE_LOGGER)
+    level = notice.level
+    if not verbose:
+        notice.setLevel(logging.ERROR)
+    try:
+        ray.init(**kwargs)
+    finally:
+        notice.setLevel(level)
     if callable(before):
         signal.signal(signal.SIGTERM, through_ray_get(before))
+
+
+@contextmanager
+def tune_output(verbose: bool) -> Iterator[None]:
+    """Around `Tuner.fit()`: Tune's configuration box, results path and TensorBoard hint, and
+    Optuna's INFO log (e.g. "A new study created"), only when `verbose`; layerswap prints its
+    own progress lines. Errors and warnings still show.
+
+    Args:
+        verbose: the command's --verbose.
+    """
+    if verbose:
+        yield
+        return
+    import optuna
+
+    env, optuna_level = os.environ.get(_NEW_OUTPUT), optuna.logging.get_verbosity()
+    os.environ[_NEW_OUTPUT] = "0"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(optuna_level)
+        if env is None:
+            os.environ.pop(_NEW_OUTPUT, None)
+        else:
+            os.environ[_NEW_OUTPUT] = env
 
 
 def through_ray_get(handler: Callable) -> Callable:

@@ -1,6 +1,7 @@
-"""`layerswap search` / `layerswap demo` output switches: `--verbose` reaches promotion (lm-eval's
-bars and log), off by default. The search and promotion themselves are stubbed here; the real
-output of a run is checked by tests/demo/test_demo.py.
+"""`layerswap search` / `layerswap demo` output switches: `--verbose` reaches the search (Ray's and
+Tune's notices) and promotion (lm-eval's bars and log), off by default. The search and promotion
+themselves are stubbed here; the real output of a run is checked by tests/demo/test_demo.py and
+tests/cli/test_ray_output.py.
 
 Run: .venv/bin/python -m pytest -q tests/cli/test_search_and_demo_flags.py
 """
@@ -32,17 +33,19 @@ def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, ca
 
     seen = {}
 
-    def run_search(exp, run_dir, resume=False):
+    def run_search(exp, run_dir, resume=False, **kw):
+        seen["search"] = kw
         return SimpleNamespace(n_trials=6, trials_path="T", study_path="S")
 
     def promote(exp, run_dir, **kw):
-        seen.update(kw)
+        seen["promote"] = kw
         return SimpleNamespace(leaderboard="L", best_dir="B")
 
     monkeypatch.setattr(search_mod, "run_search", run_search)
     monkeypatch.setattr(promote_mod, "promote", promote)
     assert main(["search", str(search_yaml), "--out", str(tmp_path / "run"), *flags]) == 0
-    assert seen == {"verbose": verbose}
+    # Ray's and Tune's notices in the search, lm-eval's bars in promotion (test_ray_output.py)
+    assert seen == {"search": {"verbose": verbose}, "promote": {"verbose": verbose}}
     assert "[search] 6 trial(s) in T; study S" in capsys.readouterr().out
 
 
