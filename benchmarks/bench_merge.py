@@ -69,7 +69,7 @@ from safetensors.torch import load_file  # noqa: E402
 from layerswap.spaces.recipe import parse_recipe  # noqa: E402
 from layerswap.trainables.merge.checkpoint import Checkpoint, OutSpec, ShardWriter  # noqa: E402
 from layerswap.trainables.merge.compose import compose_recipe  # noqa: E402
-from layerswap.trainables.merge.engine import merge_to_disk, open_checkpoints, plan_for  # noqa: E402
+from layerswap.trainables.merge.engine import assembly_for, merge_to_disk, open_checkpoints  # noqa: E402
 from layerswap.trainables.merge.mergekit_export import to_mergekit  # noqa: E402
 
 TARGET_MERGE_OVER_COPY = 1.33
@@ -294,7 +294,7 @@ def load_dir(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def compare_outputs(ours: Path, theirs: Path, plan: dict) -> dict:
+def compare_outputs(ours: Path, theirs: Path, assembly: dict) -> dict:
     """Tensor-by-tensor comparison: torch.equal for taken tensors, allclose for averaged."""
 
     def index(path: Path) -> dict[str, Path]:
@@ -324,7 +324,7 @@ def compare_outputs(ours: Path, theirs: Path, plan: dict) -> dict:
         if x.dtype != y.dtype or x.shape != y.shape:
             res["dtype_mismatch"].append(f"{name}: {x.dtype}{list(x.shape)} vs {y.dtype}")
             continue
-        if plan[name].take is not None:
+        if assembly[name].take is not None:
             res["taken"] += 1
             if torch.equal(x, y):
                 res["taken_equal"] += 1
@@ -344,7 +344,7 @@ def compare_outputs(ours: Path, theirs: Path, plan: dict) -> dict:
         res["same_names"]
         and not res["dtype_mismatch"]
         and not res["mismatch"]
-        and res["taken"] + res["averaged"] == len(plan)
+        and res["taken"] + res["averaged"] == len(assembly)
     )
     return res
 
@@ -416,15 +416,17 @@ def main(argv: list[str] | None = None) -> int:
     mk_path = run_dir / "mergekit.yaml"
     mk_path.write_text(yaml.safe_dump(mk_config, sort_keys=False))
     ckpts = open_checkpoints([fields["task_expert"], fields["language_expert"]])
-    plan, depth = plan_for(recipe, ckpts)
+    assembly, depth = assembly_for(recipe, ckpts)
     for ck in ckpts.values():
         ck.close()
-    n_avg = sum(1 for op in plan.values() if op.take is None)
+    n_avg = sum(1 for op in assembly.values() if op.take is None)
     avg_bytes = sum(
-        ckpts[fields["task_expert"]].tensors[n].nbytes for n, op in plan.items() if op.take is None
+        ckpts[fields["task_expert"]].tensors[n].nbytes
+        for n, op in assembly.items()
+        if op.take is None
     )
     print(
-        f"shape {args.shape}: {len(plan)} tensors, {model_bytes / 1e9:.3f} GB per expert; "
+        f"shape {args.shape}: {len(assembly)} tensors, {model_bytes / 1e9:.3f} GB per expert; "
         f"recipe averages {n_avg} tensors ({avg_bytes / 1e9:.3f} GB), takes the rest",
         flush=True,
     )
@@ -538,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = f", peak RSS {rss[name][-1]:.0f} MiB" if name in rss else ""
             print(f"repeat {r + 1}/{args.repeats} {name:<9} {last:8.2f} s{extra}", flush=True)
         if r == 0:
-            checks["mergekit_vs_ours"] = compare_outputs(keep["merge"], keep["mergekit"], plan)
+            checks["mergekit_vs_ours"] = compare_outputs(keep["merge"], keep["mergekit"], assembly)
             remove(keep.pop("merge"))
             remove(keep.pop("mergekit"))
             composed = keep.pop("compose")
@@ -623,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         "bytes_per_expert": model_bytes,
         "repeats": args.repeats,
         "recipe": RECIPE_FIELDS,
-        "tensors": len(plan),
+        "tensors": len(assembly),
         "averaged_tensors": n_avg,
         "averaged_bytes": avg_bytes,
         "warm_cache": True,

@@ -48,8 +48,8 @@ def _check_outputs(recipe, args: argparse.Namespace) -> None:
     """Both outputs are checked before either is written: a refused --out leaves no export
     behind, and the export never lands on an input (a checkpoint's files, the recipe itself)
     nor replaces a file that is not a mergekit config."""
+    from layerswap.trainables.merge.assembly import recipe_refs
     from layerswap.trainables.merge.engine import local_refs
-    from layerswap.trainables.merge.plan import recipe_refs
     from layerswap.trainables.outputs import OutputError, check_output_file, output_problems
 
     inputs = local_refs(recipe_refs(recipe))

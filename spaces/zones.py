@@ -1,6 +1,6 @@
 """Which expert owns each layer of a layer swap: the zone table of docs/method.md, as pure functions.
 
-Used by the merge planner and by anything (search, training) that reasons about swap boundaries.
+Used by the merge assembly (trainables/merge/methods.py) and by anything (search, training) that reasons about swap boundaries.
 """
 
 from __future__ import annotations

@@ -1119,7 +1119,7 @@ def tripwires(monkeypatch):
 
     for target in (
         "layerswap.world.build.make_datasets",
-        "layerswap.trainables.merge.engine.write_plan",
+        "layerswap.trainables.merge.engine.write_assembly",
         "layerswap.trainables.train.run._train",
         "layerswap.experts.sweep.run_sweep",
         "layerswap.trainables.evaluate.harness.evaluate",

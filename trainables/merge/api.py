@@ -16,7 +16,7 @@ from layerswap.trainables.merge.engine import (
     DEFAULT_SHARD_BYTES,
     disk_mav_oracle,
     merge_to_disk,
-    plan_refs_depth,
+    open_refs_depth,
     resolve_ref,
 )
 from layerswap.trainables.merge.lora import is_lora_adapter, merge_lora_to_disk
@@ -56,7 +56,7 @@ def export_mergekit(recipe: Recipe) -> str:
     """
     if recipe.method != "layer_swap":
         raise ValueError(f"--export-mergekit: only layer_swap recipes, not {recipe.method!r}")
-    ckpts, depth = plan_refs_depth(recipe)
+    ckpts, depth = open_refs_depth(recipe)
     try:
         mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
         return mergekit_yaml(recipe, depth, mav=mav)

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 import torch
 
 from layerswap.spaces.recipe import Recipe, RecipeError
+from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.ops import mean_row_mav, op_kind
-from layerswap.trainables.merge.plan import build_plan, recipe_refs
-from layerswap.trainables.merge.terms import Plan, Terms
+from layerswap.trainables.merge.terms import Assembly, Terms
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -34,19 +34,19 @@ def memory_mav_oracle(sources: Mapping[str, StateDict], base: str, chunk_elems: 
     return mav
 
 
-def compose(plan: Plan, sources: Mapping[str, StateDict]) -> dict[str, torch.Tensor]:
-    """Execute a plan on loaded tensors.
+def compose(assembly: Assembly, sources: Mapping[str, StateDict]) -> dict[str, torch.Tensor]:
+    """Execute an assembly on loaded tensors.
 
     Args:
-        plan: {tensor name: op} from `build_plan`.
-        sources: {checkpoint ref: state dict} for every ref the plan names.
+        assembly: {tensor name: op} from `build_assembly`.
+        sources: {checkpoint ref: state dict} for every ref the assembly names.
     Returns:
         {tensor name: tensor}; taken tensors are the source tensors themselves.
     Raises:
         ValueError for an op that trainables.merge.ops.OPS does not know.
     """
     out: dict[str, torch.Tensor] = {}
-    for name, op in plan.items():
+    for name, op in assembly.items():
         kind = op_kind(op)  # an op it does not know raises here, before a tensor is missing
         if op.take is not None:
             out[name] = sources[op.take][name]
@@ -58,7 +58,7 @@ def compose(plan: Plan, sources: Mapping[str, StateDict]) -> dict[str, torch.Ten
 def compose_recipe(
     recipe: Recipe, sources: Mapping[str, StateDict], num_layers: int
 ) -> dict[str, torch.Tensor]:
-    """Plan and compose a recipe from loaded state dicts keyed by the recipe's checkpoint refs.
+    """Assemble and compose a recipe from loaded state dicts keyed by the recipe's checkpoint refs.
 
     Args:
         recipe: a validated recipe.
@@ -77,5 +77,5 @@ def compose_recipe(
             diff = sorted(set(sources[ref]).symmetric_difference(names))
             raise RecipeError(f"compose: {ref} has different tensors, e.g. {diff[:3]}")
     mav = memory_mav_oracle(sources, recipe.base) if recipe.base is not None else None
-    plan = build_plan(recipe, names, num_layers, mav)
-    return compose(plan, sources)
+    assembly = build_assembly(recipe, names, num_layers, mav)
+    return compose(assembly, sources)

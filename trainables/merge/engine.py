@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from layerswap.spaces.recipe import Recipe, dump_recipe, recipe_id
 from layerswap.trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
+from layerswap.trainables.merge.assembly import build_assembly, primary_ref, recipe_refs
 from layerswap.trainables.merge.checkpoint import (
     FLOAT_TAGS,
     Checkpoint,
@@ -29,8 +30,7 @@ from layerswap.trainables.merge.checkpoint import (
 )
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
-from layerswap.trainables.merge.plan import build_plan, primary_ref, recipe_refs
-from layerswap.trainables.merge.terms import Op, Plan, Terms
+from layerswap.trainables.merge.terms import Assembly, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.outputs import check_output, output_dir
 
@@ -202,44 +202,44 @@ def _depth(ckpts: dict[str, Checkpoint]) -> int:
     return num_layers(first.config, str(first.root / "config.json"))
 
 
-def plan_refs_depth(recipe: Recipe) -> tuple[dict[str, Checkpoint], int]:
+def open_refs_depth(recipe: Recipe) -> tuple[dict[str, Checkpoint], int]:
     """Open (and cross-check) a recipe's checkpoints; returns them with the depth. Caller closes."""
     ckpts = open_checkpoints(recipe_refs(recipe))
     return ckpts, _depth(ckpts)
 
 
-def plan_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Plan, int]:
-    """Build the tensor plan for opened checkpoints. Returns (plan, num_layers)."""
+def assembly_for(recipe: Recipe, ckpts: dict[str, Checkpoint]) -> tuple[Assembly, int]:
+    """Build the per-tensor assembly for opened checkpoints. Returns (assembly, num_layers)."""
     first = next(iter(ckpts.values()))
     depth = _depth(ckpts)
     mav = disk_mav_oracle(ckpts, recipe.base) if recipe.base is not None else None
-    return build_plan(recipe, first.tensors, depth, mav), depth
+    return build_assembly(recipe, first.tensors, depth, mav), depth
 
 
-def write_plan(
-    plan: Plan,
+def write_assembly(
+    assembly: Assembly,
     ckpts: dict[str, Checkpoint],
     out_dir: Path,
     *,
     max_shard_bytes: int,
     progress: bool = False,
 ) -> None:
-    """Execute a plan into safetensors shards in `out_dir`, one chunk at a time.
+    """Execute an assembly into safetensors shards in `out_dir`, one chunk at a time.
 
     Every tensor has a fixed offset in the output, so tensors are independent tasks: a few
     threads take them largest first (whole-tensor kernel copies and float32 merges both
     release the GIL), which keeps the cores busy until the end. An interrupt stops them after
     the tensor each is on (`run_in_threads`), before the shard files are closed.
     """
-    for op in plan.values():
+    for op in assembly.values():
         op_kind(op)  # an op the table does not know raises, naming it, before a file exists
     first = next(iter(ckpts.values()))
-    order = sorted(plan, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
+    order = sorted(assembly, key=lambda n: (str(first.tensors[n].path), first.tensors[n].start))
     specs = [OutSpec(n, first.tensors[n].dtype, first.tensors[n].shape) for n in order]
     local = threading.local()  # per-thread work buffers
 
     def run(name: str) -> None:  # on a worker thread; `writer` and `bar` exist by then
-        op = plan[name]
+        op = assembly[name]
         if op.take is not None:
             copy_checked(ckpts[op.take], name, writer, CHUNK_ELEMS * 4)
         else:
@@ -322,10 +322,10 @@ def merge_to_disk(
             raise CheckpointError(
                 f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.merge.api.merge (layerswap merge does this for layer_swap recipes)"
             )
-        plan, depth = plan_for(recipe, ckpts)
+        assembly, depth = assembly_for(recipe, ckpts)
         primary = ckpts[primary_ref(recipe)]
         with output_dir(out, "merge", overwrite=overwrite, identity=recipe_id(recipe)) as tmp:
-            write_plan(plan, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
+            write_assembly(assembly, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
             copy_side_files(primary.root, tmp)
             (tmp / RECIPE_FILE).write_text(dump_recipe(recipe))
             (tmp / "README.md").write_text(model_card(recipe, depth))

@@ -3,7 +3,7 @@
 `ExpertCache(base)` loads each expert's state dict once per process (LoRA adapters folded into
 the base on load), or takes them from a loader such as the search's per-node store
 (search/expert_store.py); `LiveModel(cache, pool, device).load(recipe)` makes one transformers
-model on `device` equal to a recipe's merge, moving only the tensors whose plan op changed since
+model on `device` equal to a recipe's merge, moving only the tensors whose assembly op changed since
 the last recipe. On the CPU every tensor taken whole from an expert is shared (no copy); on a
 GPU it is copied once per change, or once per run when the experts fit on the device.
 """
@@ -18,10 +18,10 @@ import torch
 
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
 from layerswap.trainables.merge.ops import op_kind
-from layerswap.trainables.merge.plan import build_plan, recipe_refs
 from layerswap.trainables.merge.terms import Linear
 
 
@@ -137,7 +137,7 @@ EVAL_HEADROOM = 0.3
 class LiveModel:
     """One model object whose parameters are swapped in place from the expert cache.
 
-    Tracks, per tensor, the plan op it currently holds, so the next recipe moves only the
+    Tracks, per tensor, the assembly op it currently holds, so the next recipe moves only the
     tensors whose op changed (a swap differing by one layer moves that layer's tensors).
 
     Args:
@@ -161,7 +161,7 @@ class LiveModel:
                 pass
         self.model = None
         self.params: dict[str, torch.nn.Parameter] = {}
-        self.loaded: dict[str, object] = {}  # tensor name -> plan op currently in the model
+        self.loaded: dict[str, object] = {}  # tensor name -> assembly op currently in the model
         self.resident: dict[tuple, torch.Tensor] = {}  # experts' tensors on the device
         self.keep_on_device = False
         self.placement = "cpu: experts shared with the model, no copies"
@@ -229,7 +229,7 @@ class LiveModel:
         return out
 
     def load(self, recipe: Recipe) -> int:
-        """Make the live model equal to `recipe`, moving only tensors whose plan op changed.
+        """Make the live model equal to `recipe`, moving only tensors whose assembly op changed.
 
         Returns:
             the number of tensors swapped in.
@@ -244,7 +244,7 @@ class LiveModel:
         unknown = [n for n in names if n not in self.params]
         if unknown:
             raise ValueError(f"tensors not in the model: {unknown[:3]}")
-        return self._apply(build_plan(recipe, names, self.depth, self.cache.mav()), refs)
+        return self._apply(build_assembly(recipe, names, self.depth, self.cache.mav()), refs)
 
     def load_ref(self, ref: str) -> int:
         """Make the live model equal to one checkpoint (an expert or the base)."""
@@ -252,13 +252,13 @@ class LiveModel:
         self._build(self._like([ref]), state)
         return self._apply({n: Linear(((ref, 1.0),)) for n in state}, [ref])
 
-    def _apply(self, plan: dict, refs: list[str]) -> int:
+    def _apply(self, assembly: dict, refs: list[str]) -> int:
         # Sources as seen from the device: averaged tensors are computed where the model is.
         sources = {r: _OnDevice(self, r) for r in refs}
-        for op in plan.values():
+        for op in assembly.values():
             op_kind(op)  # an op the table does not know raises, naming it, before any swap
         moved = 0
-        for name, op in plan.items():
+        for name, op in assembly.items():
             if self.loaded.get(name) == op:
                 continue
             if op.take is not None:

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe, recipe_id
 from layerswap.spaces.zones import layer_map, reverted
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
+from layerswap.trainables.merge.assembly import recipe_refs
 from layerswap.trainables.merge.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -35,7 +36,6 @@ from layerswap.trainables.merge.engine import (
     resolve_ref,
 )
 from layerswap.trainables.merge.modelcard import model_card
-from layerswap.trainables.merge.plan import recipe_refs
 from layerswap.trainables.merge.terms import transition_weights
 from layerswap.trainables.outputs import check_output, output_dir
 

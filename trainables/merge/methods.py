@@ -1,9 +1,10 @@
-"""The merge-method registry: one entry per recipe `method`, naming what it reads and plans.
+"""The merge-method registry: one entry per recipe `method`, naming what it reads and assembles.
 
 Adding a method is one recipe model in spaces/recipe.py (added to its `Recipe` union) plus one
 `MergeMethod` entry here: the checkpoints it reads, the one whose config and tokenizer the
-output carries, and its planner (recipe, tensor names, depth, magnitude oracle -> plan). The
-disk engine, the in-memory composer and the search all reach methods through `method_of`.
+output carries, and its assembler (recipe, tensor names, depth, magnitude oracle ->
+assembly). The disk engine, the in-memory composer and the search all reach methods through
+`method_of`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from layerswap.spaces.recipe import (
 from layerswap.spaces.zones import layer_map
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.terms import (
+    Assembly,
     DeltaMerge,
     Linear,
     MagnitudeOracle,
-    Plan,
     combine,
     expert_terms,
     soup_terms,
@@ -38,13 +39,13 @@ class MergeMethod:
     """How one recipe `method` is merged.
 
     recipe: its recipe model. refs: the checkpoints it reads besides `base`. primary: the
-    checkpoint whose config and tokenizer the output carries. plan: its planner.
+    checkpoint whose config and tokenizer the output carries. assemble: its assembler.
     """
 
     recipe: type
     refs: Callable[[Recipe], list[str]]
     primary: Callable[[Recipe], str]
-    plan: Callable[[Recipe, list[str], int, MagnitudeOracle], Plan]
+    assemble: Callable[[Recipe, list[str], int, MagnitudeOracle], Assembly]
 
 
 def _expert_refs(recipe: LayerSwapRecipe) -> list[str]:
@@ -59,9 +60,9 @@ def _task_primary(recipe: LayerSwapRecipe) -> str:
     return e if isinstance(e, str) else e.soup[0]
 
 
-def _layer_swap_plan(
+def _layer_swap_assembly(
     recipe: LayerSwapRecipe, names: Iterable[str], num_layers: int, mav: MagnitudeOracle
-) -> Plan:
+) -> Assembly:
     task = expert_terms(recipe.task_expert, mav, "task_expert")
     lang = expert_terms(recipe.language_expert, mav, "language_expert")
     w_task, w_lang = transition_weights(recipe, task, lang, mav)
@@ -72,22 +73,24 @@ def _layer_swap_plan(
     }
     non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
     owner = layer_map(recipe, num_layers)
-    plan: Plan = {}
+    assembly: Assembly = {}
     for name in names:
         slot = param_slot(name)
         if slot.layer is None:
-            plan[name] = by_source[non_layer]
+            assembly[name] = by_source[non_layer]
         else:
-            plan[name] = by_source[owner[slot.component][slot.layer]]
-    return plan
+            assembly[name] = by_source[owner[slot.component][slot.layer]]
+    return assembly
 
 
-def _soup_plan(recipe: SoupRecipe, names: list[str], _depth: int, mav: MagnitudeOracle) -> Plan:
+def _soup_assembly(
+    recipe: SoupRecipe, names: list[str], _depth: int, mav: MagnitudeOracle
+) -> Assembly:
     op = Linear(soup_terms(recipe.models, recipe.weights, mav, "weights"))
     return {n: op for n in names}
 
 
-def _delta_plan(recipe: TaskArithmeticRecipe | TiesRecipe, names: list[str], _depth: int, mav: MagnitudeOracle) -> Plan:  # fmt: skip
+def _delta_assembly(recipe: TaskArithmeticRecipe | TiesRecipe, names: list[str], _depth: int, mav: MagnitudeOracle) -> Assembly:  # fmt: skip
     density = getattr(recipe, "density", None)  # TIES trims; task arithmetic does not
     op = DeltaMerge(recipe.base, tuple(recipe.models), tuple(recipe.model_weights), recipe.scale, density)  # fmt: skip
     return {n: op for n in names}
@@ -102,10 +105,10 @@ def _first_model(recipe) -> str:
 
 
 METHODS: dict[str, MergeMethod] = {
-    "layer_swap": MergeMethod(LayerSwapRecipe, _expert_refs, _task_primary, _layer_swap_plan),
-    "soup": MergeMethod(SoupRecipe, _models, _first_model, _soup_plan),
-    "task_arithmetic": MergeMethod(TaskArithmeticRecipe, _models, _first_model, _delta_plan),
-    "ties": MergeMethod(TiesRecipe, _models, _first_model, _delta_plan),
+    "layer_swap": MergeMethod(LayerSwapRecipe, _expert_refs, _task_primary, _layer_swap_assembly),
+    "soup": MergeMethod(SoupRecipe, _models, _first_model, _soup_assembly),
+    "task_arithmetic": MergeMethod(TaskArithmeticRecipe, _models, _first_model, _delta_assembly),
+    "ties": MergeMethod(TiesRecipe, _models, _first_model, _delta_assembly),
 }
 
 

@@ -32,7 +32,7 @@ def linear_combine(
 
     Args:
         tensors: same-shape tensors [*].
-        coeffs: one coefficient per tensor (the planner normalises them to sum to 1).
+        coeffs: one coefficient per tensor (the assembler normalises them to sum to 1).
         out_dtype: dtype of the result (the checkpoints' own dtype).
         out: optional contiguous tensor [*] of `out_dtype` to write the result into.
     Returns:

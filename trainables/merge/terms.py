@@ -1,6 +1,6 @@
-"""The vocabulary of merge plans: ops over checkpoint terms, and the arithmetic of term lists.
+"""The vocabulary of merge assemblies: ops over checkpoint terms, and the arithmetic of term lists.
 
-A plan maps every output tensor to an op: `Linear` (a weighted sum of checkpoint tensors; one
+An assembly maps every output tensor to an op: `Linear` (a weighted sum of checkpoint tensors; one
 term with coefficient 1 is a plain take) or `DeltaMerge` (task arithmetic / TIES over deltas
 from a base). Term lists are the checkpoints and coefficients an op reads; soups, magnitude
 weights and transition weights are computed on them here, before any tensor is touched.
@@ -57,7 +57,7 @@ class DeltaMerge:
 
 
 Op = Linear | DeltaMerge
-Plan = dict[str, Op]
+Assembly = dict[str, Op]
 # Mean row-wise MAV of (sum of terms - base); supplied by whoever holds the tensors.
 MagnitudeOracle = Callable[[Terms], float]
 

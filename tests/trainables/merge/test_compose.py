@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from layerswap.spaces.recipe import RecipeError, parse_recipe
+from layerswap.trainables.merge.assembly import recipe_refs
 from layerswap.trainables.merge.compose import compose_recipe, memory_mav_oracle
 from layerswap.trainables.merge.engine import merge_to_disk
-from layerswap.trainables.merge.plan import recipe_refs
 
 L = 12
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")

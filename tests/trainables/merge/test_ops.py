@@ -12,9 +12,9 @@ import torch
 
 from layerswap.spaces.recipe import parse_recipe
 from layerswap.trainables.merge import ops
+from layerswap.trainables.merge.assembly import recipe_refs
 from layerswap.trainables.merge.compose import compose
-from layerswap.trainables.merge.engine import open_checkpoints, plan_for, write_plan
-from layerswap.trainables.merge.plan import recipe_refs
+from layerswap.trainables.merge.engine import assembly_for, open_checkpoints, write_assembly
 from layerswap.trainables.merge.terms import DeltaMerge, Linear
 
 
@@ -44,8 +44,8 @@ def _opened(family):
         {"method": "soup", "models": [family.ref("task"), family.ref("language")]}
     )
     ckpts = open_checkpoints(recipe_refs(recipe))
-    plan, _ = plan_for(recipe, ckpts)
-    return ckpts, plan
+    assembly, _ = assembly_for(recipe, ckpts)
+    return ckpts, assembly
 
 
 def test_op_kind_names_an_unknown_op_and_the_known_ones():
@@ -62,14 +62,14 @@ def test_compose_refuses_an_unknown_op():
 
 
 def test_disk_engine_refuses_an_unknown_op(family, tmp_path):
-    ckpts, plan = _opened(family)
-    name = next(iter(plan))
-    plan[name] = Negate(family.ref("task"))
+    ckpts, assembly = _opened(family)
+    name = next(iter(assembly))
+    assembly[name] = Negate(family.ref("task"))
     out = tmp_path / "out"
     out.mkdir()
     try:
         with pytest.raises(ValueError, match="unknown merge op Negate"):
-            write_plan(plan, ckpts, out, max_shard_bytes=2**30)
+            write_assembly(assembly, ckpts, out, max_shard_bytes=2**30)
     finally:
         for ck in ckpts.values():
             ck.close()
@@ -87,12 +87,12 @@ def test_an_op_added_to_the_table_reaches_both_executors(family, tmp_path, monke
     got = compose({name: Negate("t")}, {"t": task})[name]
     assert torch.equal(got, -task[name])
 
-    ckpts, plan = _opened(family)
-    plan = {name: Negate(family.ref("task"))}
+    ckpts, assembly = _opened(family)
+    assembly = {name: Negate(family.ref("task"))}
     out = tmp_path / "out"
     out.mkdir()
     try:
-        write_plan(plan, ckpts, out, max_shard_bytes=2**30)
+        write_assembly(assembly, ckpts, out, max_shard_bytes=2**30)
     finally:
         for ck in ckpts.values():
             ck.close()

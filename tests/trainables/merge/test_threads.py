@@ -157,18 +157,18 @@ def test_interrupt_anywhere_in_run_in_threads_stops_every_worker():
 
 # Open files are read from Linux's /proc (CI and the clusters this targets are Linux).
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads open files from /proc")
-def test_interrupt_anywhere_in_write_plan_leaves_no_thread_or_open_file(tmp_path):
+def test_interrupt_anywhere_in_write_assembly_leaves_no_thread_or_open_file(tmp_path):
     from layerswap.spaces.recipe import parse_recipe
-    from layerswap.trainables.merge.engine import open_checkpoints, plan_for, write_plan
-    from layerswap.trainables.merge.plan import recipe_refs
+    from layerswap.trainables.merge.assembly import recipe_refs
+    from layerswap.trainables.merge.engine import assembly_for, open_checkpoints, write_assembly
     from layerswap.world.tiny import make_tiny_family
 
-    # Two layers (20 tensors): every line of write_plan is ~1000 interrupt points already.
+    # Two layers (20 tensors): every line of write_assembly is ~1000 interrupt points already.
     fam = make_tiny_family(tmp_path / "fam", num_layers=2, with_tokenizer=False)
     models = [str(fam["task"]), str(fam["language"])]
     recipe = parse_recipe({"method": "ties", "base": str(fam["base"]), "models": models})
     ckpts = open_checkpoints(recipe_refs(recipe))
-    plan, _ = plan_for(recipe, ckpts)
+    assembly, _ = assembly_for(recipe, ckpts)
     # The engine's writer and the thread machinery: where an interrupt meets running workers.
     files = ("merge/engine.py", "merge/checkpoint.py", "merge/threads.py", "threading.py")
     k = 0
@@ -180,9 +180,9 @@ def test_interrupt_anywhere_in_write_plan_leaves_no_thread_or_open_file(tmp_path
             out.mkdir(parents=True)
 
             def call(out=out):
-                write_plan(plan, ckpts, out, max_shard_bytes=2**15)  # several shards
+                write_assembly(assembly, ckpts, out, max_shard_bytes=2**15)  # several shards
 
-            got, seen, at = _interrupt_at(k, call, files, within="write_plan")
+            got, seen, at = _interrupt_at(k, call, files, within="write_assembly")
             assert not _workers("layerswap-merge"), (
                 f"merge threads alive after an interrupt at {at}"
             )

@@ -1,4 +1,4 @@
-"""The planner alone (no files): which checkpoints each output tensor is made of."""
+"""The assembler alone (no files): which checkpoints each output tensor is made of."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from layerswap.spaces.recipe import RecipeError, parse_recipe
 from layerswap.trainables.merge.arch import NON_LAYER, ArchitectureError, ParamSlot, param_slot
-from layerswap.trainables.merge.plan import build_plan, recipe_refs
+from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.terms import DeltaMerge, Linear
 
 L = 12
@@ -50,15 +50,15 @@ def by_letter(letter, wt=0.5, wl=0.5):
     return {"L": LANG, "T": TASK, "X": avg(wt, wl), "B": Linear((("B", 1.0),))}[letter]
 
 
-def check_layers(plan, attention: str, mlp: str, non_layer: Linear, wt=0.5, wl=0.5):
+def check_layers(assembly, attention: str, mlp: str, non_layer: Linear, wt=0.5, wl=0.5):
     assert len(attention) == len(mlp) == L
     for i in range(L):
         for p in ATTN:
-            assert plan[f"model.layers.{i}.{p}"] == by_letter(attention[i], wt, wl), (i, p)
+            assert assembly[f"model.layers.{i}.{p}"] == by_letter(attention[i], wt, wl), (i, p)
         for p in MLP:
-            assert plan[f"model.layers.{i}.{p}"] == by_letter(mlp[i], wt, wl), (i, p)
+            assert assembly[f"model.layers.{i}.{p}"] == by_letter(mlp[i], wt, wl), (i, p)
     for name in NON:
-        assert plan[name] == non_layer, name
+        assert assembly[name] == non_layer, name
 
 
 # --- arch ------------------------------------------------------------------------------------
@@ -89,13 +89,13 @@ def test_param_slot_rejects_unknown_layer_parameters():
         param_slot("model.layers.4.router.weight")
 
 
-# --- layer swap plans ------------------------------------------------------------------------
+# --- layer swap assemblies ------------------------------------------------------------------------
 
 
-def test_plan_covers_every_name_in_order():
+def test_assembly_covers_every_name_in_order():
     names = llama_names()
-    plan = build_plan(swap(bottom=3, top=2), names, L)
-    assert list(plan) == names
+    assembly = build_assembly(swap(bottom=3, top=2), names, L)
+    assert list(assembly) == names
 
 
 @pytest.mark.parametrize(
@@ -108,30 +108,30 @@ def test_plan_covers_every_name_in_order():
     ],
 )
 def test_layer_swap_zones(zones, row):
-    plan = build_plan(swap(**zones), llama_names(), L)
-    check_layers(plan, row, row, avg())
+    assembly = build_assembly(swap(**zones), llama_names(), L)
+    check_layers(assembly, row, row, avg())
 
 
 @pytest.mark.parametrize(
     ("policy", "expected"), [("average", avg()), ("language", LANG), ("task", TASK)]
 )
 def test_non_layer_policies(policy, expected):
-    plan = build_plan(swap(bottom=3, top=2, non_layer=policy), llama_names(), L)
-    check_layers(plan, "LLLTTTTTTTLL", "LLLTTTTTTTLL", expected)
+    assembly = build_assembly(swap(bottom=3, top=2, non_layer=policy), llama_names(), L)
+    check_layers(assembly, "LLLTTTTTTTLL", "LLLTTTTTTTLL", expected)
 
 
 def test_explicit_transition_weights_are_normalised():
     r = swap(bottom=3, top=2, bottom_transition=1, transition_weights={"task": 3, "language": 1})
-    plan = build_plan(r, llama_names(), L)
-    check_layers(plan, "LLLXTTTTTTLL", "LLLXTTTTTTLL", avg(0.75, 0.25), 0.75, 0.25)
+    assembly = build_assembly(r, llama_names(), L)
+    check_layers(assembly, "LLLXTTTTTTLL", "LLLXTTTTTTLL", avg(0.75, 0.25), 0.75, 0.25)
 
 
 def test_zero_weight_side_makes_a_plain_take():
     r = swap(bottom=3, top=2, top_transition=1, transition_weights={"task": 0, "language": 2})
-    plan = build_plan(r, llama_names(), L)
-    assert plan["model.layers.9.mlp.up_proj.weight"] == LANG
-    assert plan["model.layers.9.mlp.up_proj.weight"].take == "G"
-    assert plan["model.embed_tokens.weight"].take == "G"
+    assembly = build_assembly(r, llama_names(), L)
+    assert assembly["model.layers.9.mlp.up_proj.weight"] == LANG
+    assert assembly["model.layers.9.mlp.up_proj.weight"].take == "G"
+    assert assembly["model.embed_tokens.weight"].take == "G"
 
 
 @pytest.mark.parametrize(
@@ -143,11 +143,11 @@ def test_zero_weight_side_makes_a_plain_take():
     ],
 )
 def test_partitions_norms_travel_with_their_block(partition, attention, mlp):
-    plan = build_plan(swap(partition=partition), llama_names(), L)
-    check_layers(plan, attention, mlp, avg())
+    assembly = build_assembly(swap(partition=partition), llama_names(), L)
+    check_layers(assembly, attention, mlp, avg())
     if partition == "A":
-        assert plan["model.layers.7.input_layernorm.weight"] == LANG
-        assert plan["model.layers.7.post_attention_layernorm.weight"] == TASK
+        assert assembly["model.layers.7.input_layernorm.weight"] == LANG
+        assert assembly["model.layers.7.post_attention_layernorm.weight"] == TASK
 
 
 def test_magnitude_weights_are_inverse_mav_normalised():
@@ -159,27 +159,27 @@ def test_magnitude_weights_are_inverse_mav_normalised():
         return mavs[terms]
 
     r = swap(bottom=3, top=2, bottom_transition=1, base="B", transition_weights="magnitude")
-    plan = build_plan(r, llama_names(), L, oracle)
+    assembly = build_assembly(r, llama_names(), L, oracle)
     # 1/0.02 : 1/0.04 = 2 : 1
     wt, wl = 2 / 3, 1 / 3
-    x = plan["model.layers.3.self_attn.q_proj.weight"]
+    x = assembly["model.layers.3.self_attn.q_proj.weight"]
     assert [ref for ref, _ in x.terms] == ["T", "G"]
     assert x.terms[0][1] == pytest.approx(wt, abs=1e-12)
     assert x.terms[1][1] == pytest.approx(wl, abs=1e-12)
-    assert plan["model.norm.weight"] == x  # averaged non-layer uses the same weights
+    assert assembly["model.norm.weight"] == x  # averaged non-layer uses the same weights
     assert set(calls) == set(mavs)
 
 
 def test_magnitude_weights_undefined_when_an_expert_equals_base():
     r = swap(bottom=3, top=2, base="B", transition_weights="magnitude")
     with pytest.raises(RecipeError, match=r"magnitude weights undefined.*'G'"):
-        build_plan(r, llama_names(), L, lambda terms: 0.0 if terms[0][0] == "G" else 0.1)
+        build_assembly(r, llama_names(), L, lambda terms: 0.0 if terms[0][0] == "G" else 0.1)
 
 
 def test_magnitude_without_oracle_is_an_error():
     r = swap(bottom=3, top=2, base="B", transition_weights="magnitude")
     with pytest.raises(RecipeError, match="base"):
-        build_plan(r, llama_names(), L)
+        build_assembly(r, llama_names(), L)
 
 
 def test_expert_soups_inside_a_layer_swap():
@@ -191,23 +191,23 @@ def test_expert_soups_inside_a_layer_swap():
         language_expert={"soup": ["G1", "G2", "G3"], "weights": [2, 1, 1]},
         transition_weights={"task": 1, "language": 3},
     )
-    plan = build_plan(r, llama_names(), L)
-    task = dict(plan["model.layers.5.mlp.up_proj.weight"].terms)
-    lang = dict(plan["model.layers.0.self_attn.q_proj.weight"].terms)
-    trans = dict(plan["model.layers.9.self_attn.q_proj.weight"].terms)
+    assembly = build_assembly(r, llama_names(), L)
+    task = dict(assembly["model.layers.5.mlp.up_proj.weight"].terms)
+    lang = dict(assembly["model.layers.0.self_attn.q_proj.weight"].terms)
+    trans = dict(assembly["model.layers.9.self_attn.q_proj.weight"].terms)
     assert task == pytest.approx({"T1": 0.5, "T2": 0.5})
     assert lang == pytest.approx({"G1": 0.5, "G2": 0.25, "G3": 0.25})
     assert trans == pytest.approx(
         {"T1": 0.125, "T2": 0.125, "G1": 0.375, "G2": 0.1875, "G3": 0.1875}
     )
-    assert plan["model.layers.5.mlp.up_proj.weight"].take is None
+    assert assembly["model.layers.5.mlp.up_proj.weight"].take is None
 
 
 def test_soup_with_repeated_checkpoint_merges_its_terms():
     r = swap(bottom=1, top=1, bottom_transition=1, language_expert={"soup": ["T", "G"]})
-    plan = build_plan(r, llama_names(), L)
+    assembly = build_assembly(r, llama_names(), L)
     # transition = 0.5 T + 0.5 (0.5 T + 0.5 G) = 0.75 T + 0.25 G
-    assert dict(plan["model.layers.1.mlp.up_proj.weight"].terms) == pytest.approx(
+    assert dict(assembly["model.layers.1.mlp.up_proj.weight"].terms) == pytest.approx(
         {"T": 0.75, "G": 0.25}
     )
 
@@ -215,17 +215,17 @@ def test_soup_with_repeated_checkpoint_merges_its_terms():
 # --- other methods ---------------------------------------------------------------------------
 
 
-def test_soup_plans():
+def test_soup_assemblies():
     names = llama_names()
-    uni = build_plan(parse_recipe({"method": "soup", "models": ["a", "b", "c"]}), names, L)
+    uni = build_assembly(parse_recipe({"method": "soup", "models": ["a", "b", "c"]}), names, L)
     assert all(
         dict(op.terms) == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}) for op in uni.values()
     )
-    exp = build_plan(
+    exp = build_assembly(
         parse_recipe({"method": "soup", "models": ["a", "b", "c"], "weights": [1, 2, 1]}), names, L
     )
     assert all(dict(op.terms) == {"a": 0.25, "b": 0.5, "c": 0.25} for op in exp.values())
-    mag = build_plan(
+    mag = build_assembly(
         parse_recipe({"method": "soup", "models": ["a", "b"], "weights": "magnitude", "base": "z"}),
         names,
         L,
@@ -234,9 +234,9 @@ def test_soup_plans():
     assert dict(mag["lm_head.weight"].terms) == pytest.approx({"a": 0.75, "b": 0.25})
 
 
-def test_delta_plans():
+def test_delta_assemblies():
     names = llama_names()
-    ties = build_plan(
+    ties = build_assembly(
         parse_recipe(
             {"method": "ties", "base": "z", "models": ["a", "b"], "density": 0.4, "scale": 0.5}
         ),
@@ -244,7 +244,7 @@ def test_delta_plans():
         L,
     )
     assert set(ties.values()) == {DeltaMerge("z", ("a", "b"), (1.0, 1.0), 0.5, 0.4)}
-    ta = build_plan(
+    ta = build_assembly(
         parse_recipe(
             {"method": "task_arithmetic", "base": "z", "models": ["a", "b"], "weights": [1, 0.5]}
         ),
@@ -264,8 +264,8 @@ def test_revert_replaces_cells_with_base():
         base="B",
         revert=[{"layers": [0, 4], "components": ["attention"]}, {"layers": [11]}],
     )
-    plan = build_plan(r, llama_names(), L)
-    check_layers(plan, "BLLTBTTTTTLB", "LLLTTTTTTTLB", avg())
+    assembly = build_assembly(r, llama_names(), L)
+    check_layers(assembly, "BLLTBTTTTTLB", "LLLTTTTTTTLB", avg())
 
 
 def test_revert_partition_side_and_non_layer():
@@ -275,8 +275,8 @@ def test_revert_partition_side_and_non_layer():
         base="B",
         revert=[{"partition": "A", "side": "task"}, {"non_layer": True}],
     )
-    plan = build_plan(r, llama_names(), L)
-    check_layers(plan, "LLLTTTTTTTLL", "LLLTTTBBBBLL", Linear((("B", 1.0),)))
+    assembly = build_assembly(r, llama_names(), L)
+    check_layers(assembly, "LLLTTTTTTTLL", "LLLTTTBBBBLL", Linear((("B", 1.0),)))
 
 
 def test_revert_on_a_soup():
@@ -288,11 +288,11 @@ def test_revert_on_a_soup():
             "revert": [{"partition": "C", "side": "language", "components": ["mlp"]}],
         }
     )
-    plan = build_plan(r, llama_names(), L)
+    assembly = build_assembly(r, llama_names(), L)
     for i in range(L):
         expected = "z" if i in (0, 1, 2, 3, 4, 5, 10, 11) else None
-        assert plan[f"model.layers.{i}.mlp.up_proj.weight"].take == expected
-        assert plan[f"model.layers.{i}.self_attn.q_proj.weight"].take is None
+        assert assembly[f"model.layers.{i}.mlp.up_proj.weight"].take == expected
+        assert assembly[f"model.layers.{i}.self_attn.q_proj.weight"].take is None
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -300,12 +300,12 @@ def test_revert_on_a_soup():
 
 def test_tensor_beyond_the_configured_depth():
     with pytest.raises(RecipeError, match=r"model\.layers\.12\..*12"):
-        build_plan(swap(bottom=1, top=1), llama_names(13), L)
+        build_assembly(swap(bottom=1, top=1), llama_names(13), L)
 
 
 def test_zones_deeper_than_model():
     with pytest.raises(RecipeError, match=r"(?s)bottom \(9\).*top \(4\).*12 layers"):
-        build_plan(swap(bottom=9, top=4), llama_names(), L)
+        build_assembly(swap(bottom=9, top=4), llama_names(), L)
 
 
 def test_recipe_refs_first_mention_order_without_duplicates():

@@ -1,8 +1,10 @@
-"""Recipe -> per-tensor merge plan: which checkpoints each output tensor is made of.
+"""Recipe -> per-tensor merge assembly: which checkpoints each output tensor is assembled from.
 
-Pure: takes tensor names, the depth and a magnitude oracle, touches no files. The disk engine
-and the in-memory composer both execute the plan this builds, so they cannot disagree. Each
-method's own planner is in trainables/merge/methods.py; revert applies to every method here.
+(An assembly, not a plan: in layerswap a plan is an offline forecast of what a run needs,
+`layerswap plan` and `layerswap train --plan`.) Pure: takes tensor names, the depth and a
+magnitude oracle, touches no files. The disk engine and the in-memory composer both execute the
+assembly this builds, so they cannot disagree. Each method's own assembler is in
+trainables/merge/methods.py; revert applies to every method here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from layerswap.spaces.recipe import Recipe, RecipeError
 from layerswap.spaces.zones import reverted
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.methods import method_of
-from layerswap.trainables.merge.terms import Linear, MagnitudeOracle, Plan, Terms
+from layerswap.trainables.merge.terms import Assembly, Linear, MagnitudeOracle, Terms
 
 
 def recipe_refs(recipe: Recipe) -> list[str]:
@@ -29,9 +31,9 @@ def primary_ref(recipe: Recipe) -> str:
     return method_of(recipe).primary(recipe)
 
 
-def build_plan(
+def build_assembly(
     recipe: Recipe, names: Iterable[str], num_layers: int, mav: MagnitudeOracle | None = None
-) -> Plan:
+) -> Assembly:
     """Decide, for every tensor name, how the merged tensor is made.
 
     Args:
@@ -54,7 +56,7 @@ def build_plan(
         raise RecipeError("magnitude weights need `base`")
 
     mav = mav or no_oracle
-    plan = method_of(recipe).plan(recipe, names, num_layers, mav)
+    assembly = method_of(recipe).assemble(recipe, names, num_layers, mav)
 
     if recipe.revert:
         cells, non_layer = reverted(recipe.revert, num_layers)
@@ -63,5 +65,5 @@ def build_plan(
             slot = param_slot(name)
             hit = non_layer if slot.layer is None else (slot.layer, slot.component) in cells
             if hit:
-                plan[name] = base
-    return plan
+                assembly[name] = base
+    return assembly
