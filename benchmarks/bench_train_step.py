@@ -13,7 +13,7 @@ a 1-process group this script opens, with `--offload` = CPUOffloadPolicy), `_ada
 between torch.cuda.synchronize() calls. Printed: parameters, the precision policy, seconds per
 step, tokens/s, peak memory (CUDA: max_memory_allocated / max_memory_reserved since the first
 step; always: the process's peak RSS, which also counts the model build) and the trainer's own
-memory plan (trainables/train/plan.py) for the same set-up, to check the plan against.
+memory plan (trainables/train/memory_plan.py) for the same set-up, to check the plan against.
 
 Run (CPU smoke check): python benchmarks/bench_train_step.py --shape llama-8b --depth 1
     --seq-len 64 --micro-batch 1 [--strategy fsdp --offload] [--out F.json]
@@ -131,7 +131,7 @@ def _plan(exp, cfg, device):
     """The trainer's memory plan for `exp` on `cfg` (GiB of the device when it is a GPU)."""
     import torch
 
-    from layerswap.trainables.train.plan import memory_plan
+    from layerswap.trainables.train.memory_plan import memory_plan
 
     gpu = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None  # fmt: skip
     return memory_plan(exp, cfg, source=f"shapes.py {cfg.num_hidden_layers} layers", gpu_memory=gpu)  # fmt: skip

@@ -1,5 +1,5 @@
 """`layerswap train EXPERIMENT.yaml [--out RUN_DIR]`: validate once, train an expert, say where.
-`--plan [--gpu-memory GIB]` prints the memory plan (trainables/train/plan.py) instead.
+`--plan [--gpu-memory GIB]` prints the memory plan (trainables/train/memory_plan.py) instead.
 
 Thin: checks every local input before any work, then calls trainables.train.train_expert (Ray
 Train, or this process with `--no-ray`); an experiment with a `search:` block goes to the expert
@@ -154,7 +154,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from layerswap.trainables.train import train_expert
 
     if args.plan:  # the memory plan only: no weights, no data, no Ray
-        from layerswap.trainables.train.plan import format_plan, plan_experiment
+        from layerswap.trainables.train.memory_plan import format_plan, plan_experiment
 
         print(format_plan(plan_experiment(load_train_experiment(args.experiment), args.gpu_memory)))  # fmt: skip
         return 0

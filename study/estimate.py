@@ -81,7 +81,7 @@ def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
     """ModelCost of a model, trained as `exp` says (None: inference).
 
     Args:
-        shape: its trainables.train.plan_model.ModelShape (model_shape(config)).
+        shape: its trainables.train.model_shape.ModelShape (model_shape(config)).
         exp: the experiment whose mode decides what trains (LoRA adds its adapters).
     """
     from layerswap.trainables.train.modes import trainable_split

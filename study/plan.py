@@ -98,7 +98,7 @@ class _Ctx:
         if base is None:
             return None
         if base not in self.models:
-            from layerswap.trainables.train.plan_model import load_model_config, model_shape
+            from layerswap.trainables.train.model_shape import load_model_config, model_shape
 
             try:
                 cfg, origin = load_model_config(base)

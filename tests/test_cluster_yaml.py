@@ -19,8 +19,8 @@ import yaml
 
 from layerswap.spaces.search_experiment import load_search_experiment
 from layerswap.spaces.train_experiment import load_train_experiment
-from layerswap.trainables.train.plan import GPU_MEMORY_GIB, plan_experiment
-from layerswap.trainables.train.plan_model import load_model_config, model_shape
+from layerswap.trainables.train.memory_plan import GPU_MEMORY_GIB, plan_experiment
+from layerswap.trainables.train.model_shape import load_model_config, model_shape
 
 ROOT = Path(__file__).parents[1]
 CLUSTER_TEXT = (ROOT / "cluster.yaml").read_text()

@@ -210,7 +210,7 @@ def test_printed_plan_names_figures_and_their_origin(plan):
 
 
 def test_hours_scale_with_tokens_and_devices(tmp_path):
-    from layerswap.trainables.train.plan_model import load_model_config, model_shape
+    from layerswap.trainables.train.model_shape import load_model_config, model_shape
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     loaded = load_study(make_study(tmp_path / "s"))
@@ -228,7 +228,7 @@ def test_hours_scale_with_tokens_and_devices(tmp_path):
 
 def test_lora_keeps_the_forward_and_activation_backward(tmp_path):
     from layerswap.spaces.train_experiment import with_overrides
-    from layerswap.trainables.train.plan_model import load_model_config, model_shape
+    from layerswap.trainables.train.model_shape import load_model_config, model_shape
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     shape = model_shape(load_model_config(str(tmp_path))[0])

@@ -25,7 +25,7 @@ from layerswap.trainables.train.data import stream_step
 from layerswap.trainables.train.partition import lora_target_regex, param_sides
 
 if TYPE_CHECKING:  # only its type: the memory plan builds shapes, the table reads their names
-    from layerswap.trainables.train.plan_model import ModelShape
+    from layerswap.trainables.train.model_shape import ModelShape
 
 Named = list[tuple[str, nn.Parameter]]
 
@@ -264,7 +264,7 @@ def trainable_split(exp: TrainExperiment, shape: ModelShape) -> Split:
 
     Args:
         exp: the experiment (its `mode`).
-        shape: the model's sizes (trainables.train.plan_model.model_shape).
+        shape: the model's sizes (trainables.train.model_shape.model_shape).
     Returns:
         Split.
     """

@@ -1,5 +1,6 @@
-"""The memory plan (trainables/train/plan.py): parameter counts match real models and the modes'
-own freezing, byte lines match hand arithmetic, and strategy/precision move them as they should.
+"""The memory plan (trainables/train/memory_plan.py): parameter counts match real models and the
+modes' own freezing (read from the mode table), byte lines match hand arithmetic, and
+strategy/precision move them as they should.
 
 Run: .venv/bin/python -m pytest tests/trainables/train/test_memory_plan.py
 """
@@ -11,9 +12,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from layerswap.spaces.train_experiment import parse_train_experiment
+from layerswap.trainables.train.memory_plan import GIB, format_plan, memory_plan
+from layerswap.trainables.train.model_shape import KNOWN_CONFIGS, load_model_config, model_shape
 from layerswap.trainables.train.modes import prepare
-from layerswap.trainables.train.plan import GIB, format_plan, memory_plan
-from layerswap.trainables.train.plan_model import KNOWN_CONFIGS, load_model_config, model_shape
 
 # h 64, i 128, 2 layers, 4 heads x 16, 2 kv heads, vocab 100, untied: 86,848 parameters:
 # embed 6400 + lm_head 6400 + final norm 64 + 2 x (q 4096 + k 2048 + v 2048 + o 4096

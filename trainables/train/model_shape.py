@@ -5,7 +5,7 @@ every parameter's size.
 few known Hub ids a built-in copy when the config is not at hand offline; `model_shape(config)`
 builds the model on torch's meta device (shapes only, no memory). Which of the parameters an
 experiment's mode trains is the mode table's to say (trainables.train.modes.trainable_split).
-Used by trainables/train/plan.py (`layerswap train EXP.yaml --plan`).
+Used by trainables/train/memory_plan.py (`layerswap train EXP.yaml --plan`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Literal
 
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.merge.arch import layer_index as layer_of
+from layerswap.trainables.train.model_shape import ModelShape, load_model_config, model_shape
 from layerswap.trainables.train.modes import Split, trainable_split
-from layerswap.trainables.train.plan_model import ModelShape, load_model_config, model_shape
 from layerswap.trainables.train.precision import Policy, dtype_name, resolve_precision
 
 GIB = 2**30
