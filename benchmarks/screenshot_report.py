@@ -51,7 +51,13 @@ def screenshot(html: Path, out: Path, *, width: int = 1280, height: int = 4000) 
             "--no-sandbox",  # root in containers; the page is our own local file
             "--disable-gpu",
             "--hide-scrollbars",
-            f"--user-data-dir={profile}",
+            # Nothing but the local page: a closed network (CI, clusters) must not stall start-up
+            # on first-run setup, component updates, sync or background fetches.
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",  # a fresh profile per screenshot
             f"--window-size={width},{height}",
             f"--screenshot={out}",
             Path(html).resolve().as_uri(),
