@@ -2,8 +2,8 @@
 `--plan [--gpu-memory GIB]` prints the memory plan (trainables/train/memory_plan.py) instead.
 
 Thin: checks every local input before any work, then calls trainables.train.train_expert (Ray
-Train, or this process with `--no-ray`); an experiment with a `search:` block goes to the expert
-sweep (search.sweep.run_sweep). torch and ray load only when the command runs.
+Train, or this process with `--no-ray`); an experiment with a `sweep:` block goes to the expert
+sweep (experts.sweep.run_sweep). torch and ray load only when the command runs.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def _inputs(exp: TrainExperiment) -> list[Path]:
     """The local files and folders the experiment reads (a Hub id or a URI is none)."""
     named = [exp.base, *(ds.path for ds in exp.datasets if ds.path is not None)]
     named += [f for ds in exp.datasets for f in ds.data_files or []]
-    if exp.search is not None and exp.search.world is not None:
-        named.append(exp.search.world)
+    if exp.sweep is not None and exp.sweep.world is not None:
+        named.append(exp.sweep.world)
     return [Path(p) for p in named if not is_uri(p) and Path(p).expanduser().exists()]
 
 
@@ -129,7 +129,7 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
 
 
 def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> int:
-    """An experiment with a `search:` block: the expert sweep, then its top experts printed.
+    """An experiment with a `sweep:` block: the expert sweep, then its top experts printed.
 
     Returns:
         0 when every trial finished, 1 when some failed (their rows are still kept).
@@ -160,7 +160,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
     check_inputs(exp)
-    if exp.search is not None:
+    if exp.sweep is not None:
         if args.resume:
             raise ValueError("--resume: an expert sweep cannot be resumed; --overwrite reruns it")
         if args.out is None and is_uri(exp.storage_path):
@@ -197,7 +197,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="train an expert (full, lora, partial, simultaneous, mix) from an experiment YAML",
         description="Validate the experiment, train it on Ray Train (or in-process with "
         "--no-ray) and write HF checkpoints with a manifest every checkpoint_every_samples "
-        "samples under RUN_DIR/train/<name>/. A `search:` block runs an expert sweep instead.",
+        "samples under RUN_DIR/train/<name>/. A `sweep:` block runs an expert sweep instead.",
     )
     t.add_argument("experiment", type=Path, help="experiment YAML (see spaces/examples/)")
     t.add_argument("--out", type=Path, help="run folder (default: the config's storage_path)")

@@ -167,7 +167,7 @@ def read_registry(path: str | Path) -> pa.Table:
     """The registry as a validated pyarrow Table (ValueError naming the file if it is not one)."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no expert registry (run `layerswap train` with a search block)")
+        raise ValueError(f"{path}: no expert registry (run `layerswap train` with a sweep: block)")
     try:
         table = read_parquet(path)
     except (pa.ArrowInvalid, OSError) as e:

@@ -1,7 +1,7 @@
 """Expert sweeps: a Ray Tune search over training hyperparameters, checkpoints scored on indicators.
 
 `run_sweep(load_train_experiment("exp.yaml"), Path("runs/r1"))` (what `layerswap train` runs for an
-experiment with a `search:` block); rows land in RUN/experts/registry.parquet as trials finish.
+experiment with a `sweep:` block); rows land in RUN/experts/registry.parquet as trials finish.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ class SweepResult:
 
 
 def world_dir(experiment: TrainExperiment) -> Path | None:
-    """The embedded world of an experiment: `search.world`, or the base's parent with world.json."""
-    sweep = experiment.search
+    """The embedded world of an experiment: `sweep.world`, or the base's parent with world.json."""
+    sweep = experiment.sweep
     if sweep is not None and sweep.world is not None:
         w = Path(sweep.world)
         if not (w / "world.json").is_file():
-            raise ValueError(f"search.world: {w} is not a world folder (no world.json)")
+            raise ValueError(f"sweep.world: {w} is not a world folder (no world.json)")
         return w
     parent = Path(experiment.base).parent
     return parent if (parent / "world.json").is_file() else None
@@ -66,12 +66,12 @@ def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
     """Resolve the sweep's tasks, int parameters, executor and storage; writes world task YAMLs.
 
     Raises:
-        ValueError: no `search:` block, or a parameter/indicator that does not fit.
+        ValueError: no `sweep:` block, or a parameter/indicator that does not fit.
     """
-    if experiment.search is None:
-        raise ValueError(f"experiment {experiment.name!r} has no search: block")
+    if experiment.sweep is None:
+        raise ValueError(f"experiment {experiment.name!r} has no sweep: block")
     experiment = absolute_local_paths(experiment)  # trials run in Tune's own folders
-    sweep = experiment.search
+    sweep = experiment.sweep
     data = experiment_json(experiment)
     int_params = sweep.int_params(data)
     world = world_dir(experiment)
@@ -307,7 +307,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     Starts a local Ray instance unless one is already initialised (tests pass their own).
 
     Args:
-        experiment: a validated experiment with a `search:` block.
+        experiment: a validated experiment with a `sweep:` block.
         run_dir: RUN; trials train under RUN/train/<name>/<trial_id>/, rows go to
             RUN/experts/registry.parquet.
         verbose: Tune's verbosity (RunConfig.verbose); above 0 also Ray's and Tune's own

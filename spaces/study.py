@@ -137,12 +137,12 @@ def _load_expert(i: int, entry: ExpertEntry, root: Path) -> StudyExpert:
         if entry.overrides:
             exp = with_overrides(exp, _resolved_overrides(entry.overrides, root))
         if entry.sweep is not None:
-            if exp.search is not None:
+            if exp.sweep is not None:
                 raise ValueError(
-                    f"sweep: {entry.config} already has a search: block; change it there or "
+                    f"sweep: {entry.config} already has a sweep: block; change it there or "
                     "drop the study's sweep"
                 )
-            exp = with_overrides(exp, {"search": entry.sweep.model_dump(mode="json")})
+            exp = with_overrides(exp, {"sweep": entry.sweep.model_dump(mode="json")})
     except ValueError as e:
         raise ValueError(f"{label}: {e}") from None
     return StudyExpert(label, path, exp, entry.rows, entry.tokens_per_sample)

@@ -1,4 +1,4 @@
-"""The `search:` block of a training experiment: an expert sweep over training hyperparameters.
+"""The `sweep:` block of a training experiment: an expert sweep over training hyperparameters.
 
 Pure data (no torch, no ray). `SweepConfig.model_validate(yaml_dict)`; `experts/sweep.py` runs it.
 """
@@ -123,12 +123,11 @@ class SweepConfig(StrictModel):
     @model_validator(mode="after")
     def _metric_is_indicator(self) -> SweepConfig:
         if not self.params:
-            raise ValueError("search.params: give at least one hyperparameter to vary")
+            raise ValueError("sweep.params: give at least one hyperparameter to vary")
         if self.metric is not None and self.indicators is not None:
             if self.metric not in self.indicators:
                 raise ValueError(
-                    f"search.metric {self.metric!r} is not one of search.indicators "
-                    f"{self.indicators}"
+                    f"sweep.metric {self.metric!r} is not one of sweep.indicators {self.indicators}"
                 )
         return self
 
@@ -144,7 +143,7 @@ class SweepConfig(StrictModel):
         if self.metric is None:
             return tasks[0]
         if self.metric not in tasks:
-            raise ValueError(f"search.metric {self.metric!r} is not one of the indicators {tasks}")
+            raise ValueError(f"sweep.metric {self.metric!r} is not one of the indicators {tasks}")
         return self.metric
 
     def int_params(self, experiment: dict) -> set[str]:
@@ -162,12 +161,12 @@ class SweepConfig(StrictModel):
             node: Any = experiment
             for part in path.split("."):
                 if not isinstance(node, dict) or part not in node:
-                    raise ValueError(f"search.params: {path!r} is not a field of the experiment")
+                    raise ValueError(f"sweep.params: {path!r} is not a field of the experiment")
                 node = node[part]
             if param_is_int(dim, node):
                 if not (float(dim.low).is_integer() and float(dim.high).is_integer()):
                     raise ValueError(
-                        f"search.params.{path}: integer field needs integer bounds, "
+                        f"sweep.params.{path}: integer field needs integer bounds, "
                         f"got {dim.low}..{dim.high}"
                     )
                 out.add(path)
@@ -236,7 +235,7 @@ def indicator_tasks(
                 f"world language {language!r} unknown (have {sorted(WORLD_LANGUAGES)})"
             )
         if global_mmlu:
-            raise ValueError("search.global_mmlu: the embedded world has no Global-MMLU")
+            raise ValueError("sweep.global_mmlu: the embedded world has no Global-MMLU")
         if kind == "math":
             return [family("mgsm").world_task("en", "dev")]
         return [family("belebele").world_task(language, "dev")]
@@ -245,7 +244,7 @@ def indicator_tasks(
     if language not in LANG_CODES:
         raise ValueError(
             f"language {language!r}: no default Belebele task (known: {sorted(LANG_CODES)}); "
-            f"give search.indicators explicitly"
+            f"give sweep.indicators explicitly"
         )
     bele, gmmlu = LANG_CODES[language]
     tasks = [f"belebele_{bele}"]

@@ -287,10 +287,6 @@ class Failure(StrictModel):
     """Restarts from the last checkpoint after a worker failure (-1: forever, Ray's convention)."""
 
 
-# The `search:` block (expert sweep) is owned by spaces/sweep.py; aliases keep the old names.
-SearchSpec = SweepConfig
-
-
 class Debug(StrictModel):
     """Fault injection for tests: raise once at `fail_at_step` (the marker file makes it once)."""
 
@@ -370,7 +366,7 @@ class TrainExperiment(StrictModel):
     """Where runs are written (a folder or a cloud URI); `--out RUN` writes RUN/train instead."""
     failure: Failure = Failure()
     """Restarts after worker failures."""
-    search: SearchSpec | None = None
+    sweep: SweepConfig | None = None
     """An expert sweep over this experiment's hyperparameters (None: one run)."""
     debug: Debug = Debug()
     """Fault injection for tests."""
@@ -380,6 +376,12 @@ class TrainExperiment(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _mode_shorthand(cls, data):
+        if isinstance(data, dict) and "search" in data:
+            # Configs written before the rename: say what to change, not pydantic's "extra field".
+            raise ValueError(
+                "search: the expert-sweep block is now called `sweep:`; rename the key `search:` "
+                "to `sweep:` (its fields are unchanged)"
+            )
         if isinstance(data, dict) and isinstance(data.get("mode"), str):
             data = {**data, "mode": {"type": data["mode"]}}
         if isinstance(data, dict) and isinstance(data.get("precision"), str):
@@ -394,8 +396,8 @@ class TrainExperiment(StrictModel):
         if not two and len(self.datasets) != 1:
             raise ValueError(f"mode {self.mode.type}: takes 1 dataset, got {len(self.datasets)} (use mix for a union)")  # fmt: skip
         self._check_scaling()
-        if self.search is not None:
-            for key in self.search.params:
+        if self.sweep is not None:
+            for key in self.sweep.params:
                 _check_path(self, key)
         return self
 
@@ -434,7 +436,7 @@ def _check_path(exp: TrainExperiment, dotted: str) -> None:
     node: object = exp
     for part in dotted.split("."):
         if not isinstance(node, BaseModel) or part not in type(node).model_fields:
-            raise ValueError(f"search.params: {dotted!r} is not a field of the experiment")
+            raise ValueError(f"sweep.params: {dotted!r} is not a field of the experiment")
         node = getattr(node, part)
 
 
@@ -473,8 +475,8 @@ def _resolve(data: dict, root: Path) -> dict:
                 ds["path"] = resolve_local(ds["path"], root)
             if isinstance(ds.get("data_files"), list):
                 ds["data_files"] = [resolve_local(f, root) for f in ds["data_files"]]
-    if isinstance(out.get("search"), dict) and out["search"].get("world"):
-        out["search"]["world"] = resolve_local(out["search"]["world"], root)
+    if isinstance(out.get("sweep"), dict) and out["sweep"].get("world"):
+        out["sweep"]["world"] = resolve_local(out["sweep"]["world"], root)
     return out
 
 

@@ -254,11 +254,11 @@ def cost_variants(exp: TrainExperiment) -> tuple[list[TrainExperiment], list[str
     from layerswap.spaces.sweep import Choice
     from layerswap.spaces.train_experiment import with_overrides
 
-    if exp.search is None:
+    if exp.sweep is None:
         return [exp], []
     axes = []
-    ints = exp.search.int_params(exp.model_dump(mode="json"))
-    for path, dim in exp.search.params.items():
+    ints = exp.sweep.int_params(exp.model_dump(mode="json"))
+    for path, dim in exp.sweep.params.items():
         if path not in COST_PARAMS:
             continue
         if isinstance(dim, Choice):

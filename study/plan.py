@@ -171,14 +171,14 @@ def _rows(ex: StudyExpert, ctx: _Ctx) -> list[int] | None:
 
 
 def _where_train(exp: TrainExperiment) -> str:
-    s, sw = exp.scaling, exp.search
+    s, sw = exp.scaling, exp.sweep
     on = f"{s.num_workers} x {s.accelerator_type or 'GPU'}" if s.use_gpu else f"{s.num_workers} CPU worker(s) x {s.cpus_per_worker:g} CPU"  # fmt: skip
     return f"{on} ({s.strategy}) per run" + (f"; {sw.num_samples} trial(s), {sw.max_concurrent} at a time" if sw else "")  # fmt: skip
 
 
 def _train_row(ex: StudyExpert, ctx: _Ctx) -> tuple[Row, float]:
     """Stage-1 row of one expert entry, and the checkpoints its runs write in all."""
-    exp, sweep = ex.experiment, ex.experiment.search
+    exp, sweep = ex.experiment, ex.experiment.sweep
     rows = _rows(ex, ctx)
     runs = sweep.num_samples if sweep else 1
     variants, bad = est.cost_variants(exp)
@@ -210,21 +210,21 @@ def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
     """Stage-2 row: the sweep scores its checkpoints on the expert kind's indicators."""
     from layerswap.experts.sweep import world_dir
 
-    exp, sw = ex.experiment, ex.experiment.search
+    exp, sw = ex.experiment, ex.experiment.sweep
     if sw is None:
         return None
     try:
         world = world_dir(exp)
         tasks = sw.tasks_for(exp.kind, exp.language, world=world is not None)
     except ValueError as e:
-        ctx.plan.problems.append(f"{ex.label}: search: {e}")
+        ctx.plan.problems.append(f"{ex.label}: sweep: {e}")
         return None
     w = str(world) if world else None
     ctx.find_tasks([(f"{ex.label}: indicator", t) for t in tasks], w)
     # Sweep trials reserve CPUs only (experts/sweep.py run_sweep), so `auto` scores on the CPU.
     device = "cuda" if sw.device == "cuda" else "cpu"
     if device == "cpu" and ctx.prof.kind == "gpu":
-        ctx.plan.warnings.append(f"{ex.label}: indicators score on the CPU (search.device {sw.device}: sweep trials hold no GPU), where the {ctx.plan.profile} figures do not apply; set device: cuda")  # fmt: skip
+        ctx.plan.warnings.append(f"{ex.label}: indicators score on the CPU (sweep.device {sw.device}: sweep trials hold no GPU), where the {ctx.plan.profile} figures do not apply; set device: cuda")  # fmt: skip
     gpus = 1 if device == "cuda" else 0
     scored = ckpts if sw.checkpoints == "all" else (sw.num_samples if ckpts else 0)
     batch = est.auto_batch(device) if sw.batch_size == "auto" else sw.batch_size
@@ -251,7 +251,7 @@ def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[in
     src, lang = exp.experts, exp.experts.language or exp.language
     sides = []
     for kind, language in (("math", None), ("language", lang)):
-        mine = [e for e in ctx.loaded.experts if e.experiment.kind == kind and e.experiment.search is not None and language in (None, e.experiment.language)]  # fmt: skip
+        mine = [e for e in ctx.loaded.experts if e.experiment.kind == kind and e.experiment.sweep is not None and language in (None, e.experiment.language)]  # fmt: skip
         if not mine:
             ctx.plan.problems.append(f"{s.label}: experts.registry: no {kind} expert of this study{' in ' + language if language else ''} has a sweep, so none reaches the registry")  # fmt: skip
         rows = sum(scored.get(e.label, 0) for e in mine)

@@ -577,15 +577,22 @@ SWEEP = {"num_samples": 2, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "l
 
 @case()
 def train__sweep_with_resume(e: Env):
-    argv = ["train", e.train_exp(search=SWEEP), "--out", e.at("run"), "--resume"]
+    argv = ["train", e.train_exp(sweep=SWEEP), "--out", e.at("run"), "--resume"]
     return argv, ["--resume: an expert sweep cannot be resumed"]
 
 
 @case()
 def train__sweep_exists_without_overwrite(e: Env):
     run = e.folder("run/train/t", kind="train")
-    argv = ["train", e.train_exp(search=SWEEP), "--out", e.at("run")]
+    argv = ["train", e.train_exp(sweep=SWEEP), "--out", e.at("run")]
     return argv, [f"{run}: an expert sweep of t exists; {ABSENT_FLAG}"]
+
+
+@case()
+def train__old_search_key(e: Env):
+    """Configs from before the rename say `search:` for the expert sweep: told what to change."""
+    f = e.train_exp(search=SWEEP)
+    return ["train", f, "--no-ray"], [f"{f}: invalid experiment", "search: the expert-sweep block is now called `sweep:`"]  # fmt: skip
 
 
 @case()

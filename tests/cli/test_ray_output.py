@@ -54,7 +54,7 @@ def _sweep_yaml(world: Path, tmp: Path) -> Path:
         "mode": "full",
         "hyper": {"lr": 1e-3, "max_steps": 2, "batch_size": 4, "seq_len": 64, "warmup_steps": 0},
         "checkpoint_every_samples": 8,
-        "search": {
+        "sweep": {
             "num_samples": 1,
             "params": {"hyper.lr": {"choices": [1e-3]}},
             "checkpoints": "last",

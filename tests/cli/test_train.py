@@ -1,5 +1,5 @@
 """`layerswap train` in-process (--no-ray): validates first, trains, prints the checkpoints;
-a `search:` block goes to the sweep hook.
+a `sweep:` block goes to the sweep hook.
 
 Run: .venv/bin/python -m pytest tests/cli/test_train.py
 """
@@ -44,13 +44,13 @@ def test_train_validates_before_any_work(tiny_world, tmp_path, capsys):
     assert not (tmp_path / "train").exists()
 
 
-def test_search_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
+def test_sweep_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
     calls = []
     fake = types.ModuleType("layerswap.experts.sweep")
     done = types.SimpleNamespace(trials={}, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
-    fake.run_sweep = lambda exp, run_dir: calls.append((exp.name, run_dir)) or done
+    fake.run_sweep = lambda exp, run_dir, **kw: calls.append((exp.name, run_dir)) or done
     monkeypatch.setitem(sys.modules, "layerswap.experts.sweep", fake)
-    exp = make_exp(tiny_world, "full", search={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}})  # fmt: skip
+    exp = make_exp(tiny_world, "full", sweep={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}})  # fmt: skip
     f = _write(tmp_path, exp.model_dump(mode="json"))
     assert main(["train", str(f), "--out", str(tmp_path / "run")]) == 0
     assert calls == [("t", tmp_path / "run")]

@@ -1,7 +1,7 @@
 """Expert sweeps: planning, seeds, search spaces, and a 4-trial Ray Tune sweep whose registry
 scores equal lm-eval's re-evaluation of the chosen checkpoints.
 
-Run: .venv/bin/python -m pytest -q tests/search/test_sweep.py   (the sweep is marked slow)
+Run: .venv/bin/python -m pytest -q tests/experts/test_sweep.py   (the sweep is marked slow)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def world(tmp_path_factory) -> Path:
     )
 
 
-def experiment(world: Path, search: dict, **kw):
+def experiment(world: Path, sweep: dict, **kw):
     data = {
         "name": "sweep_math",
         "base": str(world / "base"),
@@ -52,7 +52,7 @@ def experiment(world: Path, search: dict, **kw):
         "mode": "full",
         "hyper": {"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "warmup_steps": 1},
         "checkpoint_every_samples": 8,
-        "search": search,
+        "sweep": sweep,
     }
     data.update(kw)
     return parse_train_experiment(data)
@@ -75,7 +75,7 @@ def test_plan_resolves_world_tasks_and_executor(world, tmp_path):
     assert plan_sweep(two, tmp_path).executor == "ray_train"
     lang = experiment(world, {"params": SPACE}, kind="language", language="xa")
     assert plan_sweep(lang, tmp_path).tasks == ["world_belebele_xa_dev"]
-    with pytest.raises(ValueError, match="no search"):
+    with pytest.raises(ValueError, match="no sweep"):
         plan_sweep(experiment(world, None), tmp_path)
 
 
@@ -108,8 +108,8 @@ def test_trial_seed_and_params():
 def test_random_search_space(world, tmp_path):
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    search = {"algorithm": "random", "params": {**SPACE, "hyper.schedule": {"choices": ["linear", "wsd"]}}}  # fmt: skip
-    _, space = _searcher(plan_sweep(experiment(world, search), tmp_path))
+    sweep = {"algorithm": "random", "params": {**SPACE, "hyper.schedule": {"choices": ["linear", "wsd"]}}}  # fmt: skip
+    _, space = _searcher(plan_sweep(experiment(world, sweep), tmp_path))
     assert isinstance(space["hyper.lr"], Float)
     assert isinstance(space["hyper.warmup_steps"], Integer)
     assert (space["hyper.warmup_steps"].lower, space["hyper.warmup_steps"].upper) == (0, 3)
@@ -120,8 +120,8 @@ def test_score_rows_last_checkpoint(world, tmp_path):
     """Rows straight from the plain loop's checkpoints (no Ray): `checkpoints: last` keeps one."""
     from layerswap.trainables.train import find_checkpoints, run_training
 
-    search = {"params": SPACE, "checkpoints": "last", "limit": 4, "max_gen_toks": 8}
-    exp = experiment(world, search, hyper={"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "seed": 3})  # fmt: skip
+    sweep = {"params": SPACE, "checkpoints": "last", "limit": 4, "max_gen_toks": 8}
+    exp = experiment(world, sweep, hyper={"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "seed": 3})  # fmt: skip
     run_training(exp, workdir=tmp_path / "t0")
     cks = find_checkpoints(tmp_path / "t0")
     assert len(cks) == 2
@@ -148,7 +148,7 @@ def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
     from layerswap.trainables.evaluate.harness import evaluate
     from layerswap.trainables.evaluate.scoring import task_score
 
-    search = {
+    sweep = {
         "num_samples": 4,
         "seed": 0,
         "params": SPACE,
@@ -158,7 +158,7 @@ def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
         "max_gen_toks": GEN_TOKS,
         "top_k": 3,
     }
-    exp = experiment(world, search)
+    exp = experiment(world, sweep)
     res = run_sweep(exp, tmp_path)
     assert len(res.trials) == 4 and set(res.trials.values()) == {"ok"}
 
@@ -191,7 +191,7 @@ def test_sweep_registry_matches_lm_eval(world, tmp_path, ray_local):
 )
 def test_sweep_nested_torch_trainer(world, tmp_path, ray_local):
     """executor: ray_train drives the experiment's TorchTrainer inside the Tune trial."""
-    search = {
+    sweep = {
         "num_samples": 1,
         "params": {"hyper.lr": {"choices": [1e-3]}},
         "executor": "ray_train",
@@ -199,7 +199,7 @@ def test_sweep_nested_torch_trainer(world, tmp_path, ray_local):
         "limit": 4,
         "max_gen_toks": 8,
     }
-    exp = experiment(world, search)
+    exp = experiment(world, sweep)
     res = run_sweep(exp, tmp_path)
     assert list(res.trials.values()) == ["ok"]
     (row,) = res.rows

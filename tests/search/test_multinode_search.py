@@ -165,7 +165,7 @@ def _sweep(world: Path):
             "mode": "full",
             "hyper": {"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 64},
             "checkpoint_every_samples": 8,
-            "search": {
+            "sweep": {
                 "num_samples": 4,
                 "seed": 0,
                 "algorithm": "random",  # the same parameters in the same order, however placed

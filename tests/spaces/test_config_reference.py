@@ -73,7 +73,7 @@ def test_every_field_of_every_model_appears_under_its_dotted_name():
     assert not missing, missing
     assert "| `hyper.lr` |" in kind_reference("train")
     assert "| `datasets[].path` |" in kind_reference("train")
-    assert "| `search.params.<key>.low` |" in kind_reference("train")
+    assert "| `sweep.params.<key>.low` |" in kind_reference("train")
 
 
 def test_dotted_paths_follow_lists_maps_and_unions():
@@ -102,7 +102,7 @@ def test_defaults_as_a_file_writes_them():
     fields = TrainExperiment.model_fields
     assert default_text(fields["name"]) == "required"
     assert default_text(fields["storage_path"]) == '`"runs/train"`'
-    assert default_text(fields["search"]) == "`null`"
+    assert default_text(fields["sweep"]) == "`null`"
     assert default_text(fields["scaling"]) == "its fields' defaults"
     assert default_text(Hyper.model_fields["grad_clip"]) == "`1.0`"
     lora = KINDS["train"].schema.model_fields["mode"]

@@ -107,11 +107,11 @@ def test_overrides_and_sweep_are_applied_relative_to_the_study(tmp_path):
     assert ex.experiment.name == "renamed" and ex.experiment.language == "xa"
     assert ex.experiment.datasets[0].path == str((tmp_path / "other.jsonl").resolve())
     assert ex.experiment.base == str((sub / "base").resolve())  # the config's own path rule
-    assert ex.experiment.search.num_samples == 2 and ex.rows == 7
+    assert ex.experiment.sweep.num_samples == 2 and ex.rows == 7
 
 
 def test_sweep_on_a_config_that_has_one_is_refused(tmp_path):
-    _train_yaml(tmp_path, search={"num_samples": 2, "params": {"hyper.lr": {"choices": [1e-3]}}})
+    _train_yaml(tmp_path, sweep={"num_samples": 2, "params": {"hyper.lr": {"choices": [1e-3]}}})
     path = _study(
         tmp_path, {"name": "s", "experts": [{"config": "toy.yaml", "sweep": {"num_samples": 3}}]}
     )
@@ -182,7 +182,7 @@ def test_shipped_studies_load():
     names = sorted(e.experiment.name for e in real.experts)
     assert len(names) == 8 and "llama31_8b_ben_lora" in names and "llama31_8b_tel_lora" in names
     assert {e.experiment.language for e in real.experts} == {"en", "swh", "ben", "tel"}
-    assert all(e.experiment.search is not None for e in real.experts)
+    assert all(e.experiment.sweep is not None for e in real.experts)
     assert [s.experiment.language for s in real.searches] == ["swh", "ben", "tel"]
     world = load_study(EXAMPLES / "world_study.yaml")
     assert world.study.profile == "cpu" and world.searches[0].experiment.world is not None

@@ -12,7 +12,7 @@ from layerswap.spaces.sweep import TABLE4, Choice, Range, SweepConfig, indicator
 from layerswap.spaces.train_experiment import parse_train_experiment
 
 
-def _exp(search: dict | None = None, **kw) -> dict:
+def _exp(sweep: dict | None = None, **kw) -> dict:
     data = {
         "name": "m",
         "base": "/nowhere/base",
@@ -22,8 +22,8 @@ def _exp(search: dict | None = None, **kw) -> dict:
         "mode": "full",
         "hyper": {"lr": 1e-3, "max_steps": 4},
     }
-    if search is not None:
-        data["search"] = search
+    if sweep is not None:
+        data["sweep"] = sweep
     data.update(kw)
     return data
 
@@ -41,7 +41,7 @@ def test_defaults_are_table4():
     assert (cfg.device, cfg.batch_size) == ("cuda", "auto")
     # Every default path is a field of a real experiment.
     exp = parse_train_experiment(_exp({}))
-    assert exp.search.params == TABLE4
+    assert exp.sweep.params == TABLE4
 
 
 @pytest.mark.parametrize(
@@ -73,10 +73,10 @@ def test_shipped_examples_validate():
         if path.stem.endswith(("_search", "_study")):  # merge searches and studies: not training
             continue
         exp = load_train_experiment(path)
-        if exp.search is not None:
-            exp.search.int_params(exp.model_dump(mode="json"))
+        if exp.sweep is not None:
+            exp.sweep.int_params(exp.model_dump(mode="json"))
             world = path.name.startswith("world_")
-            assert exp.search.tasks_for(exp.kind, exp.language, world=world)
+            assert exp.sweep.tasks_for(exp.kind, exp.language, world=world)
 
 
 def test_experiment_rejects_unknown_param_path():
@@ -99,7 +99,7 @@ def test_int_params_follow_the_experiment():
             }
         )
     )
-    assert exp.search.int_params(exp.model_dump(mode="json")) == {"hyper.warmup_steps"}
+    assert exp.sweep.int_params(exp.model_dump(mode="json")) == {"hyper.warmup_steps"}
     bad = SweepConfig.model_validate({"params": {"hyper.warmup_steps": {"low": 0, "high": 2.5}}})
     with pytest.raises(ValueError, match="integer bounds"):
         bad.int_params(exp.model_dump(mode="json"))

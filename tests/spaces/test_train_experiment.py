@@ -93,8 +93,8 @@ def test_errors_name_file_and_field(tmp_path):
             "divisible",
         ),
         ({"datasets": [{"path": "a", "source": "aya"}]}, "exactly one of"),
-        ({"search": {"params": {"hyper.nope": {"low": 1, "high": 2}}}}, "hyper.nope"),
-        ({"search": {"params": {"hyper.lr": {"low": 2, "high": 1}}}}, "low"),
+        ({"sweep": {"params": {"hyper.nope": {"low": 1, "high": 2}}}}, "hyper.nope"),
+        ({"sweep": {"params": {"hyper.lr": {"low": 2, "high": 1}}}}, "low"),
         ({"debug": {"fail_at_step": 3}}, "fail_marker"),
         ({"mode": {"type": "partial", "partition": "D", "train": "task"}}, "partition"),
         (
@@ -136,8 +136,8 @@ def test_modes_and_overrides():
     part = parse_train_experiment(_base(mode={"type": "partial", "partition": "A", "train": "language", "lora": {"rank": 4}}))  # fmt: skip
     assert part.is_lora and partition_spec(part.mode.partition).attention == "language"
     assert partition_spec("B") == PartitionSpec(bottom=8, top=4)
-    s = parse_train_experiment(_base(search={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-5, "high": 1e-3, "log": True}, "hyper.weight_decay": {"choices": [0.0, 0.1]}}}))  # fmt: skip
-    assert s.search.num_samples == 4 and s.search.params["hyper.lr"].log
+    s = parse_train_experiment(_base(sweep={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-5, "high": 1e-3, "log": True}, "hyper.weight_decay": {"choices": [0.0, 0.1]}}}))  # fmt: skip
+    assert s.sweep.num_samples == 4 and s.sweep.params["hyper.lr"].log
 
 
 def test_relative_paths_resolve_against_the_file(tmp_path):
@@ -164,3 +164,18 @@ def test_absolute_local_paths(tmp_path):
     )
     assert absolute_local_paths(hub, cwd=tmp_path).base == "meta-llama/Llama-3.1-8B-Instruct"
     assert absolute_local_paths(hub, cwd=tmp_path).storage_path == "s3://b/x"
+
+
+def test_the_old_search_key_says_it_is_now_sweep(tmp_path):
+    """`search:` was the expert sweep's key; an old file gets the new name, not 'extra field'."""
+    old = _base(search={"num_samples": 2})
+    with pytest.raises(ValueError, match=r"search: the expert-sweep block is now called `sweep:`") as e:  # fmt: skip
+        parse_train_experiment(old, source="old.yaml")
+    assert "old.yaml" in str(e.value) and "Extra inputs" not in str(e.value)
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(
+        ValueError, match=rf"(?s){path}: invalid experiment.*rename the key `search:` to `sweep:`"
+    ):
+        load_train_experiment(path)
+    assert parse_train_experiment(_base(sweep={"num_samples": 2})).sweep.num_samples == 2
