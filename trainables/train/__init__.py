@@ -21,7 +21,7 @@ forward pass, accumulated to the worker's share), checkpoint_every_samples, keep
 scaling (num_workers, use_gpu, strategy ddp|fsdp, cpus_per_worker, cpu_offload (fsdp),
 accelerator_type), precision (policy auto|bf16-mixed|fp32|bf16-pure, checkpoint_dtype
 base|fp32; trainables/train/precision.py), storage_path, failure (max_failures),
-search: SearchSpec | None (num_samples, params {dotted.path: {low, high, log} | {choices}},
+sweep: SweepConfig | None (num_samples, params {dotted.path: {low, high, log} | {choices}},
 top_k, indicators, max_concurrent, seed) — the sweep owns its semantics.
 `debug.fail_at_step` + `debug.fail_marker`: raise once at that step (fault-injection tests);
 with `debug.kill_rank` that rank's process SIGKILLs itself instead.
