@@ -27,7 +27,7 @@ ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appen
 
 
 @dataclass
-class SweepPlan:
+class SweepSetup:
     """Everything a trial needs, resolved once in the driver (plain data, pickled to trials)."""
 
     experiment: dict  # the experiment as JSON data
@@ -62,7 +62,7 @@ def world_dir(experiment: TrainExperiment) -> Path | None:
     return parent if (parent / "world.json").is_file() else None
 
 
-def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
+def set_up_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepSetup:
     """Resolve the sweep's tasks, int parameters, executor and storage; writes world task YAMLs.
 
     Raises:
@@ -88,7 +88,7 @@ def plan_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepPlan:
     if executor == "auto":
         sc = experiment.scaling
         executor = "in_trial" if sc.num_workers == 1 and not sc.use_gpu else "ray_train"
-    return SweepPlan(
+    return SweepSetup(
         experiment=data,
         sweep=sweep,
         tasks=tasks,
@@ -126,17 +126,17 @@ def _flat_params(config: dict) -> dict[str, Any]:
 _SCORERS: dict[tuple, Any] = {}  # per worker process: reused actors keep their cached prompts
 
 
-def _scorer(plan: SweepPlan, base: str):
+def _scorer(setup: SweepSetup, base: str):
     from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
-    sw = plan.sweep
-    key = (tuple(plan.tasks), plan.include_path, base, sw.limit, sw.num_fewshot, sw.max_gen_toks,
+    sw = setup.sweep
+    key = (tuple(setup.tasks), setup.include_path, base, sw.limit, sw.num_fewshot, sw.max_gen_toks,
            sw.backend, sw.device, sw.batch_size)  # fmt: skip
     if key not in _SCORERS:
         _SCORERS[key] = IndicatorScorer(
-            plan.tasks,
+            setup.tasks,
             load_tokenizer(base),
-            include_path=plan.include_path,
+            include_path=setup.include_path,
             limit=sw.limit,
             num_fewshot=sw.num_fewshot,
             max_gen_toks=sw.max_gen_toks,
@@ -201,14 +201,16 @@ def _tune_report():
     return TrainToTune()
 
 
-def score_rows(plan: SweepPlan, checkpoints: list[Path], trial_id: str, params: dict) -> list[dict]:
-    """Score checkpoints on the plan's indicators; one registry row each (the trial's last
+def score_rows(
+    setup: SweepSetup, checkpoints: list[Path], trial_id: str, params: dict
+) -> list[dict]:
+    """Score checkpoints on the setup's indicators; one registry row each (the trial's last
     checkpoint only when `checkpoints: last`)."""
     from layerswap.trainables.train import read_manifest
 
-    exp = plan.experiment
-    chosen = checkpoints[-1:] if plan.sweep.checkpoints == "last" else checkpoints
-    scorer = _scorer(plan, exp["base"])
+    exp = setup.experiment
+    chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
+    scorer = _scorer(setup, exp["base"])
     rows = []
     for ck in chosen:
         scores = scorer.score_checkpoint(
@@ -219,7 +221,7 @@ def score_rows(plan: SweepPlan, checkpoints: list[Path], trial_id: str, params: 
     return rows
 
 
-def sweep_trial(config: dict, plan: SweepPlan) -> None:
+def sweep_trial(config: dict, setup: SweepSetup) -> None:
     """The Tune function trainable: train one sampled variant, score its checkpoints, report.
 
     Reports once per scored checkpoint (step order): `indicator` = the best score so far on the
@@ -228,25 +230,25 @@ def sweep_trial(config: dict, plan: SweepPlan) -> None:
     import torch
     from ray import tune
 
-    torch.set_num_threads(max(1, int(plan.sweep.cpus_per_trial)))
+    torch.set_num_threads(max(1, int(setup.sweep.cpus_per_trial)))
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
     params = _flat_params(config)
-    exp = TrainExperiment.model_validate(plan.experiment)
+    exp = TrainExperiment.model_validate(setup.experiment)
     overrides = dict(params)
     overrides["hyper.seed"] = trial_seed(exp.hyper.seed, params)
     variant = with_overrides(exp, overrides)
     # Not Tune's trial dir: that is a local staging folder in Ray's session dir. RUN must be
     # shared storage on a multi-node cluster (the registry records these paths).
-    workdir = Path(plan.storage) / exp.name / trial_id
-    checkpoints = _train(variant, workdir, plan.executor)
+    workdir = Path(setup.storage) / exp.name / trial_id
+    checkpoints = _train(variant, workdir, setup.executor)
     if not checkpoints:
         raise RuntimeError(f"trial {trial_id}: training wrote no checkpoint under {workdir}")
     best = float("-inf")
-    col = f"ind__{plan.metric_task}"
-    chosen = checkpoints[-1:] if plan.sweep.checkpoints == "last" else checkpoints
+    col = f"ind__{setup.metric_task}"
+    chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
     for ck in chosen:
-        (row,) = score_rows(plan, [ck], trial_id, params)
+        (row,) = score_rows(setup, [ck], trial_id, params)
         best = max(best, row[col])
         tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})
 
@@ -275,14 +277,14 @@ class _Space:
         self.sweep.suggest(trial, self.int_params)
 
 
-def _searcher(plan: SweepPlan):
-    sweep = plan.sweep
+def _searcher(setup: SweepSetup):
+    sweep = setup.sweep
     if sweep.algorithm == "optuna":
         from ray.tune.search import ConcurrencyLimiter
         from ray.tune.search.optuna import OptunaSearch
 
         alg = OptunaSearch(
-            space=_Space(sweep, plan.int_params), metric=METRIC, mode="max", seed=sweep.seed
+            space=_Space(sweep, setup.int_params), metric=METRIC, mode="max", seed=sweep.seed
         )
         return ConcurrencyLimiter(alg, max_concurrent=sweep.max_concurrent), None
     from ray import tune
@@ -292,7 +294,7 @@ def _searcher(plan: SweepPlan):
     for name, dim in sweep.params.items():
         if isinstance(dim, Choice):
             param_space[name] = tune.choice(list(dim.choices))
-        elif name in plan.int_params:
+        elif name in setup.int_params:
             lo, hi = int(dim.low), int(dim.high) + 1  # Tune's int upper bound is exclusive
             param_space[name] = tune.lograndint(lo, hi) if dim.log else tune.randint(lo, hi)
         else:
@@ -322,7 +324,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
-    plan = plan_sweep(experiment, run_dir)
+    setup = set_up_sweep(experiment, run_dir)
     reg = registry_path(run_dir)
     if not ray.is_initialized():
         # Ray's INFO log ("Started a local Ray instance", Tune's "Wrote the latest version of
@@ -330,23 +332,25 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         loud = verbose > 0
         init_ray(verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
     with tune_output(verbose > 0):  # an Optuna searcher creates its study in _searcher
-        alg, param_space = _searcher(plan)
+        alg, param_space = _searcher(setup)
         # A trial that nests a TorchTrainer only drives it: its workers reserve their own CPUs.
-        cpus = plan.sweep.cpus_per_trial if plan.executor == "in_trial" else 0.01
-        trainable = tune.with_resources(tune.with_parameters(sweep_trial, plan=plan), {"cpu": cpus})
+        cpus = setup.sweep.cpus_per_trial if setup.executor == "in_trial" else 0.01
+        trainable = tune.with_resources(
+            tune.with_parameters(sweep_trial, setup=setup), {"cpu": cpus}
+        )
         tuner = tune.Tuner(
             trainable,
             param_space=param_space,
             tune_config=tune.TuneConfig(
                 search_alg=alg,
-                num_samples=plan.sweep.num_samples,
+                num_samples=setup.sweep.num_samples,
                 metric=METRIC,
                 mode="max",
                 reuse_actors=True,
             ),
             run_config=tune.RunConfig(
                 name=experiment.name,
-                storage_path=plan.storage,
+                storage_path=setup.storage,
                 callbacks=[_append_callback(reg)],
                 # A failed in_trial trial restarts and resumes from its last checkpoint (_train).
                 failure_config=tune.FailureConfig(max_failures=experiment.failure.max_failures),
@@ -357,5 +361,5 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error else "ok") for r in grid}
     ids = set(statuses)
     rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]
-    best = top_k(rows, experiment.kind, experiment.language, plan.metric_task, plan.sweep.top_k)
-    return SweepResult(reg, rows, best, plan.metric_task, time.perf_counter() - t0, statuses)
+    best = top_k(rows, experiment.kind, experiment.language, setup.metric_task, setup.sweep.top_k)
+    return SweepResult(reg, rows, best, setup.metric_task, time.perf_counter() - t0, statuses)

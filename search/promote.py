@@ -116,7 +116,7 @@ def _select(exp: SearchExperiment, cands: list[tuple[str, dict]], scores: dict) 
 
 
 @dataclass
-class _Plan:
+class _Setup:
     """What promotion evaluates, and with what: read from the search's run folder."""
 
     pdir: Path  # RUN/promotion
@@ -159,9 +159,9 @@ def promote(
     """
     exp = experiment
     run_dir = Path(run_dir).resolve()
-    plan = _plan(exp, run_dir)
-    ev = _evaluate_models(exp, plan, progress, verbose)
-    return _write_results(exp, run_dir, plan, ev)
+    setup = _set_up(exp, run_dir)
+    ev = _evaluate_models(exp, setup, progress, verbose)
+    return _write_results(exp, run_dir, setup, ev)
 
 
 def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:
@@ -197,7 +197,7 @@ def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
     return list(groups.items())
 
 
-def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
+def _set_up(exp: SearchExperiment, run_dir: Path) -> _Setup:
     """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
     from layerswap.search.pool import include_paths, model_depth
     from layerswap.trainables.evaluate.harness import resolve_device
@@ -222,7 +222,7 @@ def _plan(exp: SearchExperiment, run_dir: Path) -> _Plan:
     )
     live = LiveModel(ExpertCache(pool.base), pool, device)  # merged where it is evaluated
     models = _models(exp, pool, depth, cands)
-    return _Plan(pdir, cands, tasks, inc, tok, live, models, device, shot_groups(exp))
+    return _Setup(pdir, cands, tasks, inc, tok, live, models, device, shot_groups(exp))
 
 
 def _models(
@@ -248,31 +248,31 @@ def _models(
 
 
 def _evaluate_models(
-    exp: SearchExperiment, plan: _Plan, progress: bool, verbose: bool = False
+    exp: SearchExperiment, setup: _Setup, progress: bool, verbose: bool = False
 ) -> _Evaluation:
     """Run lm-eval on every model in turn; write its raw JSON per task and collect the rows."""
     from layerswap.trainables.evaluate.harness import evaluate
 
     ev = _Evaluation()
-    live = plan.live
-    for name, kind, rid, what in plan.models:
+    live = setup.live
+    for name, kind, rid, what in setup.models:
         t0 = time.perf_counter()
         try:
             live.load_ref(what) if isinstance(what, str) else live.load(what)
             raws: dict[str, dict] = {}  # task -> the lm-eval result that scored it
-            for shots, tasks in plan.groups:
-                # The live model is composed on plan.device (LiveModel), so evaluate's move
+            for shots, tasks in setup.groups:
+                # The live model is composed on setup.device (LiveModel), so evaluate's move
                 # to that device finds nothing to move.
                 raw = evaluate(
                     live.model,
                     tasks,
-                    tokenizer=plan.tokenizer,
-                    include_path=plan.include_path,
+                    tokenizer=setup.tokenizer,
+                    include_path=setup.include_path,
                     limit=exp.promote.limit,
                     max_gen_toks=exp.promote.max_gen_toks,
                     batch_size=exp.promote.batch_size,
                     num_fewshot=shots,
-                    device=plan.device,
+                    device=setup.device,
                     verbose=verbose,
                 )
                 raws.update(dict.fromkeys(tasks, raw))
@@ -280,7 +280,7 @@ def _evaluate_models(
             print(f"promotion: {name}: failed: {type(e).__name__}: {e}", flush=True)
             ev.failed.append(name)
             continue
-        _record_model(ev, plan, raws, name, kind, rid)
+        _record_model(ev, setup, raws, name, kind, rid)
         if progress:
             print(
                 f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
@@ -290,15 +290,15 @@ def _evaluate_models(
 
 
 def _record_model(
-    ev: _Evaluation, plan: _Plan, raws: dict[str, dict], name: str, kind: str, rid: str | None
+    ev: _Evaluation, setup: _Setup, raws: dict[str, dict], name: str, kind: str, rid: str | None
 ) -> None:
     """One model's lm-eval results (raws: task -> result): promotion/lm_eval/<name>/<task>.json,
     its scores and rows."""
     from layerswap.trainables.evaluate.scoring import score_key
 
-    for task in plan.tasks:
+    for task in setup.tasks:
         raw = raws[task]
-        path = plan.pdir / "lm_eval" / name / f"{task}.json"
+        path = setup.pdir / "lm_eval" / name / f"{task}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(_split_raw(raw, task), ensure_ascii=False, indent=1))
         metric, filt = score_key(raw, task)
@@ -320,18 +320,20 @@ def _record_model(
         )
 
 
-def _write_results(exp: SearchExperiment, run_dir: Path, plan: _Plan, ev: _Evaluation) -> Promotion:
+def _write_results(
+    exp: SearchExperiment, run_dir: Path, setup: _Setup, ev: _Evaluation
+) -> Promotion:
     """Write results.parquet, select and write the best model, then the leaderboard."""
-    plan.pdir.mkdir(parents=True, exist_ok=True)
-    results_path = plan.pdir / "results.parquet"
+    setup.pdir.mkdir(parents=True, exist_ok=True)
+    results_path = setup.pdir / "results.parquet"
     write_parquet_atomic(results_path, ev.rows, RESULT_COLUMNS)
-    best = _select(exp, [c for c in plan.cands if c[0] not in ev.failed], ev.scores)
+    best = _select(exp, [c for c in setup.cands if c[0] not in ev.failed], ev.scores)
     best_dir = None
     if best is not None and exp.promote.write_best:
-        best_dir = write_best(dict(plan.cands)[best], run_dir / "best")
+        best_dir = write_best(dict(setup.cands)[best], run_dir / "best")
     board = run_dir / "leaderboard.md"
     atomic_write_text(
-        board, leaderboard(exp, plan.models, ev.scores, best, dict(plan.cands), ev.failed)
+        board, leaderboard(exp, setup.models, ev.scores, best, dict(setup.cands), ev.failed)
     )
     return Promotion(results_path, board, best_dir, best, ev.rows)
 

@@ -1,4 +1,4 @@
-"""Expert sweeps: planning, seeds, search spaces, and a 4-trial Ray Tune sweep whose registry
+"""Expert sweeps: set-up, seeds, search spaces, and a 4-trial Ray Tune sweep whose registry
 scores equal lm-eval's re-evaluation of the chosen checkpoints.
 
 Run: .venv/bin/python -m pytest -q tests/experts/test_sweep.py   (the sweep is marked slow)
@@ -18,9 +18,9 @@ from layerswap.experts.registry import read_rows, registry_path, top_k
 from layerswap.experts.sweep import (
     _flat_params,
     _searcher,
-    plan_sweep,
     run_sweep,
     score_rows,
+    set_up_sweep,
     trial_seed,
 )
 from layerswap.spaces.train_experiment import parse_train_experiment
@@ -64,19 +64,19 @@ SPACE = {
 }
 
 
-def test_plan_resolves_world_tasks_and_executor(world, tmp_path):
-    plan = plan_sweep(experiment(world, {"params": SPACE}), tmp_path)
-    assert plan.tasks == [MGSM] and plan.metric_task == MGSM
-    assert (Path(plan.include_path) / f"{MGSM}.yaml").is_file()
-    assert plan.int_params == {"hyper.warmup_steps"}
-    assert plan.executor == "in_trial"
-    assert plan.storage == str((tmp_path / "train").resolve())
+def test_setup_resolves_world_tasks_and_executor(world, tmp_path):
+    setup = set_up_sweep(experiment(world, {"params": SPACE}), tmp_path)
+    assert setup.tasks == [MGSM] and setup.metric_task == MGSM
+    assert (Path(setup.include_path) / f"{MGSM}.yaml").is_file()
+    assert setup.int_params == {"hyper.warmup_steps"}
+    assert setup.executor == "in_trial"
+    assert setup.storage == str((tmp_path / "train").resolve())
     two = experiment(world, {"params": SPACE}, scaling={"num_workers": 2})
-    assert plan_sweep(two, tmp_path).executor == "ray_train"
+    assert set_up_sweep(two, tmp_path).executor == "ray_train"
     lang = experiment(world, {"params": SPACE}, kind="language", language="xa")
-    assert plan_sweep(lang, tmp_path).tasks == ["world_belebele_xa_dev"]
+    assert set_up_sweep(lang, tmp_path).tasks == ["world_belebele_xa_dev"]
     with pytest.raises(ValueError, match="no sweep"):
-        plan_sweep(experiment(world, None), tmp_path)
+        set_up_sweep(experiment(world, None), tmp_path)
 
 
 def test_relative_paths_are_resolved_in_the_driver(world, tmp_path, monkeypatch):
@@ -84,17 +84,17 @@ def test_relative_paths_are_resolved_in_the_driver(world, tmp_path, monkeypatch)
     monkeypatch.chdir(world.parent)
     exp = experiment(world, {"params": SPACE}, base="world/base")
     exp = exp.model_copy(update={"datasets": [exp.datasets[0].model_copy(update={"path": "world/data/sft/math_en.jsonl"})]})  # fmt: skip
-    plan = plan_sweep(exp, tmp_path)
-    assert plan.experiment["base"] == str(world / "base")
-    assert plan.experiment["datasets"][0]["path"] == str(world / "data/sft/math_en.jsonl")
-    assert plan.include_path is not None  # the world was found through the resolved base
+    setup = set_up_sweep(exp, tmp_path)
+    assert setup.experiment["base"] == str(world / "base")
+    assert setup.experiment["datasets"][0]["path"] == str(world / "data/sft/math_en.jsonl")
+    assert setup.include_path is not None  # the world was found through the resolved base
 
 
 def test_real_base_uses_builtin_tasks(world, tmp_path):
     exp = experiment(world, {"params": SPACE}, base="meta-llama/Llama-3.1-8B-Instruct")
     exp = exp.model_copy(update={"language": "swh", "kind": "language"})
-    plan = plan_sweep(exp, tmp_path)
-    assert plan.tasks == ["belebele_swh_Latn"] and plan.include_path is None
+    setup = set_up_sweep(exp, tmp_path)
+    assert setup.tasks == ["belebele_swh_Latn"] and setup.include_path is None
 
 
 def test_trial_seed_and_params():
@@ -109,7 +109,7 @@ def test_random_search_space(world, tmp_path):
     from ray.tune.search.sample import Categorical, Float, Integer
 
     sweep = {"algorithm": "random", "params": {**SPACE, "hyper.schedule": {"choices": ["linear", "wsd"]}}}  # fmt: skip
-    _, space = _searcher(plan_sweep(experiment(world, sweep), tmp_path))
+    _, space = _searcher(set_up_sweep(experiment(world, sweep), tmp_path))
     assert isinstance(space["hyper.lr"], Float)
     assert isinstance(space["hyper.warmup_steps"], Integer)
     assert (space["hyper.warmup_steps"].lower, space["hyper.warmup_steps"].upper) == (0, 3)
@@ -125,7 +125,7 @@ def test_score_rows_last_checkpoint(world, tmp_path):
     run_training(exp, workdir=tmp_path / "t0")
     cks = find_checkpoints(tmp_path / "t0")
     assert len(cks) == 2
-    (row,) = score_rows(plan_sweep(exp, tmp_path), cks, "t0", {"hyper.lr": 1e-3, "mode.x": 1})
+    (row,) = score_rows(set_up_sweep(exp, tmp_path), cks, "t0", {"hyper.lr": 1e-3, "mode.x": 1})
     assert (row["step"], row["samples"], row["seed"], row["trial_id"]) == (4, 16, 3, "t0")
     assert row["path"] == str(cks[-1].resolve()) and row["mode"] == "full"
     assert json.loads(row["hparams"])["lr"] == 1e-3 and json.loads(row["hparams"])["mode.x"] == 1
