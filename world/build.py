@@ -6,29 +6,19 @@ Run `layerswap world build --out runs/world [--seed N] [--size full|tiny] [--ove
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from layerswap.spaces.world import WorldConfig, WorldSize, world_config
 from layerswap.trainables.outputs import output_dir
 from layerswap.world.data import instruction_rows, make_datasets, tagged_corpus, world_languages
 from layerswap.world.lang import LANG_NAMES
+from layerswap.world.manifest import MANIFEST, sha256_file, verify_world, world_config_of
+from layerswap.world.prebuilt import check_prebuilt, reuse_base, with_shipped_base
 
-MANIFEST = "world.json"
 # resource level per language (the manifest also gives each one's share of pretraining documents)
 RESOURCE = {"en": "high", "xa": "mid", "xb": "low"}
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 of a file's bytes, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -36,59 +26,6 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def verify_world(out: Path, only: Callable[[str], bool] | None = None, *, hand_made_ok: bool = False) -> list[str]:  # fmt: skip
-    """What is wrong with the world at `out`: every file world.json lists must be there with
-    the sha256 it lists. Hashes every listed file (0.02 s for the 6 MB full world).
-
-    Args:
-        out: a world folder.
-        only: checks just the listed files it accepts (by relative path); e.g. the search
-            leaves the test splits alone, since it must never open one.
-        hand_made_ok: a folder without world.json (a world laid out by hand) has nothing to
-            verify against: no problem then.
-    Returns:
-        one "relative/path: problem" line per problem; empty when the world is intact.
-    """
-    out = Path(out)
-    try:
-        m = json.loads((out / MANIFEST).read_bytes())
-    except FileNotFoundError:
-        return [] if hand_made_ok else [f"{MANIFEST}: missing"]
-    except OSError as e:
-        return [f"{MANIFEST}: cannot read ({e.strerror})"]
-    except ValueError as e:  # not UTF-8 or not JSON
-        return [f"{MANIFEST}: not valid JSON ({e})"]
-    listed = m.get("sha256") if isinstance(m, dict) else None
-    if not isinstance(listed, dict) or not listed:
-        return [f"{MANIFEST}: no sha256 table"]
-    problems = []
-    root = out.resolve()
-    for rel, digest in sorted(listed.items()):
-        if only is not None and not only(rel):
-            continue
-        path = (out / rel).resolve()
-        if not path.is_relative_to(root):  # a hand-edited manifest must not send us elsewhere
-            problems.append(f"{rel}: not a path inside the world")
-        elif not path.is_file():
-            problems.append(f"{rel}: missing")
-        elif sha256_file(path) != digest:
-            problems.append(f"{rel}: sha256 differs from {MANIFEST}")
-    return problems
-
-
-def world_config_of(world: Path) -> WorldConfig:
-    """The config a built world records in its world.json (seed, size, variant).
-
-    Raises:
-        ValueError: no readable world.json there, or its config is not a valid WorldConfig.
-    """
-    path = Path(world) / MANIFEST
-    try:
-        return WorldConfig.model_validate(json.loads(path.read_bytes())["config"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: no world config there ({e})") from e
 
 
 def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool) -> bool:
@@ -161,15 +98,11 @@ def build_world(
     if (cfg.seed, cfg.size) != (seed, size):
         raise ValueError(f"config is for seed {cfg.seed} size {cfg.size}, not seed {seed} size {size}")  # fmt: skip
     if config is None and not pretrain:
-        from layerswap.world.prebuilt import with_shipped_base
-
         cfg = with_shipped_base(cfg)
     if _already_built(out, cfg, overwrite, progress):
         return out
     shipped = None
     if cfg.model.prebuilt is not None:  # a base pretrained on a larger budget, checked up front
-        from layerswap.world.prebuilt import check_prebuilt
-
         shipped = check_prebuilt(cfg)
     t0 = time.time()
     langs = world_languages(cfg)
@@ -186,6 +119,8 @@ def build_world(
         )
         if progress:
             print(f"world: {len(datasets)} datasets, {len(docs)} corpus docs ({time.time() - t0:.1f}s)")  # fmt: skip
+        # lazy: tokenizers + torch load only when a world is really built (not for a --help,
+        # a verify, or a build that finds the world already there)
         from layerswap.world.model import train_tokenizer
 
         # the tokenizer also sees generic instructions in the target languages, so instructions
@@ -206,14 +141,12 @@ def _make_base(cfg: WorldConfig, tok, tagged: list[tuple[str, str]], tmp: Path, 
     (`shipped`, checked by world.prebuilt.check_prebuilt) after the tokenizer trained here is
     compared with its own. Returns the final pretraining loss."""
     if shipped is not None:
-        from layerswap.world.prebuilt import reuse_base
-
         tok.save_pretrained(tmp / "base")
         loss = reuse_base(cfg, tmp, shipped)
         if progress:
             print(f"world: base {shipped} reused")
         return loss
-    from layerswap.world.model import pretrain, save_model
+    from layerswap.world.model import pretrain, save_model  # lazy: torch, as above
 
     docs, tags = [doc for _, doc in tagged], [t for t, _ in tagged]
     model, loss = pretrain(docs, tok, cfg.model, cfg.seed, progress=progress, tags=tags)
@@ -257,3 +190,6 @@ def _shares(cfg) -> dict[str, float]:
     }
     total = sum(n.values()) or 1
     return {k: round(v / total, 4) for k, v in n.items()}
+
+
+__all__ = ["MANIFEST", "build_world", "sha256_file", "verify_world", "world_config_of"]

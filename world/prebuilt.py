@@ -15,8 +15,9 @@ import re
 import shutil
 from pathlib import Path
 
-from layerswap.spaces.world import FILE_NAME, SHIPPED_FILES, PrebuiltBase, WorldConfig
-from layerswap.world.build import MANIFEST, sha256_file, verify_world, world_config_of
+from layerswap.spaces.world import FILE_NAME, FIXED, SHIPPED_FILES, PrebuiltBase, WorldConfig
+from layerswap.trainables.outputs import output_dir
+from layerswap.world.manifest import MANIFEST, sha256_file, verify_world, world_config_of
 
 BASES_DIR = Path(__file__).parent / "bases"
 MAX_MB = 25.0  # what the repository takes per shipped base (issue 15)
@@ -183,7 +184,6 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
         ValueError: the world is damaged or not a world (named), the base is too large, or
             the destination holds something else (the output policy).
     """
-    from layerswap.trainables.outputs import output_dir
 
     if not re.fullmatch(FILE_NAME, name):
         raise ValueError(f"base name {name!r}: expected a plain folder name (letters, digits, . _ -)")  # fmt: skip
@@ -227,8 +227,6 @@ def variant_yaml(cfg: WorldConfig, entry: PrebuiltBase) -> str:
         `model.prebuilt` set to `entry`.
     """
     import yaml
-
-    from layerswap.spaces.world import FIXED
 
     data = {k: v for k, v in _config_json(cfg).items() if k not in FIXED}
     data["model"]["prebuilt"] = entry.model_dump(mode="json")

@@ -15,11 +15,11 @@ from layerswap.trainables.evaluate.lm_eval_api import (
     lm_eval_output,
     offline_defaults,
     request_bars_off,
+    task_manager,
 )
 from layerswap.trainables.evaluate.scoring import score_key
 from layerswap.trainables.evaluate.tasks import (
     lm_eval_tasks_dir,
-    task_manager,
     write_world_tasks,
 )
 

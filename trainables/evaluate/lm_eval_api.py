@@ -43,6 +43,37 @@ def include_list(include_path: str | Path | list | tuple | None) -> list[str]:
     return [str(include_path)]
 
 
+def task_manager(tasks: list[str], include_path: str | Path | list | None = None):
+    """An lm-eval TaskManager that knows every name in `tasks`, indexing built-ins only if needed.
+
+    Indexing lm-eval's ~10k built-in YAMLs costs seconds, so world-only runs index just
+    `include_path`; their `include:` lines are absolute file paths and resolve either way.
+
+    Raises:
+        ValueError: naming the tasks neither the include path nor lm-eval knows.
+    """
+    offline_defaults()
+    from lm_eval.tasks import TaskManager
+
+    paths = include_list(include_path)
+    for p in paths:
+        if not Path(p).is_dir():
+            raise ValueError(f"task include path {p} is not a folder")
+    if paths:
+        tm = TaskManager(include_path=paths, include_defaults=False)
+        if all(t in tm.all_tasks for t in tasks):
+            return tm
+    tm = TaskManager(include_path=paths or None, include_defaults=True)
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown:
+        where = f" or in {', '.join(paths)}" if paths else ""
+        raise ValueError(
+            f"unknown lm-eval task(s) {', '.join(unknown)}: not built into lm_eval{where} "
+            f"(world tasks need --world DIR)"
+        )
+    return tm
+
+
 def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[str, Any]:
     """lm-eval Task objects by leaf name from YAMLs under `include_path`, and lm-eval's built-in
     tasks only when a name is not found there (indexing them costs seconds).
@@ -51,8 +82,6 @@ def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[s
     """
     offline_defaults()
     from lm_eval.tasks import get_task_dict
-
-    from layerswap.trainables.evaluate.tasks import task_manager  # imports this module
 
     tm = task_manager(list(task_names), include_path)
     out: dict[str, Any] = {}
@@ -75,8 +104,6 @@ def task_configs(task_names: list[str], include_path: str | Path | list) -> dict
         ValueError: naming the tasks neither `include_path` nor lm-eval knows.
     """
     from lm_eval.tasks._index import Kind
-
-    from layerswap.trainables.evaluate.tasks import task_manager  # imports this module
 
     index = task_manager(list(task_names), include_path).task_index
     single = (Kind.TASK, Kind.PY_TASK)

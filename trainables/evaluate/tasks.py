@@ -10,7 +10,6 @@ from typing import Any
 
 from layerswap.spaces.task_families import TaskFamily, split_task, world_families
 from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.evaluate.lm_eval_api import include_list, offline_defaults
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -115,34 +114,3 @@ def _family_configs(world_dir: Path, fam: TaskFamily, base: Path) -> dict[str, d
                     cfg["metric_list"] = metrics
                 configs[name] = cfg
     return configs
-
-
-def task_manager(tasks: list[str], include_path: str | Path | list | None = None):
-    """An lm-eval TaskManager that knows every name in `tasks`, indexing built-ins only if needed.
-
-    Indexing lm-eval's ~10k built-in YAMLs costs seconds, so world-only runs index just
-    `include_path`; their `include:` lines are absolute file paths and resolve either way.
-
-    Raises:
-        ValueError: naming the tasks neither the include path nor lm-eval knows.
-    """
-    offline_defaults()
-    from lm_eval.tasks import TaskManager
-
-    paths = include_list(include_path)
-    for p in paths:
-        if not Path(p).is_dir():
-            raise ValueError(f"task include path {p} is not a folder")
-    if paths:
-        tm = TaskManager(include_path=paths, include_defaults=False)
-        if all(t in tm.all_tasks for t in tasks):
-            return tm
-    tm = TaskManager(include_path=paths or None, include_defaults=True)
-    unknown = [t for t in tasks if t not in tm.all_tasks]
-    if unknown:
-        where = f" or in {', '.join(paths)}" if paths else ""
-        raise ValueError(
-            f"unknown lm-eval task(s) {', '.join(unknown)}: not built into lm_eval{where} "
-            f"(world tasks need --world DIR)"
-        )
-    return tm
