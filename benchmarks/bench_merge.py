@@ -16,7 +16,7 @@ weights, non-layer tensors averaged):
              starting Python and importing torch (see `startup`)
   roundtrip  in-process `merge_to_disk` + `safetensors.torch.load_file` of every output shard:
              what compose saves a search trial
-  startup    `python -c "import cli, trainables.merge.engine"`: the fixed interpreter start,
+  startup    `python -c "import layerswap.cli, layerswap.trainables.merge.engine"`: the fixed interpreter start,
              import and exit cost inside the `merge` time (information only)
 
 All contenders run with a warm page cache: the inputs are read once, untimed, before the first
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quiet",
     ]
     ls_cmd = [str(layerswap_bin), "merge", str(recipe_path), "--out", "OUT", "-q"]
-    startup_cmd = [sys.executable, "-c", "import cli, trainables.merge.engine"]
+    startup_cmd = [sys.executable, "-c", "import layerswap.cli, layerswap.trainables.merge.engine"]
 
     # Untimed: page cache warm-up, and both experts' state dicts for compose.
     warm_s = warm_read([experts["task"], experts["language"]])

@@ -37,7 +37,7 @@ def test_every_subcommand_is_registered():
 
 def test_building_the_parser_imports_nothing_heavy():
     code = (
-        "import sys, cli; cli.build_parser(); "
+        "import sys; from layerswap import cli; cli.build_parser(); "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -56,7 +56,7 @@ def test_plan_that_does_not_fit_still_exits_0(capsys):
 
 def test_plan_starts_no_ray_and_reads_no_weights():
     code = (
-        "import sys; from cli import main; rc = main(sys.argv[1:]); "
+        "import sys; from layerswap.cli import main; rc = main(sys.argv[1:]); "
         "print('RAY', 'ray' in sys.modules, 'RC', rc)"
     )
     env = os.environ | {"HF_HUB_OFFLINE": "1"}

@@ -279,8 +279,8 @@ def test_preflight_imports_no_torch_ray_or_lm_eval(tiny_world, paths):
     exp = experiment(tiny_world, paths)
     code = (
         "import sys\n"
-        "from spaces.search_experiment import SearchExperiment\n"
-        "from search.preflight import check_search\n"
+        "from layerswap.spaces.search_experiment import SearchExperiment\n"
+        "from layerswap.search.preflight import check_search\n"
         "assert check_search(SearchExperiment.model_validate_json(sys.argv[1])) == []\n"
         "print(sorted({'torch', 'ray', 'lm_eval', 'transformers'} & set(sys.modules)))\n"
     )

@@ -296,7 +296,7 @@ def test_recipe_id_changes_for_other_methods(data, change):
 
 def test_recipe_id_is_the_same_in_another_process():
     code = (
-        "import json,sys; from spaces.recipe import parse_recipe, recipe_id;"
+        "import json,sys; from layerswap.spaces.recipe import parse_recipe, recipe_id;"
         "print(recipe_id(parse_recipe(json.loads(sys.argv[1]))))"
     )
     import json

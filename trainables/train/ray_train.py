@@ -32,6 +32,9 @@ from layerswap.spaces.train_experiment import (
 )
 from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.ray_session import init_ray, through_ray_get
+from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
+from layerswap.trainables.train.loop import run_training
+from layerswap.trainables.train.state import find_checkpoints, read_manifest
 
 
 def _upload_into(run_dir: str, merged: bool = False):
@@ -79,7 +82,6 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
     all, and the run would train those steps again (from scratch without a snapshot). The
     workers start from this one when it is newer than what Ray restores.
     """
-    from layerswap.trainables.train.state import find_checkpoints, read_manifest
 
     want = experiment_identity(exp)
 
@@ -92,7 +94,6 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
 
 def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
     """Of Ray's restored checkpoint and the newest one on disk, the one at the later step."""
-    from layerswap.trainables.train.state import read_manifest
 
     found = [p for p in (ray_ckpt, on_disk) if p is not None]
     return max(found, key=lambda p: read_manifest(p)["step"]) if found else None
@@ -101,8 +102,6 @@ def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
 def _worker(config: dict) -> None:
     """Per-worker fn: resume from Ray's checkpoint if any, run the loop, report to Ray."""
     import torch
-
-    from layerswap.trainables.train import run_training
 
     exp = parse_train_experiment(config["experiment"], source="ray worker")
     ctx = ray.train.get_context()
@@ -182,7 +181,6 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         min_report_interval_s: metric-only reports closer together than this are dropped
             (0: forward every log step; each may then block up to Ray's ~2 s poll).
     """
-    from layerswap.trainables.storage import filesystem, is_uri
 
     exp = absolute_local_paths(exp)  # workers do not share the driver's working folder
     s = exp.scaling
@@ -291,7 +289,6 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     Returns:
         RayTrainResult (error is set instead of raising when the run failed for good).
     """
-    from layerswap.trainables.storage import is_uri, join, uri_of
 
     trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s)  # fmt: skip
     where = storage_path or exp.storage_path

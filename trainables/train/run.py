@@ -19,13 +19,15 @@ from layerswap.trainables.outputs import (
     replacing,
     write_marker,
 )
+from layerswap.trainables.storage import is_uri
+from layerswap.trainables.train.loop import run_training
+from layerswap.trainables.train.state import find_checkpoints, read_state
 
 Rerun = Literal["fresh", "resume", "done", "replace"]
 
 
 def last_checkpoint(run: Path) -> tuple[Path | None, bool]:
     """The run's last checkpoint and whether it is the final step's (the run finished)."""
-    from layerswap.trainables.train.state import find_checkpoints, read_state
 
     found = find_checkpoints(run) if run.is_dir() else []
     if not found:
@@ -83,7 +85,6 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
             this checkpoint folder (a Path).
         overwrite: start over; the old run is set aside and dropped once the new one finishes.
     """
-    from layerswap.trainables.storage import is_uri
 
     if not use_ray and is_uri(storage):
         raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
@@ -112,8 +113,6 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
 def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None) -> Path | str | None:  # fmt: skip
     """Run the training itself (Ray restores its own run from `storage` when there is one)."""
     if not use_ray:
-        from layerswap.trainables.train import run_training
-
         if exp.scaling.num_workers != 1:
             print(f"--no-ray: running 1 worker (config asks for {exp.scaling.num_workers})")
             exp = with_overrides(exp, {"scaling.num_workers": 1})
@@ -128,6 +127,7 @@ def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None
             ),
         )
         return res.final_checkpoint
+    # lazy: Ray loads only for a run that uses it (`--no-ray` trains in this process)
     from layerswap.trainables.train.ray_train import train_with_ray
 
     res = train_with_ray(exp, storage_path=storage)

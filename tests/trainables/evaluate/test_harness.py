@@ -320,7 +320,7 @@ def test_offline_env_defaults():
     # points that load datasets call offline_defaults() first.
     code = (
         "import os; before = os.environ.get('HF_DATASETS_OFFLINE');"
-        "import trainables.evaluate.harness as ev; assert os.environ.get('HF_DATASETS_OFFLINE') == before;"
+        "import layerswap.trainables.evaluate.harness as ev; assert os.environ.get('HF_DATASETS_OFFLINE') == before;"
         "ev.offline_defaults();"
         "import datasets, huggingface_hub.constants as c;"
         "print(os.environ['HF_DATASETS_OFFLINE'], datasets.config.HF_DATASETS_OFFLINE,"
