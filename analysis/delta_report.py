@@ -24,6 +24,7 @@ from layerswap.analysis.delta import (
 from layerswap.analysis.figures import heatmap
 from layerswap.analysis.load import RunData, ok_trials
 from layerswap.analysis.sections import Section, absent
+from layerswap.spaces.recipe import LayerSwapRecipe, load_recipe
 
 TITLE = "Where the experts changed (ΔW)"
 # What the layer-swapping paper (§3.2, Fig. 2, Llama 3.1 8B) reports, to read the regions by.
@@ -101,8 +102,6 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
                 continue
             out.append(ExpertRef(f"{kind} expert {r['expert_id']}", kind, path, base))
     elif run.recipe_yaml is not None:
-        from layerswap.spaces.recipe import LayerSwapRecipe, load_recipe
-
         recipe = load_recipe(run.recipe_yaml)
         if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
             for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from layerswap.spaces.search_experiment import Proxy
 from layerswap.spaces.task_families import (
     WORLD_PREFIX,
     find_family,
@@ -113,8 +114,6 @@ def _lower_is_better(path: Path) -> set[str]:
     Only its `proxies` are read, each as a `Proxy`: the rest of the schema may have moved since
     the run. A run saved with implicit (default) proxies predates lower-is-better proxies.
     """
-    from layerswap.spaces.search_experiment import Proxy
-
     try:
         saved = json.loads(path.read_text(encoding="utf-8")).get("proxies") or []
         proxies = [Proxy.model_validate(p) for p in saved]

@@ -17,6 +17,7 @@ import pandas as pd
 from layerswap.analysis.load import RunData, target_tasks
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci
+from layerswap.trainables.evaluate.harness import predictions
 
 TITLE = "Against the experts (paired, per item)"
 EXPERTS = ("math_expert", "language_expert")  # promotion's baseline names (search/promote.py)
@@ -29,8 +30,6 @@ def item_scores(run: RunData, task: str) -> dict[str, np.ndarray]:
     Raises:
         ValueError: a raw JSON file that is not JSON or has no logged samples (naming it).
     """
-    from layerswap.trainables.evaluate.harness import predictions
-
     p = run.promotion
     if p is None or "raw_json" not in p.columns:
         return {}

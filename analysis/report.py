@@ -20,8 +20,14 @@ from pathlib import Path
 import pandas as pd
 
 from layerswap.analysis.delta import DEFAULT_QUANTILE
+from layerswap.analysis.delta_report import delta_section
+from layerswap.analysis.indicators import indicators_section
 from layerswap.analysis.load import load_run
+from layerswap.analysis.paired import paired_section
+from layerswap.analysis.search_plots import search_section
 from layerswap.analysis.sections import Figure, Section, Table
+from layerswap.analysis.treatments import treatments_section
+from layerswap.trainables.outputs import check_output, output_dir, read_marker
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -50,12 +56,6 @@ def build_sections(
     Returns:
         (sections, list of the run's files that were read).
     """
-    from layerswap.analysis.delta_report import delta_section
-    from layerswap.analysis.indicators import indicators_section
-    from layerswap.analysis.paired import paired_section
-    from layerswap.analysis.search_plots import search_section
-    from layerswap.analysis.treatments import treatments_section
-
     run = load_run(run_dir)
     sections = [
         indicators_section(run, n_resamples=n_resamples, seed=seed),
@@ -165,8 +165,6 @@ def analyze_run(
         ValueError naming the file for a missing run directory or malformed result file, or
         when the output policy refuses `out` (trainables/outputs.py). Nothing is written then.
     """
-    from layerswap.trainables.outputs import check_output, output_dir
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: run directory does not exist")
@@ -221,8 +219,6 @@ def _strict(value):
 
 def _run_inputs(run_dir: Path) -> list[Path]:
     """What a report reads: every entry of the run folder except earlier reports."""
-    from layerswap.trainables.outputs import read_marker
-
     return [
         p for p in sorted(run_dir.iterdir()) if (read_marker(p) or {}).get("kind") != "analysis"
     ]

@@ -32,6 +32,7 @@ def _open_unit_float(text: str) -> float:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.analysis.report import analyze_run
 
     out = analyze_run(

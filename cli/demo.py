@@ -17,10 +17,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.merge_only and args.resume:
         raise ValueError("--resume continues a pipeline run; --merge-only has nothing to resume")
     if args.merge_only:
+        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
         from layerswap.demo.merge_only import run_merge_demo
 
         run_merge_demo(Path(args.out), overwrite=args.overwrite)
         return 0
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.demo.pipeline import DemoSettings, run_demo
 
     settings = DemoSettings(

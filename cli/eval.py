@@ -15,6 +15,7 @@ from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch 
     DEFAULT_MAX_GEN_TOKS,
     check_batch_size,
 )
+from layerswap.trainables.outputs import check_output_file
 
 
 def _limit(text: str) -> int | float:
@@ -79,12 +80,15 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.evaluate.harness import (
         eval_target,
         evaluate,
         metrics_table,
         resolve_device,
     )
+
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.evaluate.tasks import write_world_tasks
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -98,6 +102,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     # Before the slow lm-eval import and task indexing; an adapter folder names its base.
     base, adapter = eval_target(model, args.base)
     if args.world is not None:
+        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
         from layerswap.world.build import verify_world
 
         world = Path(args.world)
@@ -107,8 +112,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if problems:
             raise ValueError(f"--world {args.world}: " + "; ".join(problems))
     if args.out is not None:
-        from layerswap.trainables.outputs import check_output_file
-
         check_output_file(
             args.out,
             overwrite=args.overwrite,

@@ -10,6 +10,10 @@ import argparse
 import re
 from pathlib import Path
 
+from layerswap.spaces.recipe import load_recipe, recipe_id
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.outputs import OutputError, check_output_file, output_problems
+
 BYTES = {
     "": 1,
     "B": 1,
@@ -48,9 +52,9 @@ def _check_outputs(recipe, args: argparse.Namespace) -> None:
     """Both outputs are checked before either is written: a refused --out leaves no export
     behind, and the export never lands on an input (a checkpoint's files, the recipe itself)
     nor replaces a file that is not a mergekit config."""
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.merge.assembly import recipe_refs
     from layerswap.trainables.merge.engine import local_refs
-    from layerswap.trainables.outputs import OutputError, check_output_file, output_problems
 
     inputs = local_refs(recipe_refs(recipe))
     problems = []
@@ -72,12 +76,12 @@ def _check_outputs(recipe, args: argparse.Namespace) -> None:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from layerswap.spaces.recipe import load_recipe, recipe_id
 
     recipe = load_recipe(args.recipe)
     if args.out is None and args.export_mergekit is None:
         raise ValueError("nothing to do: give --out DIR and/or --export-mergekit FILE")
     _check_outputs(recipe, args)
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.merge.api import export_mergekit, is_lora_recipe, merge
 
     if args.out is not None and args.fold and not is_lora_recipe(recipe):
@@ -96,8 +100,6 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         )
         print(f"merged {recipe.method} recipe {recipe_id(recipe)} -> {args.out}")
     if text is not None:
-        from layerswap.trainables.atomic import atomic_write_text
-
         atomic_write_text(Path(args.export_mergekit), text)
         print(f"wrote mergekit config {args.export_mergekit}")
     return 0

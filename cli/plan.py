@@ -15,6 +15,11 @@ import json
 import sys
 from pathlib import Path
 
+from layerswap.spaces.base import load_yaml
+from layerswap.spaces.study import load_study
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.outputs import check_output_file
+
 
 def _is_plan_json(path: Path) -> bool:
     """A plan layerswap wrote (what --json writes): a JSON object with `layerswap_plan`."""
@@ -36,8 +41,6 @@ def cluster_fit(plan, cluster: Path) -> list[str]:
     Reads only `available_node_types[*].resources` (`GPU`, `accelerator_type:NAME`); Ray detects
     undeclared resources when a node starts, so a type without them cannot be judged here.
     """
-    from layerswap.spaces.base import load_yaml
-
     data = load_yaml(cluster, "cluster config")
     types = data.get("available_node_types") if isinstance(data, dict) else None
     if not isinstance(types, dict) or not types:
@@ -57,15 +60,13 @@ def cluster_fit(plan, cluster: Path) -> list[str]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from layerswap.spaces.study import load_study
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.evaluate.lm_eval_api import offline_defaults
 
     offline_defaults()  # a plan never reaches the network (an explicit HF_HUB_OFFLINE=0 is kept)
 
     loaded = load_study(args.study)
     if args.json is not None:
-        from layerswap.trainables.outputs import check_output_file
-
         check_output_file(
             args.json,
             overwrite=args.overwrite,
@@ -73,6 +74,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             ours=_is_plan_json,
             what="a layerswap plan JSON",
         )
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.study.plan import format_study_plan, plan_study
 
     plan = plan_study(loaded, args.profile)
@@ -84,8 +86,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"layerswap: error: {args.study}: {len(plan.problems)} problem(s)\n  {lines}", file=sys.stderr)  # fmt: skip
         return 2
     if args.json is not None:
-        from layerswap.trainables.atomic import atomic_write_text
-
         atomic_write_text(args.json, json.dumps(plan.to_json(), indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0

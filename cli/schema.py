@@ -13,7 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from layerswap.spaces.reference import DRAFT, KINDS
+from layerswap.spaces.reference import DRAFT, KINDS, schema_text
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.outputs import check_output_file
 
 
 def _is_schema(path: Path) -> bool:
@@ -30,14 +32,11 @@ def _is_schema(path: Path) -> bool:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from layerswap.spaces.reference import schema_text
 
     text = schema_text(args.kind)
     if args.out is None:
         sys.stdout.write(text)
         return 0
-    from layerswap.trainables.atomic import atomic_write_text
-    from layerswap.trainables.outputs import check_output_file
 
     check_output_file(
         args.out, overwrite=args.overwrite, ours=_is_schema, what="a layerswap JSON Schema"

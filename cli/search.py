@@ -12,23 +12,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layerswap.spaces.search_experiment import load_search_experiment
+from layerswap.trainables.outputs import output_problems, replacing
+
 
 def _cmd_search(args: argparse.Namespace) -> int:
     """Validate the experiment and everything it names, run (or resume) the search, promote."""
     from contextlib import nullcontext
 
-    from layerswap.spaces.search_experiment import load_search_experiment
-
     exp = load_search_experiment(args.experiment)
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
     _check(exp, run_dir, args)
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.search.search import run_search, search_outputs
-    from layerswap.trainables.outputs import replacing
 
     with replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():
         res = run_search(exp, run_dir, resume=args.resume, verbose=args.verbose)
         print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
+            # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
             from layerswap.search.promote import promote
 
             board = promote(exp, run_dir, verbose=args.verbose)
@@ -38,8 +40,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     """Every problem with the experiment's inputs and the run folder, before Ray starts."""
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.search.preflight import check_search
-    from layerswap.trainables.outputs import output_problems
 
     problems = check_search(exp)
     if args.resume and args.overwrite:

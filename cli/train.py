@@ -11,10 +11,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layerswap.spaces.base import check_jsonl, load_json
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
+    experiment_identity,
     load_train_experiment,
+)
+from layerswap.trainables.outputs import (
+    OutputError,
+    check_output,
+    output_problems,
+    replacing,
+    write_marker,
 )
 from layerswap.trainables.storage import exists, is_uri
 
@@ -40,6 +49,7 @@ def check_inputs(exp: TrainExperiment) -> None:
         elif ds.path is not None and (bad := _data_problem(Path(ds.path))) is not None:
             problems.append(bad)  # "FILE:LINE: not valid JSON (...)", as the trainer says it
         if ds.source is not None:
+            # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
             from layerswap.trainables.train.sources import get_source
 
             try:
@@ -57,8 +67,6 @@ def _data_problem(path: Path) -> str | None:
     """Why the trainer could not read a local JSON-lines or JSON dataset (file and line named),
     or None. Checked here, streaming: the trainer reads its data only after the run folder is
     made and the base model loaded."""
-    from layerswap.spaces.base import check_jsonl, load_json
-
     try:
         if path.suffix == ".json":  # the suffixes trainables.train.data reads each way
             load_json(path, "dataset")
@@ -82,8 +90,6 @@ def check_run_folder(exp: TrainExperiment, run: Path) -> None:
     """Fail before any work when the run folder RUN/train/<name> is, holds or lies inside an
     input (e.g. `--out` at the base model, or a base inside the run `--overwrite` replaces),
     or cannot be created."""
-    from layerswap.trainables.outputs import OutputError, output_problems
-
     problems = output_problems(run, "train", allow_existing=True, inputs=_inputs(exp))
     if problems:
         raise OutputError("\n  ".join(problems))
@@ -98,9 +104,8 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     """
     from contextlib import contextmanager
 
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
-    from layerswap.spaces.train_experiment import experiment_identity
-    from layerswap.trainables.outputs import OutputError, check_output, replacing, write_marker
 
     folder = run_dir / "train" / exp.name
     if folder.exists() and any(folder.iterdir()):
@@ -134,6 +139,7 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> in
     Returns:
         0 when every trial finished, 1 when some failed (their rows are still kept).
     """
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.sweep import run_sweep
 
     res = run_sweep(exp, run_dir, verbose=int(verbose))  # Tune's verbosity: 1 is its default
@@ -151,9 +157,11 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> in
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.train import train_expert
 
     if args.plan:  # the memory plan only: no weights, no data, no Ray
+        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
         from layerswap.trainables.train.memory_plan import format_plan, plan_experiment
 
         print(format_plan(plan_experiment(load_train_experiment(args.experiment), args.gpu_memory)))  # fmt: skip
@@ -182,6 +190,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     where = f"{storage.rstrip('/')}/{exp.name}"
     print(f"trained {exp.name} ({exp.mode.type}); checkpoints under {where}")
     if not is_uri(where):
+        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
         from layerswap.trainables.train import find_checkpoints
 
         for ck in find_checkpoints(where):

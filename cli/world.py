@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layerswap.spaces.world import load_variant
+
 
 def _cmd_world_build(args: argparse.Namespace) -> int:
-    from layerswap.spaces.world import load_variant
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.world.build import build_world
 
     config = load_variant(args.config, args.size, args.seed) if args.config else None
@@ -23,6 +25,7 @@ def _cmd_world_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_world_export_base(args: argparse.Namespace) -> int:
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.world.build import world_config_of
     from layerswap.world.prebuilt import export_base, variant_yaml
 

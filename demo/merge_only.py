@@ -14,7 +14,9 @@ import torch
 from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
 from layerswap.spaces.zones import layer_map, paper_default
 from layerswap.trainables.merge.checkpoint import Checkpoint
+from layerswap.trainables.merge.engine import merge_to_disk
 from layerswap.trainables.outputs import output_dir
+from layerswap.world.tiny import make_tiny_family
 
 NUM_LAYERS = 12
 
@@ -40,9 +42,6 @@ def _layer_sources(merged: Path, paths: dict[str, Path], num_layers: int) -> lis
 def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     """Build the tiny family, merge it, reload and report. Writes everything under `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from layerswap.trainables.merge.engine import merge_to_disk
-    from layerswap.world.tiny import make_tiny_family
 
     t0 = time.perf_counter()
     with output_dir(out, "merge-demo", overwrite=overwrite) as tmp:

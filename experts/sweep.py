@@ -21,6 +21,9 @@ from layerswap.spaces.train_experiment import (
     experiment_json,
     with_overrides,
 )
+from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
+from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 
 METRIC = "indicator"  # what a trial reports to the searcher: its best checkpoint's indicator so far
 ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appends them
@@ -77,8 +80,6 @@ def set_up_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepSetup:
     world = world_dir(experiment)
     include = None
     if world is not None:
-        from layerswap.trainables.evaluate.tasks import write_world_tasks
-
         tasks_dir = Path(run_dir) / "experts" / "tasks"
         write_world_tasks(world, tasks_dir)
         include = str(tasks_dir.resolve())
@@ -127,7 +128,6 @@ _SCORERS: dict[tuple, Any] = {}  # per worker process: reused actors keep their 
 
 
 def _scorer(setup: SweepSetup, base: str):
-    from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 
     sw = setup.sweep
     key = (tuple(setup.tasks), setup.include_path, base, sw.limit, sw.num_fewshot, sw.max_gen_toks,
@@ -169,14 +169,11 @@ def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]
     nested TorchTrainer (storage workdir/, FailureConfig from the experiment) whose reports reach
     Tune through TuneReportCallback.
     """
-    from layerswap.trainables.train import find_checkpoints
-
     if executor == "in_trial":
-        from layerswap.trainables.train import run_training
-
         done = find_checkpoints(workdir) if workdir.is_dir() else []
         run_training(variant, workdir=workdir, resume_from=done[-1] if done else None)
     else:
+        # lazy: Ray Train only for the per-trial Ray executor
         from layerswap.trainables.train.ray_train import trainer_for
 
         result = trainer_for(
@@ -206,8 +203,6 @@ def score_rows(
 ) -> list[dict]:
     """Score checkpoints on the setup's indicators; one registry row each (the trial's last
     checkpoint only when `checkpoints: last`)."""
-    from layerswap.trainables.train import read_manifest
-
     exp = setup.experiment
     chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
     scorer = _scorer(setup, exp["base"])
@@ -320,6 +315,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     import ray
     from ray import tune
 
+    # lazy: Ray starts only when a sweep runs (the study planner reads world_dir from here)
     from layerswap.trainables.ray_session import init_ray, tune_output
 
     t0 = time.perf_counter()

@@ -120,6 +120,7 @@ def stop_stores(key: str) -> int:
 
 def expert_bytes(pool: ExpertPool) -> int:
     """Bytes the experts take in memory, from file sizes (a LoRA expert folds to the base's)."""
+    # lazy: torch (~3 s); the preflight sizes the experts without it
     from layerswap.trainables.merge.lora import is_lora_adapter
 
     def size(path: str | None) -> int:

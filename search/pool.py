@@ -12,12 +12,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from layerswap.experts.registry import COLUMNS
 from layerswap.spaces.recipe import ExpertSoup
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
 from layerswap.spaces.task_families import family
+from layerswap.trainables.atomic import read_parquet
+from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.storage import join, read_text
 
-# The registry columns the pool reads (their types: search.registry.COLUMNS, which writes them).
+# The registry columns the pool reads (their types: experts/registry.py COLUMNS, which writes them).
 POOL_COLUMNS = ("expert_id", "kind", "language", "mode", "path")
 IND = "ind__"
 WRITTEN_BY = "expected an expert registry written by `layerswap train` sweeps or the demo"
@@ -31,6 +35,7 @@ def resolve_pool(exp: SearchExperiment) -> ExpertPool:
     """
     if exp.experts is None:
         return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
+    # lazy: torch (~3 s); the preflight, which must not load it, imports this module
     from layerswap.trainables.merge.lora import is_lora_adapter
 
     rows, problems = registry_problems(exp.experts.registry)
@@ -68,9 +73,6 @@ def registry_problems(path: str | Path) -> tuple[list[dict[str, Any]], list[str]
         (rows, problems): rows are [] unless problems is empty; every problem names the file.
     """
     import pyarrow as pa
-
-    from layerswap.experts.registry import COLUMNS
-    from layerswap.trainables.atomic import read_parquet
 
     where = f"experts.registry {path}"
     p = Path(path)
@@ -158,7 +160,6 @@ def model_depth(pool: ExpertPool) -> int:
     like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
     if like is None:
         raise ValueError("cannot tell the depth: LoRA experts need `base`")
-    from layerswap.trainables.storage import join, read_text  # a registry's experts may be URIs
 
     cfg = json.loads(read_text(join(like, "config.json")))
     return int(cfg["num_hidden_layers"])
@@ -176,8 +177,6 @@ def expert_id(pool: ExpertPool, ref) -> str:
 def include_paths(exp: SearchExperiment, run_dir: Path) -> list[str]:
     paths = list(exp.include_path)
     if exp.world is not None:
-        from layerswap.trainables.evaluate.tasks import write_world_tasks
-
         tasks = run_dir / "tasks"
         write_world_tasks(Path(exp.world), tasks)
         paths.insert(0, str(tasks))

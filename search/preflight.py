@@ -19,8 +19,10 @@ from typing import Any
 from layerswap.search.pool import pool_base, registry_picks, registry_problems
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.task_families import heldout_task
+from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir, write_world_tasks
 from layerswap.trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
 from layerswap.trainables.storage import exists, is_uri
+from layerswap.world.build import verify_world
 
 # Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES} and lora.CONFIG: those
 # modules import torch, and the preflight must not (tests/search/test_preflight.py pins them).
@@ -316,8 +318,6 @@ class _Tasks:
 
 def _task_sources(exp: SearchExperiment, out: Preflight) -> _Tasks:
     """The world's task names (as pool.include_paths would write them) and include_path folders."""
-    from layerswap.trainables.evaluate.tasks import write_world_tasks
-
     src = _Tasks()
     if exp.world is not None:
         w = Path(exp.world)
@@ -327,8 +327,6 @@ def _task_sources(exp: SearchExperiment, out: Preflight) -> _Tasks:
             )
             src.incomplete = True
         else:
-            from layerswap.world.build import verify_world
-
             # sha256 of everything but the test splits, which the search must never open
             damage = verify_world(w, only=lambda rel: not rel.endswith("/test.jsonl"), hand_made_ok=True)  # fmt: skip
             out.problems += [f"world {exp.world}: {p}" for p in damage]
@@ -370,7 +368,6 @@ def _mentioned(name: str, root: Path, src: _Tasks) -> bool:
 
 
 def _builtin_root() -> Path | None:
-    from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
 
     try:
         return lm_eval_tasks_dir()

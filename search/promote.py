@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from layerswap.search.pool import include_paths, model_depth, resolve_pool
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
 from layerswap.spaces.search_experiment import SearchExperiment
@@ -22,6 +23,8 @@ from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.task_families import heldout_task, task_split
 from layerswap.spaces.zones import paper_default
 from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.evaluate.scoring import score_key
+from layerswap.trainables.storage import local_copy
 
 RESULT_COLUMNS = {
     "model": pa.string(),
@@ -166,8 +169,6 @@ def promote(
 
 def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:
     """The search's own expert pool (RUN/search/pool.json), else the experiment's, resolved anew."""
-    from layerswap.search.pool import resolve_pool
-
     pool_file = run_dir / "search" / "pool.json"
     return (
         ExpertPool.model_validate_json(pool_file.read_text())
@@ -199,7 +200,7 @@ def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
 
 def _set_up(exp: SearchExperiment, run_dir: Path) -> _Setup:
     """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
-    from layerswap.search.pool import include_paths, model_depth
+    # lazy: torch (~3 s); the study planner imports this module for promotion_tasks/baselines
     from layerswap.trainables.evaluate.harness import resolve_device
     from layerswap.trainables.merge.live import ExpertCache, LiveModel
 
@@ -214,8 +215,6 @@ def _set_up(exp: SearchExperiment, run_dir: Path) -> _Setup:
     tasks = promotion_tasks(exp)
     inc = include_paths(exp, pdir)
     from transformers import AutoTokenizer
-
-    from layerswap.trainables.storage import local_copy
 
     tok = AutoTokenizer.from_pretrained(
         str(local_copy(pool.task[0].path if pool.task[0].kind == "full" else pool.base))
@@ -251,7 +250,7 @@ def _evaluate_models(
     exp: SearchExperiment, setup: _Setup, progress: bool, verbose: bool = False
 ) -> _Evaluation:
     """Run lm-eval on every model in turn; write its raw JSON per task and collect the rows."""
-    from layerswap.trainables.evaluate.harness import evaluate
+    from layerswap.trainables.evaluate.harness import evaluate  # lazy: torch, as in _set_up
 
     ev = _Evaluation()
     live = setup.live
@@ -294,8 +293,6 @@ def _record_model(
 ) -> None:
     """One model's lm-eval results (raws: task -> result): promotion/lm_eval/<name>/<task>.json,
     its scores and rows."""
-    from layerswap.trainables.evaluate.scoring import score_key
-
     for task in setup.tasks:
         raw = raws[task]
         path = setup.pdir / "lm_eval" / name / f"{task}.json"
@@ -342,7 +339,7 @@ def write_best(row: dict, out: Path) -> Path:
     """Merge the best recipe to disk (weights, recipe YAML, model card) with the merge engine."""
     import yaml
 
-    from layerswap.trainables.merge.api import merge
+    from layerswap.trainables.merge.api import merge  # lazy: torch, as in _set_up
 
     recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))
     return merge(recipe, out, overwrite=True, fold=True)  # LoRA experts: full weights too

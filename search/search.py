@@ -15,6 +15,7 @@ from pathlib import Path
 
 import optuna
 
+from layerswap.search.expert_store import choose_store, stop_stores
 from layerswap.search.pool import include_paths, model_depth, resolve_pool
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
@@ -24,6 +25,7 @@ from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, warm_start
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.outputs import OutputError, check_output, write_marker
+from layerswap.trainables.ray_session import init_ray, tune_output
 
 
 @dataclass
@@ -74,8 +76,6 @@ def run_search(
     spec = TrialSpec(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
     )
-
-    from layerswap.trainables.ray_session import tune_output  # imports ray
 
     with tune_output(verbose):
         storage, fresh = _open_study(exp, db, store, progress)
@@ -213,9 +213,6 @@ def _run_tuner(
     import ray
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
-
-    from layerswap.search.expert_store import choose_store, stop_stores
-    from layerswap.trainables.ray_session import init_ray
 
     if not ray.is_initialized():
         init_ray(verbose=verbose, include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip

@@ -16,11 +16,14 @@ import torch
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.evaluate.lm_eval_api import task_configs
+from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
     config_higher_is_better,
     task_higher_is_better,
 )
+from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.merge.live import ExpertCache, LiveModel, Loader
 from layerswap.trainables.storage import local_copy
 
@@ -85,9 +88,6 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
     import tempfile
     from pathlib import Path
 
-    from layerswap.trainables.evaluate.lm_eval_api import task_configs
-    from layerswap.trainables.evaluate.tasks import write_world_tasks
-
     proxies = experiment.proxy_list
     names = [p.task for p in proxies]
     with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
@@ -139,8 +139,6 @@ class TrialRunner:
         loader: Loader | None = None,
     ):
         from transformers import AutoTokenizer
-
-        from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 
         self.exp = experiment
         self.pool = pool

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from layerswap.search.expert_store import node_loader
 from layerswap.search.trial import TrialRunner
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, decode
@@ -62,8 +63,6 @@ def runner_for(spec: TrialSpec) -> TrialRunner:
         device, _ = trial_device(exp.search.gpus_per_trial)
         loader = None
         if spec.expert_store == "node":
-            from layerswap.search.expert_store import node_loader
-
             loader = node_loader(spec.store_key, pool.base)
         _RUNNERS[spec.key] = TrialRunner(
             exp, pool, list(spec.include_path), device=device, loader=loader

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerswap.spaces.study import Profile
+from layerswap.spaces.sweep import Choice
 from layerswap.spaces.task_families import (
     TaskShape,
     family_of,
@@ -39,7 +40,8 @@ from layerswap.spaces.task_families import (
     task_language,
     task_split,
 )
-from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.spaces.train_experiment import TrainExperiment, with_overrides
+from layerswap.spaces.world import world_config
 
 # Swept hyperparameters that change what a run costs; the rest (lr, warmup, ...) do not.
 COST_PARAMS = (
@@ -84,6 +86,7 @@ def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
         shape: its trainables.train.model_shape.ModelShape (model_shape(config)).
         exp: the experiment whose mode decides what trains (LoRA adds its adapters).
     """
+    # lazy: torch (~3 s); `layerswap plan` loads it only for a question only the trainer answers
     from layerswap.trainables.train.modes import trainable_split
 
     n_mm = sum(i * o for i, o in shape.linears.values())
@@ -131,6 +134,7 @@ def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
         return exp.hyper.max_steps
     if n_train is None:
         return None
+    # lazy: torch, as above
     from layerswap.trainables.train import data
 
     # total_steps reads only the streams' lengths: a stand-in stream of n_train examples.
@@ -140,6 +144,7 @@ def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
 
 def checkpoints(exp: TrainExperiment, steps: int) -> int:
     """Checkpoints a run of `steps` steps writes (the training loop's own rule)."""
+    # lazy: torch, as above
     from layerswap.trainables.train.loop import checkpoint_due
 
     bs = exp.hyper.batch_size
@@ -218,6 +223,7 @@ def eval_cost(
 
 def auto_batch(device: str) -> int:
     """Rows per pass that `batch_size: auto` starts at on `device` (the proxy evaluator's rule)."""
+    # lazy: torch + lm-eval, as above
     from layerswap.trainables.evaluate.proxy_lm import AUTO_START
 
     return AUTO_START["cpu" if device == "cpu" else "cuda"]
@@ -230,8 +236,6 @@ def world_items(task: str, world: str | None) -> int | None:
     Raises:
         ValueError for a task of no task family (spaces.task_families).
     """
-    from layerswap.spaces.world import world_config
-
     fam, split = family_of(task), task_split(task)  # a task of no family raises, naming it
     if world is not None:
         f = Path(world) / fam.data_file(task_language(task), split)
@@ -251,9 +255,6 @@ def cost_variants(exp: TrainExperiment) -> tuple[list[TrainExperiment], list[str
     Returns:
         (the variants that validate, one message per combination that cannot run).
     """
-    from layerswap.spaces.sweep import Choice
-    from layerswap.spaces.train_experiment import with_overrides
-
     if exp.sweep is None:
         return [exp], []
     axes = []

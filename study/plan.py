@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from layerswap.search import preflight
 from layerswap.search.promote import promotion_tasks, shot_groups
+from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
 from layerswap.spaces.task_families import is_world_task
 from layerswap.spaces.train_experiment import TrainExperiment
@@ -98,6 +99,7 @@ class _Ctx:
         if base is None:
             return None
         if base not in self.models:
+            # lazy: torch (~3 s), only for a base the plan has not sized yet
             from layerswap.trainables.train.model_shape import load_model_config, model_shape
 
             try:
@@ -141,6 +143,7 @@ class _Ctx:
 def _rows(ex: StudyExpert, ctx: _Ctx) -> list[int] | None:
     """Rows of each dataset: local files counted (the trainer's reader), Hub sources from the
     study's `rows`, else their `limit`; None when one cannot be known."""
+    # lazy: torch (~3 s); `layerswap plan` loads it only to count local rows
     from layerswap.trainables.train.data import load_pairs
     from layerswap.trainables.train.sources import get_source, resolve_language
 
@@ -208,6 +211,7 @@ def _train_row(ex: StudyExpert, ctx: _Ctx) -> tuple[Row, float]:
 
 def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
     """Stage-2 row: the sweep scores its checkpoints on the expert kind's indicators."""
+    # lazy: the sweep module loads torch and lm-eval; planning needs neither
     from layerswap.experts.sweep import world_dir
 
     exp, sw = ex.experiment, ex.experiment.sweep
@@ -307,8 +311,8 @@ def _trial_row(s: StudySearch, cost: est.ModelCost, ctx: _Ctx) -> Row:
 def _promotion_row(s: StudySearch, cost: est.ModelCost, depth: int, pool: tuple, ctx: _Ctx) -> Row:  # fmt: skip
     """Stage-4 row: the top_k recipes and the baselines (search.promote.baselines) on every
     promotion task, one lm-eval run per few-shot group."""
+    # lazy: promotion loads torch; planning needs only its baseline list
     from layerswap.search.promote import baselines
-    from layerswap.spaces.search_space import ExpertPool
 
     exp, pr, prof = s.experiment, s.experiment.promote, ctx.prof
     n_task, n_lang, base = pool

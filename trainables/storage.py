@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from layerswap.spaces.base import is_uri, uri_scheme
+from layerswap.trainables.atomic import atomic_dir, atomic_write, atomic_write_text
 
 SCHEMES = ("file", "gs", "gcs", "s3")
 CACHE_ENV = "LAYERSWAP_CACHE"
@@ -246,8 +247,6 @@ def upload_dir(local: str | os.PathLike, dest: str | os.PathLike, *, last: tuple
     files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
     fs, root = filesystem(str(dest)) if is_uri(dest) else (None, str(dest))
     if fs is None or isinstance(fs, pafs.LocalFileSystem):  # a real folder rename: atomic
-        from layerswap.trainables.atomic import atomic_dir
-
         with atomic_dir(Path(root), overwrite=True) as tmp:
             shutil.copytree(local, tmp, dirs_exist_ok=True)
         return str(dest)
@@ -306,8 +305,6 @@ def _signature(fs, info, meta: dict | None = None) -> dict:
 
 def _fetch(fs, info, dest: Path) -> dict:
     """Download one object to `dest` atomically; returns its signature as read."""
-    from layerswap.trainables.atomic import atomic_write
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     meta: dict = {}
 
@@ -370,7 +367,6 @@ def local_copy(path: str | os.PathLike, skip: tuple[str, ...] = READ_SKIP) -> Pa
 
 
 def _write_index(path: Path, index: dict) -> None:
-    from layerswap.trainables.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps(index, indent=1, sort_keys=True))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from layerswap.spaces.world import WorldModelConfig
+from layerswap.world.data import SOURCE_TAGS
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>"]
 # prompt/response SFT format, lm-eval's own QA layout (mgsm_direct's "Question: ...\nAnswer:",
@@ -165,8 +166,6 @@ def _split_stages(docs: list[str], tags: list[str] | None) -> tuple[list[str], l
     Raises:
         ValueError: no tag per document, an unknown tag, or a stage without documents (named).
     """
-    from layerswap.world.data import SOURCE_TAGS
-
     if tags is None or len(tags) != len(docs):
         raise ValueError("a grafted pretraining (model.graft) needs one tag per document")
     unknown = sorted(set(tags) - set(SOURCE_TAGS))

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from layerswap.spaces.base import read_jsonl
-from layerswap.world.items import mgsm_prompt
+from layerswap.world.items import belebele_prompt, mgsm_prompt
 
 NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval mgsm flexible-extract
 
@@ -244,8 +244,6 @@ def classify(texts: list[str], rows: list[dict]) -> list[str]:
 @torch.no_grad()
 def belebele_option_logps(model, tok, rows: list[dict]) -> torch.Tensor:
     """Loglikelihood of " A".." D" after lm-eval's belebele prompt, per row: [len(rows), 4]."""
-    from layerswap.world.items import belebele_prompt
-
     letters = [tok(f" {c}", add_special_tokens=False)["input_ids"] for c in "ABCD"]
     device = next(model.parameters()).device
     # A host-side table on purpose: it is filled from .item() floats (already on the host), is

@@ -98,6 +98,7 @@ def check_batch_size(value: Any) -> BatchSize:
 
 def check_model_dir(path: Path) -> None:
     """Refuse, with the file named, what HFLM would fail on late or load unsafely (pickles)."""
+    # lazy: torch (~3 s); `layerswap eval` checks its inputs with this module before loading it
     from layerswap.trainables.merge.checkpoint import find_weights
 
     if not path.is_dir():
@@ -142,6 +143,7 @@ def eval_target(path: Path, base: str | Path | None = None) -> tuple[str, str | 
         raise ValueError(f"{cfg_file}: not a readable adapter config ({e})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{cfg_file}: not a JSON object")
+    # lazy: torch (~3 s); `layerswap eval` checks its inputs with this module before loading it
     from layerswap.trainables.merge.checkpoint import find_weights
 
     find_weights(path)  # adapter_model.safetensors, or a clear refusal of adapter_model.bin

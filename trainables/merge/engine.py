@@ -33,6 +33,7 @@ from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
 from layerswap.trainables.merge.terms import Assembly, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.outputs import check_output, output_dir
+from layerswap.trainables.storage import is_uri, local_copy
 
 CHUNK_ELEMS = 8 * 1024 * 1024  # 32 MiB of float32 per source per step bounds peak memory
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -56,16 +57,12 @@ RECIPE_FILE = "layerswap_recipe.yaml"
 
 def local_refs(refs: list[str]) -> list[Path]:
     """The recipe references that are local folders (the inputs an output must keep clear of)."""
-    from layerswap.trainables.storage import is_uri
-
     return [p for p in (Path(r).expanduser() for r in refs if not is_uri(r)) if p.exists()]
 
 
 def resolve_ref(ref: str) -> Path:
     """A local checkpoint folder for a recipe reference (a path, a storage URI, or a hub id
     when online); a URI's folder is its local copy (trainables.storage.local_copy)."""
-    from layerswap.trainables.storage import is_uri, local_copy
-
     if is_uri(ref):
         try:
             path = local_copy(ref)

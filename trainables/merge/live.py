@@ -21,8 +21,10 @@ from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
+from layerswap.trainables.merge.lora import is_lora_adapter, load_adapter
 from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.terms import Linear
+from layerswap.trainables.storage import is_uri, join, local_copy
 
 
 def _load_state(path: str) -> dict[str, torch.Tensor]:
@@ -47,9 +49,6 @@ def load_expert(
             local copy (trainables.storage.local_copy).
         base_state: returns the base's state dict (None: no base configured).
     """
-    from layerswap.trainables.merge.lora import is_lora_adapter, load_adapter
-    from layerswap.trainables.storage import local_copy
-
     path = str(local_copy(ref))
     if not is_lora_adapter(path):
         return _load_state(path)
@@ -104,8 +103,6 @@ class ExpertCache:
         if ref is None:
             return None
         if ref not in self._config_dirs:
-            from layerswap.trainables.storage import is_uri, join, local_copy
-
             if is_uri(ref):
                 try:
                     found = str(local_copy(join(ref, "config.json")).parent)

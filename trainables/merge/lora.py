@@ -38,6 +38,7 @@ from layerswap.trainables.merge.engine import (
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.terms import transition_weights
 from layerswap.trainables.outputs import check_output, output_dir
+from layerswap.trainables.storage import is_uri, join, read_text
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -57,8 +58,6 @@ _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 def is_lora_adapter(path: str | Path) -> bool:
     """Whether `path` (a folder or URI) is a PEFT LoRA adapter (adapter_config.json with
     peft_type LORA)."""
-    from layerswap.trainables.storage import join, read_text
-
     try:
         return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
     except (OSError, ValueError, AttributeError):
@@ -197,7 +196,6 @@ def _base_config(ref: str) -> dict:
     """config.json of a base model: a local folder, or just that file from the hub."""
     if not ref:
         raise RecipeError("no base: set `base` in the recipe (adapters name no base model)")
-    from layerswap.trainables.storage import is_uri, join, read_text
 
     path = Path(ref).expanduser()
     try:

@@ -15,6 +15,9 @@ import torch
 
 from layerswap.spaces.base import iter_jsonl, load_json
 from layerswap.spaces.train_experiment import DatasetSpec, TrainExperiment
+from layerswap.trainables.atomic import read_parquet
+from layerswap.trainables.storage import local_copy
+from layerswap.trainables.train.sources import load_sft
 
 Pair = tuple[str, str]
 Encoded = tuple[list[int], list[int]]  # input ids, labels
@@ -34,8 +37,6 @@ def _read_rows(path: Path) -> list[tuple[str, dict]]:
     """(where, row) for every row of a local .jsonl/.json/.parquet file; `where` names the file
     and the JSONL line (or the row of a .json array / Parquet table)."""
     if path.suffix == ".parquet":
-        from layerswap.trainables.atomic import read_parquet
-
         try:
             rows = read_parquet(path).to_pylist()
         except (OSError, ValueError) as e:  # pyarrow's ArrowIOError / ArrowInvalid
@@ -64,13 +65,9 @@ def load_pairs(spec: DatasetSpec) -> list[Pair]:
             without a known prompt/response pair of columns.
     """
     if spec.source is not None:
-        from layerswap.trainables.train.sources import load_sft
-
         recs = load_sft(spec.source, language=spec.language, data_files=spec.data_files, limit=spec.limit)  # fmt: skip
         pairs = [(r["prompt"], r["response"]) for r in recs]
     else:
-        from layerswap.trainables.storage import local_copy
-
         path = local_copy(spec.path)  # type: ignore[arg-type]  # a URI: its cached local copy
         if not path.is_file():
             raise ValueError(f"datasets: file {path} does not exist")

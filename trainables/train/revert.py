@@ -18,7 +18,10 @@ from layerswap.spaces.train_experiment import (
     with_overrides,
 )
 from layerswap.trainables.merge.engine import merge_to_disk
+from layerswap.trainables.train.data import build_data
+from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.partition import owners
+from layerswap.trainables.train.validation import validation_losses
 
 
 def revert_specs(exp: TrainExperiment, depth: int) -> list[RevertSpec]:
@@ -73,9 +76,6 @@ def val_losses(model_dir: str | Path, exp: TrainExperiment) -> list[float]:
     """Per dataset, the token-weighted validation loss of a full checkpoint on exp's split."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from layerswap.trainables.train.data import build_data
-    from layerswap.trainables.train.validation import validation_losses
-
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -94,8 +94,6 @@ def freeze_vs_revert(exp: TrainExperiment, workdir: str | Path, run=None) -> dic
     Returns:
         {"freeze": dir, "full": dir, "revert": dir, "val_loss": {"freeze", "revert", "full"}}.
     """
-    from layerswap.trainables.train.loop import run_training
-
     run = run or run_training
     workdir = Path(workdir)
     if not isinstance(exp.mode, PartialMode):  # fail before training anything

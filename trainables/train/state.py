@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_json
 from layerswap.trainables.atomic import atomic_dir
+from layerswap.trainables.train.precision import dtype_name
 
 if TYPE_CHECKING:  # annotations only: state.py is imported by both
     from layerswap.trainables.train.data import TrainData
@@ -188,7 +189,6 @@ def fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
     """Make config.json declare the dtype the weights were saved in (HF writes the model's)."""
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
-    from layerswap.trainables.train.precision import dtype_name
 
     name = dtype_name(dtype)
     if cfg.get("dtype") != name:
