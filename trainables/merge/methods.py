@@ -1,4 +1,4 @@
-"""The merge-method registry: one entry per recipe `method`, naming what it reads and assembles.
+"""The merge-method table: one entry per recipe `method`, naming what it reads and assembles.
 
 Adding a method is one recipe model in spaces/recipe.py (added to its `Recipe` union) plus one
 `MergeMethod` entry here: the checkpoints it reads, the one whose config and tokenizer the
@@ -113,5 +113,5 @@ METHODS: dict[str, MergeMethod] = {
 
 
 def method_of(recipe: Recipe) -> MergeMethod:
-    """The registry entry of a validated recipe."""
+    """The table entry of a validated recipe."""
     return METHODS[recipe.method]

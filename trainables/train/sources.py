@@ -126,7 +126,7 @@ def adapt_indic_align(row: Row, lang: Language, source: str) -> list[Record]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The registry.
+# The source table.
 
 
 @dataclass(frozen=True)
@@ -314,7 +314,7 @@ MATH_SOURCES: tuple[str, ...] = ("orca_math",)
 
 
 def get_source(name: str) -> Source:
-    """The registered source called `name` (registry key or Hub id).
+    """The registered source called `name` (source-table key or Hub id).
 
     Raises:
         DataSourceError: unknown source; the message lists the known ones.
@@ -448,7 +448,7 @@ def load_sft(
     """Read one source as SFT records, from the Hub or from local json/jsonl/parquet/csv files.
 
     Args:
-        source: registry name (e.g. "aya") or Hub id.
+        source: source-table name (e.g. "aya") or Hub id.
         language: target language (ISO 639-3 code, alias or name); required when the source
             serves several languages, defaults to its only one otherwise.
         split: split to read (local files are read as this split).

@@ -1,4 +1,4 @@
-"""How a model is spread over the workers: a registry of strategies, `ddp` and `fsdp` (FSDP2).
+"""How a model is spread over the workers: a table of strategies, `ddp` and `fsdp` (FSDP2).
 
 `pick(exp, world)` gives the strategy the loop uses; each one wraps the prepared model, skips
 gradient sync on non-final micro-batches, clips the active group's gradients, and writes and
