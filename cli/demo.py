@@ -75,7 +75,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument(
         "--merge-only",
         action="store_true",
-        help="only merge a generated tiny family (seconds; no world, training or search)",
+        help="only merge a generated tiny family (~15 s; no world, training or search)",
     )
     d.add_argument(
         "--verbose",

@@ -152,7 +152,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `eval` subcommand to a `layerswap` subparsers object; returns its parser."""
     e = subparsers.add_parser(
         "eval",
-        help="evaluate a checkpoint with lm-eval (world or built-in tasks)",
+        help="evaluate a checkpoint or a LoRA adapter with lm-eval (world or built-in tasks)",
         description="Evaluate a checkpoint folder with lm-eval's simple_evaluate; an adapter folder "
         "(adapter_config.json) is evaluated on the base its config names, with the adapter "
         "applied (lm-eval's peft=). With --world, "

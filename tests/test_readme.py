@@ -165,9 +165,16 @@ def test_install_lines_match_makefile_and_pyproject():
     ).group(1)
     pips = [command_words(c) for c in README_LINES if command_words(c)[0].endswith("/pip")]
     assert any(torch_pin in w for w in pips), f"README's pip lines do not install {torch_pin}"
-    for words in pips:
-        for extra in re.findall(r"^\.\[(\w+)\]$", " ".join(w for w in words if w.startswith("."))):
-            assert re.search(rf"^{extra} = ", extras, re.M), f"no [{extra}] extra in pyproject"
+    named = [
+        extra
+        for words in pips
+        for w in words
+        if (m := re.fullmatch(r"'?\.\[([\w,]+)\]'?", w))
+        for extra in m.group(1).split(",")
+    ]
+    assert named, "the README's pip lines install no extra of the project"
+    for extra in named:
+        assert re.search(rf"^{extra} = ", extras, re.M), f"no [{extra}] extra in pyproject"
 
 
 def _cheap(words: list[str]) -> bool:
