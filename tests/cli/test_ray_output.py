@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.trainables.train.train_helpers import make_exp
+
 pytestmark = pytest.mark.slow
 
 # What each source prints (ray 2.60: tune/experimental/output.py, _private/authentication/
@@ -45,26 +47,18 @@ def _search_yaml(world: Path, experts: dict[str, Path], tmp: Path) -> Path:
 
 
 def _sweep_yaml(world: Path, tmp: Path) -> Path:
-    data = {
-        "name": "sw",
-        "base": str(world / "base"),
-        "kind": "math",
-        "language": "en",
-        "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
-        "mode": "full",
-        "hyper": {"lr": 1e-3, "max_steps": 2, "batch_size": 4, "seq_len": 64, "warmup_steps": 0},
-        "checkpoint_every_samples": 8,
-        "sweep": {
-            "num_samples": 1,
-            "params": {"hyper.lr": {"choices": [1e-3]}},
-            "checkpoints": "last",
-            "indicators": ["world_belebele_en_dev"],
-            "limit": 2,
-            "max_gen_toks": 4,
-        },
+    sweep = {
+        "num_samples": 1,
+        "params": {"hyper.lr": {"choices": [1e-3]}},
+        "checkpoints": "last",
+        "indicators": ["world_belebele_en_dev"],
+        "limit": 2,
+        "max_gen_toks": 4,
     }
+    hyper = {"lr": 1e-3, "max_steps": 2, "batch_size": 4, "seq_len": 64, "warmup_steps": 0}
+    exp = make_exp(world, name="sw", hyper=hyper, checkpoint_every_samples=8, sweep=sweep)
     f = tmp / "sweep.yaml"
-    f.write_text(yaml.safe_dump(data))
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json", exclude_none=True)))
     return f
 
 
