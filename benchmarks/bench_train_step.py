@@ -15,7 +15,9 @@ step, tokens/s, peak memory (CUDA: max_memory_allocated / max_memory_reserved si
 step; always: the process's peak RSS, which also counts the model build) and the trainer's own
 memory plan (trainables/train/memory_plan.py) for the same set-up, to check the plan against.
 
-Run (CPU smoke check): python benchmarks/bench_train_step.py --shape llama-8b --depth 1
+Smoke run (seconds; tests/benchmarks/test_bench_train_step.py runs it): --shape llama-tiny
+    --device cpu --seq-len 16 --micro-batch 1 --steps 1 [--strategy fsdp --offload].
+Run (CPU check at 8B width): python benchmarks/bench_train_step.py --shape llama-8b --depth 1
     --seq-len 64 --micro-batch 1 [--strategy fsdp --offload] [--out F.json]
 About 6 min on 2 AVX2-only cores, ~2 min a step: without avx512_bf16 torch's CPU bf16 matmuls
 take slow paths (one 64x14336 @ 14336x4096 product: 28 s in bf16, 0.1 s in fp32), and
@@ -193,8 +195,8 @@ def _setup(args, exp, cfg, device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     policy = resolve_precision(exp, base=torch.bfloat16)  # no config on disk to read it from
-    prep = _prepare_model(model, exp, device, policy)
     strategy = pick(exp, 1)
+    prep = _prepare_model(model, exp, device, policy, strategy)
     net = strategy.wrap(prep, exp, policy, device, 1)  # FSDP: new (sharded) parameters
     total = args.warmup + args.steps
     run = _Run(
