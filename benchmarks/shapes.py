@@ -22,19 +22,17 @@ SHAPES = {
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
     ),
-    # The same architecture at a few thousand parameters: the benchmarks' smoke runs on CPU
-    # (tests/benchmarks/), which check that a script's path still runs, not its speed.
-    "llama-tiny": dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-    ),
 }
+# The same architecture at a few thousand parameters: the benchmarks' smoke runs on CPU
+# (tests/benchmarks/), which check that a script's path still runs, not its speed.
+SHAPES["llama-tiny"] = SHAPES["llama-8b"] | dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def shape_config(shape: str, tok, depth: int | None = None):

@@ -15,7 +15,9 @@ from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch 
     DEFAULT_MAX_GEN_TOKS,
     check_batch_size,
 )
+from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.outputs import check_output_file
+from layerswap.world.manifest import verify_world
 
 
 def _limit(text: str) -> int | float:
@@ -88,9 +90,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         resolve_device,
     )
 
-    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.trainables.evaluate.tasks import write_world_tasks
-
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks: give at least one task name")
@@ -102,9 +101,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     # Before the slow lm-eval import and task indexing; an adapter folder names its base.
     base, adapter = eval_target(model, args.base)
     if args.world is not None:
-        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-        from layerswap.world.build import verify_world
-
         world = Path(args.world)
         problems = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
         if not (world / "world.json").exists() and not (world / "data").is_dir():
