@@ -1,0 +1,143 @@
+"""The GPU check's arithmetic: figures beside their targets, and the ratios behind them.
+
+FLOPs per token are counted by the plan's own rule (layerswap.study.estimate.forward_flops /
+train_flops), so a measured FLOP/s is comparable with what `layerswap plan` assumes.
+
+Pure functions (no torch), so tests/benchmarks/test_gpu_check.py checks every formula the
+report rests on. A stage returns `Figure`s; the report sets each beside its target and beside
+the figure layerswap assumed (spaces/throughput.yaml or a plan) and gives the verdict here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Dense bf16 tensor-core peak FLOP/s and HBM bandwidth (B/s) from the vendors' datasheets, by a
+# substring of torch.cuda.get_device_name(); first match wins, so the specific names come first.
+GPU_SPECS: list[tuple[str, float, float]] = [
+    ("H100 PCIe", 756e12, 2.0e12),
+    ("H100 NVL", 835e12, 3.9e12),
+    ("H100", 989.4e12, 3.35e12),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    ("H200", 989.4e12, 4.8e12),
+    ("A100", 312e12, 2.039e12),  # 80 GB SXM
+    ("L40S", 362e12, 0.864e12),
+    ("A10G", 70e12, 0.6e12),
+]
+
+
+def gpu_spec(name: str) -> tuple[float, float] | None:
+    """(bf16 peak FLOP/s, memory bytes/s) of a GPU by its name; None when it is not in the table."""
+    for key, flops, bw in GPU_SPECS:
+        if key.lower() in name.lower():
+            return flops, bw
+    return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A bound a figure should meet: `value op bound` (op is ">=" or "<=")."""
+
+    op: str
+    bound: float
+
+    def __post_init__(self):
+        if self.op not in (">=", "<="):
+            raise ValueError(f"target op must be '>=' or '<=', got {self.op!r}")
+
+    def met(self, value: float) -> bool:
+        return value >= self.bound if self.op == ">=" else value <= self.bound
+
+    def __str__(self) -> str:
+        return f"{'≥' if self.op == '>=' else '≤'} {fmt(self.bound)}"
+
+
+@dataclass
+class Figure:
+    """One measured figure of a stage.
+
+    Args:
+        name: what it is, in words ("evaluator speed-up vs HFLM at its best batch").
+        value: the measurement (None: not measured, e.g. a peak FLOP/s share on CPU).
+        unit: "x", "s", "GiB", "share", "FLOP/s", ...
+        target: the issue's target, when there is one.
+        assumed: what layerswap assumed for it (throughput.yaml, a memory plan), when it did.
+        note: how it was measured, in a few words.
+    """
+
+    name: str
+    value: float | None
+    unit: str = ""
+    target: Target | None = None
+    assumed: float | None = None
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """'met', 'missed', 'not measured' or '' (no target)."""
+        if self.target is None:
+            return ""
+        if self.value is None:
+            return "not measured"
+        return "met" if self.target.met(self.value) else "missed"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["target"] = None if self.target is None else asdict(self.target)
+        d["verdict"] = self.verdict
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Figure:
+        t = d.get("target")
+        return cls(
+            d["name"], d.get("value"), d.get("unit", ""), Target(**t) if t else None,
+            d.get("assumed"), d.get("note", ""),
+        )  # fmt: skip
+
+
+def fmt(x: float | None) -> str:
+    """A figure in 3-4 significant digits; large and tiny ones in scientific notation."""
+    if x is None:
+        return "—"
+    if x == 0 or 1e-3 <= abs(x) < 1e5:
+        return f"{x:.4g}"
+    return f"{x:.3g}"
+
+
+# ------------------------------------------------------------------------------ the ratios
+
+
+def speedup(theirs_s: float, ours_s: float) -> float:
+    """How many times faster ours is: their seconds / our seconds (> 1: ours is faster)."""
+    if ours_s <= 0:
+        raise ValueError(f"our seconds must be > 0, got {ours_s}")
+    return theirs_s / ours_s
+
+
+def share(part: float, whole: float) -> float | None:
+    """part / whole, None when whole is 0."""
+    return part / whole if whole else None
+
+
+def peak_share(flops_per_s: float, peak_flops_per_s: float | None) -> float | None:
+    """Achieved FLOP/s as a share of the device's peak (MFU); None without a known peak."""
+    return flops_per_s / peak_flops_per_s if peak_flops_per_s else None
+
+
+def decode_bound_s(weight_bytes: float, bandwidth: float | None) -> float | None:
+    """Seconds one decoding step needs at least: every weight read once from device memory."""
+    return weight_bytes / bandwidth if bandwidth else None
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: +0.1 means the prediction is 10 % high."""
+    if measured == 0:
+        raise ValueError("measured value is 0; relative error undefined")
+    return (predicted - measured) / measured
+
+
+def per_hour(seconds_each: float) -> float:
+    """How many of something taking `seconds_each` fit in an hour."""
+    if seconds_each <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds_each}")
+    return 3600.0 / seconds_each
