@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test lint format bench-merge docs schemas
+.PHONY: install demo test lint format bench-merge docs schemas gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,3 +44,11 @@ schemas: install
 
 bench-merge: install
 	$(PY) benchmarks/bench_merge.py
+
+# The GPU check (benchmarks/gpu_check/run.py): on one H100 ~6 minutes, every GPU claim measured
+# and set beside its target in OUT/report.md. `make gpu-check ARGS=--smoke` runs it on a CPU at a
+# tiny shape (the test suite does, so it cannot rot). On the lent GPU machine, where there is no
+# .venv: `source .gpu/on_device.sh && python benchmarks/gpu_check/run.py --out $$OUT/gpu_check`.
+GPU_CHECK_OUT ?= benchmarks/logs/gpu_check/$(shell date +%Y-%m-%d-%H%M)
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check/run.py --out $(GPU_CHECK_OUT) $(ARGS)
