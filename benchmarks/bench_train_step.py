@@ -100,9 +100,10 @@ def _tokenizer(world: Path | None):
         return AutoTokenizer.from_pretrained(world / "base")
 
 
-def _experiment(args, strategy: str, offload: bool, use_gpu: bool):
-    """A TrainExperiment with the benchmark's settings. `base` and the dataset are placeholders:
-    the model and the batches come from memory, and nothing on this path reads either."""
+def _experiment(args, strategy: str, offload: bool, use_gpu: bool, lr: float = 1e-5):
+    """A TrainExperiment with the benchmark's settings (peak learning rate `lr`, held constant).
+    `base` and the dataset are placeholders: the model and the batches come from memory, and
+    nothing on this path reads either."""
     from layerswap.spaces.train_experiment import parse_train_experiment
 
     return parse_train_experiment(
@@ -114,7 +115,7 @@ def _experiment(args, strategy: str, offload: bool, use_gpu: bool):
             "datasets": [{"path": "unused.jsonl"}],
             "mode": "full",
             "hyper": {
-                "lr": 1e-5,
+                "lr": lr,
                 "schedule": "constant_with_warmup",
                 "batch_size": args.micro_batch * args.accumulate,
                 "micro_batch_size": args.micro_batch,
