@@ -44,6 +44,14 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     from layerswap.search.preflight import check_search
 
     problems = check_search(exp)
+    if not args.no_promote:
+        # lazy: torch, as above; a promotion device that cannot run is refused before the search
+        from layerswap.trainables.devices import resolve_device
+
+        try:
+            resolve_device(exp.promote.device)
+        except ValueError as e:
+            problems.append(f"promote.device: {e}")
     if args.resume and args.overwrite:
         problems.append("--resume and --overwrite: give one (continue the search, or start over)")
     inputs = _inputs(exp)

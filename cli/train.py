@@ -9,6 +9,7 @@ sweep (experts.sweep.run_sweep). torch and ray load only when the command runs.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from layerswap.spaces.base import check_jsonl, load_json
@@ -36,6 +37,16 @@ def check_inputs(exp: TrainExperiment) -> None:
     Every problem is listed, not only the first.
     """
     problems = []
+    if exp.scaling.use_gpu and not os.environ.get("RAY_ADDRESS"):
+        # A local run trains here: a GPU it cannot use is refused now, not after Ray started.
+        # On a cluster (RAY_ADDRESS) the workers' nodes decide; each worker checks its own.
+        # lazy: torch, only for a GPU run
+        from layerswap.trainables.devices import require_cuda
+
+        try:
+            require_cuda("scaling.use_gpu")
+        except RuntimeError as e:
+            problems.append(str(e))
     base = Path(exp.base).expanduser()
     if exp.base.startswith(("/", ".", "~")) or base.exists():
         if not (base / "config.json").is_file():

@@ -162,7 +162,7 @@ def promote(
     """
     exp = experiment
     run_dir = Path(run_dir).resolve()
-    setup = _set_up(exp, run_dir)
+    setup = _set_up(exp, run_dir, progress)
     ev = _evaluate_models(exp, setup, progress, verbose)
     return _write_results(exp, run_dir, setup, ev)
 
@@ -198,15 +198,17 @@ def shot_groups(exp: SearchExperiment) -> list[tuple[int | None, list[str]]]:
     return list(groups.items())
 
 
-def _set_up(exp: SearchExperiment, run_dir: Path) -> _Setup:
+def _set_up(exp: SearchExperiment, run_dir: Path, progress: bool = False) -> _Setup:
     """Read the search's pool and top-k rows; set up the tasks, tokenizer, live model and models."""
     # lazy: torch (~3 s); the study planner imports this module for promotion_tasks/baselines
-    from layerswap.trainables.evaluate.harness import resolve_device
+    from layerswap.trainables.devices import check_cpu_size, explain_device
     from layerswap.trainables.merge.live import ExpertCache, LiveModel
 
     # Resolved once, before anything loads: an unusable device (cuda without a GPU) is one
     # error here, not every model failing in turn.
-    device = resolve_device(exp.promote.device)
+    device, why = explain_device(exp.promote.device)
+    if progress:
+        print(f"[promote] on {device} ({why})", flush=True)
     pdir = run_dir / "promotion"
     pool = _load_pool(exp, run_dir)
     depth = model_depth(pool)
@@ -220,6 +222,7 @@ def _set_up(exp: SearchExperiment, run_dir: Path) -> _Setup:
         str(local_copy(pool.task[0].path if pool.task[0].kind == "full" else pool.base))
     )
     live = LiveModel(ExpertCache(pool.base), pool, device)  # merged where it is evaluated
+    check_cpu_size(sum(p.numel() for p in live.model.parameters()), device, "promotion")
     models = _models(exp, pool, depth, cands)
     return _Setup(pdir, cands, tasks, inc, tok, live, models, device, shot_groups(exp))
 

@@ -16,6 +16,7 @@ import torch
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.devices import check_cpu_size
 from layerswap.trainables.evaluate.lm_eval_api import task_configs
 from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from layerswap.trainables.evaluate.scoring import (
@@ -171,6 +172,8 @@ class TrialRunner:
         t0 = time.perf_counter()
         share = experiment.search.gpus_per_trial or 1.0
         self.live = LiveModel(self.cache, pool, device, gpu_share=share)
+        n_params = sum(p.numel() for p in self.live.model.parameters())
+        check_cpu_size(n_params, str(self.live.device), f"search trial of {pool.base or pool.task[0].path}")  # fmt: skip
         self.t_setup_s = time.perf_counter() - t0
 
     @property

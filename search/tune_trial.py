@@ -12,6 +12,7 @@ from layerswap.search.expert_store import node_loader
 from layerswap.search.trial import TrialRunner
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, decode
+from layerswap.trainables.devices import require_cuda
 
 # One runner per worker process and spec: experts, live model and prompts survive across
 # trials because the search runs with reuse_actors=True.
@@ -37,13 +38,16 @@ def trial_device(gpus_per_trial: float) -> tuple[str, list[str]]:
     """Where this trial's live model runs, and the GPU ids Ray assigned to it.
 
     Ray sets CUDA_VISIBLE_DEVICES to the assigned GPUs, so "cuda" is this trial's own GPU. A
-    cluster that advertises GPUs it does not have (`ray.init(num_gpus=...)` in tests, or no
-    CUDA in the image) still schedules by GPU, and the trial runs on the CPU.
+    cluster that advertises GPUs torch cannot use (a CUDA build too new for the node's driver,
+    or `ray.init(num_gpus=...)` in tests) still schedules by GPU: the trial then fails with the
+    reason, unless LAYERSWAP_ALLOW_CPU=1 lets it run on the CPU (trainables/devices.py).
     """
     import ray
     import torch
 
     ids = [str(i) for i in ray.get_gpu_ids()] if gpus_per_trial > 0 else []
+    if ids:
+        require_cuda(f"search.gpus_per_trial {gpus_per_trial} (Ray gave this trial GPU {','.join(ids)})")  # fmt: skip
     return ("cuda" if ids and torch.cuda.is_available() else "cpu"), ids
 
 

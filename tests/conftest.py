@@ -254,7 +254,9 @@ def _local_cluster(workers: int = 2, cpus: float = 1, gpus: float = 0, env: dict
             f"w{i}": cluster.add_node(
                 num_cpus=cpus,
                 num_gpus=gpus,
-                env_vars={**(env or {}), "LAYERSWAP_AUDIT_NODE": f"w{i}"},
+                # Fake GPUs are no CUDA: trials given one run on the CPU only with the opt-in.
+                env_vars={**(env or {}), "LAYERSWAP_AUDIT_NODE": f"w{i}"}
+                | ({"LAYERSWAP_ALLOW_CPU": "1"} if gpus else {}),
             )
             for i in range(1, workers + 1)
         }

@@ -450,6 +450,19 @@ def train__resume_and_overwrite(e: Env):
 
 
 @case()
+def train__use_gpu_where_cuda_is_not_usable(e: Env):
+    f = e.train_exp(scaling={"use_gpu": True})
+    return ["train", f, "--out", e.at("run")], ["scaling.use_gpu asks for a GPU, but torch", "sees no usable CUDA GPU", "LAYERSWAP_ALLOW_CPU=1"]  # fmt: skip
+
+
+@case()
+def search__promote_device_cuda_where_cuda_is_not_usable(e: Env):
+    data = e.search_data()
+    f = e.yaml("search.yaml", data | {"promote": data["promote"] | {"device": "cuda"}})
+    return ["search", f, "--out", e.at("run")], ["promote.device: device 'cuda': torch", "sees no usable CUDA GPU"]  # fmt: skip
+
+
+@case()
 def train__run_folder_is_foreign_overwrite(e: Env):
     run = e.folder("run/train/t")
     argv = ["train", e.train_exp(), "--out", e.at("run"), "--no-ray", "--overwrite"]

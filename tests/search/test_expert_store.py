@@ -5,6 +5,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_expert_store.py   (slow: Ra
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -60,13 +61,16 @@ def world_and_experts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fake_gpu_ray():
-    """A local Ray with 2 CPUs and 1 GPU it does not have (CUDA is absent on this machine)."""
+    """A local Ray with 2 CPUs and 1 GPU it does not have (CUDA is absent on this machine): trials
+    given that GPU run on the CPU through the explicit opt-in (trainables/devices.py)."""
     import ray
 
     tmp = tempfile.mkdtemp(prefix="lsg", dir="/tmp")
+    os.environ["LAYERSWAP_ALLOW_CPU"] = "1"
     ray.init(num_cpus=2, num_gpus=1, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+    os.environ.pop("LAYERSWAP_ALLOW_CPU", None)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.devices import check_cpu_size, config_params, resolve_device
 from layerswap.trainables.evaluate.lm_eval_api import (
     lm_eval_output,
     offline_defaults,
@@ -41,37 +42,9 @@ ADAPTER_CONFIG = "adapter_config.json"  # what marks a PEFT adapter folder
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a hub repo id: "name" or "org/name"
 
 BatchSize = int | Literal["auto"]
+
+
 # The devices HFLM accepts for one process (its single-device list), plus our "auto".
-_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-
-
-def resolve_device(name: str | None = "auto") -> str:
-    """The one place a device name becomes the torch device evaluation runs on.
-
-    Args:
-        name: "auto" (or None): "cuda" when torch sees a CUDA GPU, else "cpu"; or an explicit
-            "cpu", "cuda", "cuda:N" or "mps".
-    Returns:
-        the torch device string.
-    Raises:
-        ValueError naming `name`: an unknown device, or a CUDA device torch cannot see (refused
-        here rather than deep inside lm-eval, after the tasks have been indexed).
-    """
-    import torch
-
-    if name is None or name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
-        raise ValueError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r}: torch sees no CUDA GPU here (use auto or cpu)")
-        index = int(name.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA GPU(s)")
-    return name
-
-
 def check_batch_size(value: Any) -> BatchSize:
     """A batch size as lm-eval's HFLM takes it: a positive int, or "auto" (lm-eval's own search
     for the largest batch that fits, halving on out-of-memory).
@@ -274,6 +247,7 @@ def evaluate(
         model, peft = eval_target(Path(model), base)
     elif tokenizer is None:
         raise ValueError("an in-memory model needs its tokenizer (tokenizer=...)")
+    _check_size(model, device)
     lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
     tm = task_manager(list(tasks), include_path)
     lm = _hflm(model, peft, tokenizer, device, batch_size, verbose)
@@ -300,6 +274,22 @@ def evaluate(
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, json.dumps(raw, ensure_ascii=False, indent=1))
     return raw
+
+
+def _check_size(model, device: str) -> None:
+    """A large model on the CPU only with the opt-in (trainables/devices.py); a Hub id is
+    counted from its config only when that is in the local cache."""
+    if not str(device).startswith("cpu"):
+        return
+    if isinstance(model, (str, Path)):
+        if not (Path(model) / "config.json").is_file():
+            return  # a Hub id: counted once HFLM has it (not before: no network here)
+        from transformers import AutoConfig
+
+        n = config_params(AutoConfig.from_pretrained(str(model)))
+    else:
+        n = sum(p.numel() for p in model.parameters())
+    check_cpu_size(n, device, f"evaluation of {model if isinstance(model, (str, Path)) else type(model).__name__}")  # fmt: skip
 
 
 # ---------------------------------------------------------------- reading results

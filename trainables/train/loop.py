@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.devices import require_cuda
 from layerswap.trainables.train.data import (
     TrainData,
     build_data,
@@ -152,8 +153,11 @@ def _check_scaling(exp: TrainExperiment, world: int) -> None:
 
 
 def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> torch.device:
-    """`device`, or by default cuda:$LOCAL_RANK when scaling.use_gpu and CUDA is there, else cpu."""
+    """`device`, or by default cuda:$LOCAL_RANK under scaling.use_gpu, else cpu. use_gpu where
+    CUDA is not usable is an error (trainables/devices.py), not a silent CPU run."""
     if device is None:
+        if exp.scaling.use_gpu:
+            require_cuda("scaling.use_gpu")
         use_gpu = exp.scaling.use_gpu and torch.cuda.is_available()
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if use_gpu else "cpu"
     return torch.device(device)

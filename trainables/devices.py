@@ -1,0 +1,115 @@
+"""Where work runs: the one place a device name becomes a torch device, and the rules that keep
+layerswap from quietly running a GPU job on the CPU.
+
+A CUDA build that cannot talk to the node's driver makes `torch.cuda.is_available()` False; with
+"auto" everything then runs on the CPU, an 8B model at a few tokens a second, and nothing says so.
+So: an explicit CUDA device (`device: cuda`, `scaling.use_gpu`, a trial Ray gave a GPU) without a
+usable GPU is an error at start; "auto" says which device it chose and why; and a model of
+LARGE_ON_CPU parameters or more runs on a CPU only with LAYERSWAP_ALLOW_CPU=1 (which Ray workers
+receive from the driver: trainables/ray_session.worker_env). Tests: tests/trainables/test_devices.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+ALLOW_CPU = "LAYERSWAP_ALLOW_CPU"
+# 1 B parameters: a forward pass of 2 GFLOP a token; an 8B model's ~16 GFLOP a token is
+# minutes per MGSM item on a CPU. Every model of the embedded world is under a million.
+LARGE_ON_CPU = 1_000_000_000
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def cpu_allowed() -> bool:
+    """True when the user opted in to CPU runs of GPU work (LAYERSWAP_ALLOW_CPU=1)."""
+    return os.environ.get(ALLOW_CPU, "") == "1"
+
+
+def cuda_missing() -> str:
+    """Why torch sees no CUDA GPU here, in one line a user can act on."""
+    import torch
+
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hint = (
+        "the driver may be older than this torch build needs (nvidia-smi shows the driver's CUDA)"
+        if torch.version.cuda
+        else "install a CUDA build of torch"
+    )
+    seen = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+    return f"torch {torch.__version__} ({build}{seen}) sees no usable CUDA GPU: {hint}"
+
+
+def require_cuda(what: str) -> None:
+    """Raise unless CUDA is usable or the user allowed the CPU.
+
+    Args:
+        what: the setting that asked for a GPU, e.g. "scaling.use_gpu".
+    Raises:
+        RuntimeError naming `what` and why CUDA is missing.
+    """
+    import torch
+
+    if not torch.cuda.is_available() and not cpu_allowed():
+        raise RuntimeError(f"{what} asks for a GPU, but {cuda_missing()}; set {ALLOW_CPU}=1 to run on the CPU instead")  # fmt: skip
+
+
+def resolve_device(name: str | None = "auto") -> str:
+    """The one place a device name becomes the torch device evaluation runs on.
+
+    Args:
+        name: "auto" (or None): "cuda" when torch sees a CUDA GPU, else "cpu"; or an explicit
+            "cpu", "cuda", "cuda:N" or "mps".
+    Returns:
+        the torch device string.
+    Raises:
+        ValueError naming `name`: an unknown device, or a CUDA device torch cannot see (refused
+        here rather than deep inside lm-eval, after the tasks have been indexed).
+    """
+    return explain_device(name)[0]
+
+
+def explain_device(name: str | None = "auto") -> tuple[str, str]:
+    """`resolve_device`, with why: (device, "auto: torch sees 1 CUDA GPU (NVIDIA H100 ...)")."""
+    import torch
+
+    if name is None or name == "auto":
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            return "cuda", f"auto: torch sees {n} CUDA GPU(s) ({torch.cuda.get_device_name(0)})"
+        return "cpu", f"auto: {cuda_missing()}"
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: {cuda_missing()} (use auto or cpu)")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA GPU(s)")
+    return name, "as configured"
+
+
+def config_params(config) -> int:
+    """Parameters of a transformers model config (counted on the meta device, no memory)."""
+    # lazy: torch; this module is imported by the light CLI checks, which never count parameters
+    from layerswap.trainables.train.model_shape import model_shape
+
+    return sum(model_shape(config).params.values())
+
+
+def check_cpu_size(n_params: int, device: str, what: str) -> None:
+    """Refuse a large model on the CPU unless the user opted in.
+
+    Args:
+        n_params: the model's parameters.
+        device: where it would run.
+        what: the work, for the message (e.g. "promotion of meta-llama/Llama-3.1-8B").
+    Raises:
+        RuntimeError naming the work, its size and the opt-in.
+    """
+    if str(device).startswith("cpu") and n_params >= LARGE_ON_CPU and not cpu_allowed():
+        raise RuntimeError(
+            f"{what}: a {n_params / 1e9:.1f} B-parameter model would run on the CPU "
+            f"(hours where a GPU takes minutes); set {ALLOW_CPU}=1 to run it there anyway"
+        )
