@@ -1,5 +1,6 @@
-"""Start or join Ray from a driver without losing the driver's own SIGTERM handling, and keep
-Ray's and Tune's own notices out of a command's output unless it runs with --verbose.
+"""Start or join Ray from a driver without losing the driver's own SIGTERM handling, hand every
+Ray process the driver's Hugging Face / layerswap environment, and keep Ray's and Tune's own
+notices out of a command's output unless it runs with --verbose.
 
 Every layerswap driver (demo, search, sweep, `train` on Ray) calls `init_ray(...)` where it
 would call `ray.init(...)`, and runs Tune inside `tune_output(verbose)`; tests:
@@ -28,6 +29,46 @@ _AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 # legacy engine, which prints nothing at verbose=0 (ray/tune/experimental/output.py, tune.py).
 _NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
+# What every Ray process gets from the driver's environment (ray.init's job-level runtime_env):
+# on a `ray up` cluster a worker is started by its node's raylet and inherits none of the
+# driver's variables, so a token set where the command runs never reached the training workers
+# (a gated Llama → 401), and a user's HF_HUB_OFFLINE=0 never reached a trial, which then went
+# offline by layerswap's default and could not fetch a built-in lm-eval task. Credentials passed
+# this way are readable by whoever can read the job's runtime_env (the Ray dashboard); on a
+# shared cluster prefer secrets set on the nodes themselves (cluster.yaml, an instance role).
+WORKER_ENV = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_DATASETS_CACHE",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_ENABLE_HF_TRANSFER",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+)
+WORKER_ENV_PREFIXES = ("LAYERSWAP_",)  # layerswap's own switches, e.g. LAYERSWAP_ALLOW_CPU
+
+
+def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables every Ray worker gets: WORKER_ENV and LAYERSWAP_*, where set.
+
+    Args:
+        environ: the environment to read (default os.environ).
+    Returns:
+        {name: value} of those that are set.
+    """
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIXES)}
+
 
 def init_ray(*, verbose: bool = False, **kwargs) -> None:
     """`ray.init(**kwargs)`, then the caller's Python SIGTERM handler again, made to pass `ray.get`
@@ -44,10 +85,16 @@ def init_ray(*, verbose: bool = False, **kwargs) -> None:
     also takes the signal from the C++ one), the CLI's handler records SIGTERM and the command
     exits 143 after Ray has shut down.
 
+    Every Ray process of the job gets `worker_env()` (the caller's own runtime_env env_vars
+    win where both name a variable).
+
     Args:
         verbose: also Ray's notices while it starts (the command's --verbose).
         kwargs: passed to `ray.init`.
     """
+    runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = worker_env() | dict(runtime_env.get("env_vars") or {})
+    kwargs["runtime_env"] = runtime_env
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None
     notice = logging.getLogger(_AUTH_NOTICE_LOGGER)
