@@ -49,11 +49,19 @@ def llama8b_candidates(tok, n: int, device: str):
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(dtype).eval()
     for i in range(n):
-        with torch.no_grad():
-            g = torch.Generator(device=device).manual_seed(i)
-            for p in model.model.layers[i % cfg.num_hidden_layers].parameters():
-                p.add_(torch.randn(p.shape, generator=g, device=device, dtype=p.dtype) * 0.01)
+        renoise(model, i)
         yield model
+
+
+def renoise(model, i: int) -> None:
+    """Candidate `i` from the previous one: layer i (mod depth) gets seeded noise, in place."""
+    import torch
+
+    layers = model.model.layers
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(i)
+    with torch.no_grad():
+        for p in layers[i % len(layers)].parameters():
+            p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * 0.01)
 
 
 def _predictions(result) -> dict:
