@@ -17,6 +17,7 @@ import sys
 from pydantic import ValidationError
 
 from layerswap.cli.watchdog import EXIT, Watchdog
+from layerswap.spaces.errors import RunFailed
 
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo", "schema")
@@ -108,6 +109,9 @@ def _outcome(e: BaseException) -> int:
     if isinstance(e, (ValueError, ValidationError, FileExistsError, FileNotFoundError, OSError)):
         print(f"layerswap: error: {e}", file=sys.stderr)
         return 2
+    if isinstance(e, RunFailed):
+        print(f"layerswap: failed: {e}", file=sys.stderr)
+        return 1
     raise e
 
 

@@ -45,7 +45,7 @@ def check_inputs(exp: TrainExperiment) -> None:
 
         try:
             require_cuda("scaling.use_gpu")
-        except RuntimeError as e:
+        except ValueError as e:  # DeviceUnusable
             problems.append(str(e))
     base = Path(exp.base).expanduser()
     if exp.base.startswith(("/", ".", "~")) or base.exists():

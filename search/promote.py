@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from layerswap.search.leaderboard import leaderboard
 from layerswap.search.pool import include_paths, model_depth, resolve_pool
 from layerswap.search.results import TrialStore, write_parquet_atomic
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
@@ -140,7 +142,7 @@ class _Evaluation:
 
     rows: list[dict] = field(default_factory=list)
     scores: dict[tuple[str, str], float] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # model -> why its evaluation failed
 
 
 def promote(
@@ -253,34 +255,20 @@ def _evaluate_models(
     exp: SearchExperiment, setup: _Setup, progress: bool, verbose: bool = False
 ) -> _Evaluation:
     """Run lm-eval on every model in turn; write its raw JSON per task and collect the rows."""
-    from layerswap.trainables.evaluate.harness import evaluate  # lazy: torch, as in _set_up
-
     ev = _Evaluation()
     live = setup.live
+    batches: dict[int, object] = {}  # group index -> EvalBatch, estimated at the first model
     for name, kind, rid, what in setup.models:
         t0 = time.perf_counter()
         try:
             live.load_ref(what) if isinstance(what, str) else live.load(what)
             raws: dict[str, dict] = {}  # task -> the lm-eval result that scored it
-            for shots, tasks in setup.groups:
-                # The live model is composed on setup.device (LiveModel), so evaluate's move
-                # to that device finds nothing to move.
-                raw = evaluate(
-                    live.model,
-                    tasks,
-                    tokenizer=setup.tokenizer,
-                    include_path=setup.include_path,
-                    limit=exp.promote.limit,
-                    max_gen_toks=exp.promote.max_gen_toks,
-                    batch_size=exp.promote.batch_size,
-                    num_fewshot=shots,
-                    device=setup.device,
-                    verbose=verbose,
-                )
+            for g, (shots, tasks) in enumerate(setup.groups):
+                raw = _evaluate_group(exp, setup, batches, g, shots, tasks, progress, verbose)
                 raws.update(dict.fromkeys(tasks, raw))
         except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
-            print(f"promotion: {name}: failed: {type(e).__name__}: {e}", flush=True)
-            ev.failed.append(name)
+            ev.failed[name] = f"{type(e).__name__}: {e}"
+            print(f"promotion: {name}: failed: {ev.failed[name]}", flush=True)
             continue
         _record_model(ev, setup, raws, name, kind, rid)
         if progress:
@@ -289,6 +277,37 @@ def _evaluate_models(
                 flush=True,
             )
     return ev
+
+
+def _evaluate_group(exp, setup: _Setup, batches: dict, g: int, shots, tasks: list[str], progress: bool, verbose: bool) -> dict:  # fmt: skip
+    """lm-eval on the live model for one few-shot group, at a batch the device holds (estimated
+    once per group, halved on out-of-memory and kept for the next models)."""
+    # lazy: torch and lm-eval, as in _set_up
+    from layerswap.trainables.evaluate.fit import EvalBatch, backing_off, eval_batch
+    from layerswap.trainables.evaluate.harness import evaluate
+
+    model = setup.live.model
+    kw = dict(include_path=setup.include_path, limit=exp.promote.limit, num_fewshot=shots)
+    if g not in batches:
+        batches[g] = eval_batch(model, setup.tokenizer, tasks, max_gen_toks=exp.promote.max_gen_toks, want=exp.promote.batch_size, **kw)  # fmt: skip
+        if progress:
+            print(f"promotion: batch for {', '.join(tasks)}: {batches[g].why}", flush=True)
+    plan = batches[g]
+
+    def run(batch):
+        # The live model is composed on setup.device (LiveModel), so evaluate's move to that
+        # device finds nothing to move.
+        return evaluate(model, tasks, tokenizer=setup.tokenizer, max_gen_toks=exp.promote.max_gen_toks, batch_size=batch, device=setup.device, verbose=verbose, max_length=plan.max_length, **kw)  # fmt: skip
+
+    def said(failed, nxt):
+        print(f"promotion: out of memory at batch {failed}; retrying at {nxt}", flush=True)
+
+    if plan.batch_size == "auto":  # lm-eval backs off itself
+        return run("auto")
+    raw, used = backing_off(run, int(plan.batch_size), said)
+    if used != plan.batch_size:
+        batches[g] = EvalBatch(used, plan.max_length, f"{used} after out-of-memory back-off")
+    return raw
 
 
 def _record_model(
@@ -335,6 +354,9 @@ def _write_results(
     atomic_write_text(
         board, leaderboard(exp, setup.models, ev.scores, best, dict(setup.cands), ev.failed)
     )
+    if len(ev.failed) == len(setup.models):
+        why = "; ".join(f"{n}: {r}" for n, r in ev.failed.items())
+        raise RunFailed(f"promotion: every model's evaluation failed ({board} lists why): {why}")  # fmt: skip
     return Promotion(results_path, board, best_dir, best, ev.rows)
 
 
@@ -346,45 +368,3 @@ def write_best(row: dict, out: Path) -> Path:
 
     recipe = parse_recipe(yaml.safe_load(row["recipe_yaml"]))
     return merge(recipe, out, overwrite=True, fold=True)  # LoRA experts: full weights too
-
-
-def leaderboard(
-    exp: SearchExperiment,
-    models: list,
-    scores: dict,
-    best: str | None,
-    cands: dict,
-    failed: list[str] = (),
-) -> str:
-    """Markdown: model, kind, recipe id, proxy dev scores, proxy test scores, target test score."""
-    proxies = [p.task for p in exp.proxy_list]
-    down = [", lower is better" if p.lower_is_better else "" for p in exp.proxy_list]
-    head = ["model", "kind", "recipe id", "search objective"]
-    head += [f"{t} (dev{d})" for t, d in zip(proxies, down, strict=True)]
-    head += [f"{heldout_task(t)} (test{d})" for t, d in zip(proxies, down, strict=True)]
-    head += [f"**{exp.target_task} (target, test)**"]
-    lines = [
-        f"# Leaderboard: {exp.name} (target language {exp.language})",
-        "",
-        f"Candidates are the search's top {exp.promote.top_k} recipes by proxy objective (dev splits "
-        f"only); the best model ({best or 'none'}) was selected by "
-        f"{'the proxy objective' if exp.promote.select_by == 'proxy' else 'the target test score'}.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    order = sorted(models, key=lambda m: -scores.get((m[0], exp.target_task), -1))
-    for name, kind, rid, _ in order:
-        obj = cands.get(name, {}).get("objective")
-        label = f"**{name}** (best)" if name == best else name
-        cells = [
-            f"{label} (failed)" if name in failed else label,
-            kind,
-            rid or "",
-            "" if obj is None else f"{obj:.4f}",
-        ]
-        cells += [f"{scores.get((name, t), float('nan')):.4f}" for t in proxies]
-        cells += [f"{scores.get((name, heldout_task(t)), float('nan')):.4f}" for t in proxies]
-        cells += [f"{scores.get((name, exp.target_task), float('nan')):.4f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"

@@ -21,6 +21,10 @@ LARGE_ON_CPU = 1_000_000_000
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
+class DeviceUnusable(ValueError):
+    """A GPU was asked for and cannot be used here, or a large model would run on the CPU."""
+
+
 def cpu_allowed() -> bool:
     """True when the user opted in to CPU runs of GPU work (LAYERSWAP_ALLOW_CPU=1)."""
     return os.environ.get(ALLOW_CPU, "") == "1"
@@ -47,12 +51,12 @@ def require_cuda(what: str) -> None:
     Args:
         what: the setting that asked for a GPU, e.g. "scaling.use_gpu".
     Raises:
-        RuntimeError naming `what` and why CUDA is missing.
+        DeviceUnusable (a ValueError) naming `what` and why CUDA is missing.
     """
     import torch
 
     if not torch.cuda.is_available() and not cpu_allowed():
-        raise RuntimeError(f"{what} asks for a GPU, but {cuda_missing()}; set {ALLOW_CPU}=1 to run on the CPU instead")  # fmt: skip
+        raise DeviceUnusable(f"{what} asks for a GPU, but {cuda_missing()}; set {ALLOW_CPU}=1 to run on the CPU instead")  # fmt: skip
 
 
 def resolve_device(name: str | None = "auto") -> str:
@@ -106,10 +110,10 @@ def check_cpu_size(n_params: int, device: str, what: str) -> None:
         device: where it would run.
         what: the work, for the message (e.g. "promotion of meta-llama/Llama-3.1-8B").
     Raises:
-        RuntimeError naming the work, its size and the opt-in.
+        DeviceUnusable naming the work, its size and the opt-in.
     """
     if str(device).startswith("cpu") and n_params >= LARGE_ON_CPU and not cpu_allowed():
-        raise RuntimeError(
+        raise DeviceUnusable(
             f"{what}: a {n_params / 1e9:.1f} B-parameter model would run on the CPU "
             f"(hours where a GPU takes minutes); set {ALLOW_CPU}=1 to run it there anyway"
         )

@@ -16,6 +16,7 @@ from search_fixtures import experiment, make_experts
 
 from layerswap.search.promote import RESULT_COLUMNS, promote, shot_groups
 from layerswap.search.results import TrialStore
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, dump_recipe, recipe_id
 from layerswap.trainables.evaluate.harness import resolve_device
 
@@ -64,7 +65,7 @@ def test_unusable_device_fails_before_any_model(tiny_world, experts, tmp_path, m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run, _ = _run_dir(tmp_path, experts)
     exp = experiment(tiny_world, experts, promote={"device": "cuda"})
-    with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA GPU"):
+    with pytest.raises(ValueError, match=r"device 'cuda': torch .* sees no usable CUDA GPU"):
         promote(exp, run, progress=False)
     assert not (run / "promotion" / "results.parquet").exists()
 
@@ -96,3 +97,65 @@ def test_promote_on_the_auto_device(tiny_world, experts, tmp_path):
         # the target at promote.num_fewshot, proxies (dev and held-out) at Proxy.num_fewshot
         assert raw["n-shot"] == {r["task"]: 1 if r["task"] == TARGET else 0}
     assert "**candidate_" in res.leaderboard.read_text()
+
+
+def _oom_above(k: int, seen: list[int]):
+    """harness.evaluate, with the model raising CUDA's out-of-memory error for a batch of more
+    than `k` rows (as a GPU would); `seen` collects every batch the model was called with."""
+    from layerswap.trainables.evaluate import harness
+
+    real = harness.evaluate
+
+    def evaluate(model, *a, **kw):
+        def hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            seen.append(ids.shape[0])
+            if ids.shape[0] > k:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 47.2 GiB (simulated)")  # fmt: skip
+
+        handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            return real(model, *a, **kw)
+        finally:
+            handle.remove()
+
+    return evaluate
+
+
+def test_out_of_memory_halves_the_batch_and_promotion_completes(tiny_world, experts, tmp_path, monkeypatch, capsys):  # fmt: skip
+    from layerswap.trainables.evaluate import harness
+
+    seen: list[int] = []
+    monkeypatch.setattr(harness, "evaluate", _oom_above(2, seen))
+    run, rid = _run_dir(tmp_path, experts)
+    exp = experiment(
+        tiny_world, experts, proxies=[PROXIES[0]],
+        promote={"top_k": 1, "limit": 8, "max_gen_toks": 2, "baselines": ["base"],
+                 "batch_size": 8, "num_fewshot": 0, "write_best": False},
+    )  # fmt: skip
+    res = promote(exp, run, progress=True)
+    out = capsys.readouterr().out
+    assert "out of memory at batch 8; retrying at 4" in out and "retrying at 2" in out
+    assert "failed" not in out
+    assert {r["model"] for r in res.rows} == {f"candidate_{rid}", "base"}
+    assert all(r["n_items"] == 8 for r in res.rows)
+    # after the back-off every forward pass was at most 2 rows, and the next model started there
+    first_ok = next(i for i, b in enumerate(seen) if b <= 2)
+    assert max(seen[first_ok:]) <= 2
+
+
+def test_every_model_failing_is_an_error_with_the_reasons(tiny_world, experts, tmp_path, monkeypatch):  # fmt: skip
+    from layerswap.trainables.evaluate import harness
+
+    def broken(*a, **kw):
+        raise ValueError("tokenizer has no pad token (simulated)")
+
+    monkeypatch.setattr(harness, "evaluate", broken)
+    run, rid = _run_dir(tmp_path, experts)
+    exp = experiment(tiny_world, experts, promote={"top_k": 1, "limit": 2, "baselines": ["base"], "write_best": False})  # fmt: skip
+    with pytest.raises(RunFailed, match="every model's evaluation failed") as e:
+        promote(exp, run, progress=False)
+    assert "tokenizer has no pad token" in str(e.value)
+    board = (run / "leaderboard.md").read_text()
+    assert f"- candidate_{rid}: ValueError: tokenizer has no pad token (simulated)" in board
+    assert "- base: ValueError" in board

@@ -29,7 +29,7 @@ def test_auto_says_what_it_chose_and_why():
 
 def test_a_gpu_asked_for_needs_cuda_or_the_opt_in(monkeypatch):
     monkeypatch.delenv(D.ALLOW_CPU, raising=False)
-    with pytest.raises(RuntimeError, match=r"scaling\.use_gpu asks for a GPU, but torch") as e:
+    with pytest.raises(D.DeviceUnusable, match=r"scaling\.use_gpu asks for a GPU, but torch") as e:
         D.require_cuda("scaling.use_gpu")
     assert "LAYERSWAP_ALLOW_CPU=1" in str(e.value)
     monkeypatch.setenv(D.ALLOW_CPU, "1")
@@ -38,7 +38,7 @@ def test_a_gpu_asked_for_needs_cuda_or_the_opt_in(monkeypatch):
 
 def test_a_large_model_on_the_cpu_needs_the_opt_in(monkeypatch):
     monkeypatch.delenv(D.ALLOW_CPU, raising=False)
-    with pytest.raises(RuntimeError, match=r"promotion: a 8\.0 B-parameter model would run on the CPU"):  # fmt: skip
+    with pytest.raises(D.DeviceUnusable, match=r"promotion: a 8\.0 B-parameter model would run on the CPU"):  # fmt: skip
         D.check_cpu_size(8_030_261_248, "cpu", "promotion")
     D.check_cpu_size(D.LARGE_ON_CPU - 1, "cpu", "promotion")  # small: fine
     D.check_cpu_size(8_030_261_248, "cuda", "promotion")  # on a GPU: fine
@@ -65,6 +65,6 @@ def test_evaluate_refuses_a_large_in_memory_model_on_the_cpu(monkeypatch):
             super().__init__()
             self.w = torch.nn.Parameter(torch.empty(40_000, 40_000, device="meta"))
 
-    with pytest.raises(RuntimeError, match=r"evaluation of Big: a 1\.6 B-parameter model"):
+    with pytest.raises(D.DeviceUnusable, match=r"evaluation of Big: a 1\.6 B-parameter model"):
         _check_size(Big(), "cpu")
     _check_size(Big(), "cuda")

@@ -168,8 +168,9 @@ def _jsonable(raw: dict) -> dict:
 
 
 def _hflm(
-    model: Any, peft: str | None, tokenizer: Any, device: str, batch_size: BatchSize, verbose: bool
-):
+    model: Any, peft: str | None, tokenizer: Any, device: str, batch_size: BatchSize, verbose: bool,
+    max_length: int | None = None,
+):  # fmt: skip
     """lm-eval's HFLM over a checkpoint folder (loaded on `device`; with `peft`, that adapter
     applied to it, unmerged, by HFLM itself) or a model object (moved there: HFLM takes the
     object's own device as its device); request bars off unless verbose."""
@@ -178,10 +179,10 @@ def _hflm(
     if isinstance(model, (str, Path)):
         if tokenizer is None and peft is not None and _has_tokenizer(Path(peft)):
             tokenizer = peft  # the adapter's own tokenizer (training saves it), as load_tokenizer
-        lm = HFLM(pretrained=str(model), peft=peft, tokenizer=tokenizer, device=device, batch_size=batch_size, trust_remote_code=False)  # fmt: skip
+        lm = HFLM(pretrained=str(model), peft=peft, tokenizer=tokenizer, device=device, batch_size=batch_size, trust_remote_code=False, max_length=max_length)  # fmt: skip
     else:
         model.to(device)
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)  # fmt: skip
     if not verbose:
         request_bars_off(lm)
     return lm
@@ -205,6 +206,7 @@ def evaluate(
     max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
     out: Path | None = None,
     verbose: bool = True,
+    max_length: int | None = None,
 ) -> dict:
     """Run lm-eval's `simple_evaluate` on a checkpoint folder or an in-memory model.
 
@@ -229,6 +231,8 @@ def evaluate(
         out: if given, the raw result JSON is written there atomically.
         verbose: lm-eval's progress bars and INFO log, as its own CLI shows them; False: only
             its errors (see `lm_eval_api.lm_eval_output`, `request_bars_off`).
+        max_length: HFLM's max_length (None: the model's); bounds lm-eval's "auto" batch probe
+            (trainables/evaluate/fit.eval_batch).
     Returns:
         lm-eval's raw result dict (results, configs, n-samples, samples, ...) as JSON types.
         For an adapter, config.model is its base, config.peft the adapter folder and
@@ -250,7 +254,7 @@ def evaluate(
     _check_size(model, device)
     lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
     tm = task_manager(list(tasks), include_path)
-    lm = _hflm(model, peft, tokenizer, device, batch_size, verbose)
+    lm = _hflm(model, peft, tokenizer, device, batch_size, verbose, max_length)
     raw = simple_evaluate(
         model=lm,
         tasks=list(tasks),

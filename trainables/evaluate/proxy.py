@@ -204,8 +204,8 @@ class ProxyEvaluator:
         # simple_evaluate's overrides, in its order.
         if kind == "generate_until" and gen_kwargs:
             task.set_config(key="generation_kwargs", value=dict(gen_kwargs), update=True)
-        if task.get_config("num_fewshot") != 0:
-            task.set_config(key="num_fewshot", value=num_fewshot)
+        if num_fewshot is not None and task.get_config("num_fewshot") != 0:
+            task.set_config(key="num_fewshot", value=num_fewshot)  # None: the task's own
         task.set_fewshot_seed(seed=FEWSHOT_SEED)
         shots = task.get_config("num_fewshot") or 0
 
