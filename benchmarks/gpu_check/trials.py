@@ -1,0 +1,484 @@
+"""Stage 3 of the GPU check: merge-search trials from two 8B-shaped experts, in both placements,
+and what a trial of the shipped search config costs.
+
+Random-weight checkpoints of Llama-3.1-8B's shape (benchmarks/shapes.shape_experts: base, task
+and language expert, real 128,256 vocabulary, bf16, drawn on the GPU) are composed into one live
+model by layerswap's TrialRunner (search/trial.py), recipe after recipe of the search's default
+space (the shipped config's ranges at 32 layers; uniform weighting), and scored on the world's
+stand-ins for the shipped config's proxies at its few-shot counts: Belebele (xa dev, multiple
+choice, 5-shot) and English MGSM (dev, generation, 8-shot), 20 items each, 32 new tokens. Two
+passes, placement forced: experts resident on the device (at the deepest model layerswap's
+placement rule admits, `device_depth`), and experts in host memory with the changed tensors
+copied per trial (full depth; what layerswap picks at 8B). Per trial: compose / move / score
+seconds, the scoring split into multiple choice, prompt prefill and decoding; those rates scale
+a trial to the shipped config (spaces/examples/real_llama31_8b_sw_search.yaml: 900 Belebele
+items 5-shot, 250 MGSM items 8-shot, 256 new tokens, fidelity screening) by `layerswap plan`'s
+rule (study.estimate.eval_cost): trials per GPU-hour, kept and pruned, beside the plan's.
+Sized for ~60-90 s on an H100 (an estimate: not yet run on one).
+
+Run: python benchmarks/gpu_check/run.py --stages trials --out DIR [--smoke]
+(--smoke: llama-tiny at 4 layers, 4 items, 4 new tokens, 1 + 1 trials per placement, CPU.)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from common import ROOT, free, sync
+from figures import Figure, per_hour, share
+
+from layerswap.study.estimate import eval_cost, forward_flops, model_cost, task_shape
+
+TITLE = "Search trials at the 8B shape"
+SHIPPED = ROOT / "spaces" / "examples" / "real_llama31_8b_sw_search.yaml"
+# Each shipped proxy family's world stand-in, in world_readings' languages (Belebele in the
+# target language, MGSM in English: spaces.search_experiment.world_readings).
+WORLD_PROXY = {"belebele": "xa", "mgsm": "en"}
+COPIES = 3  # base + 2 experts, whole: real checkpoints and the node store share no tensor
+# items per proxy (the tiny world has 20 dev items), new tokens, timed trials after the first,
+# seconds for the stage; smoke at 4 layers, where the space has a second recipe
+SIZES = {
+    "gpu": dict(depth=None, limit=20, gen_toks=32, trials=3, budget_s=90.0),
+    "smoke": dict(depth=4, limit=4, gen_toks=4, trials=1, budget_s=120.0),
+}
+PASSES = (("device", "experts on the device"), ("host", "experts in host memory"))
+
+
+# ------------------------------------------------------------------------------ arithmetic
+
+
+def device_depth(layer_bytes: float, other_bytes: float, depth: int, gpu_bytes: float, headroom: float, copies: int = COPIES) -> int:  # fmt: skip
+    """The deepest model (at most `depth` layers) whose experts layerswap keeps on the device:
+    LiveModel._place's rule, live model + experts <= GPU x (1 - headroom), for `copies` whole
+    checkpoints beside the live model, each `other_bytes` + layers x `layer_bytes`.
+
+    Returns:
+        layers (0 when not even the embeddings fit).
+    """
+    per_copy = gpu_bytes * (1 - headroom) / (copies + 1)
+    return max(0, min(depth, math.floor((per_copy - other_bytes) / layer_bytes)))
+
+
+def screen_counts(n: int, screen: float | None) -> list[int]:
+    """Items of each evaluator pass of a trial: the screened prefix (as ProxyEvaluator.subset
+    counts it), then the rest; one pass without screening."""
+    if screen is None:
+        return [n]
+    k = max(1, math.ceil(screen * n - 1e-9))
+    return [k, n - k] if n > k else [k]
+
+
+def rate_profiles(mc_flops_per_s: float, prefill_flops_per_s: float, step_s: float) -> dict:
+    """Stand-in profiles for study.estimate.eval_cost at measured rates, one per part of the
+    scoring: "mc" (choice rows), "prefill" (generation prompts, no decoding), "decode" (steps
+    of `step_s` each, weight reads included: bytes/s infinite, prompts free)."""
+
+    def prof(flops, step):
+        fig = SimpleNamespace
+        return SimpleNamespace(prefill_flops_per_s=fig(value=flops), decode_bytes_per_s=fig(value=math.inf),
+                               decode_step_overhead_s=fig(value=step))  # fmt: skip
+
+    return {"mc": prof(mc_flops_per_s, 0.0), "prefill": prof(prefill_flops_per_s, 0.0), "decode": prof(math.inf, step_s)}  # fmt: skip
+
+
+def proxy_seconds(profiles: dict, cost, tasks, *, limit, gen_toks: int, batch: int, screen) -> dict:
+    """Seconds of a trial's proxies by study.estimate.eval_cost, per part of the scoring.
+
+    Args:
+        profiles: {part: profile}; "mc" scores the choice tasks, every other part the
+            generation tasks (e.g. the h100 profile as {"mc": p, "gen": p}, or rate_profiles).
+        cost: the scored model's study.estimate.ModelCost.
+        tasks: (TaskShape, few-shot examples) per proxy.
+        limit, gen_toks, batch, screen: proxy_eval.limit, max_gen_toks, rows per pass,
+            search.fidelity.screen.
+    Returns:
+        {"kept": {part: s}, "pruned": {part: s}}: a kept trial scores every item (screened
+        prefix, then the rest), a pruned one the prefix only.
+    """
+    out = {k: dict.fromkeys(profiles, 0.0) for k in ("kept", "pruned")}
+    for shape, shots in tasks:
+        n = min(limit or shape.items, shape.items)
+        parts = ["mc"] if shape.choices else [p for p in profiles if p != "mc"]
+        for i, k in enumerate(screen_counts(n, screen)):
+            for part in parts:
+                s = eval_cost(cost, shape, k, shots, gen_toks, batch, profiles[part], row_per_option=False)[0]  # fmt: skip
+                out["kept"][part] += s
+                out["pruned"][part] += s if i == 0 else 0.0
+    return out
+
+
+def pass_rates(rows: list[dict], mc_flops: float, prefill_flops: float, step_scale: float) -> dict:
+    """Scoring rates over a pass's timed trials (each scored the same items).
+
+    Args:
+        rows: per trial "mc_s", "gen_s", "prefill_s", "steps".
+        mc_flops, prefill_flops: FLOPs of one trial's choice rows, generation prompts.
+        step_scale: weight bytes of the depth scaled to / of the one measured (a decoding step
+            reads every weight once).
+    Returns:
+        rate_profiles' arguments by name.
+    """
+    n, tot = len(rows), {k: sum(r[k] for r in rows) for k in ("mc_s", "gen_s", "prefill_s", "steps")}  # fmt: skip
+    return {
+        "mc_flops_per_s": n * mc_flops / tot["mc_s"],
+        "prefill_flops_per_s": n * prefill_flops / tot["prefill_s"],
+        "step_s": (tot["gen_s"] - tot["prefill_s"]) / tot["steps"] * step_scale,
+    }
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+class KindClock:
+    """Where an evaluator's scoring time goes: choice and generation tasks, the prefill of the
+    generation prompts, and the decoding steps (counted with their rows).
+
+    Wraps the evaluator's own per-kind methods (this instance's only) and hooks the model's
+    forward: with a KV cache, a forward of several tokens is a prefill, of one a decoding step
+    (choice rows run without a cache).
+    """
+
+    def __init__(self, ev, model, device: str):
+        self.device = device
+        self.take()
+        for key, name in (("mc_s", "_score_mc"), ("gen_s", "_score_gen")):
+            setattr(ev, name, self._timed(key, getattr(ev, name)))
+        model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        model.register_forward_hook(self._post, with_kwargs=True)
+
+    def take(self) -> dict:
+        """What was counted since the last take; counting starts again."""
+        old, self._t0 = getattr(self, "c", {}), None
+        self.c = {"mc_s": 0.0, "gen_s": 0.0, "prefill_s": 0.0, "steps": 0, "step_rows": 0}
+        return old
+
+    def _timed(self, key: str, fn):
+        def run(*args, **kwargs):
+            sync(self.device)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sync(self.device)
+                self.c[key] += time.perf_counter() - t0
+
+        return run
+
+    def _pre(self, module, args, kwargs):
+        ids, self._t0 = kwargs.get("input_ids", args[0] if args else None), None
+        if kwargs.get("use_cache") and ids.shape[1] > 1:
+            sync(self.device)
+            self._t0 = time.perf_counter()
+        elif kwargs.get("use_cache"):
+            self.c["steps"] += 1
+            self.c["step_rows"] += ids.shape[0]
+
+    def _post(self, module, args, kwargs, out):
+        if self._t0 is not None:
+            sync(self.device)
+            self.c["prefill_s"] += time.perf_counter() - self._t0
+
+
+def item_flops(ev, cost, max_length: int) -> tuple[float, float]:
+    """(FLOPs of the choice rows, FLOPs of the generation prompts) of one scoring of `ev`'s
+    items by the plan's rule (a row: prompt plus every option's tokens); prompts left-truncated
+    to `max_length` less the new tokens, as ProxyEvaluator._score_gen does."""
+    mc = gen = 0.0
+    for c in ev.tasks.values():
+        for it in c.items:
+            if c.kind == "multiple_choice":
+                n = len(it.ctx_ids) + sum(len(x) for x in it.cont_ids)
+                mc += n * forward_flops(cost, n)
+            else:
+                n = min(len(it.ctx_ids), max_length - c.max_gen_toks)
+                gen += n * forward_flops(cost, n)
+    return mc, gen
+
+
+def _runner(ctx, cfg, states: dict, tmp: Path, shipped, size: dict):
+    """A TrialRunner over `states` ({role: state dict}) served from memory, scoring the world's
+    stand-ins of the shipped proxies. Returns (runner, experiment, pool)."""
+    from bench_search import _one_pair
+
+    from layerswap.search.trial import TrialRunner
+    from layerswap.spaces.search_experiment import Proxy, SearchExperiment
+    from layerswap.spaces.search_space import ExpertPool
+    from layerswap.spaces.task_families import family, family_of
+    from layerswap.trainables.evaluate.tasks import write_world_tasks
+
+    tok, dirs = ctx.tokenizer(), {}
+    for role in states:  # config and tokenizer on disk; the weights come from memory
+        dirs[role] = tmp / f"{role}-{cfg.num_hidden_layers}"
+        cfg.save_pretrained(dirs[role])
+        tok.save_pretrained(dirs[role])
+    by_path = {str(d): states[r] for r, d in dirs.items()}
+    proxies = [Proxy(task=family(f).world_task(WORLD_PROXY[f], "dev"), chance=p.chance, num_fewshot=p.num_fewshot)
+               for p in shipped.proxy_list for f in [family_of(p.task).name]]  # fmt: skip
+    exp = SearchExperiment.model_validate({
+        **_one_pair("gpu-check-trials", ctx.world, dirs), "proxies": [p.model_dump() for p in proxies],
+        "proxy_eval": {"limit": size["limit"], "max_gen_toks": size["gen_toks"], "batch_size": "auto"},
+        "space": {"weighting": ["uniform"], "expert_kinds": ["full"]},
+        "search": {"gpus_per_trial": 1, "torch_threads": shipped.search.torch_threads, "fidelity": {"screen": None}},
+    })  # fmt: skip
+    pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
+    write_world_tasks(ctx.world, tmp / "tasks")
+    runner = TrialRunner(exp, pool, [str(tmp / "tasks")], device=ctx.device, loader=lambda ref: (by_path[ref], set()))  # fmt: skip
+    return runner, exp, pool
+
+
+def run_pass(ctx, runner, exp, pool, keep: bool, trials: int, end: float) -> dict:
+    """One placement: the paper default first (every tensor placed; with `keep`, then the rest
+    of both experts copied to the device), then up to `trials` other recipes of the space drawn
+    with seed 0, fewer once time.monotonic() passes `end`.
+
+    Returns:
+        {"auto_placement": what layerswap chose itself, "depth", "rows": one per trial, with
+        `keep` "placed": {"s", "move_s"}}, with "does_not_fit": the error, when a trial ran
+        out of device memory.
+    """
+    from bench_search import enumerate_space
+
+    from layerswap.spaces.search_space import decode, warm_start
+
+    live = runner.live
+    out = {"auto_placement": live.placement, "depth": live.depth, "rows": []}
+    live.keep_on_device = keep  # forced, whatever _place chose (module doc)
+    first = warm_start(exp.space, live.depth, pool)
+    others = [g for g in enumerate_space(exp.space, live.depth, pool) if g != first] or [first]
+    recipes = [first, *random.Random(0).sample(others, min(trials, len(others)))]
+    clock = KindClock(runner.parts[0], runner.model, ctx.device)
+    for i, params in enumerate(recipes):
+        if i > 1 and time.monotonic() > end:
+            break
+        before, _ = dict(live.loaded), clock.take()
+        res = runner.run(decode(params, exp.space, live.depth, pool))
+        if res.status != "ok" and "OutOfMemoryError" in (res.error or ""):
+            return out | {"does_not_fit": res.error.splitlines()[0]}
+        if res.status != "ok":
+            raise RuntimeError(f"trial {i} failed: {res.error}")
+        swapped = sum(p.numel() * p.element_size() for n, p in live.params.items() if live.loaded.get(n) != before.get(n))  # fmt: skip
+        out["rows"].append({
+            "first": i == 0, "recipe": params, "compose_s": res.t_compose_s - res.t_move_s,
+            "move_s": res.t_move_s, "score_s": res.t_eval_s, "total_s": res.t_total_s,
+            "moved": res.moved, "moved_bytes": swapped, **clock.take(),
+        })  # fmt: skip
+        if keep and i == 0:  # the rest of both experts, once: later trials then move nothing
+            t0, moving = time.perf_counter(), live.t_move_s
+            for ref in (pool.task[0].path, pool.language[0].path):
+                for name in runner.cache.states[ref]:
+                    live.tensor(ref, name)
+            sync(ctx.device)
+            out["placed"] = {"s": time.perf_counter() - t0, "move_s": live.t_move_s - moving}
+    return out
+
+
+def _pass_depths(ctx, states: dict, depth: int) -> dict:
+    """{"device": `device_depth` on this GPU (the full depth on a CPU), "host": `depth`}."""
+    import torch
+    from shapes import _layer
+
+    from layerswap.trainables.merge.live import EVAL_HEADROOM
+
+    if ctx.device != "cuda":
+        return {"device": depth, "host": depth}
+    nbytes = {n: t.numel() * t.element_size() for n, t in states["base"].items()}
+    layer = sum(b for n, b in nbytes.items() if _layer(n) == 0)
+    other = sum(b for n, b in nbytes.items() if _layer(n) is None)
+    return {"device": device_depth(layer, other, depth, torch.cuda.mem_get_info()[1], EVAL_HEADROOM), "host": depth}  # fmt: skip
+
+
+def measure(ctx, size: dict, shipped) -> dict:
+    """Make the checkpoints, then run both placements (module doc).
+
+    Returns:
+        {"made_s", "depth", "passes": {key: run_pass's dict + "flops" of one trial's items and
+        the pass model's "weight_bytes"}}.
+    """
+    import torch
+    from lm_eval.models.utils import resolve_max_length
+    from shapes import _layer, shape_experts
+
+    from layerswap.trainables.train.model_shape import model_shape
+
+    end = time.monotonic() + min(size["budget_s"], ctx.remaining())
+    cfg = ctx.config(depth=size["depth"])
+    t0 = time.perf_counter()
+    states = shape_experts(cfg, make_on=ctx.device)
+    full = cfg.num_hidden_layers
+    out = {"made_s": time.perf_counter() - t0, "depth": full, "passes": {}}
+    depths = _pass_depths(ctx, states, full)
+    threads = torch.get_num_threads()  # TrialRunner sets the config's; later stages keep theirs
+    try:
+        with tempfile.TemporaryDirectory(prefix="gc-trials-") as tmp:
+            for i, (key, _) in enumerate(PASSES):
+                d = depths[key]
+                if d == 0:
+                    out["passes"][key] = {"depth": 0, "rows": [], "does_not_fit": "not one layer fits layerswap's placement rule"}  # fmt: skip
+                    continue
+                cfg_d = ctx.config(depth=d)
+                cfg_d.dtype = "bfloat16"
+                # the first d layers, tensors shared (nothing copied)
+                sub = {r: {n: t for n, t in s.items() if (_layer(n) or 0) < d} for r, s in states.items()}  # fmt: skip
+                runner, exp, pool = _runner(ctx, cfg_d, sub, Path(tmp), shipped, size)
+                pass_end = time.monotonic() + (end - time.monotonic()) / (len(PASSES) - i)
+                res = run_pass(ctx, runner, exp, pool, key == "device", size["trials"], pass_end)
+                cost = model_cost(model_shape(cfg_d))
+                max_length = resolve_max_length(runner.model.config, runner.tokenizer, default=2048)
+                res |= {"flops": item_flops(runner.parts[0], cost, max_length), "weight_bytes": cost.weight_bytes}  # fmt: skip
+                out["passes"][key] = res
+                del runner, sub
+                free(ctx.device)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+def shipped_trial(p: dict, cost, tasks, shipped, batch: int) -> dict:
+    """A pass scaled to a trial of the shipped config: median compose, move and the scoring's
+    other Python (unscaled), plus the proxies at the pass's rates (`proxy_seconds`)."""
+    timed = [r for r in p["rows"] if not r["first"]]
+    rates = pass_rates(timed, *p["flops"], cost.weight_bytes / p["weight_bytes"])
+    pe = shipped.proxy_eval
+    sc = proxy_seconds(rate_profiles(**rates), cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
+                       batch=batch, screen=shipped.search.fidelity.screen)  # fmt: skip
+    med = {k: statistics.median(r[k] for r in timed) for k in ("compose_s", "move_s", "score_s")}
+    other = statistics.median(r["score_s"] - r["mc_s"] - r["gen_s"] for r in timed)
+    rows = sum(r["step_rows"] for r in timed) / max(1, sum(r["steps"] for r in timed))
+    fixed = med["compose_s"] + med["move_s"] + other
+    out = {"rates": rates, "median": med, "other_s": other, "step_rows": rows}
+    return out | {k: sc[k] | {"total_s": fixed + sum(sc[k].values())} for k in ("kept", "pruned")}
+
+
+def _pass_figures(label: str, p: dict, s: dict, assumed: dict, size: dict) -> list[Figure]:
+    """compose / move / score seconds and the shipped config's trials per hour of one placement."""
+    timed = [r for r in p["rows"] if not r["first"]]
+    how = f"median of {len(timed)} trial(s) after the first, {p['depth']} layers"
+    gib = statistics.median(r["moved_bytes"] for r in timed) / 2**30
+    moved = statistics.median(r["moved"] for r in timed)
+    med, kept, pruned = s["median"], s["kept"]["total_s"], s["pruned"]["total_s"]
+    world = f"world stand-ins: {size['limit']} Belebele items 5-shot + {size['limit']} MGSM items 8-shot x {size['gen_toks']} new tokens"  # fmt: skip
+    rows = [
+        ("compose s per trial", med["compose_s"], "s", None, f"{how}; {moved:g} tensors ({gib:.2f} GiB) swapped in; the move excluded"),
+        ("move s per trial", med["move_s"], "s", None, f"{how}; expert tensors copied to the device (LiveModel.t_move_s)"),
+        ("score s per trial", med["score_s"], "s", None, f"{how}; {world}"),
+        ("shipped-config trials per GPU-hour, every trial kept", per_hour(kept), "trials/h", per_hour(assumed["kept"]), "measured compose + move; proxies at the measured rates by the plan's rule"),
+        ("shipped-config trials per GPU-hour, every trial pruned after screening", per_hour(pruned), "trials/h", per_hour(assumed["pruned"]), "the screened items only (search.fidelity.screen)"),
+        ("share of a kept shipped-config trial spent scoring", share(kept - med["compose_s"] - med["move_s"], kept), "share", share(assumed["kept"] - assumed["compose"], assumed["kept"]), ""),
+    ]  # fmt: skip
+    return [Figure(f"{n} ({label})", v, u, assumed=a, note=note) for n, v, u, a, note in rows]
+
+
+def _rate_figures(s: dict, prof, cost, size: dict) -> list[Figure]:
+    """The measured scoring rates beside the h100 profile's assumptions."""
+    r, pre = s["rates"], prof.prefill_flops_per_s.value
+    step = cost.weight_bytes / prof.decode_bytes_per_s.value + prof.decode_step_overhead_s.value
+    return [
+        Figure("multiple-choice scoring FLOP/s", r["mc_flops_per_s"], "FLOP/s", assumed=pre, note=f"{size['limit']} world Belebele 5-shot rows; FLOPs by the plan's rule"),
+        Figure("generation prefill FLOP/s", r["prefill_flops_per_s"], "FLOP/s", assumed=pre, note=f"{size['limit']} world MGSM 8-shot prompts"),
+        Figure(f"decoding step s ({s['step_rows']:.0f} rows)", r["step_s"], "s", assumed=step, note="generation less prefill, per step; assumed: weight bytes / decode_bytes_per_s + decode_step_overhead_s"),
+    ]  # fmt: skip
+
+
+def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> list[str]:
+    """How the figures were made and scaled, in words with numbers."""
+    pe, fid = shipped.proxy_eval, shipped.search.fidelity
+    dev, full = m["passes"]["device"], m["depth"]
+    top = shipped.experts.top_k if shipped.experts else len(shipped.task_experts)
+    shapes = "; ".join(f"{p.task}: {t.items} items of {t.prompt_tokens:g} + {k} x {t.shot_tokens:g} tokens" for p, (t, k) in zip(shipped.proxy_list, tasks, strict=True))  # fmt: skip
+    notes = [
+        f"Checkpoints made in {m['made_s']:.1f} s ({full} layers). The shipped `expert_store: node` "
+        "(search/expert_store.node_loader) needs Ray (a detached actor, the object store), which this stage does not "
+        "start: the experts come from an in-memory loader, host tensors like the store's shared-memory views.",
+        f"Shipped config: limit {pe.limit}, max_gen_toks {pe.max_gen_toks}, screen {fid.screen}; scaled by "
+        f"study.estimate.eval_cost with the plan's task shapes ({shapes}; ceil(items / {batch}) x max_gen_toks "
+        "decoding steps) at each pass's measured multiple-choice FLOP/s, prefill FLOP/s and seconds per decoding "
+        "step, plus its measured compose, move and other scoring Python (unscaled).",
+        f"Kept: every item scored (the screened {fid.screen:g}, then the rest); pruned: the screened items only; a search lies "
+        f"between (its first keep_top={fid.keep_top} trials are kept). Not counted, here or in the assumed figures: "
+        "Tune's per-trial overhead (trial_overhead_s); not run: magnitude weighting's one-off MAV pass over the "
+        f"experts on the host, and expert-pair changes (one pair here; the shipped {top} x {top} pool swaps most tensors "
+        "when the pair changes).",
+        f"Random weights never hit a stop string: every MGSM row decodes all {size['gen_toks']} tokens here and all "
+        f"{pe.max_gen_toks} in the scaling (the plan's upper bound). The world's prompts are short and its rows "
+        f"{size['limit']} a pass, so the rates come from smaller forwards than the shipped config's long rows, {batch} a pass.",
+    ]
+    for key, label in PASSES:
+        p, s = m["passes"][key], scaled.get(key)
+        if s is None:
+            notes.append(f"{label}: does not fit ({p['does_not_fit']}); not measured.")
+            continue
+        k, placed = s["kept"], p.get("placed", {})
+        if placed.get("move_s"):  # on a CPU the experts are the model's tensors already
+            notes.append(f"{label}: after the first trial, the rest of both experts went to the device once "
+                         f"({placed['s']:.1f} s, {placed['move_s']:.1f} s of it copying), so its timed trials move nothing.")  # fmt: skip
+        notes.append(f"{label}: forced at {p['depth']} layers (layerswap's own choice: '{p['auto_placement']}'). "
+                     f"A kept shipped-config trial: {k['total_s']:.1f} s = compose {s['median']['compose_s']:.2f} + move "
+                     f"{s['median']['move_s']:.2f} + multiple choice {k['mc']:.1f} + MGSM prefill {k['prefill']:.1f} + "
+                     f"decoding {k['decode']:.1f} + other {s['other_s']:.2f}.")  # fmt: skip
+    if 0 < dev["depth"] < full:
+        notes.append(f"Experts on the device at {dev['depth']} of {full} layers: LiveModel._place's rule (model + "
+                     f"{COPIES} whole checkpoints <= GPU x 0.7) admits no more. Its FLOP rates carry to {full} layers' "
+                     f"FLOPs as they are, its decoding step is scaled by weight bytes ({full}- / {dev['depth']}-layer); "
+                     "compose and move are not scaled (a recipe swaps the same layers at either depth).")  # fmt: skip
+    return notes
+
+
+def _throughput(ctx, p: dict) -> dict:
+    """merge_bytes_per_s from the host-placement pass (the placement layerswap picks at 8B);
+    {} when its trials swapped nothing in (no rate to give)."""
+    timed = [r for r in p["rows"] if not r["first"]]
+    nbytes, secs = sum(r["moved_bytes"] for r in timed), sum(r["compose_s"] + r["move_s"] for r in timed)  # fmt: skip
+    if not nbytes:
+        return {}
+    return {"merge_bytes_per_s": {
+        "value": nbytes / secs, "unit": "B/s",
+        "shape": f"{ctx.shape}: {p['depth']} layers, vocab {ctx.config().vocab_size}, bf16, random weights",
+        "result": f"{len(timed)} trials after the first, experts in host memory, changed tensors copied: "
+                  f"{nbytes / 2**30:.2f} GiB swapped in over {secs:.2f} s of compose (move included)",
+        "derivation": "bytes of the tensors whose assembly op changed / TrialResult.t_compose_s, summed over the trials",
+    }}  # fmt: skip
+
+
+def run(ctx) -> dict:
+    from layerswap.spaces.search_experiment import load_search_experiment
+    from layerswap.spaces.study import load_profiles
+    from layerswap.study.estimate import auto_batch
+    from layerswap.trainables.train.model_shape import model_shape
+
+    size = SIZES["smoke" if ctx.smoke else "gpu"]
+    shipped = load_search_experiment(SHIPPED)
+    m = measure(ctx, size, shipped)
+    cfg = ctx.config(depth=size["depth"])
+    cfg.dtype = "bfloat16"
+    cost, prof, pe = model_cost(model_shape(cfg)), load_profiles()["h100"], shipped.proxy_eval
+    batch = auto_batch("cuda") if pe.batch_size == "auto" else pe.batch_size
+    tasks = [(task_shape(p.task, {}), p.num_fewshot) for p in shipped.proxy_list]
+    plan = proxy_seconds({"mc": prof, "gen": prof}, cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
+                         batch=batch, screen=shipped.search.fidelity.screen)  # fmt: skip
+    compose = cost.weight_bytes / prof.merge_bytes_per_s.value  # the plan: the whole model
+    assumed = {"compose": compose} | {k: compose + sum(v.values()) for k, v in plan.items()}
+    figures, scaled = [], {}
+    for key, label in PASSES:
+        p = m["passes"][key]
+        if p.get("does_not_fit"):
+            figures.append(Figure(f"shipped-config trials per GPU-hour, every trial kept ({label})", None,
+                                  "trials/h", assumed=per_hour(assumed["kept"]), note="does not fit"))  # fmt: skip
+            continue
+        scaled[key] = shipped_trial(p, cost, tasks, shipped, batch)
+        figures += _pass_figures(label, p, scaled[key], assumed, size)
+    if "host" in scaled:
+        figures += _rate_figures(scaled["host"], prof, cost, size)
+    res = {"figures": figures, "notes": _notes(m, size, shipped, tasks, batch, scaled), "measured": m,
+           "shipped": scaled, "assumed": assumed}  # fmt: skip
+    if not ctx.smoke and "host" in scaled:
+        res["throughput"] = _throughput(ctx, m["passes"]["host"])
+    return res
