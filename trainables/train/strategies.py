@@ -37,11 +37,11 @@ class Strategy(Protocol):
     def grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float: ...
 
 
-def _regroup(prep: Prepared) -> None:
+def _regroup(prep: Prepared, names: dict[str, list[str]]) -> None:
     """Point `prep.groups` at the model's current parameter objects (by name): fully_shard
     replaces every parameter with a sharded one, and optimizers must see those."""
     current = dict(prep.model.named_parameters())
-    prep.groups = {g: [(n, current[n]) for n, _ in named] for g, named in prep.groups.items()}
+    prep.groups = {g: [(n, current[n]) for n in group] for g, group in names.items()}
 
 
 class Replicated:
@@ -86,6 +86,11 @@ class FullyShard:
             # Pinned host memory speeds up copies to the GPU; without a GPU it cannot be had.
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         model = prep.model
+        # The groups' references to the unsharded parameters go first: while they lived, every
+        # layer's full fp32 copy outlived its sharding, and a GPU briefly held the whole fp32
+        # model (~30 GiB at 8B) however finely the layers were sharded.
+        names = {g: [n for n, _ in named] for g, named in prep.groups.items()}
+        prep.groups = {g: [] for g in names}
         # Unit by unit: placed, cast to the policy, sharded (which frees the full copy), so a
         # GPU holds one unsharded fp32 layer at a time, never the whole fp32 model.
         for layer in _decoder_layers(model):
@@ -95,7 +100,7 @@ class FullyShard:
         _place_unsharded(model, device)
         apply_precision(model, policy)  # the root's own weights; the layers' are cast already
         fully_shard(model, **kw)
-        _regroup(prep)
+        _regroup(prep, names)
         return model
 
     def no_sync(self, net, last):
