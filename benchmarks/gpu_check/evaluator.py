@@ -16,21 +16,22 @@ The race itself is benchmarks/bench_eval.py's (its helpers are imported).
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import bench_eval  # benchmarks/: the race's helpers; it puts the fixture folder on sys.path
-from common import Timer, free, sync
-from figures import Figure, Target, decode_bound_s, peak_share, share, speedup
+
+from gpu_check.common import Timer, free, sync
+from gpu_check.figures import Figure, Target, decode_bound_s, peak_share, share, speedup
+from gpu_check.items import SHOTS, write_tasks
+from gpu_check.timing import ForwardLog, summarize
+from layerswap.trainables.evaluate.fit import kv_bytes_per_token
 
 TITLE = "Evaluator vs lm-eval HFLM at the 8B shape"
 
 TASKS = bench_eval.TASKS  # ["mgsm_dev", "bele_dev"]: bench_eval's prediction readers know them
-SHOTS = {"bele_dev": 5, "mgsm_dev": 8}  # real_llama31_8b_sw_search.yaml's proxies
 # Prompt lengths of the real tasks in Llama-3 tokens: Belebele eng_Latn 5-shot ~2,100, MGSM
 # en 8-shot ~700-900. Under smoke the tiny model's window is 256 positions.
 # stage_s: the stage's share of the check's time (the batch-8 extra is timed only within it).
@@ -39,218 +40,6 @@ SMOKE = dict(n_bele=4, n_mgsm=4, bele_tokens=200, mgsm_tokens=240, max_gen_toks=
 HFLM_BATCHES = (1, 32)  # batch 1 is the reference the predictions are compared with
 EXTRA_BATCH = 8  # timed too when the stage's time allows
 CANDIDATES = 2
-WORDS = (
-    "the river city market farmer children school water mountain village road bread teacher "
-    "morning family garden price number train station history people country music doctor "
-    "island forest winter summer language government a of and in to was for on with"
-).split()
-BELE_TEMPLATE = "P: \nQ: \nA: \nB: \nC: \nD: \nAnswer: B\n\n"  # belebele's doc_to_text + target
-MGSM_TEMPLATE = "Question: \nAnswer:12\n\n"
-
-
-# ------------------------------------------------------------------------------ the items
-
-
-def n_tokens(tok, text: str) -> int:
-    """Tokens of `text` without special tokens."""
-    return len(tok(text, add_special_tokens=False)["input_ids"])
-
-
-def text_of_tokens(tok, n: int, rng) -> str:
-    """Random words from WORDS whose encoding has at least `n` tokens (and, with a one-token
-    word in WORDS, at most `n` + 1: the space before the first word may merge differently).
-
-    Args:
-        tok: the tokenizer that counts.
-        n: tokens wanted.
-        rng: a numpy Generator.
-    """
-    cost = {w: n_tokens(tok, " " + w) for w in WORDS}
-    cheapest = min(WORDS, key=cost.get)
-    words: list[str] = []
-    est = 0
-    while True:
-        w = WORDS[int(rng.integers(len(WORDS)))]
-        if est + cost[w] > n:  # the last word: the cheapest, so the text does not overshoot
-            w = cheapest
-        words.append(w)
-        est += cost[w]
-        # Byte-level BPE splits at spaces, so word costs add up; the whole text decides.
-        if est >= n and n_tokens(tok, " ".join(words)) >= n:
-            return " ".join(words)
-
-
-def belebele_rows(tok, n: int, doc_tokens: int, seed: int) -> list[dict]:
-    """`n` Belebele-schema rows of about `doc_tokens` tokens each, rendered with the template."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    q, a = max(1, doc_tokens // 12), max(1, doc_tokens // 40)
-    passage = max(1, doc_tokens - n_tokens(tok, BELE_TEMPLATE) - q - 4 * a)
-    return [
-        {
-            "flores_passage": text_of_tokens(tok, passage, rng) + ".",
-            "question": text_of_tokens(tok, q, rng) + "?",
-            **{f"mc_answer{j}": text_of_tokens(tok, a, rng) for j in range(1, 5)},
-            "correct_answer_num": str(int(rng.integers(1, 5))),
-        }
-        for _ in range(n)
-    ]
-
-
-def mgsm_rows(tok, n: int, doc_tokens: int, seed: int, *, train: bool) -> list[dict]:
-    """`n` MGSM-schema rows of about `doc_tokens` tokens each (train rows carry answers)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        a, b = int(rng.integers(1, 50)), int(rng.integers(1, 50))
-        tail = f" {a} plus {b}?"
-        body = max(1, doc_tokens - n_tokens(tok, MGSM_TEMPLATE + tail))
-        q = text_of_tokens(tok, body, rng) + "." + tail
-        rows.append(
-            {
-                "question": f"Question: {q}" if train else q,  # as in MGSM's train split
-                "answer": f"Step-by-Step Answer: {a} plus {b} is {a + b}." if train else None,
-                "answer_number": a + b,
-                "equation_solution": f"{a} + {b} = {a + b}" if train else None,
-            }
-        )
-    return rows
-
-
-def write_tasks(root: Path, tok, sizes: dict) -> Path:
-    """JSONL items and task YAMLs `bele_dev`, `mgsm_dev` (lm-eval's own configs, included)."""
-    import yaml
-    from proxy_fixtures import BELEBELE_EN, MGSM_EN
-
-    root.mkdir(parents=True, exist_ok=True)
-
-    def jsonl(name: str, rows: list[dict]) -> str:
-        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return str(root / name)
-
-    bele_doc = sizes["bele_tokens"] // (SHOTS["bele_dev"] + 1)
-    mgsm_doc = sizes["mgsm_tokens"] // (SHOTS["mgsm_dev"] + 1)
-    bele = [belebele_rows(tok, SHOTS["bele_dev"], bele_doc, 1),
-            belebele_rows(tok, sizes["n_bele"], bele_doc, 2)]  # fmt: skip
-    mgsm = [mgsm_rows(tok, SHOTS["mgsm_dev"], mgsm_doc, 3, train=True),
-            mgsm_rows(tok, sizes["n_mgsm"], mgsm_doc, 4, train=False)]  # fmt: skip
-    # Few-shot examples in a split of their own, so any item count can take all the shots.
-    data = {
-        "bele_dev": (BELEBELE_EN, "fewshot", {"fewshot": jsonl("bele_fewshot.jsonl", bele[0]),
-                                              "dev": jsonl("bele_dev.jsonl", bele[1])}),
-        "mgsm_dev": (MGSM_EN, "train", {"train": jsonl("mgsm_train.jsonl", mgsm[0]),
-                                        "dev": jsonl("mgsm_dev.jsonl", mgsm[1])}),
-    }  # fmt: skip
-    for task, (include, shots_split, files) in data.items():
-        cfg = {
-            "include": str(include), "task": task, "dataset_path": "json", "dataset_name": None,
-            "dataset_kwargs": {"data_files": files}, "test_split": "dev",
-            "fewshot_split": shots_split, "training_split": shots_split,
-            "num_fewshot": SHOTS[task],  # HFLM reads it here; the evaluator is given SHOTS too
-        }  # fmt: skip
-        (root / f"{task}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return root
-
-
-# ------------------------------------------------------------------------------ forward timing
-
-
-@dataclass
-class Call:
-    """One forward of the model: rows, real tokens per row, cached tokens before it, times."""
-
-    rows: int
-    tokens: list[int]
-    past: int  # 0: a prefill (a whole prompt); > 0: a decoding step on a KV cache
-    t0: float
-    t1: float
-
-
-class ForwardLog:
-    """`with ForwardLog(model, device) as log:` records every forward of `model` as a Call.
-
-    Each forward is synchronised on both ends, so its time is the device's; the decoding
-    loop's own host work then lies between one forward's end and the next one's start.
-    """
-
-    def __init__(self, model, device: str):
-        self.model, self.device, self.calls = model, device, []
-
-    def __enter__(self):
-        self._hooks = [
-            self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
-            self.model.register_forward_hook(self._post, with_kwargs=True),
-        ]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self._hooks:
-            h.remove()
-
-    def _pre(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = kwargs.get("past_key_values", kwargs.get("cache"))  # transformers renames it
-        past = cache.get_seq_length() if cache is not None else 0
-        mask = kwargs.get("attention_mask")
-        rows, width = ids.shape
-        real = mask.sum(-1).tolist() if mask is not None and past == 0 else [width] * rows
-        sync(self.device)
-        self._open = (rows, real, past, time.perf_counter())
-
-    def _post(self, module, args, kwargs, output):
-        sync(self.device)
-        self.calls.append(Call(*self._open, time.perf_counter()))
-
-
-def prefill_flops(cost, row_tokens: list[int]) -> float:
-    """FLOPs of prefilling rows of `row_tokens` real tokens by the plan's rule: per row,
-    tokens x forward_flops(cost, mean causal context (n + 1) / 2)."""
-    from layerswap.study.estimate import forward_flops
-
-    return sum(n * forward_flops(cost, (n + 1) / 2) for n in row_tokens)
-
-
-def kv_bytes_per_token(shape) -> int:
-    """KV-cache bytes of one token: keys and values of every layer's KV heads."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype.itemsize
-
-
-def summarize(logs: list[list[Call]], cost, kv_per_token: int) -> dict:
-    """Prefill FLOPs and seconds, and decoding steps, over the forward logs of several runs.
-
-    A decoding step's whole time runs from the previous forward's end to its own (the loop's
-    host work included); its forward time is its own call's. Bytes a step must read: every
-    weight plus the KV cache of its rows (padding included, the kernel reads it).
-    """
-    pre_s = pre_flops = pre_tokens = 0.0
-    pre_rows = pre_calls = 0
-    steps, fwds, rows, step_bytes = [], [], [], []
-    for calls in logs:
-        for i, c in enumerate(calls):
-            if c.past == 0:
-                pre_calls, pre_rows = pre_calls + 1, pre_rows + c.rows
-                pre_s += c.t1 - c.t0
-                pre_flops += prefill_flops(cost, c.tokens)
-                pre_tokens += sum(c.tokens)
-            else:
-                steps.append(c.t1 - calls[i - 1].t1)
-                fwds.append(c.t1 - c.t0)
-                rows.append(c.rows)
-                step_bytes.append(cost.weight_bytes + c.rows * (c.past + 1) * kv_per_token)
-    mean = statistics.fmean
-    return {
-        "prefill_calls": pre_calls, "prefill_rows": pre_rows, "prefill_tokens": int(pre_tokens),
-        "prefill_s": pre_s, "prefill_flops": pre_flops,
-        "prefill_flops_per_s": pre_flops / pre_s if pre_s else None,
-        "decode_steps": len(steps),
-        "decode_step_s": mean(steps) if steps else None,
-        "decode_forward_s": mean(fwds) if fwds else None,
-        "decode_rows": mean(rows) if rows else None,
-        "decode_step_bytes": mean(step_bytes) if steps else None,
-    }  # fmt: skip
 
 
 def diff_share(mine: dict, ref: dict) -> tuple[int, int]:
@@ -500,7 +289,7 @@ def run(ctx) -> dict:
         race = _race(ctx, model, tok, ev, tm, sizes, t_start)
     shape = model_shape(cfg)
     cost = model_cost(shape)
-    summary = summarize(race.pop("logs"), cost, kv_bytes_per_token(shape))
+    summary = summarize(race.pop("logs"), cost, kv_bytes_per_token(shape, shape.dtype.itemsize))
     prompts = _prompt_tokens(ev)
     prof = load_profiles()["h100"]
     batch = ev.sizer.size(next(model.parameters()).device, "loglikelihood")

@@ -10,9 +10,8 @@ This stage builds a random-weight 8B-shaped bf16 model on the GPU (tiny under --
 HFLM's public loglikelihood / generate_until with requests whose contexts tokenize to the
 longest prompts' lengths (Belebele 5-shot ~2,100 tokens, Telugu ~2-3x that, MGSM 8-shot ~900).
 Per case: fits or not (an out-of-memory error is the finding), peak memory
-(torch.cuda.max_memory_allocated), seconds, and the arithmetic estimate below beside it. The
-estimate functions (`loglikelihood_memory`, `generate_memory`) are meant to move into the
-project once measured; they take a ModelShape (trainables/train/model_shape.py).
+(torch.cuda.max_memory_allocated), seconds, and beside it the estimate promotion itself sizes
+its batches by (trainables/evaluate/fit.py: `loglikelihood_memory`, `generate_memory`).
 
 Run: python benchmarks/gpu_check/run.py [--smoke] --stages promotion --out DIR
 """
@@ -21,8 +20,9 @@ from __future__ import annotations
 
 import time
 
-from common import GIB, ROOT, Timer, free, peak_gib
-from figures import Figure, Target, fmt, relative_error
+from gpu_check.common import GIB, ROOT, Timer, free, peak_gib
+from gpu_check.figures import Figure, Target, fmt, relative_error
+from layerswap.trainables.evaluate.fit import generate_memory, loglikelihood_memory
 
 TITLE = "Promotion memory at the shipped batch size"
 
@@ -49,72 +49,6 @@ ESTIMATE_TARGET = 0.10  # |relative error| of the estimate against the measured 
 
 
 # ------------------------------------------------------------------------ the estimate
-
-
-def kv_bytes_per_token(shape, b: int) -> int:
-    """One token's keys and values over every layer (b: the cache dtype's bytes)."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * b
-
-
-def loglikelihood_memory(shape, rows: int, tokens: int, *, batches: int = 1, b: int = 2, softmax_b: int | None = None) -> dict[str, int]:  # fmt: skip
-    """Peak device bytes of lm-eval HFLM's loglikelihood over batches of `rows` x `tokens`.
-
-    HFLM._loglikelihood_tokens calls the model on the right-padded batch (HF builds the KV cache
-    of every layer, use_cache being on, the last layer's MLP holds 3 x intermediate a token, and
-    the lm_head returns [rows, tokens, vocab] logits in the model's dtype), drops the cache with
-    the output, then takes log_softmax in `softmax_dtype` (None:
-    the logits' dtype) beside the logits. Its loop variable keeps the previous batch's
-    log-softmax alive while the next batch runs, so from the second batch on (equal lengths)
-    one more [rows, tokens, vocab] tensor is held.
-
-    Args:
-        shape: a ModelShape (params, layers, kv_heads, head_dim, hidden, vocab).
-        rows: rows a batch (promote.batch_size); tokens: the batch's padded input length.
-        batches: how many such batches run in a row (1 or more).
-        b: the weights' and logits' dtype bytes; softmax_b: log_softmax's (None: b).
-    Returns:
-        {"weights", "logits", "log_softmax", "previous_batch", "kv_cache", "hidden", "peak"}.
-    """
-    n = rows * tokens
-    parts = {
-        "weights": sum(shape.params.values()) * b,
-        "logits": n * shape.vocab * b,
-        "log_softmax": n * shape.vocab * (softmax_b or b),
-        "kv_cache": n * kv_bytes_per_token(shape, b),
-        "hidden": 2 * n * shape.hidden * b,  # the last layer's residual and the final norm's output
-    }
-    parts["previous_batch"] = parts["log_softmax"] if batches > 1 else 0
-    mlp = 3 * n * shape.intermediate * b  # the last layer's act(gate), up and their product
-    forward = parts["kv_cache"] + parts["hidden"] + max(parts["logits"], mlp)
-    softmax = parts["logits"] + parts["log_softmax"]  # after the cache is dropped
-    parts["peak"] = parts["weights"] + parts["previous_batch"] + max(forward, softmax)
-    return parts
-
-
-def generate_memory(shape, rows: int, context: int, new_tokens: int, *, b: int = 2) -> dict[str, int]:  # fmt: skip
-    """Peak device bytes of lm-eval HFLM's generate_until on a batch of `rows` left-padded
-    `context`-token prompts generating `new_tokens` (HF generate, KV cache in the model dtype).
-
-    Prefill: the cache of the whole context, plus the last layer's transient MLP tensors
-    (act(gate), up and their product: 3 x intermediate) and two hidden-state copies per token;
-    generate keeps only the last position's logits. Decoding: the cache grows to
-    context + new_tokens, and each layer's update copies that layer's cache once (torch.cat).
-
-    Returns:
-        {"weights", "kv_cache" (at the end), "prefill_transient", "peak"}.
-    """
-    kvt = kv_bytes_per_token(shape, b)
-    weights = sum(shape.params.values()) * b
-    transient = rows * context * (3 * shape.intermediate + 2 * shape.hidden) * b
-    prefill = rows * context * kvt + transient
-    kv_end = rows * (context + new_tokens) * kvt
-    decode = kv_end + kv_end // shape.layers
-    return {
-        "weights": weights,
-        "kv_cache": kv_end,
-        "prefill_transient": transient,
-        "peak": weights + max(prefill, decode),
-    }
 
 
 def longest_fitting(shape, rows: int, capacity: int, *, b: int = 2) -> int:
@@ -249,6 +183,7 @@ def run(ctx) -> dict:
     free(ctx.device)
     model = _model(ctx)
     weights = torch.cuda.memory_allocated() / GIB if ctx.device == "cuda" else None
+    free_bytes = torch.cuda.mem_get_info()[0] if ctx.device == "cuda" else None
     lm_eval_output(False)  # lm-eval's INFO log off; its warnings stay
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch)
     cases = []
@@ -260,7 +195,26 @@ def run(ctx) -> dict:
     del lm, model
     free(ctx.device)
     capacity = torch.cuda.get_device_properties(0).total_memory if ctx.device == "cuda" else None
-    return _report(ctx, shipped, batch, shape, cases, capacity, weights)
+    res = _report(ctx, shipped, batch, shape, cases, capacity, weights)
+    res["figures"] += _picked(cases, shape, batch, free_bytes)
+    return res
+
+
+def _picked(cases: list[dict], shape, batch: int, free_bytes: int | None) -> list[Figure]:
+    """The batch promotion now runs each case at (trainables/evaluate/fit.py: the estimate above
+    within the free memory, before any back-off), beside the shipped fixed batch."""
+    from layerswap.trainables.evaluate.fit import RowShape, fitting_batch
+
+    figs = []
+    for c in cases:
+        if "skipped" in c:
+            continue
+        kind = "loglikelihood" if c["request"] == "loglikelihood" else "generate"
+        row = RowShape(kind, c["padded_tokens"], c["new_tokens"] or 0)
+        got = fitting_batch([row], shape, free_bytes, batch) if free_bytes else None
+        how = f"of {batch}, {free_bytes / GIB:.1f} GiB free beside the model" if free_bytes else "no GPU memory on CPU"  # fmt: skip
+        figs.append(Figure(f"{c['case']}: batch promotion now picks", got, "rows", assumed=batch, note=how))  # fmt: skip
+    return figs
 
 
 def _case_figures(c: dict, capacity: int | None) -> list[Figure]:

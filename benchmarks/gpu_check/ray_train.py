@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 import yaml
-from common import ROOT, write_text
-from figures import Figure, Target
+
+from gpu_check.common import ROOT, write_text
+from gpu_check.figures import Figure, Target
 
 TITLE = "Ray Train + FSDP2 (+ NCCL) through layerswap train, killed and resumed"
 

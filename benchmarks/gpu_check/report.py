@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the gpu_check package
 
-from figures import Figure, fmt
+from gpu_check.figures import Figure, fmt
 
 SMOKE = "smoke (tiny shapes, CPU: checks the stages run; the numbers mean nothing)"
 
@@ -82,7 +82,7 @@ def render(records: list[dict], header: dict) -> str:
 
 def write_report(ctx, records: list[dict], path: Path) -> None:
     """Render the records of the run `ctx` into `path` (atomically)."""
-    from common import write_text
+    from gpu_check.common import write_text
 
     header = {
         "gpu": ctx.gpu_name,

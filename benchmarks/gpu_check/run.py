@@ -35,10 +35,14 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script, this folder is sys.path[0]; its modules are imported as the gpu_check package
+# instead (benchmarks/ on the path), so names like `env` or `report` shadow nothing.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
-from common import Context, free, write_json
-from figures import Figure, gpu_spec
+from gpu_check.common import Context, free, write_json  # noqa: E402
+from gpu_check.figures import Figure, gpu_spec  # noqa: E402
 
 # (module, seconds it needs at least on a GPU: a stage is skipped, and says so, when less is left)
 STAGES: list[tuple[str, float]] = [
@@ -104,7 +108,7 @@ def run_stage(ctx: Context, index: int, name: str, min_s: float) -> dict:
     else:
         t0 = time.perf_counter()
         try:
-            mod = importlib.import_module(name)
+            mod = importlib.import_module(f"gpu_check.{name}")
             record["title"] = mod.TITLE
             res = mod.run(ctx)
             res["figures"] = [f.to_dict() if isinstance(f, Figure) else f for f in res.get("figures", [])]  # fmt: skip
@@ -122,8 +126,8 @@ def run_stage(ctx: Context, index: int, name: str, min_s: float) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from report import write_report
-    from throughput import update_throughput
+    from gpu_check.report import write_report
+    from gpu_check.throughput import update_throughput
 
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = set(args.stages.split(",")) if args.stages else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import ROOT, write_text
+from gpu_check.common import ROOT, write_text
 
 THROUGHPUT = ROOT / "spaces" / "throughput.yaml"
 

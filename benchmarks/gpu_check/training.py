@@ -27,10 +27,10 @@ from argparse import Namespace
 import bench_train_step as bts
 import torch
 import torch.distributed as dist
-from common import GIB, Timer, free
-from figures import Figure, Target, peak_share, relative_error, share
 from transformers import AutoModelForCausalLM
 
+from gpu_check.common import GIB, Timer, free
+from gpu_check.figures import Figure, Target, peak_share, relative_error, share
 from layerswap.spaces.study import load_profiles
 from layerswap.study.estimate import model_cost, train_flops
 from layerswap.trainables.train.loop import _prepare_model

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_check"))
-import figures as F  # noqa: E402
-from report import render  # noqa: E402
-from throughput import measured_figures, updated_yaml  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import figures as F  # noqa: E402
+from gpu_check.report import render  # noqa: E402
+from gpu_check.throughput import measured_figures, updated_yaml  # noqa: E402
 
 from layerswap.spaces.study import Profiles  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_smoke_runs_every_stage_on_cpu(tmp_path, tiny_world):
     run = _run("--smoke", "--out", str(out), "--world", str(tiny_world), cwd=tmp_path, timeout=600)  # fmt: skip
     wall = time.monotonic() - t0
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    from run import STAGES
+    from gpu_check.run import STAGES
 
     records = [json.loads(p.read_text()) for p in sorted(out.glob("[0-9][0-9]_*.json"))]
     assert [r["stage"] for r in records] == [n for n, _ in STAGES]

@@ -20,11 +20,14 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_check"))
-import common  # noqa: E402, F401  (puts benchmarks/ on sys.path, as run.py does)
-import evaluator as E  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import common  # noqa: E402, F401  (puts the repo and benchmarks/ on sys.path)
+from gpu_check import evaluator as E  # noqa: E402
+from gpu_check import items as I  # noqa: E402
+from gpu_check import timing as TM  # noqa: E402
 
 from layerswap.study.estimate import ModelCost  # noqa: E402
+from layerswap.trainables.evaluate.fit import kv_bytes_per_token  # noqa: E402
 from layerswap.world.tiny import tiny_tokenizer  # noqa: E402
 
 RUN = ROOT / "benchmarks" / "gpu_check" / "run.py"
@@ -45,7 +48,7 @@ def cost(n_mm=1000, layers=2, d_attn=8, weight_bytes=4000) -> ModelCost:
 @pytest.mark.parametrize("n", [1, 2, 7, 40, 300])
 def test_text_reaches_its_token_count_without_overshooting(tok, n):
     rng = np.random.default_rng(n)
-    got = E.n_tokens(tok, E.text_of_tokens(tok, n, rng))
+    got = I.n_tokens(tok, I.text_of_tokens(tok, n, rng))
     assert n <= got <= n + 1
 
 
@@ -54,7 +57,7 @@ def test_written_tasks_give_prompts_of_the_target_length(tok, tmp_path):
     from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 
     sizes = dict(E.SMOKE, n_bele=2, n_mgsm=3, bele_tokens=900, mgsm_tokens=450)
-    root = E.write_tasks(tmp_path / "tasks", tok, sizes)
+    root = I.write_tasks(tmp_path / "tasks", tok, sizes)
     ev = ProxyEvaluator(E.TASKS, tok, include_path=str(root), num_fewshot=E.SHOTS)
     prompts = E._prompt_tokens(ev)
     assert prompts["bele_dev"]["items"] == 2 and prompts["mgsm_dev"]["items"] == 3
@@ -73,30 +76,30 @@ def test_written_tasks_give_prompts_of_the_target_length(tok, tmp_path):
 def test_prefill_flops_by_the_plans_rule_at_the_mean_causal_context():
     c = cost(n_mm=1000, layers=2, d_attn=8)
     # a row of 3 tokens: 3 x (2*1000 + 2*2*2*8), the mean causal context of 3 tokens being 2
-    assert E.prefill_flops(c, [3]) == 3 * (2000 + 2 * 2 * 2 * 8)
-    assert E.prefill_flops(c, [3, 1]) == E.prefill_flops(c, [3]) + 1 * (2000 + 2 * 2 * 1 * 8)
-    assert E.prefill_flops(c, []) == 0
+    assert TM.prefill_flops(c, [3]) == 3 * (2000 + 2 * 2 * 2 * 8)
+    assert TM.prefill_flops(c, [3, 1]) == TM.prefill_flops(c, [3]) + 1 * (2000 + 2 * 2 * 1 * 8)
+    assert TM.prefill_flops(c, []) == 0
 
 
 def test_kv_bytes_per_token_at_the_8b_shape():
     shape = SimpleNamespace(layers=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
     # keys and values, 32 layers, 8 KV heads of 128, 2 bytes: 128 KiB a token
-    assert E.kv_bytes_per_token(shape) == 2 * 32 * 8 * 128 * 2 == 131072
+    assert kv_bytes_per_token(shape, shape.dtype.itemsize) == 2 * 32 * 8 * 128 * 2 == 131072
 
 
 def test_summary_splits_prefill_from_decoding_steps():
     c = cost(weight_bytes=4000)
     # one generation: a prefill of two rows, then two steps; then a multiple-choice forward
     gen = [
-        E.Call(2, [3, 2], 0, 0.0, 1.0),
-        E.Call(2, [1, 1], 3, 1.5, 2.0),  # whole step 1.0 s (from the prefill's end), fwd 0.5
-        E.Call(2, [1, 1], 4, 2.5, 3.0),  # whole step 1.0 s, forward 0.5 s
+        TM.Call(2, [3, 2], 0, 0.0, 1.0),
+        TM.Call(2, [1, 1], 3, 1.5, 2.0),  # whole step 1.0 s (from the prefill's end), fwd 0.5
+        TM.Call(2, [1, 1], 4, 2.5, 3.0),  # whole step 1.0 s, forward 0.5 s
     ]
-    mc = [E.Call(1, [4], 0, 10.0, 12.0)]
-    s = E.summarize([gen, mc], c, kv_per_token=10)
+    mc = [TM.Call(1, [4], 0, 10.0, 12.0)]
+    s = TM.summarize([gen, mc], c, kv_per_token=10)
     assert (s["prefill_calls"], s["prefill_rows"], s["prefill_tokens"]) == (2, 3, 9)
     assert s["prefill_s"] == 3.0
-    assert s["prefill_flops"] == E.prefill_flops(c, [3, 2]) + E.prefill_flops(c, [4])
+    assert s["prefill_flops"] == TM.prefill_flops(c, [3, 2]) + TM.prefill_flops(c, [4])
     assert s["prefill_flops_per_s"] == s["prefill_flops"] / 3.0
     assert (s["decode_steps"], s["decode_step_s"], s["decode_forward_s"]) == (2, 1.0, 0.5)
     assert s["decode_rows"] == 2
@@ -105,7 +108,7 @@ def test_summary_splits_prefill_from_decoding_steps():
 
 
 def test_summary_without_decoding_has_no_step():
-    s = E.summarize([[E.Call(1, [4], 0, 0.0, 2.0)]], cost(), kv_per_token=10)
+    s = TM.summarize([[TM.Call(1, [4], 0, 0.0, 2.0)]], cost(), kv_per_token=10)
     assert s["decode_steps"] == 0 and s["decode_step_s"] is None and s["decode_step_bytes"] is None
 
 
@@ -134,7 +137,7 @@ def test_forward_log_sees_a_padded_prefill_then_decoding_steps(tok):
     from layerswap.trainables.evaluate.proxy_lm import greedy_generate
 
     model = tiny_llama(tok)
-    with E.ForwardLog(model, "cpu") as log:
+    with TM.ForwardLog(model, "cpu") as log:
         greedy_generate(model, tok, [[5, 6, 7], [8, 9]], ["\n\n\n"], 3, set(), None)
     calls = log.calls
     assert [(c.rows, c.tokens, c.past) for c in calls[:1]] == [(2, [3, 2], 0)]

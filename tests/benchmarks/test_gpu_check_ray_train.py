@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_check"))
-import ray_train as R  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import ray_train as R  # noqa: E402
 
 
 def _rows(steps, start):

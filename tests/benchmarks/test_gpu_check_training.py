@@ -18,14 +18,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (
-    ROOT / "benchmarks",
-    ROOT / "benchmarks" / "gpu_check",
-):  # bench_train_step, shapes; the stage
-    sys.path.insert(0, str(_p))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_train_step, shapes, the gpu_check package
 import bench_train_step as bts  # noqa: E402
-import training as T  # noqa: E402
-from common import GIB  # noqa: E402
+from gpu_check import training as T  # noqa: E402
+from gpu_check.common import GIB  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_check"))
-import trials as T  # noqa: E402
-from figures import per_hour  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import trial_cost as C  # noqa: E402
+from gpu_check import trials as T  # noqa: E402
+from gpu_check.figures import per_hour  # noqa: E402
 
 from layerswap.spaces.study import load_profiles  # noqa: E402
 from layerswap.spaces.task_families import TaskShape  # noqa: E402
@@ -34,23 +35,23 @@ SHIPPED = dict(limit=None, gen_toks=256, batch=64, screen=0.25)
 def test_device_depth_is_the_placement_rule():
     # 80 GB x 0.7 = 56 GB over 4 copies (3 checkpoints + the live model): 14 GB each, 2 GB of
     # embeddings, 0.5 GB a layer -> 24 layers
-    assert T.device_depth(0.5e9, 2e9, 32, 80e9, 0.3) == 24
-    assert T.device_depth(0.5e9, 2e9, 32, 800e9, 0.3) == 32  # never deeper than the model
-    assert T.device_depth(0.5e9, 20e9, 32, 80e9, 0.3) == 0  # embeddings alone do not fit
+    assert C.device_depth(0.5e9, 2e9, 32, 80e9, 0.3) == 24
+    assert C.device_depth(0.5e9, 2e9, 32, 800e9, 0.3) == 32  # never deeper than the model
+    assert C.device_depth(0.5e9, 20e9, 32, 80e9, 0.3) == 0  # embeddings alone do not fit
     # Llama-3.1-8B (436 MB a layer, 2.1 GB outside them) on an H100's 79.1 GiB: 29 of 32
-    assert T.device_depth(436_207_616, 2_101_354_496, 32, 79.1 * 2**30, 0.3) == 29
+    assert C.device_depth(436_207_616, 2_101_354_496, 32, 79.1 * 2**30, 0.3) == 29
 
 
 def test_screen_counts_split_a_trial_as_the_evaluator_does():
-    assert T.screen_counts(900, 0.25) == [225, 675]
-    assert T.screen_counts(250, 0.25) == [63, 187]  # ceil(62.5)
-    assert T.screen_counts(20, None) == [20]
-    assert T.screen_counts(1, 0.25) == [1]  # at least one item, nothing left after
+    assert C.screen_counts(900, 0.25) == [225, 675]
+    assert C.screen_counts(250, 0.25) == [63, 187]  # ceil(62.5)
+    assert C.screen_counts(20, None) == [20]
+    assert C.screen_counts(1, 0.25) == [1]  # at least one item, nothing left after
 
 
 def test_proxy_seconds_at_measured_rates():
-    profs = T.rate_profiles(mc_flops_per_s=1e14, prefill_flops_per_s=2e14, step_s=0.05)
-    got = T.proxy_seconds(profs, COST, TASKS, **SHIPPED)
+    profs = C.rate_profiles(mc_flops_per_s=1e14, prefill_flops_per_s=2e14, step_s=0.05)
+    got = C.proxy_seconds(profs, COST, TASKS, **SHIPPED)
     row = 350 + 5 * 350 + 4 * 15  # one row per item: the 5-shot prompt and the four options
     ctx = 150 + 8 * 150
     mc = 900 * row * (2 * 7e9 + 2 * 32 * row * 4096) / 1e14
@@ -63,7 +64,7 @@ def test_proxy_seconds_at_measured_rates():
 def test_the_plans_profile_gives_the_plans_seconds():
     """With the h100 profile, a kept trial's proxies cost what `layerswap plan` counts."""
     prof = load_profiles()["h100"]
-    got = T.proxy_seconds({"mc": prof, "gen": prof}, COST, TASKS, **SHIPPED)
+    got = C.proxy_seconds({"mc": prof, "gen": prof}, COST, TASKS, **SHIPPED)
     plan, items, _ = evals_cost(COST, TASKS, None, 256, 64, prof, row_per_option=False)
     assert items == 1150 and sum(got["kept"].values()) == pytest.approx(plan)
     assert 0 < sum(got["pruned"].values()) < plan / 2
@@ -75,7 +76,7 @@ def test_pass_rates_and_the_shipped_trial():
     rows += [{"first": False, "compose_s": c, "move_s": 0.5, "score_s": 5.5, "mc_s": 2.0, "gen_s": 3.0,
               "prefill_s": 1.0, "steps": 40, "step_rows": 800} for c in (0.1, 0.3, 0.2)]  # fmt: skip
     # mc 4e14 FLOPs in 2 s, prefill 1e14 in 1 s, 2 s of decoding over 40 steps
-    rates = T.pass_rates(rows[1:], 4e14, 1e14, step_scale=2.0)
+    rates = C.pass_rates(rows[1:], 4e14, 1e14, step_scale=2.0)
     assert rates == pytest.approx(
         {"mc_flops_per_s": 2e14, "prefill_flops_per_s": 1e14, "step_s": 0.1}
     )
@@ -86,7 +87,7 @@ def test_pass_rates_and_the_shipped_trial():
     s = T.shipped_trial(p, COST, TASKS, shipped, 64)
     assert s["median"] == {"compose_s": 0.2, "move_s": 0.5, "score_s": 5.5}  # the first is left out
     assert s["step_rows"] == 20 and s["other_s"] == pytest.approx(0.5)
-    want = T.proxy_seconds(T.rate_profiles(2e14, 1e14, 0.1), COST, TASKS, **SHIPPED)
+    want = C.proxy_seconds(C.rate_profiles(2e14, 1e14, 0.1), COST, TASKS, **SHIPPED)
     assert s["kept"]["total_s"] == pytest.approx(0.2 + 0.5 + 0.5 + sum(want["kept"].values()))
     assert s["pruned"]["decode"] == pytest.approx(256 * 0.1)
     assert per_hour(s["kept"]["total_s"]) < per_hour(s["pruned"]["total_s"])
