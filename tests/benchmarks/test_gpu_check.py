@@ -158,20 +158,19 @@ def test_without_a_gpu_the_full_check_says_so(tmp_path, tiny_world):
 
 
 @pytest.mark.slow
-def test_smoke_runs_every_stage_on_cpu(tmp_path, tiny_world):
-    """What CI runs: every stage at a tiny shape finishes, writes its JSON and joins the report."""
-    import time
-
-    out = tmp_path / "check"
-    t0 = time.monotonic()
-    run = _run("--smoke", "--out", str(out), "--world", str(tiny_world), cwd=tmp_path, timeout=600)  # fmt: skip
-    wall = time.monotonic() - t0
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def test_smoke_runs_every_stage_on_cpu(gpu_check_smoke):
+    """What CI runs: every stage at a tiny shape finishes, writes its JSON and joins the report,
+    within the ~2 minutes the issue gives it (on 2 shared cores: 5 minutes of slack)."""
     from gpu_check.run import STAGES
 
+    out = gpu_check_smoke
     records = [json.loads(p.read_text()) for p in sorted(out.glob("[0-9][0-9]_*.json"))]
     assert [r["stage"] for r in records] == [n for n, _ in STAGES]
     assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
     report = (out / "report.md").read_text()
     assert f"{len(STAGES)} stage(s) run, {len(STAGES)} finished" in report
+    # On a CPU a target is met or not measured (no GPU figure); a miss means a broken path.
+    missed = [(r["stage"], f["name"]) for r in records for f in r["result"]["figures"] if f["verdict"] == "missed"]  # fmt: skip
+    assert not missed, missed
+    wall = float((out / "wall_s.txt").read_text())
     assert wall < 300, f"smoke run took {wall:.0f} s; CI budget is ~2 min"

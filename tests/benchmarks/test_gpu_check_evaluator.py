@@ -9,7 +9,6 @@ Run: .venv/bin/python -m pytest -q tests/benchmarks/test_gpu_check_evaluator.py 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -207,13 +206,8 @@ def test_race_fails_when_the_reference_batch_does_not_fit(monkeypatch, tok):
 
 
 @pytest.mark.slow
-def test_stage_runs_in_the_smoke_check(tmp_path):
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--stages", "evaluator", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_stage_runs_in_the_smoke_check(gpu_check_smoke):
+    out = gpu_check_smoke
     rec = json.loads((out / "02_evaluator.json").read_text())
     assert rec["status"] == "ok" and rec["title"] == E.TITLE
     res = rec["result"]

@@ -8,7 +8,6 @@ Run: .venv/bin/python -m pytest -q tests/benchmarks/test_gpu_check_promotion.py 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,12 +40,8 @@ def test_shipped_promotion_is_read_from_the_real_configs():
 
 
 @pytest.mark.slow
-def test_smoke_run_measures_every_case(tmp_path, tiny_world):
-    out = tmp_path / "o"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check" / "run.py"), "--smoke",
-                          "--stages", "promotion", "--out", str(out), "--world", str(tiny_world)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def test_smoke_run_measures_every_case(gpu_check_smoke):
+    out = gpu_check_smoke
     res = json.loads((out / "06_promotion.json").read_text())["result"]
     assert res["batch_size"] == P.SMOKE_BATCH
     cases = res["cases"]

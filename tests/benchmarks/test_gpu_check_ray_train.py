@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -78,12 +77,8 @@ def test_experiment_is_fsdp_and_checkpoints_before_its_last_step(tmp_path, gpu):
 
 
 @pytest.mark.slow
-def test_smoke_run_kills_and_resumes_layerswap_train(tmp_path, tiny_world):
-    out = tmp_path / "o"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check" / "run.py"), "--smoke",
-                          "--stages", "ray_train", "--out", str(out), "--world", str(tiny_world)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=500)  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def test_smoke_run_kills_and_resumes_layerswap_train(gpu_check_smoke):
+    out = gpu_check_smoke
     res = json.loads((out / "05_ray_train.json").read_text())["result"]
     assert res["resume"]["resumed_from"] >= 1 and res["resume"]["continued"]
     assert res["final_checkpoint"]["loads"] and res["final_checkpoint"]["step"] == R.STEPS

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -130,12 +129,8 @@ def test_wrap_figure_ratio():
 
 
 @pytest.mark.slow
-def test_stage_smoke_runs(tiny_world, tmp_path):
-    out = tmp_path / "out"
-    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_check/run.py"), "--smoke", "--stages",
-           "training", "--world", str(tiny_world), "--out", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+def test_stage_smoke_runs(gpu_check_smoke):
+    out = gpu_check_smoke
     record = json.loads((out / "04_training.json").read_text())
     assert record["status"] == "ok", record.get("error")
     res = record["result"]
