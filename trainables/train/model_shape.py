@@ -30,11 +30,62 @@ _LLAMA31_8B = {
     "tie_word_embeddings": False,
     "dtype": "bfloat16",
 }
+# The follow-up paper's other three models, copied from each Hub repo's config.json (the repo id
+# is the key below). Memory reads the shape fields; the rest (rope theta, norm eps, Cohere's
+# logit_scale) is there so the built-in copy builds the same modules as the published config.
+_QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct: q/k/v biases (Qwen2's own), untied at 7B
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+}
+_AYA_EXPANSE_8B = {  # CohereForAI/aya-expanse-8b: parallel block, LayerNorm, tied embeddings
+    "model_type": "cohere",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 256000,
+    "max_position_embeddings": 8192,
+    "layer_norm_eps": 1e-5,
+    "logit_scale": 0.125,
+    "rope_theta": 10000.0,
+    "use_qk_norm": False,
+    "tie_word_embeddings": True,  # config.json leaves it out: CohereConfig's default
+    "dtype": "float16",
+}
+_FALCON3_7B = {  # tiiuae/Falcon3-7B-Instruct: a Llama architecture with 256-wide heads
+    "model_type": "llama",
+    "hidden_size": 3072,
+    "intermediate_size": 23040,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "vocab_size": 131072,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000042.0,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+}
 # The architectures of the shipped real configs (spaces/examples/real_*.yaml), so that a plan
-# needs no network. Memory depends only on these shape fields; rope scaling is left out.
+# needs no network. Memory depends only on the shape fields; Llama 3.1's rope scaling is left out.
 KNOWN_CONFIGS: dict[str, dict] = {
     "meta-llama/Llama-3.1-8B": _LLAMA31_8B,
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
+    "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
+    "CohereForAI/aya-expanse-8b": _AYA_EXPANSE_8B,
+    "tiiuae/Falcon3-7B-Instruct": _FALCON3_7B,
 }
 
 

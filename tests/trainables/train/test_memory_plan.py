@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from layerswap.spaces.train_experiment import parse_train_experiment
 from layerswap.trainables.train.memory_plan import GIB, format_plan, memory_plan
@@ -185,6 +185,29 @@ def test_config_sources(tmp_path):
         assert KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]["num_key_value_heads"] == 8
     shape = model_shape(cfg)
     assert sum(shape.params.values()) == 8_030_261_248  # Llama 3.1 8B's published count
+
+
+@pytest.mark.parametrize(
+    ("base", "cls", "params", "card"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", "Qwen2ForCausalLM", 7_615_616_512, "7.62B"),
+        ("CohereForAI/aya-expanse-8b", "CohereForCausalLM", 8_028_033_024, "8.03B"),
+        ("tiiuae/Falcon3-7B-Instruct", "LlamaForCausalLM", 7_455_550_464, "7.46B"),
+    ],
+)
+def test_built_in_copies_of_the_other_models(base, cls, params, card):
+    """The follow-up paper's other three models plan offline; their counts are the Hub cards'
+    sizes (rounded there to 10M), tied embeddings (Aya) counted once."""
+    cfg, source = load_model_config(base)
+    if "built-in" not in source:  # a cached config.json was read instead: it must agree
+        assert {k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers")} == {
+            k: KNOWN_CONFIGS[base][k] for k in ("hidden_size", "num_hidden_layers")
+        }
+    shape = model_shape(cfg)
+    with torch.device("meta"):
+        assert type(AutoModelForCausalLM.from_config(cfg)).__name__ == cls
+    assert sum(shape.params.values()) == params and f"{params / 1e9:.2f}B" == card
+    assert cfg.tie_word_embeddings == (base == "CohereForAI/aya-expanse-8b")
 
 
 def test_the_plan_reads_what_a_mode_trains_from_the_mode_table(monkeypatch):
