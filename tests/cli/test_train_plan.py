@@ -1,5 +1,6 @@
 """`layerswap train EXP.yaml --plan`: the memory plan of every shipped real config, offline, with
-no training, no weights and no Ray; the shipped 8B configs fit their H100s.
+no training, no weights and no Ray; the shipped 7-8B configs (the follow-up paper's four models)
+fit their H100s.
 
 Run: .venv/bin/python -m pytest tests/cli/test_train_plan.py
 """
@@ -18,9 +19,19 @@ from layerswap import spaces
 from layerswap.cli import main
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
-REAL = sorted(EXAMPLES.glob("real_llama31_8b_*_full.yaml")) + sorted(
-    EXAMPLES.glob("real_llama31_8b_*_lora.yaml")
-)
+REAL = sorted(EXAMPLES.glob("real_*_full.yaml")) + sorted(EXAMPLES.glob("real_*_lora.yaml"))
+# Config file prefix -> (base, its parameter count as the plan prints it: the published
+# checkpoints' counts, built from load_model_config's built-in copies offline).
+MODELS = {
+    "llama31_8b": ("meta-llama/Llama-3.1-8B-Instruct", "8,030,261,248"),
+    "qwen25_7b": ("Qwen/Qwen2.5-7B-Instruct", "7,615,616,512"),
+    "aya_expanse_8b": ("CohereForAI/aya-expanse-8b", "8,028,033,024"),
+    "falcon3_7b": ("tiiuae/Falcon3-7B-Instruct", "7,455,550,464"),
+}
+
+
+def _model(path: Path) -> str:
+    return next(m for m in MODELS if path.stem.startswith(f"real_{m}_"))
 
 
 @pytest.fixture(autouse=True)
@@ -35,15 +46,18 @@ def _offline(monkeypatch):
 
 
 def test_every_real_config_is_planned():
-    assert len(REAL) == 6  # math, sw, bn, te full; math, sw lora
+    # Llama: math, sw, bn, te full; math, sw lora. The other three: math, sw full each.
+    assert len(REAL) == 12
+    assert sorted(_model(p) for p in REAL) == sorted(["llama31_8b"] * 6 + [m for m in MODELS if m != "llama31_8b"] * 2)  # fmt: skip
 
 
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
 def test_real_config_plan_fits(path, capsys):
     assert main(["train", str(path), "--plan"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("memory plan: llama31_8b_")
-    assert "meta-llama/Llama-3.1-8B-Instruct" in out and "8,030,261,248" in out
+    base, params = MODELS[_model(path)]
+    assert out.startswith(f"memory plan: {_model(path)}_")
+    assert base in out and params in out
     assert "FITS on H100" in out and "DOES NOT FIT" not in out
     if path.stem.endswith("_full"):
         assert "fsdp over" in out and "precision bf16-mixed" in out

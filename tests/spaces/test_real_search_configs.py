@@ -1,7 +1,8 @@
 """The shipped real-model merge searches (spaces/examples/real_*_search.yaml): they validate, name
 lm-eval built-in tasks that the installed lm-eval indexes (offline: no dataset is built or read),
 in the config's language, keep the proxies off the target's test split, ask for GPUs and use the
-papers' few-shot counts. Run: .venv/bin/python -m pytest -q tests/spaces/test_real_search_configs.py
+papers' few-shot counts; each model's layer ranges are the ICLR paper's Llama ranges scaled to its
+depth. Run: .venv/bin/python -m pytest -q tests/spaces/test_real_search_configs.py
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import yaml
 
 from layerswap import spaces
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
-from layerswap.spaces.search_space import warm_start
+from layerswap.spaces.search_space import SearchSpace, paper_default, warm_start
 from layerswap.spaces.sweep import LANG_CODES, indicator_tasks
+from layerswap.trainables.train.model_shape import KNOWN_CONFIGS
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 CONFIGS = sorted(EXAMPLES.glob("real_*_search.yaml"))
@@ -24,7 +26,9 @@ LANGS = {"sw": ("swh", "swh_Latn", "sw"), "bn": ("ben", "ben_Beng", "bn"), "te":
 # ICLR 2025 Table 5: Belebele 5-shot; Tables 1, 2, 5: MGSM 8-shot (the follow-up's 2-shot is the
 # documented alternative).
 SHOTS = {"belebele": 5, "mgsm": 8}
-DEPTH = 32  # Llama 3.1 8B
+# The models the follow-up paper runs; Llama 3.1 ships all three languages, the others Swahili.
+MODELS = {"llama31_8b": {"sw", "bn", "te"}, "qwen25_7b": {"sw"}, "aya_expanse_8b": {"sw"}, "falcon3_7b": {"sw"}}  # fmt: skip
+ZONES = ("bottom", "top", "bottom_transition", "top_transition")
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +39,19 @@ def index():
     return TaskManager().task_index
 
 
+def _parts(path: Path) -> tuple[str, str]:
+    """(model, language file tag) of real_{model}_{tag}_search.yaml."""
+    model, tag = re.fullmatch(r"real_(\w+)_(\w+?)_search", path.stem).groups()
+    return model, tag
+
+
 def _tag(path: Path) -> str:
-    return re.fullmatch(r"real_llama31_8b_(\w+?)_search", path.stem).group(1)
+    return _parts(path)[1]
+
+
+def _depth(exp: SearchExperiment) -> int:
+    """The base's layer count, from load_model_config's built-in copy (no download)."""
+    return KNOWN_CONFIGS[exp.base]["num_hidden_layers"]
 
 
 def _split(cfg: dict, split: str) -> tuple:
@@ -107,28 +122,48 @@ def problems(exp: SearchExperiment, tag: str, index) -> list[str]:
 
 
 def test_every_language_ships():
-    assert {_tag(p) for p in CONFIGS} == set(LANGS)
+    shipped: dict[str, set] = {}
+    for p in CONFIGS:
+        model, tag = _parts(p)
+        shipped.setdefault(model, set()).add(tag)
+    assert shipped == MODELS and MODELS["llama31_8b"] == set(LANGS)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=_tag)
+def _id(path: Path) -> str:
+    return path.stem.removeprefix("real_").removesuffix("_search")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_id)
 def test_config_validates_and_matches_the_papers(path, index):
     exp = load_search_experiment(path)
     assert problems(exp, _tag(path), index) == []
     assert LANG_CODES[exp.language][0] == LANGS[_tag(path)][1]
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=_tag)
-def test_space_is_the_iclr_ranges_on_32_layers(path):
-    space = load_search_experiment(path).space
-    got = {n: getattr(space, n).resolve(DEPTH) for n in ("bottom", "top", "bottom_transition", "top_transition")}  # fmt: skip
-    assert got == {"bottom": (3, 5), "top": (0, 2), "bottom_transition": (0, 2), "top_transition": (0, 2)}  # fmt: skip
+@pytest.mark.parametrize("path", CONFIGS, ids=_id)
+def test_space_is_the_iclr_ranges_scaled_to_depth(path):
+    """The ICLR ranges (32-layer Llama 3.1: b 3..5, u, t_b, t_u 0..2) times depth / 32, rounded
+    as fraction spans round (SearchSpace's defaults are exactly those fractions)."""
+    exp = load_search_experiment(path)
+    space, depth = exp.space, _depth(exp)
+    got = {n: getattr(space, n).resolve(depth) for n in ZONES}
+    assert got == {n: getattr(SearchSpace(), n).resolve(depth) for n in ZONES}
+    if depth == 32:
+        assert got == {"bottom": (3, 5), "top": (0, 2), "bottom_transition": (0, 2), "top_transition": (0, 2)}  # fmt: skip
+    # Written in layers (what the search runs), and the comment says how they were scaled.
+    assert all(getattr(space, n).unit == "layers" for n in ZONES)
+    if depth != 32:
+        prose = re.sub(r"\n#\s*", " ", path.read_text())  # comment lines joined
+        assert f"scaled to this model's {depth} layers, x {depth}/32" in prose
     assert set(space.weighting) == {"uniform", "magnitude"} and space.non_layer == ["average"]
-    # The warm start is the ICLR default, b=5, u=2, no transitions.
-    start = warm_start(space, DEPTH)
-    assert (start["bottom"], start["top"], start["bottom_transition"], start["top_transition"]) == (5, 2, 0, 0)  # fmt: skip
+    # The warm start is the ICLR default (b=5, u=2, no transitions) scaled to depth.
+    start = warm_start(space, depth)
+    pd = paper_default(depth)
+    assert (start["bottom"], start["top"], start["bottom_transition"], start["top_transition"]) == (pd.bottom, pd.top, 0, 0)  # fmt: skip
+    assert (pd.bottom, pd.top) == (int(5 * depth / 32 + 0.5), int(2 * depth / 32 + 0.5))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=_tag)
+@pytest.mark.parametrize("path", CONFIGS, ids=_id)
 def test_fewshot_counts_are_documented(path):
     """Each `num_fewshot: N` line says `N-shot` and its source; the other paper's 2-shot is named."""
     lines = [ln for ln in path.read_text().splitlines() if re.match(r"\s*num_fewshot:", ln)]

@@ -67,6 +67,26 @@ def test_real_llama_configs_match_the_papers_setting(lang):
     assert math.kind == "math" and math.datasets[0].source == "orca_math"
 
 
+@pytest.mark.parametrize(
+    ("model", "base"),
+    [
+        ("qwen25_7b", "Qwen/Qwen2.5-7B-Instruct"),
+        ("aya_expanse_8b", "CohereForAI/aya-expanse-8b"),
+        ("falcon3_7b", "tiiuae/Falcon3-7B-Instruct"),
+    ],
+)
+def test_the_other_models_configs_mirror_the_llama_ones(model, base):
+    """The follow-up paper's other three models: the Llama files' settings on another base (the
+    paper gives no per-model hyperparameters, and the files say so)."""
+    for kind in ("math", "sw"):
+        path = EXAMPLES / f"real_{model}_{kind}_full.yaml"
+        exp = load_train_experiment(path)
+        llama = load_train_experiment(EXAMPLES / f"real_llama31_8b_{kind}_full.yaml")
+        assert exp.base == base and exp.name.startswith(f"{model}_")
+        assert exp.model_dump(exclude={"name", "base"}) == llama.model_dump(exclude={"name", "base"})  # fmt: skip
+        assert "no per-model hyperparameters" in path.read_text()
+
+
 def test_errors_name_file_and_field(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(_base(hyper={"lr": 1e-4, "max_steps": 10, "lrr": 1})))
