@@ -18,6 +18,13 @@ Run: nice -n 10 .venv/bin/python benchmarks/bench_search.py [--world DIR] [--siz
     world_proxies), and the share of trial time spent copying expert tensors to the device.
     Skips (a)-(c).
     Run: .venv/bin/python benchmarks/bench_search.py --shape llama-8b [--trials 4] [--depth N]
+
+A failed trial (or a recipe the two paths of (a) score differently) ends the run with exit 1,
+saying which, and no figures: a ratio over the trials that ran would hide those that did not.
+Paths may be relative to the working directory (made absolute before Ray's workers see them).
+Smoke runs (tests/benchmarks/test_bench_search.py, seconds to a minute on 2 cores):
+    bench_search.py --world W --experts MATH LANG --space demo --recipes 2 --seeds 1 --out F.json
+    bench_search.py --shape llama-tiny --world W --trials 1 --limit 2
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "search"))  # expert builders shared with the tests
 sys.path.insert(0, str(ROOT / "benchmarks"))  # shapes.py
+
+
+class RunsFailed(RuntimeError):
+    """Trials of the benchmark failed or disagreed: no figure is reported, the exit is 1."""
 
 
 def _wide_space(depth: int) -> dict:
@@ -210,8 +221,9 @@ def shape_experiment(args, world: Path, dirs: dict, depth: int):
     )
 
 
-def bench_shape(args) -> None:
-    """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc)."""
+def bench_shape(args, tmp: Path) -> None:
+    """(d): per-trial seconds of a real-shaped model on the world's proxies (see module doc),
+    its files in the scratch folder `tmp`."""
     import torch
     from shapes import shape_config, shape_experts
     from transformers import AutoTokenizer
@@ -223,7 +235,6 @@ def bench_shape(args) -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(os.cpu_count() or 1)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-shape-"))
     world = args.world or build_world(tmp / "world", size="tiny", progress=False)
     tok = AutoTokenizer.from_pretrained(world / "base")
     cfg = shape_config(args.shape, tok, args.depth)
@@ -253,7 +264,8 @@ def bench_shape(args) -> None:
     rows = []
     for params in recipes[: args.trials + 1]:
         res = runner.run(decode(params, exp.space, depth, pool))
-        assert res.status == "ok", res.error
+        if res.status != "ok":
+            raise RunsFailed(f"(d): trial {len(rows) + 1} {res.status}: {res.error}")
         rows.append(res)
         print(
             f"trial: compose {res.t_compose_s:6.2f}s (moving {res.t_move_s:6.2f}s)  proxies "
@@ -282,7 +294,7 @@ def parse_args(argv=None):
     ap.add_argument("--grid-from", type=Path, help="(c): reuse the grid table of an earlier output JSON")  # fmt: skip
     ap.add_argument("--only-c", action="store_true", help="skip (a) and (b)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_search.json")
-    ap.add_argument("--shape", choices=["llama-8b"], help="(d) only: trials of this shape")
+    ap.add_argument("--shape", choices=["llama-8b", "llama-tiny"], help="(d) only: trials of this shape (benchmarks/shapes.py; llama-tiny: a CPU smoke run)")  # fmt: skip
     ap.add_argument("--depth", type=int, help="(d): fewer layers (a CPU smoke run)")
     ap.add_argument("--trials", type=int, default=4, help="(d): recipes timed")
     ap.add_argument("--space", default="wide", choices=sorted(SPACES), help="(a)-(c): the search space (wide: the benchmark's own grid; demo: the search's defaults, as `layerswap demo` searches)")  # fmt: skip
@@ -299,6 +311,17 @@ def parse_args(argv=None):
     for d in args.experts or []:
         if not (d / "config.json").is_file():
             ap.error(f"--experts {d}: not a checkpoint folder (no config.json)")
+    if args.world is not None and not (args.world / "world.json").is_file():
+        ap.error(f"--world {args.world}: no world.json there (build one with `layerswap world build`)")  # fmt: skip
+    if args.grid_from is not None and not args.grid_from.is_file():
+        ap.error(f"--grid-from {args.grid_from}: no such file")
+    # Absolute before anything reads them: Ray's workers run in another working directory, where
+    # a relative folder does not exist and transformers takes the name for a Hub repo id.
+    for name in ("world", "grid_from", "out"):
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).resolve())
+    if args.experts:
+        args.experts = [d.resolve() for d in args.experts]
     return args
 
 
@@ -360,7 +383,8 @@ def grid_table(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path, 
             print(f"grid: {i}/{len(grid)} ({time.perf_counter() - t0:.0f}s)", flush=True)
         rec = decode(params, exp.space, depth, pool)
         res = runner.run(rec)
-        assert res.status == "ok", res.error
+        if res.status != "ok":  # (c) replays the whole table: one hole would skew every seed
+            raise RunsFailed(f"(c): grid recipe {i} {res.status}: {res.error}")
         table[recipe_id(rec)] = res.objective
         tc, tt = tc + res.t_compose_s, tt + res.t_total_s
     timing = {"grid_compose_share": round(tc / tt, 4), "grid_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
@@ -396,9 +420,16 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
     run_search(exp_a, tmp / "run", progress=False)
     t_search = time.perf_counter() - t0
     ray.shutdown()
-    shutil.rmtree(ray_tmp, ignore_errors=True)
     rows = read_parquet(tmp / "run" / "search" / "trials.parquet").to_pylist()
     evaluated = [r for r in rows if r["status"] == "ok"]
+    failed = [r for r in rows if r["status"] not in ("ok", "duplicate")]
+    if failed or not evaluated:  # a ratio over the trials that ran would hide the ones that did not
+        raise RunsFailed(
+            f"(a): {len(failed)} of {len(rows)} search trials failed, {len(evaluated)} evaluated:\n"
+            + "\n".join(f"  trial {r['trial_id']} ({r['status']}): {r['error']}" for r in failed)
+            + f"\n(Ray's logs: {ray_tmp})"
+        )
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     proxies = [p.task for p in exp.proxy_list]
     t0 = time.perf_counter()
     mismatches = []
@@ -408,9 +439,15 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
         tasks = str(tmp / "run" / "search" / "tasks")
         raw = evaluate(str(out), proxies, include_path=tasks, max_gen_toks=exp.proxy_eval.max_gen_toks)  # fmt: skip
         for t in proxies:
-            if abs(task_score(raw, t) - r[f"proxy__{t}"]) > 1e-9:
+            # 1e-6: lm-eval batches the requests otherwise, so float32 log-likelihoods (and a
+            # Brier score from them) may differ in their last bits (~1e-8 seen); an accuracy
+            # differs by at least 1/items when an answer does.
+            if abs(task_score(raw, t) - r[f"proxy__{t}"]) > 1e-6:
                 mismatches.append((r["recipe_id"], t, task_score(raw, t), r[f"proxy__{t}"]))
     t_loop = time.perf_counter() - t0
+    if mismatches:  # the two paths must score a recipe alike, or their speeds are not comparable
+        raise RunsFailed("(a): the search and the merge-to-disk loop score recipes differently "
+                         "(recipe, proxy, loop, search):\n" + "\n".join(f"  {m}" for m in mismatches))  # fmt: skip
     n = len(evaluated)
     t_trials = max(1e-9, sum(r["t_total_s"] for r in evaluated))
     return {
@@ -423,7 +460,6 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
             "loop_trials_per_hour": round(3600 * n / t_loop, 1),
             "speedup_wall": round(t_loop / t_search, 2),
             "speedup_per_trial": round(t_loop / t_trials, 2),
-            "score_mismatches": mismatches,
         },
         "b_compose_share": {
             "search_trials": round(sum(r["t_compose_s"] for r in evaluated) / t_trials, 4)
@@ -431,12 +467,24 @@ def race(exp, grid: list[dict], n_recipes: int, tmp: Path) -> dict:
     }
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.shape:
-        return bench_shape(args)
+def main(argv=None) -> int:
+    """Run (d), or (a)-(c); 1 (saying what failed, reporting nothing) when any trial failed."""
     import shutil
 
+    args = parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
+    try:
+        bench_shape(args, tmp) if args.shape else bench_grid(args, tmp)
+    except RunsFailed as e:
+        print(f"bench_search: FAILED, no figures reported: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def bench_grid(args, tmp: Path) -> None:
+    """(a)-(c) (see the module doc) in the scratch folder `tmp`; writes args.out."""
     import optuna
     import torch
 
@@ -446,7 +494,6 @@ def main(argv=None) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(1)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
     exp, world, depth, pool = bench_experiment(args, tmp)
     grid = enumerate_space(exp.space, depth, pool)
     report: dict = {"world": str(world), "depth": depth, "grid_size": len(grid)}
@@ -465,8 +512,7 @@ def main(argv=None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(report, indent=1))
     print(f"wrote {args.out}")
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
