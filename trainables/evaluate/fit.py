@@ -3,8 +3,9 @@ halves the batch on out-of-memory instead of losing the model's evaluation.
 
 Why: lm-eval's HFLM takes log-softmax over every position x the whole vocabulary. Belebele
 5-shot (~2,100 tokens) at batch 32 on a 128,256-token vocabulary is 32 x 2,100 x 128,256 bf16
-logits plus as many log-probabilities, ~32 GiB before the model's 16 GB: over an L40S and most
-of an H100, and Telugu prompts are 2-3x longer. A fixed `promote.batch_size` therefore failed
+logits plus as many log-probabilities, ~47 GiB with the model's 16 GB, ~63 GiB from the second
+batch on (the previous batch's log-softmax is still held): over an L40S and most of an H100,
+and Telugu prompts are 2-3x longer. A fixed `promote.batch_size` therefore failed
 every model; this module picks the largest batch the device holds, and backs off if it was wrong.
 Tests: tests/trainables/evaluate/test_fit.py
 """
@@ -36,41 +37,96 @@ class RowShape:
     new_tokens: int = 0
 
 
-def row_bytes(row: RowShape, config, dtype_bytes: int = 2) -> int:
-    """Device bytes one batch row of `row` takes beyond the weights.
+def kv_bytes_per_token(shape, b: int) -> int:
+    """One token's keys and values over every layer (b: the cache dtype's bytes)."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * b
 
-    loglikelihood: the logits and their log-softmax, [tokens, vocab] each in the model's dtype
-    (HFLM's F.log_softmax keeps the dtype), plus the hidden states of every layer's input
-    kept during the forward pass of a no-grad model (one [tokens, hidden] at a time, x 4 for the
-    MLP's intermediate). generate: the KV cache of prompt + new tokens (2 x layers x kv heads x
-    head dim), the prompt's MLP intermediate, and one position's logits (transformers' generate
-    keeps only the last position's).
+
+def loglikelihood_memory(shape, rows: int, tokens: int, *, batches: int = 1, b: int = 2, softmax_b: int | None = None) -> dict[str, int]:  # fmt: skip
+    """Peak device bytes of lm-eval HFLM's loglikelihood over batches of `rows` x `tokens`.
+
+    HFLM._loglikelihood_tokens calls the model on the right-padded batch (HF builds the KV cache
+    of every layer, use_cache being on, the last layer's MLP holds 3 x intermediate a token, and
+    the lm_head returns [rows, tokens, vocab] logits in the model's dtype), drops the cache with
+    the output, then takes log_softmax in `softmax_dtype` (None:
+    the logits' dtype) beside the logits. Its loop variable keeps the previous batch's
+    log-softmax alive while the next batch runs, so from the second batch on (equal lengths)
+    one more [rows, tokens, vocab] tensor is held.
+
+    Args:
+        shape: a ModelShape (params, layers, kv_heads, head_dim, hidden, vocab).
+        rows: rows a batch (promote.batch_size); tokens: the batch's padded input length.
+        batches: how many such batches run in a row (1 or more).
+        b: the weights' and logits' dtype bytes; softmax_b: log_softmax's (None: b).
+    Returns:
+        {"weights", "logits", "log_softmax", "previous_batch", "kv_cache", "hidden", "peak"}.
+    """
+    n = rows * tokens
+    parts = {
+        "weights": sum(shape.params.values()) * b,
+        "logits": n * shape.vocab * b,
+        "log_softmax": n * shape.vocab * (softmax_b or b),
+        "kv_cache": n * kv_bytes_per_token(shape, b),
+        "hidden": 2 * n * shape.hidden * b,  # the last layer's residual and the final norm's output
+    }
+    parts["previous_batch"] = parts["log_softmax"] if batches > 1 else 0
+    mlp = 3 * n * shape.intermediate * b  # the last layer's act(gate), up and their product
+    forward = parts["kv_cache"] + parts["hidden"] + max(parts["logits"], mlp)
+    softmax = parts["logits"] + parts["log_softmax"]  # after the cache is dropped
+    parts["peak"] = parts["weights"] + parts["previous_batch"] + max(forward, softmax)
+    return parts
+
+
+def generate_memory(shape, rows: int, context: int, new_tokens: int, *, b: int = 2) -> dict[str, int]:  # fmt: skip
+    """Peak device bytes of lm-eval HFLM's generate_until on a batch of `rows` left-padded
+    `context`-token prompts generating `new_tokens` (HF generate, KV cache in the model dtype).
+
+    Prefill: the cache of the whole context, plus the last layer's transient MLP tensors
+    (act(gate), up and their product: 3 x intermediate) and two hidden-state copies per token;
+    generate keeps only the last position's logits. Decoding: the cache grows to
+    context + new_tokens, and each layer's update copies that layer's cache once (torch.cat).
+
+    Returns:
+        {"weights", "kv_cache" (at the end), "prefill_transient", "peak"}.
+    """
+    kvt = kv_bytes_per_token(shape, b)
+    weights = sum(shape.params.values()) * b
+    transient = rows * context * (3 * shape.intermediate + 2 * shape.hidden) * b
+    prefill = rows * context * kvt + transient
+    kv_end = rows * (context + new_tokens) * kvt
+    decode = kv_end + kv_end // shape.layers
+    return {
+        "weights": weights,
+        "kv_cache": kv_end,
+        "prefill_transient": transient,
+        "peak": weights + max(prefill, decode),
+    }
+
+
+def row_bytes(row: RowShape, shape, dtype_bytes: int = 2) -> int:
+    """Device bytes one batch row of `row` adds beyond the weights, in lm-eval's steady state
+    (loglikelihood: the previous batch's log-softmax still held; see loglikelihood_memory).
 
     Args:
         row: the longest request.
-        config: the model's transformers config.
+        shape: the model's trainables.train.model_shape.ModelShape.
         dtype_bytes: bytes per element of the model's dtype (2 for bf16).
     """
-    hidden, vocab = config.hidden_size, config.vocab_size
-    inter = getattr(config, "intermediate_size", 4 * hidden)
     if row.kind == "loglikelihood":
-        return row.tokens * (2 * vocab + 2 * hidden + inter) * dtype_bytes
-    if row.kind != "generate":
+        m = loglikelihood_memory(shape, 1, row.tokens, batches=2, b=dtype_bytes)
+    elif row.kind == "generate":
+        m = generate_memory(shape, 1, row.tokens, row.new_tokens, b=dtype_bytes)
+    else:
         raise ValueError(f"request kind {row.kind!r}: expected loglikelihood or generate")
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    n = row.tokens + row.new_tokens
-    cache = 2 * config.num_hidden_layers * kv * head_dim * n
-    return (cache + row.tokens * (2 * hidden + inter) + 2 * vocab) * dtype_bytes
+    return m["peak"] - m["weights"]
 
 
-def fitting_batch(rows: list[RowShape], config, free_bytes: int, want: int, dtype_bytes: int = 2) -> int:  # fmt: skip
+def fitting_batch(rows: list[RowShape], shape, free_bytes: int, want: int, dtype_bytes: int = 2) -> int:  # fmt: skip
     """The largest batch <= `want` whose costliest row times the batch fits USABLE x free_bytes.
 
     Args:
         rows: the longest request of each task one lm-eval run evaluates.
-        config: the model's config.
+        shape: the model's ModelShape.
         free_bytes: device memory free with the model loaded.
         want: the configured batch size (the most it may be).
     Returns:
@@ -78,7 +134,7 @@ def fitting_batch(rows: list[RowShape], config, free_bytes: int, want: int, dtyp
     """
     if not rows:
         return want
-    per_row = max(row_bytes(r, config, dtype_bytes) for r in rows)
+    per_row = max(row_bytes(r, shape, dtype_bytes) for r in rows)
     return max(1, min(want, int(USABLE * free_bytes // per_row)))
 
 
@@ -170,6 +226,7 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
     # lazy: the evaluator imports lm-eval; the estimate above is plain arithmetic
     from layerswap.trainables.evaluate.proxy import ProxyEvaluator
     from layerswap.trainables.evaluate.proxy_lm import model_device
+    from layerswap.trainables.train.model_shape import model_shape
 
     device = model_device(model)
     if device.type != "cuda":
@@ -184,10 +241,11 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
         return EvalBatch("auto", bound, f"lm-eval's auto, max_length bounded to {bound}")
     free, _ = torch.cuda.mem_get_info(device)
     dtype_bytes = next(model.parameters()).element_size()
-    batch = fitting_batch(rows, model.config, free, int(want), dtype_bytes)
-    longest = max(rows, key=lambda r: row_bytes(r, model.config, dtype_bytes))
+    shape = model_shape(model.config)
+    batch = fitting_batch(rows, shape, free, int(want), dtype_bytes)
+    longest = max(rows, key=lambda r: row_bytes(r, shape, dtype_bytes))
     why = (
         f"{batch} of {want}: the longest {longest.kind} row ({longest.tokens} tokens) takes "
-        f"{row_bytes(longest, model.config, dtype_bytes) / 2**30:.2f} GiB, {free / 2**30:.1f} GiB free"
+        f"{row_bytes(longest, shape, dtype_bytes) / 2**30:.2f} GiB, {free / 2**30:.1f} GiB free"
     )
     return EvalBatch(batch, bound, why)

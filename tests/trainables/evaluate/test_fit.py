@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from layerswap.trainables.evaluate import fit
 from layerswap.trainables.evaluate.fit import (
     RowShape,
     backing_off,
@@ -19,27 +20,70 @@ from layerswap.trainables.evaluate.fit import (
     row_bytes,
 )
 
-# Llama-3.1-8B's shape
-L8B = SimpleNamespace(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                      num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256)  # fmt: skip
+GIB = 2**30
+# 1000 weights, 2 layers of 2 KV heads of 4 dims (64 B of cache a token in bf16), vocab 100.
+SHAPE = SimpleNamespace(params={"w": 600, "v": 400}, layers=2, kv_heads=2, head_dim=4, hidden=8, intermediate=16, vocab=100)  # fmt: skip
 
 
-def test_a_loglikelihood_row_is_its_logits_and_log_probabilities():
-    # 2,100 tokens x (2 x 128,256 vocab + 2 x 4,096 + 14,336) x 2 bytes
-    assert row_bytes(RowShape("loglikelihood", 2100), L8B) == 2100 * (256512 + 8192 + 14336) * 2
-    # Belebele 5-shot at batch 32: ~35 GiB beyond the weights, the issue's ~47-48 GiB with them
-    assert 32 * row_bytes(RowShape("loglikelihood", 2100), L8B) / 2**30 == pytest.approx(34.9, abs=0.1)  # fmt: skip
+def test_kv_cache_bytes_per_token():
+    assert fit.kv_bytes_per_token(SHAPE, 2) == 2 * 2 * 2 * 4 * 2 == 64
 
 
-def test_a_generate_row_is_its_kv_cache_and_prompt_activations():
-    # KV: 2 x 32 layers x 8 kv heads x 128 dims x (900 + 256) tokens; prompt 900 x (2h + i); logits 2V
-    kv = 2 * 32 * 8 * 128 * 1156
-    assert row_bytes(RowShape("generate", 900, 256), L8B) == (kv + 900 * (8192 + 14336) + 2 * 128256) * 2  # fmt: skip
+def test_loglikelihood_peak_is_weights_logits_and_their_log_softmax():
+    # 4 rows x 10 tokens: logits 40 x 100 x 2 B = 8000; the forward pass's KV cache (2560),
+    # hidden states (1280) and logits (8000) stay under logits + log-softmax (16000)
+    one = fit.loglikelihood_memory(SHAPE, 4, 10)
+    assert one == {"weights": 2000, "logits": 8000, "log_softmax": 8000, "kv_cache": 2560,
+                   "hidden": 1280, "previous_batch": 0, "peak": 18000}  # fmt: skip
+    # from the second batch on, the previous batch's log-softmax is still held
+    assert fit.loglikelihood_memory(SHAPE, 4, 10, batches=2)["peak"] == 26000
+    # an fp32 log-softmax (HFLM's softmax_dtype) is twice the size
+    fp32 = fit.loglikelihood_memory(SHAPE, 4, 10, batches=2, softmax_b=4)
+    assert fp32["log_softmax"] == fp32["previous_batch"] == 16000 and fp32["peak"] == 42000
+
+
+def test_loglikelihood_peak_in_the_forward_pass_when_the_vocabulary_is_small():
+    small = SimpleNamespace(**{**vars(SHAPE), "vocab": 10})
+    # logits 800 < the last layer's MLP (3 x 40 x 16 x 2 = 3840): cache 2560 + hidden 1280 + MLP
+    assert fit.loglikelihood_memory(small, 4, 10)["peak"] == 2000 + 2560 + 1280 + 3840
+
+
+def test_generate_peak_is_prefill_or_the_grown_cache():
+    got = fit.generate_memory(SHAPE, 4, 10, 5)
+    # prefill: cache 40 x 64 = 2560 + transient 40 x (3 x 16 + 2 x 8) x 2 = 5120;
+    # decoding: cache 4 x 15 x 64 = 3840 + one layer's copy 1920
+    assert got == {"weights": 2000, "kv_cache": 3840, "prefill_transient": 5120, "peak": 9680}
+    long = fit.generate_memory(SHAPE, 4, 10, 200)  # a long generation: the cache decides
+    assert long["kv_cache"] == 4 * 210 * 64 and long["peak"] == 2000 + long["kv_cache"] * 3 // 2
+
+
+def test_llama31_8b_belebele_batch_is_issue_40s_figure():
+    """32 Belebele 5-shot prompts of ~2,100 tokens at Llama-3.1-8B's shape: ~47 GiB (issue 40)."""
+    from layerswap.trainables.train.model_shape import load_model_config, model_shape
+
+    shape = model_shape(load_model_config("meta-llama/Llama-3.1-8B")[0])  # built in, offline
+    got = fit.loglikelihood_memory(shape, 32, 2100)
+    assert got["logits"] == 32 * 2100 * 128256 * 2
+    assert got["weights"] == 8_030_261_248 * 2
+    assert 46.5 < got["peak"] / GIB < 47.5
+    # two such batches in a row need a third logits-sized tensor; a 5,000-token batch does not
+    # fit an 80 GB H100 even alone
+    assert 62.5 < fit.loglikelihood_memory(shape, 32, 2100, batches=2)["peak"] / GIB < 63.5
+    assert fit.loglikelihood_memory(shape, 32, 5000)["peak"] / GIB > 80
+
+
+def test_a_row_costs_the_steady_state_peak_less_the_weights():
+    # 1 row x 10 tokens, batches=2: 3 x (10 x 100 x 2) = 6000 beyond the 2000 of weights
+    assert row_bytes(RowShape("loglikelihood", 10), SHAPE) == 6000
+    assert row_bytes(RowShape("generate", 10, 5), SHAPE) == fit.generate_memory(SHAPE, 1, 10, 5)["peak"] - 2000  # fmt: skip
     with pytest.raises(ValueError, match="request kind 'rank'"):
-        row_bytes(RowShape("rank", 10), L8B)
+        row_bytes(RowShape("rank", 10), SHAPE)
 
 
 def test_the_batch_is_the_largest_that_fits_and_never_above_the_configured():
+    from layerswap.trainables.train.model_shape import load_model_config, model_shape
+
+    L8B = model_shape(load_model_config("meta-llama/Llama-3.1-8B")[0])  # built in, offline
     row = RowShape("loglikelihood", 2100)
     per = row_bytes(row, L8B)
     free = 60 * 2**30  # an H100 with the 16 GB model loaded
