@@ -358,6 +358,10 @@ class TrainExperiment(StrictModel):
     """Save a checkpoint every N training samples, besides the final one (None: final only)."""
     keep_checkpoints: int | None = Field(None, ge=1)
     """Keep only the newest N checkpoints (None: all)."""
+    resume_state: Literal["newest", "all"] = "newest"
+    """Which checkpoints keep what resuming needs beyond the weights (AdamW state, fp32 masters,
+    FSDP's sharded state): only the newest (resuming starts there; at 8B that state is ~96 GB a
+    checkpoint beside 16 GB of bf16 weights), or all of them (to study optimizer state)."""
     scaling: Scaling = Scaling()
     """Workers, GPUs and how the model is spread over them."""
     precision: Precision = Precision()

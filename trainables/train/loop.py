@@ -40,11 +40,13 @@ from layerswap.trainables.train.sharded import DCP_DIR, load_sharded, save_shard
 from layerswap.trainables.train.state import (
     STATE_DIR,
     build_manifest,
+    keep_resume_state_of_newest,
     load_master,
     load_optimizer,
     prune_checkpoints,
     read_manifest,
     read_state,
+    resumable,
     save_checkpoint,
 )
 from layerswap.trainables.train.strategies import Strategy, pick
@@ -208,6 +210,8 @@ def _restore(resume: Path, prep: Prepared, optimizers: dict, strategy: Strategy,
     those lack comes from trainer_state/: the LoRA adapter, the fp32 masters when the weights
     were saved coarser, AdamW's moments (all of it sharded, for FSDP).
     """
+    if not resumable(resume):
+        raise ValueError(f"{resume}: not resumable, its optimizer state was dropped when a newer checkpoint was written (only a run's newest checkpoint keeps it); resume from the run's newest checkpoint")  # fmt: skip
     sharded_ckpt = (resume / STATE_DIR / DCP_DIR).is_dir()
     if strategy.sharded:
         load_sharded(resume, prep.model, optimizers)
@@ -371,7 +375,9 @@ def _checkpoint(
         result.final_checkpoint = path
         prune_checkpoints(result.checkpoints, run.exp.keep_checkpoints)
     if run.world > 1:
-        dist.barrier()
+        dist.barrier()  # every rank's files of the new checkpoint are written
+    if path is not None and run.rank == 0 and run.exp.resume_state == "newest":
+        keep_resume_state_of_newest(result.checkpoints)
     return path
 
 

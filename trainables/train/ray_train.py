@@ -34,10 +34,14 @@ from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.loop import run_training
-from layerswap.trainables.train.state import find_checkpoints, read_manifest
+from layerswap.trainables.train.state import (
+    find_checkpoints,
+    keep_resume_state_of_newest,
+    read_manifest,
+)
 
 
-def _upload_into(run_dir: str, merged: bool = False):
+def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True):
     """A `checkpoint_upload_fn` that copies a checkpoint into the local run folder atomically.
 
     Ray's own upload copies file by file into storage: a worker killed mid-copy (an interrupted
@@ -54,6 +58,8 @@ def _upload_into(run_dir: str, merged: bool = False):
         if not merged:
             with atomic_dir(dest, overwrite=True) as tmp:
                 shutil.copytree(checkpoint.path, tmp, dirs_exist_ok=True)
+            if newest_only:  # resume_state: newest
+                keep_resume_state_of_newest(find_checkpoints(run_dir))
             return Checkpoint.from_directory(str(dest))
         stage = Path(run_dir) / f".{dir_name}.tmp-merge"  # swept by trainer_for if left
         rank = dist.get_rank()
@@ -67,6 +73,8 @@ def _upload_into(run_dir: str, merged: bool = False):
             with atomic_dir(dest, overwrite=True) as tmp:
                 tmp.rmdir()
                 os.rename(stage, tmp)
+            if newest_only:
+                keep_resume_state_of_newest(find_checkpoints(run_dir))
         dist.barrier()
         return Checkpoint.from_directory(str(dest))
 
@@ -145,7 +153,9 @@ def _worker(config: dict) -> None:
                 checkpoint=Checkpoint.from_directory(str(path)),
                 checkpoint_dir_name=path.name,
                 delete_local_checkpoint_after_upload=True,
-                checkpoint_upload_fn=_upload_into(run_dir, merged) if run_dir else None,
+                checkpoint_upload_fn=_upload_into(run_dir, merged, exp.resume_state == "newest")
+                if run_dir
+                else None,
             )
 
     # Looked up again by every attempt: a worker group restarted after a lost worker may start

@@ -3,6 +3,11 @@
 A checkpoint dir holds the model as HF writes it, `layerswap_train.json` (the manifest) and
 `trainer_state/`: one safetensors file of AdamW moments per parameter group, keyed by parameter
 name, and `state.json` (step, samples, lr). Written atomically (trainables/atomic.py).
+
+Only a run's newest checkpoint keeps what resuming needs beyond the weights (AdamW state, the
+fp32 masters, FSDP's sharded state): resuming starts from the newest, and an expert sweep ranks
+weights, not optimizer state. At 8B that state is ~96 GB a checkpoint beside 16 GB of bf16
+weights, so a sweep keeping every checkpoint's would store ~7x what it reads.
 """
 
 from __future__ import annotations
@@ -205,6 +210,46 @@ def write_run_files(folder: Path, manifest: dict, state: dict) -> None:
 
 def read_state(ckpt: Path) -> dict:
     return json.loads((Path(ckpt) / STATE_DIR / "state.json").read_text())
+
+
+def resumable(ckpt: Path) -> bool:
+    """False once `drop_resume_state` has stripped the checkpoint to its weights."""
+    return read_state(ckpt).get("resumable", True)
+
+
+def drop_resume_state(ckpt: Path) -> int:
+    """Strip a checkpoint that is no longer a run's newest to its weights: delete its AdamW
+    state, fp32 masters and sharded trainer state, and mark it not resumable.
+
+    Args:
+        ckpt: a checkpoint folder.
+    Returns:
+        bytes freed.
+    """
+    sd = Path(ckpt) / STATE_DIR
+    doomed = [*sd.glob("optimizer__*.safetensors"), sd / MASTER, sd / "dcp"]
+    freed = 0
+    state = read_state(ckpt)
+    # Marked first: a crash halfway leaves a checkpoint that says it cannot be resumed, never
+    # one that resumes with half its state.
+    state["resumable"] = False
+    tmp = sd / ".state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    tmp.replace(sd / "state.json")
+    for p in doomed:
+        if p.is_dir():
+            freed += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            shutil.rmtree(p)
+        elif p.exists():
+            freed += p.stat().st_size
+            p.unlink()
+    return freed
+
+
+def keep_resume_state_of_newest(paths: list[Path]) -> int:
+    """`drop_resume_state` on every checkpoint of `paths` (oldest first) but the last; returns
+    bytes freed. Folders already gone (pruned, or uploaded and removed by Ray) are skipped."""
+    return sum(drop_resume_state(p) for p in paths[:-1] if p.is_dir() and resumable(p))
 
 
 def find_checkpoints(root: str | Path) -> list[Path]:

@@ -136,7 +136,8 @@ def resumed(tiny_world, tmp_path_factory):
     before the language side's optimizer has ever stepped (its state is empty there)."""
     root = tmp_path_factory.mktemp("fsdp_resume")
     mode = SIMULTANEOUS | {"k": 4}
-    whole = _job(tiny_world, root, "whole", mode, precision="fp32", scaling={"strategy": "fsdp"})
+    # resumed from a checkpoint that is not the run's newest: resume_state all keeps its state
+    whole = _job(tiny_world, root, "whole", mode, precision="fp32", scaling={"strategy": "fsdp"}, resume_state="all")  # fmt: skip
     first = Path(whole["workdir"], "checkpoints", "samples_000000024")
     again = _job(tiny_world, root, "again", mode, precision="fp32", scaling={"strategy": "fsdp"})
     again["resume_from"] = str(first)

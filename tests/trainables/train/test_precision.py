@@ -116,7 +116,7 @@ def test_unmovable_share_is_exact_on_known_weights():
 
 def test_mixed_resume_continues_from_the_fp32_masters(bf16_world, tmp_path):
     hyper = dict(PAPER_HYPER, max_steps=6, lr=1e-6)
-    exp = make_exp(bf16_world, "full", hyper=hyper, precision="bf16-mixed", checkpoint_every_samples=6)  # fmt: skip
+    exp = make_exp(bf16_world, "full", hyper=hyper, precision="bf16-mixed", checkpoint_every_samples=6, resume_state="all")  # fmt: skip
     whole = run_training(exp, workdir=tmp_path / "whole")
     ckpts = sorted((tmp_path / "whole/checkpoints").iterdir())
     resumed = run_training(exp, workdir=tmp_path / "resumed", resume_from=ckpts[0])

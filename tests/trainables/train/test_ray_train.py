@@ -111,6 +111,7 @@ def test_fsdp_worker_killed_resumes_from_sharded_checkpoint(tiny_world, tmp_path
     from layerswap.spaces.train_experiment import parse_train_experiment
     from layerswap.trainables.train import find_checkpoints, read_manifest
     from layerswap.trainables.train.ray_train import train_with_ray
+    from layerswap.trainables.train.state import resumable
 
     log = tmp_path / "steps.jsonl"
     cfg = _cfg(
@@ -136,9 +137,13 @@ def test_fsdp_worker_killed_resumes_from_sharded_checkpoint(tiny_world, tmp_path
     assert [s for s in first if s <= 4] + second == list(range(1, 13))
     ckpts = find_checkpoints(res.path)
     assert [c.name for c in ckpts] == ["samples_000000032", "samples_000000064", "samples_000000096"]  # fmt: skip
-    for c in ckpts:  # every rank's shard made it into each merged checkpoint
-        names = sorted(p.name for p in (c / "trainer_state/dcp").iterdir())
-        assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"], c
+    # every rank's shard made it into the newest merged checkpoint; the older ones (resumed
+    # from before, as the run went on) were stripped to their weights once a newer one landed
+    names = sorted(p.name for p in (ckpts[-1] / "trainer_state/dcp").iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    for c in ckpts[:-1]:
+        assert not (c / "trainer_state/dcp").exists() and not resumable(c), c
+        assert (c / "model.safetensors").is_file()
     assert read_manifest(res.checkpoint)["world_size"] == 2
     model = AutoModelForCausalLM.from_pretrained(res.checkpoint)
     saved = load_file(Path(res.checkpoint) / "model.safetensors")

@@ -53,7 +53,8 @@ def test_simultaneous_alternates_and_idle_moments_stay(tiny_world, tmp_path):
     part = {**EDGE, "non_layer": "language"}
     mode = {"type": "simultaneous", "partition": part, "k": 2, "sides": ["task", "language"]}
     hyper = {"lr": 3e-3, "max_steps": 12}
-    _exp, res, seen = _train(tiny_world, tmp_path, mode, checkpoint_every_samples=8, hyper=hyper)
+    # every checkpoint's optimizer state is read below: keep it (default: the newest only)
+    _exp, res, seen = _train(tiny_world, tmp_path, mode, checkpoint_every_samples=8, hyper=hyper, resume_state="all")  # fmt: skip
     active = [m["active"] for m, _ in seen]
     assert active == ["task", "task", "language", "language"] * 3
     assert [m["stream"] for m, _ in seen] == [0, 0, 1, 1] * 3
@@ -149,8 +150,9 @@ def test_keep_checkpoints_prunes_old_ones(tiny_world, tmp_path):
 
 @pytest.mark.parametrize("mode", ["full", "simultaneous", "lora"])
 def test_resume_is_exact(tiny_world, tmp_path, mode):
-    # 8 steps straight == 4 steps, then resume from that checkpoint for the other 4.
-    over = {"hyper": {"max_steps": 8, "schedule": "linear", "lr": 5e-3}, "checkpoint_every_samples": 32}  # fmt: skip
+    # 8 steps straight == 4 steps, then resume from that checkpoint for the other 4 (a checkpoint
+    # that is no longer the run's newest: resume_state all keeps its optimizer state).
+    over = {"hyper": {"max_steps": 8, "schedule": "linear", "lr": 5e-3}, "checkpoint_every_samples": 32, "resume_state": "all"}  # fmt: skip
     exp = make_exp(tiny_world, MODE_CFGS[mode], **over)
     straight = run_training(exp, workdir=tmp_path / "a")
     first = run_training(exp, workdir=tmp_path / "b")
