@@ -38,7 +38,11 @@ in-memory contenders and ~10 GB of free disk while running):
 
     python benchmarks/bench_merge.py [--workdir bench-out] [--repeats 3] [--shape 1b|small]
 
-`--shape small` is a ~110 MB variant (same depth and recipe) for a quick check.
+`--shape small` is a ~110 MB variant (same depth and recipe) for a quick check; `--shape tiny
+--repeats 1` (~1.3 MB) the smoke run tests/benchmarks/test_bench_merge.py makes (~30 s, mostly
+the CLI's and mergekit's start-up). Exit 1 when the outputs disagree (mergekit's and ours, or
+compose and the disk round trip): the times of merges that differ compare nothing. A missed
+target is reported (MISS), not an exit code: it is a finding, not a failed run.
 """
 
 from __future__ import annotations
@@ -157,6 +161,11 @@ SHAPES = {
     "small": Shape(
         vocab=16384, hidden=512, intermediate=1536, layers=16, heads=8, kv_heads=2, head_dim=64
     ),
+    # Same depth, ~1.3 MB: the smoke run (tests/benchmarks/), which checks that every contender
+    # runs and the outputs agree; its times are the fixed costs, its ratios mean nothing.
+    "tiny": Shape(
+        vocab=512, hidden=64, intermediate=128, layers=16, heads=4, kv_heads=2, head_dim=16
+    ),
 }
 
 # The paper's default (Bandarkar et al.) scaled to 16 layers, with transitions.
@@ -182,18 +191,19 @@ def _generate_expert(out: Path, shape: Shape, seed: int) -> None:
     specs = [OutSpec(name, "BF16", shp) for name, shp in tensors]
     total = sum(s.nbytes for s in specs)
     # HF shards large models; ~55% of the total per shard gives two shards for both shapes.
-    writer = ShardWriter(out, specs, max_shard_bytes=int(total * 0.55))
-    for name, shp in tensors:
-        n = math.prod(shp)
-        for start in range(0, n, GEN_CHUNK):
-            count = min(GEN_CHUNK, n - start)
-            if len(shp) == 1:  # RMSNorm gains: around 1
-                chunk = 1.0 + 0.05 * torch.randn(count, generator=gen)
-            else:
-                chunk = 0.02 * torch.randn(count, generator=gen)
-            data = chunk.to(torch.bfloat16).view(torch.uint8).numpy()
-            writer.write(name, memoryview(data).cast("B"))
-    writer.close()
+    with ShardWriter(out, specs, max_shard_bytes=int(total * 0.55)) as writer:
+        writer.open()  # files closed on any way out of the `with`
+        for name, shp in tensors:
+            n = math.prod(shp)
+            for start in range(0, n, GEN_CHUNK):
+                count = min(GEN_CHUNK, n - start)
+                if len(shp) == 1:  # RMSNorm gains: around 1
+                    chunk = 1.0 + 0.05 * torch.randn(count, generator=gen)
+                else:
+                    chunk = 0.02 * torch.randn(count, generator=gen)
+                data = chunk.to(torch.bfloat16).view(torch.uint8).numpy()
+                writer.write(name, memoryview(data).cast("B"))
+        writer.close()
     (out / "config.json").write_text(json.dumps(shape.config(), indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 128000, "eos_token_id": 128001}, indent=2) + "\n"
@@ -379,7 +389,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--shape",
         choices=sorted(SHAPES),
         default="1b",
-        help="1b: Llama-3.2-1B shape, ~2.47 GB per expert (default); small: ~110 MB",
+        help="1b: Llama-3.2-1B shape, ~2.47 GB per expert (default); small: ~110 MB; tiny: ~1.3 MB",
     )
     args = p.parse_args(argv)
     if args.repeats < 1:
@@ -655,6 +665,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_json_atomic(workdir / "bench_merge.json", result)
     print(f"wrote {workdir / 'bench_merge.json'}")
+    if not (checks["mergekit_vs_ours"]["ok"] and checks["compose_vs_disk_equal"]):
+        print("bench_merge: FAILED: the contenders' outputs differ (see above)", file=sys.stderr)
+        return 1
     return 0
 
 
