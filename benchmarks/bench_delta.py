@@ -8,7 +8,10 @@ The "language" expert is compared against the "task" expert standing in as the b
 benchmark has no base checkpoint; the cost is the same: every 2-D layer tensor of both
 checkpoints is read once, a row chunk at a time).
 
-    nice -n 10 python benchmarks/bench_delta.py [--workdir bench-out] [--shape 1b|small]
+    nice -n 10 python benchmarks/bench_delta.py [--workdir bench-out] [--shape 1b|small|tiny]
+
+`--shape tiny` (~1.3 MB experts) is the smoke run tests/benchmarks/test_bench_delta.py makes
+(seconds); exit 1 when the peak RSS misses the target or the analysis fails.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--workdir", type=Path, default=REPO / "bench-out")
-    p.add_argument("--shape", choices=("1b", "small"), default="1b")
+    p.add_argument("--shape", choices=("1b", "small", "tiny"), default="1b")
     p.add_argument(
         "--child", nargs=3, type=Path, metavar=("EXPERT", "BASE", "PNG"), help=argparse.SUPPRESS
     )
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bench_merge import ensure_experts, run_child
 
+    # absolute: the child runs in the repository, not in this working directory
+    args.workdir = args.workdir.resolve()
     paths = ensure_experts(args.workdir, args.shape)
     log = args.workdir / f"bench_delta_{args.shape}.log"
     png = args.workdir / f"bench_delta_{args.shape}.png"
