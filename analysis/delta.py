@@ -19,6 +19,9 @@ import torch
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.checkpoint import Checkpoint
 
+# An expert that equals its base in this share of its layer weights or more is reported as
+# rounded away: real fine-tuning moves nearly every weight (the world's experts: < 1 % equal).
+ROUNDED_AWAY = 0.95
 CHUNK_ELEMS = 4 * 1024 * 1024  # elements read per tensor per step (≈8 MB of bf16)
 # Parameter types in the paper's column order; aliases cover Meta's original Llama naming.
 TYPES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -54,6 +57,25 @@ class DeltaMap:
     num_layers: int
     types: list[str]
     mav: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    elements: int = 0  # weights compared
+    unchanged: int = 0  # of those, bit-equal to the base's
+
+    @property
+    def unchanged_share(self) -> float:
+        """Share of the compared weights that equal the base's exactly."""
+        return self.unchanged / self.elements if self.elements else 0.0
+
+    def rounded_away(self) -> str | None:
+        """A warning when the expert equals its base in almost every weight (ROUNDED_AWAY):
+        updates smaller than the checkpoint dtype's step were lost when it was saved."""
+        if self.elements == 0 or self.unchanged_share < ROUNDED_AWAY:
+            return None
+        return (
+            f"{self.expert} equals its base in {self.unchanged_share:.2%} of its "
+            f"{self.elements:,} layer weights: its updates were likely rounded away when the "
+            "checkpoint was saved in the base's dtype (at the papers' learning rates a bf16 "
+            "step is larger than most updates); train with precision.checkpoint_dtype: fp32"
+        )
 
     def row_quantiles(self, qs) -> np.ndarray:
         """Quantiles of the row MAVs over all of this expert's 2-D layer parameters.
@@ -138,6 +160,8 @@ def _row_mav(expert: Path, base: Path, chunk_elems: int) -> DeltaMap:
                 r1 = min(rows, r0 + step)
                 a = ex.read(name, r0 * cols, (r1 - r0) * cols).float()
                 b = bs.read(name, r0 * cols, (r1 - r0) * cols).float()
+                dm.unchanged += int((a == b).sum())
+                dm.elements += a.numel()
                 a.sub_(b).abs_()
                 out[r0:r1] = a.view(r1 - r0, cols).mean(dim=1).double().numpy()
                 del a, b

@@ -168,6 +168,9 @@ def _expert_heatmaps(sec: Section, experts: list[ExpertRef], thr: Threshold) -> 
     maps: list[Mapped] = []
     for e in experts:
         dm = row_mav(e.path, e.base)
+        if (warning := dm.rounded_away()) is not None:
+            print(f"analyze: warning: {warning}", flush=True)
+            sec.text(f"**Warning:** {warning}.")
         value = thr.of(dm)
         frac = dm.fractions(value)
         maps.append(Mapped(e, dm, value, frac))

@@ -182,3 +182,22 @@ def test_a_non_finite_expert_is_refused_naming_tensor_and_row(models, tmp_path):
     save_file(state, bad / "model.safetensors")
     with pytest.raises(ValueError, match=rf"{bad}: tensor '{name}' row 2 .*non-finite"):
         row_mav(bad, models["base"])
+
+
+def test_an_expert_equal_to_its_base_almost_everywhere_is_flagged_as_rounded_away(models, tmp_path):  # fmt: skip
+    """Few changed rows (the synthetic experts) is what bf16 rounding does to tiny updates."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dm = row_mav(models["math"], models["base"])
+    assert dm.elements > 0 and dm.unchanged_share > 0.95
+    assert "rounded away" in dm.rounded_away() and "checkpoint_dtype: fp32" in dm.rounded_away()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in models["base"].iterdir():
+        (moved / f.name).write_bytes(f.read_bytes())
+    state = load_file(models["base"] / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    save_file({k: v + 1e-2 * torch.randn(v.shape, generator=g).to(v.dtype) for k, v in state.items()}, moved / "model.safetensors")  # fmt: skip
+    every = row_mav(moved, models["base"])
+    assert every.unchanged_share < 0.01 and every.rounded_away() is None
