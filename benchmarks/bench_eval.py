@@ -12,7 +12,12 @@ batch size, and the share of items whose predictions differ from HFLM at batch s
 
 Shapes: `tiny` is the test suite's tiny Llamas (float32); `llama-8b` is a random-weight model of
 Llama-3.1-8B's shape (32 layers, 4096 hidden, GQA 32/8, 14336 MLP) with the world tokenizer, in
-bfloat16 on cuda (candidates: the same model with a few layers re-noised in place).
+bfloat16 on cuda (candidates: the same model with a few layers re-noised in place); `llama-tiny`
+the same architecture at a few thousand parameters (benchmarks/shapes.py), for a CPU smoke run.
+
+Smoke runs (tests/benchmarks/test_bench_eval.py; seconds each, the ratios mean nothing there):
+    bench_eval.py --device cpu [--shape llama-tiny] --models 2 --items 4 --max-gen-toks 4
+        --hflm-batch-sizes 1,4
 """
 
 from __future__ import annotations
@@ -38,13 +43,14 @@ sys.path.insert(0, str(ROOT / "tests" / "trainables" / "evaluate"))  # fixture w
 TASKS = ["mgsm_dev", "bele_dev"]
 
 
-def llama8b_candidates(tok, n: int, device: str):
-    """One random Llama-3.1-8B-shaped model, re-noised per candidate (yields the same object)."""
+def shape_candidates(shape: str, tok, n: int, device: str):
+    """One random model of a benchmarks/shapes.py shape, re-noised per candidate (yields the
+    same object)."""
     import torch
     from shapes import shape_config
     from transformers import LlamaForCausalLM
 
-    cfg = shape_config("llama-8b", tok)
+    cfg = shape_config(shape, tok)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(dtype).eval()
@@ -84,14 +90,18 @@ def _hflm_predictions(out) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    ap.add_argument("--shape", choices=["tiny", "llama-8b"], default="tiny")
-    ap.add_argument("--models", type=int, default=6, help="candidates")
-    ap.add_argument("--items", type=int, default=20, help="items per task")
+    ap.add_argument("--shape", choices=["tiny", "llama-8b", "llama-tiny"], default="tiny")
+    ap.add_argument("--models", type=_positive, default=6, help="candidates")
+    ap.add_argument("--items", type=_positive, default=20, help="items per task")
     ap.add_argument("--max-gen-toks", type=int, default=16)
     ap.add_argument("--batch-size", default="auto", help="the cached evaluator's: int or auto")
     ap.add_argument("--hflm-batch-sizes", default="1,8,32", help="comma-separated, each timed")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (CPU), both contenders")
     args = ap.parse_args()
+    try:
+        hflm_sizes = [_positive(b) for b in args.hflm_batch_sizes.split(",")]
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--hflm-batch-sizes {args.hflm_batch_sizes}: {e}")
 
     import lm_eval
     import torch
@@ -106,13 +116,12 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(args.threads)
     bs = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
-    hflm_sizes = [int(b) for b in args.hflm_batch_sizes.split(",")]
     gen = {"max_gen_toks": args.max_gen_toks}
     tok = tiny_tokenizer()
     if args.shape == "tiny":
         candidates = (m.to(device) for m in tiny_models(tok, n=args.models))
     else:
-        candidates = llama8b_candidates(tok, args.models, device)
+        candidates = shape_candidates(args.shape, tok, args.models, device)
 
     with tempfile.TemporaryDirectory() as tmp:
         world = write_world(Path(tmp), n_mgsm=args.items, n_bele=args.items)
@@ -167,6 +176,13 @@ def main() -> None:
         f"{statistics.median(theirs[best]) / med:.2f}x"
         + "".join(f"; vs batch {b}: {statistics.median(ts) / med:.2f}x" for b, ts in theirs.items())
     )
+
+
+def _positive(text: str) -> int:
+    """A count argument: a positive int (argparse names the bad value)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive int")
+    return int(text)
 
 
 def _sync(device: str) -> None:
