@@ -70,6 +70,10 @@ class TaskShape(StrictModel):
     """Answer options of a multiple-choice task; 0 for a generation task."""
     continuation_tokens: float = Field(0.0, ge=0)
     """Mean tokens of one answer option (multiple choice)."""
+    answer_tokens: float | None = Field(None, gt=0)
+    """Generation with few-shot examples: decoding steps until every row of a batch has
+    reached the task's stop strings (the batch's longest answer, stop string included); the
+    plan decodes max_gen_toks when None or without few-shot examples (an upper bound)."""
     note: str = "given in the study"
     """Where the numbers come from (printed with the plan)."""
 
@@ -140,7 +144,7 @@ class TaskFamily:
         return self.shape
 
 
-_MGSM = "assumed: a GSM8K question is ~60 Llama-3 tokens in English, 2-5x that in Bengali, Telugu or Swahili; 150 as a middle; MGSM has 250 problems per language (Shi et al. 2023)"  # fmt: skip
+_MGSM = "assumed: a GSM8K question is ~60 Llama-3 tokens in English, 2-5x that in Bengali, Telugu or Swahili; 150 as a middle; MGSM has 250 problems per language (Shi et al. 2023); answers: lm-eval's mgsm_direct_* stop at the next item's 'Question:' in the task's language ('Swali:', 'প্রশ্ন:', 'ప్రశ్న:'), so a few-shot answer is the number, a blank line and that word, ~5-12 tokens; 24 decoding steps a batch, for the batch's longest row"  # fmt: skip
 _BELE = "assumed: a FLORES passage (~90 English words) + question ≈ 150 tokens in English, 2-3x in the target scripts; 350 as a middle; 900 questions per language (Bandarkar et al. 2024)"  # fmt: skip
 _GMMLU = "assumed: MMLU question + 4 options ≈ 100 English tokens, 150 for other languages; 14,042 test items per language (MMLU's test set)"  # fmt: skip
 _WORLD = "assumed: the world's prompts are short (its SFT samples average 26-44 tokens); items from the world"  # fmt: skip
@@ -152,7 +156,9 @@ FAMILIES: dict[str, TaskFamily] = {
         name="mgsm",
         answer="generate",
         skill="task",
-        shape=TaskShape(items=250, prompt_tokens=150, shot_tokens=150, note=_MGSM),
+        shape=TaskShape(
+            items=250, prompt_tokens=150, shot_tokens=150, answer_tokens=24, note=_MGSM
+        ),
         lm_eval_prefixes=("mgsm_",),
         world_stems={"world_mgsm_direct": None},
         world_shape=TaskShape(prompt_tokens=40, shot_tokens=40, note=_WORLD),
