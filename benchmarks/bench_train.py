@@ -6,6 +6,12 @@ Ray Train with 2 workers of `--threads` each, gloo, fp32, the DDP runs averaged)
 (from the loop's per-step log), so Ray's fixed start-up (cluster, worker group, process group,
 model load) is excluded and reported separately as the time from `fit()` to the first step.
 Both arms run the same `run_training` on the same thread count and report every step.
+`--world W` reuses a built world (default: a tiny one built in a temporary folder); paths may be
+relative (made absolute before Ray's workers read them). A failed training run ends the
+benchmark with exit 1 naming it, and no figures.
+Smoke run (tests/benchmarks/test_bench_train.py, ~1 min on 2 cores, mostly Ray's start-up):
+    bench_train.py --world W --steps 4 --hidden 32 --layers 2 --batch-size 2 --log-every 1
+        --skip-strategies --skip-plain2 --out F.json
 """
 
 from __future__ import annotations
@@ -36,8 +42,15 @@ def make_base(world: Path, out: Path, hidden: int, layers: int) -> Path:
     return out
 
 
+class RunFailed(RuntimeError):
+    """A training run of the benchmark failed: no figure is reported, the exit is 1."""
+
+
 def throughput(log: Path) -> dict:
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    """Tokens/s between the first and the last step of a step log (at least two steps)."""
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    if len(rows) < 2:
+        raise RunFailed(f"{log}: {len(rows)} steps logged; tokens/s needs two")
     a, b = rows[0], rows[-1]
     dt = b["time"] - a["time"]
     return {
@@ -56,7 +69,8 @@ def compare_strategies(exp, root: Path) -> dict:
     out = {}
     for tag, strategy in (("ddp_a", "ddp"), ("fsdp", "fsdp"), ("ddp_b", "ddp")):
         res = train_with_ray(exp(tag, workers=2, strategy=strategy))
-        assert res.error is None, res.error
+        if res.error is not None:
+            raise RunFailed(f"{tag} ({strategy}, 2 workers): {res.error}")
         out[tag] = throughput(root / f"{tag}.jsonl")
         out[tag].pop("first_step_time")
     ddp = (out["ddp_a"]["tokens_per_s"] + out["ddp_b"]["tokens_per_s"]) / 2
@@ -79,7 +93,7 @@ def print_results(results: dict) -> None:
         print(f"FSDP / DDP tokens/s (2 workers, CPU, gloo): {results['ratio_fsdp_over_ddp']:.3f}")  # fmt: skip
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hidden", type=int, default=256)
@@ -90,7 +104,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-plain2", action="store_true", help="one plain run, before Ray only")
     p.add_argument("--skip-strategies", action="store_true", help="no FSDP vs DDP comparison")
     p.add_argument("--out", type=Path)
-    return p.parse_args()
+    p.add_argument("--world", type=Path, help="a built world (default: a tiny one, built in a temporary folder)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error(f"--steps {args.steps}: tokens/s is measured between the first and the last step; give at least 2")  # fmt: skip
+    if args.world is not None:
+        if not (args.world / "world.json").is_file():
+            p.error(f"--world {args.world}: no world.json there (build one with `layerswap world build`)")  # fmt: skip
+        args.world = args.world.resolve()  # Ray's workers read its data from another directory
+    return args
 
 
 def experiments(args: argparse.Namespace, world: Path, base: Path, root: Path):
@@ -139,9 +161,22 @@ def plain_run(exp, root: Path, tag: str) -> dict:
     return out
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (see the module doc); 1, naming the run, when a training run failed."""
+    args = parse_args(argv)
+    try:
+        results = measure(args)
+    except RunFailed as e:
+        print(f"bench_train: FAILED, no figures reported: {e}", file=sys.stderr)
+        return 1
+    print_results(results)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+    return 0
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """The plain loop, Ray Train and (unless skipped) DDP vs FSDP, in a temporary folder."""
     import ray
     import torch
 
@@ -151,11 +186,11 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="bench_train_"))
     try:
-        world = build_world(root / "world", seed=0, size="tiny", progress=False)
+        world = args.world or build_world(root / "world", seed=0, size="tiny", progress=False)
         base = make_base(world, root / "base", args.hidden, args.layers)
         exp = experiments(args, world, base, root)
 
-        results: dict = {"config": vars(args) | {"out": str(args.out) if args.out else None}}
+        results: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}  # fmt: skip
         results["plain1"] = plain_run(exp, root, "plain1")
 
         t = time.time()
@@ -164,7 +199,8 @@ def main() -> int:
         t = time.time()
         res = train_with_ray(exp("ray"))
         t_fit = time.time() - t
-        assert res.error is None, res.error
+        if res.error is not None:
+            raise RunFailed(f"ray (1 worker): {res.error}")
         results["ray"] = throughput(root / "ray.jsonl")
         results["ray"]["startup_s"] = results["ray"].pop("first_step_time") - t
         results["ray"] |= {"ray_init_s": t_init, "fit_total_s": t_fit}
@@ -177,12 +213,9 @@ def main() -> int:
             results["plain2"] = plain_run(exp, root, "plain2")
         plain = sum(results[k]["tokens_per_s"] for k in plains) / len(plains)
         results["ratio_ray_over_plain"] = results["ray"]["tokens_per_s"] / plain
-        print_results(results)
-        if args.out:
-            args.out.write_text(json.dumps(results, indent=1))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return results
 
 
 if __name__ == "__main__":
