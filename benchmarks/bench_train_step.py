@@ -83,6 +83,10 @@ def _args() -> argparse.Namespace:
     args = ap.parse_args()
     if args.offload and args.strategy == "ddp":
         ap.error("--offload needs --strategy fsdp (or auto)")
+    if args.steps < 1 or args.warmup < 0:  # tokens/s is over the timed steps: none, no figure
+        ap.error(f"--steps {args.steps} --warmup {args.warmup}: give at least 1 timed step and no negative warmup")  # fmt: skip
+    if args.world is not None and not (args.world / "base").is_dir():
+        ap.error(f"--world {args.world}: no base/ there (build one with `layerswap world build`)")
     return args
 
 
