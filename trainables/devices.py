@@ -81,7 +81,7 @@ def explain_device(name: str | None = "auto") -> tuple[str, str]:
     if name is None or name == "auto":
         if torch.cuda.is_available():
             n = torch.cuda.device_count()
-            return "cuda", f"auto: torch sees {n} CUDA GPU(s) ({torch.cuda.get_device_name(0)})"
+            return "cuda", f"auto: torch sees {n} CUDA GPU(s) ({_gpu_name()})"
         return "cpu", f"auto: {cuda_missing()}"
     if not isinstance(name, str) or not _DEVICE.fullmatch(name):
         raise ValueError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
@@ -92,6 +92,16 @@ def explain_device(name: str | None = "auto") -> tuple[str, str]:
         if index >= torch.cuda.device_count():
             raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA GPU(s)")
     return name, "as configured"
+
+
+def _gpu_name() -> str:
+    """The first GPU's name, for a message; "unnamed" where the driver will not say."""
+    import torch
+
+    try:
+        return torch.cuda.get_device_name(0)
+    except (RuntimeError, AssertionError, AttributeError):
+        return "unnamed"
 
 
 def config_params(config) -> int:

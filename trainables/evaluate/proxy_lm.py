@@ -242,7 +242,8 @@ def greedy_generate(
     active = list(range(len(ctxs)))  # batch position -> row
     done: set[int] = set()
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
-    for _ in range(max_gen_toks):
+    cache_kw = cache_argument(model)
+    for step in range(max_gen_toks):
         nxt = out.logits[:, -1].argmax(-1)  # [a]
         eos = torch.isin(nxt, stop_t)
         check = torch.isin(nxt, trig_t) if trig_t is not None else torch.ones_like(eos)
@@ -253,12 +254,12 @@ def greedy_generate(
             gen[row].append(toks[b])
             if eos_l[b] or (check_l[b] and _has_stop(tokenizer, gen[row], until)):
                 done.add(row)
-        if len(done) == len(ctxs):
-            break
+        if len(done) == len(ctxs) or step == max_gen_toks - 1:
+            break  # the budget's last token is chosen: no forward for a token never used
         keep = [b for b, row in enumerate(active) if row not in done]
         if len(keep) <= 0.75 * len(active):  # drop finished rows: less work per step
             idx = torch.tensor(keep, device=device)
-            out.past_key_values.batch_select_indices(idx)
+            cache_of(out).batch_select_indices(idx)
             nxt = nxt[idx]
             extra = {k: v[idx] for k, v in extra.items()}
             active = [active[b] for b in keep]
@@ -270,7 +271,7 @@ def greedy_generate(
             }
         out = model(
             input_ids=nxt[:, None],
-            past_key_values=out.past_key_values,
+            **{cache_kw: cache_of(out)},
             use_cache=True,
             logits_to_keep=1,
             **extra,
@@ -279,6 +280,21 @@ def greedy_generate(
     return [
         postprocess_generated_text(generation=t, stop=until, think_end_token=None) for t in texts
     ]
+
+
+def cache_argument(model) -> str:
+    """The forward argument taking the KV cache: `cache` since transformers renamed it (5.2x;
+    `past_key_values` is deprecated there, removed in 5.40), `past_key_values` before."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_of(out):
+    """The KV cache of a model output, under either name (see `cache_argument`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def _has_stop(tokenizer, tokens: list[int], until: list[str]) -> bool:

@@ -168,6 +168,17 @@ def _resolve_device(exp: TrainExperiment, device: str | torch.device | None) -> 
     return torch.device(device)
 
 
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing, non-reentrant, by whichever name the installed transformers
+    has: `activation_checkpointing_enable` (5.2x, where `gradient_checkpointing_enable` is a
+    deprecated alias due to go in v6) or the old one."""
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
 def _prepare_model(model, exp: TrainExperiment, device: torch.device, policy: Policy, strategy: Strategy) -> Prepared:  # fmt: skip
     """The loaded model prepared for the mode, cast to the precision policy (trainable weights
     in the master dtype) and on `device` — except under a sharding strategy, which places and
@@ -180,7 +191,7 @@ def _prepare_model(model, exp: TrainExperiment, device: torch.device, policy: Po
         prep.model.to(device)
         apply_precision(prep.model, policy)
     if exp.hyper.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         if prep.is_lora:
             model.enable_input_require_grads()
     return prep
