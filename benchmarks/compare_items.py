@@ -8,7 +8,8 @@ the same per-item score, and the largest per-item score difference.
 Run: `python benchmarks/compare_items.py A.json B.json [A2.json B2.json ...]` (pairs; lm-eval's
 JSON with its samples logged, as `layerswap eval --out` and a promotion's
 promotion/lm_eval/MODEL/TASK.json write it). Prints a Markdown table, then what only one file
-of a pair holds.
+of a pair holds. Exit 2 naming a bad file; exit 1 when a pair has no task in common (nothing
+was compared). Smoke run: tests/benchmarks/test_compare_items.py, on a `layerswap eval --out`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from layerswap.trainables.evaluate.harness import predictions
@@ -81,7 +83,8 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the comparison of each pair of files; exit 2 naming the file on bad input."""
+    """Print the comparison of each pair of files; exit 2 naming the file on bad input, 1
+    when a pair has no task in common."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path, help="pairs of lm-eval JSON files: A B [A B ...]")  # fmt: skip
     args = ap.parse_args(argv)
@@ -89,19 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"files come in pairs; got {len(args.files)}")
     print("| A | B | task | metric | A | B | items | same answer | same text | same item score | max item diff |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    notes = []
+    notes, empty = [], []
     for fa, fb in zip(args.files[::2], args.files[1::2], strict=True):
         try:
             rows, more = compare(load(fa), load(fb), (fa.name, fb.name))
         except ValueError as e:
             ap.exit(2, f"compare_items: {e}\n")
         notes += [f"{fa.name} / {fb.name}: {n}" for n in more]
+        if not rows:
+            empty.append(f"{fa} / {fb}")
         for r in rows:
             text = "—" if r["same_text"] is None else r["same_text"]
             print(f"| {fa.name} | {fb.name} | {r['task']} | {r['metric']} | {r['a']:.6f} | {r['b']:.6f} "
                   f"| {r['items']} | {r['same_answer']} | {text} | {r['same_score']} | {r['max_abs']:.2e} |")  # fmt: skip
     for n in notes:
         print(f"\nnote: {n}")
+    if empty:  # an empty table is no comparison: say so, and exit as a failed run
+        print(f"compare_items: no task in common, nothing compared: {'; '.join(empty)}", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -6,6 +6,7 @@ Run `.venv/bin/python -m pytest tests/benchmarks/test_compare_items.py -q`.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,3 +107,28 @@ def test_bad_files_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare_items.main([str(good)])  # pairs only
     assert "files come in pairs" in capsys.readouterr().err
+
+
+def test_a_real_lm_eval_file_compares_as_a_user_runs_it(tiny_world, tmp_path, run_bench):
+    # lm-eval's own JSON (`layerswap eval --out`), not the hand-made files above: the script
+    # must read what lm-eval writes today; compared with itself, every item is the same
+    out = tmp_path / "eval.json"
+    tasks = "world_mgsm_direct_xa_dev,world_belebele_brier_xa_dev"
+    cmd = [sys.executable, "-m", "layerswap.cli", "eval", str(tiny_world / "base"), "--world", str(tiny_world), "--tasks", tasks, "--limit", "4", "--max-gen-toks", "8", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    made = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    run = run_bench("compare_items.py", "a.json", "b.json", links={"a.json": out, "b.json": out})
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines()[2:] if line.startswith("| a.json")]  # fmt: skip
+    assert {r[2].strip() for r in rows} == set(tasks.split(",")), run.tail()
+    for r in rows:  # items, same answer, same item score: all 4; largest item difference 0
+        assert [r[i].strip() for i in (6, 7, 9, 10)] == ["4", "4", "4", "0.00e+00"], r
+
+
+def test_a_pair_with_no_task_in_common_exits_1(tmp_path, run_bench):
+    a = _result([_mgsm(0, "x", "1", True)], [_bele(0, [-1.0, -2.0], 0, [0.7, 0.3])])
+    b = json.loads(json.dumps(a))
+    b["samples"] = {"other": b["samples"]["m"]}
+    for name, data in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(data))
+    run = run_bench("compare_items.py", "a.json", "b.json", expect=1, links={n: tmp_path / n for n in ("a.json", "b.json")})  # fmt: skip
+    assert "nothing compared" in run.stderr
