@@ -12,7 +12,8 @@ Run: `python benchmarks/delta_consistency.py --base WORLD/base --pair A B [--pai
 (checkpoint folders of full fine-tunes; safetensors only), or with
 `--world W --out DIR` first train a math and a language expert per `--sft-seeds` by world.sft
 (the shipped configs' lr 3e-5 and 300 steps; 84-92 s each on one core here) and compare the two
-runs of each expert and the two experts of the first seed.
+runs of each expert and the two experts of the first seed. Smoke run (tests/benchmarks/
+test_delta_consistency.py, seconds): `--world TINY_WORLD --out DIR --steps 2`.
 """
 
 from __future__ import annotations

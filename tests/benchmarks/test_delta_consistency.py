@@ -87,3 +87,15 @@ def test_bad_checkpoints_are_named(ckpts, tmp_path, capsys):
         out = capsys.readouterr()
         assert why in out.err and str(bad) in out.err
         assert out.out == ""  # no half table
+
+
+def test_trains_the_experts_and_tables_every_pair_as_a_user_runs_it(tiny_world, run_bench):
+    # the --world path end to end (world.sft at 2 steps): relative --world and --out
+    run = run_bench("delta_consistency.py", "--world", "world", "--out", "dc", "--steps", "2", links={"world": tiny_world})  # fmt: skip
+    assert sorted(p.name for p in (run.cwd / "dc").iterdir()) == ["language_seed0", "language_seed1", "math_seed0", "math_seed1"]  # fmt: skip
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| dc/")]
+    assert len(rows) == 3 * 3, run.tail()  # three pairs, three readings each
+    cells = [float(c) for line in rows for c in line.strip("| ").split(" | ")[3:]]
+    assert len(cells) == 9 * 6 and all(abs(c) <= 1 for c in cells), run.tail()  # cosines, MAVs
+    mavs = [float(c) for line in rows if "row MAV" in line for c in line.strip("| ").split(" | ")[3:]]  # fmt: skip
+    assert all(m > 0 for m in mavs)  # two steps moved every region
