@@ -121,7 +121,9 @@ class SearchSettings(StrictModel):
     seed: int = 0
     """Seeds the Optuna sampler."""
     max_concurrent: int | None = Field(None, ge=1)
-    """Trials running at once (None: the cluster's CPUs // cpus_per_trial)."""
+    """Trials running at once (None: as many as the cluster's CPUs and GPUs hold, at most a
+    quarter of num_samples: TPE proposes each trial from the results in so far, and with the whole
+    budget at once it would propose every trial blind, i.e. search at random)."""
     cpus_per_trial: float = Field(1.0, gt=0)
     """CPUs a trial reserves."""
     gpus_per_trial: float = Field(0.0, ge=0)
