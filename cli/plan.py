@@ -75,7 +75,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             what="a layerswap plan JSON",
         )
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.study.plan import format_study_plan, plan_study
+    from layerswap.study.plan import plan_study
+    from layerswap.study.report import format_study_plan
 
     plan = plan_study(loaded, args.profile)
     print(format_study_plan(plan))

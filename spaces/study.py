@@ -270,7 +270,19 @@ class Profile(StrictModel):
     trial_overhead_s: Figure
     """Fixed seconds per search trial (scheduling, result writes)."""
     parallel_efficiency: Figure
-    """Share of linear speed-up kept with several devices per run."""
+    """Share of the compute rate kept with several devices per run, beyond what the plan
+    counts itself (communication, waiting for the slowest rank)."""
+    interconnect_bytes_per_s: Figure
+    """Bus bandwidth per device of a run's collectives (all-gather, reduce-scatter,
+    all-reduce): bytes a device sends per second in a ring collective."""
+    comm_exposed: Figure
+    """Share of the shorter of a step's compute and communication that the longer does not
+    hide (1: they add up; 0: the step takes the longer of the two)."""
+    disk_sync_bytes_per_s: Figure
+    """Bytes per second a node's local disk takes writes that must reach it (fsynced) in the
+    workers' temporary folder, where a checkpoint is written first."""
+    storage_write_bytes_per_s: Figure
+    """Bytes per second a checkpoint is copied to the run's storage at (the run waits)."""
 
     def figures(self) -> dict[str, Figure]:
         """Every figure by name."""

@@ -1,38 +1,36 @@
-"""The cost model behind `layerswap plan`: FLOPs per token from a model's shape, training counts
-from an experiment, evaluation seconds from a task's shape, and device seconds from a profile.
+"""The cost model behind `layerswap plan`: FLOPs per token from a model's shape, evaluation
+seconds from a task's shape, and device seconds from a profile (training runs: study/training.py).
 
 Rules (each estimate prints the profile figures it rests on, spaces/throughput.yaml):
 
 - Forward FLOPs per token (Kaplan et al. 2020, "Scaling laws", Table 1):
   `2·N_mm + 2·L·ctx·d_attn`, where N_mm counts the weights of every Linear module (lm_head
   included, LoRA adapters included, the embedding lookup and norms not), L the layers, d_attn
-  heads × head_dim, and ctx the mean tokens of a sample.
+  heads × head_dim, and ctx the tokens of a row.
 - Training FLOPs per token: the forward, once more with gradient checkpointing (recompute),
   the backward to the activations (as much as a forward, attention's twice), and the weight
   gradients of the trained matrices only: `(2 + ckpt)·fwd + 2·L·ctx·d_attn + 2·N_trained_mm`.
   Full training: 6·N_mm (+ attention), as usual; LoRA and partial training still run the whole
   forward and the whole backward to the activations (the gradient must reach the lowest
   trained parameter), so they save only the frozen weights' gradients: ≈ 4·N_mm.
-- Training seconds: tokens × FLOPs/token / (train_flops_per_s × devices × parallel
-  efficiency), plus validation (forward only, at every checkpoint) and run_startup_s.
 - Evaluation seconds of one task: prefill (every prompt with its few-shot examples, at
   prefill_flops_per_s; a multiple-choice item is one row in the cached evaluator, one row per
-  option in lm-eval) plus, for generation tasks, ceil(items / batch) × max_gen_toks decoding
-  steps of (weight bytes / decode_bytes_per_s + decode_step_overhead_s). Generation runs to
-  max_gen_toks: an upper bound (lm-eval stops at a stop string).
-Counts reuse the trainer's own rules (trainables.train.data.total_steps, the loop's checkpoint
-rule). Tests: .venv/bin/pytest -q tests/search/test_study_plan.py
+  option in lm-eval) plus, for generation tasks, ceil(items / batch) × decoding steps of
+  (weight bytes / decode_bytes_per_s + decode_step_overhead_s). A batch decodes until every
+  row has reached a stop string (lm-eval's `until`, and the cached evaluator's), or to
+  max_gen_toks: the plan counts the task shape's `answer_tokens` a batch when the prompt has
+  few-shot examples that show the answer's form, max_gen_toks otherwise, and max_gen_toks
+  for every batch as the upper bound (`evals_cost(..., to_stop=False)`).
+Tests: .venv/bin/pytest -q tests/study/
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from layerswap.spaces.study import Profile
-from layerswap.spaces.sweep import Choice
 from layerswap.spaces.task_families import (
     TaskShape,
     family_of,
@@ -40,20 +38,8 @@ from layerswap.spaces.task_families import (
     task_language,
     task_split,
 )
-from layerswap.spaces.train_experiment import TrainExperiment, with_overrides
+from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.spaces.world import world_config
-
-# Swept hyperparameters that change what a run costs; the rest (lr, warmup, ...) do not.
-COST_PARAMS = (
-    "hyper.batch_size",
-    "hyper.max_steps",
-    "hyper.epochs",
-    "hyper.seq_len",
-    "hyper.val_share",
-    "hyper.gradient_checkpointing",
-    "checkpoint_every_samples",
-    "mode.rank",
-)
 
 
 def task_shape(name: str, given: dict[str, TaskShape]) -> TaskShape | None:
@@ -113,76 +99,6 @@ def train_flops(c: ModelCost, ctx: float, checkpointing: bool) -> float:
     return (2 + int(checkpointing)) * fwd + 2 * c.layers * ctx * c.d_attn + 2 * c.n_trained_mm
 
 
-# ---------------------------------------------------------------------------- training counts
-
-
-def split_rows(exp: TrainExperiment, rows: list[int]) -> tuple[int, int]:
-    """(training samples, validation samples over all datasets) from each dataset's rows.
-
-    Mirrors trainables.train.data.build_data, which needs the encoded data: validation takes
-    round(val_share × the smallest dataset's rows), at least 1, from every dataset. Examples
-    too long for seq_len, which the trainer drops, cannot be known without tokenizing.
-    """
-    h = exp.hyper
-    n_val = max(round(h.val_share * min(rows)), 1) if h.val_share > 0 else 0
-    return sum(r - n_val for r in rows), n_val * len(rows)
-
-
-def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
-    """Optimizer steps of a run (trainables.train.data.total_steps; None: epochs, rows unknown)."""
-    if exp.hyper.max_steps is not None:
-        return exp.hyper.max_steps
-    if n_train is None:
-        return None
-    # lazy: torch, as above
-    from layerswap.trainables.train import data
-
-    # total_steps reads only the streams' lengths: a stand-in stream of n_train examples.
-    stand_in = data.TrainData([data.Stream([None] * n_train, 0, 0)], [], [])
-    return data.total_steps(exp, stand_in)
-
-
-def checkpoints(exp: TrainExperiment, steps: int) -> int:
-    """Checkpoints a run of `steps` steps writes (the training loop's own rule)."""
-    # lazy: torch, as above
-    from layerswap.trainables.train.loop import checkpoint_due
-
-    bs = exp.hyper.batch_size
-    return sum(checkpoint_due(exp, s, s * bs, steps) for s in range(1, steps + 1))
-
-
-def devices_per_run(exp: TrainExperiment, prof: Profile) -> int:
-    """Devices one run holds: a GPU per worker; on the cpu profile (a device is one thread),
-    cpus_per_worker threads per worker."""
-    s = exp.scaling
-    if prof.kind == "cpu":
-        return s.num_workers * max(1, int(s.cpus_per_worker))
-    return s.num_workers
-
-
-def train_seconds(
-    c: ModelCost, exp: TrainExperiment, tokens: float, val_tokens: float, ctx: float, prof: Profile
-) -> float:
-    """Seconds of one training run: start-up, steps and validation passes.
-
-    Args:
-        c: the model's cost under the experiment's mode.
-        exp: the experiment (checkpointing, scaling).
-        tokens: tokens trained on; val_tokens: tokens of all validation passes.
-        ctx: mean tokens per sample.
-        prof: the device profile.
-    """
-    n = devices_per_run(exp, prof)
-    eff = prof.parallel_efficiency.value if n > 1 else 1.0
-    ckpt = exp.hyper.gradient_checkpointing
-    train = tokens * train_flops(c, ctx, ckpt) / (prof.train_flops_per_s.value * n * eff)
-    val = val_tokens * forward_flops(c, ctx) / (prof.prefill_flops_per_s.value * n * eff)
-    return prof.run_startup_s.value + train + val
-
-
-TRAIN_FIGURES = ("train_flops_per_s", "prefill_flops_per_s", "run_startup_s", "parallel_efficiency")
-
-
 # ---------------------------------------------------------------------------- evaluation
 
 
@@ -191,7 +107,7 @@ def eval_cost(
     shape: TaskShape,
     items: int,
     shots: int,
-    gen_toks: int,
+    gen_toks: float,
     batch: int,
     prof: Profile,
     *,
@@ -202,7 +118,7 @@ def eval_cost(
     Args:
         c: the evaluated model's cost (model_cost(config)).
         shape: the task's shape; items: items scored; shots: few-shot examples per prompt.
-        gen_toks: decoding budget of a generation task; batch: rows per forward pass.
+        gen_toks: decoding steps a batch of a generation task takes; batch: rows per pass.
         prof: the device profile.
         row_per_option: lm-eval's one request per answer option (True), or the cached
             evaluator's one row per multiple-choice item (False).
@@ -248,71 +164,13 @@ def world_items(task: str, world: str | None) -> int | None:
 # ---------------------------------------------------------------------------- per-stage sums
 
 
-def cost_variants(exp: TrainExperiment) -> tuple[list[TrainExperiment], list[str]]:
-    """The experiment as its sweep's trials may run it, over the swept parameters that change
-    the cost (COST_PARAMS): every choice, and a range's midpoint (geometric when log).
-
-    Returns:
-        (the variants that validate, one message per combination that cannot run).
-    """
-    if exp.sweep is None:
-        return [exp], []
-    axes = []
-    ints = exp.sweep.int_params(exp.model_dump(mode="json"))
-    for path, dim in exp.sweep.params.items():
-        if path not in COST_PARAMS:
-            continue
-        if isinstance(dim, Choice):
-            axes.append([(path, v) for v in dim.choices])
-        else:
-            mid = math.sqrt(dim.low * dim.high) if dim.log else (dim.low + dim.high) / 2
-            axes.append([(path, round(mid) if path in ints else mid)])
-    out, bad = [], []
-    for combo in itertools.product(*axes):
-        try:
-            out.append(with_overrides(exp, dict(combo)) if combo else exp)
-        except ValueError as e:
-            bad.append(f"sweep trial with {dict(combo)} cannot run: {e}")
-    return out, bad
-
-
-@dataclass(frozen=True)
-class RunEstimate:
-    """One training run: its counts and device-hours."""
-
-    samples: int
-    tokens: float
-    steps: int
-    checkpoints: int
-    device_hours: float
-
-
-def run_estimate(
-    c: ModelCost,
-    exp: TrainExperiment,
-    rows: list[int] | None,
-    tokens_per_sample: float,
-    prof: Profile,
-) -> RunEstimate | None:
-    """Counts and device-hours of one run of `exp` (None: an epochs run of unknown rows).
-
-    Args:
-        c: the model's cost under the experiment's mode.
-        exp: the experiment.
-        rows: rows of each dataset (None: unknown; then validation is not counted).
-        tokens_per_sample: mean tokens of one training sample.
-        prof: the device profile.
-    """
-    n_train, n_val = split_rows(exp, rows) if rows else (None, 0)
-    steps = total_steps(exp, n_train)
-    if steps is None:
-        return None
-    samples = steps * exp.hyper.batch_size
-    ckpts = checkpoints(exp, steps)
-    tokens = samples * tokens_per_sample
-    val_tokens = ckpts * n_val * tokens_per_sample
-    secs = train_seconds(c, exp, tokens, val_tokens, tokens_per_sample, prof)
-    return RunEstimate(samples, tokens, steps, ckpts, secs * devices_per_run(exp, prof) / 3600)
+def decode_steps(shape: TaskShape, shots: int, gen_toks: int) -> float:
+    """Decoding steps of one batch of a generation task: the shape's answer_tokens (to the
+    stop strings) when few-shot examples show the answer's form, else max_gen_toks; never
+    more than max_gen_toks."""
+    if shape.answer_tokens is None or shots == 0:
+        return gen_toks
+    return min(shape.answer_tokens, gen_toks)
 
 
 def evals_cost(
@@ -324,20 +182,21 @@ def evals_cost(
     prof: Profile,
     *,
     row_per_option: bool,
+    to_stop: bool = True,
 ) -> tuple[float, int, set[str]]:
     """(seconds, items, figures used) of one model on several tasks.
 
     Args:
         tasks: (shape with items, few-shot examples) per task.
         limit: first N items per task (None: all).
-        gen_toks, batch, prof, row_per_option: as for `eval_cost`.
+        gen_toks: max_gen_toks; batch, prof, row_per_option: as for `eval_cost`.
+        to_stop: decode a batch to its stop strings (`decode_steps`), else to gen_toks.
     """
     secs, items, figs = 0.0, 0, set()
     for shape, shots in tasks:
         n = min(limit or shape.items, shape.items)
-        t, used = eval_cost(
-            c, shape, n, shots, gen_toks, batch, prof, row_per_option=row_per_option
-        )
+        steps = decode_steps(shape, shots, gen_toks) if to_stop else gen_toks
+        t, used = eval_cost(c, shape, n, shots, steps, batch, prof, row_per_option=row_per_option)
         secs, items, figs = secs + t, items + n, figs | set(used)
     return secs, items, figs
 

@@ -4,16 +4,16 @@ estimate device-hours per stage from the model shapes and a throughput profile.
 `plan_study(load_study("spaces/examples/real_study.yaml"))` returns a StudyPlan (plain data) with
 four stages: (1) expert training (each config, × its sweep's trials), (2) indicator scoring of
 the sweeps' checkpoints, (3) merge-search trials, (4) promotion (top-k recipes + baselines on
-the target and proxy test tasks). `format_study_plan(plan)` is what `layerswap plan` prints.
+the target and proxy test tasks). `format_study_plan(plan)` (study/report.py) is what
+`layerswap plan` prints.
 Names are resolved without network: model configs (spaces' path rule, the HF cache, built-in
 copies), lm-eval task names (search/preflight.py's finder), dataset sources
 (trainables.train.sources). What cannot be known offline is listed, never guessed silently.
-The cost model is study/estimate.py. Tests: .venv/bin/pytest -q tests/search/test_study_plan.py
+The cost model: study/estimate.py (FLOPs, evaluation), study/training.py (training runs:
+padding, communication, checkpoints). Tests: .venv/bin/pytest -q tests/study/
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass, field
 
 from layerswap.search import preflight
 from layerswap.search.promote import promotion_tasks, shot_groups
@@ -22,67 +22,9 @@ from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearc
 from layerswap.spaces.task_families import is_world_task
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.study import estimate as est
-
-STAGES = {
-    "train": "expert training",
-    "indicators": "indicator scoring of expert checkpoints",
-    "search": "merge search trials",
-    "promotion": "promotion (lm-eval on test splits)",
-}
-
-
-@dataclass
-class Row:
-    """One line of a stage: what runs, how often, where, and its device-hours (None: unknown)."""
-
-    name: str
-    counts: dict[str, float]
-    where: str
-    hours: float | None
-    figures: list[str]
-    hours_low: float | None = None  # a lower bound (fidelity screening prunes trials)
-    gpus: float = 0.0  # GPUs one run, trial or evaluation holds (0: CPUs only)
-    accelerator: str | None = None  # the GPU type it asks Ray for (scaling.accelerator_type)
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Stage:
-    key: str
-    title: str
-    rows: list[Row] = field(default_factory=list)
-
-    @property
-    def hours(self) -> float | None:
-        """The stage's device-hours; None when a row's are unknown."""
-        hs = [r.hours for r in self.rows]
-        return None if any(h is None for h in hs) else sum(hs)
-
-
-@dataclass
-class StudyPlan:
-    study: str
-    source: str
-    profile: str
-    profile_data: dict
-    unit: str
-    resolved: list[str] = field(default_factory=list)
-    stages: list[Stage] = field(default_factory=list)
-    unknowns: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def hours(self) -> float | None:
-        hs = [s.hours for s in self.stages]
-        return None if any(h is None for h in hs) else sum(hs)
-
-    def to_json(self) -> dict:
-        """The plan as JSON data (what `--json` writes)."""
-        data = asdict(self)
-        for s, d in zip(self.stages, data["stages"], strict=True):
-            d["hours"] = s.hours
-        return {"layerswap_plan": 1, **data, "hours": self.hours}
+from layerswap.study import training
+from layerswap.study.report import STAGES, Row, Stage, StudyPlan
+from layerswap.study.storage import fmt_bytes
 
 
 class _Ctx:
@@ -126,6 +68,7 @@ class _Ctx:
         if task not in self.tasks_seen:
             self.tasks_seen.add(task)
             mc = f", {shape.choices} options" if shape.choices else ", generation"
+            mc += f" ({shape.answer_tokens:g} steps a batch to the stop strings)" if shape.answer_tokens and not shape.choices else ""  # fmt: skip
             self.plan.resolved.append(f"task shape {task}: {shape.items} items, {shape.prompt_tokens:g} prompt + {shape.shot_tokens:g}/shot tokens{mc}")  # fmt: skip
             self.plan.resolved.append(f"task shapes {shape.note}")
         return shape
@@ -184,29 +127,57 @@ def _train_row(ex: StudyExpert, ctx: _Ctx) -> tuple[Row, float]:
     exp, sweep = ex.experiment, ex.experiment.sweep
     rows = _rows(ex, ctx)
     runs = sweep.num_samples if sweep else 1
-    variants, bad = est.cost_variants(exp)
+    variants, bad = training.cost_variants(exp)
     ctx.plan.problems += [f"{ex.label}: {b}" for b in bad]
     tps = ex.tokens_per_sample or exp.hyper.seq_len
     model = ctx.model(exp.base, f"{ex.label}: base")
-    per = [est.run_estimate(est.model_cost(model, v), v, rows, tps, ctx.prof) for v in variants] if model else []  # fmt: skip
+    per = [training.run_estimate(model, v, rows, tps, ctx.prof) for v in variants] if model else []  # fmt: skip
     notes = []
     if ex.tokens_per_sample is None:
         notes.append(f"tokens/sample = seq_len {exp.hyper.seq_len} (an upper bound; give tokens_per_sample)")  # fmt: skip
     if rows is None and exp.hyper.max_steps is not None:
         notes.append("validation passes not counted (dataset rows unknown)")
     if len(per) > 1:
-        notes.append(f"per-run counts averaged over {len(per)} swept variants of {', '.join(p for p in sweep.params if p in est.COST_PARAMS)}")  # fmt: skip
-    figs, where = list(est.TRAIN_FIGURES), _where_train(exp)
+        notes.append(f"per-run counts averaged over {len(per)} swept variants of {', '.join(p for p in sweep.params if p in training.COST_PARAMS)}")  # fmt: skip
+    figs, where = list(training.TRAIN_FIGURES), _where_train(exp)
     if exp.scaling.use_gpu != (ctx.prof.kind == "gpu"):
         ctx.plan.warnings.append(f"{ex.label}: trains on {'GPUs' if exp.scaling.use_gpu else 'CPUs'}, estimated with the {ctx.plan.profile} profile's {ctx.prof.kind} figures")  # fmt: skip
     gpus = exp.scaling.num_workers if exp.scaling.use_gpu else 0
     kw = {"notes": notes, "gpus": gpus, "accelerator": exp.scaling.accelerator_type}
     if not per or any(p is None for p in per):
-        return Row(exp.name, {"runs": runs}, where, None, figs, **kw), 0.0
-    mean = {k: sum(getattr(p, k) for p in per) / len(per) for k in ("samples", "tokens", "steps", "checkpoints", "device_hours")}  # fmt: skip
-    counts = {"runs": runs, "samples/run": mean["samples"], "tokens/run": mean["tokens"], "steps/run": mean["steps"], "ckpts/run": mean["checkpoints"]}  # fmt: skip
-    hours = runs * mean["device_hours"]
-    return Row(exp.name, counts, where, hours, figs, **kw), runs * mean["checkpoints"]
+        return Row(exp.name, {"runs": runs}, where, None, figs, storage=None, **kw), 0.0
+    ctx.plan.resolved.append(f"sample lengths {training.LENGTHS}")
+    m = training.mean_estimate(per)
+    notes += _run_notes(m, exp, tps, runs, ctx.plan.unit)
+    counts = {"runs": runs, "samples/run": m["samples"], "tokens/run": m["tokens"], "steps/run": m["steps"], "ckpts/run": m["checkpoints"]}  # fmt: skip
+    costs = {k: m[k] for k in training.COSTS}
+    row = Row(exp.name, counts, where, runs * m["device_hours"], figs, storage=runs * m["stored"], costs=costs, **kw)  # fmt: skip
+    return row, runs * m["checkpoints"]
+
+
+def _run_notes(m: dict, exp: TrainExperiment, tps: float, runs: int, unit: str) -> list[str]:
+    """A run's step and checkpoints, in words (m: training.mean_estimate)."""
+    sz, n, ckpts = m["sizes"], exp.scaling.num_workers, m["checkpoints"]
+    if n == 1:
+        what = "one worker, no collectives"
+    elif exp.scaling.strategy == "fsdp":
+        what = f"FSDP: {sz.gather_dtype} weights all-gathered for forward and backward, {sz.reduce_dtype} gradients reduce-scattered, every micro-batch"  # fmt: skip
+    else:
+        what = f"DDP: {sz.reduce_dtype} gradients all-reduced once a step"
+    if exp.is_lora:
+        dtype = f"the LoRA adapter in {sz.save_dtype}, as PEFT writes it"
+    else:
+        other = "float32" if exp.precision.checkpoint_dtype == "base" else "the base's dtype"
+        alt = f"; {other}: {fmt_bytes(sz.weights_other)}" if sz.weights_other != sz.weights else ""  # fmt: skip
+        dtype = f"{sz.save_dtype}: precision.checkpoint_dtype {exp.precision.checkpoint_dtype}{alt}"
+    keeps = "every checkpoint" if exp.resume_state == "all" else "the newest checkpoint only"
+    ms = {k: f"{m[k] * 1e3:,.0f} ms" for k in ("compute_s", "comm_s", "step_s")}
+    step = f"step per GPU: compute {ms['compute_s']} (rows of {tps:g} tokens padded to {m['row_tokens']:,.0f}: the longest of {exp.micro_batch * n} sets the pace), communication {fmt_bytes(m['comm_bytes'])} = {ms['comm_s']} ({what}); step {ms['step_s']}"  # fmt: skip
+    kept = f"checkpoints: {ckpts:g} x {fmt_bytes(sz.weights)} weights ({dtype}) + {fmt_bytes(sz.resume)} resume state (AdamW, masters) kept by {keeps}: {fmt_bytes(m['stored'])} a run, {fmt_bytes(runs * m['stored'])} for {runs}"  # fmt: skip
+    each = max(1.0, ckpts)
+    synced = f" ({fmt_bytes(sz.synced)} of it fsynced)" if sz.synced else ""
+    writes = f"checkpoint writes: {fmt_bytes(m['written'] / each)} each{synced}, {m['write_s'] / each:,.0f} s each: {runs * m['write_hours']:,.2f} {unit} of the row"  # fmt: skip
+    return [step, kept, writes]
 
 
 def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
@@ -239,9 +210,21 @@ def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
     figs = ["decode_bytes_per_s", "decode_step_overhead_s", "prefill_flops_per_s"]
     if model is None or None in shapes:
         return Row(exp.name, counts, where, None, figs, gpus=gpus)
-    secs, items, figs = est.evals_cost(est.model_cost(model, exp), [(s, sw.num_fewshot) for s in shapes], sw.limit, sw.max_gen_toks, batch, ctx.prof, row_per_option=sw.backend == "lm_eval")  # fmt: skip
+    secs, high, items, figs, notes = _evals(est.model_cost(model, exp), [(s, sw.num_fewshot) for s in shapes], sw.limit, sw.max_gen_toks, batch, ctx.prof, sw.backend == "lm_eval")  # fmt: skip
     counts["items/ckpt"] = items
-    return Row(exp.name, counts, where, scored * secs / 3600, sorted(figs), gpus=gpus)
+    return Row(exp.name, counts, where, scored * secs / 3600, sorted(figs), hours_high=scored * high / 3600 if notes else None, notes=notes, gpus=gpus)  # fmt: skip
+
+
+def _evals(cost: est.ModelCost, shapes: list, limit, gen_toks: int, batch: int, prof: Profile, lm_eval: bool) -> tuple[float, float, int, set, list[str]]:  # fmt: skip
+    """est.evals_cost decoding to the stop strings and, as the upper bound, to max_gen_toks:
+    (seconds, upper-bound seconds, items, figures, a note when they differ)."""
+    secs, items, figs = est.evals_cost(cost, shapes, limit, gen_toks, batch, prof, row_per_option=lm_eval)  # fmt: skip
+    high, _, _ = est.evals_cost(cost, shapes, limit, gen_toks, batch, prof, row_per_option=lm_eval, to_stop=False)  # fmt: skip
+    steps = sorted({est.decode_steps(sh, k, gen_toks) for sh, k in shapes if not sh.choices})
+    if high <= secs:
+        return secs, high, items, figs, []
+    note = f"decoding: {', '.join(f'{x:g}' for x in steps)} steps a batch to the tasks' stop strings (task shapes: answer_tokens); up to the upper bound (<=) if every batch decodes max_gen_toks {gen_toks}"  # fmt: skip
+    return secs, high, items, figs, [note]
 
 
 # ---------------------------------------------------------------------------- stage 3 and 4
@@ -296,16 +279,17 @@ def _trial_row(s: StudySearch, cost: est.ModelCost, ctx: _Ctx) -> Row:
     figs = ["decode_bytes_per_s", "decode_step_overhead_s", "merge_bytes_per_s", "prefill_flops_per_s", "trial_overhead_s"]  # fmt: skip
     if any(sh is None for sh, _ in shapes):
         return Row(exp.name, counts, where, None, figs, gpus=g)
-    ev, items, _ = est.evals_cost(cost, shapes, pe.limit, pe.max_gen_toks, batch, prof, row_per_option=False)  # fmt: skip
+    ev, ev_high, items, _, decode = _evals(cost, shapes, pe.limit, pe.max_gen_toks, batch, prof, False)  # fmt: skip
     counts["items/trial"] = items
     fixed = prof.trial_overhead_s.value + cost.weight_bytes / prof.merge_bytes_per_s.value
     hours = n * est.trial_device_hours(fixed + ev, g, st.torch_threads, prof)
-    notes = ["compose: the whole model each trial (an upper bound: a trial moves only the tensors that changed)"]  # fmt: skip
+    high = n * est.trial_device_hours(fixed + ev_high, g, st.torch_threads, prof) if decode else None  # fmt: skip
+    notes = ["compose: the whole model each trial (an upper bound: a trial moves only the tensors that changed)", *decode]  # fmt: skip
     low, sc, keep = None, st.fidelity.screen, st.fidelity.keep_top
     if sc is not None and n > keep:
         low = hours - (n - keep) * est.trial_device_hours((1 - sc) * ev, g, st.torch_threads, prof)  # fmt: skip
         notes.append(f"fidelity screening ({sc:g} of the items first): down to the lower bound (>=) if every trial after the first {keep} is pruned")  # fmt: skip
-    return Row(exp.name, counts, where, hours, figs, hours_low=low, notes=notes, gpus=g)
+    return Row(exp.name, counts, where, hours, figs, hours_low=low, hours_high=high, notes=notes, gpus=g)  # fmt: skip
 
 
 def _promotion_row(s: StudySearch, cost: est.ModelCost, depth: int, pool: tuple, ctx: _Ctx) -> Row:  # fmt: skip
@@ -332,10 +316,14 @@ def _promotion_row(s: StudySearch, cost: est.ModelCost, depth: int, pool: tuple,
     figs = ["decode_bytes_per_s", "decode_step_overhead_s", "merge_bytes_per_s", "prefill_flops_per_s"]  # fmt: skip
     if any(sh is None for sh, _ in shapes):
         return Row(exp.name, counts, where, None, figs, notes=notes, gpus=gpus)
-    ev, items, _ = est.evals_cost(cost, shapes, pr.limit, pr.max_gen_toks, batch, prof, row_per_option=True)  # fmt: skip
+    ev, ev_high, items, _, decode = _evals(cost, shapes, pr.limit, pr.max_gen_toks, batch, prof, True)  # fmt: skip
     counts["items/model"] = items
-    secs = models * (ev + cost.weight_bytes / prof.merge_bytes_per_s.value)
-    return Row(exp.name, counts, where, secs / 3600, figs, notes=notes, gpus=gpus)
+    compose = cost.weight_bytes / prof.merge_bytes_per_s.value
+    high = models * (ev_high + compose) / 3600 if decode else None
+    stored = cost.weight_bytes if pr.write_best else 0.0
+    if pr.write_best:
+        notes.append(f"writes the best model (promote.write_best): {fmt_bytes(stored)}")
+    return Row(exp.name, counts, where, models * (ev + compose) / 3600, figs, hours_high=high, storage=stored, notes=notes + decode, gpus=gpus)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -376,62 +364,3 @@ def plan_study(loaded: LoadedStudy, profile: str | None = None, profiles: dict[s
     plan.stages = [train, ind, search, promo]
     plan.resolved = sorted(dict.fromkeys(plan.resolved))
     return plan
-
-
-# ---------------------------------------------------------------------------- printing
-
-
-def _num(v: float) -> str:
-    """A count for the table: 12,345 / 15.8M / 2.5."""
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.1f}M"
-    if float(v).is_integer():
-        return f"{int(v):,}"
-    return f"{v:,.1f}"
-
-
-def _hours(h: float | None) -> str:
-    """Device-hours: two decimals, or three significant digits below one hour."""
-    if h is None:
-        return "?"
-    return f"{h:,.2f}" if h >= 1 else f"{h:.3g}"
-
-
-def _figure(name: str, fig: dict) -> str:
-    origin = "measured" if fig.get("measured") else "assumed"
-    return f"{name} {fig['value']:.3g} {fig['unit']} ({origin})"
-
-
-def format_study_plan(plan: StudyPlan) -> str:
-    """The plan as `layerswap plan` prints it: one table per stage, totals, figures, findings."""
-    figs = {k: v for k, v in plan.profile_data.items() if isinstance(v, dict) and "value" in v}
-    u = plan.unit
-    out = [f"study plan: {plan.study} ({plan.source})", f"profile {plan.profile}: {plan.profile_data['device']}; hours are {u} (device-hours)"]  # fmt: skip
-    for i, st in enumerate(plan.stages, 1):
-        w = max(9, len(u))
-        out += ["", f"stage {i}: {st.title}: {_hours(st.hours)} {u}", f"  {u:>{w}}  name: counts"]
-        for r in st.rows:
-            low = f" (>= {_hours(r.hours_low)} {u})" if r.hours_low is not None else ""
-            counts = ", ".join(f"{k} {_num(v)}" for k, v in r.counts.items())
-            out.append(f"  {_hours(r.hours):>{w}}  {r.name}: {counts}{low}")
-            out.append(f"  {'':>{w}}    on: {r.where}")
-            out += [f"  {'':>{w}}    note: {n}" for n in r.notes]
-        if not st.rows:
-            out.append(f"  {'':>{w}}  (nothing in this study)")
-        used = sorted({f for r in st.rows for f in r.figures})
-        if used:
-            out.append("  rests on: " + "; ".join(_figure(f, figs[f]) for f in used))
-    per = ", ".join(f"{s.key} {_hours(s.hours)}" for s in plan.stages)
-    out += ["", f"total: {_hours(plan.hours)} {u} ({per})"]
-    measured = sorted(k for k, v in figs.items() if v.get("measured"))
-    out.append(f"figures of profile {plan.profile} ({len(measured)} of {len(figs)} measured):")
-    for k, v in figs.items():
-        if v.get("measured"):
-            m = v["measured"]
-            out.append(f"  {_figure(k, v)}: {m['benchmark']} on {m['device']}, {m['date']}: {m['command']}")  # fmt: skip
-        else:
-            out.append(f"  {_figure(k, v)}: {v['assumed']}")
-    for title, lines in (("resolved offline", plan.resolved), ("unknown (not estimated)", plan.unknowns), ("warnings", plan.warnings), ("problems", plan.problems)):  # fmt: skip
-        if lines:
-            out += ["", f"{title}:"] + [f"  - {x}" for x in lines]
-    return "\n".join(out)

@@ -2,7 +2,7 @@
 models and evaluations; device-hours by hand from the cost model's documented rules on a toy
 profile; problems for names that do not resolve. No Ray, no weights: a config.json only.
 
-Run: .venv/bin/pytest -q tests/search/test_study_plan.py
+Run: .venv/bin/pytest -q tests/study/test_study_plan.py
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import yaml
 
 from layerswap.spaces.study import Profile, load_study
 from layerswap.study import estimate as est
-from layerswap.study.plan import format_study_plan, plan_study
+from layerswap.study.plan import plan_study
+from layerswap.study.report import format_study_plan
 
 # A 2-layer Llama, hidden 8, MLP 16, 2 heads of 4, vocab 32, fp32. Matmul weights per layer:
 # q, k, v, o 4 x 8*8 = 256, MLP 3 x 8*16 = 384 -> 640; x 2 layers + lm_head 8*32 = 256 -> 1536.
@@ -57,6 +58,10 @@ TOY = Profile.model_validate(
         "run_startup_s": _fig(10),
         "trial_overhead_s": _fig(1),
         "parallel_efficiency": _fig(0.5),
+        "interconnect_bytes_per_s": _fig(1e4),
+        "comm_exposed": _fig(0.5),
+        "disk_sync_bytes_per_s": _fig(1e2),
+        "storage_write_bytes_per_s": _fig(1e3),
     }
 )
 TASKS = {  # the study's own task shapes, so the expected numbers do not move with the built-ins
@@ -138,6 +143,18 @@ def test_no_problems(plan):
     assert plan.problems == [] and plan.unknowns == []
 
 
+def run_seconds() -> float:
+    """One run of the toy expert by hand (fp32 base: policy fp32, so gathers, gradients and
+    checkpoints are fp32; DDP over 2 workers, batch 4: one micro-batch of 2 rows a worker)."""
+    # rows of 10 tokens: the longest of 2 is 2*10*2/3, of the 4 the ranks wait on 2*10*4/5 = 16
+    step_compute = 2 * 16 * 3 * fwd(16) / (1e6 * 0.5)  # full: 3 forwards; efficiency 0.5
+    step_comm = 2 * (1 / 2) * 7328 / 1e4  # all-reduce of the fp32 gradients, ring of 2
+    step = max(step_compute, step_comm) + 0.5 * min(step_compute, step_comm)
+    val = 5 * 10 * (40 / 3) * fwd(40 / 3) / (1e6 * 2 * 0.5)  # 10 rows at each of 5 checkpoints
+    writes = 5 * (WEIGHT_BYTES + 2 * WEIGHT_BYTES) / 1e3  # weights + AdamW's 2 moments, each time
+    return 10 + 45 * step + val + writes
+
+
 def test_training_counts_and_hours(plan):
     r = _row(plan, "train")
     # 100 rows, val round(0.1*100) = 10 -> 90 train; 2 epochs / batch 4 -> ceil(180/4) = 45
@@ -149,10 +166,12 @@ def test_training_counts_and_hours(plan):
         "steps/run": 45,
         "ckpts/run": 5,
     }
-    train = 1800 * 3 * fwd(10) / 1e6  # full: 3 forwards a token; 2 workers x efficiency 0.5
-    val = 5 * 10 * 10 * fwd(10) / 1e6  # 10 validation samples at each of 5 checkpoints
-    assert r.hours == pytest.approx(3 * (10 + train + val) * 2 / 3600)  # 2 GPUs a run
+    assert r.hours == pytest.approx(3 * run_seconds() * 2 / 3600)  # 2 GPUs a run
     assert r.gpus == 2 and "2 x GPU (ddp) per run; 3 trial(s)" in r.where
+    # storage keeps 5 checkpoints' weights and the newest one's AdamW state, per run
+    assert r.storage == pytest.approx(3 * (5 * WEIGHT_BYTES + 2 * WEIGHT_BYTES))
+    assert r.costs["comm_bytes"] == 7328 and r.costs["row_tokens"] == 16
+    assert r.costs["write_s"] == pytest.approx(5 * 3 * WEIGHT_BYTES / 1e3)
 
 
 def test_indicator_counts_and_hours(plan):
@@ -196,34 +215,32 @@ def test_promotion_counts_and_hours(plan):
 
 def test_totals_and_json(plan):
     assert plan.hours == pytest.approx(sum(s.hours for s in plan.stages))
+    assert plan.storage == pytest.approx(sum(s.storage for s in plan.stages))
     data = plan.to_json()
     assert data["layerswap_plan"] == 1 and data["hours"] == pytest.approx(plan.hours)
     assert [s["hours"] for s in data["stages"]] == [s.hours for s in plan.stages]
+    assert data["storage"] == pytest.approx(plan.storage) and data["hours_high"] >= data["hours"]
     json.dumps(data)  # plain data all the way down
 
 
 def test_printed_plan_names_figures_and_their_origin(plan):
     out = format_study_plan(plan)
     assert "stage 1: expert training" in out and "stage 4: promotion" in out
-    assert "rests on: parallel_efficiency 0.5 u (assumed)" in out
-    assert "figures of profile toy (0 of 8 measured)" in out
+    assert "rests on: comm_exposed 0.5 u (assumed); disk_sync_bytes_per_s 100 u (assumed)" in out
+    assert "parallel_efficiency 0.5 u (assumed)" in out
+    assert "figures of profile toy (0 of 12 measured)" in out
 
 
-def test_hours_scale_with_tokens_and_devices(tmp_path):
-    from layerswap.trainables.train.model_shape import load_model_config, model_shape
-
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
-    loaded = load_study(make_study(tmp_path / "s"))
-    exp = loaded.experts[0].experiment
-    cost = est.model_cost(model_shape(load_model_config(str(tmp_path))[0]), exp)
-
-    def compute(tokens, e=exp):
-        return est.train_seconds(cost, e, tokens, 0, 10, TOY) - TOY.run_startup_s.value
-
-    assert compute(2000) == pytest.approx(2 * compute(1000))
-    assert compute(1000) == pytest.approx(1000 * 3 * fwd(10) / 1e6)
-    one = exp.model_copy(update={"scaling": exp.scaling.model_copy(update={"num_workers": 1})})
-    assert compute(1000, one) == pytest.approx(compute(1000))  # 2 x 0.5 efficiency = 1
+def test_printed_plan_shows_communication_and_checkpoint_storage(plan):
+    out = format_study_plan(plan)
+    # 3 runs x (5 checkpoints' weights + the newest's 2 AdamW moments) = 3 x 7 x 7328 bytes,
+    # and promotion's best merged model, 7328 bytes
+    assert f"stage 1: expert training: {3 * run_seconds() * 2 / 3600:.3g} GPU-h; keeps 0.154 MB on storage" in out  # fmt: skip
+    assert "communication 7.33 kB = 733 ms (DDP: float32 gradients all-reduced once a step)" in out  # fmt: skip
+    assert "rows of 10 tokens padded to 16: the longest of 4 sets the pace" in out
+    assert "checkpoints: 5 x 7.33 kB weights (float32: precision.checkpoint_dtype base) + 14.7 kB resume state (AdamW, masters) kept by the newest checkpoint only: 51.3 kB a run, 0.154 MB for 3" in out  # fmt: skip
+    assert "checkpoint writes: 22 kB each, 22 s each: 0.18 GPU-h of the row" in out
+    assert "storage when the study ends: 0.161 MB (train 0.154 MB, promotion 7.33 kB)" in out
 
 
 def test_lora_keeps_the_forward_and_activation_backward(tmp_path):
@@ -271,3 +288,18 @@ def test_sweep_trials_that_cannot_run_are_problems(tmp_path):
 def test_unknown_profile_lists_the_known(tmp_path):
     with pytest.raises(ValueError, match=r"profile 'tpu': unknown \(known: toy\)"):
         plan_study(load_study(make_study(tmp_path)), "tpu", {"toy": TOY})
+
+
+def test_generation_decodes_to_the_stop_strings_with_max_gen_toks_as_the_bound(tmp_path):
+    path = make_study(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["tasks"]["mgsm_direct_en"] |= {"shot_tokens": 5, "answer_tokens": 2}
+    data["experts"][0]["sweep"]["num_fewshot"] = 3
+    path.write_text(yaml.safe_dump(data))
+    r = _row(plan_study(load_study(path), "toy", {"toy": TOY}), "indicators")
+    # 20 items x (20 + 3 x 5) prompt tokens; 3 batches of 8 x 2 steps to the stop strings
+    prompts = 20 * 35 * fwd(35) / 1e6
+    step = WEIGHT_BYTES / 1e3 + 0.5
+    assert r.hours == pytest.approx(15 * (prompts + 3 * 2 * step) / 3600)
+    assert r.hours_high == pytest.approx(15 * (prompts + 3 * 4 * step) / 3600)  # max_gen_toks 4
+    assert any("2 steps a batch to the tasks' stop strings" in n for n in r.notes)
