@@ -5,7 +5,9 @@ wall time of the re-scoring. Padding a batch can move a float near-tie, so a cha
 is checked, not assumed.
 
 Run: `python benchmarks/indicator_batches.py RUN [--batch-size auto] [--device cpu]`
-(RUN: a `layerswap demo` folder). Exit 1 when any reading differs, 2 on bad input.
+(RUN: a `layerswap demo` folder). Exit 1 when any reading differs, 2 on bad input (no demo
+run, or a registry with no checkpoint: nothing to compare). Smoke run: tests/benchmarks/
+test_indicator_batches.py, on a demo-shaped run of two tiny experts scored as the demo scores them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def compare(run: Path, batch_size, device: str) -> tuple[list[dict], float]:
     if not reg_path.is_file() or not (run / "world" / "base").is_dir():
         raise ValueError(f"{run}: not a demo run (needs experts/registry.parquet and world/base)")
     reg = read_parquet(reg_path).to_pandas()
+    if reg.empty:  # "0 of 0 readings equal" would read as a pass
+        raise ValueError(f"{reg_path}: no checkpoint in the registry, nothing to re-score")
     missing = [t for t in INDICATORS if f"ind__{t}" not in reg.columns]
     if missing:
         raise ValueError(f"{reg_path}: no readings of {', '.join(missing)}")
