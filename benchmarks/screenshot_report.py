@@ -9,7 +9,9 @@ existing report. Needs a `chromium` (or `chromium-browser`/`google-chrome`) bina
 
     python benchmarks/screenshot_report.py [--run DIR | --synthetic | --html FILE] [--out report.png]
 
-Prints the screenshot path and checks the PNG is non-trivial (not blank, expected size).
+Prints the screenshot path and checks the PNG is non-trivial (not blank, expected size); exit 1
+when the demo, the analysis or the browser fails. Smoke run (tests/benchmarks/
+test_screenshot_report.py, ~20 s): `--synthetic --out shots/report.png --height 1200`.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def main() -> int:
             if args.keep is not None and args.keep.exists():
                 p.error(f"--keep {args.keep}: already exists (give a new folder)")
             root = Path(args.keep or tmp)
-            root.mkdir(parents=True)
+            root.mkdir(parents=True, exist_ok=args.keep is None)  # the temporary folder exists
             if args.synthetic:
                 sys.path.insert(0, str(REPO / "tests" / "analysis"))
                 from analysis_synth import make_run
