@@ -1,6 +1,7 @@
 """Which SFT data would move a world's xa MGSM reading, and in which blocks? Seconds, no SFT.
 
-Run `.venv/bin/python benchmarks/world_align.py --world runs/world [DATA.jsonl ...]`.
+Run `.venv/bin/python benchmarks/world_align.py --world runs/world [DATA.jsonl ...]`
+(smoke run, tests/benchmarks/test_world_align.py: `--world TINY_WORLD --examples 4 --by-kind F`).
 
 At the world's base, the gradient of the loss of *reading* xa word problems (fresh problems made
 by the world's generator, rendered in xa; the response is the left side of the right equation,

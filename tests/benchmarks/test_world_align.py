@@ -84,3 +84,14 @@ def test_bad_arguments_exit_naming_them(tiny_world, argv, capsys):
         world_align.main(["--world", str(tiny_world), *argv])
     assert exit_.value.code != 0
     assert argv[-1] in capsys.readouterr().err
+
+
+def test_runs_as_a_user_runs_it_with_relative_paths(tiny_world, tmp_path, run_bench):
+    examples = world_align.reading_examples(world_config_of(tiny_world), "xa", 4, seed=0)
+    data = tmp_path / "same.jsonl"
+    data.write_text("".join(json.dumps({"inputs": p, "targets": r}) + "\n" for p, r in examples))
+    run = run_bench("world_align.py", "--world", "world", "--examples", "4", "--by-kind", "data/same.jsonl", links={"world": tiny_world, "data/same.jsonl": data})  # fmt: skip
+    blocks = len(run.stdout.splitlines()[1].split())  # the header: one column per block
+    for name in ("[en reading]", "math_en", "lang_xa", "lang_xa: reverse", "data/same.jsonl"):
+        values = _row_values(run.stdout, name)
+        assert len(values) == blocks and all(-1 <= v <= 1 for v in values), run.tail()
