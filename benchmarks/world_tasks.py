@@ -24,7 +24,8 @@ None has arithmetic; each is about reading xa text, in a different output format
 - number: an xa number written in digits;
 - word: one xa word (a verb of the word problems, a noun) translated into English.
 
-Deterministic by the world's seed and --rows. A tool for designing the world (issue 15).
+Deterministic by the world's seed and --rows. A tool for designing the world (issue 15). Smoke
+run (tests/benchmarks/test_world_tasks.py): `--world TINY_WORLD --out DIR --rows 5`.
 """
 
 from __future__ import annotations

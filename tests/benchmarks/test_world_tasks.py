@@ -142,3 +142,11 @@ def test_same_world_same_rows_and_an_existing_out_is_left_alone(tasks, tiny_worl
     with pytest.raises(SystemExit):
         world_tasks.main(["--world", str(tiny_world), "--out", str(again), "--rows", "5"])
     assert {p.name: p.read_bytes() for p in again.iterdir()} == before
+
+
+def test_runs_as_a_user_runs_it_with_relative_paths(tiny_world, run_bench):
+    run = run_bench("world_tasks.py", "--world", "world", "--out", "tasks", "--rows", "5", links={"world": tiny_world})  # fmt: skip
+    files = sorted((run.cwd / "tasks").iterdir())
+    assert len(files) == 8 and "wrote tasks" in run.stdout, run.tail()
+    for path in files:
+        assert len(read_rows(path.parent, path.name)) == 5
