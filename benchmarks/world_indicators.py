@@ -9,7 +9,8 @@ greedy answers; then, per kind, the Spearman correlation (bootstrap 95 % CI over
 every indicator column the registry holds (ind__*) with the merge's score. The follow-up paper
 found target-language Belebele (language experts) and English MGSM (math experts) predict merge
 quality better than the expert's own target-language MGSM. ~10 s per expert on one CPU core.
-A measurement for issue 15, not a test.
+A measurement for issue 15, not a test. Exit 2 naming a registry that is missing, not one, or
+has no expert to merge. Smoke run: tests/benchmarks/test_world_indicators.py (tiny world).
 """
 
 from __future__ import annotations
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     from layerswap.world.sft import load_base, mgsm_correct, read_rows
 
     t0 = time.time()
-    experts = registry_experts(args.registry)
+    try:
+        experts = registry_experts(args.registry)
+    except ValueError as e:  # a file named, not a traceback
+        print(f"world_indicators: {e}", file=sys.stderr)
+        return 2
     xa = read_rows(args.world, f"data/mgsm/xa/{args.split}.jsonl")
     model, tok = load_base(args.world)
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}

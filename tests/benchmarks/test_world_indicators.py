@@ -17,6 +17,8 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import world_indicators
 
+from layerswap.experts.registry import read_registry, write_registry
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -105,3 +107,26 @@ def test_a_file_that_is_not_a_registry_or_a_missing_folder_is_named(tmp_path, ca
     with pytest.raises(SystemExit):
         world_indicators.parse_args(["--world", str(tmp_path), "--registry", str(bad), "--math", str(tmp_path / "nope"), "--lang", str(tmp_path)])  # fmt: skip
     assert "--math" in capsys.readouterr().err
+
+
+def test_runs_as_a_user_runs_it_with_relative_paths(tiny_world, sweep, run_bench):
+    _, experts = sweep
+    run = run_bench(
+        "world_indicators.py", "--world", "world", "--registry", "sweep/registry.parquet",
+        "--math", "sweep/math2", "--lang", "sweep/language2", "--resamples", "50", "--json", "ind.json",
+        links={"world": tiny_world, "sweep": experts},
+    )  # fmt: skip
+    got = json.loads((run.cwd / "ind.json").read_text())
+    assert len(got["experts"]) == 6 and all(0 <= r["merge_score"] <= 1 for r in got["experts"])
+    assert [(c["kind"], c["indicator"], c["n"]) for c in got["correlations"]] == [(k, i, 3) for k in ("math", "language") for i in ("a", "b")]  # fmt: skip
+
+
+def test_a_registry_with_no_expert_to_merge_exits_2_naming_it(tiny_world, sweep, tmp_path, run_bench):  # fmt: skip
+    reg, experts = sweep
+    only_xb = tmp_path / "xb.parquet"
+    write_registry(only_xb, [r for r in read_registry(reg).to_pylist() if r["language"] == "xb"])
+    run = run_bench(
+        "world_indicators.py", "--world", "world", "--registry", "xb.parquet", "--math", "sweep/math2",
+        "--lang", "sweep/language2", expect=2, links={"world": tiny_world, "sweep": experts, "xb.parquet": only_xb},
+    )  # fmt: skip
+    assert "xb.parquet: no math or xa language expert" in run.stderr
