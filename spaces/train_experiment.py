@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -224,6 +224,12 @@ class Hyper(StrictModel):
 Strategy = Literal["ddp", "fsdp"]
 
 
+# CPUs a GPU worker reserves unless told: one thread starves a GPU worker's host side (data,
+# and the optimizer step under cpu_offload); 8 fits every GPU node type cluster.yaml names
+# (p5.48xlarge: 24 CPUs a GPU; g6e.12xlarge: 12).
+GPU_WORKER_CPUS = 8.0
+
+
 class Scaling(StrictModel):
     """Workers and how the model is spread over them.
 
@@ -241,11 +247,19 @@ class Scaling(StrictModel):
     strategy: Strategy = "ddp"
     """"ddp" (every worker holds the whole model) or "fsdp" (FSDP2 shards it over workers)."""
     cpus_per_worker: float = Field(1.0, gt=0)
-    """CPUs each worker reserves in Ray."""
+    """CPUs each worker reserves in Ray, and its torch threads (default: 1, or GPU_WORKER_CPUS
+    with use_gpu: a GPU worker tokenizes, collates and, with cpu_offload, steps AdamW on them)."""
     cpu_offload: bool = False
     """fsdp: keep sharded weights and optimizer state in CPU memory between uses."""
     accelerator_type: str | None = None
     """Ray's GPU type label (e.g. "H100"): workers are placed only on such GPUs."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_worker_cpus(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("use_gpu") and "cpus_per_worker" not in data:
+            return {**data, "cpus_per_worker": GPU_WORKER_CPUS}
+        return data
 
     @model_validator(mode="after")
     def _offload_needs_fsdp(self) -> Scaling:

@@ -199,3 +199,11 @@ def test_the_old_search_key_says_it_is_now_sweep(tmp_path):
     ):
         load_train_experiment(path)
     assert parse_train_experiment(_base(sweep={"num_samples": 2})).sweep.num_samples == 2
+
+
+def test_gpu_workers_reserve_several_cpus_unless_told():
+    from layerswap.spaces.train_experiment import GPU_WORKER_CPUS, Scaling
+
+    assert Scaling().cpus_per_worker == 1.0
+    assert Scaling(use_gpu=True).cpus_per_worker == GPU_WORKER_CPUS == 8.0
+    assert Scaling(use_gpu=True, cpus_per_worker=2).cpus_per_worker == 2.0
