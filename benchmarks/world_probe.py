@@ -24,7 +24,9 @@ and what their misreads got wrong against the true equation (other operands, oth
 both, or the same ones arranged otherwise),
 and for every model how often it reads an xa problem into the right equation and how often it
 computes that equation right, which tells a reading gain from an arithmetic one. A measurement for
-designing the world (issue 15), not a test.
+designing the world (issue 15), not a test. Smoke run (tests/benchmarks/test_world_probe.py,
+~30 s): `--world TINY_WORLD --math-steps 2 --lang-steps 2 --resamples 50 --select --attribution
+--per-layer --json out/probe.json`.
 """
 
 from __future__ import annotations
@@ -391,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         raw["select"] = picked
         raw["attribution"] = blocks
         raw["proxy_scores"] = raw_proxy  # per merge (and base, experts): each proxy task's score
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # after minutes of work: not lost
         args.json.write_text(json.dumps(raw, indent=1) + "\n")
     return 0
 

@@ -5,6 +5,7 @@ Run `.venv/bin/python -m pytest tests/benchmarks/test_world_probe.py -q`.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -82,3 +83,25 @@ def test_attribution_scores_the_base_with_exactly_one_block_of_each_expert(capsy
     assert out["language"]["1"] == [0.0, 2.0, 0.0] and out["language"]["non-layer"] == [0.0, 0.0, 2.0]  # fmt: skip
     printed = capsys.readouterr().out
     assert "non-layer  0.000 / 0.000 / 1.000" in printed and "non-layer  0.000 / 0.000 / 2.000" in printed  # fmt: skip
+
+
+@pytest.mark.slow
+def test_runs_as_a_user_runs_it_with_every_reading(tiny_world, run_bench):
+    # the whole probe on the tiny world: experts trained (2 steps each), every merge scored,
+    # --select (world_probe_select), --attribution and --per-layer (world_probe_blocks)
+    run = run_bench(
+        "world_probe.py", "--world", "world", "--math-steps", "2", "--lang-steps", "2",
+        "--resamples", "50", "--select", "--attribution", "--per-layer", "--json", "out/probe.json",
+        links={"world": tiny_world}, timeout=900,
+    )  # fmt: skip
+    raw = json.loads((run.cwd / "out" / "probe.json").read_text())
+    depth = 4  # the tiny world's
+    names = [r["name"] for r in raw["table"]]
+    assert names[:3] == ["base", "math", "language"] and names[3].startswith("paper default")
+    assert len(names) == len(world_probe.recipes(depth)) + 3, run.tail()
+    assert all(0 <= r["xa_mgsm"] <= 1 and r["ci"][0] <= r["ci"][1] for r in raw["table"])
+    assert raw["select"]["pick"] in names and raw["select"]["per_indicator"], raw["select"]
+    assert set(raw["proxy_scores"]) == set(names)
+    for expert in ("math", "language"):
+        assert len(raw["attribution"][expert]) == depth + 1  # each layer, then the non-layer
+    assert "with one block from" in run.stdout  # --per-layer's table
