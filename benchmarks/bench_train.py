@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print_results(results)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # after minutes of work: not lost
         args.out.write_text(json.dumps(results, indent=1))
     return 0
 

@@ -321,6 +321,7 @@ def main() -> int:
     } | res
     _table(res)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # after the measured work: not lost
         args.out.write_text(json.dumps(res, indent=1))
     return 0
 

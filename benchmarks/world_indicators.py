@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         clean = [
             {**c, "spearman": [None if np.isnan(v) else v for v in c["spearman"]]} for c in corr
         ]
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # after minutes of work: not lost
         args.json.write_text(json.dumps({"experts": rows, "correlations": clean}, indent=1) + "\n")
     return 0
 
