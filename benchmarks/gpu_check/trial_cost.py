@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from layerswap.study.estimate import eval_cost
+from layerswap.study.estimate import decode_steps, eval_cost
 
 COPIES = 3  # base + 2 experts, whole: real checkpoints and the node store share no tensor
 
@@ -65,9 +65,10 @@ def proxy_seconds(profiles: dict, cost, tasks, *, limit, gen_toks: int, batch: i
     for shape, shots in tasks:
         n = min(limit or shape.items, shape.items)
         parts = ["mc"] if shape.choices else [p for p in profiles if p != "mc"]
+        steps = decode_steps(shape, shots, gen_toks)  # to the stop strings, as the plan counts
         for i, k in enumerate(screen_counts(n, screen)):
             for part in parts:
-                s = eval_cost(cost, shape, k, shots, gen_toks, batch, profiles[part], row_per_option=False)[0]  # fmt: skip
+                s = eval_cost(cost, shape, k, shots, steps, batch, profiles[part], row_per_option=False)[0]  # fmt: skip
                 out["kept"][part] += s
                 out["pruned"][part] += s if i == 0 else 0.0
     return out

@@ -320,16 +320,16 @@ def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> lis
         "(search/expert_store.node_loader) needs Ray (a detached actor, the object store), which this stage does not "
         "start: the experts come from an in-memory loader, host tensors like the store's shared-memory views.",
         f"Shipped config: limit {pe.limit}, max_gen_toks {pe.max_gen_toks}, screen {fid.screen}; scaled by "
-        f"study.estimate.eval_cost with the plan's task shapes ({shapes}; ceil(items / {batch}) x max_gen_toks "
-        "decoding steps) at each pass's measured multiple-choice FLOP/s, prefill FLOP/s and seconds per decoding "
+        f"study.estimate.eval_cost with the plan's task shapes ({shapes}; ceil(items / {batch}) batches, each "
+        "decoding to its stop strings as the plan counts, study.estimate.decode_steps) at each pass's measured multiple-choice FLOP/s, prefill FLOP/s and seconds per decoding "
         "step, plus its measured compose, move and other scoring Python (unscaled).",
         f"Kept: every item scored (the screened {fid.screen:g}, then the rest); pruned: the screened items only; a search lies "
         f"between (its first keep_top={fid.keep_top} trials are kept). Not counted, here or in the assumed figures: "
         "Tune's per-trial overhead (trial_overhead_s); not run: magnitude weighting's one-off MAV pass over the "
         f"experts on the host, and expert-pair changes (one pair here; the shipped {top} x {top} pool swaps most tensors "
         "when the pair changes).",
-        f"Random weights never hit a stop string: every MGSM row decodes all {size['gen_toks']} tokens here and all "
-        f"{pe.max_gen_toks} in the scaling (the plan's upper bound). The world's prompts are short and its rows "
+        f"Random weights never hit a stop string: every MGSM row decodes all {size['gen_toks']} tokens here; the "
+        f"scaling counts real answers' steps (the plan's rule; {pe.max_gen_toks} is its upper bound). The world's prompts are short and its rows "
         f"{size['limit']} a pass, so the rates come from smaller forwards than the shipped config's long rows, {batch} a pass.",
     ]
     for key, label in PASSES:
