@@ -12,27 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from toy_model import toy_config
 
 from layerswap.spaces.study import Profile, load_study
 from layerswap.study import estimate as est
 from layerswap.study.plan import plan_study
 from layerswap.study.report import format_study_plan
 
-# A 2-layer Llama, hidden 8, MLP 16, 2 heads of 4, vocab 32, fp32. Matmul weights per layer:
-# q, k, v, o 4 x 8*8 = 256, MLP 3 x 8*16 = 384 -> 640; x 2 layers + lm_head 8*32 = 256 -> 1536.
-# All parameters: + embedding 256 + norms 2*2*8 + 8 = 1832 -> 7328 bytes in fp32. d_attn 8.
-CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 8,
-    "intermediate_size": 16,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 4,
-    "vocab_size": 32,
-    "tie_word_embeddings": False,
-    "dtype": "float32",
-}
+# The toy model (tests/study/toy_model.py) in fp32: 1536 matmul weights, 1832 parameters -> 7328 bytes.
+CONFIG = toy_config("float32")
 N_MM, WEIGHT_BYTES = 1536, 7328
 
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from toy_model import toy_config
 
 from layerswap import spaces
 from layerswap.spaces.task_families import TaskShape
@@ -27,21 +28,10 @@ from layerswap.trainables.train.model_shape import load_model_config, model_shap
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 
-# A 2-layer bf16 Llama, hidden 8, MLP 16, 2 heads of 4, vocab 32. Per layer: q, k, v, o 4 x 64,
-# MLP 3 x 128, 2 norms x 8 -> 656, x 2 layers = 1312; the root (FSDP's outermost unit):
-# embedding 256 + lm_head 256 + final norm 8 = 520; every parameter: 1832.
-CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 8,
-    "intermediate_size": 16,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "head_dim": 4,
-    "vocab_size": 32,
-    "tie_word_embeddings": False,
-    "dtype": "bfloat16",
-}
+# The toy model (tests/study/toy_model.py) in bf16. Per layer: q, k, v, o 4 x 64, MLP 3 x 128,
+# 2 norms x 8 -> 656, x 2 layers = 1312; the root (FSDP's outermost unit): embedding 256 +
+# lm_head 256 + final norm 8 = 520; every parameter: 1832.
+CONFIG = toy_config("bfloat16")
 PARAMS, LAYERS = 1832, 1312
 
 
