@@ -12,6 +12,10 @@ OUT/<variant>-s<seed>.{build,probe}.log, .json (world_probe --json) and OUT/summ
 run: xa MGSM on the probe's split of the base, the experts, the paper default, soup, TIES, the
 best swap (a biased pick: a maximum over world_probe.recipes' 33 layer swaps) and, with --select,
 the best swap by the search's proxies. A measurement for designing the world (issue 15), not a test.
+Exit 1 when a run failed, or none finished (runs stopped at the deadline are not failures).
+Paths after `--` are relative to the working directory, as the sweep's own.
+Smoke run (tests/benchmarks/test_world_sweep.py, ~30 s): `V.yaml --out DIR --size tiny --jobs 1
+-- --experts MATH LANG --resamples 20`.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error(f"--jobs must be at least 1, not {args.jobs}")
     if args.deadline is not None and args.deadline <= 0:
         p.error(f"--deadline must be positive seconds, not {args.deadline}")
-    args.out = args.out.resolve()  # the runs' subprocesses work in the repository
+    args.out = args.out.resolve()  # as every path the sweep hands its runs
     for v in args.variants:
         if not v.is_file():
             p.error(f"variant file {v} not found")
@@ -75,7 +79,8 @@ def _run(cmd: list[str], log: Path, stop_at: float | None) -> int | None:
         return STOPPED
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        # in the caller's working directory: paths among the probe's arguments are relative to it
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -166,7 +171,7 @@ def summary(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the sweep (see the module's docstring); 0."""
+    """Run the sweep (see the module's docstring); 1 when a run failed or none finished."""
     args, probe_args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     stop_at = None if args.deadline is None else time.time() + args.deadline
@@ -183,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(f"world_probe arguments: {' '.join(probe_args) or '(defaults)'}\n\n{table}")
     tmp.replace(args.out / "summary.md")
     print(table)
+    failed = [r for r in rows if "error" in r and "stopped at the deadline" not in r["error"]]
+    if failed or all("error" in r for r in rows):  # a table of errors is no measurement
+        done = sum("error" not in r for r in rows)
+        print(f"world_sweep: {len(failed)} of {len(rows)} runs failed, {done} finished: " + "; ".join(f"{r['run']}: {r['error']}" for r in failed), file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
