@@ -20,7 +20,18 @@ from layerswap.cli.watchdog import EXIT, Watchdog
 from layerswap.spaces.errors import RunFailed
 
 # Order is the order `layerswap --help` lists them in.
-SUBCOMMANDS = ("merge", "world", "eval", "search", "train", "plan", "analyze", "demo", "schema")
+SUBCOMMANDS = (
+    "merge",
+    "world",
+    "eval",
+    "search",
+    "train",
+    "plan",
+    "prefetch",
+    "analyze",
+    "demo",
+    "schema",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
