@@ -5,6 +5,7 @@ user would: a subprocess in a fresh working directory, given paths relative to i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -70,10 +71,12 @@ def run_bench(tmp_path):
         for name, target in (links or {}).items():
             (cwd / name).parent.mkdir(parents=True, exist_ok=True)
             (cwd / name).symlink_to(Path(target).resolve())
+        # a new user's shell: no Ray cluster of this test session to attach to
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         t0 = time.monotonic()
         proc = subprocess.run(
             [sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)],
-            cwd=cwd, capture_output=True, text=True, timeout=timeout,
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         out = BenchRun(proc.returncode, proc.stdout, proc.stderr, cwd, time.monotonic() - t0)
         assert out.returncode == expect, out.tail()
