@@ -195,7 +195,10 @@ def measure(args: argparse.Namespace) -> dict:
         results["plain1"] = plain_run(exp, root, "plain1")
 
         t = time.time()
-        ray.init(num_cpus=max(2, args.threads), _temp_dir=tempfile.mkdtemp(prefix="lsb", dir="/tmp"), include_dashboard=False, log_to_driver=False)  # fmt: skip
+        ray_tmp = tempfile.mkdtemp(
+            prefix="lsb", dir="/tmp"
+        )  # short: Ray's socket paths are length-limited
+        ray.init(num_cpus=max(2, args.threads), _temp_dir=ray_tmp, include_dashboard=False, log_to_driver=False)  # fmt: skip
         t_init = time.time() - t
         t = time.time()
         res = train_with_ray(exp("ray"))
@@ -208,6 +211,7 @@ def measure(args: argparse.Namespace) -> dict:
         if not args.skip_strategies:
             results |= compare_strategies(exp, root)
         ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)  # kept after a failure: its logs say why
 
         plains = ["plain1"] if args.skip_plain2 else ["plain1", "plain2"]
         if not args.skip_plain2:
