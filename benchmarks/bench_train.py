@@ -195,9 +195,8 @@ def measure(args: argparse.Namespace) -> dict:
         results["plain1"] = plain_run(exp, root, "plain1")
 
         t = time.time()
-        ray_tmp = tempfile.mkdtemp(
-            prefix="lsb", dir="/tmp"
-        )  # short: Ray's socket paths are length-limited
+        # a short path: Ray's socket paths are length-limited
+        ray_tmp = tempfile.mkdtemp(prefix="lsb", dir="/tmp")
         ray.init(num_cpus=max(2, args.threads), _temp_dir=ray_tmp, include_dashboard=False, log_to_driver=False)  # fmt: skip
         t_init = time.time() - t
         t = time.time()
