@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from layerswap.experts.registry import append_rows, expert_row, read_rows, registry_path, top_k
+from layerswap.experts.scoring import score_reserved, trial_resources
 from layerswap.spaces.sweep import Choice, SweepConfig
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
@@ -242,8 +243,8 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
     best = float("-inf")
     col = f"ind__{setup.metric_task}"
     chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
-    for ck in chosen:
-        (row,) = score_rows(setup, [ck], trial_id, params)
+    for ck in chosen:  # on a GPU Ray reserves, when the experiment trains on GPUs
+        (row,) = score_reserved(score_rows, setup, [ck], trial_id, params)
         best = max(best, row[col])
         tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})
 
@@ -329,10 +330,9 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         init_ray(verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
     with tune_output(verbose > 0):  # an Optuna searcher creates its study in _searcher
         alg, param_space = _searcher(setup)
-        # A trial that nests a TorchTrainer only drives it: its workers reserve their own CPUs.
-        cpus = setup.sweep.cpus_per_trial if setup.executor == "in_trial" else 0.01
+        # A trial that nests a TorchTrainer only drives it: its workers reserve their own.
         trainable = tune.with_resources(
-            tune.with_parameters(sweep_trial, setup=setup), {"cpu": cpus}
+            tune.with_parameters(sweep_trial, setup=setup), trial_resources(setup)
         )
         tuner = tune.Tuner(
             trainable,

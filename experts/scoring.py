@@ -1,0 +1,73 @@
+"""Where and how a sweep trial scores its checkpoints: on a GPU Ray reserves for it, with the
+batch halved on out-of-memory.
+
+A trial that drives a nested TorchTrainer (executor ray_train, the GPU case) holds no GPU of its
+own: its workers hold them and free them when training ends. Scoring in the trial's process would
+then run on cuda:0 of whichever node Ray put the trial on, unaccounted, shared by every
+concurrent scorer there or colliding with a training worker. So a GPU sweep scores in a Ray task
+that reserves one GPU (Ray sets its CUDA_VISIBLE_DEVICES), after training has given the GPUs
+back. An in-trial GPU run reserves its GPU as a trial resource instead (experts/sweep.py).
+Tests: tests/experts/test_scoring.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from layerswap.trainables.evaluate.fit import backing_off
+
+# A trial's experts.sweep.SweepSetup (not imported: sweep.py imports this module).
+SweepSetup = Any
+
+
+def scoring_resources(setup: SweepSetup) -> dict | None:
+    """Ray task options for scoring a trial's checkpoints, or None to score in the trial.
+
+    A GPU of its own when the experiment trains on GPUs through a nested TorchTrainer (the trial
+    holds none) and the sweep does not ask for the CPU.
+    """
+    uses_gpu = setup.experiment["scaling"]["use_gpu"]
+    if uses_gpu and setup.executor == "ray_train" and setup.sweep.device != "cpu":
+        return {"num_gpus": 1, "num_cpus": setup.sweep.cpus_per_trial}
+    return None
+
+
+def trial_resources(setup: SweepSetup) -> dict[str, float]:
+    """What a sweep trial reserves: its CPUs (a token share when it only drives a nested
+    TorchTrainer, whose workers reserve their own), and the GPU an in-trial GPU run trains on."""
+    in_trial = setup.executor == "in_trial"
+    res = {"cpu": setup.sweep.cpus_per_trial if in_trial else 0.01}
+    if in_trial and setup.experiment["scaling"]["use_gpu"]:
+        res["gpu"] = 1
+    return res
+
+
+def score_backing_off(score, setup: SweepSetup, checkpoints: list[Path], trial_id: str, params: dict) -> list[dict]:  # fmt: skip
+    """`score(setup, checkpoints, trial_id, params)`, halving an int sweep.batch_size on
+    out-of-memory down to 1 ("auto" backs off inside the evaluator)."""
+    batch = setup.sweep.batch_size
+    if batch == "auto" or batch == 1:
+        return score(setup, checkpoints, trial_id, params)
+
+    def at(b: int) -> list[dict]:
+        sized = replace(setup, sweep=setup.sweep.model_copy(update={"batch_size": b}))
+        return score(sized, checkpoints, trial_id, params)
+
+    def said(failed: int, nxt: int) -> None:
+        print(f"sweep trial {trial_id}: out of memory scoring at batch {failed}; retrying at {nxt}", flush=True)  # fmt: skip
+
+    return backing_off(at, int(batch), said)[0]
+
+
+def score_reserved(score, setup: SweepSetup, checkpoints: list[Path], trial_id: str, params: dict) -> list[dict]:  # fmt: skip
+    """Score on a Ray-reserved GPU when `scoring_resources` says so, else in this process;
+    either way backing off on out-of-memory."""
+    opts = scoring_resources(setup)
+    if opts is None:
+        return score_backing_off(score, setup, checkpoints, trial_id, params)
+    import ray  # lazy: only a GPU sweep inside Ray gets here
+
+    task = ray.remote(**opts)(score_backing_off)
+    return ray.get(task.remote(score, setup, checkpoints, trial_id, params))

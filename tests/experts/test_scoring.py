@@ -1,0 +1,87 @@
+"""experts/scoring.py: a GPU sweep scores its checkpoints on a GPU Ray reserves for it (not on
+cuda:0 of whatever node the trial landed on), an in-trial GPU run reserves its GPU as a trial,
+and scoring halves an int batch on out-of-memory.
+
+Run: .venv/bin/python -m pytest -q tests/experts/test_scoring.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from layerswap.experts.scoring import (
+    score_backing_off,
+    score_reserved,
+    scoring_resources,
+    trial_resources,
+)
+from layerswap.experts.sweep import SweepSetup
+from layerswap.spaces.sweep import SweepConfig
+
+
+def _setup(use_gpu: bool, executor: str, **sweep) -> SweepSetup:
+    return SweepSetup(
+        experiment={"scaling": {"use_gpu": use_gpu}},
+        sweep=SweepConfig(**sweep),
+        tasks=["t"], metric_task="t", include_path=None, int_params=set(),
+        executor=executor, storage="unused",
+    )  # fmt: skip
+
+
+def test_who_reserves_the_gpu():
+    gpu_nested = _setup(True, "ray_train")
+    assert scoring_resources(gpu_nested) == {"num_gpus": 1, "num_cpus": 1.0}
+    assert trial_resources(gpu_nested) == {"cpu": 0.01}  # the TorchTrainer's workers hold GPUs
+    assert scoring_resources(_setup(True, "ray_train", device="cpu")) is None  # asked for CPU
+    assert scoring_resources(_setup(False, "in_trial")) is None
+    assert trial_resources(_setup(False, "in_trial", cpus_per_trial=2)) == {"cpu": 2.0}
+    assert trial_resources(_setup(True, "in_trial")) == {"cpu": 1.0, "gpu": 1}  # trains on it
+
+
+def test_out_of_memory_halves_an_int_batch(capsys):
+    seen = []
+
+    def score(setup, checkpoints, trial_id, params):
+        seen.append(setup.sweep.batch_size)
+        if setup.sweep.batch_size > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return [{"batch": setup.sweep.batch_size}]
+
+    assert score_backing_off(score, _setup(True, "ray_train", batch_size=16), [], "t1", {}) == [{"batch": 2}]  # fmt: skip
+    assert seen == [16, 8, 4, 2]
+    assert "out of memory scoring at batch 16; retrying at 8" in capsys.readouterr().out
+
+
+def _reporter():
+    """A score function that says which GPUs Ray gave the process it ran in (made here so Ray
+    ships it by value: workers cannot import a test module)."""
+
+    def score(setup, checkpoints, trial_id, params):
+        import ray
+
+        return [{"gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}]
+
+    return score
+
+
+@pytest.fixture(scope="module")
+def one_fake_gpu():
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="lsx", dir="/tmp")
+    ray.init(num_cpus=2, num_gpus=1, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_gpu_sweep_scores_in_a_task_holding_a_gpu_of_its_own(one_fake_gpu):
+    (row,) = score_reserved(_reporter(), _setup(True, "ray_train"), [], "t1", {})
+    assert row["gpu_ids"] == ["0"] and row["pid"] != os.getpid()
+    (row,) = score_reserved(_reporter(), _setup(False, "in_trial"), [], "t1", {})
+    assert row["gpu_ids"] == [] and row["pid"] == os.getpid()  # a CPU sweep scores in place
