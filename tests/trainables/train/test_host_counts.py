@@ -24,7 +24,7 @@ def test_label_tokens_are_counted_before_the_copy():
         exp=SimpleNamespace(hyper=SimpleNamespace(batch_size=2), micro_batch=1),
         rank=0, world=1, pad=0, tokens_local=0.0, device=torch.device("meta"),
     )  # fmt: skip
-    stream, group, batches, n_items = _next_batch(run, 0)
+    _, _, batches, n_items = _next_batch(run, 0)
     assert all(t.device.type == "meta" for b in batches for t in b.values())
     assert isinstance(n_items, int) and n_items == 2 + 2  # shifted labels that are not -100
     assert run.tokens_local == 7.0
