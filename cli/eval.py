@@ -8,9 +8,11 @@ trainables.evaluate.harness.evaluate and prints its metrics table.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
+from layerswap.trainables.devices import explain_device  # light: torch loads when it runs
 from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch load when run
     DEFAULT_MAX_GEN_TOKS,
     check_batch_size,
@@ -83,20 +85,17 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.trainables.evaluate.harness import (
-        eval_target,
-        evaluate,
-        metrics_table,
-        resolve_device,
-    )
+    from layerswap.trainables.evaluate.harness import eval_target, evaluate, metrics_table
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks: give at least one task name")
     try:
-        device = resolve_device(args.device)
+        device, why = explain_device(args.device)
     except ValueError as e:
         raise ValueError(f"--device: {e}") from None
+    if args.device == "auto":  # which one and why, before minutes of work (stdout has the table)
+        print(f"eval: on {device} ({why})", file=sys.stderr, flush=True)
     model = Path(args.model)
     # Before the slow lm-eval import and task indexing; an adapter folder names its base.
     base, adapter = eval_target(model, args.base)
