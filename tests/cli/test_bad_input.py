@@ -1274,6 +1274,44 @@ def plan__json_is_the_study_overwrite(e: Env):
     return ["plan", s, "--json", s, "--overwrite"], [f"{s}: is the input {s}"]
 
 
+# ------------------------------------------------------------------------------------ prefetch
+
+
+@case()
+def prefetch__config_missing(e: Env):
+    f = e.at("none.yaml")
+    return ["prefetch", f, "--dry-run"], [f"{f}: cannot read config"]
+
+
+@case()
+def prefetch__not_a_layerswap_config(e: Env):
+    f = e.yaml("cluster.yaml", {"cluster_name": "x", "max_workers": 2})
+    return ["prefetch", f, "--dry-run"], [f"{f}: not a study (experts/searches), training (datasets) or search (proxies) config"]  # fmt: skip
+
+
+@case()
+def prefetch__yaml_syntax_error(e: Env):
+    f = e.file("bad.yaml", "datasets: [unclosed\n")
+    return ["prefetch", f, "--dry-run"], [f"{f}"]
+
+
+@case()
+def prefetch__invalid_training_config(e: Env):
+    f = e.train_exp(hyper=e.train_data()["hyper"] | {"lr": -1})
+    return ["prefetch", f], ["hyper.lr"]
+
+
+@case()
+def prefetch__study_names_a_missing_config(e: Env):
+    study = e.yaml("study.yaml", {"name": "s", "experts": [{"config": "missing.yaml"}]})
+    return ["prefetch", study], ["experts[0] (missing.yaml)", "missing.yaml: cannot read"]
+
+
+@case()
+def prefetch__no_config_given(e: Env):
+    return ["prefetch"], ["the following arguments are required: configs"]
+
+
 def test_every_command_has_a_battery():
     per_command = Counter(p.id.split("__")[0] for p in CASES)
     assert set(per_command) == set(SUBCOMMANDS), per_command
