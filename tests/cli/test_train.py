@@ -95,7 +95,9 @@ def test_reruns_are_explicit(tiny_world, tmp_path, capsys, tree_state):
 def test_an_unfinished_run_needs_resume(tiny_world, tmp_path, capsys):
     import shutil
 
-    exp = make_exp(tiny_world, "full", hyper={"max_steps": 4}, checkpoint_every_samples=8, name="un")  # fmt: skip
+    # Stopped after step 2 is simulated by deleting the later checkpoints, so step 2's must keep
+    # its resume state (by default only the newest does; a real stop leaves step 2 the newest).
+    exp = make_exp(tiny_world, "full", hyper={"max_steps": 4}, checkpoint_every_samples=8, name="un", resume_state="all")  # fmt: skip
     f = _write(tmp_path, exp.model_dump(mode="json"))
     out, run = tmp_path / "run", tmp_path / "run/train/un"
     assert main(["train", str(f), "--out", str(out), "--no-ray"]) == 0
