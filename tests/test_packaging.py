@@ -191,3 +191,21 @@ def test_installed_wheel_sits_beside_foreign_spaces_and_cli(wheel, tmp_path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.startswith("ok"), run.stdout
+
+
+# The lent GPU machine runs the tree as PYTHONPATH=repo (the repository before any installed
+# copy) with no editable install: `layerswap` is then the bare layerswap/ folder, and its rooms
+# must still resolve (layerswap/__init__.py puts the checkout's root on the package's path).
+BARE = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # no install
+sys.path.insert(0, sys.argv[1])
+import layerswap.search.promote, layerswap.trainables.merge.api, layerswap.cli
+print(layerswap.search.promote.__file__)
+"""
+
+
+def test_a_bare_checkout_on_the_path_imports_every_room(tmp_path):
+    run = subprocess.run([sys.executable, "-c", BARE, str(ROOT)], cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == str(ROOT / "search" / "promote.py")
