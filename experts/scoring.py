@@ -7,7 +7,7 @@ then run on cuda:0 of whichever node Ray put the trial on, unaccounted, shared b
 concurrent scorer there or colliding with a training worker. So a GPU sweep scores in a Ray task
 that reserves one GPU (Ray sets its CUDA_VISIBLE_DEVICES), after training has given the GPUs
 back. An in-trial GPU run reserves its GPU as a trial resource instead (experts/sweep.py).
-Tests: tests/experts/test_scoring.py
+Tests: tests/experts/test_sweep_scoring.py
 """
 
 from __future__ import annotations
