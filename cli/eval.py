@@ -16,6 +16,9 @@ from layerswap.trainables.devices import explain_device  # light: torch loads wh
 from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch load when run
     DEFAULT_MAX_GEN_TOKS,
     check_batch_size,
+    eval_target,
+    evaluate,
+    metrics_table,
 )
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.outputs import check_output_file
@@ -84,9 +87,6 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
-    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.trainables.evaluate.harness import eval_target, evaluate, metrics_table
-
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks: give at least one task name")

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from layerswap.spaces.search_experiment import load_search_experiment
+from layerswap.trainables.devices import resolve_device  # light: torch loads when it runs
 from layerswap.trainables.outputs import output_problems, replacing
 
 
@@ -45,9 +46,7 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
 
     problems = check_search(exp)
     if not args.no_promote:
-        # lazy: torch, as above; a promotion device that cannot run is refused before the search
-        from layerswap.trainables.devices import resolve_device
-
+        # a promotion device that cannot run is refused before the search
         try:
             resolve_device(exp.promote.device)
         except ValueError as e:

@@ -121,7 +121,8 @@ def _pool_folders(exp: SearchExperiment, out: Preflight) -> tuple[list[_Folder],
     return experts, _Folder(label, base, "base", "full") if base else None
 
 
-def _is_hub_id(ref: str) -> bool:
+def is_hub_id(ref: str) -> bool:
+    """A model reference that names a Hub repo, not a local folder."""
     # The rule of trainables.merge.engine.resolve_ref: `org/name`, not a relative or home path.
     return ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
 
@@ -169,7 +170,7 @@ def _inspect(f: _Folder, out: Preflight) -> None:
             out.unchecked.append(f"{where}: in cloud storage; its files are checked when copied")
         return
     if not p.exists():
-        if _is_hub_id(f.path):
+        if is_hub_id(f.path):
             out.unchecked.append(f"{where}: not a local folder; taken as a Hub id, not checked")
         else:
             out.problems.append(f"{where}: no such folder")
@@ -248,7 +249,7 @@ def _check_depth_source(
     if like is None:
         return  # no base and LoRA task experts only: _check_base_needed says so
     where = f"{like.label} {like.path}"
-    if not like.exists and _is_hub_id(like.path):
+    if not like.exists and is_hub_id(like.path):
         out.problems.append(
             f"{where}: the search reads the depth from config.json in a local folder "
             f"(search.pool.model_depth); a Hub id is not one"

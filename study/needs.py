@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from layerswap.search.preflight import is_hub_id
 from layerswap.search.promote import promotion_tasks
 from layerswap.spaces.base import load_yaml
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
@@ -35,15 +36,13 @@ class Needs:
         return len(self.models) + len(self.datasets) + len(self.tasks)
 
 
-def is_hub_id(name: str | None) -> bool:
-    """A model named by Hub id ("org/name"), not a local folder or a cloud URI."""
-    if not name or "://" in name or name.startswith(("/", ".", "~")):
-        return False
-    return not Path(name).expanduser().exists() and name.count("/") == 1
+def _hub_model(name: str | None) -> bool:
+    """A model named by Hub id (search.preflight's rule), not an existing local folder."""
+    return bool(name) and not Path(name).expanduser().exists() and is_hub_id(name)
 
 
 def _train(exp: TrainExperiment, where: str, out: Needs) -> None:
-    if is_hub_id(exp.base):
+    if _hub_model(exp.base):
         out.add("models", exp.base, where)
     for ds in exp.datasets:
         if ds.source is not None and not ds.data_files:
@@ -56,7 +55,7 @@ def _train(exp: TrainExperiment, where: str, out: Needs) -> None:
 
 def _search(exp: SearchExperiment, where: str, out: Needs) -> None:
     for name in [exp.base, *exp.task_experts, *exp.language_experts]:
-        if is_hub_id(name):
+        if _hub_model(name):
             out.add("models", name, where)
     if exp.world is None:
         for task in promotion_tasks(exp):  # the proxies, their held-out splits, the target

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from layerswap import spaces
-from layerswap.study.needs import is_hub_id, needs_of
+from layerswap.study.needs import _hub_model, needs_of
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 
@@ -47,9 +47,11 @@ def test_world_configs_need_nothing_from_the_hub(tiny_world, tmp_path):
 
 
 def test_hub_ids_are_told_from_paths(tmp_path):
-    assert is_hub_id("meta-llama/Llama-3.1-8B-Instruct")
-    assert not is_hub_id(str(tmp_path)) and not is_hub_id("./runs/x") and not is_hub_id("s3://b/k")
-    assert not is_hub_id("a/b/c") and not is_hub_id(None)
+    assert _hub_model("meta-llama/Llama-3.1-8B-Instruct")
+    assert (
+        not _hub_model(str(tmp_path)) and not _hub_model("./runs/x") and not _hub_model("s3://b/k")
+    )
+    assert not _hub_model("a/b/c") and not _hub_model(None)
 
 
 def test_a_file_of_no_known_kind_is_named(tmp_path):
