@@ -1,13 +1,16 @@
 """Merge recipes as validated data: layer swap, soups, TIES, task arithmetic, revert.
 
 A recipe is loaded once from YAML (`load_recipe`) into typed, frozen pydantic models and carries
-a stable hash id (`recipe_id`). Pure data: no torch, no I/O beyond reading/writing the YAML.
+a stable hash id (`recipe_id`), which hashes the checkpoints it names by their content ids when
+the caller gives them (trainables.model_ids computes them: this module does no I/O beyond
+reading/writing the YAML). Pure data: no torch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -346,13 +349,71 @@ def recipe_dict(recipe: Recipe) -> dict:
     return recipe.model_dump(mode="json", exclude_defaults=False)
 
 
-def recipe_id(recipe: Recipe) -> str:
-    """Stable 12-hex-digit id: sha256 of the canonical JSON of the recipe's fields."""
-    canon = json.dumps(recipe_dict(recipe), sort_keys=True, separators=(",", ":"))
+# The fields that name checkpoints, in the order a merge first mentions them (experts, then the
+# models of soups and delta methods, then base).
+_REF_FIELDS = ("task_expert", "language_expert", "models", "base")
+
+
+def _map_refs(data: dict, fix) -> dict:
+    """`data` (a recipe_dict) with every checkpoint reference replaced by `fix(ref)`."""
+
+    def one(ref):
+        if isinstance(ref, dict):  # an expert soup
+            return {**ref, "soup": [fix(r) for r in ref["soup"]]}
+        return None if ref is None else fix(ref)
+
+    out = dict(data)
+    for key in _REF_FIELDS:
+        if key in out:
+            value = out[key]
+            out[key] = [one(r) for r in value] if isinstance(value, list) else one(value)
+    return out
+
+
+def model_refs(recipe: Recipe) -> list[str]:
+    """Every checkpoint reference a recipe names (experts and their soup members, models, base).
+
+    Args:
+        recipe: a validated recipe.
+    Returns:
+        The references as written (paths, Hub ids, URIs), first mention first, no duplicates.
+    """
+    refs: list[str] = []
+    _map_refs(recipe_dict(recipe), refs.append)
+    return list(dict.fromkeys(refs))
+
+
+def recipe_id(recipe: Recipe, model_ids: Mapping[str, str] | None = None) -> str:
+    """Stable 12-hex-digit id: sha256 of the canonical JSON of the recipe's fields.
+
+    Args:
+        recipe: a validated recipe.
+        model_ids: {reference: content id} for every reference in `model_refs(recipe)`; each
+            reference is replaced by its content id before hashing, so the id names what the
+            recipe computes wherever its checkpoints are stored. None: the references as
+            written (an id that changes with the checkpoints' paths).
+    Returns:
+        12 hex digits.
+    """
+    data = recipe_dict(recipe)
+    if model_ids is not None:
+        missing = [r for r in model_refs(recipe) if r not in model_ids]
+        if missing:
+            raise ValueError(f"recipe_id: no content id given for {missing}")
+        data = _map_refs(data, model_ids.__getitem__)
+    canon = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()[:12]
 
 
-def dump_recipe(recipe: Recipe) -> str:
-    """YAML text that `load_recipe` reads back into an equal recipe (with its id as a comment)."""
-    header = f"# layerswap recipe {recipe_id(recipe)}\n"
+def dump_recipe(recipe: Recipe, rid: str | None = None) -> str:
+    """YAML text that `load_recipe` reads back into an equal recipe.
+
+    Args:
+        recipe: a validated recipe.
+        rid: the id to name in the header comment (the content id,
+            trainables.model_ids.content_recipe_id); None: the header names none.
+    Returns:
+        The YAML text, checkpoint references as written.
+    """
+    header = "# layerswap recipe" + (f" {rid}" if rid else "") + "\n"
     return header + yaml.safe_dump(recipe_dict(recipe), sort_keys=False)

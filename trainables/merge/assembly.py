@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from layerswap.spaces.recipe import Recipe, RecipeError
+from layerswap.spaces.recipe import Recipe, RecipeError, model_refs
 from layerswap.spaces.zones import reverted
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.methods import method_of
@@ -19,11 +19,9 @@ from layerswap.trainables.merge.terms import Assembly, Linear, MagnitudeOracle, 
 
 
 def recipe_refs(recipe: Recipe) -> list[str]:
-    """Every checkpoint a recipe reads, in first-mention order, without duplicates."""
-    refs = method_of(recipe).refs(recipe)
-    if recipe.base is not None:
-        refs.append(recipe.base)
-    return list(dict.fromkeys(refs))
+    """Every checkpoint a recipe reads, in first-mention order, without duplicates (the
+    references its content id hashes: spaces.recipe.model_refs)."""
+    return model_refs(recipe)
 
 
 def primary_ref(recipe: Recipe) -> str:

@@ -1,10 +1,11 @@
 """The merge-method table: one entry per recipe `method`, naming what it reads and assembles.
 
 Adding a method is one recipe model in spaces/recipe.py (added to its `Recipe` union) plus one
-`MergeMethod` entry here: the checkpoints it reads, the one whose config and tokenizer the
-output carries, and its assembler (recipe, tensor names, depth, magnitude oracle ->
+`MergeMethod` entry here: the checkpoint whose config and tokenizer the output carries, and its
+assembler (recipe, tensor names, depth, magnitude oracle ->
 assembly). The disk engine, the in-memory composer and the search all reach methods through
-`method_of`.
+`method_of`. The checkpoints a recipe reads are its reference fields
+(spaces.recipe.model_refs), the same list its content id hashes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from layerswap.spaces.recipe import (
-    ExpertSoup,
     LayerSwapRecipe,
     Recipe,
     SoupRecipe,
@@ -38,21 +38,13 @@ from layerswap.trainables.merge.terms import (
 class MergeMethod:
     """How one recipe `method` is merged.
 
-    recipe: its recipe model. refs: the checkpoints it reads besides `base`. primary: the
-    checkpoint whose config and tokenizer the output carries. assemble: its assembler.
+    recipe: its recipe model. primary: the checkpoint whose config and tokenizer the output
+    carries. assemble: its assembler.
     """
 
     recipe: type
-    refs: Callable[[Recipe], list[str]]
     primary: Callable[[Recipe], str]
     assemble: Callable[[Recipe, list[str], int, MagnitudeOracle], Assembly]
-
-
-def _expert_refs(recipe: LayerSwapRecipe) -> list[str]:
-    refs: list[str] = []
-    for e in (recipe.task_expert, recipe.language_expert):
-        refs += e.soup if isinstance(e, ExpertSoup) else [e]
-    return refs
 
 
 def _task_primary(recipe: LayerSwapRecipe) -> str:
@@ -96,19 +88,15 @@ def _delta_assembly(recipe: TaskArithmeticRecipe | TiesRecipe, names: list[str],
     return {n: op for n in names}
 
 
-def _models(recipe) -> list[str]:
-    return list(recipe.models)
-
-
 def _first_model(recipe) -> str:
     return recipe.models[0]
 
 
 METHODS: dict[str, MergeMethod] = {
-    "layer_swap": MergeMethod(LayerSwapRecipe, _expert_refs, _task_primary, _layer_swap_assembly),
-    "soup": MergeMethod(SoupRecipe, _models, _first_model, _soup_assembly),
-    "task_arithmetic": MergeMethod(TaskArithmeticRecipe, _models, _first_model, _delta_assembly),
-    "ties": MergeMethod(TiesRecipe, _models, _first_model, _delta_assembly),
+    "layer_swap": MergeMethod(LayerSwapRecipe, _task_primary, _layer_swap_assembly),
+    "soup": MergeMethod(SoupRecipe, _first_model, _soup_assembly),
+    "task_arithmetic": MergeMethod(TaskArithmeticRecipe, _first_model, _delta_assembly),
+    "ties": MergeMethod(TiesRecipe, _first_model, _delta_assembly),
 }
 
 
