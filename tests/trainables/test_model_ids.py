@@ -1,0 +1,143 @@
+"""Checkpoint content ids and recipe ids by content (trainables.model_ids).
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_model_ids.py
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
+from layerswap.trainables import model_ids
+from layerswap.trainables.model_ids import content_recipe_id, model_content_id
+
+
+def _checkpoint(folder: Path, seed: int) -> Path:
+    """A tiny sharded checkpoint folder: two shards, its index, config and a tokenizer file."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    save_file({"a": rng.standard_normal((4, 4), dtype=np.float32)}, str(folder / "m-1.safetensors"))
+    save_file({"b": rng.standard_normal((4,), dtype=np.float32)}, str(folder / "m-2.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    index = {"weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "tokenizer_config.json").write_text("{}")
+    return folder
+
+
+@pytest.fixture
+def experts(tmp_path) -> dict[str, Path]:
+    return {k: _checkpoint(tmp_path / "run1" / k, seed) for seed, k in enumerate(("t", "l", "b"))}
+
+
+def _swap(experts: dict[str, Path]):
+    return parse_recipe(
+        {
+            "method": "layer_swap",
+            "task_expert": str(experts["t"]),
+            "language_expert": {"soup": [str(experts["l"]), str(experts["b"])]},
+            "base": str(experts["b"]),
+            "bottom": 1,
+            "top": 0,
+        }
+    )
+
+
+def test_a_copy_elsewhere_has_the_same_ids(experts, tmp_path):
+    moved = {k: shutil.copytree(p, tmp_path / "machine2" / "store" / k) for k, p in experts.items()}
+    for k in experts:
+        assert model_content_id(str(moved[k])) == model_content_id(str(experts[k]))
+        assert model_content_id(str(experts[k])).startswith("sha256:")
+    here, there = _swap(experts), _swap(moved)
+    assert recipe_id(here) != recipe_id(there)  # the paths differ ...
+    assert content_recipe_id(here) == content_recipe_id(there)  # ... the content does not
+
+
+def test_different_experts_different_ids(experts):
+    assert len({model_content_id(str(p)) for p in experts.values()}) == 3
+
+
+def test_one_changed_byte_changes_the_ids(experts):
+    before, rid = model_content_id(str(experts["l"])), content_recipe_id(_swap(experts))
+    shard = experts["l"] / "m-2.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    # File systems stamp mtimes at a clock tick (ms): a real rewrite of a hashed expert (a new
+    # training run) comes later than the next tick, and so does this one.
+    time.sleep(0.05)
+    shard.write_bytes(bytes(data))
+    assert model_content_id(str(experts["l"])) != before
+    assert content_recipe_id(_swap(experts)) != rid
+
+
+def test_the_config_counts_the_tokenizer_and_index_do_not(experts):
+    before = model_content_id(str(experts["t"]))
+    (experts["t"] / "tokenizer_config.json").write_text('{"padding_side": "left"}')
+    (experts["t"] / "model.safetensors.index.json").write_text("{}")
+    assert model_content_id(str(experts["t"])) == before
+    (experts["t"] / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert model_content_id(str(experts["t"])) != before
+
+
+@pytest.mark.parametrize("ref", ["org/model", "s3://bucket/experts/math", "hf://org/model"])
+def test_a_hub_id_or_uri_stands_for_itself(ref):
+    assert model_content_id(ref) == ref
+
+
+def test_a_recipe_over_hub_ids_is_its_own_id():
+    r = parse_recipe({"method": "soup", "models": ["org/a", "s3://b/c"]})
+    assert content_recipe_id(r) == recipe_id(r, {"org/a": "org/a", "s3://b/c": "s3://b/c"})
+
+
+def test_a_folder_without_weights_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: no \*\.safetensors"):
+        model_content_id(str(tmp_path / "empty"))
+
+
+def test_unchanged_files_are_read_once(experts, monkeypatch):
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).startswith(str(experts["t"].parent)):
+            opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    first = model_content_id(str(experts["t"]))
+    assert sorted(opened) == ["config.json", "m-1.safetensors", "m-2.safetensors"]
+    opened.clear()
+    assert model_content_id(str(experts["t"])) == first
+    content_recipe_id(_swap(experts))  # t again, and l, b for the first time (b only once)
+    assert sorted(opened) == sorted(["config.json", "m-1.safetensors", "m-2.safetensors"] * 2)
+    opened.clear()
+    (experts["t"] / "config.json").write_text("{}")  # a changed file is read again, alone
+    model_content_id(str(experts["t"]))
+    assert opened == ["config.json"]
+
+
+def test_the_yaml_keeps_the_paths_and_names_the_content_id(experts, tmp_path):
+    r = _swap(experts)
+    rid = content_recipe_id(r)
+    path = tmp_path / "r.yaml"
+    path.write_text(dump_recipe(r, rid))
+    assert path.read_text().startswith(f"# layerswap recipe {rid}\n")
+    assert load_recipe(path) == r and content_recipe_id(load_recipe(path)) == rid
+
+
+def test_hashing_streams_in_chunks(experts, monkeypatch):
+    monkeypatch.setattr(model_ids, "CHUNK", 7)  # far smaller than a shard: many reads
+    model_ids._FILE_DIGESTS.clear()
+    streamed = model_content_id(str(experts["b"]))
+    monkeypatch.setattr(model_ids, "CHUNK", 1 << 30)
+    model_ids._FILE_DIGESTS.clear()
+    assert model_content_id(str(experts["b"])) == streamed

@@ -1,0 +1,118 @@
+"""Content ids of checkpoints, and the one recipe id every merged model and trial carries.
+
+`content_recipe_id(recipe)` hashes the recipe's parameters with each checkpoint it names
+replaced by `model_content_id(ref)`: a local checkpoint folder by the bytes of its weights and
+configs, so the same recipe over the same experts has the same id in any run folder, on any
+machine and in any storage location. spaces.recipe stays pure; this module does the I/O.
+Run: `python -c "from layerswap.trainables.model_ids import model_content_id as m; print(m('DIR'))"`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+from layerswap.spaces.base import is_uri
+from layerswap.spaces.recipe import Recipe, model_refs, recipe_id
+from layerswap.trainables.merge.threads import run_in_threads
+
+# The files that decide what a merge computes: the tensors (model and LoRA adapter shards) and
+# the configs the engine reads (depth, model type, LoRA rank/alpha/targets). Not hashed:
+# `*.safetensors.index.json`, which only says which shard holds which tensor (the shards' bytes
+# already fix every tensor, so the index adds nothing); tokenizer and generation-config files,
+# which the merge copies rather than computes and which equal tokenizers re-save as different
+# bytes (another transformers version, a Hub download vs save_pretrained), so hashing them would
+# split one expert into several ids.
+CONFIGS = frozenset({"config.json", "adapter_config.json"})
+CHUNK = 8 << 20  # bytes read at a time: 16 GB checkpoints are streamed, never held
+WORKERS = 4  # files hashed at once (hashlib releases the GIL while it hashes a chunk)
+
+# (realpath, size, mtime_ns, inode) -> sha256 hex of the file: a search proposes hundreds of
+# recipes over the same experts, and each file is read once per process unless it changes (the
+# inode catches a file replaced by rename, as atomic writers and save_pretrained do).
+_FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+_LOCK = threading.Lock()
+
+
+def hashed_files(folder: Path) -> list[Path]:
+    """The files of a checkpoint folder that its content id covers, sorted by name."""
+    return sorted(
+        p
+        for p in Path(folder).iterdir()
+        if p.is_file() and (p.name.endswith(".safetensors") or p.name in CONFIGS)
+    )
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _file_key(path: Path) -> tuple[str, int, int, int]:
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return real, st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _digests(files: list[Path]) -> dict[Path, str]:
+    """sha256 of each file, from the cache where its path, size and mtime are unchanged."""
+    keys = {p: _file_key(p) for p in files}
+    with _LOCK:
+        out = {p: _FILE_DIGESTS[k] for p, k in keys.items() if k in _FILE_DIGESTS}
+    todo = sorted((p for p in files if p not in out), key=lambda p: -keys[p][1])  # largest first
+
+    def one(p: Path) -> None:
+        digest = _file_sha256(keys[p][0])
+        with _LOCK:
+            _FILE_DIGESTS[keys[p]] = digest
+            out[p] = digest
+
+    if todo:
+        run_in_threads(todo, one, min(WORKERS, len(todo)), "model-id")
+    return out
+
+
+def model_content_id(ref: str) -> str:
+    """The content id of one checkpoint reference.
+
+    A local checkpoint folder: "sha256:" + the sha256 of the sorted (file name, sha256 of its
+    bytes) of its `hashed_files`, so a copy anywhere has the same id and one changed byte gives
+    another. Anything else (a Hub id, an s3://, hf:// or other URI, a path that is not a
+    folder) stands for itself: its string. A Hub id names content only up to its revision (the
+    repository can change under the same id), a URI whatever its store holds there.
+
+    Args:
+        ref: a recipe's checkpoint reference, as written in the recipe.
+    Returns:
+        The id; local folders are hashed once per process while their files are unchanged.
+    Raises:
+        ValueError: a local folder with none of the files a checkpoint's content is read from.
+    """
+    if is_uri(ref):
+        return ref
+    folder = Path(ref).expanduser()
+    if not folder.is_dir():
+        return ref
+    files = hashed_files(folder)
+    if not any(p.name.endswith(".safetensors") for p in files):
+        raise ValueError(f"{ref}: no *.safetensors files, so no content to identify it by")
+    digests = _digests(files)
+    listing = json.dumps([[p.name, digests[p]] for p in files], separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
+
+
+def content_recipe_id(recipe: Recipe) -> str:
+    """The recipe's id by content: its parameters and its checkpoints' content ids.
+
+    Args:
+        recipe: a validated recipe.
+    Returns:
+        12 hex digits, equal for the same recipe over the same checkpoints wherever they are.
+    """
+    return recipe_id(recipe, {ref: model_content_id(ref) for ref in model_refs(recipe)})
