@@ -32,6 +32,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "status": pa.string(),
     "error": pa.string(),
     "fidelity": pa.int64(),
+    "items_scored": pa.int64(),  # items scored over all proxies: what the trial cost
+    "rungs": pa.string(),  # JSON [[items, objective], ...] per fidelity rung reached
     "objective": pa.float64(),
     "t_compose_s": pa.float64(),
     "t_eval_s": pa.float64(),

@@ -220,8 +220,11 @@ def _run_tuner(
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"
     spec = dataclasses.replace(spec, expert_store=store, store_key=key)
+    if exp.search.reproducible:
+        searcher.plan_batches(limit, remaining)
     if progress:
-        print(f"search: {limit} trial(s) at once, each {resources}; expert store {store} ({why})")
+        order = "in batches told in trial order" if exp.search.reproducible else "asynchronously"
+        print(f"search: {limit} trial(s) at once ({order}), each {resources}; expert store {store} ({why})")  # fmt: skip
     trainable = tune.with_resources(tune.with_parameters(merge_trial, spec=spec), resources)
     tuner = tune.Tuner(
         trainable,

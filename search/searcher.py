@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 
 import optuna
 
+from layerswap.search.fidelity import gates, rung_values
 from layerswap.search.optuna_tune import OptunaTuneSearch
 from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.trial import combine
-from layerswap.search.tune_trial import META
+from layerswap.search.tune_trial import META, TWIN, served_result
 from layerswap.spaces.recipe import dump_recipe, recipe_id
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, decode, recipe_fields, suggest
@@ -56,7 +58,8 @@ class LayerswapSearch(OptunaTuneSearch):
             progress,
         )
         self.pending: dict[str, str] = {}  # recipe id -> running trial id
-        self.waiting: tuple | None = None
+        self.waiting: tuple | None = None  # async: a proposal held back while its twin runs
+        self.batch: Batch | None = None  # reproducible: set by `plan_batches`
         self.meta: dict[str, dict] = {}
         self.splits: set[tuple[str, str]] = set()
         # One line per finished trial; a resumed run counts (and ranks) its earlier rows too.
@@ -79,7 +82,22 @@ class LayerswapSearch(OptunaTuneSearch):
             self.lines.concurrency = max(1, int(max_concurrent))
         return False
 
+    def plan_batches(self, size: int, trials: int) -> None:
+        """Reproducible mode: propose `size` trials at a time and learn from them in trial order.
+
+        Each batch is asked from Optuna only once the previous one is told, and a batch is told
+        only when all of it finished, in Optuna's trial order: what TPE sees at every proposal,
+        and so the whole search, does not depend on which trial finishes first.
+
+        Args:
+            size: trials per batch (the search's concurrency).
+            trials: trials this run will ask for in all (the last batch may be smaller).
+        """
+        self.batch = Batch(size=max(1, size), left=trials)
+
     def suggest(self, trial_id: str):
+        if self.batch is not None:
+            return self._suggest_in_batch(trial_id)
         if self.waiting is not None:
             ot_trial, params, rid = self.waiting
             if rid in self.pending:
@@ -101,17 +119,33 @@ class LayerswapSearch(OptunaTuneSearch):
             return None
         return self._dress(trial_id, ot_trial, params, rid)
 
-    def _dress(self, trial_id, ot_trial, params, rid) -> dict:
-        served = self.store.evaluated(rid)
+    def _suggest_in_batch(self, trial_id: str):
+        """Reproducible mode's `suggest`: None while the current batch is full or not yet told."""
+        if not self.batch.open():
+            return None
+        params = super().suggest(trial_id)
+        if params is None:
+            return None
+        ot_trial = self.optuna_trial(trial_id)
+        try:
+            rid = recipe_id(decode(params, self.exp.space, self.depth, self.pool))
+        except Exception:  # the trial reports the decoding error as a failed row
+            rid = f"invalid-{ot_trial.number}"
+        self.batch.ask(trial_id)
+        # A twin of a recipe running in this batch is served from it when the batch is told.
+        return self._dress(trial_id, ot_trial, params, rid, twin=rid in self.pending)
+
+    def _dress(self, trial_id, ot_trial, params, rid, twin: bool = False) -> dict:
+        served = {TWIN: rid} if twin else self.store.evaluated(rid)
         if served is None:
             self.pending[rid] = trial_id
         ot_trial.set_user_attr("recipe_id", rid)
         self.meta[trial_id] = {"number": ot_trial.number, "recipe_id": rid, "params": params}
         if self.lines is not None:
             self.lines.started(trial_id)
-        fid = self.exp.search.fidelity
-        reject = None if fid.screen is None else self.store.kth_best(fid.keep_top)
-        return {**params, META: {"served": served, "reject_below": reject}}
+        search = self.exp.search
+        bars = gates(search.fidelity, self.store.rows, search.multi_objective)
+        return {**params, META: {"served": served, "gates": bars}}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         pass  # one report per trial, handled at completion
@@ -120,16 +154,30 @@ class LayerswapSearch(OptunaTuneSearch):
         meta = self.meta.pop(trial_id, None)
         if meta is None or self.is_completed(trial_id):
             return
+        self.mark_completed(trial_id)
+        if self.batch is None:
+            self._finish(trial_id, meta, result, error)
+            return
+        self.batch.held[trial_id] = (meta, result, error)
+        if self.batch.done():
+            held = sorted(self.batch.held.items(), key=lambda kv: kv[1][0]["number"])
+            self.batch.next()
+            for tid, (m, res, err) in held:  # Optuna's trial order, not the finishing order
+                self._finish(tid, m, res, err)
+
+    def _finish(self, trial_id: str, meta: dict, result: dict | None, error: bool) -> None:
+        """Write the trial's row, then tell Optuna (the table first: --resume trusts it)."""
         if self.pending.get(meta["recipe_id"]) == trial_id:
             del self.pending[meta["recipe_id"]]
+        if result is not None and TWIN in result:  # served from its twin, told just before
+            result = served_result(self.store.evaluated(result[TWIN]))
         row = self._row(meta, result if not error else None)
-        self.store.append(row)  # first the table: --resume trusts it
+        self.store.append(row)
         splits = (result or {}).get("splits_read") or "[]"
         self.splits |= {
             tuple(s) for s in (json.loads(splits) if isinstance(splits, str) else splits)
         }
         tell(self.study, self.optuna_trial(trial_id), row, result)
-        self.mark_completed(trial_id)
         if self.lines is not None:
             self.lines.finished(
                 trial_id,
@@ -165,18 +213,53 @@ class LayerswapSearch(OptunaTuneSearch):
         if status == "duplicate":
             row["error"] = f"served from trial {result.get('served_from')}"
             row["fidelity"] = result.get("fidelity")
+            row["rungs"] = _json(result.get("rungs"))
+            row["items_scored"] = 0  # nothing scored again
             row["objective"] = result.get("objective")
             if row["objective"] is not None and not math.isfinite(row["objective"]):
                 row["objective"] = None
             row |= {k: v for k, v in result.items() if k.startswith(PROXY_PREFIX)}
             return row
         row["fidelity"] = int(result.get("fidelity") or 0)
+        row["items_scored"] = int(result.get("items_scored") or 0)
+        row["rungs"] = _json(result.get("rungs"))
         obj = result.get("objective")
         row["objective"] = (
             obj if status == "ok" and obj is not None and math.isfinite(obj) else None
         )
         row |= {k: float(v) for k, v in result.items() if k.startswith(PROXY_PREFIX)}
         return row
+
+
+@dataclass
+class Batch:
+    """Reproducible mode's bookkeeping: the batch being run and the trials still to ask."""
+
+    size: int
+    left: int  # trials not yet asked in this run
+    asked: list[str] = field(default_factory=list)
+    held: dict[str, tuple] = field(default_factory=dict)  # finished, told when all are
+
+    def open(self) -> bool:
+        return len(self.asked) < self.size and self.left > 0
+
+    def ask(self, trial_id: str) -> None:
+        self.asked.append(trial_id)
+        self.left -= 1
+
+    def done(self) -> bool:
+        """Every trial of the batch asked (or none left to ask) and finished."""
+        return not self.open() and len(self.held) == len(self.asked)
+
+    def next(self) -> None:
+        self.asked, self.held = [], {}
+
+
+def _json(value) -> str | None:
+    """A list-valued result field as the table's JSON text (Tune may hand it over either way)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value)
 
 
 def _recipe_text(row: dict) -> str:
@@ -216,6 +299,9 @@ def _space_fn(trial, space, depth, pool):
 def tell(study: optuna.Study, trial, row: dict, result: dict | None) -> None:
     """Tell Optuna the row's outcome: COMPLETE (full fidelity), PRUNED (screened out) or FAIL."""
     status = row["status"]
+    if not isinstance(trial, int):  # the rung values, as Optuna's pruners and TPE read them
+        for items, value in rung_values(row)[:-1] if status == "ok" else rung_values(row):
+            trial.report(value, step=items)
     if status == "duplicate":
         status = (result or {}).get("source_status") or (
             "ok" if row["objective"] is not None else "failed"
@@ -239,10 +325,7 @@ def tell(study: optuna.Study, trial, row: dict, result: dict | None) -> None:
             else:
                 study.tell(trial, row["objective"])
         elif status == "pruned":
-            low = (result or {}).get("low_fidelity_objective")
             number = trial if isinstance(trial, int) else trial.number
-            if low is not None and math.isfinite(low) and not isinstance(trial, int):
-                trial.report(low, step=int(row.get("fidelity") or 1))
             study.tell(number, state=STATES.PRUNED)
         else:
             study.tell(trial, state=STATES.FAIL)

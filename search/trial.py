@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from layerswap.search.fidelity import hoeffding_upper, policy_of, stops
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
@@ -38,7 +39,9 @@ class TrialResult:
     objective: float | None = None
     objectives: list[float] | None = None  # per-proxy normalised scores (multi-objective)
     fidelity: int = 0  # items scored per proxy (the largest proxy's count)
-    upper_bound: float | None = None  # screening: bound on the full objective
+    upper_bound: float | None = None  # the last rung's Hoeffding bound on the full objective
+    rungs: list[list] = field(default_factory=list)  # [items, objective] per rung scored
+    items_scored: int = 0  # items scored over all proxies (what the trial cost)
     t_compose_s: float = 0.0
     t_eval_s: float = 0.0
     t_total_s: float = 0.0
@@ -111,14 +114,6 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
             )
 
 
-def hoeffding_upper(mean: float, n: int, total: int, delta: float) -> float:
-    """Upper confidence bound on a [0,1] population mean from n of `total` items (Serfling)."""
-    if n >= total:
-        return mean
-    eps = math.sqrt(math.log(1 / delta) * (1 - (n - 1) / total) / (2 * n))
-    return min(1.0, mean + eps)
-
-
 class TrialRunner:
     """Expert cache + one live model + cached proxy evaluators, reused across trials.
 
@@ -155,20 +150,10 @@ class TrialRunner:
         for p in experiment.proxy_list:
             check_direction(p, *task_higher_is_better(full.tasks[p.task].task))
         self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
-        screen = experiment.search.fidelity.screen
-        if screen is not None and not experiment.search.multi_objective:
-            # Two disjoint evaluators: the screened prefix, then the rest; no item scored twice.
-            first = {t: full.subset(t, screen) for t in names}
-            rest = {
-                t: sorted(set(c.doc_id for c in full.tasks[t].items) - set(first[t])) for t in names
-            }
-            self.parts = [ProxyEvaluator(names, self.tokenizer, doc_ids=first, **kw)]
-            if all(rest.values()):
-                self.parts.append(ProxyEvaluator(names, self.tokenizer, doc_ids=rest, **kw))
-            self._access = [full.access_log]
-        else:
-            self.parts = [full]
-            self._access = []
+        self.policy = policy_of(experiment.search.fidelity, experiment.search.multi_objective)
+        self.parts = _rung_evaluators(full, self.policy.shares(experiment.search.fidelity), kw)
+        # The full evaluator only listed the items (its reads are logged; it never scores).
+        self._access = [full.access_log] if self.parts[0] is not full else []
         t0 = time.perf_counter()
         share = experiment.search.gpus_per_trial or 1.0
         self.live = LiveModel(self.cache, pool, device, gpu_share=share)
@@ -198,15 +183,15 @@ class TrialRunner:
             out[task] = (aggregate_score(ev.tasks[task].task, res.aggregate[task]), len(items))
         return out
 
-    def run(self, recipe: Recipe, reject_below: float | None = None) -> TrialResult:
+    def run(self, recipe: Recipe, gates: list[float | None] | None = None) -> TrialResult:
         """Compose, load and score one recipe; never raises (a failure is a failed result).
 
         Args:
             recipe: the candidate.
-            reject_below: the current k-th best full-fidelity objective; the trial stops after
-                screening when even the upper confidence bound of its objective is below it.
+            gates: per non-final rung, the value the trial must reach there to go on
+                (search.fidelity.gates; None: score every rung).
         Returns:
-            TrialResult with proxy scores (full fidelity unless pruned) and timings.
+            TrialResult with proxy scores (every item unless pruned), rung values and timings.
         """
         t0 = time.perf_counter()
         res = TrialResult(status="ok", device=str(self.live.device))
@@ -217,39 +202,7 @@ class TrialRunner:
             res.t_move_s = self.live.t_move_s - moving
             res.placement = self.live.placement
             t1 = time.perf_counter()
-            proxies = self.exp.proxy_list
-            parts = [self._score(self.parts[0])]
-            if len(self.parts) > 1:
-                m, n = (
-                    {t: v[0] for t, v in parts[0].items()},
-                    {t: v[1] for t, v in parts[0].items()},
-                )
-                fid = self.exp.search.fidelity
-                d = fid.delta / len(proxies)  # union bound over proxies
-                # The bound is on each proxy's own item range, mapped to [0, 1] with 1 best
-                # (a Brier score's optimistic side is its lower end).
-                ub = {
-                    p.task: p.from_unit(
-                        hoeffding_upper(p.to_unit(m[p.task]), n[p.task], self.n_items[p.task], d)
-                    )
-                    for p in proxies
-                }
-                res.upper_bound = combine(proxies, ub)[0]
-                if reject_below is not None and res.upper_bound < reject_below:
-                    res.status = "pruned"
-                    res.proxies = m
-                    res.objective = combine(proxies, m)[0]  # low fidelity: never told as final
-                    res.fidelity = max(n.values())
-                else:
-                    parts.append(self._score(self.parts[1]))
-            if res.status == "ok":
-                scores = {}
-                for p in proxies:
-                    k = sum(part[p.task][1] for part in parts)
-                    scores[p.task] = sum(part[p.task][0] * part[p.task][1] for part in parts) / k
-                res.proxies = scores
-                res.fidelity = max(sum(part[p.task][1] for part in parts) for p in proxies)
-                res.objective, res.objectives = combine(proxies, scores)
+            self._score_rungs(res, gates)
             if res.objective is None or not math.isfinite(res.objective):
                 raise ValueError(f"non-finite objective {res.objective} (scores {res.proxies})")
             res.t_eval_s = time.perf_counter() - t1
@@ -261,3 +214,58 @@ class TrialRunner:
         res.t_total_s = time.perf_counter() - t0
         res.splits_read = sorted(self.splits_read())
         return res
+
+    def _score_rungs(self, res: TrialResult, gates: list[float | None] | None) -> None:
+        """Score the rungs' items in turn, stopping where the policy says (fills `res`)."""
+        proxies = self.exp.proxy_list
+        d = self.exp.search.fidelity.delta / len(proxies)  # union bound over proxies
+        totals = {p.task: [0.0, 0] for p in proxies}  # task -> [sum of item scores, items]
+        for rung, ev in enumerate(self.parts):
+            for task, (score, n) in self._score(ev).items():
+                totals[task][0] += score * n
+                totals[task][1] += n
+            means = {t: s / n for t, (s, n) in totals.items()}
+            value, per_proxy = combine(proxies, means)
+            res.proxies, res.fidelity = means, max(n for _, n in totals.values())
+            res.items_scored = sum(n for _, n in totals.values())
+            res.rungs.append([res.fidelity, value])
+            if rung == len(self.parts) - 1:
+                res.objective, res.objectives = value, per_proxy
+                return
+            # The bound is on each proxy's own item range, mapped to [0, 1] with 1 best
+            # (a Brier score's optimistic side is its lower end).
+            ub = {}
+            for p in proxies:
+                n, total = totals[p.task][1], self.n_items[p.task]
+                ub[p.task] = p.from_unit(hoeffding_upper(p.to_unit(means[p.task]), n, total, d))
+            res.upper_bound = combine(proxies, ub)[0]
+            if stops(self.policy, rung, value, res.upper_bound, gates):
+                res.status = "pruned"
+                res.objective = value  # low fidelity: never told as a final value
+                return
+
+
+def _rung_evaluators(full: ProxyEvaluator, shares: list[float], kw: dict) -> list[ProxyEvaluator]:
+    """One evaluator per rung over the items that rung adds (no item is scored twice).
+
+    Args:
+        full: the evaluator over every item (its seeded order fixes which items each share takes).
+        shares: the rungs' cumulative shares, the last 1.0.
+        kw: the evaluator settings (include_path, batch size, seed, ...).
+    Returns:
+        the evaluators in rung order; `[full]` when there is one rung. A rung that adds no item
+        to any proxy (tiny proxies) is merged into the next.
+    """
+    if len(shares) == 1:
+        return [full]
+    names = list(full.tasks)
+    parts, done = [], {t: set() for t in names}
+    for share in shares:
+        new = {t: [i for i in full.subset(t, share) if i not in done[t]] for t in names}
+        new = {t: ids for t, ids in new.items() if ids}
+        if not new:
+            continue
+        parts.append(ProxyEvaluator(list(new), full.tokenizer, doc_ids=new, **kw))
+        for t, ids in new.items():
+            done[t] |= set(ids)
+    return parts

@@ -18,6 +18,7 @@ from layerswap.trainables.devices import require_cuda
 # trials because the search runs with reuse_actors=True.
 _RUNNERS: dict[str, TrialRunner] = {}
 META = "_layerswap"  # config key the searcher adds next to the Optuna params
+TWIN = "twin_of"  # served as: the recipe id of a twin running in the same batch (reproducible)
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,13 @@ def run_config(config: dict, spec: TrialSpec) -> dict:
         the metrics dict reported to Tune (objective is NaN unless status is ok).
     """
     meta = config.get(META, {})
-    if meta.get("served") is not None:  # an identical recipe already evaluated: no work
-        out = dict(meta["served"])
-        out["served_from"] = out.get("trial_id")
-        out["status"] = "duplicate"
-        out["source_status"] = meta["served"].get("status")
-        out |= {"t_compose_s": 0.0, "t_eval_s": 0.0, "t_total_s": 0.0}
-        return out
+    served = meta.get("served")
+    if served is not None:  # an identical recipe already evaluated (or being evaluated): no work
+        return dict(served) if TWIN in served else served_result(served)
     params = {k: v for k, v in config.items() if k != META}
     runner = runner_for(spec)
     recipe = decode(params, runner.exp.space, spec.depth, runner.pool)
-    res = runner.run(recipe, reject_below=meta.get("reject_below")).to_dict()
+    res = runner.run(recipe, gates=meta.get("gates")).to_dict()
     # A pruned trial's objective is its screening (low-fidelity) value: reported under another
     # key so nothing downstream can mistake it for a final score.
     res["low_fidelity_objective"] = res["objective"] if res["status"] == "pruned" else None
@@ -101,6 +98,15 @@ def run_config(config: dict, spec: TrialSpec) -> dict:
     res["expert_store"] = spec.expert_store
     res["node_id"] = _node_id()
     return res
+
+
+def served_result(row: dict) -> dict:
+    """What a trial served from an earlier trial's row reports (status "duplicate", no work)."""
+    out = dict(row)
+    out["served_from"] = out.get("trial_id")
+    out["status"] = "duplicate"
+    out["source_status"] = row.get("status")
+    return out | {"t_compose_s": 0.0, "t_eval_s": 0.0, "t_total_s": 0.0}
 
 
 def _node_id() -> str | None:
@@ -123,4 +129,22 @@ def merge_trial(config: dict, spec: TrialSpec) -> None:
     for task, v in (res.pop("proxies", None) or {}).items():
         res[f"proxy__{task}"] = v
     res["splits_read"] = json.dumps(res.get("splits_read") or [])
+    if not isinstance(res.get("rungs"), str):
+        res["rungs"] = json.dumps(res.get("rungs") or [])
+    _jitter()
     tune.report({k: v for k, v in res.items() if v is not None})
+
+
+def _jitter() -> None:
+    """Sleep up to LAYERSWAP_TRIAL_JITTER_S seconds (unseeded) before reporting.
+
+    A debugging knob: it shuffles the order in which concurrent trials finish, which a
+    reproducible search must not notice (tests/search/test_reproducible.py sets it).
+    """
+    import os
+    import random
+    import time
+
+    top = float(os.environ.get("LAYERSWAP_TRIAL_JITTER_S") or 0)
+    if top > 0:
+        time.sleep(random.SystemRandom().uniform(0, top))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -84,20 +85,50 @@ class Proxy(StrictModel):
         return self.worst + u * (self.best - self.worst)
 
 
-class Fidelity(StrictModel):
-    """Early rejection inside a trial (see search/search.py): screen a prefix, maybe stop.
+FidelityPolicy = Literal["none", "screen", "halving"]
 
-    A trial scores `screen` of every proxy's items first; if even a Hoeffding upper bound (at
-    confidence 1 - delta) of its full-fidelity objective is below the `keep_top`-th best full
-    objective so far, it stops and is told to Optuna as PRUNED, never as a completed value.
+
+class Fidelity(StrictModel):
+    """Early stopping inside a trial on growing shares of the proxies' items (search/fidelity.py).
+
+    Every trial of a search scores the same items in the same seeded order, rung by rung; a trial
+    that stops early is told to Optuna as PRUNED with its rung values as intermediate values, never
+    as a completed value. "screen": after `screen` of the items, stop when even a Hoeffding upper
+    bound (confidence 1 - delta) of the full objective is below the `keep_top`-th best full
+    objective so far. "halving": successive halving over `rungs`; after each, go on only when the
+    objective there is among the best 1/`eta` of the earlier trials' at that rung.
     """
 
+    policy: FidelityPolicy = "screen"
+    """How a trial may stop early: "none" (every item), "screen" or "halving"."""
     screen: float | None = Field(0.25, gt=0, lt=1)
-    """Share of every proxy's items scored first (None: no screening, every trial runs whole)."""
+    """"screen": share of every proxy's items scored first (None: policy "none")."""
     delta: float = Field(0.05, gt=0, lt=1)
-    """The bound's confidence is 1 - delta."""
+    """"screen": the bound's confidence is 1 - delta."""
     keep_top: int = Field(3, ge=1)
-    """A trial stops only when its bound is below the keep_top-th best full objective so far."""
+    """"screen": a trial stops only when its bound is below the keep_top-th best full objective."""
+    rungs: list[float] = Field(default_factory=lambda: [0.125, 0.25, 0.5], min_length=1)
+    """"halving": the shares of items after which a trial may stop, increasing, each in (0, 1)."""
+    eta: int = Field(3, ge=2)
+    """"halving": the best 1/eta of the trials at a rung go on (decided once eta trials got there)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen_none_is_no_policy(cls, data):
+        # `screen: null` meant "no early stop" before `policy` existed; it still does.
+        if isinstance(data, dict) and "screen" in data and data["screen"] is None:
+            policy = data.get("policy", "none")
+            if policy == "screen":
+                raise ValueError("fidelity: policy 'screen' needs a screen share, got screen: null")
+            data = {**data, "policy": policy}
+        return data
+
+    @model_validator(mode="after")
+    def _rungs_increase(self) -> Fidelity:
+        r = self.rungs
+        if any(not 0 < s < 1 for s in r) or any(a >= b for a, b in pairwise(r)):
+            raise ValueError(f"fidelity.rungs must increase within (0, 1), got {r}")
+        return self
 
 
 class ProxyEvalSettings(StrictModel):
@@ -124,6 +155,11 @@ class SearchSettings(StrictModel):
     """Trials running at once (None: as many as the cluster's CPUs and GPUs hold, at most a
     quarter of num_samples: TPE proposes each trial from the results in so far, and with the whole
     budget at once it would propose every trial blind, i.e. search at random)."""
+    reproducible: bool = True
+    """Propose max_concurrent trials at a time and tell Optuna their results in trial order once
+    all of them finished, so the same seed and config give the same trials and scores whatever
+    order trials finish in; False: propose each trial as soon as a slot frees (no idle slot while
+    a batch's slowest trial runs, but the search depends on the finishing order)."""
     cpus_per_trial: float = Field(1.0, gt=0)
     """CPUs a trial reserves."""
     gpus_per_trial: float = Field(0.0, ge=0)

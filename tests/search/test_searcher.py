@@ -20,7 +20,7 @@ S = optuna.trial.TrialState
 POINT = {"bottom": 1, "top": 0, "bottom_transition": 0, "weights": "uniform"}
 
 
-def _searcher(tmp_path, multi=False, points=None, progress=False, **search):
+def _searcher(tmp_path, multi=False, points=None, progress=False, space_high=2, **search):
     exp = SearchExperiment.model_validate(
         {
             "name": "s",
@@ -28,7 +28,7 @@ def _searcher(tmp_path, multi=False, points=None, progress=False, **search):
             "base": "/b",
             "task_experts": ["/t"],
             "language_experts": ["/l"],
-            "space": {"bottom": {"low": 0, "high": 2}, "top": {"low": 0, "high": 1}},
+            "space": {"bottom": {"low": 0, "high": space_high}, "top": {"low": 0, "high": 1}},
             "search": {"multi_objective": multi, **search},
         }
     )
@@ -60,14 +60,14 @@ def _ok(obj, **kw):
 def test_repeat_waits_then_is_served_and_optuna_hears_the_truth(tmp_path):
     s, store, _ = _searcher(tmp_path, points=[POINT, POINT, POINT])
     c0 = s.suggest("a")
-    assert c0[META]["served"] is None and c0[META]["reject_below"] is None
+    assert c0[META]["served"] is None and c0[META]["gates"] == [None]
     assert s.suggest("b") is None  # same recipe running: held, not evaluated twice
     s.on_trial_complete("a", _ok(0.5))
     c1 = s.suggest("c")  # the held trial, now served from the table
     assert c1[META]["served"]["trial_id"] == "0000"
     s.on_trial_complete("c", {**c1[META]["served"], "status": "duplicate", "served_from": "0000", "source_status": "ok"})  # fmt: skip
     c2 = s.suggest("d")
-    s.on_trial_complete("d", {"status": "pruned", "fidelity": 4, "low_fidelity_objective": 0.1, "objective": math.nan, "proxy__a_dev": 0.1})  # fmt: skip
+    s.on_trial_complete("d", {"status": "pruned", "fidelity": 4, "rungs": [[4, 0.1]], "low_fidelity_objective": 0.1, "objective": math.nan, "proxy__a_dev": 0.1})  # fmt: skip
     c3 = s.suggest("e")
     s.on_trial_complete("e", {"status": "failed", "error": "ValueError: boom", "objective": math.nan})  # fmt: skip
     assert c2 is not None and c3 is not None
@@ -87,7 +87,7 @@ def test_reject_threshold_is_the_kth_best_full_objective(tmp_path):
         s.on_trial_complete(f"t{i}", _ok(v))
     assert store.kth_best(2) == 0.4
     cfg = s.suggest("t9")
-    assert cfg[META]["reject_below"] == 0.4 or cfg[META]["served"] is not None
+    assert cfg[META]["gates"] == [0.4] or cfg[META]["served"] is not None
 
 
 def test_reconcile_after_a_crash(tmp_path):
@@ -170,3 +170,53 @@ def test_pool_from_the_expert_registry(tmp_path):
     assert [(r.expert_id, r.kind) for r in pool.task] == [("e1", "lora"), ("e2", "full")]
     assert [r.expert_id for r in pool.language] == ["e5", "e3"]
     assert pool.base == "/b"
+
+
+def _run_batches(tmp_path, finish_order, size=3, trials=9):
+    """Drive the reproducible mode as Tune would: ask while it answers, finish in `finish_order`
+    (a permutation applied to each batch), and return what Optuna proposed and the table."""
+    tmp_path.mkdir()
+    s, store, _ = _searcher(tmp_path, space_high=6)
+    s.plan_batches(size, trials)
+    asked, n = [], 0
+    while n < trials:
+        batch = []
+        while (cfg := s.suggest(f"t{n}")) is not None:
+            batch.append((f"t{n}", cfg))
+            n += 1
+        assert batch, "a finished batch must open the next"
+        for i in finish_order[: len(batch)]:
+            tid, cfg = batch[i % len(batch)]
+            params = {k: v for k, v in cfg.items() if k != META}
+            asked.append(params)
+            # a deterministic score of the proposal, as a real trial's would be
+            s.on_trial_complete(
+                tid, _ok(round(0.1 * params["bottom"] + 0.01 * params.get("top", 0), 3))
+            )
+    rows = [(r["trial_id"], r["recipe_id"], r["objective"]) for r in TrialStore(store.path).rows]
+    return sorted(map(str, asked)), rows
+
+
+def test_reproducible_batches_do_not_depend_on_the_finishing_order(tmp_path):
+    a = _run_batches(tmp_path / "a", [0, 1, 2])
+    b = _run_batches(tmp_path / "b", [2, 0, 1])
+    assert a == b
+    assert [r[0] for r in a[1]] == [f"{i:04d}" for i in range(9)]  # rows in trial order
+
+
+def test_reproducible_batch_waits_for_all_and_serves_a_twin_when_told(tmp_path):
+    s, store, _ = _searcher(tmp_path, points=[POINT, POINT])
+    s.plan_batches(3, 3)
+    a, b = s.suggest("a"), s.suggest("b")
+    assert s.suggest("c") is not None
+    assert s.suggest("d") is None  # the batch is full
+    assert a[META]["served"] is None
+    assert b[META]["served"] == {"twin_of": s.meta["a"]["recipe_id"]}
+    s.on_trial_complete("c", _ok(0.2))
+    s.on_trial_complete("b", {"twin_of": s.meta["b"]["recipe_id"], "objective": math.nan})
+    assert len(TrialStore(store.path)) == 0  # nothing told until all of the batch finished
+    s.on_trial_complete("a", _ok(0.5))
+    rows = TrialStore(store.path).rows
+    assert [r["status"] for r in rows] == ["ok", "duplicate", "ok"]
+    assert rows[1]["objective"] == 0.5 and rows[1]["error"] == "served from trial 0000"
+    assert [t.state for t in s.study.trials] == [S.COMPLETE] * 3

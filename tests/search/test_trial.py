@@ -11,7 +11,7 @@ import pytest
 import torch
 from search_fixtures import experiment, make_experts
 
-from layerswap.search.trial import TrialRunner, combine, hoeffding_upper
+from layerswap.search.trial import TrialRunner, combine
 from layerswap.spaces.search_experiment import Proxy
 from layerswap.spaces.search_space import ExpertPool, decode, warm_start
 from layerswap.trainables.merge.compose import compose_recipe
@@ -102,15 +102,15 @@ def test_nan_and_unreadable_experts_fail_without_breaking_the_runner(setup):
 def test_screening_prunes_and_full_scores_match_unscreened(setup):
     exp, pool, runner, _, tasks = setup
     rec = _recipe(exp, pool, bottom=2, bottom_transition=1)
-    pruned = runner.run(rec, reject_below=1.5)  # unreachable: any bound is below it
+    pruned = runner.run(rec, gates=[1.5])  # unreachable: any bound is below it
     assert pruned.status == "pruned" and pruned.fidelity == 4 and pruned.upper_bound < 1.5
-    full = runner.run(rec, reject_below=-1.0)
+    full = runner.run(rec, gates=[-1.0])
     assert full.status == "ok" and full.fidelity == 8
     plain = TrialRunner(
         exp.model_copy(
             update={
                 "search": exp.search.model_copy(
-                    update={"fidelity": exp.search.fidelity.model_copy(update={"screen": None})}
+                    update={"fidelity": exp.search.fidelity.model_copy(update={"policy": "none"})}
                 )
             }
         ),
@@ -119,6 +119,21 @@ def test_screening_prunes_and_full_scores_match_unscreened(setup):
     )
     again = plain.run(rec)
     assert again.proxies == pytest.approx(full.proxies) and again.fidelity == 8
+    assert full.items_scored == again.items_scored == 8 * len(full.proxies)
+    assert [n for n, _ in full.rungs] == [4, 8] and full.rungs[-1][1] == full.objective
+    halving = TrialRunner(_with_fidelity(exp, policy="halving", eta=2), pool, [str(tasks)])
+    assert [len(next(iter(p.tasks.values())).items) for p in halving.parts] == [1, 1, 2, 4]
+    stopped = halving.run(rec, gates=[2.0, None, None])  # no objective reaches 2
+    assert stopped.status == "pruned" and stopped.fidelity == 1 and len(stopped.rungs) == 1
+    assert stopped.items_scored == len(full.proxies)
+    passed = halving.run(rec, gates=[-9.0, -9.0, -9.0])  # every objective reaches -9
+    assert passed.status == "ok" and [n for n, _ in passed.rungs] == [1, 2, 4, 8]
+    assert passed.proxies == pytest.approx(full.proxies)  # every item, each once
+
+
+def _with_fidelity(exp, **fidelity):
+    fid = exp.search.fidelity.model_copy(update=fidelity)
+    return exp.model_copy(update={"search": exp.search.model_copy(update={"fidelity": fid})})
 
 
 BRIER = {"task": "world_belebele_brier_xa_dev", "chance": 0.75, "best": 0.0, "worst": 2.0}
@@ -131,11 +146,11 @@ def test_brier_proxy_lower_is_better_normalises_and_screens_optimistically(setup
     bexp = exp.model_copy(update={"proxies": [Proxy(**BRIER)]})
     runner = TrialRunner(bexp, pool, [str(tasks)])
     rec = _recipe(bexp, pool, bottom=2, bottom_transition=1)
-    full = runner.run(rec, reject_below=-10.0)
+    full = runner.run(rec, gates=[-10.0])
     assert full.status == "ok", full.error
     brier = full.proxies[BRIER["task"]]
     assert 0 < brier < 2 and full.objective == pytest.approx(1 - brier / 0.75)
-    pruned = runner.run(rec, reject_below=1.01)  # above any Brier's best
+    pruned = runner.run(rec, gates=[1.01])  # above any Brier's best
     assert pruned.status == "pruned" and pruned.fidelity == 4
     screened = pruned.proxies[BRIER["task"]]
     assert pruned.upper_bound > 1 - screened / 0.75  # the bound is optimistic: a lower Brier
@@ -177,13 +192,6 @@ def test_the_drivers_check_reads_configs_and_refuses_tags_and_a_lower_is_better_
     for words, update in cases.items():
         with pytest.raises(ValueError, match=re.escape(words)):
             check_proxy_scales(exp.model_copy(update=update))
-
-
-def test_hoeffding_bound():
-    assert hoeffding_upper(0.5, 10, 10, 0.05) == 0.5
-    ub = hoeffding_upper(0.2, 25, 100, 0.05)
-    assert 0.2 < ub < 0.5
-    assert hoeffding_upper(0.2, 50, 100, 0.05) < ub
 
 
 def test_served_duplicate_does_no_work(setup):
