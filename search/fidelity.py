@@ -103,6 +103,30 @@ def stops(policy: Policy, rung: int, value: float, bound: float, gate_values) ->
     return (bound if policy.by_bound else value) < gate
 
 
+def rung_spans(shares: list[float], n_items: dict[str, int]) -> list[dict[str, tuple[int, int]]]:
+    """The items each rung adds, as [start, end) positions in every proxy's seeded item order.
+
+    A share takes the first max(1, ceil(share * n)) items (at least one per proxy, so the first
+    rung ranks by every proxy). A rung that adds no item to any proxy (tiny proxies) is merged
+    into the next; a proxy that gains nothing at a rung is left out of it.
+
+    Args:
+        shares: the rungs' cumulative shares, the last 1.0.
+        n_items: items per proxy.
+    Returns:
+        per rung kept, {proxy: (start, end)} of the proxies it adds items to.
+    """
+    done = dict.fromkeys(n_items, 0)
+    spans = []
+    for share in shares:
+        ends = {t: max(1, math.ceil(share * n - 1e-9)) for t, n in n_items.items()}
+        span = {t: (done[t], end) for t, end in ends.items() if end > done[t]}
+        if span:
+            spans.append(span)
+            done |= {t: end for t, (_, end) in span.items()}
+    return spans
+
+
 def rung_values(row: dict) -> list[tuple[int, float]]:
     """A row's (items scored, objective) per rung reached, from its `rungs` column."""
     raw = row.get("rungs")

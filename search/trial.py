@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 
-from layerswap.search.fidelity import hoeffding_upper, policy_of, stops
+from layerswap.search.fidelity import Policy, hoeffding_upper, policy_of, rung_spans, stops
 from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
@@ -217,55 +219,76 @@ class TrialRunner:
 
     def _score_rungs(self, res: TrialResult, gates: list[float | None] | None) -> None:
         """Score the rungs' items in turn, stopping where the policy says (fills `res`)."""
-        proxies = self.exp.proxy_list
-        d = self.exp.search.fidelity.delta / len(proxies)  # union bound over proxies
-        totals = {p.task: [0.0, 0] for p in proxies}  # task -> [sum of item scores, items]
-        for rung, ev in enumerate(self.parts):
-            for task, (score, n) in self._score(ev).items():
-                totals[task][0] += score * n
-                totals[task][1] += n
-            means = {t: s / n for t, (s, n) in totals.items()}
-            value, per_proxy = combine(proxies, means)
-            res.proxies, res.fidelity = means, max(n for _, n in totals.values())
-            res.items_scored = sum(n for _, n in totals.values())
-            res.rungs.append([res.fidelity, value])
-            if rung == len(self.parts) - 1:
-                res.objective, res.objectives = value, per_proxy
-                return
-            # The bound is on each proxy's own item range, mapped to [0, 1] with 1 best
-            # (a Brier score's optimistic side is its lower end).
-            ub = {}
-            for p in proxies:
-                n, total = totals[p.task][1], self.n_items[p.task]
-                ub[p.task] = p.from_unit(hoeffding_upper(p.to_unit(means[p.task]), n, total, d))
-            res.upper_bound = combine(proxies, ub)[0]
-            if stops(self.policy, rung, value, res.upper_bound, gates):
-                res.status = "pruned"
-                res.objective = value  # low fidelity: never told as a final value
-                return
+        parts = [partial(self._score, ev) for ev in self.parts]
+        score_rungs(res, self.exp, self.policy, self.n_items, gates, parts)
+
+
+def score_rungs(
+    res: TrialResult,
+    exp: SearchExperiment,
+    policy: Policy,
+    n_items: dict[str, int],
+    gates: list[float | None] | None,
+    parts: list[Callable[[], dict[str, tuple[float, int]]]],
+) -> None:
+    """Score rung after rung until the last or until the policy stops the trial (fills `res`).
+
+    A plain function so that benchmarks/search_replay.py replays a search's fidelity on a scored
+    grid through the very rule a trial follows.
+
+    Args:
+        res: the trial's result (proxies, objective, rungs, items_scored, status are set).
+        exp: the experiment (proxies and their weights and scales, fidelity delta).
+        policy: the fidelity policy (search.fidelity.policy_of).
+        n_items: items per proxy in all (the Hoeffding bound's population).
+        gates: the driver's gates for this trial (search.fidelity.gates).
+        parts: per rung, a function scoring that rung's items: {proxy: (mean score, items)}.
+    """
+    proxies = exp.proxy_list
+    d = exp.search.fidelity.delta / len(proxies)  # union bound over proxies
+    totals = {p.task: [0.0, 0] for p in proxies}  # proxy -> [sum of item scores, items]
+    for rung, score_part in enumerate(parts):
+        for task, (score, n) in score_part().items():
+            totals[task][0] += score * n
+            totals[task][1] += n
+        means = {t: s / n for t, (s, n) in totals.items()}
+        value, per_proxy = combine(proxies, means)
+        res.proxies, res.fidelity = means, max(n for _, n in totals.values())
+        res.items_scored = sum(n for _, n in totals.values())
+        res.rungs.append([res.fidelity, value])
+        if rung == len(parts) - 1:
+            res.objective, res.objectives = value, per_proxy
+            return
+        # The bound is on each proxy's own item range, mapped to [0, 1] with 1 best
+        # (a Brier score's optimistic side is its lower end).
+        ub = {}
+        for p in proxies:
+            n, total = totals[p.task][1], n_items[p.task]
+            ub[p.task] = p.from_unit(hoeffding_upper(p.to_unit(means[p.task]), n, total, d))
+        res.upper_bound = combine(proxies, ub)[0]
+        if stops(policy, rung, value, res.upper_bound, gates):
+            res.status = "pruned"
+            res.objective = value  # low fidelity: never told as a final value
+            return
 
 
 def _rung_evaluators(full: ProxyEvaluator, shares: list[float], kw: dict) -> list[ProxyEvaluator]:
-    """One evaluator per rung over the items that rung adds (no item is scored twice).
+    """One evaluator per rung over the items that rung adds (search.fidelity.rung_spans).
 
     Args:
         full: the evaluator over every item (its seeded order fixes which items each share takes).
         shares: the rungs' cumulative shares, the last 1.0.
         kw: the evaluator settings (include_path, batch size, seed, ...).
     Returns:
-        the evaluators in rung order; `[full]` when there is one rung. A rung that adds no item
-        to any proxy (tiny proxies) is merged into the next.
+        the evaluators in rung order; `[full]` when there is one rung.
     """
     if len(shares) == 1:
         return [full]
-    names = list(full.tasks)
-    parts, done = [], {t: set() for t in names}
-    for share in shares:
-        new = {t: [i for i in full.subset(t, share) if i not in done[t]] for t in names}
-        new = {t: ids for t, ids in new.items() if ids}
-        if not new:
-            continue
-        parts.append(ProxyEvaluator(list(new), full.tokenizer, doc_ids=new, **kw))
-        for t, ids in new.items():
-            done[t] |= set(ids)
+    parts = []
+    for span in rung_spans(shares, {t: len(c.items) for t, c in full.tasks.items()}):
+        ids = {}
+        for t, (a, b) in span.items():
+            c = full.tasks[t]
+            ids[t] = [c.items[i].doc_id for i in c.order[a:b]]
+        parts.append(ProxyEvaluator(list(ids), full.tokenizer, doc_ids=ids, **kw))
     return parts

@@ -14,6 +14,7 @@ from layerswap.search.fidelity import (
     gates,
     hoeffding_upper,
     policy_of,
+    rung_spans,
     rung_values,
     stops,
 )
@@ -95,3 +96,16 @@ def test_bad_fidelity_settings_name_the_value(fields, words):
 def test_screen_null_still_means_no_early_stop():
     assert Fidelity(screen=None).policy == "none"
     assert Fidelity(screen=None, policy="halving").policy == "halving"
+
+
+def test_rung_spans_take_disjoint_prefixes_and_merge_empty_rungs():
+    spans = rung_spans([0.125, 0.25, 0.5, 1.0], {"a": 8, "b": 100})
+    assert spans == [
+        {"a": (0, 1), "b": (0, 13)},
+        {"a": (1, 2), "b": (13, 25)},
+        {"a": (2, 4), "b": (25, 50)},
+        {"a": (4, 8), "b": (50, 100)},
+    ]
+    # 2 items: 1/8 and 1/4 both take the first; the 1/4 rung adds nothing and is merged
+    assert rung_spans([0.125, 0.25, 0.5, 1.0], {"a": 2}) == [{"a": (0, 1)}, {"a": (1, 2)}]
+    assert rung_spans([0.5, 1.0], {"a": 2, "b": 1}) == [{"a": (0, 1), "b": (0, 1)}, {"a": (1, 2)}]
