@@ -84,15 +84,14 @@ def model_content_id(ref: str) -> str:
     A local checkpoint folder: "sha256:" + the sha256 of the sorted (file name, sha256 of its
     bytes) of its `hashed_files`, so a copy anywhere has the same id and one changed byte gives
     another. Anything else (a Hub id, an s3://, hf:// or other URI, a path that is not a
-    folder) stands for itself: its string. A Hub id names content only up to its revision (the
-    repository can change under the same id), a URI whatever its store holds there.
+    folder, a folder with none of those files) stands for itself: its string. A Hub id names
+    content only up to its revision (the repository can change under the same id), a URI
+    whatever its store holds there.
 
     Args:
         ref: a recipe's checkpoint reference, as written in the recipe.
     Returns:
         The id; local folders are hashed once per process while their files are unchanged.
-    Raises:
-        ValueError: a local folder with none of the files a checkpoint's content is read from.
     """
     if is_uri(ref):
         return ref
@@ -100,8 +99,8 @@ def model_content_id(ref: str) -> str:
     if not folder.is_dir():
         return ref
     files = hashed_files(folder)
-    if not any(p.name.endswith(".safetensors") for p in files):
-        raise ValueError(f"{ref}: no *.safetensors files, so no content to identify it by")
+    if not files:  # not a checkpoint (the merge will say so): nothing to identify it by
+        return ref
     digests = _digests(files)
     listing = json.dumps([[p.name, digests[p]] for p in files], separators=(",", ":"))
     return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()

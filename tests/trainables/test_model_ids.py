@@ -97,10 +97,13 @@ def test_a_recipe_over_hub_ids_is_its_own_id():
     assert content_recipe_id(r) == recipe_id(r, {"org/a": "org/a", "s3://b/c": "s3://b/c"})
 
 
-def test_a_folder_without_weights_is_refused(tmp_path):
+def test_a_folder_with_nothing_to_hash_stands_for_itself(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match=r"empty: no \*\.safetensors"):
-        model_content_id(str(tmp_path / "empty"))
+    (tmp_path / "empty" / "README.md").write_text("not a checkpoint")
+    assert model_content_id(str(tmp_path / "empty")) == str(tmp_path / "empty")
+    (tmp_path / "cfg").mkdir()  # a LoRA base read for its config only
+    (tmp_path / "cfg" / "config.json").write_text("{}")
+    assert model_content_id(str(tmp_path / "cfg")).startswith("sha256:")
 
 
 def test_unchanged_files_are_read_once(experts, monkeypatch):

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from layerswap.spaces.recipe import Recipe, dump_recipe, recipe_id
+from layerswap.spaces.recipe import Recipe, dump_recipe
 from layerswap.trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
 from layerswap.trainables.merge.assembly import build_assembly, primary_ref, recipe_refs
 from layerswap.trainables.merge.checkpoint import (
@@ -32,6 +32,7 @@ from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
 from layerswap.trainables.merge.terms import Assembly, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
+from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.trainables.storage import is_uri, local_copy
 
@@ -321,11 +322,12 @@ def merge_to_disk(
             )
         assembly, depth = assembly_for(recipe, ckpts)
         primary = ckpts[primary_ref(recipe)]
-        with output_dir(out, "merge", overwrite=overwrite, identity=recipe_id(recipe)) as tmp:
+        rid = content_recipe_id(recipe)  # after validation: a bad recipe is named first
+        with output_dir(out, "merge", overwrite=overwrite, identity=rid) as tmp:
             write_assembly(assembly, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
             copy_side_files(primary.root, tmp)
-            (tmp / RECIPE_FILE).write_text(dump_recipe(recipe))
-            (tmp / "README.md").write_text(model_card(recipe, depth))
+            (tmp / RECIPE_FILE).write_text(dump_recipe(recipe, rid))
+            (tmp / "README.md").write_text(model_card(recipe, depth, rid))
     finally:
         for ck in ckpts.values():
             ck.close()

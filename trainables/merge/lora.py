@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe, recipe_id
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe
 from layerswap.spaces.zones import layer_map, reverted
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
 from layerswap.trainables.merge.assembly import recipe_refs
@@ -37,6 +37,7 @@ from layerswap.trainables.merge.engine import (
 )
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.terms import transition_weights
+from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.trainables.storage import is_uri, join, read_text
 
@@ -382,8 +383,9 @@ def merge_lora_to_disk(
     check_model_type(base_cfg, "base config.json")
     depth = num_layers(base_cfg, "base config.json")
     merged = _swap(recipe, task, lang, depth)
-    card = model_card(recipe, depth)
-    with output_dir(out, "merge", overwrite=overwrite, identity=recipe_id(recipe)) as tmp:
+    rid = content_recipe_id(recipe)
+    card = model_card(recipe, depth, rid)
+    with output_dir(out, "merge", overwrite=overwrite, identity=rid) as tmp:
         if fold:
             base_root = resolve_ref(recipe.base)
             with Checkpoint.open(base_root) as base:
@@ -402,6 +404,6 @@ def merge_lora_to_disk(
                 "\nLoad: `PeftModel.from_pretrained(base_model, DIR)`; concatenated modules have "
                 "rank r_task + r_language (see rank_pattern / alpha_pattern).\n"
             )
-        (tmp / RECIPE_FILE).write_text(dump_recipe(recipe))
+        (tmp / RECIPE_FILE).write_text(dump_recipe(recipe, rid))
         (tmp / "README.md").write_text(card)
     return out

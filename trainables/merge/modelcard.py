@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict, recipe_id
+from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict
 from layerswap.spaces.zones import layer_map
 
 
@@ -12,16 +12,16 @@ def _ref(ref) -> str:
     return ref if isinstance(ref, str) else " + ".join(ref.soup) + f" (soup, {ref.weights})"
 
 
-def model_card(recipe: Recipe, num_layers: int) -> str:
+def model_card(recipe: Recipe, num_layers: int, rid: str) -> str:
     """A Hugging Face model card with YAML front matter and the recipe.
 
     Args:
         recipe: the recipe the model was built from.
         num_layers: depth, for the layer-by-layer source table of a layer swap.
+        rid: the recipe's content id (trainables.model_ids.content_recipe_id).
     Returns:
         Markdown text.
     """
-    rid = recipe_id(recipe)
     front = {"library_name": "transformers", "tags": ["merge", "layerswap", recipe.method]}
     if recipe.base is not None:
         front["base_model"] = recipe.base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from merge_expect import (
 
 from layerswap.spaces.recipe import load_recipe, parse_recipe, recipe_id
 from layerswap.trainables.merge.engine import RECIPE_FILE, merge_to_disk
+from layerswap.trainables.model_ids import content_recipe_id
+from layerswap.trainables.outputs import read_marker
 
 # --- sharding, dtypes ------------------------------------------------------------------------
 
@@ -104,6 +107,18 @@ def test_bf16_explicit_weights(bf16_family, tmp_path):
 # --- the output folder -----------------------------------------------------------------------
 
 
+def test_copied_experts_give_the_same_merge_id(family, tmp_path):
+    """The same recipe over the same experts stored elsewhere names one id in both outputs."""
+    moved = {r: shutil.copytree(family.paths[r], tmp_path / "elsewhere" / r) for r in family.paths}
+    fields = swap_fields(family, bottom=3, top=2)
+    there = {**fields, **{k: str(moved[r]) for k, r in (("task_expert", "task"), ("language_expert", "language"), ("base", "base"))}}  # fmt: skip
+    merge_to_disk(parse_recipe(fields), tmp_path / "a")
+    merge_to_disk(parse_recipe(there), tmp_path / "b")
+    heads = [(tmp_path / o / RECIPE_FILE).read_text().splitlines()[0] for o in "ab"]
+    assert heads[0] == heads[1] == f"# layerswap recipe {content_recipe_id(parse_recipe(fields))}"
+    assert read_marker(tmp_path / "a")["identity"] == read_marker(tmp_path / "b")["identity"]
+
+
 def test_output_is_a_complete_loadable_model(family, tmp_path):
     out = tmp_path / "merged"
     recipe = parse_recipe(swap_fields(family, bottom=3, top=2, bottom_transition=1))
@@ -121,7 +136,10 @@ def test_output_is_a_complete_loadable_model(family, tmp_path):
     assert card.startswith("---\n")
     front = yaml.safe_load(card.split("---")[1])
     assert "layerswap" in front["tags"] and front["base_model"] == family.ref("base")
-    assert recipe_id(recipe) in card
+    rid = content_recipe_id(recipe)  # one id in the card, the recipe file and the marker
+    assert f"# layerswap merge `{rid}`" in card and recipe_id(recipe) not in card
+    assert (out / RECIPE_FILE).read_text().startswith(f"# layerswap recipe {rid}\n")
+    assert read_marker(out)["identity"] == rid
     assert "| 3 | transition | transition |" in card
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
