@@ -22,9 +22,10 @@ from layerswap.search.progress import TrialProgress
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.trial import combine
 from layerswap.search.tune_trial import META, TWIN, served_result
-from layerswap.spaces.recipe import dump_recipe, recipe_id
+from layerswap.spaces.recipe import dump_recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, decode, recipe_fields, suggest
+from layerswap.trainables.model_ids import content_recipe_id
 
 STATES = optuna.trial.TrialState
 
@@ -110,7 +111,7 @@ class LayerswapSearch(OptunaTuneSearch):
             return None
         ot_trial = self.optuna_trial(trial_id)
         try:
-            rid = recipe_id(decode(params, self.exp.space, self.depth, self.pool))
+            rid = content_recipe_id(decode(params, self.exp.space, self.depth, self.pool))
         except Exception:  # the trial reports the decoding error as a failed row
             rid = f"invalid-{ot_trial.number}"
         if rid in self.pending:
@@ -128,7 +129,7 @@ class LayerswapSearch(OptunaTuneSearch):
             return None
         ot_trial = self.optuna_trial(trial_id)
         try:
-            rid = recipe_id(decode(params, self.exp.space, self.depth, self.pool))
+            rid = content_recipe_id(decode(params, self.exp.space, self.depth, self.pool))
         except Exception:  # the trial reports the decoding error as a failed row
             rid = f"invalid-{ot_trial.number}"
         self.batch.ask(trial_id)
@@ -193,7 +194,7 @@ class LayerswapSearch(OptunaTuneSearch):
         row["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
             recipe = decode(meta["params"], self.exp.space, self.depth, self.pool)
-            row |= {"recipe_yaml": dump_recipe(recipe), "method": recipe.method}
+            row |= {"recipe_yaml": dump_recipe(recipe, meta["recipe_id"]), "method": recipe.method}
             row |= recipe_fields(recipe)
             row["task_expert_id"] = expert_id(self.pool, recipe.task_expert)
             row["language_expert_id"] = expert_id(self.pool, recipe.language_expert)
