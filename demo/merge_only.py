@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
-from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe, recipe_id
+from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe
 from layerswap.spaces.zones import layer_map, paper_default
 from layerswap.trainables.merge.checkpoint import Checkpoint
 from layerswap.trainables.merge.engine import merge_to_disk
+from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import output_dir
 from layerswap.world.tiny import make_tiny_family
 
@@ -63,11 +64,13 @@ def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
                 "non_layer": "average",
             }
         )
+        # No id in this header: the relative paths resolve once the folder is in place, and
+        # the id (by content) is what the merged folder's recipe names.
         (tmp / "recipe.yaml").write_text(dump_recipe(recipe))
     recipe = load_recipe(out / "recipe.yaml")
     paths = {k: out / "models" / k for k in ("base", "task", "language")}
     print(
-        f"[2/4] merging recipe {recipe_id(recipe)} (paper default scaled to depth, "
+        f"[2/4] merging recipe {content_recipe_id(recipe)} (paper default scaled to depth, "
         f"b={recipe.bottom} u={recipe.top}, 1-layer transitions, magnitude weights) ..."
     )
     merge_to_disk(recipe, out / "merged", overwrite=True, progress=True)
