@@ -10,7 +10,7 @@ import argparse
 import re
 from pathlib import Path
 
-from layerswap.spaces.recipe import load_recipe, recipe_id
+from layerswap.spaces.recipe import load_recipe
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.outputs import OutputError, check_output_file, output_problems
 
@@ -83,6 +83,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     _check_outputs(recipe, args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.merge.api import export_mergekit, is_lora_recipe, merge
+    from layerswap.trainables.model_ids import content_recipe_id
 
     if args.out is not None and args.fold and not is_lora_recipe(recipe):
         raise ValueError("--fold applies to LoRA adapter experts only")
@@ -98,7 +99,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             max_shard_bytes=args.max_shard_size,
             progress=not args.quiet,
         )
-        print(f"merged {recipe.method} recipe {recipe_id(recipe)} -> {args.out}")
+        # the id the merged folder names (its checkpoints were hashed by the merge: cached)
+        print(f"merged {recipe.method} recipe {content_recipe_id(recipe)} -> {args.out}")
     if text is not None:
         atomic_write_text(Path(args.export_mergekit), text)
         print(f"wrote mergekit config {args.export_mergekit}")

@@ -19,13 +19,14 @@ from layerswap.search.leaderboard import leaderboard
 from layerswap.search.pool import include_paths, model_depth, resolve_pool
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.errors import RunFailed
-from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe, recipe_id
+from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.task_families import heldout_task, task_split
 from layerswap.spaces.zones import paper_default
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.scoring import score_key
+from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.storage import local_copy
 
 RESULT_COLUMNS = {
@@ -245,7 +246,7 @@ def _models(
         for name, row in cands
     ]
     models += [
-        (n, "baseline", recipe_id(x) if not isinstance(x, str) else None, x)
+        (n, "baseline", content_recipe_id(x) if not isinstance(x, str) else None, x)
         for n, x in baselines(exp, pool, depth)
     ]
     return models

@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_promote.py
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,11 +15,13 @@ import pytest
 import torch
 from search_fixtures import experiment, make_experts
 
-from layerswap.search.promote import RESULT_COLUMNS, promote, shot_groups
+from layerswap.search.pool import model_depth, resolve_pool
+from layerswap.search.promote import RESULT_COLUMNS, _models, promote, shot_groups
 from layerswap.search.results import TrialStore
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, dump_recipe, recipe_id
 from layerswap.trainables.evaluate.harness import resolve_device
+from layerswap.trainables.model_ids import content_recipe_id
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,10 +45,10 @@ def _run_dir(root: Path, paths: dict[str, Path]) -> tuple[Path, str]:
         bottom=1,
         top=0,
     )
-    rid = recipe_id(recipe)
+    rid = content_recipe_id(recipe)  # the id the search gives a trial
     store = TrialStore(root / "run" / "search" / "trials.parquet")
     store.append(
-        {"trial_id": "0000", "recipe_id": rid, "recipe_yaml": dump_recipe(recipe),
+        {"trial_id": "0000", "recipe_id": rid, "recipe_yaml": dump_recipe(recipe, rid),
          "method": "layer_swap", "status": "ok", "fidelity": 8, "objective": 0.5}
     )  # fmt: skip
     return root / "run", rid
@@ -59,6 +62,22 @@ def test_shot_groups(tiny_world, experts):
         (None, [TARGET]),
         (0, ["world_belebele_xa", "world_mgsm_direct_en", BELE, MGSM]),
     ]
+
+
+def test_baseline_ids_are_content_ids(tiny_world, experts, tmp_path):
+    """The same baselines over the experts copied elsewhere keep their ids (and run nothing)."""
+    moved = {k: shutil.copytree(p, tmp_path / "elsewhere" / k) for k, p in experts.items()}
+    want = {"baselines": ["base", "soup_uniform", "soup_magnitude", "ties", "paper_default"]}
+    ids = []
+    for paths in (experts, moved):
+        exp = experiment(tiny_world, paths, promote=want)
+        pool = resolve_pool(exp)
+        models = _models(exp, pool, model_depth(pool), [])
+        assert [m[0] for m in models] == want["baselines"]
+        assert models[0][2] is None  # a checkpoint, not a recipe: no recipe id
+        assert all(rid == content_recipe_id(x) != recipe_id(x) for _, _, rid, x in models[1:])
+        ids.append([m[2] for m in models])
+    assert ids[0] == ids[1]
 
 
 def test_unusable_device_fails_before_any_model(tiny_world, experts, tmp_path, monkeypatch):
