@@ -14,6 +14,7 @@ from layerswap.cli import main
 from layerswap.cli.merge import parse_size
 from layerswap.spaces.recipe import load_recipe, recipe_id
 from layerswap.trainables.merge.checkpoint import Checkpoint
+from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.world.tiny import make_tiny_family
 
 
@@ -38,9 +39,16 @@ def _recipe(tmp_path: Path, family: dict[str, Path], **over) -> Path:
     return path
 
 
-def test_merge_writes_model_and_recipe(tmp_path, family):
+def test_merge_writes_model_and_recipe(tmp_path, family, capsys):
     recipe = _recipe(tmp_path, family)
     assert main(["merge", str(recipe), "--out", str(tmp_path / "m"), "-q"]) == 0
+    rid = content_recipe_id(load_recipe(recipe))  # the one id the command and the folder name
+    assert f"recipe {rid} -> " in capsys.readouterr().out
+    assert (
+        (tmp_path / "m" / "layerswap_recipe.yaml")
+        .read_text()
+        .startswith(f"# layerswap recipe {rid}\n")
+    )
     out = Checkpoint.open(tmp_path / "m")
     task = Checkpoint.open(family["task"])
     name = "model.layers.3.mlp.up_proj.weight"  # layer 3 of 6 with b=1,t_b=1,u=1: task
