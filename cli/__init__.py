@@ -8,6 +8,11 @@ Modules import only light things at load time (argparse, the pydantic configs), 
 
 from __future__ import annotations
 
+# First, before any heavy import: in the `layerswap` process this installs the start-up signal
+# handler (a Ctrl-C from here on is one line and exit 130; cli/startup.py says why).
+from layerswap.cli import startup
+
+# isort: split
 import argparse
 import importlib
 import os
@@ -18,6 +23,7 @@ from pydantic import ValidationError
 
 from layerswap.cli.watchdog import EXIT, Watchdog
 from layerswap.spaces.errors import RunFailed
+from layerswap.trainables.atomic import write_failure
 
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = (
@@ -83,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     the atomic writers on the way out, and `--resume` continues a train or search run.
     """
     args = build_parser().parse_args(argv)
+    if startup.starting() and _uses_torch(args):
+        startup.preload_torch()  # while a signal still ends the process at once (startup.py)
     _SIGNALLED.clear()
     before = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     unraisable = sys.unraisablehook
@@ -103,8 +111,21 @@ def main(argv: list[str] | None = None) -> int:
         return _outcome(e)
     finally:
         for s, handler in before.items():
-            signal.signal(s, handler)
+            # The start-up handler's time is over: what is left is the exit, where run()
+            # ignores signals (its "while starting" line would be wrong now).
+            signal.signal(s, signal.SIG_IGN if startup.is_startup(handler) else handler)
         sys.unraisablehook = unraisable
+
+
+# Commands that never import torch: loading it up front would only slow them down.
+_NO_TORCH = {"schema", "plan"}
+
+
+def _uses_torch(args: argparse.Namespace) -> bool:
+    """Whether the parsed command imports torch (`world export-base` copies files only)."""
+    if args.command == "world":
+        return getattr(args, "world_command", None) == "build"
+    return args.command not in _NO_TORCH
 
 
 def _outcome(e: BaseException) -> int:
@@ -117,6 +138,9 @@ def _outcome(e: BaseException) -> int:
     if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
         # Ray's driver SIGTERM handler, sys.exit(SIGTERM), if one landed while ray.init ran
         return _interrupted(signal.SIGTERM)
+    if (failed := write_failure(e)) is not None:  # a full disk, a read-only mount: one line
+        print(f"layerswap: failed: {failed}", file=sys.stderr)
+        return 1
     if isinstance(e, (ValueError, ValidationError, FileExistsError, FileNotFoundError, OSError)):
         print(f"layerswap: error: {e}", file=sys.stderr)
         return 2
@@ -146,6 +170,7 @@ def run() -> None:
     """The console script: `main`, then exit; a signal during Ray's shutdown at exit (after
     the outcome is decided) is ignored rather than printed as a traceback. A signalled command
     ends within the watchdog's deadline, its exit (Ray's shutdown at exit) included."""
+    startup.install()  # already, when this process was started as the command
     watchdog = Watchdog()  # never closed: its deadline covers the exit too
     code = main()
     watchdog.command_ended()

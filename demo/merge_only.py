@@ -6,7 +6,12 @@ merged model with transformers, check every layer's source, generate a few token
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -16,7 +21,7 @@ from layerswap.spaces.zones import layer_map, paper_default
 from layerswap.trainables.merge.checkpoint import Checkpoint
 from layerswap.trainables.merge.engine import merge_to_disk
 from layerswap.trainables.model_ids import content_recipe_id
-from layerswap.trainables.outputs import output_dir
+from layerswap.trainables.outputs import check_output, output_dir, replacing
 from layerswap.world.tiny import make_tiny_family
 
 NUM_LAYERS = 12
@@ -41,11 +46,36 @@ def _layer_sources(merged: Path, paths: dict[str, Path], num_layers: int) -> lis
 
 
 def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
-    """Build the tiny family, merge it, reload and report. Writes everything under `out`."""
+    """Build the tiny family, merge it, reload and report. Writes everything under `out`.
+
+    The demo is one output: interrupted or failed at any stage, `out` is removed (an earlier
+    demo it replaces comes back), as the CLI's "nothing half-written was kept" says.
+    """
+    out = Path(out)
+    check_output(out, "merge-demo", overwrite=overwrite)
+    with replacing([out]), _removed_unless_finished(out):
+        _run(out)
+
+
+@contextmanager
+def _removed_unless_finished(out: Path) -> Iterator[None]:
+    """Remove `out` when the block fails: hidden first (one rename), then deleted."""
+    try:
+        yield
+    except BaseException:
+        if out.exists():
+            hidden = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+            os.rename(out, hidden)
+            shutil.rmtree(hidden, ignore_errors=True)
+        raise
+
+
+def _run(out: Path) -> None:
+    """The demo's four stages into `out`, which does not exist yet."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
-    with output_dir(out, "merge-demo", overwrite=overwrite) as tmp:
+    with output_dir(out, "merge-demo") as tmp:
         print(f"[1/4] generating a tiny Llama family ({NUM_LAYERS} layers) ...")
         make_tiny_family(tmp / "models", num_layers=NUM_LAYERS, dtype=torch.bfloat16)
         zones = paper_default(NUM_LAYERS)

@@ -4,7 +4,9 @@ that a running job may replace (`read_parquet`)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -13,8 +15,52 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from layerswap.spaces.errors import RunFailed
+
 if TYPE_CHECKING:
     import pyarrow
+
+# What the file system answers a write it refuses: the output cannot be finished where it is
+# (a full disk, a quota, a file-size limit, a read-only mount). Read errors (EIO) are not here:
+# a writer also reads its inputs.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+# Rust libraries (safetensors, tokenizers) report an OS error only in their message.
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+
+
+class WriteFailed(RunFailed):
+    """The file system refused to write an output mid-run; its partial files were removed."""
+
+
+def write_failure(e: BaseException, out: Path | str | None = None) -> WriteFailed | None:
+    """`e` as one line naming the output, when it (or an error it was raised from) is a write
+    the file system refused (WRITE_ERRNOS); else None.
+
+    Args:
+        e: the error a writer raised (libraries wrap the OSError: safetensors' SafetensorError
+            names only the errno, torch a RuntimeError).
+        out: the output being written (the error's own file name when not given).
+    """
+    if not isinstance(e, Exception):  # an interrupt stays an interrupt
+        return None
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, WriteFailed):
+            return cur
+        code = cur.errno if isinstance(cur, OSError) else _rust_errno(str(cur))
+        if code in WRITE_ERRNOS:
+            where = out if out is not None else getattr(cur, "filename", None)
+            what = f"{where}: could not be written" if where else "an output could not be written"
+            return WriteFailed(f"{what} ({os.strerror(code)}); nothing half-written was kept")
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _rust_errno(message: str) -> int | None:
+    m = _RUST_OS_ERROR.search(message)
+    return int(m.group(1) or m.group(2)) if m else None
 
 
 @contextmanager
@@ -40,13 +86,15 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
             old = out.parent / f".{out.name}.old-{tag}"
             os.rename(out, old)
         os.rename(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and old.exists():
             if out.exists():  # interrupted right after the swap: the new output is complete
                 shutil.rmtree(old, ignore_errors=True)
             else:  # interrupted between the two renames: the old output goes back
                 os.rename(old, out)
+        if (failed := write_failure(e, out)) is not None and failed is not e:
+            raise failed from None  # a full disk is one line naming the output, no traceback
         raise
     if old is not None:
         try:
@@ -68,8 +116,10 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if (failed := write_failure(e, path)) is not None and failed is not e:
+            raise failed from None
         raise
 
 

@@ -72,7 +72,7 @@ def check_batch_size(value: Any) -> BatchSize:
 def check_model_dir(path: Path) -> None:
     """Refuse, with the file named, what HFLM would fail on late or load unsafely (pickles)."""
     # lazy: torch (~3 s); `layerswap eval` checks its inputs with this module before loading it
-    from layerswap.trainables.merge.checkpoint import find_weights
+    from layerswap.trainables.merge.checkpoint import Checkpoint
 
     if not path.is_dir():
         raise ValueError(f"model folder {path} does not exist")
@@ -81,7 +81,9 @@ def check_model_dir(path: Path) -> None:
             f"{path}/config.json missing: not a Hugging Face checkpoint folder "
             f"(nor a PEFT adapter folder: no {ADAPTER_CONFIG})"
         )
-    find_weights(path)  # CheckpointError (a ValueError) for pickle-only or weightless folders
+    # CheckpointError (a ValueError) for pickle-only or weightless folders, and for truncated or
+    # corrupt shards (every header checked against its file's size, as the merge does)
+    Checkpoint.open(path)
 
 
 def eval_target(path: Path, base: str | Path | None = None) -> tuple[str, str | None]:
@@ -117,9 +119,10 @@ def eval_target(path: Path, base: str | Path | None = None) -> tuple[str, str | 
     if not isinstance(cfg, dict):
         raise ValueError(f"{cfg_file}: not a JSON object")
     # lazy: torch (~3 s); `layerswap eval` checks its inputs with this module before loading it
-    from layerswap.trainables.merge.checkpoint import find_weights
+    from layerswap.trainables.merge.checkpoint import Checkpoint
 
-    find_weights(path)  # adapter_model.safetensors, or a clear refusal of adapter_model.bin
+    # adapter_model.safetensors with an intact header, or a clear refusal of adapter_model.bin
+    Checkpoint.open(path)
     if base is None:
         base = cfg.get("base_model_name_or_path")
         if not isinstance(base, str) or not base.strip():

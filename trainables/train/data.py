@@ -61,23 +61,77 @@ def load_pairs(spec: DatasetSpec) -> list[Pair]:
     Returns:
         The pairs (at most `spec.limit`).
     Raises:
-        ValueError: a missing, non-UTF-8 or malformed file (naming the file and line), or a row
-            without a known prompt/response pair of columns.
+        ValueError: a missing, empty, non-UTF-8 or malformed file (naming the file and line), a
+            row without a known prompt/response pair of columns, or no usable pair at all.
     """
     if spec.source is not None:
         recs = load_sft(spec.source, language=spec.language, data_files=spec.data_files, limit=spec.limit)  # fmt: skip
         pairs = [(r["prompt"], r["response"]) for r in recs]
-    else:
-        path = local_copy(spec.path)  # type: ignore[arg-type]  # a URI: its cached local copy
-        if not path.is_file():
-            raise ValueError(f"datasets: file {path} does not exist")
-        pairs = [_row_pair(row, where) for where, row in _read_rows(path)]
-        pairs = [p for p in pairs if p[0] and p[1]]
-        if spec.limit is not None:
-            pairs = pairs[: spec.limit]
+        if not pairs:
+            raise ValueError(f"datasets: {spec.label} has no usable examples")
+        return pairs
+    path = local_copy(spec.path)  # type: ignore[arg-type]  # a URI: its cached local copy
+    if not path.is_file():
+        raise ValueError(f"datasets: file {path} does not exist")
+    rows = _read_rows(path)
+    if not rows:
+        raise ValueError(f"{path}: no rows (an empty dataset)")
+    pairs = [p for p in (_row_pair(row, where) for where, row in rows) if p[0] and p[1]]
     if not pairs:
-        raise ValueError(f"datasets: {spec.label} has no usable examples")
-    return pairs
+        raise ValueError(f"{path}: no usable rows ({len(rows)} rows, each with an empty prompt or response)")  # fmt: skip
+    return pairs[: spec.limit] if spec.limit is not None else pairs
+
+
+def check_datasets(exp: TrainExperiment) -> None:
+    """Read every local dataset of `exp` as training will, before any work: readable, in a
+    known schema, and enough rows (`check_sizes`). A registered `source` is read when training
+    starts (its rows and their count are known only then).
+
+    Raises:
+        ValueError: naming the file and line, or the dataset and its row count.
+    """
+    if any(spec.source is not None for spec in exp.datasets):
+        for spec in exp.datasets:
+            if spec.source is None:
+                load_pairs(spec)
+        return
+    check_sizes(exp, [len(load_pairs(spec)) for spec in exp.datasets])
+
+
+def check_sizes(exp: TrainExperiment, counts: list[int], after: str = "") -> int:
+    """The one rule on how many rows a run needs: every dataset gives the validation share at
+    least one row (when `hyper.val_share` > 0) and keeps at least one to train on, and every
+    training stream holds a whole batch (`hyper.batch_size` distinct rows a step).
+
+    Args:
+        counts: the rows of each dataset of `exp`, in order.
+        after: what the counts are after (e.g. "after dropping rows longer than seq_len").
+    Returns:
+        the validation rows taken from each dataset.
+    Raises:
+        ValueError naming every dataset that is too small, its row count and what it needs.
+    """
+    h = exp.hyper
+    n_val = max(round(h.val_share * min(counts)), 1) if h.val_share > 0 else 0
+    mix = exp.mode.type == "mix"  # trains on the union of its datasets; other modes on each
+    least = 1 if mix else h.batch_size  # training rows each dataset must keep
+    where = f" {after}" if after else ""
+    problems = [
+        f"datasets[{i}] ({spec.label}): {n} rows{where}: too few for the validation share "
+        f"(hyper.val_share {h.val_share}: {n_val} rows) and a batch of training rows "
+        f"(hyper.batch_size {h.batch_size}); give at least {n_val + least} rows"
+        for i, (spec, n) in enumerate(zip(exp.datasets, counts, strict=True))
+        if n - n_val < least
+    ]
+    if mix and not problems and sum(counts) - n_val * len(counts) < h.batch_size:
+        problems.append(
+            f"datasets: {sum(counts) - n_val * len(counts)} training rows{where} in all: fewer "
+            f"than hyper.batch_size {h.batch_size} (after the validation share, hyper.val_share "
+            f"{h.val_share}: {n_val} rows from each dataset)"
+        )
+    if problems:
+        raise ValueError("\n  ".join(problems))
+    return n_val
 
 
 def encode(tok, prompt: str, response: str, seq_len: int) -> Encoded | None:
@@ -145,12 +199,10 @@ def build_data(exp: TrainExperiment, tok) -> TrainData:
     for spec in exp.datasets:
         enc = [encode(tok, p, r, h.seq_len) for p, r in load_pairs(spec)]
         kept = [e for e in enc if e is not None]
-        if len(kept) < 2:
-            raise ValueError(f"datasets: {spec.label}: fewer than 2 examples fit seq_len {h.seq_len}")  # fmt: skip
         encoded.append(kept)
         info.append({"spec": spec.model_dump(mode="json"), "n_dropped": len(enc) - len(kept)})
-    n_val = round(h.val_share * min(len(e) for e in encoded)) if h.val_share > 0 else 0
-    n_val = max(n_val, 1) if h.val_share > 0 else 0
+    after = f"that fit hyper.seq_len {h.seq_len}"
+    n_val = check_sizes(exp, [len(e) for e in encoded], after)
     train, val = [], []
     for i, enc in enumerate(encoded):
         g = torch.Generator().manual_seed(derive_seed(h.seed, "val", i))

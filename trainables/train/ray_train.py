@@ -38,6 +38,7 @@ from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
     read_manifest,
+    resume_problem,
 )
 
 
@@ -97,13 +98,17 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
         return experiment_identity(manifest.get("experiment") or {}) == want
 
     found = [c for c in find_checkpoints(run_dir) if same(read_manifest(c))] if run_dir.is_dir() else []  # fmt: skip
-    return str(found[-1]) if found else None
+    intact = [
+        c for c in found if resume_problem(c) is None
+    ]  # as the driver chose (run.continue_from)
+    return str(intact[-1]) if intact else None
 
 
 def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
-    """Of Ray's restored checkpoint and the newest one on disk, the one at the later step."""
+    """Of Ray's restored checkpoint and the newest intact one on disk, the one at the later
+    step (Ray's own is passed over when its resume state is damaged: the driver said so)."""
 
-    found = [p for p in (ray_ckpt, on_disk) if p is not None]
+    found = [p for p in (ray_ckpt, on_disk) if p is not None and resume_problem(Path(p)) is None]
     return max(found, key=lambda p: read_manifest(p)["step"]) if found else None
 
 

@@ -23,13 +23,16 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from layerswap.trainables.atomic import follow_umask
-from layerswap.trainables.train.state import STATE_DIR, fix_config_dtype, write_run_files
+from layerswap.trainables.train.state import (
+    DCP_DIR,
+    STATE_DIR,
+    fix_config_dtype,
+    write_run_files,
+)
 from layerswap.trainables.train.strategies import shared_folder
 
 if TYPE_CHECKING:
     from layerswap.trainables.train.precision import Policy
-
-DCP_DIR = "dcp"
 
 
 def _resumable(model: torch.nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> tuple[dict, list[str]]:  # fmt: skip

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_json
 from layerswap.trainables.atomic import atomic_dir
+from layerswap.trainables.merge.checkpoint import Checkpoint, read_header
 from layerswap.trainables.train.precision import dtype_name
 
 if TYPE_CHECKING:  # annotations only: state.py is imported by both
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # annotations only: state.py is imported by both
 MANIFEST = "layerswap_train.json"
 STATE_DIR = "trainer_state"
 MASTER = "master.safetensors"  # fp32 trainable weights when the HF weights are saved coarser
+DCP_DIR = "dcp"  # FSDP's sharded trainer state (trainables/train/sharded.py)
 
 
 def read_manifest(ckpt: str | Path) -> dict:
@@ -209,7 +211,66 @@ def write_run_files(folder: Path, manifest: dict, state: dict) -> None:
 
 
 def read_state(ckpt: Path) -> dict:
-    return json.loads((Path(ckpt) / STATE_DIR / "state.json").read_text())
+    """A checkpoint's trainer_state/state.json (step, samples, lr, total_steps, resumable).
+
+    Raises:
+        ValueError naming the file when it is missing or not JSON.
+    """
+    path = Path(ckpt) / STATE_DIR / "state.json"
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the trainer state ({e.strerror})") from None
+    except ValueError as e:  # not JSON (e.g. cut short)
+        raise ValueError(f"{path}: not a readable trainer state ({e})") from None
+
+
+def resume_problem(ckpt: Path) -> str | None:
+    """Why a run cannot continue from `ckpt`, or None: its trainer state unreadable or dropped,
+    or a file it resumes from (weights, AdamW moments, fp32 masters) truncated or corrupt. Only
+    headers are read (the merge's check, against each file's size): no tensor is loaded.
+
+    Args:
+        ckpt: a checkpoint folder.
+    Returns:
+        one line naming the file, or None when the checkpoint is intact.
+    """
+    sd = Path(ckpt) / STATE_DIR
+    try:
+        if not read_state(ckpt).get("resumable", True):
+            return f"{ckpt}: its resume state was dropped (only a run's newest checkpoint keeps it)"
+        masters = (read_manifest(ckpt).get("precision") or {}).get("master_weights")
+    except ValueError as e:
+        return str(e)
+    if masters == f"{STATE_DIR}/{MASTER}" and not (sd / MASTER).is_file():
+        return f"{sd / MASTER}: missing (the manifest says the fp32 master weights are there)"
+    if (sd / DCP_DIR).is_dir():  # sharded: torch.distributed.checkpoint checks its own files
+        return None
+    try:
+        Checkpoint.open(ckpt)  # the weights (full modes) or the adapter (LoRA)
+        for f in sorted(sd.glob("optimizer__*.safetensors")) + sorted(sd.glob(MASTER)):
+            read_header(f)
+    except (ValueError, OSError) as e:  # CheckpointError names the file
+        return str(e)
+    return None
+
+
+def resume_point(run: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint under `run` that a run can continue from, and why each newer one
+    cannot (empty when the newest is intact).
+
+    Args:
+        run: a run folder (checkpoints anywhere below it).
+    Returns:
+        (the checkpoint, or None when there is none to continue from; the newer ones' problems).
+    """
+    skipped = []
+    for ckpt in reversed(find_checkpoints(run) if Path(run).is_dir() else []):
+        problem = resume_problem(ckpt)
+        if problem is None:
+            return ckpt, skipped
+        skipped.append(problem)
+    return None, skipped
 
 
 def resumable(ckpt: Path) -> bool:
@@ -227,7 +288,7 @@ def drop_resume_state(ckpt: Path) -> int:
         bytes freed.
     """
     sd = Path(ckpt) / STATE_DIR
-    doomed = [*sd.glob("optimizer__*.safetensors"), sd / MASTER, sd / "dcp"]
+    doomed = [*sd.glob("optimizer__*.safetensors"), sd / MASTER, sd / DCP_DIR]
     freed = 0
     state = read_state(ckpt)
     # Marked first: a crash halfway leaves a checkpoint that says it cannot be resumed, never
