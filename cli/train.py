@@ -12,7 +12,6 @@ import argparse
 import os
 from pathlib import Path
 
-from layerswap.spaces.base import check_jsonl, load_json
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -30,11 +29,14 @@ from layerswap.trainables.storage import exists, is_uri
 
 
 def check_inputs(exp: TrainExperiment) -> None:
-    """Fail before any work when a local base or dataset named in the experiment is missing.
+    """Fail before any work (nothing marked or written) when an input named in the experiment
+    is missing or unusable.
 
-    A `base` that looks like a path (starts with /, ., ~ or exists) must be a folder with
-    config.json; anything else is taken as a Hub id. Dataset `source` names must be registered.
-    Every problem is listed, not only the first.
+    A `base` that looks like a path (starts with /, ., ~ or exists) must be a model folder:
+    config.json, and safetensors weights whose headers are intact (the merge's check; pickles
+    are refused by name); anything else is taken as a Hub id. Dataset `source` names must be
+    registered; local datasets are read as training will (`_data_problems`). Every problem is
+    listed, not only the first.
     """
     problems = []
     if exp.scaling.use_gpu and not os.environ.get("RAY_ADDRESS"):
@@ -51,14 +53,36 @@ def check_inputs(exp: TrainExperiment) -> None:
     if exp.base.startswith(("/", ".", "~")) or base.exists():
         if not (base / "config.json").is_file():
             problems.append(f"base: {exp.base} is not a model folder (no config.json)")
+        else:
+            problems += [f"base: {p}" for p in _weights_problems(base)]
+    problems += _data_problems(exp)
+    if problems:
+        raise ValueError("\n  ".join(problems))
+
+
+def _weights_problems(folder: Path) -> list[str]:
+    """Why a model folder's weights cannot be loaded safely (truncated, corrupt, pickles only)."""
+    # lazy: torch (the merge engine's checkpoint reader); --help stays fast
+    from layerswap.trainables.merge.checkpoint import Checkpoint
+
+    try:
+        Checkpoint.open(folder)  # every shard's header, against its file's size
+    except (ValueError, OSError) as e:  # CheckpointError names the file
+        return [str(e)]
+    return []
+
+
+def _data_problems(exp: TrainExperiment) -> list[str]:
+    """Every dataset missing, unreadable, in no known schema or too small, named: read here,
+    because the trainer reads its data only after the run folder is marked and the base model
+    loaded (a problem found then would leave a marked run that blocks the corrected rerun)."""
+    problems = []
     for i, ds in enumerate(exp.datasets):
         if is_uri(ds.path):  # cloud storage: there or not here; read when training starts
             if not exists(ds.path):
                 problems.append(f"datasets[{i}].path: {ds.path} does not exist")
         elif ds.path is not None and not Path(ds.path).is_file():
             problems.append(f"datasets[{i}].path: {ds.path} does not exist")
-        elif ds.path is not None and (bad := _data_problem(Path(ds.path))) is not None:
-            problems.append(bad)  # "FILE:LINE: not valid JSON (...)", as the trainer says it
         if ds.source is not None:
             # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
             from layerswap.trainables.train.sources import get_source
@@ -70,22 +94,16 @@ def check_inputs(exp: TrainExperiment) -> None:
         for f in ds.data_files or []:
             if not Path(f).is_file():
                 problems.append(f"datasets[{i}].data_files: {f} does not exist")
-    if problems:
-        raise ValueError("\n  ".join(problems))
+    if problems or any(is_uri(ds.path) for ds in exp.datasets):
+        return problems
+    # lazy: torch (the trainer's data module); --help stays fast
+    from layerswap.trainables.train.data import check_datasets
 
-
-def _data_problem(path: Path) -> str | None:
-    """Why the trainer could not read a local JSON-lines or JSON dataset (file and line named),
-    or None. Checked here, streaming: the trainer reads its data only after the run folder is
-    made and the base model loaded."""
     try:
-        if path.suffix == ".json":  # the suffixes trainables.train.data reads each way
-            load_json(path, "dataset")
-        elif path.suffix != ".parquet":
-            check_jsonl(path)
+        check_datasets(exp)  # "FILE:LINE: ...", or the rows a dataset has and needs
     except ValueError as e:
-        return str(e)
-    return None
+        problems.append(str(e))
+    return problems
 
 
 def _inputs(exp: TrainExperiment) -> list[Path]:

@@ -7,6 +7,7 @@ existing run folder are explicit (`rerun_plan`): the same experiment continues o
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
@@ -21,7 +22,12 @@ from layerswap.trainables.outputs import (
 )
 from layerswap.trainables.storage import is_uri
 from layerswap.trainables.train.loop import run_training
-from layerswap.trainables.train.state import find_checkpoints, read_state
+from layerswap.trainables.train.state import (
+    find_checkpoints,
+    read_state,
+    resume_point,
+    resume_problem,
+)
 
 Rerun = Literal["fresh", "resume", "done", "replace"]
 
@@ -34,6 +40,27 @@ def last_checkpoint(run: Path) -> tuple[Path | None, bool]:
         return None, False
     state = read_state(found[-1])
     return found[-1], state.get("total_steps") is not None and state["step"] >= state["total_steps"]
+
+
+def continue_from(run: Path) -> Path | None:
+    """The checkpoint a resumed run continues from: the newest whose resume state is intact.
+    A damaged newer one is named on stderr and passed over; none intact is refused.
+
+    Returns:
+        the checkpoint, or None when the run has none yet (it starts from the beginning).
+    Raises:
+        ValueError naming the damaged file when no checkpoint keeps an intact resume state.
+    """
+    ckpt, skipped = resume_point(run)
+    if not skipped:
+        return ckpt
+    if ckpt is None:
+        raise ValueError(
+            f"{skipped[0]}; no earlier checkpoint keeps its resume state (`resume_state: all` "
+            "keeps every checkpoint's); pass --overwrite to start the run over"
+        )
+    print(f"layerswap: {skipped[0]}; resuming from the previous intact checkpoint {ckpt}", file=sys.stderr)  # fmt: skip
+    return ckpt
 
 
 def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
@@ -102,8 +129,12 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         print(f"{run}: this experiment is already trained; nothing to do")
         return ckpt
     start = resume if isinstance(resume, Path) else None
-    if plan == "resume" and not use_ray:
-        start = last_checkpoint(run)[0]
+    if isinstance(resume, Path) and (problem := resume_problem(resume)) is not None:
+        raise ValueError(f"--resume {resume}: {problem}")
+    if plan == "resume":
+        newest_intact = continue_from(run)  # checked here, before the run is marked again
+        if not use_ray:  # Ray's workers pick the same one (ray_train._newest)
+            start = newest_intact
     with replacing([run]) if plan == "replace" else nullcontext():
         run.mkdir(parents=True, exist_ok=True)
         write_marker(run, "train", experiment_identity(exp))
