@@ -27,7 +27,7 @@ from layerswap.analysis.paired import paired_section
 from layerswap.analysis.search_plots import search_section
 from layerswap.analysis.sections import Figure, Section, Table
 from layerswap.analysis.treatments import treatments_section
-from layerswap.trainables.outputs import check_output, output_dir, read_marker
+from layerswap.trainables.outputs import check_output, output_dir, read_marker, writing
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -171,6 +171,12 @@ def analyze_run(
     out = Path(out) if out is not None else run_dir / "analysis"
     inputs = _run_inputs(run_dir)
     check_output(out, "analysis", overwrite=overwrite, inputs=inputs)
+    with writing(out):  # one writer per report, refused before the statistics, not after
+        return _write_report(run_dir, out, inputs, overwrite, n_resamples=n_resamples, seed=seed, delta_threshold=delta_threshold, delta_quantile=delta_quantile, max_experts=max_experts)  # fmt: skip
+
+
+def _write_report(run_dir: Path, out: Path, inputs: list, overwrite: bool, *, n_resamples: int, seed: int, delta_threshold: float | None, delta_quantile: float, max_experts: int) -> Path:  # fmt: skip
+    """Compute every section of `run_dir` and write the report folder `out` (its lock held)."""
     sections, present = build_sections(
         run_dir,
         n_resamples=n_resamples,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 from layerswap.trainables.devices import explain_device  # light: torch loads when it runs
@@ -21,7 +22,7 @@ from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch 
     metrics_table,
 )
 from layerswap.trainables.evaluate.tasks import write_world_tasks
-from layerswap.trainables.outputs import check_output_file
+from layerswap.trainables.outputs import check_output_file, writing
 from layerswap.world.manifest import verify_world
 
 
@@ -106,18 +107,29 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             problems = ["not a world (no world.json, no data/)"]
         if problems:
             raise ValueError(f"--world {args.world}: " + "; ".join(problems))
+    inputs = [model] + ([Path(base)] if adapter is not None and Path(base).is_dir() else [])
+    inputs += [args.world] if args.world is not None else []
     if args.out is not None:
-        check_output_file(
-            args.out,
-            overwrite=args.overwrite,
-            inputs=[model]
-            + ([Path(base)] if adapter is not None and Path(base).is_dir() else [])
-            + ([args.world] if args.world is not None else []),
-            ours=_is_result_json,
-            what="an lm-eval result JSON",
-        )
+        _check_out(args, inputs)
     if args.world is None:
         _check_world_names(tasks, None, None)
+    # One writer per result file: held from here to the end (checked again under the lock: a
+    # writer that finished meanwhile left a file that only --overwrite may replace)
+    with writing(args.out) if args.out is not None else nullcontext():
+        if args.out is not None:
+            _check_out(args, inputs)
+        return _run_eval(args, model, tasks, device, base, adapter)
+
+
+def _check_out(args: argparse.Namespace, inputs: list[Path]) -> None:
+    """--out: a new file, or with --overwrite an lm-eval result; never an input."""
+    check_output_file(
+        args.out, overwrite=args.overwrite, inputs=inputs, ours=_is_result_json, what="an lm-eval result JSON"
+    )  # fmt: skip
+
+
+def _run_eval(args: argparse.Namespace, model: Path, tasks: list[str], device: str, base, adapter) -> int:  # fmt: skip
+    """Evaluate (world tasks from a private copy), print the table, say what was written."""
     kw = dict(
         base=args.base,
         limit=args.limit,

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import argparse
 import re
+from contextlib import ExitStack
 from pathlib import Path
 
 from layerswap.spaces.recipe import load_recipe
 from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.outputs import OutputError, check_output_file, output_problems
+from layerswap.trainables.outputs import (
+    OutputError,
+    check_output_file,
+    output_problems,
+    writing,
+)
 
 BYTES = {
     "": 1,
@@ -81,6 +87,17 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if args.out is None and args.export_mergekit is None:
         raise ValueError("nothing to do: give --out DIR and/or --export-mergekit FILE")
     _check_outputs(recipe, args)
+    # One writer per output: both are held from here to the end (refused now, naming the owner)
+    with ExitStack() as held:
+        for out in (args.out, args.export_mergekit):
+            if out is not None:
+                held.enter_context(writing(out))
+        _check_outputs(recipe, args)  # again under the locks: another writer may have finished
+        return _merge(recipe, args)
+
+
+def _merge(recipe, args: argparse.Namespace) -> int:
+    """Merge and/or export, the outputs checked and held."""
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.merge.api import export_mergekit, is_lora_recipe, merge
     from layerswap.trainables.model_ids import content_recipe_id

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from layerswap.spaces.search_experiment import load_search_experiment
 from layerswap.trainables.devices import resolve_device  # light: torch loads when it runs
-from layerswap.trainables.outputs import output_problems, replacing
+from layerswap.trainables.outputs import output_problems, replacing, sibling_problems, writing
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -27,7 +27,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.search.search import run_search, search_outputs
 
-    with replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():
+    # One writer per search: a second search or a --resume of this one is refused, naming it
+    with writing(run_dir / "search"), replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():  # fmt: skip
         res = run_search(exp, run_dir, resume=args.resume, verbose=args.verbose)
         print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
@@ -60,6 +61,10 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     if args.overwrite or (not args.no_promote and exp.promote.write_best):
         # Promotion replaces RUN/best (a merged model) at its very end, --overwrite at once.
         problems += output_problems(run_dir / "best", "merge", overwrite=True, inputs=inputs)
+    if args.overwrite or not args.no_promote:
+        # --overwrite sets aside, and promotion rewrites, RUN/promotion, RUN/leaderboard.md and
+        # RUN/best: only those a search there wrote (its marker claims them), never a user's.
+        problems += sibling_problems(run_dir / "search")
     if problems:
         raise ValueError("\n  ".join(problems))
 

@@ -24,6 +24,7 @@ from layerswap.trainables.outputs import (
     output_problems,
     replacing,
     write_marker,
+    writing,
 )
 from layerswap.trainables.storage import exists, is_uri
 
@@ -148,7 +149,7 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     @contextmanager
     def run():
         reg = registry_path(run_dir)
-        with replacing([folder]):
+        with writing(folder), replacing([folder]):  # one writer per sweep folder
             removed = drop_rows_under(reg, folder)
             try:
                 folder.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ def _cmd_world_export_base(args: argparse.Namespace) -> int:
     from layerswap.world.prebuilt import export_base, variant_yaml
 
     limit = {} if args.max_mb is None else {"max_mb": args.max_mb}  # None: world.prebuilt.MAX_MB
-    entry = export_base(args.world, args.name, overwrite=args.overwrite, **limit)
+    entry = export_base(args.world, args.name, overwrite=args.overwrite, maintainer=args.maintainer, **limit)  # fmt: skip
     cfg = world_config_of(args.world)
     print(
         f"# {args.world} reusing world/bases/{args.name}: layerswap world build --config THIS "
@@ -42,7 +42,7 @@ def _cmd_world_export_base(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add `world build --out DIR [--seed N] [--size full|tiny] [--config YAML] [--overwrite]`
-    and `world export-base WORLD --name NAME [--overwrite] [--max-mb MB]`.
+    and `world export-base WORLD --name NAME [--overwrite] [--max-mb MB] [--maintainer]`.
 
     Args:
         subparsers: the object returned by `ArgumentParser.add_subparsers()`.
@@ -77,7 +77,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--pretrain",
         action="store_true",
         help="pretrain the base even where world/bases/ ships one for this seed and size "
-        "(to rebuild a shipped base: then `world export-base OUT --name SIZE-vVERSION-seedSEED`)",
+        "(to rebuild a shipped base: then `world export-base OUT --name SIZE-vVERSION-seedSEED --maintainer`)",
     )
     b.set_defaults(func=_cmd_world_build)
     e = wsub.add_parser(
@@ -93,5 +93,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--name", required=True, help="folder name under world/bases/")
     e.add_argument("--overwrite", action="store_true", help="replace a base of that name")
     e.add_argument("--max-mb", type=float, help="refuse a larger base (default: 25)")
+    e.add_argument(
+        "--maintainer",
+        action="store_true",
+        help="write into the layerswap package's world/bases/ (maintainers shipping a base; "
+        "without it nothing is written into the installed package)",
+    )
     e.set_defaults(func=_cmd_world_export_base)
     return w

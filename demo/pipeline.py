@@ -38,6 +38,7 @@ from layerswap.trainables.outputs import (
     read_marker,
     replacing,
     write_marker,
+    writing,
 )
 from layerswap.trainables.ray_session import init_ray
 from layerswap.trainables.train import find_checkpoints, read_manifest
@@ -168,7 +169,8 @@ def run_demo(out: Path, *, overwrite: bool = False, resume: bool = False, settin
     st = settings or DemoSettings()
     out = Path(out).resolve()
     replace = _check_previous_run(out, overwrite, resume, _identity(st))
-    with replacing([out] if replace else []) as aside:
+    # one writer per demo run: a second demo into it (or a --resume of it) is refused, naming it
+    with writing(out), replacing([out] if replace else []) as aside:
         out.mkdir(parents=True, exist_ok=True)
         write_marker(out, "demo", _identity(st))
         if out in aside:

@@ -26,6 +26,7 @@ from layerswap.spaces.task_families import heldout_task, task_split
 from layerswap.spaces.zones import paper_default
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.scoring import score_key
+from layerswap.trainables.outputs import claim_sibling
 from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.storage import local_copy
 
@@ -213,6 +214,7 @@ def _set_up(exp: SearchExperiment, run_dir: Path, progress: bool = False) -> _Se
     if progress:
         print(f"[promote] on {device} ({why})", flush=True)
     pdir = run_dir / "promotion"
+    claim_sibling(run_dir / "search", "promotion")  # before writing: --overwrite may replace it
     pool = _load_pool(exp, run_dir)
     depth = model_depth(pool)
     store = TrialStore(run_dir / "search" / "trials.parquet")
@@ -350,8 +352,10 @@ def _write_results(
     best = _select(exp, [c for c in setup.cands if c[0] not in ev.failed], ev.scores)
     best_dir = None
     if best is not None and exp.promote.write_best:
+        claim_sibling(run_dir / "search", "best")
         best_dir = write_best(dict(setup.cands)[best], run_dir / "best")
     board = run_dir / "leaderboard.md"
+    claim_sibling(run_dir / "search", board.name)
     atomic_write_text(
         board, leaderboard(exp, setup.models, ev.scores, best, dict(setup.cands), ev.failed)
     )

@@ -2,20 +2,25 @@
 
 Every folder a layerswap command writes carries a marker file (`.layerswap.json`) naming the
 kind of output, the command that wrote it and the run's identity (a recipe id, a config hash).
-`--overwrite` replaces only a folder whose marker names the same kind; it never touches an
-input, nor a folder that contains one or lies inside one. A replacement is built beside the old
-folder (`output_dir`) or, for long resumable runs, the old one is set aside (`replacing`); the
-old one is deleted only once the new one is complete, and put back if the new one fails.
-Commands call `check_output` during their checks, before any work starts.
+`--overwrite` replaces only a folder whose marker names the same kind, and of a folder built
+at once (`output_dir`) only the files its marker lists: a file added since is refused, named.
+An output never touches an input, nor a folder that contains one or lies inside one; it never
+lies inside another layerswap output (a demo run aside, which holds the pipeline's outputs), nor
+inside the installed layerswap package unless a maintainer flag says so. A replacement is built
+beside the old folder (`output_dir`) or, for long resumable runs, the old one is set aside
+(`replacing`); the old one is deleted only once the new one is complete, and put back if the
+new one fails. Commands call `check_output` during their checks, before any work starts, and
+hold the output's lock (`writing`, trainables/locks.py) while they write: one writer per output.
+
+Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
+tests/cli/test_bad_input_writers.py
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from layerswap.trainables.atomic import atomic_dir, atomic_write_text
+from layerswap.trainables.locks import OutputLocked, command_line, writing
+
+__all__ = ["OutputLocked", "command_line", "writing"]  # the lock, from the one output policy
 
 MARKER = ".layerswap.json"
 
@@ -39,28 +47,31 @@ KINDS = {
 }
 
 
+# Kinds whose folder holds other outputs: a demo run is the pipeline's run folder (its world,
+# training runs, search, best model and analysis). Every other output holds only its own files.
+CONTAINERS = {"demo"}
+# The outputs beside RUN/search that a search and its promotion write (`claim_sibling`).
+SEARCH_SIBLINGS = ("promotion", "leaderboard.md", "best")
+
+
 class OutputError(ValueError):
     """An output location that the policy refuses; the message lists every problem."""
 
 
-def command_line() -> str:
-    """The command being run, as a shell would show it (recorded in markers)."""
-    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
-    if prog in ("__main__.py", "-c", "-m"):
-        prog = "layerswap"
-    return shlex.join([prog, *sys.argv[1:]])
-
-
-def marker(kind: str, identity: str | None = None) -> dict:
-    """The marker content for a new output of `kind`."""
+def marker(kind: str, identity: str | None = None, files: list[str] | None = None) -> dict:
+    """The marker content for a new output of `kind`; `files`: what it wrote (relative paths),
+    None for an output written in place over a long run (its whole folder is its own)."""
     if kind not in KINDS:
         raise ValueError(f"unknown output kind {kind!r} (known: {sorted(KINDS)})")
-    return {
+    m = {
         "kind": kind,
         "command": command_line(),
         "identity": identity,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if files is not None:
+        m["files"] = files
+    return m
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -72,9 +83,71 @@ def read_marker(folder: Path) -> dict | None:
     return m if isinstance(m, dict) and m.get("kind") in KINDS else None
 
 
-def write_marker(folder: Path, kind: str, identity: str | None = None) -> None:
-    """Mark `folder` as an output of `kind` (atomically)."""
-    atomic_write_text(Path(folder) / MARKER, json.dumps(marker(kind, identity), indent=1) + "\n")
+def write_marker(
+    folder: Path, kind: str, identity: str | None = None, files: list[str] | None = None
+) -> None:
+    """Mark `folder` as an output of `kind` (atomically). A search marked again (a resume)
+    keeps the siblings it claimed (`claim_sibling`)."""
+    m = marker(kind, identity, files)
+    old = read_marker(folder)
+    if old is not None and old["kind"] == kind and isinstance(old.get("siblings"), list):
+        m["siblings"] = old["siblings"]
+    atomic_write_text(Path(folder) / MARKER, json.dumps(m, indent=1) + "\n")
+
+
+def written_files(folder: Path) -> list[str]:
+    """Every file under `folder` (relative, sorted), its marker aside: what a marker lists."""
+    folder = Path(folder)
+    names = (p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    return sorted(str(p.relative_to(folder)) for p in names if p.name != MARKER)
+
+
+def _foreign_files(out: Path, found: dict) -> list[str]:
+    """What lies in `out` that its marker does not list, outermost only (a foreign folder as
+    "name/", not its contents); [] when the marker lists nothing: an output written in place,
+    or one marked before markers listed their files."""
+    listed = found.get("files")
+    if not isinstance(listed, list):
+        return []
+    files = set(listed) | {MARKER}
+    dirs = {str(parent) for f in listed for parent in Path(f).parents if str(parent) != "."}
+    foreign = []
+    for root, subdirs, names in os.walk(out):
+        rel = Path(root).relative_to(out)
+        for d in list(subdirs):
+            if str(rel / d) not in dirs:
+                foreign.append(f"{rel / d}/")
+                subdirs.remove(d)  # its contents go with it: named once
+        foreign += [str(rel / n) for n in names if str(rel / n) not in files]
+    return sorted(foreign)
+
+
+def claim_sibling(search_dir: Path, name: str) -> None:
+    """Record in RUN/search's marker that this search writes RUN/`name` (before writing it),
+    so that `--overwrite` later replaces it and nothing of the user's under that name."""
+    m = read_marker(search_dir)
+    if m is None or name in m.get("siblings", []):
+        return  # a search layerswap did not mark (a hand-made run): nothing to record in
+    m["siblings"] = sorted({*m.get("siblings", []), name})
+    atomic_write_text(Path(search_dir) / MARKER, json.dumps(m, indent=1) + "\n")
+
+
+def sibling_problems(search_dir: Path, names: Iterable[str] = SEARCH_SIBLINGS) -> list[str]:
+    """The outputs beside RUN/search that exist but that no search there wrote: one line each.
+
+    Args:
+        search_dir: RUN/search.
+        names: the siblings the command would write or replace.
+    """
+    search_dir = Path(search_dir)
+    claimed = (read_marker(search_dir) or {}).get("siblings", [])
+    there = [search_dir.parent / n for n in names if n not in claimed]
+    return [
+        f"{p}: exists and was not written by the search in {search_dir}; refusing to replace "
+        "it: remove it yourself or choose another --out"
+        for p in there
+        if p.exists() or p.is_symlink()
+    ]
 
 
 def _relation(out: Path, inp: Path) -> str | None:
@@ -95,6 +168,40 @@ def _input_problems(out: Path, where: Path, inputs: Iterable[Path | str]) -> lis
         rel = _relation(where, Path(inp).expanduser().resolve())
         if rel is not None:
             problems.append(f"{out}: {rel} the input {inp}; choose an output outside the inputs")
+    return problems
+
+
+def package_dirs() -> list[Path]:
+    """The folders of the installed layerswap package (in a source checkout: its rooms, every
+    top-level folder with an __init__.py), where no output goes without a maintainer flag."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "pyproject.toml").is_file():
+        return sorted(p for p in root.iterdir() if (p / "__init__.py").is_file())
+    return [root]  # an installed wheel: site-packages/layerswap holds the rooms
+
+
+def _placement_problems(out: Path, where: Path, kind: str | None, maintainer: bool) -> list[str]:
+    """`out` lies inside the package (without `maintainer`) or inside another layerswap
+    output (a demo run aside): its --overwrite would delete this one, or the reverse."""
+    problems = []
+    if not maintainer:
+        for pkg in package_dirs():
+            if where == pkg or pkg in where.parents:
+                problems.append(
+                    f"{out}: is inside the installed layerswap package ({pkg}); refusing to "
+                    "write there (maintainers shipping files: pass --maintainer)"
+                )
+                break
+    for anc in where.parents:
+        found = read_marker(anc)
+        if found is not None and found["kind"] not in CONTAINERS:
+            what = "" if kind is None else f" ({KINDS[kind]})"
+            problems.append(
+                f"{out}: lies inside {anc}, which holds {KINDS[found['kind']]}; an output{what} "
+                "may not nest inside another (replacing one would delete the other): choose "
+                "an output outside it"
+            )
+            break
     return problems
 
 
@@ -119,6 +226,7 @@ def output_problems(
     overwrite: bool = False,
     inputs: Iterable[Path | str] = (),
     allow_existing: bool = False,
+    maintainer: bool = False,
 ) -> list[str]:
     """Every reason the policy refuses to write an output of `kind` at `out` (empty: allowed).
 
@@ -129,12 +237,14 @@ def output_problems(
         inputs: paths the command reads; `out` may not be, contain or lie inside any of them.
         allow_existing: the caller continues an existing output of the same kind (a resume);
             an existing folder is then checked for its kind only.
+        maintainer: a maintainer command may write into the installed package (world/bases/).
     Returns:
         one message per problem, each naming the path.
     """
     out = Path(out)
     where = out.expanduser().resolve()
     problems = _input_problems(out, where, inputs)
+    problems += _placement_problems(out, where, kind, maintainer)
     if not out.exists():
         if out.is_symlink():
             problems.append(f"{out}: is a broken symbolic link")
@@ -159,6 +269,12 @@ def output_problems(
             f"{out}: holds {KINDS[found['kind']]} (written by `{found.get('command')}`), not "
             f"{KINDS[kind]}; refusing to replace it"
         )
+    elif overwrite and (extra := _foreign_files(out, found)):
+        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        problems.append(
+            f"{out}: holds what layerswap did not write there ({shown}); refusing to replace "
+            "it: move it out or choose another output folder"
+        )
     return problems
 
 
@@ -176,6 +292,7 @@ def check_output_file(
     inputs: Iterable[Path | str] = (),
     ours: Callable[[Path], bool],
     what: str,
+    maintainer: bool = False,
 ) -> None:
     """The policy for a single output file (a file carries no marker, so `ours` recognises one).
 
@@ -185,12 +302,14 @@ def check_output_file(
         inputs: paths the command reads; `out` may not be, contain or lie inside any of them.
         ours: tells whether an existing file is `what`, written by layerswap.
         what: what such a file is, e.g. "an lm-eval result JSON".
+        maintainer: a maintainer command may write into the installed package.
     Raises:
         OutputError listing every problem.
     """
     out = Path(out)
     where = out.expanduser().resolve()
     problems = _input_problems(out, where, inputs)
+    problems += _placement_problems(out, where, None, maintainer)
     if out.is_dir():
         problems.append(f"{out}: is a folder; give a file name")
     elif out.exists():
@@ -212,18 +331,23 @@ def output_dir(
     overwrite: bool = False,
     inputs: Iterable[Path | str] = (),
     identity: str | None = None,
+    maintainer: bool = False,
 ) -> Iterator[Path]:
     """Build an output folder beside `out` and swap it in; the old one goes only after the swap.
+    The output's lock is held throughout (checked again under it: another writer may have
+    finished meanwhile), and the marker lists every file written.
 
     Args: as for `output_problems`; `identity` is recorded in the marker.
     Yields:
         the temporary folder to fill; on an error (or an interrupt) it vanishes and `out` is
         as it was.
     """
-    check_output(out, kind, overwrite=overwrite, inputs=inputs)
-    with atomic_dir(Path(out), overwrite=overwrite) as tmp:
-        yield tmp
-        write_marker(tmp, kind, identity)
+    check_output(out, kind, overwrite=overwrite, inputs=inputs, maintainer=maintainer)
+    with writing(out):
+        check_output(out, kind, overwrite=overwrite, inputs=inputs, maintainer=maintainer)
+        with atomic_dir(Path(out), overwrite=overwrite) as tmp:
+            yield tmp
+            write_marker(tmp, kind, identity, files=written_files(tmp))
 
 
 @contextmanager

@@ -169,7 +169,7 @@ def check_size(base: Path, names: list[str], max_mb: float = MAX_MB) -> float:
     return mb
 
 
-def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwrite: bool = False, max_mb: float = MAX_MB) -> PrebuiltBase:  # fmt: skip
+def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwrite: bool = False, max_mb: float = MAX_MB, maintainer: bool = False) -> PrebuiltBase:  # fmt: skip
     """Copy the base of the intact built world `world` into `bases_dir`/`name`, atomically.
 
     Args:
@@ -178,6 +178,8 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
         bases_dir: where shipped bases live; None: BASES_DIR (world/bases/).
         overwrite: replace an existing base of that name.
         max_mb: refuse a base larger than this.
+        maintainer: write into the installed package (world/bases/ ships there); without it
+            the output policy refuses such a destination.
     Returns:
         the entry to set as the world config's `model.prebuilt` (`variant_yaml` writes it out).
     Raises:
@@ -196,7 +198,7 @@ def export_base(world: Path, name: str, *, bases_dir: Path | None = None, overwr
     listed = _listed_base_files(world, manifest["sha256"])
     check_size(world / "base", list(MODEL_FILES), max_mb)
     dest = Path(bases_dir or BASES_DIR) / name
-    with output_dir(dest, "base", overwrite=overwrite, inputs=[world], identity=f"seed={cfg.seed} size={cfg.size} version={cfg.version}") as tmp:  # fmt: skip
+    with output_dir(dest, "base", overwrite=overwrite, inputs=[world], identity=f"seed={cfg.seed} size={cfg.size} version={cfg.version}", maintainer=maintainer) as tmp:  # fmt: skip
         files = {}
         for f in MODEL_FILES:
             shutil.copyfile(world / "base" / f, tmp / f)

@@ -19,6 +19,7 @@ from layerswap.trainables.outputs import (
     read_marker,
     replacing,
     write_marker,
+    writing,
 )
 from layerswap.trainables.storage import is_uri
 from layerswap.trainables.train.loop import run_training
@@ -120,6 +121,12 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
     if is_uri(storage):  # cloud storage: Ray's own restore rules apply
         return _train(exp, storage, use_ray, None)
     run = Path(storage) / exp.name
+    with writing(run):  # one writer per run: a second `train` of it is refused, naming this one
+        return _train_local(exp, run, storage, use_ray, resume, overwrite)
+
+
+def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, resume: bool | Path, overwrite: bool) -> Path | str | None:  # fmt: skip
+    """`train_expert` into a local run folder whose lock this process holds."""
     if isinstance(resume, Path) and not run.exists():
         plan = "fresh"  # a new run started from a checkpoint of another
     else:

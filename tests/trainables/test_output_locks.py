@@ -1,0 +1,119 @@
+"""The output lock (trainables/locks.py): one writer per output, across real processes.
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py   (a few seconds)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from layerswap.trainables.locks import OutputLocked, lock_path, writing
+from layerswap.trainables.outputs import check_output, output_dir, write_marker
+from layerswap.world import prebuilt
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from layerswap.trainables.locks import writing
+    with writing(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(120)
+    """
+)
+
+
+@pytest.fixture
+def holder():
+    """`holder(out)`: a process that holds the lock of `out` until the test ends."""
+    procs = []
+
+    def start(out: Path) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        procs.append(p)
+        assert p.stdout.readline() == "held\n"
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_second_process_is_refused_naming_the_owner(tmp_path, holder):
+    out = tmp_path / "out"
+    p = holder(out)
+    with pytest.raises(OutputLocked, match=rf"{out}: another layerswap command is writing it: pid {p.pid} on host "):  # fmt: skip
+        with writing(out):
+            pass
+    # every spelling of the output is the same lock
+    with pytest.raises(OutputLocked):
+        with writing(tmp_path / "." / "out"):
+            pass
+
+
+def test_inside_or_around_a_locked_output_is_refused(tmp_path, holder):
+    (tmp_path / "run" / "search").mkdir(parents=True)
+    p = holder(tmp_path / "run" / "search")
+    with pytest.raises(OutputLocked, match=rf"lies inside .*search, which .* pid {p.pid}"):
+        with writing(tmp_path / "run" / "search" / "x"):
+            pass
+    with pytest.raises(OutputLocked, match=rf"{tmp_path / 'run'}: holds .*search, which .* pid {p.pid}"):  # fmt: skip
+        with writing(tmp_path / "run"):
+            pass
+
+
+def test_a_dead_owners_lock_is_taken_over_and_named(tmp_path, capsys):
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    pid = int(dead.stdout)
+    lock_path(out).write_text(json.dumps({"pid": pid, "host": "h", "command": "c", "since": "s"}))
+    with writing(out):
+        assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
+    assert f"taking over a stale lock of pid {pid} on host h since s (`c`)" in capsys.readouterr().err  # fmt: skip
+    assert not lock_path(out).exists()
+
+
+def test_reentrant_in_one_process_and_released_after(tmp_path):
+    out = tmp_path / "a" / "b" / "out"
+    with writing(out):
+        with writing(out):
+            assert lock_path(out).exists()
+        assert lock_path(out).exists()
+    assert not lock_path(out).exists()
+    assert not (tmp_path / "a").exists()  # the folders made for the lock went with it
+
+
+def test_output_dir_lists_what_it_wrote_and_overwrite_refuses_the_rest(tmp_path):
+    out = tmp_path / "m"
+    with output_dir(out, "merge") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "w.bin").write_bytes(b"x")
+        (tmp / "README.md").write_text("card")
+    check_output(out, "merge", overwrite=True)  # only its own files: replaceable
+    (out / "sub" / "mine.txt").write_text("notes")
+    (out / "extra").mkdir()
+    with pytest.raises(ValueError, match=r"did not write there \(extra/, sub/mine.txt\)"):
+        check_output(out, "merge", overwrite=True)
+
+
+def test_outputs_do_not_nest_nor_go_into_the_package(tmp_path):
+    world = tmp_path / "w"
+    world.mkdir()
+    write_marker(world, "world")
+    with pytest.raises(ValueError, match=r"lies inside .*, which holds an embedded world"):
+        check_output(world / "train" / "t", "train")
+    demo = tmp_path / "d"
+    demo.mkdir()
+    write_marker(demo, "demo")
+    check_output(demo / "world", "world")  # a demo run holds the pipeline's outputs
+    shipped = Path(prebuilt.__file__).parent / "bases" / "x"
+    with pytest.raises(ValueError, match=r"inside the installed layerswap package .*--maintainer"):
+        check_output(shipped, "base")
+    check_output(shipped, "base", maintainer=True)

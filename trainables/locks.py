@@ -1,0 +1,286 @@
+"""One writer per output: an exclusive lock a command holds on its output for its lifetime.
+
+`writing(out)` takes the lock of `out` (a folder or a file) or refuses in one line naming the
+owner (pid, host, command, since when); trainables/outputs.py, the one output policy, takes it
+for every writer, so every command gets it from one place. Readers never take it: a lock only
+keeps a second writer out.
+
+The lock is a file beside the output, `.NAME.layerswap.lock`, not inside it: outputs are built
+in a temporary sibling and renamed into place (trainables/atomic.py), or set aside while a run
+rebuilds them (`outputs.replacing`); a file inside would move away with the old folder, and two
+writers would then lock two different files. It holds the owner's pid, host and command as JSON
+and is locked with `fcntl.flock`, which the kernel drops when the owner dies: a lock file whose
+flock is free is stale (its owner was killed), and is taken over, saying so. The file is removed
+when the lock is released, so nothing is left beside the output.
+
+Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SUFFIX = ".layerswap.lock"
+# Pids holding locks that this process's tree writes under: children (Ray's processes started
+# after the lock, subprocesses) inherit it, and may write outputs inside those of their owner.
+OWNERS_ENV = "LAYERSWAP_LOCK_OWNERS"
+PROBE_RETRIES = 10  # a lock busy 10 times 20 ms apart is held, not probed
+
+# Locks this process holds: {lock file: [fd, depth]}. A command takes its output's lock early and
+# the library takes it again where it writes (an `output_dir` inside `merge`); flock locks belong
+# to an open file, so a second open in the same process would refuse its own owner.
+_HELD: dict[Path, list[int]] = {}
+
+
+class OutputLocked(ValueError):
+    """Another live process is writing the output (the message names it); exit 2."""
+
+
+def lock_path(out: Path) -> Path:
+    """The lock file of the output `out`: `.NAME.layerswap.lock` beside it (path resolved, so
+    every spelling of one output shares one lock)."""
+    where = Path(out).expanduser().resolve()
+    return where.parent / f".{where.name}{SUFFIX}"
+
+
+def _owner_text(info: dict) -> str:
+    """'pid 123 on host h since 2026-01-01T00:00:00Z (`layerswap world build ...`)'."""
+    return (
+        f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')} "
+        f"(`{info.get('command')}`)"
+    )
+
+
+def _read_owner(fd: int) -> dict:
+    """The owner record in an open lock file ({} when empty or unreadable: being written)."""
+    try:
+        raw = os.pread(fd, 65536, 0)
+        info = json.loads(raw.decode("utf-8")) if raw else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _open_locked(path: Path, out: Path) -> int:
+    """Open `path` and flock it, or raise OutputLocked naming its owner.
+
+    Retries when the file was replaced or removed between the open and the flock (its owner
+    released it meanwhile): the lock must be on the file the path names now.
+    """
+    tries = 0
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_owner(fd)
+            os.close(fd)
+            tries += 1
+            if tries < PROBE_RETRIES:  # another writer's brief probe (`_inside_locked`) passes
+                time.sleep(0.02)
+                continue
+            raise OutputLocked(
+                f"{out}: another layerswap command is writing it: {_owner_text(info)}; wait for "
+                f"it to finish or stop it (its lock: {path})"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _working_for(pid: object) -> bool:
+    """Whether this process works for the process `pid`: one of its descendants (a local Ray
+    worker of a driver, a subprocess), or started under a lock it holds (OWNERS_ENV)."""
+    if not isinstance(pid, int):
+        return False
+    if str(pid) in os.environ.get(OWNERS_ENV, "").split(","):
+        return True
+    p = os.getpid()
+    while p > 1:
+        if p == pid:
+            return True
+        try:  # /proc/P/stat: "pid (comm) state ppid ..."; comm may hold spaces and parens
+            p = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _inside_locked(where: Path) -> None:
+    """Refuse an output inside (or holding) an output another live process is writing.
+
+    An ancestor's lock file is tried (never kept): a free one is stale and left alone.
+    """
+    for anc in where.parents:
+        path = anc.parent / f".{anc.name}{SUFFIX}"
+        if path in _HELD or not path.exists():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_owner(fd)
+            if _working_for(info.get("pid")):
+                continue  # e.g. the demo's training runs, in Ray workers of the demo's driver
+            raise OutputLocked(
+                f"{where}: lies inside {anc}, which another layerswap command is writing: "
+                f"{_owner_text(info)}; wait for it to finish or choose another output"
+            ) from None
+        finally:
+            os.close(fd)  # also drops a shared lock taken on a stale file
+
+
+def _holding_locked(where: Path) -> None:
+    """Refuse to write a folder that holds an output another live process is writing (e.g. a
+    demo run replaced while a search writes inside it)."""
+    if not where.is_dir():
+        return
+    for path in where.rglob(f".*{SUFFIX}"):
+        if path in _HELD:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_owner(fd)
+            inner = path.parent / path.name[1 : -len(SUFFIX)]
+            raise OutputLocked(
+                f"{where}: holds {inner}, which another layerswap command is writing: "
+                f"{_owner_text(info)}; wait for it to finish or stop it"
+            ) from None
+        finally:
+            os.close(fd)
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create `parent` and its missing ancestors; returns those created, outermost first."""
+    made = []
+    p = parent
+    while not p.exists():
+        made.append(p)
+        p = p.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return list(reversed(made))
+
+
+def _take(path: Path, out: Path) -> int:
+    """Flock `path` for this process and write the owner record; a stale one is named."""
+    fd = _open_locked(path, out)
+    try:
+        before = _read_owner(fd)
+        if before and before.get("pid") != os.getpid():
+            print(
+                f"layerswap: {out}: taking over a stale lock of {_owner_text(before)}, which is "
+                "no longer running",
+                file=sys.stderr,
+                flush=True,
+            )
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command_line(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _release(path: Path, fd: int, made: list[Path]) -> None:
+    """Remove the lock file (while still holding it), unlock, and drop parents made for it."""
+    try:
+        path.unlink(missing_ok=True)  # before the unlock: a waiter re-checks the inode
+    finally:
+        os.close(fd)  # closes the flock too
+    _drop_parents(made)
+
+
+@contextmanager
+def writing(out: Path | str) -> Iterator[Path]:
+    """Hold the exclusive lock of the output `out` while the block runs (re-entrant).
+
+    Args:
+        out: the output folder or file (it need not exist; missing parents are created and,
+            if still empty, removed again on release).
+    Yields:
+        the lock file.
+    Raises:
+        OutputLocked: a live process (of this host or another sharing the filesystem) holds
+            it, or `out` lies inside an output another process is writing.
+    """
+    out = Path(out)
+    path = lock_path(out)
+    if path in _HELD:
+        _HELD[path][1] += 1
+        try:
+            yield path
+        finally:
+            _HELD[path][1] -= 1
+        return
+    where = path.parent / path.name[1 : -len(SUFFIX)]
+    _inside_locked(where)
+    _holding_locked(where)
+    try:
+        made = _make_parents(path.parent)
+    except OSError as e:  # a parent that is a file, or not writable: named, not a traceback
+        raise ValueError(f"{out}: cannot be created ({e.strerror}: {e.filename})") from None
+    try:
+        fd = _take(path, out)
+    except BaseException:
+        _drop_parents(made)
+        raise
+    _HELD[path] = [fd, 1]
+    owners = os.environ.get(OWNERS_ENV)
+    os.environ[OWNERS_ENV] = ",".join(filter(None, [owners, str(os.getpid())]))
+    try:
+        yield path
+    finally:
+        del _HELD[path]
+        if owners is None:
+            os.environ.pop(OWNERS_ENV, None)
+        else:
+            os.environ[OWNERS_ENV] = owners
+        _release(path, fd, made)
+
+
+def _drop_parents(made: list[Path]) -> None:
+    """Remove the folders made for a lock, innermost first, while they are empty: a refused or
+    failed command leaves no new empty folders."""
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
+def command_line() -> str:
+    """The command being run, as a shell would show it (recorded in locks and markers)."""
+    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if prog in ("__main__.py", "-c", "-m"):
+        prog = "layerswap"
+    return shlex.join([prog, *sys.argv[1:]])
