@@ -52,10 +52,10 @@ def score_items(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path)
         averages prefixes of items, as the trial's rungs do).
     """
     from layerswap.search.trial import TrialRunner
-    from layerswap.spaces.recipe import recipe_id
     from layerswap.spaces.search_space import decode
     from layerswap.trainables.evaluate.scoring import aggregate_score, task_key
     from layerswap.trainables.evaluate.tasks import write_world_tasks
+    from layerswap.trainables.model_ids import content_recipe_id
 
     write_world_tasks(world, tmp / "tasks")
     whole = _fidelity(exp, {"policy": "none"})
@@ -80,7 +80,7 @@ def score_items(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path)
             reported = aggregate_score(ev.tasks[t].task, res.aggregate[t])
             if abs(reported - statistics.fmean(s)) > 1e-9:
                 raise ValueError(f"{t}: reported {reported} is not the mean of its items")
-        out[recipe_id(rec)] = scores
+        out[content_recipe_id(rec)] = scores
     return out
 
 
@@ -112,13 +112,13 @@ class Replay:
         self.done: dict[str, dict] = {}  # recipe id -> its row (repeats are served)
 
     def ask(self):
-        from layerswap.spaces.recipe import recipe_id
         from layerswap.spaces.search_space import decode, suggest
+        from layerswap.trainables.model_ids import content_recipe_id
 
         t = self.study.ask()
         suggest(t, self.exp.space, self.depth, self.pool)
         gates = self._gates()
-        return t, recipe_id(decode(t.params, self.exp.space, self.depth, self.pool)), gates
+        return t, content_recipe_id(decode(t.params, self.exp.space, self.depth, self.pool)), gates
 
     def _gates(self):
         from layerswap.search.fidelity import gates
@@ -227,6 +227,7 @@ def _summary(runs: list[dict]) -> dict:
         "trials_to_top5": [r["trials"] for r in runs],
         "items_to_top5": [r["items"] for r in runs],
         "median_items_to_top5": items if math.isfinite(items) else None,
+        "items_in_all": [r["items_in_all"] for r in runs],
         "median_items_in_all": statistics.median([r["items_in_all"] for r in runs]),
     }
 
