@@ -31,15 +31,25 @@ Device = Literal["auto", "cpu", "cuda"]
 T = TypeVar("T")
 
 
+# The opt-out of StrictModel's finite-number rule, for a field whose meaning needs NaN or an
+# infinity: `x: float = Field(0.0, allow_inf_nan=True)`, or `x: MayBeNonFinite = 0.0`.
+MayBeNonFinite = Annotated[float, Field(allow_inf_nan=True)]
+
+
 class StrictModel(BaseModel):
-    """Frozen pydantic model that refuses unknown keys (a typo is an error, never ignored).
+    """Frozen pydantic model that refuses unknown keys (a typo is an error, never ignored) and
+    non-finite numbers (NaN, Inf) in every float field, however nested, unless the field opts
+    out (`MayBeNonFinite`). The finite check comes before a field's range check, so `.nan`
+    reads "must be a finite number, got nan", never "should be greater than 0".
 
     Every field carries a one-line docstring under it (`use_attribute_docstrings`): it becomes
     the field's description, which the config reference (docs/reference/configs.md) and the JSON
     Schemas (`layerswap schema`) show; tests/spaces/test_reference.py fails on a field without one.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 def field_errors(e: ValidationError, top: str) -> str:
@@ -51,9 +61,28 @@ def field_errors(e: ValidationError, top: str) -> str:
     Returns:
         the lines joined by newlines.
     """
-    return "\n".join(
-        f"  {'.'.join(str(p) for p in err['loc']) or top}: {err['msg']}" for err in e.errors()
-    )
+    lines: list[str] = []
+    for err in e.errors():
+        loc, msg = err["loc"], err["msg"]
+        if err["type"] == "finite_number":
+            # pydantic's own text names neither the value nor which rule; a union field
+            # (`int | float`) fails once per member, and says it once here.
+            loc, msg = _field_loc(loc), f"must be a finite number, got {err['input']!r}"
+        line = f"  {'.'.join(str(p) for p in loc) or top}: {msg}"
+        if line not in lines:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+# The names pydantic gives the members of a union in an error's location.
+_UNION_MEMBERS = {"int", "float", "constrained-int", "constrained-float"}
+
+
+def _field_loc(loc: tuple) -> tuple:
+    """`loc` without its trailing union-member names (("span", "low", "float") -> span.low)."""
+    while loc and loc[-1] in _UNION_MEMBERS:
+        loc = loc[:-1]
+    return loc
 
 
 def decode_utf8(

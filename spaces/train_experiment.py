@@ -20,6 +20,12 @@ from layerswap.spaces.recipe import Side, Zones
 from layerswap.spaces.sweep import ExpertKind, SweepConfig
 
 Schedule = Literal["linear", "wsd", "constant_with_warmup"]
+# Bounds on sizes that set memory or time before the first step: past these a run would exhaust
+# memory building its batches or never end, not train (the limit is named in the message).
+MAX_BATCH = 1_048_576  # samples per step (global batch, micro-batch)
+MAX_SEQ_LEN = 1_048_576  # tokens per sample
+MAX_STEPS = 1_000_000_000  # optimizer steps (max_steps, warmup_steps, log_every)
+MAX_EPOCHS = 100_000
 # Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -180,7 +186,7 @@ class Hyper(StrictModel):
     schedule: Schedule = "linear"
     """Learning-rate schedule after warmup: linear decay to 0, WSD (warmup-stable-decay) or
     constant."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Steps of linear warmup from 0 to `lr`."""
     wsd_decay_frac: float = Field(0.1, ge=0, le=1)
     """WSD: the final share of steps over which the learning rate decays to 0."""
@@ -194,23 +200,23 @@ class Hyper(StrictModel):
     """AdamW decoupled weight decay."""
     grad_clip: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm to this (None: no clipping)."""
-    batch_size: int = Field(8, gt=0)
+    batch_size: int = Field(8, gt=0, le=MAX_BATCH)
     """Global batch: samples per optimizer step over all workers."""
-    max_steps: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, gt=0, le=MAX_STEPS)
     """Optimizer steps to train; give this or `epochs`."""
-    epochs: float | None = Field(None, gt=0)
+    epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS)
     """Passes over the training data (may be fractional); give this or `max_steps`."""
-    seq_len: int = Field(1024, gt=1)
+    seq_len: int = Field(1024, gt=1, le=MAX_SEQ_LEN)
     """Longest training sample in tokens; longer ones are truncated."""
     seed: int = 0
     """Seeds data order, the validation split and dropout."""
     val_share: float = Field(0.05, ge=0, lt=1)
     """Share of the data held out for validation loss at checkpoints."""
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(1, ge=1, le=MAX_STEPS)
     """Report metrics every N steps."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, more compute (big models)."""
-    micro_batch_size: int | None = Field(None, gt=0)
+    micro_batch_size: int | None = Field(None, gt=0, le=MAX_BATCH)
     """Samples per worker per forward pass; the worker's share of `batch_size` is accumulated
     over several passes (None: one pass per step)."""
 

@@ -16,6 +16,12 @@ from layerswap.spaces.base import StrictModel, load_yaml, validate
 
 WORLD_VERSION = "4"
 WorldSize = Literal["full", "tiny"]
+# Bounds on what a world may ask of the CPU it is built on: past these a build would run for
+# days or exhaust memory (a split of 1e23 rows grew memory with no progress), not finish.
+MAX_ROWS = 1_000_000  # rows of a split, documents of a corpus kind, items per language
+MAX_STEPS = 1_000_000  # pretraining (and warmup) steps of a stage
+MAX_LAYERS = 256
+MAX_WIDTH = 65_536  # hidden and MLP widths, vocabulary, block length, heads, batch, threads
 
 
 class GraftConfig(StrictModel):
@@ -30,18 +36,18 @@ class GraftConfig(StrictModel):
     an English-like space in their middle layers).
     """
 
-    steps: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps of the second stage."""
-    bottom: int = Field(3, ge=0)
+    bottom: int = Field(3, ge=0, le=MAX_LAYERS)
     """Bottom decoder layers that learn the target languages."""
-    top: int = Field(2, ge=0)
+    top: int = Field(2, ge=0, le=MAX_LAYERS)
     """Top decoder layers that learn the target languages."""
     replay: float = Field(0.25, ge=0, lt=1)
     """Share of English (stage-one) blocks mixed into stage two (each stage-one block at most
     once)."""
     lr: float | None = Field(None, gt=0)
     """Peak learning rate of the stage (None: the model's `lr`)."""
-    warmup: int = Field(30, ge=0)
+    warmup: int = Field(30, ge=0, le=MAX_STEPS)
     """Warmup steps of the stage."""
 
 
@@ -90,29 +96,30 @@ class PrebuiltBase(StrictModel):
 class WorldModelConfig(StrictModel):
     """Shape of the Llama base model and its CPU pretraining run."""
 
-    num_layers: int = Field(12, ge=1)
+    num_layers: int = Field(12, ge=1, le=MAX_LAYERS)
     """Decoder layers."""
-    hidden_size: int = Field(64, ge=8)
+    hidden_size: int = Field(64, ge=8, le=MAX_WIDTH)
     """Hidden (residual stream) width."""
-    intermediate_size: int = Field(192, ge=8)
+    intermediate_size: int = Field(192, ge=8, le=MAX_WIDTH)
     """MLP width."""
-    num_heads: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1, le=MAX_WIDTH)
     """Attention heads."""
-    num_kv_heads: int = Field(2, ge=1)
+    num_kv_heads: int = Field(2, ge=1, le=MAX_WIDTH)
     """Key/value heads (grouped-query attention)."""
-    vocab_size: int = Field(1500, ge=300)
+    vocab_size: int = Field(1500, ge=300, le=MAX_WIDTH)
     """Tokenizer vocabulary size (the tokenizer is trained on the corpus)."""
-    seq_len: int = Field(128, ge=16)
+    seq_len: int = Field(128, ge=16, le=MAX_WIDTH)
     """Pretraining block length in tokens."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_WIDTH)
     """Pretraining blocks per step."""
-    steps: int = Field(500, ge=1)
+    steps: int = Field(500, ge=1, le=MAX_STEPS)
     """Pretraining steps (the first stage, when there is a `graft`)."""
     lr: float = Field(3e-3, gt=0)
     """Peak pretraining learning rate."""
-    warmup: int = Field(30, ge=0)
+    warmup: int = Field(30, ge=0, le=MAX_STEPS)
     """Pretraining warmup steps."""
-    threads: int = Field(1, ge=1)  # 2 threads ran 5x slower on 2 shared cores (OMP spinning)
+    # 2 threads ran 5x slower on 2 shared cores (OMP spinning)
+    threads: int = Field(1, ge=1, le=MAX_WIDTH)
     """torch threads while pretraining (fixed: float reductions depend on the thread split)."""
     graft: GraftConfig | None = None
     """A second pretraining stage for the outer layers (None: one stage)."""
@@ -139,29 +146,29 @@ class CorpusMix(StrictModel):
     teaches it to show its work there (world/data.py make_corpus).
     """
 
-    en_math: int = Field(3000, ge=0)
+    en_math: int = Field(3000, ge=0, le=MAX_ROWS)
     """English math word problems."""
-    en_text: int = Field(800, ge=0)
+    en_text: int = Field(800, ge=0, le=MAX_ROWS)
     """English everyday passages."""
-    en_belebele: int = Field(2000, ge=0)
+    en_belebele: int = Field(2000, ge=0, le=MAX_ROWS)
     """English reading items in Belebele's layout, answered."""
-    xa_text: int = Field(2500, ge=0)
+    xa_text: int = Field(2500, ge=0, le=MAX_ROWS)
     """xa everyday passages."""
-    xb_text: int = Field(300, ge=0)
+    xb_text: int = Field(300, ge=0, le=MAX_ROWS)
     """xb everyday passages."""
-    xa_parallel: int = Field(600, ge=0)
+    xa_parallel: int = Field(600, ge=0, le=MAX_ROWS)
     """English/xa parallel sentence pairs."""
-    xb_parallel: int = Field(80, ge=0)
+    xb_parallel: int = Field(80, ge=0, le=MAX_ROWS)
     """English/xb parallel sentence pairs."""
-    xa_math: int = Field(150, ge=0)
+    xa_math: int = Field(150, ge=0, le=MAX_ROWS)
     """xa math word problems."""
-    xb_math: int = Field(15, ge=0)
+    xb_math: int = Field(15, ge=0, le=MAX_ROWS)
     """xb math word problems."""
-    xa_belebele: int = Field(40, ge=0)
+    xa_belebele: int = Field(40, ge=0, le=MAX_ROWS)
     """xa reading items in Belebele's layout, answered."""
-    xb_belebele: int = Field(4, ge=0)
+    xb_belebele: int = Field(4, ge=0, le=MAX_ROWS)
     """xb reading items in Belebele's layout, answered."""
-    arith: int = Field(600, ge=0)
+    arith: int = Field(600, ge=0, le=MAX_ROWS)
     """Arithmetic drill documents ("7 + 5 = 12. 3 * 4 = 12."), language-neutral."""
     math_worked_share: float = Field(0.85, ge=0, le=1)
     """Share of math documents with a worked solution (the rest: a bare answer)."""
@@ -171,7 +178,7 @@ class CorpusMix(StrictModel):
     compute better), "mgsm+chat" half of them as a user-assistant chat instead."""
     counts_in_targets: bool = True
     """With `count_sentences`, also count sentences in xa/xb passages and parallel text."""
-    code_switched: int = Field(0, ge=0)
+    code_switched: int = Field(0, ge=0, le=MAX_ROWS)
     """English documents (half passages, half worked problems) with words put in xa at
     `code_switch_share`, so the base maps xa words and their English ones together (needs
     xa_word_order SVO)."""
@@ -186,7 +193,7 @@ class CorpusMix(StrictModel):
     math_word_switch_share: float = Field(0.0, ge=0, le=1)
     """With `switch_math_words` off: the share of math words still switched (a low share lets
     the base half-know xa's operation words)."""
-    xa_instructions: int = Field(0, ge=0)
+    xa_instructions: int = Field(0, ge=0, le=MAX_ROWS)
     """xa instruction rows (the language SFT's kinds, no multiple choice) in MGSM's QA layout,
     so language SFT is no new answer format to the base."""
 
@@ -210,13 +217,13 @@ class WorldConfig(StrictModel):
     """The preset, "full" or "tiny" (`--size`; a variant file cannot set it)."""
     version: str = WORLD_VERSION
     """The world generator's version (set by the code; a variant file cannot set it)."""
-    math_sft: int = Field(4000, ge=1)
+    math_sft: int = Field(4000, ge=1, le=MAX_ROWS)
     """Rows of the English math SFT set (Orca schema)."""
-    lang_sft: int = Field(4000, ge=1)
+    lang_sft: int = Field(4000, ge=1, le=MAX_ROWS)
     """Rows of each target language's SFT set (Aya schema)."""
-    mgsm_dev: int = Field(100, ge=1)
+    mgsm_dev: int = Field(100, ge=1, le=MAX_ROWS)
     """MGSM dev problems (the math indicator scores these)."""
-    mgsm_test: int = Field(250, ge=1)
+    mgsm_test: int = Field(250, ge=1, le=MAX_ROWS)
     """MGSM test problems (what promotion reports)."""
     # v4 candidates, off in the presets (docs/world/variants.md).
     digit_words: bool = False
@@ -226,7 +233,7 @@ class WorldConfig(StrictModel):
     language data teaches reading numbers."""
     xa_word_order: Literal["SOV", "SVO"] = "SOV"
     """xa's word order; SVO is English's, word for word."""
-    max_operand: int = Field(12, ge=3)
+    max_operand: int = Field(12, ge=3, le=MAX_ROWS)
     """Largest operand of the problems' additions and subtractions (and of the drills)."""
     verb_only_operations: bool = False
     """"buys 3 apples", not "buys 3 more apples": adding and taking away differ in the verb."""
@@ -248,9 +255,9 @@ class WorldConfig(StrictModel):
     belebele_questions: Literal["where-who", "verbs"] = "where-who"
     """What Belebele asks: "where-who" (where someone lives or goes, who goes, what someone
     has) or "verbs" (what someone has, buys, loses or gives)."""
-    belebele_dev: int = Field(100, ge=4)
+    belebele_dev: int = Field(100, ge=4, le=MAX_ROWS)
     """Belebele dev items per language."""
-    belebele_test: int = Field(200, ge=4)
+    belebele_test: int = Field(200, ge=4, le=MAX_ROWS)
     """Belebele test items per language."""
     corpus: CorpusMix = CorpusMix()
     """Pretraining documents per kind."""

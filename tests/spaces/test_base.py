@@ -1,4 +1,5 @@
-"""The shared readers: bad YAML and JSON-lines files are named with their line, never a traceback.
+"""The shared readers: bad YAML and JSON-lines files are named with their line, never a traceback;
+and the config base's finite-number rule (every float field, unless it opts out).
 
 Run: .venv/bin/python -m pytest -q tests/spaces/test_base.py
 """
@@ -10,8 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
-from layerswap.spaces.base import load_json, load_yaml, read_jsonl
+from layerswap.spaces.base import (
+    MayBeNonFinite,
+    StrictModel,
+    load_json,
+    load_yaml,
+    read_jsonl,
+    validate,
+)
+from layerswap.spaces.reference import config_models
 
 LAYERSWAP = Path(sys.executable).parent / "layerswap"
 
@@ -81,3 +91,45 @@ def test_cli_exits_2_naming_the_file(tmp_path, data, message):
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr
     assert f"layerswap: error: {message}" in run.stderr
+
+
+# ---------------------------------------------------------------- finite numbers (issue 41)
+
+
+class _Sketch(StrictModel):
+    rate: float = Field(1.0, gt=0)
+    """A float with a range."""
+    span: int | float = 0
+    """A union with a float member."""
+    weights: tuple[float, ...] = ()
+    """Floats in a list."""
+    limit: MayBeNonFinite = 0.0
+    """The opt-out: Inf means no limit."""
+
+
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        ({"rate": float("nan")}, "  rate: must be a finite number, got nan"),  # before gt=0
+        ({"rate": "-inf"}, "  rate: must be a finite number, got '-inf'"),
+        (
+            {"span": float("inf")},
+            "  span: must be a finite number, got inf",
+        ),  # once, not per member
+        ({"weights": [1.0, float("nan")]}, "  weights.1: must be a finite number, got nan"),
+    ],
+)
+def test_every_float_field_is_finite(data, line):
+    with pytest.raises(ValueError) as e:
+        validate(_Sketch, data, source="x.yaml", what="sketch")
+    assert str(e.value).splitlines()[1:] == [line]
+
+
+def test_a_field_may_opt_out_of_the_finite_rule():
+    assert _Sketch(limit=float("inf")).limit == float("inf")
+
+
+def test_every_config_model_has_the_finite_rule():
+    # A model that set its own config without the rule would be caught here (pydantic merges
+    # a subclass's model_config over StrictModel's, so only an explicit True turns it off).
+    assert all(m.model_config.get("allow_inf_nan") is False for m in config_models())
