@@ -8,24 +8,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerswap.cli.args import positive_int
+from layerswap.cli.args import count, finite_float
 
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return v
+# Bootstrap indices are [resamples, pairs] int64: a million resamples of 100 pairs are 0.8 GB
+# (a billion asked for 37 GiB).
+MAX_RESAMPLES = 1_000_000
+MAX_EXPERTS = 64  # ΔW maps per expert kind, each a streamed pass over a checkpoint
 
 
 def _open_unit_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    v = finite_float()(text)
     if not 0 < v < 1:
         raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (exclusive), got {text!r}")  # fmt: skip
     return v
@@ -72,7 +64,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("--overwrite", action="store_true", help="replace an existing report folder")
     a.add_argument(
         "--resamples",
-        type=positive_int,
+        type=count(MAX_RESAMPLES),
         default=2000,
         help="bootstrap resamples for the correlation CIs (default: 2000)",
     )
@@ -80,7 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     thr = a.add_mutually_exclusive_group()
     thr.add_argument(
         "--delta-threshold",
-        type=_nonneg_float,
+        type=finite_float(0),
         default=None,
         metavar="X",
         help="absolute row threshold on mean |ΔW| (default: a per-expert quantile, below)",
@@ -95,7 +87,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     a.add_argument(
         "--max-experts",
-        type=positive_int,
+        type=count(MAX_EXPERTS),
         default=2,
         metavar="N",
         help="ΔW maps per expert kind (each is one streamed pass over the checkpoint; default 2)",

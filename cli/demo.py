@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerswap.cli.args import positive_int
+from layerswap.cli.args import count
+
+MAX_TRIALS = 10_000  # merge-search trials, each a merge and an evaluation on the CPU
+MAX_TRAIN_STEPS = 1_000_000
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -65,11 +68,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
     d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
     d.add_argument(
-        "--trials", type=positive_int, default=16, help="merge-search trials (default: 16)"
+        "--trials", type=count(MAX_TRIALS), default=16, help="merge-search trials (default: 16)"
     )
     d.add_argument(
         "--train-steps",
-        type=positive_int,
+        type=count(MAX_TRAIN_STEPS),
         help="expert training steps (default: the example configs')",
     )
     d.add_argument(

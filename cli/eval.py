@@ -13,6 +13,7 @@ import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
+from layerswap.cli.args import count, output_file
 from layerswap.trainables.devices import explain_device  # light: torch loads when it runs
 from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch load when run
     DEFAULT_MAX_GEN_TOKS,
@@ -24,6 +25,11 @@ from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch 
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.outputs import check_output_file, writing
 from layerswap.world.manifest import verify_world
+
+# Bounds on what one evaluation may ask: each few-shot example lengthens every prompt, each
+# generated token is a forward pass per item.
+MAX_FEWSHOT = 1_000
+MAX_GEN_TOKS = 1_048_576
 
 
 def _limit(text: str) -> int | float:
@@ -184,7 +190,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--tasks", required=True, help="comma-separated lm-eval task or tag names")
     e.add_argument("--world", type=Path, metavar="DIR", help="world folder: adds its tasks")
     e.add_argument("--limit", type=_limit, help="first N docs per task (or a fraction < 1)")
-    e.add_argument("--out", type=Path, metavar="FILE", help="write the raw result JSON here")
+    e.add_argument("--out", type=output_file, metavar="FILE", help="write the raw result JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out result JSON")
     e.add_argument(
         "--batch-size",
@@ -192,10 +198,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=1,
         help="an int, or auto (lm-eval searches for the largest that fits; default: 1)",
     )
-    e.add_argument("--num-fewshot", type=int, help="default: each task's own")
+    e.add_argument("--num-fewshot", type=count(MAX_FEWSHOT, low=0), help="default: each task's own")
     e.add_argument(
         "--max-gen-toks",
-        type=int,
+        type=count(MAX_GEN_TOKS),
         default=DEFAULT_MAX_GEN_TOKS,
         help=f"generation budget for generate_until tasks (default: {DEFAULT_MAX_GEN_TOKS})",
     )

@@ -11,6 +11,7 @@ import re
 from contextlib import ExitStack
 from pathlib import Path
 
+from layerswap.cli.args import output_file
 from layerswap.spaces.recipe import load_recipe
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.outputs import (
@@ -153,7 +154,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--export-mergekit",
-        type=Path,
+        type=output_file,
         metavar="FILE",
         help="also (or only, without --out) write the equivalent mergekit YAML",
     )

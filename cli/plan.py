@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from layerswap.cli.args import output_file
 from layerswap.spaces.base import load_yaml
 from layerswap.spaces.study import load_study
 from layerswap.trainables.atomic import atomic_write_text
@@ -110,7 +111,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="NAME",
         help="throughput profile of spaces/throughput.yaml (default: the study's `profile`)",
     )
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write the plan as JSON here")
+    p.add_argument("--json", type=output_file, metavar="OUT", help="also write the plan as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json plan")
     p.add_argument(
         "--cluster",

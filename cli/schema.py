@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from layerswap.cli.args import output_file
 from layerswap.spaces.reference import DRAFT, KINDS, schema_text
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.outputs import check_output_file
@@ -60,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("kind", choices=list(KINDS), help="the config file kind")
     p.add_argument(
         "--out",
-        type=Path,
+        type=output_file,
         metavar="FILE",
         help="write the schema to FILE (atomically) instead of printing it",
     )

@@ -12,6 +12,7 @@ import argparse
 import os
 from pathlib import Path
 
+from layerswap.cli.args import finite_float
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -264,7 +265,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--gpu-memory",
-        type=float,
+        type=finite_float(0, low_open=True),
         metavar="GIB",
         help="with --plan: GPU memory in GiB to check against (instead of accelerator_type's)",
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layerswap.cli.args import finite_float
 from layerswap.spaces.world import load_variant
 
 
@@ -92,7 +93,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("world", type=Path, help="a built world folder")
     e.add_argument("--name", required=True, help="folder name under world/bases/")
     e.add_argument("--overwrite", action="store_true", help="replace a base of that name")
-    e.add_argument("--max-mb", type=float, help="refuse a larger base (default: 25)")
+    e.add_argument(
+        "--max-mb", type=finite_float(0, low_open=True), help="refuse a larger base (default: 25)"
+    )
     e.add_argument(
         "--maintainer",
         action="store_true",
