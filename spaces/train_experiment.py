@@ -26,6 +26,9 @@ MAX_BATCH = 1_048_576  # samples per step (global batch, micro-batch)
 MAX_SEQ_LEN = 1_048_576  # tokens per sample
 MAX_STEPS = 1_000_000_000  # optimizer steps (max_steps, warmup_steps, log_every)
 MAX_EPOCHS = 100_000
+# AdamW divides lr by its bias correction (0.1 at step 1 with beta1 0.9): an lr near float32's
+# largest number overflowed inside torch's optimizer; any lr above 1 is a typo already.
+MAX_LR = 1_000.0
 # Attention and MLP projections of the Llama/Qwen/Mistral families (rsLoRA on all of them).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -181,7 +184,7 @@ MODE_NAMES: tuple[str, ...] = tuple(
 class Hyper(StrictModel):
     """Optimisation. `batch_size` is global (samples per optimizer step over all workers)."""
 
-    lr: float = Field(gt=0)
+    lr: float = Field(gt=0, le=MAX_LR)
     """Peak learning rate (AdamW)."""
     schedule: Schedule = "linear"
     """Learning-rate schedule after warmup: linear decay to 0, WSD (warmup-stable-decay) or

@@ -258,19 +258,24 @@ def evaluate(
     lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
     tm = task_manager(list(tasks), include_path)
     lm = _hflm(model, peft, tokenizer, device, batch_size, verbose, max_length)
-    raw = simple_evaluate(
-        model=lm,
-        tasks=list(tasks),
-        num_fewshot=num_fewshot,
-        batch_size=batch_size,
-        device=device,
-        limit=limit,
-        use_cache=None,
-        cache_requests=False,
-        log_samples=True,
-        gen_kwargs={"max_gen_toks": int(max_gen_toks)},
-        task_manager=tm,
-    )
+    # lazy: torch, loaded with lm-eval when an evaluation runs
+    from layerswap.trainables.evaluate.finite_outputs import watch_logits
+
+    with watch_logits(lm.model) as logits:
+        raw = simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            device=device,
+            limit=limit,
+            use_cache=None,
+            cache_requests=False,
+            log_samples=True,
+            gen_kwargs={"max_gen_toks": int(max_gen_toks)},
+            task_manager=tm,
+        )
+    logits.check(str(model) if isinstance(model, (str, Path)) else type(model).__name__)
     if raw is None:  # only non-zero ranks of a distributed run get None
         raise ValueError("lm-eval returned no results (not rank 0?)")
     raw = _jsonable(dict(raw))

@@ -30,7 +30,7 @@ from layerswap.trainables.merge.checkpoint import (
 )
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
-from layerswap.trainables.merge.terms import Assembly, Op, Terms
+from layerswap.trainables.merge.terms import Assembly, Linear, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import check_output, output_dir
@@ -141,9 +141,12 @@ def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
-def check_finite(t: torch.Tensor, ck: Checkpoint, name: str) -> None:
+def check_finite(t: torch.Tensor, ck: Checkpoint | Path | str, name: str) -> None:
+    """The one check of an input's weights (merge inputs, a training base): CheckpointError
+    naming the checkpoint (`ck`, or its root) and the tensor when `t` holds a NaN or an Inf."""
     if not all_finite(t):
-        raise CheckpointError(f"{ck.root}: tensor {name!r} contains NaN or Inf")
+        where = ck.root if isinstance(ck, Checkpoint) else ck
+        raise CheckpointError(f"{where}: tensor {name!r} contains NaN or Inf")
 
 
 def copy_checked(src: Checkpoint, name: str, writer: ShardWriter, step: int) -> None:
@@ -267,7 +270,10 @@ def _write_computed(
     info = next(iter(ckpts.values())).tensors[name]
     kind = op_kind(op)
     if not kind.rowwise:
-        out = kind.apply(op, [_read_checked(ckpts[ref], name) for ref in op.refs], None)
+        parts = [_read_checked(ckpts[ref], name) for ref in op.refs]
+        out = kind.apply(op, parts, None)
+        if not all_finite(out):  # the inputs are finite (checked): the method overflowed
+            raise CheckpointError(_overflow(name, op))
         writer.write(name, byte_view(out.contiguous()))
         return
     if info.dtype not in FLOAT_TAGS:
@@ -283,8 +289,20 @@ def _write_computed(
                 # the input, checking the inputs only on this rare path.
                 for ref, t in zip(op.refs, parts, strict=True):
                     check_finite(t, ckpts[ref], name)
-                raise CheckpointError(f"tensor {name!r}: weighted average overflows to Inf")
+                raise CheckpointError(_overflow(name, op))
         writer.write(name, byte_view(out))
+
+
+def _overflow(name: str, op: Op) -> str:
+    """Why a merged tensor of finite inputs is not finite: the combination's own numbers."""
+    if isinstance(op, Linear):
+        how = "weights " + ", ".join(f"{c:g}" for _, c in op.terms)
+    else:
+        how = f"scale {op.scale:g}, weights " + ", ".join(f"{w:g}" for w in op.weights)
+    return (
+        f"tensor {name!r}: the merge overflows to a non-finite value ({how}); nothing was "
+        "written (use smaller weights or scale)"
+    )
 
 
 def _read_checked(ck: Checkpoint, name: str) -> torch.Tensor:

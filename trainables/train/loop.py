@@ -28,6 +28,12 @@ from layerswap.trainables.train.data import (
     local_batch,
     total_steps,
 )
+from layerswap.trainables.train.finite import (
+    check_checkpoint,
+    check_loaded_weights,
+    check_step,
+    nonfinite_weight,
+)
 from layerswap.trainables.train.modes import Prepared, prepare
 from layerswap.trainables.train.precision import (
     Policy,
@@ -94,6 +100,7 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
     # Full-weight modes resume from the checkpoint's own weights; LoRA from base + adapter.
     src = resume_from if (resume_from is not None and not exp.is_lora) else exp.base
     model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", trust_remote_code=trc)
+    check_loaded_weights(model, src)  # a NaN in the base: named now, not as a NaN loss later
     return tok, model
 
 
@@ -290,6 +297,7 @@ def _train_step(run: _Run, step: int) -> _StepOut:
     params = [p for _, p in run.prep.groups[group]]
     clip = h.grad_clip if h.grad_clip is not None else float("inf")
     grad_norm = run.strategy.grad_norm(params, clip)
+    check_step(step + 1, run.total, loss, grad_norm)  # before the update: the weights stay finite
     run.optimizers[group].step()  # only the active group: idle moments stay as they are
     for opt in run.optimizers.values():
         opt.zero_grad(set_to_none=True)
@@ -371,6 +379,16 @@ def _save_checkpoint(
     return path
 
 
+def _check_finite_checkpoint(run: _Run, metrics: dict, done: int) -> None:
+    """NonFiniteTraining, on every rank alike, when step `done`'s checkpoint would hold a NaN or
+    Inf: its losses are summed over ranks already; a sharded model's weight check is summed."""
+    losses = {k: v for k, v in metrics.items() if k == "loss" or k.startswith("val_loss")}
+    bad = float(nonfinite_weight(run.prep.model) is not None)
+    if run.strategy.sharded:
+        bad = sum_over_ranks([bad], run.world, run.device)[0]
+    check_checkpoint(done, losses, run.prep.model, bad)
+
+
 def _checkpoint(
     run: _Run, result: TrainResult, metrics: dict, done: int, samples: int, lr: float
 ) -> Path | None:
@@ -380,6 +398,7 @@ def _checkpoint(
     under fsdp with folders of their own), else None.
     """
     val = _validate(run, metrics)
+    _check_finite_checkpoint(run, metrics, done)
     path = _save_checkpoint(run, done, samples, lr, val, metrics["loss"])
     if path is not None:
         result.checkpoints.append(path)

@@ -31,8 +31,10 @@ from layerswap.spaces.train_experiment import (
     parse_train_experiment,
 )
 from layerswap.trainables.atomic import atomic_dir
+from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
+from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.state import (
     find_checkpoints,
@@ -297,6 +299,15 @@ def _fit_interruptibly(trainer: TorchTrainer):
         return trainer.fit()
 
 
+def _raise_own_error(e: Exception) -> None:
+    """Re-raise, on the driver, a worker's error that already says in one line what went wrong
+    (a non-finite base or step, a damaged checkpoint), as the no-Ray run raises it; Ray's own
+    wrapper would end the command in a traceback."""
+    for err in (getattr(e, "worker_failures", None) or {}).values():
+        if isinstance(err, (NonFiniteTraining, CheckpointError)):
+            raise type(err)(str(err)) from None
+
+
 def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0) -> RayTrainResult:  # fmt: skip
     """Fit one TorchTrainer for `exp` and return where its last checkpoint is.
 
@@ -312,6 +323,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     try:
         result = _fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
+        _raise_own_error(e)
         run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
         return RayTrainResult(None, {}, run, repr(e))
     ckpt = as_path(result.checkpoint.path) if result.checkpoint is not None else None

@@ -158,6 +158,27 @@ def test_nan_or_inf_in_an_input(family, tmp_path, nothing_written, tensor, value
     )
 
 
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        # task arithmetic: a finite scale whose product with a delta overflows float32
+        ({"method": "task_arithmetic", "scale": 1e300}, "scale 1e+300, weights 1, 1"),
+        # TIES: finite weights that overflow the weighted mean's numerator
+        ({"method": "ties", "weights": [1e300, 1.0], "density": 0.5}, "weights 1e+300, 1"),
+    ],
+)
+def test_a_merge_that_overflows_is_refused(family, tmp_path, nothing_written, fields, needle):
+    refs = {"base": family.ref("base"), "models": [family.ref("task"), family.ref("language")]}
+    _expect_refusal(
+        {**refs, **fields},
+        tmp_path / "out",
+        nothing_written,
+        ValueError,
+        "the merge overflows to a non-finite value",
+        needle,
+    )
+
+
 def _copy(family, tmp_path, role="language") -> Path:
     dst = tmp_path / f"copy-{role}"
     shutil.copytree(family.paths[role], dst)
