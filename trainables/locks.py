@@ -251,6 +251,9 @@ def writing(out: Path | str) -> Iterator[Path]:
         raise ValueError(f"{out}: cannot be created ({e.strerror}: {e.filename})") from None
     try:
         fd = _take(path, out)
+    except OSError as e:  # e.g. a read-only folder: named, not a traceback
+        _drop_parents(made)
+        raise ValueError(f"{out}: cannot take its lock {path} ({e.strerror})") from None
     except BaseException:
         _drop_parents(made)
         raise
