@@ -19,7 +19,7 @@ from layerswap.cli.args import output_file
 from layerswap.spaces.base import load_yaml
 from layerswap.spaces.study import load_study
 from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.outputs import check_output_file
+from layerswap.trainables.outputs import check_output_file, writing
 
 
 def _is_plan_json(path: Path) -> bool:
@@ -67,14 +67,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     offline_defaults()  # a plan never reaches the network (an explicit HF_HUB_OFFLINE=0 is kept)
 
     loaded = load_study(args.study)
+    check = dict(overwrite=args.overwrite, inputs=_inputs(loaded), ours=_is_plan_json, what="a layerswap plan JSON")  # fmt: skip
     if args.json is not None:
-        check_output_file(
-            args.json,
-            overwrite=args.overwrite,
-            inputs=_inputs(loaded),
-            ours=_is_plan_json,
-            what="a layerswap plan JSON",
-        )
+        check_output_file(args.json, **check)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.study.plan import plan_study
     from layerswap.study.report import format_study_plan
@@ -88,7 +83,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"layerswap: error: {args.study}: {len(plan.problems)} problem(s)\n  {lines}", file=sys.stderr)  # fmt: skip
         return 2
     if args.json is not None:
-        atomic_write_text(args.json, json.dumps(plan.to_json(), indent=1) + "\n")
+        with writing(args.json):  # one writer per file; checked again under the lock
+            check_output_file(args.json, **check)
+            atomic_write_text(args.json, json.dumps(plan.to_json(), indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
 
@@ -111,7 +108,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="NAME",
         help="throughput profile of spaces/throughput.yaml (default: the study's `profile`)",
     )
-    p.add_argument("--json", type=output_file, metavar="OUT", help="also write the plan as JSON here")
+    p.add_argument(
+        "--json", type=output_file, metavar="OUT", help="also write the plan as JSON here"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json plan")
     p.add_argument(
         "--cluster",

@@ -16,7 +16,7 @@ from pathlib import Path
 from layerswap.cli.args import output_file
 from layerswap.spaces.reference import DRAFT, KINDS, schema_text
 from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.outputs import check_output_file
+from layerswap.trainables.outputs import check_output_file, writing
 
 
 def _is_schema(path: Path) -> bool:
@@ -39,11 +39,12 @@ def _cmd_schema(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
 
-    check_output_file(
-        args.out, overwrite=args.overwrite, ours=_is_schema, what="a layerswap JSON Schema"
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)  # the policy lets a missing parent be made
-    atomic_write_text(args.out, text)
+    check = dict(overwrite=args.overwrite, ours=_is_schema, what="a layerswap JSON Schema")
+    check_output_file(args.out, **check)
+    with writing(args.out):  # one writer per file; checked again under the lock
+        check_output_file(args.out, **check)
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # the policy lets a parent be made
+        atomic_write_text(args.out, text)
     print(f"wrote the {args.kind} schema to {args.out}")
     return 0
 
