@@ -32,7 +32,9 @@ import signal
 import sys
 import threading
 
-from layerswap.cli.watchdog import EXIT
+# The exit status of each signal (128 + its number, as a shell reports a process it killed);
+# the CLI's outcome and the watchdog read this one table.
+EXIT = {signal.SIGINT: ("SIGINT", 130), signal.SIGTERM: ("SIGTERM", 143)}
 
 
 def _while_starting(signum, frame) -> None:
@@ -62,6 +64,12 @@ def install() -> None:
             signal.signal(s, _while_starting)
 
 
+# On import, before the rest of this module: cli/__init__.py imports it before anything else,
+# and it imports no project module itself.
+if is_the_command():
+    install()
+
+
 def is_startup(handler: object) -> bool:
     """Whether `handler` is the start-up handler."""
     return handler is _while_starting
@@ -76,7 +84,3 @@ def preload_torch() -> None:
     """Import torch now, under the start-up handler (see the module docstring for why)."""
     # lazy: only a command that uses torch pays for it; --help and schema stay fast
     import torch  # noqa: F401
-
-
-if is_the_command():  # on import: cli/__init__.py imports this module before anything else
-    install()

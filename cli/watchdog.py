@@ -16,13 +16,12 @@ import os
 import signal
 import threading
 
+from layerswap.cli.startup import EXIT
+
 # How long a signalled command may take to clean up. Measured: under 10 s (Ray shut down after
 # a process-group SIGTERM included: ~5 s of it waits on the stopped GCS); the call that needed the
 # watchdog blocks for 60 s.
 DEADLINE_S = 25.0
-# The exit code of each signal (128 + its number, as a shell reports a process it killed); the
-# CLI's own outcome uses the same table.
-EXIT = {signal.SIGINT: ("SIGINT", 130), signal.SIGTERM: ("SIGTERM", 143)}
 
 
 class Watchdog:
