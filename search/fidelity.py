@@ -37,11 +37,14 @@ class Policy:
     gates: the driver's rule: per non-final rung, the value a trial must reach there to go on
         (None: no decision yet), from the finished rows of the table.
     by_bound: the trial compares its Hoeffding upper bound (True) or its rung objective (False).
+    floor: (trials that score every item before any gate exists, the least share of the items a
+        later trial may score): what `layerswap plan` bounds a search's cost from below by.
     """
 
     shares: Callable[[Fidelity], list[float]]
     gates: Callable[[Fidelity, list[dict]], list[float | None]]
     by_bound: bool
+    floor: Callable[[Fidelity], tuple[int | None, float]]
 
 
 def _screen_gates(fid: Fidelity, rows: list[dict]) -> list[float | None]:
@@ -65,9 +68,24 @@ def _halving_gates(fid: Fidelity, rows: list[dict]) -> list[float | None]:
 
 
 POLICIES: dict[str, Policy] = {
-    "none": Policy(shares=lambda fid: [1.0], gates=lambda fid, rows: [], by_bound=False),
-    "screen": Policy(shares=lambda fid: [fid.screen, 1.0], gates=_screen_gates, by_bound=True),
-    "halving": Policy(shares=lambda fid: [*fid.rungs, 1.0], gates=_halving_gates, by_bound=False),
+    "none": Policy(
+        shares=lambda fid: [1.0],
+        gates=lambda fid, rows: [],
+        by_bound=False,
+        floor=lambda fid: (None, 1.0),  # every trial scores everything
+    ),
+    "screen": Policy(
+        shares=lambda fid: [fid.screen, 1.0],
+        gates=_screen_gates,
+        by_bound=True,
+        floor=lambda fid: (fid.keep_top, fid.screen),
+    ),
+    "halving": Policy(
+        shares=lambda fid: [*fid.rungs, 1.0],
+        gates=_halving_gates,
+        by_bound=False,
+        floor=lambda fid: (fid.eta, fid.rungs[0]),
+    ),
 }
 
 

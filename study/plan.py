@@ -16,6 +16,7 @@ padding, communication, checkpoints). Tests: .venv/bin/pytest -q tests/study/
 from __future__ import annotations
 
 from layerswap.search import preflight
+from layerswap.search.fidelity import policy_of
 from layerswap.search.promote import promotion_tasks, shot_groups
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
@@ -285,10 +286,10 @@ def _trial_row(s: StudySearch, cost: est.ModelCost, ctx: _Ctx) -> Row:
     hours = n * est.trial_device_hours(fixed + ev, g, st.torch_threads, prof)
     high = n * est.trial_device_hours(fixed + ev_high, g, st.torch_threads, prof) if decode else None  # fmt: skip
     notes = ["compose: the whole model each trial (an upper bound: a trial moves only the tensors that changed)", *decode]  # fmt: skip
-    low, sc, keep = None, st.fidelity.screen, st.fidelity.keep_top
-    if sc is not None and n > keep:
-        low = hours - (n - keep) * est.trial_device_hours((1 - sc) * ev, g, st.torch_threads, prof)  # fmt: skip
-        notes.append(f"fidelity screening ({sc:g} of the items first): down to the lower bound (>=) if every trial after the first {keep} is pruned")  # fmt: skip
+    low, (whole, share) = None, policy_of(st.fidelity, st.multi_objective).floor(st.fidelity)
+    if whole is not None and n > whole:
+        low = hours - (n - whole) * est.trial_device_hours((1 - share) * ev, g, st.torch_threads, prof)  # fmt: skip
+        notes.append(f"fidelity {st.fidelity.policy} ({share:g} of the items first): down to the lower bound (>=) if every trial after the first {whole} stops there")  # fmt: skip
     return Row(exp.name, counts, where, hours, figs, hours_low=low, hours_high=high, notes=notes, gpus=g)  # fmt: skip
 
 

@@ -109,3 +109,10 @@ def test_rung_spans_take_disjoint_prefixes_and_merge_empty_rungs():
     # 2 items: 1/8 and 1/4 both take the first; the 1/4 rung adds nothing and is merged
     assert rung_spans([0.125, 0.25, 0.5, 1.0], {"a": 2}) == [{"a": (0, 1)}, {"a": (1, 2)}]
     assert rung_spans([0.5, 1.0], {"a": 2, "b": 1}) == [{"a": (0, 1), "b": (0, 1)}, {"a": (1, 2)}]
+
+
+def test_floor_is_what_plan_bounds_a_search_from_below_by():
+    fid = Fidelity(keep_top=4, screen=0.2, eta=3, rungs=[0.1, 0.5])
+    assert POLICIES["screen"].floor(fid) == (4, 0.2)
+    assert POLICIES["halving"].floor(fid) == (3, 0.1)
+    assert POLICIES["none"].floor(fid) == (None, 1.0)
