@@ -48,8 +48,9 @@ KINDS = {
 
 
 # Kinds whose folder holds other outputs: a demo run is the pipeline's run folder (its world,
-# training runs, search, best model and analysis). Every other output holds only its own files.
-CONTAINERS = {"demo"}
+# training runs, search, best model and analysis), a merge-only demo holds its generated family
+# and the merged model. Every other output holds only its own files.
+CONTAINERS = {"demo", "merge-demo"}
 # The outputs beside RUN/search that a search and its promotion write (`claim_sibling`).
 SEARCH_SIBLINGS = ("promotion", "leaderboard.md", "best")
 
