@@ -19,6 +19,11 @@ Run: nice -n 10 .venv/bin/python benchmarks/bench_search.py [--world DIR] [--siz
     Skips (a)-(c).
     Run: .venv/bin/python benchmarks/bench_search.py --shape llama-8b [--trials 4] [--depth N]
 
+(e) fidelity policies (none, screen, successive halving) and concurrency modes (sequential,
+    reproducible batches, asynchronous) on the same kind of grid, scored per item, replayed
+    through the search's own rules: benchmarks/search_replay.py (items and trials to a top-5 %
+    recipe, 5 seeds; logs in benchmarks/logs/world_v4/search_replay_seedS.*).
+
 A failed trial (or a recipe the two paths of (a) score differently) ends the run with exit 1,
 saying which, and no figures: a ratio over the trials that ran would hide those that did not.
 Paths may be relative to the working directory (made absolute before Ray's workers see them).
