@@ -66,7 +66,13 @@ def _removed_unless_finished(out: Path) -> Iterator[None]:
         if out.exists():
             hidden = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
             os.rename(out, hidden)
-            shutil.rmtree(hidden, ignore_errors=True)
+            # The merge's writer threads may still finish a file for a moment after the
+            # interrupt (seen: a folder not empty yet): removed again until it is gone.
+            for _ in range(50):
+                shutil.rmtree(hidden, ignore_errors=True)
+                if not hidden.exists():
+                    break
+                time.sleep(0.1)
         raise
 
 
