@@ -1,6 +1,8 @@
 """Atomic outputs: folders and files built in a temporary sibling, renamed into place, never
 half-written. Every writer of a run's files goes through here, and every reader of a Parquet file
-that a running job may replace (`read_parquet`)."""
+that a running job may replace (`read_parquet`). A write the file system refuses (a full disk, a
+quota, a file-size limit, a read-only mount) leaves nothing behind and becomes `WriteFailed`, one
+line naming the output (the CLI exits 1)."""
 
 from __future__ import annotations
 

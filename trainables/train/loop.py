@@ -99,7 +99,9 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
         tok.pad_token = tok.eos_token
     # Full-weight modes resume from the checkpoint's own weights; LoRA from base + adapter.
     src = resume_from if (resume_from is not None and not exp.is_lora) else exp.base
-    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", trust_remote_code=trc)
+    # safetensors only: a Hub base (the CLI reads local folders' headers, not a Hub id's) with
+    # pickled weights alone is refused by transformers instead of unpickled
+    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", trust_remote_code=trc, use_safetensors=True)  # fmt: skip
     check_loaded_weights(model, src)  # a NaN in the base: named now, not as a NaN loss later
     return tok, model
 
