@@ -26,8 +26,8 @@ from layerswap.spaces.task_families import heldout_task, task_split
 from layerswap.spaces.zones import paper_default
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.scoring import score_key
-from layerswap.trainables.outputs import claim_sibling
 from layerswap.trainables.model_ids import content_recipe_id
+from layerswap.trainables.outputs import claim_sibling
 from layerswap.trainables.storage import local_copy
 
 RESULT_COLUMNS = {

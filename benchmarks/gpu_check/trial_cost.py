@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+from layerswap.search.fidelity import policy_of
 from layerswap.study.estimate import decode_steps, eval_cost
 
 COPIES = 3  # base + 2 experts, whole: real checkpoints and the node store share no tensor
@@ -23,6 +24,13 @@ def device_depth(layer_bytes: float, other_bytes: float, depth: int, gpu_bytes: 
     """
     per_copy = gpu_bytes * (1 - headroom) / (copies + 1)
     return max(0, min(depth, math.floor((per_copy - other_bytes) / layer_bytes)))
+
+
+def first_share(exp) -> float | None:
+    """The share of every proxy's items a trial scores before it may stop (its fidelity
+    policy's first rung), None when no trial stops early."""
+    whole, share = policy_of(exp.search.fidelity, exp.search.multi_objective).floor(exp.search.fidelity)  # fmt: skip
+    return None if whole is None else share
 
 
 def screen_counts(n: int, screen: float | None) -> list[int]:
@@ -56,7 +64,7 @@ def proxy_seconds(profiles: dict, cost, tasks, *, limit, gen_toks: int, batch: i
         cost: the scored model's study.estimate.ModelCost.
         tasks: (TaskShape, few-shot examples) per proxy.
         limit, gen_toks, batch, screen: proxy_eval.limit, max_gen_toks, rows per pass,
-            search.fidelity.screen.
+            the first rung's share (`first_share`).
     Returns:
         {"kept": {part: s}, "pruned": {part: s}}: a kept trial scores every item (screened
         prefix, then the rest), a pruned one the prefix only.

@@ -33,6 +33,7 @@ from gpu_check.figures import Figure, per_hour, share
 from gpu_check.trial_cost import (
     COPIES,
     device_depth,
+    first_share,
     pass_rates,
     proxy_seconds,
     rate_profiles,
@@ -270,7 +271,7 @@ def shipped_trial(p: dict, cost, tasks, shipped, batch: int) -> dict:
     rates = pass_rates(timed, *p["flops"], cost.weight_bytes / p["weight_bytes"])
     pe = shipped.proxy_eval
     sc = proxy_seconds(rate_profiles(**rates), cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
-                       batch=batch, screen=shipped.search.fidelity.screen)  # fmt: skip
+                       batch=batch, screen=first_share(shipped))  # fmt: skip
     med = {k: statistics.median(r[k] for r in timed) for k in ("compose_s", "move_s", "score_s")}
     other = statistics.median(r["score_s"] - r["mc_s"] - r["gen_s"] for r in timed)
     rows = sum(r["step_rows"] for r in timed) / max(1, sum(r["steps"] for r in timed))
@@ -292,7 +293,7 @@ def _pass_figures(label: str, p: dict, s: dict, assumed: dict, size: dict) -> li
         ("move s per trial", med["move_s"], "s", None, f"{how}; expert tensors copied to the device (LiveModel.t_move_s)"),
         ("score s per trial", med["score_s"], "s", None, f"{how}; {world}"),
         ("shipped-config trials per GPU-hour, every trial kept", per_hour(kept), "trials/h", per_hour(assumed["kept"]), "measured compose + move; proxies at the measured rates by the plan's rule"),
-        ("shipped-config trials per GPU-hour, every trial pruned after screening", per_hour(pruned), "trials/h", per_hour(assumed["pruned"]), "the screened items only (search.fidelity.screen)"),
+        ("shipped-config trials per GPU-hour, every trial stopped at its first rung", per_hour(pruned), "trials/h", per_hour(assumed["pruned"]), "the first rung's items only (search.fidelity)"),
         ("share of a kept shipped-config trial spent scoring", share(kept - med["compose_s"] - med["move_s"], kept), "share", share(assumed["kept"] - assumed["compose"], assumed["kept"]), ""),
     ]  # fmt: skip
     return [Figure(f"{n} ({label})", v, u, assumed=a, note=note) for n, v, u, a, note in rows]
@@ -384,7 +385,7 @@ def run(ctx) -> dict:
     batch = auto_batch("cuda") if pe.batch_size == "auto" else pe.batch_size
     tasks = [(task_shape(p.task, {}), p.num_fewshot) for p in shipped.proxy_list]
     plan = proxy_seconds({"mc": prof, "gen": prof}, cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
-                         batch=batch, screen=shipped.search.fidelity.screen)  # fmt: skip
+                         batch=batch, screen=first_share(shipped))  # fmt: skip
     compose = cost.weight_bytes / prof.merge_bytes_per_s.value  # the plan: the whole model
     assumed = {"compose": compose} | {k: compose + sum(v.values()) for k, v in plan.items()}
     figures, scaled = [], {}

@@ -59,7 +59,11 @@ def experiment(world: Path, paths: dict[str, Path], **over) -> SearchExperiment:
             "bottom_transition": {"low": 0, "high": 1},
             "top_transition": {"low": 0, "high": 0},
         },
-        "search": {"num_samples": 6, "max_concurrent": 2, "fidelity": {"screen": 0.5}},
+        "search": {
+            "num_samples": 6,
+            "max_concurrent": 2,
+            "fidelity": {"policy": "screen", "screen": 0.5},
+        },
         "promote": {"top_k": 1, "limit": 4, "max_gen_toks": 8},
     }
     for k, v in over.items():

@@ -43,8 +43,8 @@ def test_each_policy_ends_on_every_item():
 def test_screen_gate_is_the_kth_best_full_objective():
     rows = [_row("ok", v, [(4, v), (8, v)]) for v in (0.2, 0.6, 0.4)]
     rows.append(_row("pruned", None, [(4, 0.9)]))  # a low-fidelity value never counts
-    assert gates(Fidelity(keep_top=2), rows) == [0.4]
-    assert gates(Fidelity(keep_top=4), rows) == [None]
+    assert gates(Fidelity(policy="screen", keep_top=2), rows) == [0.4]
+    assert gates(Fidelity(policy="screen", keep_top=4), rows) == [None]
 
 
 def test_halving_gates_keep_the_best_third_once_eta_trials_reached_a_rung():

@@ -60,7 +60,7 @@ def _ok(obj, **kw):
 def test_repeat_waits_then_is_served_and_optuna_hears_the_truth(tmp_path):
     s, store, _ = _searcher(tmp_path, points=[POINT, POINT, POINT])
     c0 = s.suggest("a")
-    assert c0[META]["served"] is None and c0[META]["gates"] == [None]
+    assert c0[META]["served"] is None and c0[META]["gates"] == [None, None, None]  # halving
     assert s.suggest("b") is None  # same recipe running: held, not evaluated twice
     s.on_trial_complete("a", _ok(0.5))
     c1 = s.suggest("c")  # the held trial, now served from the table
@@ -81,7 +81,7 @@ def test_repeat_waits_then_is_served_and_optuna_hears_the_truth(tmp_path):
 
 
 def test_reject_threshold_is_the_kth_best_full_objective(tmp_path):
-    s, store, _ = _searcher(tmp_path, fidelity={"screen": 0.25, "keep_top": 2})
+    s, store, _ = _searcher(tmp_path, fidelity={"policy": "screen", "screen": 0.25, "keep_top": 2})
     for i, v in enumerate([0.2, 0.6, 0.4]):
         s.suggest(f"t{i}")
         s.on_trial_complete(f"t{i}", _ok(v))

@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
         [str(paths["language"]), str(paths["nan_lang"]), str(paths["corrupt"])],
         str(paths["base"]),
     )
-    exp = experiment(world, paths, search={"fidelity": {"screen": 0.5}})
+    exp = experiment(world, paths, search={"fidelity": {"policy": "screen", "screen": 0.5}})
     runner = TrialRunner(exp, pool, [str(tasks)])
     return exp, pool, runner, paths, tasks
 

@@ -181,8 +181,8 @@ def test_search_counts_and_hours(plan):
     assert r.counts == {"trials": 5, "proxies": 2, "evaluations": 10, "items/trial": 40}
     fixed = 1 + WEIGHT_BYTES / 1e3  # trial overhead + composing the whole model
     assert r.hours == pytest.approx(5 * (fixed + _proxies()) / 3600)
-    # fidelity screening: the first keep_top (3) trials full, the other 2 at a quarter
-    assert r.hours_low == pytest.approx((5 * fixed + (3 + 2 * 0.25) * _proxies()) / 3600)
+    # successive halving (the default): the first eta (3) trials full, the other 2 at an eighth
+    assert r.hours_low == pytest.approx((5 * fixed + (3 + 2 * 0.125) * _proxies()) / 3600)
 
 
 def test_promotion_counts_and_hours(plan):
