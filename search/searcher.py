@@ -106,14 +106,10 @@ class LayerswapSearch(OptunaTuneSearch):
             self.waiting = None
             self.bind(trial_id, ot_trial)
             return self._dress(trial_id, ot_trial, params, rid)
-        params = super().suggest(trial_id)
-        if params is None:
+        asked = self._ask(trial_id)
+        if asked is None:
             return None
-        ot_trial = self.optuna_trial(trial_id)
-        try:
-            rid = content_recipe_id(decode(params, self.exp.space, self.depth, self.pool))
-        except Exception:  # the trial reports the decoding error as a failed row
-            rid = f"invalid-{ot_trial.number}"
+        ot_trial, params, rid = asked
         if rid in self.pending:
             self.waiting = (ot_trial, params, rid)
             self.unbind(trial_id)
@@ -124,6 +120,16 @@ class LayerswapSearch(OptunaTuneSearch):
         """Reproducible mode's `suggest`: None while the current batch is full or not yet told."""
         if not self.batch.open():
             return None
+        asked = self._ask(trial_id)
+        if asked is None:
+            return None
+        ot_trial, params, rid = asked
+        self.batch.ask(trial_id)
+        # A twin of a recipe running in this batch is served from it when the batch is told.
+        return self._dress(trial_id, ot_trial, params, rid, twin=rid in self.pending)
+
+    def _ask(self, trial_id: str) -> tuple | None:
+        """A new proposal from Optuna: (Optuna trial, params, recipe id by content), or None."""
         params = super().suggest(trial_id)
         if params is None:
             return None
@@ -132,9 +138,7 @@ class LayerswapSearch(OptunaTuneSearch):
             rid = content_recipe_id(decode(params, self.exp.space, self.depth, self.pool))
         except Exception:  # the trial reports the decoding error as a failed row
             rid = f"invalid-{ot_trial.number}"
-        self.batch.ask(trial_id)
-        # A twin of a recipe running in this batch is served from it when the batch is told.
-        return self._dress(trial_id, ot_trial, params, rid, twin=rid in self.pending)
+        return ot_trial, params, rid
 
     def _dress(self, trial_id, ot_trial, params, rid, twin: bool = False) -> dict:
         served = {TWIN: rid} if twin else self.store.evaluated(rid)
