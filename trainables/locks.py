@@ -131,22 +131,13 @@ def _inside_locked(where: Path) -> None:
         path = anc.parent / f".{anc.name}{SUFFIX}"
         if path in _HELD or not path.exists():
             continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            info = _read_owner(fd)
-            if _working_for(info.get("pid")):
-                continue  # e.g. the demo's training runs, in Ray workers of the demo's driver
-            raise OutputLocked(
-                f"{where}: lies inside {anc}, which another layerswap command is writing: "
-                f"{_owner_text(info)}; wait for it to finish or choose another output"
-            ) from None
-        finally:
-            os.close(fd)  # also drops a shared lock taken on a stale file
+        info = _busy_owner(path)
+        if info is None or _working_for(info.get("pid")):
+            continue  # free, or e.g. the demo's training runs in Ray workers of its driver
+        raise OutputLocked(
+            f"{where}: lies inside {anc}, which another layerswap command is writing: "
+            f"{_owner_text(info)}; wait for it to finish or choose another output"
+        )
 
 
 def _holding_locked(where: Path) -> None:
@@ -157,21 +148,29 @@ def _holding_locked(where: Path) -> None:
     for path in where.rglob(f".*{SUFFIX}"):
         if path in _HELD:
             continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            info = _read_owner(fd)
+        info = _busy_owner(path)
+        if info is not None:
             inner = path.parent / path.name[1 : -len(SUFFIX)]
             raise OutputLocked(
                 f"{where}: holds {inner}, which another layerswap command is writing: "
                 f"{_owner_text(info)}; wait for it to finish or stop it"
-            ) from None
-        finally:
-            os.close(fd)
+            )
+
+
+def _busy_owner(path: Path) -> dict | None:
+    """The owner recorded in lock file `path` while another process holds it; None when it is
+    free (stale) or cannot be read. Only tries the lock (shared, never kept)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_owner(fd)
+    finally:
+        os.close(fd)  # also drops a shared lock taken on a stale file
+    return None
 
 
 def _make_parents(parent: Path) -> list[Path]:
