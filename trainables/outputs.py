@@ -116,9 +116,14 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
     for root, subdirs, names in os.walk(out):
         rel = Path(root).relative_to(out)
         for d in list(subdirs):
-            if str(rel / d) not in dirs:
+            if str(rel / d) in dirs:
+                continue
+            subdirs.remove(d)  # its contents go with it: named once
+            inner = read_marker(out / rel / d) if found.get("kind") in CONTAINERS else None
+            if inner is None:
                 foreign.append(f"{rel / d}/")
-                subdirs.remove(d)  # its contents go with it: named once
+            else:  # an output of the container's own steps (the merge-only demo's merged/)
+                foreign += [str(rel / d / f) for f in _foreign_files(out / rel / d, inner)]
         foreign += [str(rel / n) for n in names if str(rel / n) not in files]
     return sorted(foreign)
 

@@ -278,3 +278,16 @@ def test_overwrite_replaces_only_what_layerswap_wrote(make, env: Env, tree_state
     assert not missing, f"stderr lacks {missing}:\n{err}"
     assert not _changes(before, tree_state(*roots, shipped))
     assert not _leftovers([*roots, shipped])
+
+
+def test_merge_only_demo_overwrite_owns_its_merged_model(env: Env, capsys):
+    """The merge-only demo's merged/ is an output of its own steps (its own marker): --overwrite
+    replaces an untouched demo, and names a file the user put inside merged/."""
+    out = env.at("mo")
+    assert _run(["demo", "--merge-only", "--out", out], capsys)[0] == 0
+    code, err = _run(["demo", "--merge-only", "--out", out, "--overwrite"], capsys)
+    assert code == 0, err
+    Path(out, "merged", "mine.txt").write_text("my notes\n")
+    code, err = _run(["demo", "--merge-only", "--out", out, "--overwrite"], capsys)
+    assert code == 2 and f"{out}: holds what layerswap did not write there (merged/mine.txt)" in err, err  # fmt: skip
+    assert Path(out, "merged", "mine.txt").read_text() == "my notes\n"
