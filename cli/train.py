@@ -66,10 +66,13 @@ def _weights_problems(folder: Path) -> list[str]:
     """Why a model folder's weights cannot be loaded safely (truncated, corrupt, pickles only)."""
     # lazy: torch (the merge engine's checkpoint reader); --help stays fast
     from layerswap.trainables.merge.checkpoint import Checkpoint
+    from layerswap.trainables.merge.engine import check_checkpoint_finite
 
     try:
-        Checkpoint.open(folder)  # every shard's header, against its file's size
-    except (ValueError, OSError) as e:  # CheckpointError names the file
+        with Checkpoint.open(folder) as ck:  # every shard's header, against its file's size
+            # NaN or Inf in the base would train to a non-finite run: found before it is marked
+            check_checkpoint_finite(ck)
+    except (ValueError, OSError) as e:  # CheckpointError names the file (and the tensor)
         return [str(e)]
     return []
 

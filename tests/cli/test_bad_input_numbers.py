@@ -233,3 +233,15 @@ def test_every_kind_has_three_cases():
     finite = [i for i in ids if "finite" in i or "nan" in i or "overflow" in i]
     bounds = [i for i in ids if "limit" in i or "large" in i or "regular" in i or "fifo" in i or "device" in i or "dev_null" in i]  # fmt: skip
     assert len(finite) >= 3 and len(bounds) >= 3, ids
+
+
+def test_a_nan_base_is_refused_before_the_run_is_marked(env, capsys, monkeypatch):  # noqa: F811
+    """The red-team's case: a NaN in the base used to be found when training loaded it, after
+    the run folder was marked, and that mark blocked the corrected rerun."""
+    for target, real in _REAL_WORK.items():
+        monkeypatch.setattr(target, real)
+    argv, _, expected, [runs] = train__base_has_a_nan_weight(env)
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert expected[0] in capsys.readouterr().err
+    assert not runs.exists()  # nothing marked: the corrected rerun is not blocked

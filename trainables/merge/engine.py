@@ -149,6 +149,23 @@ def check_finite(t: torch.Tensor, ck: Checkpoint | Path | str, name: str) -> Non
         raise CheckpointError(f"{where}: tensor {name!r} contains NaN or Inf")
 
 
+def check_checkpoint_finite(ck: Checkpoint, step: int = 64 << 20) -> None:
+    """`check_finite` over every float tensor of `ck`, window by window through the page cache
+    (resident memory bounded by `step` bytes): a training base is checked before its run is
+    marked, as a merge checks its inputs.
+
+    Raises:
+        CheckpointError naming the checkpoint and the first tensor holding a NaN or an Inf.
+    """
+    for name, info in ck.tensors.items():
+        if info.dtype not in FLOAT_TAGS:
+            continue
+        per = max(1, step // info.itemsize)
+        for start in range(0, info.numel, per):
+            with ck.mapped(name, start, min(per, info.numel - start)) as t:
+                check_finite(t, ck, name)
+
+
 def copy_checked(src: Checkpoint, name: str, writer: ShardWriter, step: int) -> None:
     """Copy one tensor whole from `src` to `writer`: checked in place, copied in the kernel.
 
