@@ -8,6 +8,7 @@ trainables.evaluate.harness.evaluate and prints its metrics table.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from contextlib import nullcontext
@@ -106,6 +107,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model = Path(args.model)
     # Before the slow lm-eval import and task indexing; an adapter folder names its base.
     base, adapter = eval_target(model, args.base)
+    _check_context(args.max_gen_toks, Path(base))
     if args.world is not None:
         world = Path(args.world)
         problems = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
@@ -125,6 +127,24 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if args.out is not None:
             _check_out(args, inputs)
         return _run_eval(args, model, tasks, device, base, adapter)
+
+
+def _check_context(max_gen_toks: int, model: Path) -> None:
+    """Refuse a generation budget the model's context cannot hold (lm-eval asserts it only once
+    the model is loaded and generation starts). A Hub id is left to lm-eval."""
+    cfg = model / "config.json"
+    if not cfg.is_file():
+        return
+    try:
+        n = json.loads(cfg.read_text()).get("max_position_embeddings")
+    except (ValueError, OSError):
+        return  # the model's own loading names an unreadable config
+    if isinstance(n, int) and max_gen_toks >= n:
+        raise ValueError(
+            f"--max-gen-toks {max_gen_toks}: the model's context is {n} tokens "
+            f"(max_position_embeddings in {cfg}); generation also needs the prompt: pass a "
+            f"smaller --max-gen-toks"
+        )
 
 
 def _check_out(args: argparse.Namespace, inputs: list[Path]) -> None:

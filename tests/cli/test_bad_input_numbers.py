@@ -137,6 +137,14 @@ def eval__model_outputs_are_nan(e: Env):
 
 
 @refused
+def eval__generation_budget_beyond_the_models_context(e: Env):
+    # the red-team's case: lm-eval asserted it in a traceback once the model was loaded
+    model = e.family["task"]
+    argv = ["eval", str(model), "--tasks", WORLD_TASK, "--world", str(e.world), "--max-gen-toks", "100000"]  # fmt: skip
+    return argv, ["--max-gen-toks 100000: the model's context is", f"{model}/config.json"]
+
+
+@refused
 def world__split_size_too_large(e: Env):
     cfg = e.file("variant.yaml", f"math_sft: {10**23}\n")
     argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
