@@ -30,6 +30,11 @@ Device = Literal["auto", "cpu", "cuda"]
 
 T = TypeVar("T")
 
+# Bounds a typo could pass by orders of magnitude (a search of 1e12 trials ran with an ETA of
+# 2e8 hours): far above any real search or sweep, and any context a model generates into.
+MAX_TRIALS = 100_000
+MAX_GEN_TOKS = 131_072
+
 
 # The opt-out of StrictModel's finite-number rule, for a field whose meaning needs NaN or an
 # infinity: `x: float = Field(0.0, allow_inf_nan=True)`, or `x: MayBeNonFinite = 0.0`.

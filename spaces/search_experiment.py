@@ -12,7 +12,16 @@ from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
-from layerswap.spaces.base import BatchSize, Device, StrictModel, load_yaml, resolve_local, validate
+from layerswap.spaces.base import (
+    MAX_GEN_TOKS,
+    MAX_TRIALS,
+    BatchSize,
+    Device,
+    StrictModel,
+    load_yaml,
+    resolve_local,
+    validate,
+)
 from layerswap.spaces.search_space import SearchSpace
 from layerswap.spaces.task_families import dev_task, family, is_world_task, task_split
 
@@ -140,7 +149,7 @@ class ProxyEvalSettings(StrictModel):
 
     limit: int | None = Field(None, ge=1)
     """First N dev items of each proxy (None: all)."""
-    max_gen_toks: int = Field(32, ge=1)
+    max_gen_toks: int = Field(32, ge=1, le=MAX_GEN_TOKS)
     """Generation budget (tokens) of generate_until proxies."""
     # 1 reproduces lm-eval's HFLM at batch size 1 token for token; larger batches are padded,
     # which can move a float near-tie (see trainables/evaluate/proxy_lm.py).
@@ -151,7 +160,7 @@ class ProxyEvalSettings(StrictModel):
 class SearchSettings(StrictModel):
     """The Tune + Optuna run: budget, seed, resources per trial."""
 
-    num_samples: int = Field(20, ge=1)
+    num_samples: int = Field(20, ge=1, le=MAX_TRIALS)
     """Trials (merge candidates scored), the paper default first."""
     seed: int = 0
     """Seeds the Optuna sampler."""
@@ -204,7 +213,7 @@ class PromoteSettings(StrictModel):
     """Best recipes (by proxy objective) merged and evaluated on the target."""
     limit: int | None = Field(None, ge=1)
     """lm-eval items per task (None: all)."""
-    max_gen_toks: int = Field(32, ge=1)
+    max_gen_toks: int = Field(32, ge=1, le=MAX_GEN_TOKS)
     """Generation budget (tokens) of generate_until tasks."""
     batch_size: BatchSize = 16
     """lm-eval HFLM batch size ("auto": lm-eval's own search)."""

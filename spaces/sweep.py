@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from layerswap.spaces.base import BatchSize, Device, StrictModel
+from layerswap.spaces.base import MAX_GEN_TOKS, MAX_TRIALS, BatchSize, Device, StrictModel
 from layerswap.spaces.task_families import family
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
@@ -76,7 +76,7 @@ class SweepConfig(StrictModel):
     """An expert sweep: Tune trials over `params`, each checkpoint scored on its kind's indicators
     (`indicator_tasks`) into RUN/experts/registry.parquet."""
 
-    num_samples: int = Field(4, ge=1)
+    num_samples: int = Field(4, ge=1, le=MAX_TRIALS)
     """Trials (training runs with sampled hyperparameters)."""
     seed: int = 0
     """Seeds the searcher; each trial's data seed derives from its parameters."""
@@ -101,7 +101,7 @@ class SweepConfig(StrictModel):
     """First N items of each indicator task (None: all)."""
     num_fewshot: int = Field(0, ge=0)
     """Few-shot examples in indicator prompts."""
-    max_gen_toks: int = Field(256, ge=1)
+    max_gen_toks: int = Field(256, ge=1, le=MAX_GEN_TOKS)
     """Generation budget (tokens) of generate_until indicators such as MGSM."""
     backend: Literal["proxy", "lm_eval"] = "proxy"
     """"proxy" (the cached ProxyEvaluator, lm-eval's per-item predictions) or "lm_eval"."""

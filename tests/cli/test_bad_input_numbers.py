@@ -145,6 +145,16 @@ def eval__generation_budget_beyond_the_models_context(e: Env):
 
 
 @refused
+def search__a_trillion_trials_and_generated_tokens(e: Env):
+    # the red-team's case: it ran, "trial 54/1000000000000 ... ETA 198547085h"
+    data = e.search_data()
+    data["search"]["num_samples"] = 10**12
+    data["proxy_eval"]["max_gen_toks"] = 10**11
+    argv = ["search", e.search_exp(**data), "--out", e.at("run")]
+    return argv, ["search.num_samples", "100000", "proxy_eval.max_gen_toks", "131072"]
+
+
+@refused
 def world__split_size_too_large(e: Env):
     cfg = e.file("variant.yaml", f"math_sft: {10**23}\n")
     argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
