@@ -21,6 +21,7 @@ WorldSize = Literal["full", "tiny"]
 MAX_ROWS = 1_000_000  # rows of a split, documents of a corpus kind, items per language
 MAX_STEPS = 1_000_000  # pretraining (and warmup) steps of a stage
 MAX_LAYERS = 256
+MAX_WORLD_PARAMS = 2_000_000_000  # a base pretrained on CPU: 8 GB of fp32 weights, more of AdamW
 MAX_WIDTH = 65_536  # hidden and MLP widths, vocabulary, block length, heads, batch, threads
 
 
@@ -125,6 +126,21 @@ class WorldModelConfig(StrictModel):
     """A second pretraining stage for the outer layers (None: one stage)."""
     prebuilt: PrebuiltBase | None = None
     """A base already pretrained with these settings, shipped in world/bases/ (None: pretrain)."""
+
+    @model_validator(mode="after")
+    def _fits_a_cpu(self) -> WorldModelConfig:
+        # Each width is bounded alone, but their products are what is allocated: 65,536-wide
+        # layers asked for 16 GiB per matrix and died in torch's allocator.
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        kv = h // self.num_heads * self.num_kv_heads
+        params = 2 * v * h + self.num_layers * (2 * h * h + 2 * h * kv + 3 * h * i)
+        if params > MAX_WORLD_PARAMS:
+            raise ValueError(
+                f"model: {params:,} parameters (hidden_size {h}, intermediate_size {i}, "
+                f"vocab_size {v}, num_layers {self.num_layers}) is more than a world pretrained "
+                f"on CPU may have ({MAX_WORLD_PARAMS:,})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _graft_fits(self) -> WorldModelConfig:

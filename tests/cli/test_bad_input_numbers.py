@@ -155,6 +155,14 @@ def search__a_trillion_trials_and_generated_tokens(e: Env):
 
 
 @refused
+def world__model_widths_multiply_past_memory(e: Env):
+    # the red-team's case: each width within its bound, their product 16 GiB per matrix
+    cfg = e.file("wide.yaml", "model: {hidden_size: 65536, intermediate_size: 65536, vocab_size: 65536, num_heads: 512, num_kv_heads: 512}\n")  # fmt: skip
+    argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
+    return argv, [f"{cfg}: invalid world config", "is more than a world pretrained on CPU may have (2,000,000,000)"]  # fmt: skip
+
+
+@refused
 def world__split_size_too_large(e: Env):
     cfg = e.file("variant.yaml", f"math_sft: {10**23}\n")
     argv = ["world", "build", "--out", e.at("w"), "--size", "tiny", "--config", cfg]
