@@ -1126,6 +1126,19 @@ def bases_in_tmp(monkeypatch, tmp_path):
     monkeypatch.setattr("layerswap.world.prebuilt.BASES_DIR", tmp_path / "bases")
 
 
+# The first step of real work of each command (the other batteries trip the same places).
+TRIPPED = (
+    "layerswap.world.build.make_datasets",
+    "layerswap.trainables.merge.engine.write_assembly",
+    "layerswap.trainables.train.run._train",
+    "layerswap.experts.sweep.run_sweep",
+    "layerswap.trainables.evaluate.harness.evaluate",
+    "layerswap.search.search.resolve_pool",
+    "layerswap.analysis.report.render_html",
+    "ray.init",
+)
+
+
 @pytest.fixture(autouse=True)
 def tripwires(monkeypatch):
     """The first step of real work in each command fails the case at once: bad input must be
@@ -1137,16 +1150,7 @@ def tripwires(monkeypatch):
 
         return tripped
 
-    for target in (
-        "layerswap.world.build.make_datasets",
-        "layerswap.trainables.merge.engine.write_assembly",
-        "layerswap.trainables.train.run._train",
-        "layerswap.experts.sweep.run_sweep",
-        "layerswap.trainables.evaluate.harness.evaluate",
-        "layerswap.search.search.resolve_pool",
-        "layerswap.analysis.report.render_html",
-        "ray.init",
-    ):
+    for target in TRIPPED:
         monkeypatch.setattr(target, trip(target))
 
 

@@ -30,7 +30,7 @@ import pytest
 from layerswap.cli import main
 from layerswap.world import prebuilt
 from tests.cli.cli_process import leftovers
-from tests.cli.test_bad_input import WORLD_TASK, Env, _changes, _leftovers, _roots
+from tests.cli.test_bad_input import TRIPPED, WORLD_TASK, Env, _changes, _leftovers, _roots
 
 
 @pytest.fixture
@@ -38,18 +38,6 @@ def env(tmp_path, monkeypatch, tiny_world, family, expert_pair, analysis_run, me
     """A case's folder, also the working directory (as in test_bad_input)."""
     monkeypatch.chdir(tmp_path)
     return Env(tmp_path, tiny_world, family.paths, expert_pair, analysis_run, merged_model)
-
-
-TRIPPED = (
-    "layerswap.world.build.make_datasets",
-    "layerswap.trainables.merge.engine.write_assembly",
-    "layerswap.trainables.train.run._train",
-    "layerswap.experts.sweep.run_sweep",
-    "layerswap.trainables.evaluate.harness.evaluate",
-    "layerswap.search.search.resolve_pool",
-    "layerswap.analysis.report.render_html",
-    "ray.init",
-)
 
 
 @pytest.fixture
