@@ -107,7 +107,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model = Path(args.model)
     # Before the slow lm-eval import and task indexing; an adapter folder names its base.
     base, adapter = eval_target(model, args.base)
-    _check_context(args.max_gen_toks, Path(base))
     if args.world is not None:
         world = Path(args.world)
         problems = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
@@ -129,9 +128,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _run_eval(args, model, tasks, device, base, adapter)
 
 
-def _check_context(max_gen_toks: int, model: Path) -> None:
-    """Refuse a generation budget the model's context cannot hold (lm-eval asserts it only once
-    the model is loaded and generation starts). A Hub id is left to lm-eval."""
+def _check_context(max_gen_toks: int, model: Path, tasks: list[str], include_path) -> None:
+    """Refuse a generation budget the model's context cannot hold when a task generates (lm-eval
+    asserts it only once the model is loaded and generation starts). A Hub id is left to lm-eval.
+    """
     cfg = model / "config.json"
     if not cfg.is_file():
         return
@@ -139,11 +139,18 @@ def _check_context(max_gen_toks: int, model: Path) -> None:
         n = json.loads(cfg.read_text()).get("max_position_embeddings")
     except (ValueError, OSError):
         return  # the model's own loading names an unreadable config
-    if isinstance(n, int) and max_gen_toks >= n:
+    if not (isinstance(n, int) and max_gen_toks >= n):
+        return
+    # lazy: lm-eval's task index (configs only, no data); only for a budget that could not fit
+    from layerswap.trainables.evaluate.lm_eval_api import task_configs
+
+    configs = task_configs(tasks, include_path or [])
+    gen = [t for t, c in configs.items() if c is not None and c.get("output_type") == "generate_until"]  # fmt: skip
+    if gen:
         raise ValueError(
             f"--max-gen-toks {max_gen_toks}: the model's context is {n} tokens "
-            f"(max_position_embeddings in {cfg}); generation also needs the prompt: pass a "
-            f"smaller --max-gen-toks"
+            f"(max_position_embeddings in {cfg}), and {', '.join(gen)} generate after a prompt: "
+            "pass a smaller --max-gen-toks"
         )
 
 
@@ -170,8 +177,10 @@ def _run_eval(args: argparse.Namespace, model: Path, tasks: list[str], device: s
         with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
             write_world_tasks(Path(args.world), Path(tmp))
             _check_world_names(tasks, Path(tmp), args.world)
+            _check_context(args.max_gen_toks, Path(base), tasks, tmp)
             raw = evaluate(model, tasks, include_path=tmp, **kw)
     else:
+        _check_context(args.max_gen_toks, Path(base), tasks, None)
         raw = evaluate(model, tasks, **kw)
     print(metrics_table(raw))
     if adapter is not None:
