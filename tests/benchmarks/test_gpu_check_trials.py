@@ -19,6 +19,7 @@ from gpu_check import trial_cost as C  # noqa: E402
 from gpu_check import trials as T  # noqa: E402
 from gpu_check.figures import per_hour  # noqa: E402
 
+from layerswap.spaces.search_experiment import Fidelity  # noqa: E402
 from layerswap.spaces.study import load_profiles  # noqa: E402
 from layerswap.spaces.task_families import TaskShape  # noqa: E402
 from layerswap.study.estimate import ModelCost, evals_cost, forward_flops  # noqa: E402
@@ -82,7 +83,7 @@ def test_pass_rates_and_the_shipped_trial():
     # the pass's model had half the weights: its decoding step doubles at the full depth
     p = {"rows": rows, "flops": (4e14, 1e14), "weight_bytes": COST.weight_bytes / 2}
     shipped = SimpleNamespace(proxy_eval=SimpleNamespace(limit=None, max_gen_toks=256),
-                              search=SimpleNamespace(fidelity=SimpleNamespace(screen=0.25)))  # fmt: skip
+                              search=SimpleNamespace(fidelity=Fidelity(policy="screen", screen=0.25), multi_objective=False))  # fmt: skip
     s = T.shipped_trial(p, COST, TASKS, shipped, 64)
     assert s["median"] == {"compose_s": 0.2, "move_s": 0.5, "score_s": 5.5}  # the first is left out
     assert s["step_rows"] == 20 and s["other_s"] == pytest.approx(0.5)
