@@ -157,6 +157,12 @@ def _holding_locked(where: Path) -> None:
             )
 
 
+def live_owner(out: Path | str) -> str | None:
+    """Who holds `out`'s lock, as one phrase, while another live process holds it; else None."""
+    info = _busy_owner(lock_path(Path(out)))
+    return None if info is None else _owner_text(info)
+
+
 def _busy_owner(path: Path) -> dict | None:
     """The owner recorded in lock file `path` while another process holds it; None when it is
     free (stale) or cannot be read. Only tries the lock (shared, never kept)."""

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from layerswap.trainables.atomic import atomic_dir, atomic_write_text
-from layerswap.trainables.locks import OutputLocked, command_line, writing
+from layerswap.trainables.locks import OutputLocked, command_line, live_owner, writing
 
 __all__ = ["OutputLocked", "command_line", "writing"]  # the lock, from the one output policy
 
@@ -264,6 +264,10 @@ def output_problems(
         problems.append(f"{out}: already exists; pass --overwrite to replace it")
         return problems
     found = read_marker(out)
+    if found is None and (owner := live_owner(out)) is not None:
+        # a writer that took the lock but has not marked its output yet: name it, not the folder
+        problems.append(f"{out}: another layerswap command is writing it: {owner}")
+        return problems
     if found is None:
         if any(out.iterdir()):
             problems.append(
