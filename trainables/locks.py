@@ -159,8 +159,11 @@ def _holding_locked(where: Path) -> None:
 
 def live_owner(out: Path | str) -> str | None:
     """Who holds `out`'s lock, as one phrase, while another live process holds it; else None."""
-    info = _busy_owner(lock_path(Path(out)))
-    return None if info is None else _owner_text(info)
+    path = lock_path(Path(out))
+    if path in _HELD:  # this process's own lock (it checks again under it)
+        return None
+    info = _busy_owner(path)
+    return None if info is None or _working_for(info.get("pid")) else _owner_text(info)
 
 
 def _busy_owner(path: Path) -> dict | None:
