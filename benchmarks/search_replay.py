@@ -34,6 +34,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_search (experiment, grid enumeration)
 sys.path.insert(0, str(ROOT / "tests" / "search"))  # expert builders shared with the tests
 
+import optuna  # noqa: E402
+from bench_search import bench_experiment, enumerate_space  # noqa: E402
+
+from layerswap.search.fidelity import gates, policy_of, rung_spans  # noqa: E402
+from layerswap.search.searcher import make_sampler, tell  # noqa: E402
+from layerswap.search.trial import TrialResult, TrialRunner, combine, score_rungs  # noqa: E402
+from layerswap.spaces.search_experiment import Fidelity  # noqa: E402
+from layerswap.spaces.search_space import decode, suggest, warm_start  # noqa: E402
+from layerswap.trainables.atomic import atomic_write_text  # noqa: E402
+from layerswap.trainables.evaluate.scoring import aggregate_score, task_key  # noqa: E402
+from layerswap.trainables.evaluate.tasks import write_world_tasks  # noqa: E402
+from layerswap.trainables.model_ids import content_recipe_id  # noqa: E402
+
 # (name, sampler kind, fidelity settings over the experiment's); the shipped screen is the default
 POLICIES = [
     ("random", "random", {"policy": "none"}),
@@ -51,11 +64,6 @@ def score_items(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path)
         ValueError when a proxy's reported number is not the mean of its items (the replay
         averages prefixes of items, as the trial's rungs do).
     """
-    from layerswap.search.trial import TrialRunner
-    from layerswap.spaces.search_space import decode
-    from layerswap.trainables.evaluate.scoring import aggregate_score, task_key
-    from layerswap.trainables.evaluate.tasks import write_world_tasks
-    from layerswap.trainables.model_ids import content_recipe_id
 
     write_world_tasks(world, tmp / "tasks")
     whole = _fidelity(exp, {"policy": "none"})
@@ -86,7 +94,6 @@ def score_items(exp, world: Path, depth: int, pool, grid: list[dict], tmp: Path)
 
 def _fidelity(exp, fields: dict):
     """`exp` with the shipped fidelity defaults but for `fields`."""
-    from layerswap.spaces.search_experiment import Fidelity
 
     fid = Fidelity.model_validate(fields)
     return exp.model_copy(update={"search": exp.search.model_copy(update={"fidelity": fid})})
@@ -96,9 +103,6 @@ class Replay:
     """One replayed search: asks, gates, rung walks and tells, against the scored items."""
 
     def __init__(self, exp, depth, pool, items: dict, sampler, warm: dict | None):
-        import optuna
-
-        from layerswap.search.fidelity import policy_of, rung_spans
 
         self.exp, self.depth, self.pool, self.items = exp, depth, pool, items
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -112,22 +116,14 @@ class Replay:
         self.done: dict[str, dict] = {}  # recipe id -> its row (repeats are served)
 
     def ask(self):
-        from layerswap.spaces.search_space import decode, suggest
-        from layerswap.trainables.model_ids import content_recipe_id
 
         t = self.study.ask()
         suggest(t, self.exp.space, self.depth, self.pool)
-        gates = self._gates()
-        return t, content_recipe_id(decode(t.params, self.exp.space, self.depth, self.pool)), gates
-
-    def _gates(self):
-        from layerswap.search.fidelity import gates
-
-        return gates(self.exp.search.fidelity, self.rows)
+        bars = gates(self.exp.search.fidelity, self.rows)
+        return t, content_recipe_id(decode(t.params, self.exp.space, self.depth, self.pool)), bars
 
     def score(self, rid: str, gates) -> dict:
         """The row a trial of `rid` would write (served when the recipe was scored before)."""
-        from layerswap.search.trial import TrialResult, score_rungs
 
         if rid in self.done:
             return {**self.done[rid], "status": "duplicate", "items_scored": 0,
@@ -146,7 +142,6 @@ class Replay:
         return row
 
     def tell(self, trial, row: dict) -> None:
-        from layerswap.search.searcher import tell
 
         self.rows.append(row)
         tell(self.study, trial, row, {"source_status": row.get("source_status")})
@@ -188,11 +183,6 @@ def run_one(exp, depth, pool, items, sampler, warm, budget, top, concurrency, re
 def policy_report(exp, depth, pool, items: dict, budget_share: float, seeds: int) -> dict:
     """Every policy x mode over `seeds` seeds: hit rate, median trials and items to a top-5 %
     recipe (a miss counts as the whole budget's items), items spent in all."""
-    import optuna
-
-    from layerswap.search.searcher import make_sampler
-    from layerswap.search.trial import combine
-    from layerswap.spaces.search_space import warm_start
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     full = {rid: combine(exp.proxy_list, {t: statistics.fmean(s) for t, s in per.items()})[0]
@@ -249,9 +239,6 @@ def table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from bench_search import bench_experiment, enumerate_space
-
-    from layerswap.trainables.atomic import atomic_write_text
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world", type=Path, help="an embedded world (default: build one at --size)")
