@@ -147,7 +147,7 @@ class TaskFamily:
 _MGSM = "assumed: a GSM8K question is ~60 Llama-3 tokens in English, 2-5x that in Bengali, Telugu or Swahili; 150 as a middle; MGSM has 250 problems per language (Shi et al. 2023); answers: lm-eval's mgsm_direct_* stop at the next item's 'Question:' in the task's language ('Swali:', 'প্রশ্ন:', 'ప్రశ్న:'), so a few-shot answer is the number, a blank line and that word, ~5-12 tokens; 24 decoding steps a batch, for the batch's longest row"  # fmt: skip
 _BELE = "assumed: a FLORES passage (~90 English words) + question ≈ 150 tokens in English, 2-3x in the target scripts; 350 as a middle; 900 questions per language (Bandarkar et al. 2024)"  # fmt: skip
 _GMMLU = "assumed: MMLU question + 4 options ≈ 100 English tokens, 150 for other languages; 14,042 test items per language (MMLU's test set)"  # fmt: skip
-_WORLD = "assumed: the world's prompts are short (its SFT samples average 26-44 tokens); items from the world"  # fmt: skip
+_WORLD = "assumed: the world's prompts are short (its SFT samples average 38-43 tokens in the v4 world); items from the world"  # fmt: skip
 
 # Items are the splits' published sizes; tokens are assumptions (Llama-3 tokenizer), printed
 # with a study plan; a study's `tasks:` replaces them.
