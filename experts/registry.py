@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from layerswap.spaces.sweep import EXPERT_KINDS
-from layerswap.spaces.train_experiment import MODE_NAMES
+from layerswap.spaces.train_modes import MODE_NAMES
 from layerswap.trainables.atomic import atomic_write, read_parquet
 from layerswap.trainables.storage import absolute, is_under
 

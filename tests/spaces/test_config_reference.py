@@ -23,7 +23,8 @@ from layerswap.spaces.reference import (
     undocumented,
 )
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
-from layerswap.spaces.train_experiment import Hyper, TrainExperiment
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.spaces.train_settings import Hyper
 
 # Built by the search from its experiment, never read from a file of their own.
 NOT_IN_A_FILE = {ExpertPool, ExpertRef}

@@ -13,13 +13,11 @@ import yaml
 
 from layerswap import spaces
 from layerswap.spaces.train_experiment import (
-    MODE_NAMES,
-    PartitionSpec,
     load_train_experiment,
     parse_train_experiment,
-    partition_spec,
     with_overrides,
 )
+from layerswap.spaces.train_modes import MODE_NAMES, PartitionSpec, partition_spec
 
 EXAMPLES = Path(spaces.__file__).parent / "examples"
 
@@ -202,7 +200,7 @@ def test_the_old_search_key_says_it_is_now_sweep(tmp_path):
 
 
 def test_gpu_workers_reserve_several_cpus_unless_told():
-    from layerswap.spaces.train_experiment import GPU_WORKER_CPUS, Scaling
+    from layerswap.spaces.train_settings import GPU_WORKER_CPUS, Scaling
 
     assert Scaling().cpus_per_worker == 1.0
     assert Scaling(use_gpu=True).cpus_per_worker == GPU_WORKER_CPUS == 8.0

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from layerswap.spaces.train_experiment import LoraSpec, TrainExperiment, partition_spec
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.spaces.train_modes import LoraSpec, partition_spec
 from layerswap.trainables.merge.arch import layer_index
 from layerswap.trainables.train.data import stream_step
 from layerswap.trainables.train.partition import lora_target_regex, param_sides
@@ -232,7 +233,7 @@ class TrainingMode:
     trainable: Callable[[TrainExperiment, ModelShape], Split]
 
 
-# Keys: the config's modes (spaces.train_experiment.MODE_NAMES), in its order.
+# Keys: the config's modes (spaces.train_modes.MODE_NAMES), in its order.
 MODES: dict[str, TrainingMode] = {
     "full": TrainingMode(_full, _full_split),
     "lora": TrainingMode(_lora_mode, _lora_split),

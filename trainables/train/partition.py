@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from layerswap.spaces.recipe import LayerSwapRecipe, Side
-from layerswap.spaces.train_experiment import PartitionSpec
+from layerswap.spaces.train_modes import PartitionSpec
 from layerswap.spaces.zones import layer_map
 from layerswap.trainables.merge.arch import param_slot
 

@@ -11,12 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerswap.spaces.recipe import COMPONENTS, LayerSwapRecipe, RevertSpec
-from layerswap.spaces.train_experiment import (
-    PartialMode,
-    TrainExperiment,
-    partition_spec,
-    with_overrides,
-)
+from layerswap.spaces.train_experiment import TrainExperiment, with_overrides
+from layerswap.spaces.train_modes import PartialMode, partition_spec
 from layerswap.trainables.merge.engine import merge_to_disk
 from layerswap.trainables.train.data import build_data
 from layerswap.trainables.train.loop import run_training

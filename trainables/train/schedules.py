@@ -5,7 +5,7 @@ A pure function (no scheduler object) means nothing but the step needs saving to
 
 from __future__ import annotations
 
-from layerswap.spaces.train_experiment import Hyper
+from layerswap.spaces.train_settings import Hyper
 
 
 def lr_at(h: Hyper, step: int, total: int) -> float:

@@ -195,7 +195,7 @@ def test_mix_lora_trains_one_adapter_on_both_datasets(tiny_world, tmp_path):
 
 
 def test_every_mode_of_the_config_has_a_prepare_function():
-    from layerswap.spaces.train_experiment import MODE_NAMES
+    from layerswap.spaces.train_modes import MODE_NAMES
     from layerswap.trainables.train.modes import MODES
 
     assert list(MODES) == list(MODE_NAMES)
