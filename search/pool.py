@@ -174,6 +174,12 @@ def expert_id(pool: ExpertPool, ref) -> str:
     return Path(str(ref)).name
 
 
+def model_ids_file(run_dir: Path) -> Path:
+    """RUN/search/model_ids.json: the digests of the experts' files, which the search, its
+    --resume and its promotion share (trainables.model_ids.saved_digests) so none hashes twice."""
+    return Path(run_dir) / "search" / "model_ids.json"
+
+
 def include_paths(exp: SearchExperiment, run_dir: Path) -> list[str]:
     paths = list(exp.include_path)
     if exp.world is not None:

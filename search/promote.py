@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from layerswap.search.leaderboard import leaderboard
-from layerswap.search.pool import include_paths, model_depth, resolve_pool
+from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe
@@ -26,7 +26,7 @@ from layerswap.spaces.task_families import heldout_task, task_split
 from layerswap.spaces.zones import paper_default
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.scoring import score_key
-from layerswap.trainables.model_ids import content_recipe_id
+from layerswap.trainables.model_ids import content_recipe_id, saved_digests
 from layerswap.trainables.outputs import claim_sibling
 from layerswap.trainables.storage import local_copy
 
@@ -158,7 +158,7 @@ def promote(
 
     Args:
         experiment: the experiment the search ran.
-        run_dir: RUN (reads RUN/search/trials.parquet and pool.json).
+        run_dir: RUN (reads RUN/search/trials.parquet, pool.json and model_ids.json).
         progress: print one line per evaluated model.
         verbose: also lm-eval's progress bars and INFO log (harness.evaluate's `verbose`).
     Returns:
@@ -166,9 +166,12 @@ def promote(
     """
     exp = experiment
     run_dir = Path(run_dir).resolve()
-    setup = _set_up(exp, run_dir, progress)
-    ev = _evaluate_models(exp, setup, progress, verbose)
-    return _write_results(exp, run_dir, setup, ev)
+    # The search's digests of the experts: the baselines' and the best model's recipe ids
+    # hash no expert the search (in this process or an earlier one) already hashed.
+    with saved_digests(model_ids_file(run_dir)):
+        setup = _set_up(exp, run_dir, progress)
+        ev = _evaluate_models(exp, setup, progress, verbose)
+        return _write_results(exp, run_dir, setup, ev)
 
 
 def _load_pool(exp: SearchExperiment, run_dir: Path) -> ExpertPool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 
 from layerswap.search.expert_store import choose_store, stop_stores
-from layerswap.search.pool import include_paths, model_depth, resolve_pool
+from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
 from layerswap.search.trial import check_proxy_scales
@@ -24,6 +24,7 @@ from layerswap.search.tune_trial import TrialSpec, merge_trial
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, warm_start
 from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.model_ids import saved_digests
 from layerswap.trainables.outputs import OutputError, check_output, write_marker
 from layerswap.trainables.ray_session import init_ray, tune_output
 
@@ -54,7 +55,8 @@ def run_search(
 
     Args:
         experiment: the validated experiment.
-        run_dir: RUN; writes RUN/search/{trials.parquet,study.db,experiment.json,splits_read.json}.
+        run_dir: RUN; writes RUN/search/{trials.parquet,study.db,experiment.json,splits_read.json,
+            model_ids.json}.
         resume: continue an interrupted search (finished trials are kept, not repeated).
         progress: print one line per finished trial.
         verbose: also Ray's, Tune's and Optuna's own notices (see ray_session.tune_output).
@@ -77,7 +79,8 @@ def run_search(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
     )
 
-    with tune_output(verbose):
+    # Recipe ids hash the experts: once per run, not again on --resume or in promotion.
+    with tune_output(verbose), saved_digests(model_ids_file(run_dir)):
         storage, fresh = _open_study(exp, db, store, progress)
         remaining = exp.search.num_samples - len(store)
         searcher = None

@@ -4,6 +4,8 @@
 replaced by `model_content_id(ref)`: a local checkpoint folder by the bytes of its weights and
 configs, so the same recipe over the same experts has the same id in any run folder, on any
 machine and in any storage location. spaces.recipe stays pure; this module does the I/O.
+`saved_digests(FILE)` keeps the per-file digests of a run on disk (the search's
+RUN/search/model_ids.json), so a resumed search and its promotion read no expert again.
 Run: `python -c "from layerswap.trainables.model_ids import model_content_id as m; print(m('DIR'))"`.
 """
 
@@ -13,10 +15,13 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from layerswap.spaces.base import is_uri
 from layerswap.spaces.recipe import Recipe, model_refs, recipe_id
+from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.merge.threads import run_in_threads
 
 # The files that decide what a merge computes: the tensors (model and LoRA adapter shards) and
@@ -35,6 +40,10 @@ WORKERS = 4  # files hashed at once (hashlib releases the GIL while it hashes a 
 # inode catches a file replaced by rename, as atomic writers and save_pretrained do).
 _FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
 _LOCK = threading.Lock()
+# The keys each open `saved_digests` block has used: what it writes back (not every file this
+# process ever hashed, which in a long-lived process may belong to other runs).
+_RECORDERS: list[set[tuple[str, int, int, int]]] = []
+DIGESTS_FORMAT = 1  # saved_digests' file layout; another number is ignored (hashed anew)
 
 
 def hashed_files(folder: Path) -> list[Path]:
@@ -65,6 +74,8 @@ def _digests(files: list[Path]) -> dict[Path, str]:
     keys = {p: _file_key(p) for p in files}
     with _LOCK:
         out = {p: _FILE_DIGESTS[k] for p, k in keys.items() if k in _FILE_DIGESTS}
+        for rec in _RECORDERS:
+            rec.update(keys.values())
     todo = sorted((p for p in files if p not in out), key=lambda p: -keys[p][1])  # largest first
 
     def one(p: Path) -> None:
@@ -76,6 +87,68 @@ def _digests(files: list[Path]) -> dict[Path, str]:
     if todo:
         run_in_threads(todo, one, min(WORKERS, len(todo)), "model-id")
     return out
+
+
+def _read_saved(path: Path) -> dict[tuple[str, int, int, int], str]:
+    """The digests a `saved_digests` file holds; {} when it is missing or not one we wrote.
+
+    The file is only a cache of what hashing would give: an unreadable one (a crash of an older
+    layerswap, a hand edit) costs one re-hash, never a wrong id, so it is not an error.
+    """
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != DIGESTS_FORMAT:
+            return {}
+        return {
+            (str(e["path"]), int(e["size"]), int(e["mtime_ns"]), int(e["inode"])): str(e["sha256"])
+            for e in data["files"]
+        }
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
+def _unchanged(key: tuple[str, int, int, int]) -> bool:
+    try:
+        return _file_key(Path(key[0])) == key
+    except OSError:
+        return False
+
+
+@contextmanager
+def saved_digests(path: Path | str) -> Iterator[None]:
+    """Reuse and save the file digests of a run: read `path` before the block, write it after.
+
+    A saved digest is used only while its file has the same real path, size, mtime and inode
+    (the in-memory cache's key), so a changed or replaced expert is hashed again. The file is
+    written atomically, with the digests the block used and those saved before, also when the
+    block raises (what was hashed before an interrupt is not hashed twice).
+
+    Args:
+        path: the JSON file (a search's RUN/search/model_ids.json).
+    """
+    path = Path(path)
+    saved = _read_saved(path)
+    used: set[tuple[str, int, int, int]] = set()
+    with _LOCK:
+        for k, v in saved.items():
+            _FILE_DIGESTS.setdefault(k, v)
+        _RECORDERS.append(used)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _RECORDERS.remove(used)
+            keep = {k: _FILE_DIGESTS[k] for k in used if k in _FILE_DIGESTS}
+        # Saved digests of files since changed or removed would never match again: dropped.
+        keep = {k: v for k, v in saved.items() if _unchanged(k)} | keep
+        if keep != saved and path.parent.is_dir():
+            files = [
+                {"path": k[0], "size": k[1], "mtime_ns": k[2], "inode": k[3], "sha256": v}
+                for k, v in sorted(keep.items())
+            ]
+            atomic_write_text(
+                path, json.dumps({"format": DIGESTS_FORMAT, "files": files}, indent=1)
+            )
 
 
 def model_content_id(ref: str) -> str:
