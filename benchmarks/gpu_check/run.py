@@ -35,6 +35,8 @@ import time
 import traceback
 from pathlib import Path
 
+_STARTED = time.monotonic()  # the budget counts from here, torch not yet imported (_context)
+
 # Run as a script, this folder is sys.path[0]; its modules are imported as the gpu_check package
 # instead (benchmarks/ on the path), so names like `env` or `report` shadow nothing.
 _HERE = Path(__file__).resolve().parent
@@ -80,7 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _context(args, world: Path) -> Context:
+def _context(args, world: Path, started: float) -> Context:
+    """The run's Context; its deadline counts from `started` (time.monotonic() at the process's
+    start), so the world build and the imports spend the budget too: the lent GPU's one command
+    has ~6-7 minutes in all, not the budget plus whatever came before the first stage."""
     import torch
 
     cuda = torch.cuda.is_available() and not args.smoke
@@ -92,7 +97,7 @@ def _context(args, world: Path) -> Context:
     budget = args.budget_s or (600.0 if args.smoke else 360.0)
     ctx = Context(
         out=args.out, smoke=args.smoke, device="cuda" if cuda else "cpu",
-        deadline=time.monotonic() + budget, world=world, gpu_name=name,
+        deadline=started + budget, world=world, gpu_name=name,
         peak_flops=spec[0] if spec else None, bandwidth=spec[1] if spec else None,
     )  # fmt: skip
     if cuda and spec is None:
@@ -118,13 +123,30 @@ def run_stage(ctx: Context, index: int, name: str, min_s: float) -> dict:
                        "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
             print(f"[{name}] FAILED: {type(e).__name__}: {e}", flush=True)
         record["seconds"] = time.perf_counter() - t0
-        free(ctx.device)
+    # Written before the device is touched again: after a sticky CUDA error (an illegal memory
+    # access) even the synchronize in `free` raises, and this stage's record must survive it.
     write_json(ctx.out / f"{index:02d}_{name}.json", record)
     print(f"[{name}] {record['status']} in {record['seconds']:.1f} s", flush=True)
+    _free_after(ctx, record)
     return record
 
 
-def main(argv=None) -> int:
+def _free_after(ctx: Context, record: dict) -> None:
+    """Free what the stage left (out of its except block: an out-of-memory error's traceback
+    no longer holds the stage's tensors); a device that cannot even be freed is noted, and the
+    next stages still run and write their records."""
+    try:
+        free(ctx.device)
+    except Exception as e:  # the next stage's own failure will say more; this one is noted
+        note = f"after stage {record['stage']}, freeing the device failed: {type(e).__name__}: {e}"
+        ctx.notes.append(note[:500])
+        print(f"[{record['stage']}] {note}", flush=True)
+
+
+def main(argv=None, started: float | None = None) -> int:
+    """The check (module docstring); `started`: time.monotonic() the budget counts from
+    (default: now). Returns the exit status: 1 when a stage did not finish."""
+    started = time.monotonic() if started is None else started
     args = parse_args(argv)
     from gpu_check.report import write_report
     from gpu_check.throughput import update_throughput
@@ -137,7 +159,7 @@ def main(argv=None) -> int:
             from layerswap.world import build_world
 
             world = build_world(Path(tmp) / "world", size="tiny", progress=False)
-        ctx = _context(args, world)
+        ctx = _context(args, world, started)
         print(f"gpu-check on {ctx.gpu_name} ({'smoke' if ctx.smoke else 'full'}), out {args.out}", flush=True)  # fmt: skip
         records = []
         for i, (name, min_s) in enumerate(STAGES, 1):
@@ -154,4 +176,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(started=_STARTED))

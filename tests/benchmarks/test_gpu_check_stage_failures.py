@@ -1,0 +1,101 @@
+"""The GPU check's one shot on a lent GPU must keep going: a stage that runs out of CUDA memory
+leaves its record and frees the device (its tensors gone first) before the next stage runs; a
+device that cannot even be freed (a sticky CUDA error) still lets every later stage write its
+record; and the time budget counts from the process's start, world build included. Fake
+stages and a CUDA-less torch whose cuda calls are recorded stand in for the GPU.
+
+Run: .venv/bin/python -m pytest -q tests/benchmarks/test_gpu_check_stage_failures.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import types
+import weakref
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import run as gc_run  # noqa: E402
+from gpu_check.common import Context  # noqa: E402
+
+
+def fake_stage(monkeypatch, name: str, run) -> None:
+    """Register `gpu_check.<name>` as a stage module whose run is `run`."""
+    mod = types.ModuleType(f"gpu_check.{name}")
+    mod.TITLE, mod.run = f"fake {name}", run
+    monkeypatch.setitem(sys.modules, f"gpu_check.{name}", mod)
+
+
+def cuda_ctx(tmp_path: Path) -> Context:
+    """A full (non-smoke) run's context on "cuda", with time to spare."""
+    return Context(out=tmp_path, smoke=False, device="cuda", deadline=time.monotonic() + 1e4,
+                   world=tmp_path, gpu_name="NVIDIA H100 80GB HBM3")  # fmt: skip
+
+
+@pytest.fixture
+def cuda_calls(monkeypatch):
+    """torch.cuda's freeing calls recorded instead of made (this torch has no CUDA)."""
+    calls: list[str] = []
+    for fn in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, fn, lambda *a, _fn=fn, **k: calls.append(_fn))
+    return calls
+
+
+def test_out_of_memory_frees_the_stages_tensors_then_the_next_stage_runs(tmp_path, monkeypatch, cuda_calls):  # fmt: skip
+    held: list[weakref.ref] = []
+    alive_at_empty_cache: list[bool] = []
+
+    def oom(ctx):
+        activations = torch.empty(1 << 20)  # what a stage holds when the allocator gives up
+        held.append(weakref.ref(activations))
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+
+    def empty_cache():
+        alive_at_empty_cache.append(held[0]() is not None)
+        cuda_calls.append("empty_cache")
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    fake_stage(monkeypatch, "fake_oom", oom)
+    fake_stage(monkeypatch, "fake_next", lambda ctx: {"figures": [], "ran": True})
+    ctx = cuda_ctx(tmp_path)
+    first = gc_run.run_stage(ctx, 1, "fake_oom", 0)
+    assert first["status"] == "failed" and first["error"].startswith("OutOfMemoryError: CUDA out")
+    # the device was freed once the stage's tensors were gone, and the peak counter restarted
+    assert alive_at_empty_cache == [False]
+    assert cuda_calls == ["synchronize", "empty_cache", "reset_peak_memory_stats"]
+    second = gc_run.run_stage(ctx, 2, "fake_next", 0)
+    assert second["status"] == "ok" and second["result"]["ran"]
+    on_disk = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert on_disk["01_fake_oom.json"]["status"] == "failed"
+    assert on_disk["02_fake_next.json"]["status"] == "ok"
+
+
+def test_a_device_that_cannot_be_freed_still_leaves_every_record(tmp_path, monkeypatch):
+    def sticky(*a, **k):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    fake_stage(monkeypatch, "fake_a", lambda ctx: {"figures": []})
+    fake_stage(monkeypatch, "fake_b", lambda ctx: {"figures": []})
+    ctx = cuda_ctx(tmp_path)
+    records = [gc_run.run_stage(ctx, i, n, 0) for i, n in enumerate(("fake_a", "fake_b"), 1)]
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["01_fake_a.json", "02_fake_b.json"]
+    assert len(ctx.notes) == 2 and "illegal memory access" in ctx.notes[0]
+    assert ctx.notes[0].startswith("after stage fake_a, freeing the device failed: RuntimeError")
+
+
+def test_the_budget_counts_from_the_process_start(tmp_path, monkeypatch):
+    """The world build (~20 s) and imports come before the first stage; the lent GPU's one
+    command has the budget in all, so they spend it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = Namespace(smoke=True, budget_s=360.0, out=tmp_path)
+    ctx = gc_run._context(args, tmp_path, started=time.monotonic() - 100.0)
+    assert 255.0 < ctx.remaining() <= 260.0
