@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.train.sources import (
-    LANGUAGE_SOURCES,
+from layerswap.trainables.train.sft_records import (
     RECORD_KEYS,
     DataSourceError,
     Record,
-    load_sft,
     resolve_language,
 )
+from layerswap.trainables.train.sources import LANGUAGE_SOURCES, load_sft
 
 # ---------------------------------------------------------------------------------------------
 # The math guard. The papers' language sets contain no math, so a math-looking example in a

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from layerswap.trainables.train.sft_records import DataSourceError
 from layerswap.trainables.train.sources import (
     LANGUAGE_SOURCES,
     SOURCES,
-    DataSourceError,
     get_source,
     load_sft,
 )
