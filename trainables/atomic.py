@@ -65,6 +65,26 @@ def _rust_errno(message: str) -> int | None:
     return int(m.group(1) or m.group(2)) if m else None
 
 
+def temp_sibling(out: Path) -> Path:
+    """The hidden sibling `.NAME.tmp-PID-TAG` a writer of `out` builds it in: the pid names the
+    writer, so a later writer that takes over from a killed one knows which temps were its
+    (`dead_writer_temps`)."""
+    return out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def dead_writer_temps(out: Path, pid: int) -> list[Path]:
+    """The temporary siblings of `out` that the writer `pid` made (`temp_sibling`'s names).
+
+    Only for a writer known dead: the caller holds `out`'s lock, taken over from `pid`'s stale
+    one. Names of any other form (another pid, a user's file) are never returned.
+    """
+    name = re.compile(rf"\.{re.escape(out.name)}\.tmp-{int(pid)}-[0-9a-f]{{8}}")
+    try:
+        return sorted(p for p in out.parent.iterdir() if name.fullmatch(p.name))
+    except OSError:  # the parent is gone or unreadable: nothing of ours to find there
+        return []
+
+
 @contextmanager
 def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder next to `out`; on success it becomes `out`, on error it vanishes.
@@ -77,8 +97,8 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    tmp = temp_sibling(out)
+    tag = tmp.name.rsplit("-", 1)[1]
     tmp.mkdir()
     old = None
     try:
@@ -114,7 +134,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         write: writes the whole content to the temporary sibling path it is given.
     """
     path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temp_sibling(path)
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -11,7 +11,9 @@ rebuilds them (`outputs.replacing`); a file inside would move away with the old 
 writers would then lock two different files. It holds the owner's pid, host and command as JSON
 and is locked with `fcntl.flock`, which the kernel drops when the owner dies: a lock file whose
 flock is free is stale (its owner was killed), and is taken over, saying so. The file is removed
-when the lock is released, so nothing is left beside the output.
+when the lock is released, so nothing is left beside the output. Taking over a stale lock also
+removes the temporary siblings its dead owner left (`.NAME.tmp-PID-*`, trainables/atomic.py),
+naming each in one line.
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
 """
@@ -22,12 +24,15 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from layerswap.trainables.atomic import dead_writer_temps
 
 SUFFIX = ".layerswap.lock"
 # Pids holding locks that this process's tree writes under: children (Ray's processes started
@@ -205,6 +210,7 @@ def _take(path: Path, out: Path) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+            _sweep_dead_temps(path.parent / path.name[1 : -len(SUFFIX)], before.get("pid"))
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -217,6 +223,27 @@ def _take(path: Path, out: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _sweep_dead_temps(out: Path, pid: object) -> None:
+    """Remove the half-built temporary siblings a killed writer `pid` left beside `out`.
+
+    Called under `out`'s lock, taken over from `pid`'s stale one: no live process writes `out`,
+    and only names `atomic.temp_sibling` gave that pid are touched (never a user's file, nor
+    the temps of another writer).
+    """
+    if not isinstance(pid, int):
+        return
+    for tmp in dead_writer_temps(out, pid):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        print(
+            f"layerswap: {out}: removed {tmp.name}, the unfinished output of pid {pid}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _release(path: Path, fd: int, made: list[Path]) -> None:
