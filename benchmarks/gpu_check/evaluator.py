@@ -97,12 +97,12 @@ def _fits(ctx, run_hflm, b: int):
     """`run_hflm(b)`, or None when batch `b` runs out of device memory (that is the finding)."""
     import torch
 
-    from layerswap.trainables.evaluate.proxy_lm import is_oom
+    from layerswap.trainables.evaluate.fit import is_out_of_memory
 
     try:
         return run_hflm(b)
     except (RuntimeError, torch.OutOfMemoryError) as e:
-        if b == HFLM_BATCHES[0] or not is_oom(e):  # no reference without batch 1
+        if b == HFLM_BATCHES[0] or not is_out_of_memory(e):  # no reference without batch 1
             raise
     free(ctx.device)  # out of the except block: the traceback's tensors are gone
     return None

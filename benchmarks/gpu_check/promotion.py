@@ -22,7 +22,11 @@ import time
 
 from gpu_check.common import GIB, ROOT, Timer, free, peak_gib
 from gpu_check.figures import Figure, Target, fmt, relative_error
-from layerswap.trainables.evaluate.fit import generate_memory, loglikelihood_memory
+from layerswap.trainables.evaluate.fit import (
+    generate_memory,
+    is_out_of_memory,
+    loglikelihood_memory,
+)
 
 TITLE = "Promotion memory at the shipped batch size"
 
@@ -131,15 +135,17 @@ def _requests(lm, tok, corpus: list[int], kind: str, rows: int, tokens: int, gen
 
 def _measure(ctx, lm, reqs: list, kind: str) -> tuple[bool, str | None, float, float | None]:
     """Run one case from a reset peak counter: (fits, error, seconds, peak GiB)."""
-    import torch
-
     free(ctx.device)
     fits, error = True, None
     t0 = time.perf_counter()
     try:
         with Timer(ctx.device):
             getattr(lm, kind)(reqs, disable_tqdm=True)
-    except torch.cuda.OutOfMemoryError as e:  # the finding: this batch does not fit
+    except RuntimeError as e:  # torch.OutOfMemoryError is one
+        # The finding: this batch does not fit, however the GPU said so (a kernel's own
+        # allocation raises "CUDA error: out of memory", a plain RuntimeError); else a failure.
+        if not is_out_of_memory(e):
+            raise
         fits, error = False, str(e).splitlines()[0][:240]
     seconds, peak = time.perf_counter() - t0, peak_gib(ctx.device)
     free(ctx.device)

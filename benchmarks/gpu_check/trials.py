@@ -39,6 +39,7 @@ from gpu_check.trial_cost import (
     rate_profiles,
 )
 from layerswap.study.estimate import forward_flops, model_cost, task_shape
+from layerswap.trainables.evaluate.fit import says_out_of_memory
 
 TITLE = "Search trials at the 8B shape"
 SHIPPED = ROOT / "spaces" / "examples" / "real_llama31_8b_sw_search.yaml"
@@ -180,7 +181,8 @@ def run_pass(ctx, runner, exp, pool, keep: bool, trials: int, end: float) -> dic
             break
         before, _ = dict(live.loaded), clock.take()
         res = runner.run(decode(params, exp.space, live.depth, pool))
-        if res.status != "ok" and "OutOfMemoryError" in (res.error or ""):
+        # "CUDA error: out of memory" (a RuntimeError) too: the fit finding, not a failure
+        if res.status != "ok" and says_out_of_memory(res.error or ""):
             return out | {"does_not_fit": res.error.splitlines()[0]}
         if res.status != "ok":
             raise RuntimeError(f"trial {i} failed: {res.error}")

@@ -99,3 +99,23 @@ def test_the_budget_counts_from_the_process_start(tmp_path, monkeypatch):
     args = Namespace(smoke=True, budget_s=360.0, out=tmp_path)
     ctx = gc_run._context(args, tmp_path, started=time.monotonic() - 100.0)
     assert 255.0 < ctx.remaining() <= 260.0
+
+
+def test_promotion_case_that_does_not_fit_is_a_finding_however_cuda_says_it(tmp_path):
+    """A kernel's own allocation raises "CUDA error: out of memory", a plain RuntimeError: that
+    is the case's finding (does not fit), not the end of the stage and its measured cases."""
+    from gpu_check.promotion import _measure
+
+    class FullGpu:
+        def loglikelihood(self, reqs, disable_tqdm):
+            raise RuntimeError("CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA")
+
+        def generate_until(self, reqs, disable_tqdm):
+            raise RuntimeError("shape mismatch")  # a real failure stays one
+
+    ctx = Context(out=tmp_path, smoke=True, device="cpu", deadline=time.monotonic() + 1e4,
+                  world=tmp_path, gpu_name="cpu")  # fmt: skip
+    fits, error, _, peak = _measure(ctx, FullGpu(), [], "loglikelihood")
+    assert (fits, error, peak) == (False, "CUDA error: out of memory", None)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        _measure(ctx, FullGpu(), [], "generate_until")

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from lm_eval.models.utils import postprocess_generated_text
 
+from layerswap.trainables.evaluate.fit import is_out_of_memory
 from layerswap.trainables.evaluate.harness import check_batch_size
 
 # Rows per forward pass when the batch size is "auto": where to start on each device type. On a
@@ -27,13 +28,6 @@ def model_device(model) -> torch.device:
     """The device of the model's first parameter (where every input must be made)."""
     p = next(iter(model.parameters()), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def is_oom(e: BaseException) -> bool:
-    """True for a device out-of-memory error (CUDA, MPS or an allocator's RuntimeError)."""
-    return isinstance(e, torch.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and "out of memory" in str(e)
-    )
 
 
 class BatchSizer:
@@ -63,14 +57,17 @@ class BatchSizer:
             try:
                 chunk(i, min(n, i + size))
                 i += size
+                continue
             except (RuntimeError, torch.OutOfMemoryError) as e:
-                if self.setting != "auto" or size == 1 or not is_oom(e):
+                if self.setting != "auto" or size == 1 or not is_out_of_memory(e):
                     raise
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                size = max(1, size // 2)
-                self.fitted[(device.type, kind)] = size
-                self.backoffs += 1
+            # Out of the except block: the error's traceback held the failed chunk's logits, so
+            # an empty_cache inside it gave nothing back before the smaller retry.
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            size = max(1, size // 2)
+            self.fitted[(device.type, kind)] = size
+            self.backoffs += 1
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -236,8 +233,11 @@ def greedy_generate(
     device = model_device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids, extra = _left_pad(ctxs, pad, device)
-    stop_t = torch.tensor(sorted(stop_ids), device=device)
-    trig_t = torch.tensor(triggers, device=device) if triggers is not None else None
+    # long: an empty list would make a float tensor, and isin would compare ids as floats
+    stop_t = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    trig_t = (
+        torch.tensor(triggers, dtype=torch.long, device=device) if triggers is not None else None
+    )
     gen: list[list[int]] = [[] for _ in ctxs]
     active = list(range(len(ctxs)))  # batch position -> row
     done: set[int] = set()
