@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerswap.search.preflight import is_hub_id
+from layerswap.search.preflight_folders import is_hub_id
 from layerswap.search.promote import promotion_tasks
 from layerswap.spaces.base import load_yaml
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment

@@ -7,7 +7,7 @@ the sweeps' checkpoints, (3) merge-search trials, (4) promotion (top-k recipes +
 the target and proxy test tasks). `format_study_plan(plan)` (study/report.py) is what
 `layerswap plan` prints.
 Names are resolved without network: model configs (spaces' path rule, the HF cache, built-in
-copies), lm-eval task names (search/preflight.py's finder), dataset sources
+copies), lm-eval task names (search/preflight_tasks.py's finder), dataset sources
 (trainables.train.sources). What cannot be known offline is listed, never guessed silently.
 The cost model: study/estimate.py (FLOPs, evaluation), study/training.py (training runs:
 padding, communication, checkpoints). Tests: .venv/bin/pytest -q tests/study/
@@ -15,7 +15,7 @@ padding, communication, checkpoints). Tests: .venv/bin/pytest -q tests/study/
 
 from __future__ import annotations
 
-from layerswap.search import preflight
+from layerswap.search import preflight_tasks
 from layerswap.search.fidelity import policy_of
 from layerswap.search.promote import promotion_tasks, shot_groups
 from layerswap.spaces.search_space import ExpertPool
@@ -75,8 +75,8 @@ class _Ctx:
         return shape
 
     def find_tasks(self, names: list[tuple[str, str]], world: str | None, include_path=()) -> None:  # fmt: skip
-        """Check task names (search.preflight.find_tasks); problems and what was found go to the plan."""
-        problems, found = preflight.find_tasks(names, world, self.texts, list(include_path))
+        """Check task names (search.preflight_tasks.find_tasks); problems and what was found go to the plan."""
+        problems, found = preflight_tasks.find_tasks(names, world, self.texts, list(include_path))
         self.plan.problems += problems
         self.plan.resolved += found
 
@@ -89,7 +89,8 @@ def _rows(ex: StudyExpert, ctx: _Ctx) -> list[int] | None:
     study's `rows`, else their `limit`; None when one cannot be known."""
     # lazy: torch (~3 s); `layerswap plan` loads it only to count local rows
     from layerswap.trainables.train.data import load_pairs
-    from layerswap.trainables.train.sources import get_source, resolve_language
+    from layerswap.trainables.train.sft_records import resolve_language
+    from layerswap.trainables.train.sources import get_source
 
     rows: list[int] | None = []
     for i, ds in enumerate(ex.experiment.datasets):

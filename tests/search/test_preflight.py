@@ -256,7 +256,7 @@ def test_three_problems_are_all_reported(tiny_world, paths, tmp_path):
 
 
 def test_torch_free_mirrors_agree_with_the_engine(paths, tmp_path):
-    from layerswap.search import preflight as pf
+    from layerswap.search import preflight_folders as pf
     from layerswap.trainables.merge import checkpoint, lora
 
     assert pf.WEIGHT_FILES == checkpoint.WEIGHT_FILES
