@@ -24,12 +24,11 @@ from layerswap.trainables.merge.checkpoint import (
     FLOAT_TAGS,
     Checkpoint,
     CheckpointError,
-    OutSpec,
-    ShardWriter,
     byte_view,
 )
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
+from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 from layerswap.trainables.merge.terms import Assembly, Linear, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.model_ids import content_recipe_id

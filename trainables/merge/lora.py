@@ -19,13 +19,7 @@ from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, du
 from layerswap.spaces.zones import layer_map, reverted
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
 from layerswap.trainables.merge.assembly import recipe_refs
-from layerswap.trainables.merge.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    OutSpec,
-    ShardWriter,
-    byte_view,
-)
+from layerswap.trainables.merge.checkpoint import Checkpoint, CheckpointError, byte_view
 from layerswap.trainables.merge.engine import (
     CHUNK_ELEMS,
     DEFAULT_SHARD_BYTES,
@@ -36,6 +30,7 @@ from layerswap.trainables.merge.engine import (
     resolve_ref,
 )
 from layerswap.trainables.merge.modelcard import model_card
+from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 from layerswap.trainables.merge.terms import transition_weights
 from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import check_output, output_dir

@@ -15,15 +15,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from layerswap.trainables.atomic import atomic_dir, atomic_write_text
-from layerswap.trainables.merge.checkpoint import (
-    TAGS,
-    Checkpoint,
-    CheckpointError,
-    OutSpec,
-    ShardWriter,
-    read_header,
-)
+from layerswap.trainables.merge.checkpoint import TAGS, Checkpoint, CheckpointError, read_header
 from layerswap.trainables.merge.ops import row_chunks
+from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 
 
 def write_raw(path: Path, header: dict, data: bytes) -> Path:
