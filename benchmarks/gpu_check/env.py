@@ -46,6 +46,7 @@ def run(ctx) -> dict:
         p = torch.cuda.get_device_properties(0)
         versions["GPU memory (GiB)"] = f"{p.total_memory / 2**30:.1f}"
         versions["compute capability"] = f"{p.major}.{p.minor}"
+        versions["streaming multiprocessors"] = str(p.multi_processor_count)  # PCIe/SXM, MIG
         versions["bf16 supported"] = str(torch.cuda.is_bf16_supported())
     versions["bf16 peak FLOP/s (datasheet)"] = (
         f"{ctx.peak_flops:.3g}" if ctx.peak_flops else "unknown"

@@ -12,25 +12,44 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# Dense bf16 tensor-core peak FLOP/s and HBM bandwidth (B/s) from the vendors' datasheets, by a
-# substring of torch.cuda.get_device_name(); first match wins, so the specific names come first.
-GPU_SPECS: list[tuple[str, float, float]] = [
-    ("H100 PCIe", 756e12, 2.0e12),
-    ("H100 NVL", 835e12, 3.9e12),
-    ("H100", 989.4e12, 3.35e12),  # SXM5 ("NVIDIA H100 80GB HBM3")
-    ("H200", 989.4e12, 4.8e12),
-    ("A100", 312e12, 2.039e12),  # 80 GB SXM
-    ("L40S", 362e12, 0.864e12),
-    ("A10G", 70e12, 0.6e12),
+# Dense bf16 tensor-core peak FLOP/s, HBM bandwidth (B/s) and streaming multiprocessors from the
+# vendors' datasheets, by a substring of torch.cuda.get_device_name(); first match wins, so the
+# specific names come first. The SM count tells apart what the name may not: an H100 PCIe (114
+# SMs, 756 TFLOP/s) from an SXM5 (132, 989), and a MIG slice (a share of the SMs).
+GPU_SPECS: list[tuple[str, float, float, int]] = [
+    ("H100 PCIe", 756e12, 2.0e12, 114),
+    ("H100 NVL", 835e12, 3.9e12, 132),
+    ("H100", 989.4e12, 3.35e12, 132),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    ("H200", 989.4e12, 4.8e12, 132),
+    ("A100", 312e12, 2.039e12, 108),  # 80 GB SXM
+    ("L40S", 362e12, 0.864e12, 142),
+    ("A10G", 70e12, 0.6e12, 80),
 ]
 
 
-def gpu_spec(name: str) -> tuple[float, float] | None:
-    """(bf16 peak FLOP/s, memory bytes/s) of a GPU by its name; None when it is not in the table."""
-    for key, flops, bw in GPU_SPECS:
-        if key.lower() in name.lower():
-            return flops, bw
-    return None
+def gpu_spec(name: str, sms: int | None = None) -> tuple[float, float, str] | None:
+    """(bf16 peak FLOP/s, memory bytes/s, which datasheet row and why) of a GPU; None when its
+    name is not in the table.
+
+    Args:
+        name: torch.cuda.get_device_name().
+        sms: the device's multi_processor_count, when known. Where it differs from the named
+            row's, a row of the same family with that count is taken (an H100 that reports
+            114 SMs is a PCIe card, whatever its name says), else both figures are scaled by
+            the share of SMs (a MIG slice or a cut-down part).
+    """
+    rows = [r for r in GPU_SPECS if r[0].lower() in name.lower()]
+    if not rows:
+        return None
+    key, flops, bw, full = rows[0]
+    if sms is None or sms == full:
+        return flops, bw, f"datasheet {key}" + (f" ({sms} SMs)" if sms else "")
+    family = key.split()[0]
+    twin = next((r for r in GPU_SPECS if r[0].split()[0] == family and r[3] == sms), None)
+    if twin is not None:
+        return twin[1], twin[2], f"datasheet {twin[0]}: {sms} SMs, although the name says {name!r}"
+    share = sms / full
+    return flops * share, bw * share, f"datasheet {key} x {sms}/{full} SMs (a MIG slice or a cut-down part)"  # fmt: skip
 
 
 @dataclass(frozen=True)

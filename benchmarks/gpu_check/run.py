@@ -93,7 +93,8 @@ def _context(args, world: Path, started: float) -> Context:
         raise SystemExit("gpu-check: no usable CUDA device (torch.cuda.is_available() is False); "
                          "run it on a GPU machine, or --smoke on a CPU")  # fmt: skip
     name = torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)"
-    spec = gpu_spec(name) if cuda else None
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else None
+    spec = gpu_spec(name, sms) if cuda else None
     budget = args.budget_s or (600.0 if args.smoke else 360.0)
     ctx = Context(
         out=args.out, smoke=args.smoke, device="cuda" if cuda else "cpu",
@@ -102,6 +103,8 @@ def _context(args, world: Path, started: float) -> Context:
     )  # fmt: skip
     if cuda and spec is None:
         ctx.notes.append(f"{name} is not in figures.GPU_SPECS: peak shares are not computed")
+    elif spec is not None:
+        ctx.notes.append(f"peak {spec[0]:.4g} FLOP/s and {spec[1]:.3g} B/s: {spec[2]}")
     return ctx
 
 

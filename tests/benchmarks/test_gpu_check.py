@@ -65,10 +65,21 @@ def test_ratios():
 
 
 def test_gpu_specs_take_the_specific_name_first():
-    assert F.gpu_spec("NVIDIA H100 80GB HBM3") == (989.4e12, 3.35e12)
-    assert F.gpu_spec("NVIDIA H100 PCIe") == (756e12, 2.0e12)
-    assert F.gpu_spec("NVIDIA H200") == (989.4e12, 4.8e12)
+    assert F.gpu_spec("NVIDIA H100 80GB HBM3")[:2] == (989.4e12, 3.35e12)
+    assert F.gpu_spec("NVIDIA H100 PCIe")[:2] == (756e12, 2.0e12)
+    assert F.gpu_spec("NVIDIA H200")[:2] == (989.4e12, 4.8e12)
     assert F.gpu_spec("Some Future GPU") is None
+
+
+def test_gpu_specs_tell_pcie_sxm_and_mig_apart_by_their_sms():
+    """The name alone can mislead: an H100 reporting 114 SMs is a PCIe card (756, not 989
+    TFLOP/s: every MFU 31 % low otherwise), and a MIG slice has a share of the SMs."""
+    assert F.gpu_spec("NVIDIA H100 80GB HBM3", 132)[:2] == (989.4e12, 3.35e12)
+    pcie = F.gpu_spec("NVIDIA H100", 114)
+    assert pcie[:2] == (756e12, 2.0e12) and "H100 PCIe: 114 SMs" in pcie[2]
+    mig = F.gpu_spec("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 60)
+    assert mig[:2] == pytest.approx((989.4e12 * 60 / 132, 3.35e12 * 60 / 132))
+    assert "60/132 SMs" in mig[2]
 
 
 def test_fmt():
