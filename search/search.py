@@ -135,6 +135,8 @@ def _check_search_dir(
     if resume and saved.exists() and _saved_identity(saved) != search_identity(exp):
         # Only the budget and promotion may change on resume: rows must stay comparable.
         raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")
+    if resume and saved.exists():
+        _check_same_fidelity(exp, saved)
     scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
     if resume and not scored <= {p.task for p in exp.proxy_list}:
         # A search saved before its default proxies changed (its experiment.json left them
@@ -144,6 +146,28 @@ def _check_search_dir(
             f"proxies are {[p.task for p in exp.proxy_list]}; start a new search (--out)"
         )
     write_marker(sdir, "search", search_identity(exp))
+
+
+def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
+    """Refuse a --resume whose search.fidelity differs from the saved run's, naming each field.
+
+    The budget may change on resume, the fidelity may not: the gates rank a new trial's rung
+    values against the earlier rows' by rung index, and rows scored on other rungs (another
+    policy, screen share or rungs) or ranked by another eta, keep_top or delta are not
+    comparable to them.
+    """
+    old = SearchExperiment.model_validate_json(saved.read_text()).search.fidelity
+    new = exp.search.fidelity
+    changed = [k for k in type(new).model_fields if getattr(old, k) != getattr(new, k)]
+    if changed:
+        what = "; ".join(
+            f"search.fidelity.{k} was {getattr(old, k)!r}, is now {getattr(new, k)!r}"
+            for k in changed
+        )
+        raise OutputError(
+            f"--resume: {what} ({saved}); a search keeps its fidelity: resume with the old one "
+            "or start a new search (--out)"
+        )
 
 
 def _saved_identity(saved: Path) -> str:

@@ -1,0 +1,69 @@
+"""`layerswap search --resume` with another fidelity than the run's is refused like bad input.
+
+A resumed search ranks each new trial's rung values against the earlier rows' by rung index; rows
+scored under another policy, other rungs or another eta are not comparable, so a changed
+`search.fidelity` is refused in one line naming the field, the saved value and the new one (exit
+2, no traceback, nothing changed: test_bad_input.py's own check, its tripwires armed).
+Run: .venv/bin/python -m pytest -q tests/cli/test_bad_input_resume.py
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+
+from tests.cli.test_bad_input import (  # noqa: F401  (bases_in_tmp, env, tripwires: fixtures)
+    Env,
+    bases_in_tmp,
+    env,
+    tripwires,
+)
+from tests.cli.test_bad_input import (
+    test_bad_input_is_refused_and_changes_nothing as refused_and_unchanged,
+)
+
+CASES: list = []
+
+
+def case(fn: Callable) -> Callable:
+    CASES.append(pytest.param(fn, id=fn.__name__))
+    return fn
+
+
+def _resumed_with(e: Env, old: dict, new: dict) -> tuple[list[str], str]:
+    """RUN/search started with fidelity `old`; (the --resume command line with `new`, its sdir)."""
+    data = e.search_data()
+    before, after = copy.deepcopy(data), copy.deepcopy(data)
+    before["search"]["fidelity"], after["search"]["fidelity"] = old, new
+    sdir = e.earlier_search("run", before)
+    f = e.yaml("search.yaml", after)
+    return ["search", f, "--out", e.at("run"), "--resume"], sdir
+
+
+@case
+def search__resume_with_another_fidelity_policy(e: Env):
+    argv, sdir = _resumed_with(e, {"policy": "screen", "screen": 0.5}, {"policy": "halving"})
+    return argv, [
+        "--resume: search.fidelity.policy was 'screen', is now 'halving'",
+        f"{sdir}/experiment.json",
+    ]
+
+
+@case
+def search__resume_with_other_halving_rungs(e: Env):
+    old, new = {"policy": "halving"}, {"policy": "halving", "rungs": [0.25, 0.5]}
+    argv, _ = _resumed_with(e, old, new)
+    return argv, ["search.fidelity.rungs was [0.125, 0.25, 0.5], is now [0.25, 0.5]"]
+
+
+@case
+def search__resume_with_another_halving_eta(e: Env):
+    argv, _ = _resumed_with(e, {"policy": "halving", "eta": 3}, {"policy": "halving", "eta": 2})
+    return argv, ["search.fidelity.eta was 3, is now 2"]
+
+
+@pytest.mark.parametrize("make", CASES)
+def test_changed_fidelity_on_resume_is_refused(make, env, tree_state, capsys):  # noqa: F811
+    refused_and_unchanged(make, env, tree_state, capsys)
