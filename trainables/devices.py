@@ -6,7 +6,9 @@ A CUDA build that cannot talk to the node's driver makes `torch.cuda.is_availabl
 So: an explicit CUDA device (`device: cuda`, `scaling.use_gpu`, a trial Ray gave a GPU) without a
 usable GPU is an error at start; "auto" says which device it chose and why; and a model of
 LARGE_ON_CPU parameters or more runs on a CPU only with LAYERSWAP_ALLOW_CPU=1 (which Ray workers
-receive from the driver: trainables/ray_session.worker_env). Tests: tests/trainables/test_devices.py
+receive from the driver: trainables/ray_session.worker_env). Also the one rule for what counts
+as a device running out of memory (`is_out_of_memory`), which every back-off and fit finding
+uses. Tests: tests/trainables/test_devices.py, tests/trainables/evaluate/test_cuda_oom_backoff.py
 """
 
 from __future__ import annotations
@@ -127,3 +129,25 @@ def check_cpu_size(n_params: int, device: str, what: str) -> None:
             f"{what}: a {n_params / 1e9:.1f} B-parameter model would run on the CPU "
             f"(hours where a GPU takes minutes); set {ALLOW_CPU}=1 to run it there anyway"
         )
+
+
+# How a full GPU also shows, besides torch.OutOfMemoryError: a kernel's own allocation through
+# C10_CUDA_CHECK ("CUDA error: out of memory", a plain RuntimeError), and cuBLAS failing to make
+# its handle or workspace near the limit (lower case: compared with the message lowered).
+OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """True for a device out-of-memory error (CUDA's, or an allocator's RuntimeError saying so):
+    the one rule every back-off and every "does it fit" finding uses."""
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and says_out_of_memory(str(e))
+    )
+
+
+def says_out_of_memory(text: str) -> bool:
+    """True when an error's text (as a failed trial records it) is a device out-of-memory."""
+    low = text.lower()
+    return any(t in low for t in OOM_TEXTS)

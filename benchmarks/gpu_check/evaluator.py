@@ -97,7 +97,7 @@ def _fits(ctx, run_hflm, b: int):
     """`run_hflm(b)`, or None when batch `b` runs out of device memory (that is the finding)."""
     import torch
 
-    from layerswap.trainables.evaluate.fit import is_out_of_memory
+    from layerswap.trainables.devices import is_out_of_memory
 
     try:
         return run_hflm(b)

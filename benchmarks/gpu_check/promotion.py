@@ -22,11 +22,8 @@ import time
 
 from gpu_check.common import GIB, ROOT, Timer, free, peak_gib
 from gpu_check.figures import Figure, Target, fmt, relative_error
-from layerswap.trainables.evaluate.fit import (
-    generate_memory,
-    is_out_of_memory,
-    loglikelihood_memory,
-)
+from layerswap.trainables.devices import is_out_of_memory
+from layerswap.trainables.evaluate.fit import generate_memory, loglikelihood_memory
 
 TITLE = "Promotion memory at the shipped batch size"
 

@@ -39,7 +39,7 @@ from gpu_check.trial_cost import (
     rate_profiles,
 )
 from layerswap.study.estimate import forward_flops, model_cost, task_shape
-from layerswap.trainables.evaluate.fit import says_out_of_memory
+from layerswap.trainables.devices import says_out_of_memory
 
 TITLE = "Search trials at the 8B shape"
 SHIPPED = ROOT / "spaces" / "examples" / "real_llama31_8b_sw_search.yaml"

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from layerswap.trainables.devices import is_out_of_memory
+
 T = TypeVar("T")
 # Share of the free device memory an estimate may plan for: the allocator's fragmentation and
 # the activations the estimate leaves out (attention, MLP intermediates) take the rest.
@@ -136,28 +138,6 @@ def fitting_batch(rows: list[RowShape], shape, free_bytes: int, want: int, dtype
         return want
     per_row = max(row_bytes(r, shape, dtype_bytes) for r in rows)
     return max(1, min(want, int(USABLE * free_bytes // per_row)))
-
-
-# How a full GPU also shows, besides torch.OutOfMemoryError: a kernel's own allocation through
-# C10_CUDA_CHECK ("CUDA error: out of memory", a plain RuntimeError), and cuBLAS failing to make
-# its handle or workspace near the limit (lower case: compared with the message lowered).
-OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed")
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """True for a device out-of-memory error (CUDA's, or an allocator's RuntimeError saying so):
-    the one rule every back-off and every "does it fit" finding uses."""
-    import torch
-
-    return isinstance(e, torch.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and says_out_of_memory(str(e))
-    )
-
-
-def says_out_of_memory(text: str) -> bool:
-    """True when an error's text (as a failed trial records it) is a device out-of-memory."""
-    low = text.lower()
-    return any(t in low for t in OOM_TEXTS)
 
 
 def backing_off(run: Callable[[int], T], batch: int, on_backoff: Callable[[int, int], None] | None = None) -> tuple[T, int]:  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from lm_eval.models.utils import postprocess_generated_text
 
-from layerswap.trainables.evaluate.fit import is_out_of_memory
+from layerswap.trainables.devices import is_out_of_memory
 from layerswap.trainables.evaluate.harness import check_batch_size
 
 # Rows per forward pass when the batch size is "auto": where to start on each device type. On a

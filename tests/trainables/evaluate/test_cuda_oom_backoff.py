@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from layerswap.trainables.evaluate.fit import is_out_of_memory, says_out_of_memory
+from layerswap.trainables.devices import is_out_of_memory, says_out_of_memory
 from layerswap.trainables.evaluate.proxy_lm import BatchSizer
 
 
