@@ -73,7 +73,7 @@ def test_gpu_specs_take_the_specific_name_first():
 
 def test_gpu_specs_tell_pcie_sxm_and_mig_apart_by_their_sms():
     """The name alone can mislead: an H100 reporting 114 SMs is a PCIe card (756, not 989
-    TFLOP/s: every MFU 31 % low otherwise), and a MIG slice has a share of the SMs."""
+    TFLOP/s: every MFU 24 % low otherwise), and a MIG slice has a share of the SMs."""
     assert F.gpu_spec("NVIDIA H100 80GB HBM3", 132)[:2] == (989.4e12, 3.35e12)
     pcie = F.gpu_spec("NVIDIA H100", 114)
     assert pcie[:2] == (756e12, 2.0e12) and "H100 PCIe: 114 SMs" in pcie[2]

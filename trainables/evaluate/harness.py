@@ -44,7 +44,6 @@ _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a hub repo id: "name" or "org/nam
 BatchSize = int | Literal["auto"]
 
 
-# The devices HFLM accepts for one process (its single-device list), plus our "auto".
 def check_batch_size(value: Any) -> BatchSize:
     """A batch size as lm-eval's HFLM takes it: a positive int, or "auto" (lm-eval's own search
     for the largest batch that fits, halving on out-of-memory).
@@ -241,12 +240,26 @@ def evaluate(
         For an adapter, config.model is its base, config.peft the adapter folder and
         config.model_args lm-eval's own "pretrained=BASE,peft=ADAPTER".
     """
+    model, peft, batch_size, device = _checked_inputs(model, tasks, base, tokenizer, batch_size, device)  # fmt: skip
+    _check_size(model, device)
+    lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
+    tm = task_manager(list(tasks), include_path)
+    lm = _hflm(model, peft, tokenizer, device, batch_size, verbose, max_length)
+    run = dict(num_fewshot=num_fewshot, batch_size=batch_size, device=device, limit=limit, max_gen_toks=max_gen_toks)  # fmt: skip
+    raw = _simple_evaluate(lm, model, tasks, tm, **run)
+    return _recorded(raw, model, peft, out)
+
+
+def _checked_inputs(model, tasks, base, tokenizer, batch_size, device) -> tuple:
+    """The cheap checks, before task indexing and model loading take seconds.
+
+    Returns:
+        (model: HFLM's `pretrained` for a folder or the object, peft: the adapter folder or
+        None, batch_size: checked, device: resolved).
+    """
     if not tasks:
         raise ValueError("no tasks given")
     offline_defaults()
-    from lm_eval import simple_evaluate
-
-    # Cheap checks first: task indexing and model loading take seconds.
     batch_size = check_batch_size(batch_size)
     device = resolve_device(device)
     peft = None
@@ -254,10 +267,18 @@ def evaluate(
         model, peft = eval_target(Path(model), base)
     elif tokenizer is None:
         raise ValueError("an in-memory model needs its tokenizer (tokenizer=...)")
-    _check_size(model, device)
-    lm_eval_output(verbose)  # before lm-eval logs: task indexing, HFLM's constructor
-    tm = task_manager(list(tasks), include_path)
-    lm = _hflm(model, peft, tokenizer, device, batch_size, verbose, max_length)
+    return model, peft, batch_size, device
+
+
+def _simple_evaluate(lm, model, tasks, tm, *, num_fewshot, batch_size, device, limit, max_gen_toks) -> dict:  # fmt: skip
+    """lm-eval's simple_evaluate on `lm`, no request cache, samples logged, every forward's
+    logits watched (NonFiniteOutputs naming `model` when one is not finite).
+
+    Returns:
+        the raw result dict (lm-eval's types).
+    """
+    from lm_eval import simple_evaluate
+
     # lazy: torch, loaded with lm-eval when an evaluation runs
     from layerswap.trainables.evaluate.finite_outputs import watch_logits
 
@@ -278,6 +299,12 @@ def evaluate(
     logits.check(str(model) if isinstance(model, (str, Path)) else type(model).__name__)
     if raw is None:  # only non-zero ranks of a distributed run get None
         raise ValueError("lm-eval returned no results (not rank 0?)")
+    return raw
+
+
+def _recorded(raw: dict, model, peft: str | None, out: Path | None) -> dict:
+    """The result as JSON types, an adapter's base and folder recorded as lm-eval's CLI does,
+    written to `out` atomically when given."""
     raw = _jsonable(dict(raw))
     if peft is not None:  # which base and adapter, as lm-eval's CLI records `--model_args`
         raw["config"].update(model=model, peft=peft, model_args=f"pretrained={model},peft={peft}")
