@@ -55,8 +55,9 @@ def best_batch(times: dict[int, list[float]]) -> int:
 # ------------------------------------------------------------------------------ the race
 
 
-def _model(ctx):
-    """The run's shape, random weights, built directly on the device (bf16 on a GPU)."""
+def _model(ctx, tok):
+    """The run's shape, random weights, built directly on the device (bf16 on a GPU), its
+    predictions kept inside the tokenizer's vocabulary (`in_tokenizer_vocab`)."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -65,7 +66,26 @@ def _model(ctx):
     cfg.dtype = dtype  # model_cost counts the weight bytes in the config's dtype
     with torch.device(ctx.device):
         model = LlamaForCausalLM._from_config(cfg, dtype=dtype)
+    in_tokenizer_vocab(model, len(tok))
     return model.eval(), cfg
+
+
+def in_tokenizer_vocab(model, n: int) -> None:
+    """Zero the lm_head rows of ids >= `n`, so random weights predict ids the tokenizer has.
+
+    Why: at the 8B shape the model has Llama-3's 128,256 ids and the world tokenizer a few
+    hundred; random weights then pick an id the tokenizer lacks nearly every step, every
+    generated text decodes to "", and both contenders "agree" on every MGSM item (the check
+    would pass blind), while no stop string can ever be seen. With those rows zero their
+    logits are 0 and the largest of the tokenizer's random logits wins. The lm_head stays
+    whole, so every FLOP and byte of the real vocabulary is still spent.
+    """
+    import torch
+
+    head = model.get_output_embeddings().weight
+    if head.shape[0] > n:
+        with torch.no_grad():
+            head[n:].zero_()
 
 
 def _warm_up(model, device: str) -> None:
@@ -278,7 +298,7 @@ def run(ctx) -> dict:
     tok = ctx.tokenizer()
     with tempfile.TemporaryDirectory(prefix="gc-evaluator-") as tmp:
         root = write_tasks(Path(tmp), tok, sizes)
-        model, cfg = _model(ctx)
+        model, cfg = _model(ctx, tok)
         with Timer(ctx.device) as built:
             ev = ProxyEvaluator(
                 TASKS, tok, include_path=str(root), num_fewshot=SHOTS,
@@ -304,9 +324,11 @@ def run(ctx) -> dict:
     notes = [
         f"Items: {shape_txt}. Prompt tokens (world tokenizer): {lengths}; real 5-shot Belebele "
         "prompts are ~2,100 Llama-3 tokens, 8-shot MGSM ~700-900.",
-        f"max_gen_toks {sizes['max_gen_toks']} (the shipped config: 256): random weights never "
-        "emit a stop string, so every row runs the whole budget, and a shorter one times the "
-        "same decoding step for less GPU time.",
+        f"max_gen_toks {sizes['max_gen_toks']} (the shipped config: 256): random weights "
+        "rarely emit a stop string, so most rows run the whole budget, and a shorter one "
+        "times the same decoding step for less GPU time. The lm_head rows of ids the world "
+        f"tokenizer lacks ({shape.vocab} - {len(tok)}) are zero, so generated texts are real "
+        "text and their agreement means something (evaluator.in_tokenizer_vocab).",
         f"Evaluator built once in {built.s:.1f} s (prompts tokenized), not in its per-candidate "
         "time, and timed with its forward hooks on (two syncs a forward: conservative); HFLM's "
         "time includes simple_evaluate building its tasks. " + race.pop("extra_note") + ".",

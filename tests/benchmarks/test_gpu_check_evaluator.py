@@ -119,12 +119,12 @@ def test_diff_share_and_best_batch():
     assert E.best_batch({1: [5.0, 6.0, 7.0], 32: [2.0, 9.0, 3.0], 8: [4.0, 4.0]}) == 32
 
 
-def tiny_llama(tok, seed: int = 0):
+def tiny_llama(tok, seed: int = 0, vocab: int | None = None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        vocab_size=vocab or len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1,
     )  # fmt: skip
     return LlamaForCausalLM(cfg).eval()
@@ -144,6 +144,23 @@ def test_forward_log_sees_a_padded_prefill_then_decoding_steps(tok):
     assert len(pasts) >= 2 and pasts == list(range(3, 3 + len(pasts)))
     assert all(c.t1 >= c.t0 for c in calls)
     assert not model._forward_pre_hooks and not model._forward_hooks  # removed on exit
+
+
+def test_random_weights_at_the_real_vocabulary_generate_real_text(tok):
+    """At the 8B shape the model has 128,256 ids and the world tokenizer a few hundred: random
+    weights generate ids the tokenizer lacks, which decode to "", so every MGSM prediction of
+    both contenders was "" and "agreed" blind. With the rows beyond the tokenizer zeroed, the
+    text is the tokenizer's (here 32 x its vocabulary stands in for the real one)."""
+    from layerswap.trainables.evaluate.proxy_lm import greedy_generate
+
+    ctxs = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    eos = {tok.eos_token_id}
+    model = tiny_llama(tok, vocab=32 * len(tok))
+    blind = greedy_generate(model, tok, ctxs, ["Question:"], 8, eos, None)
+    assert blind == ["", "", ""]  # the trap: nothing to compare
+    E.in_tokenizer_vocab(model, len(tok))
+    texts = greedy_generate(model, tok, ctxs, ["Question:"], 8, eos, None)
+    assert all(texts) and model.lm_head.weight.shape[0] == 32 * len(tok)  # whole head kept
 
 
 class FakeEvaluator:
