@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,12 @@ def _hflm_predictions(out) -> dict:
     return preds
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[int]]:
+    """The command line (see the module docstring).
+
+    Returns:
+        (the arguments, the HFLM batch sizes as ints).
+    """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--shape", choices=["tiny", "llama-8b", "llama-tiny"], default="tiny")
@@ -97,17 +103,111 @@ def main() -> None:
     ap.add_argument("--batch-size", default="auto", help="the cached evaluator's: int or auto")
     ap.add_argument("--hflm-batch-sizes", default="1,8,32", help="comma-separated, each timed")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (CPU), both contenders")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
         hflm_sizes = [_positive(b) for b in args.hflm_batch_sizes.split(",")]
     except argparse.ArgumentTypeError as e:
         ap.error(f"--hflm-batch-sizes {args.hflm_batch_sizes}: {e}")
+    return args, hflm_sizes
 
+
+@dataclass
+class Race:
+    """What the race measured: seconds per candidate of the cached evaluator (`ours`) and of HFLM
+    per batch size (`theirs`), the evaluator's build seconds, and how many predictions differ
+    from HFLM at the first batch size (`differ` of `total`)."""
+
+    build: float
+    ours: list[float] = field(default_factory=list)
+    theirs: dict[int, list[float]] = field(default_factory=dict)
+    differ: int = 0
+    total: int = 0
+
+
+def _candidates(args: argparse.Namespace, tok, device: str):
+    """The candidates of --shape on `device` (a generator: one model in memory at a time)."""
+    # lazy: a test helper module (put on sys.path above), loaded after the arguments are checked
+    from proxy_fixtures import tiny_models
+
+    if args.shape == "tiny":
+        return (m.to(device) for m in tiny_models(tok, n=args.models))
+    return shape_candidates(args.shape, tok, args.models, device)
+
+
+def hflm_runner(tok, device: str, gen: dict):
+    """A function (candidate, task manager, batch size) -> lm-eval's simple_evaluate of the
+    candidate through HFLM.
+
+    lm-eval's HFLM is imported here: call it before anything is timed (the evaluator's build
+    included), so no timing pays for that import.
+    """
+    # lazy: lm-eval loads only once the arguments are checked (--help stays instant)
     import lm_eval
-    import torch
     from lm_eval.models.huggingface import HFLM
+
+    def run(m, tm, b: int):
+        return lm_eval.simple_evaluate(
+            model=HFLM(pretrained=m, tokenizer=tok, batch_size=b, device=device),
+            tasks=TASKS,
+            task_manager=tm,
+            log_samples=True,
+            gen_kwargs=dict(gen),
+            bootstrap_iters=0,
+            cache_requests=False,
+            verbosity="ERROR",
+        )
+
+    return run
+
+
+def run_race(ev, hflm, tm, candidates, hflm_sizes: list[int], device: str, race: Race) -> None:
+    """Each candidate scored by the cached evaluator `ev`, then by `hflm` (hflm_runner) at every
+    batch size (the contenders alternate per candidate, so both see the same load); fills `race`."""
+    race.theirs = {b: [] for b in hflm_sizes}
+    for m in candidates:
+        _sync(device)
+        t0 = time.perf_counter()
+        res = ev.score(m)
+        _sync(device)
+        race.ours.append(time.perf_counter() - t0)
+        for b in hflm_sizes:
+            t0 = time.perf_counter()
+            out = hflm(m, tm, b)
+            _sync(device)
+            race.theirs[b].append(time.perf_counter() - t0)
+            if b == hflm_sizes[0]:
+                ref, mine = _hflm_predictions(out), _predictions(res)
+                race.differ += sum(mine[k] != ref[k] for k in ref)
+                race.total += len(ref)
+
+
+def print_summary(race: Race, bs, hflm_sizes: list[int], backoffs) -> None:
+    """Medians per candidate, the share of differing predictions and the speed-ups."""
+    ours, theirs = race.ours, race.theirs
+    med = statistics.median(ours)
+    print(f"cached (batch {bs})  build {race.build:6.2f} s   per candidate median {med:7.3f} s")
+    for b, ts in theirs.items():
+        print(f"lm-eval HFLM batch {b:<3}              per candidate median {statistics.median(ts):7.3f} s")  # fmt: skip
+    best = min(theirs, key=lambda b: statistics.median(theirs[b]))
+    print(
+        f"predictions differing from HFLM batch {hflm_sizes[0]}: {race.differ}/{race.total} "
+        f"({race.differ / max(race.total, 1):.1%}); out-of-memory back-offs {backoffs}"
+    )
+    print(
+        f"speed-up per candidate vs HFLM at its best batch ({best}): "
+        f"{statistics.median(theirs[best]) / med:.2f}x"
+        + "".join(f"; vs batch {b}: {statistics.median(ts) / med:.2f}x" for b, ts in theirs.items())
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the race (see the module docstring) and print its figures."""
+    args, hflm_sizes = parse_args(argv)
+
+    # lazy: torch, lm-eval and the project load only once the arguments are checked
+    import torch
     from lm_eval.tasks import TaskManager
-    from proxy_fixtures import tiny_models, write_world
+    from proxy_fixtures import write_world
 
     from layerswap.trainables.evaluate.proxy import ProxyEvaluator
     from layerswap.world.tiny import tiny_tokenizer
@@ -118,10 +218,8 @@ def main() -> None:
     bs = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     gen = {"max_gen_toks": args.max_gen_toks}
     tok = tiny_tokenizer()
-    if args.shape == "tiny":
-        candidates = (m.to(device) for m in tiny_models(tok, n=args.models))
-    else:
-        candidates = shape_candidates(args.shape, tok, args.models, device)
+    hflm = hflm_runner(tok, device, gen)
+    candidates = _candidates(args, tok, device)
 
     with tempfile.TemporaryDirectory() as tmp:
         world = write_world(Path(tmp), n_mgsm=args.items, n_bele=args.items)
@@ -132,50 +230,11 @@ def main() -> None:
         )
         t0 = time.perf_counter()
         ev = ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=gen, batch_size=bs)
-        build = time.perf_counter() - t0
+        race = Race(build=time.perf_counter() - t0)
         tm = TaskManager(include_path=str(world), include_defaults=False)
-        ours: list[float] = []
-        theirs: dict[int, list[float]] = {b: [] for b in hflm_sizes}
-        differ, total = 0, 0
-        for m in candidates:
-            _sync(device)
-            t0 = time.perf_counter()
-            res = ev.score(m)
-            _sync(device)
-            ours.append(time.perf_counter() - t0)
-            for b in hflm_sizes:
-                t0 = time.perf_counter()
-                out = lm_eval.simple_evaluate(
-                    model=HFLM(pretrained=m, tokenizer=tok, batch_size=b, device=device),
-                    tasks=TASKS,
-                    task_manager=tm,
-                    log_samples=True,
-                    gen_kwargs=dict(gen),
-                    bootstrap_iters=0,
-                    cache_requests=False,
-                    verbosity="ERROR",
-                )
-                _sync(device)
-                theirs[b].append(time.perf_counter() - t0)
-                if b == hflm_sizes[0]:
-                    ref, mine = _hflm_predictions(out), _predictions(res)
-                    differ += sum(mine[k] != ref[k] for k in ref)
-                    total += len(ref)
+        run_race(ev, hflm, tm, candidates, hflm_sizes, device, race)
 
-    med = statistics.median(ours)
-    print(f"cached (batch {bs})  build {build:6.2f} s   per candidate median {med:7.3f} s")
-    for b, ts in theirs.items():
-        print(f"lm-eval HFLM batch {b:<3}              per candidate median {statistics.median(ts):7.3f} s")  # fmt: skip
-    best = min(theirs, key=lambda b: statistics.median(theirs[b]))
-    print(
-        f"predictions differing from HFLM batch {hflm_sizes[0]}: {differ}/{total} "
-        f"({differ / max(total, 1):.1%}); out-of-memory back-offs {ev.sizer.backoffs}"
-    )
-    print(
-        f"speed-up per candidate vs HFLM at its best batch ({best}): "
-        f"{statistics.median(theirs[best]) / med:.2f}x"
-        + "".join(f"; vs batch {b}: {statistics.median(ts) / med:.2f}x" for b, ts in theirs.items())
-    )
+    print_summary(race, bs, hflm_sizes, ev.sizer.backoffs)
 
 
 def _positive(text: str) -> int:
