@@ -294,17 +294,23 @@ def _resumed_run(args: list[str], log: Path, gpu: bool, limit: float, keep: Path
         c.close(keep)
 
 
+def command_limit(ctx) -> float:
+    """Seconds one command may take, from what is left of the check when it starts (60 at
+    least, 240 at most; the stage is ~1 min). Taken again for the resumed command: one limit
+    for both let a hung resume (an NCCL wait) spend the killed run's time a second time."""
+    return max(60.0, min(240.0, ctx.remaining()))
+
+
 def run(ctx) -> dict:
     gpu = ctx.device == "cuda"
-    limit = max(60.0, min(240.0, ctx.remaining()))  # per command; the stage is ~1 min
     with tempfile.TemporaryDirectory(prefix="gc-ray-") as tmp:
         tmp = Path(tmp)
         cfg = tmp / "exp.yaml"
         cfg.write_text(yaml.safe_dump(experiment(ctx.world, tmp, gpu), sort_keys=False))
         ckpts, step_log = tmp / "run" / "train" / NAME, tmp / "steps.jsonl"
         args = ["train", str(cfg), "--out", str(tmp / "run")]
-        killed = _killed_run(args, ckpts, step_log, gpu, limit, ctx.out / "ray_train_killed.log")
-        resumed = _resumed_run(args, tmp / "resumed.log", gpu, limit, ctx.out / "ray_train_resumed.log")  # fmt: skip
+        killed = _killed_run(args, ckpts, step_log, gpu, command_limit(ctx), ctx.out / "ray_train_killed.log")  # fmt: skip
+        resumed = _resumed_run(args, tmp / "resumed.log", gpu, command_limit(ctx), ctx.out / "ray_train_resumed.log")  # fmt: skip
         text, cut = step_log.read_bytes(), killed["step_log_bytes"]  # the killed attempt's bytes
         before, after = read_step_log(text[:cut].decode()), read_step_log(text[cut:].decode())
         final = _final_checkpoint(_checkpoints(ckpts)[-1])

@@ -119,3 +119,27 @@ def test_promotion_case_that_does_not_fit_is_a_finding_however_cuda_says_it(tmp_
     assert (fits, error, peak) == (False, "CUDA error: out of memory", None)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         _measure(ctx, FullGpu(), [], "generate_until")
+
+
+def test_each_ray_train_command_is_limited_by_the_time_left_when_it_starts(tmp_path, monkeypatch):
+    """The killed run and the resumed one each get what is left at their start: a hung resume
+    (an NCCL wait) must not spend the killed run's allowance a second time."""
+    from gpu_check import ray_train as R
+
+    limits: list[float] = []
+    left = iter([200.0, 70.0])
+
+    def killed(args, ckpts, step_log, gpu, limit, keep):
+        limits.append(limit)
+        return {"step_log_bytes": 0}
+
+    def resumed(args, log, gpu, limit, keep):
+        limits.append(limit)
+        raise KeyboardInterrupt  # enough: the limits are known
+
+    monkeypatch.setattr(R, "_killed_run", killed)
+    monkeypatch.setattr(R, "_resumed_run", resumed)
+    ctx = types.SimpleNamespace(device="cuda", world=tmp_path, out=tmp_path, remaining=lambda: next(left))  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        R.run(ctx)
+    assert limits == [200.0, 70.0]
