@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from layerswap.trainables.evaluate.finite_outputs import watch_logits
 from layerswap.trainables.evaluate.lm_eval_api import apply_filters, load_tasks
 from layerswap.trainables.evaluate.proxy_lm import (
     BatchSizer,
@@ -280,6 +281,15 @@ class ProxyEvaluator:
         t0 = time.perf_counter()
         model.eval()
         max_length = resolve_max_length(model.config, self.tokenizer, default=2048)
+        # NaN logits score as numbers (an argmax over NaNs picks the first option), as in
+        # lm-eval; watched per forward without a sync, read once per task (_score_tasks).
+        with watch_logits(model) as logits:
+            items, aggregate = self._score_tasks(model, fidelity, max_length, logits)
+        return ProxyResult(items, aggregate, fidelity, time.perf_counter() - t0)
+
+    def _score_tasks(self, model, fidelity: float, max_length: int, logits) -> tuple[dict, dict]:
+        """Each task's items and aggregates; NonFiniteOutputs naming the task whose forwards
+        gave a NaN or Inf logit (a diverged model, or a kernel's overflow on a GPU)."""
         items: dict[str, list[ItemResult]] = {}
         aggregate: dict[str, dict[str, float]] = {}
         for name, c in self.tasks.items():
@@ -292,13 +302,14 @@ class ProxyEvaluator:
                 res = self._score_mc(c, chosen, model, max_length)
             else:
                 res = self._score_gen(c, chosen, model, max_length)
+            logits.check(f"{type(model).__name__} on {name}")
             items[name] = res
             agg_fns = c.task.aggregation()
             aggregate[name] = {
                 key: float(agg_fns[key.split(",")[0]]([r.metrics[key] for r in res]))
                 for key in res[0].metrics
             }
-        return ProxyResult(items, aggregate, fidelity, time.perf_counter() - t0)
+        return items, aggregate
 
     def _score_mc(self, c: _TaskCache, chosen: list[_Item], model, max_length: int) -> list:
         import numpy as np
