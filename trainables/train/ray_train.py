@@ -3,7 +3,8 @@
 `train_with_ray(load_train_experiment("exp.yaml"))` runs `layerswap.trainables.train.run_training` on
 `scaling.num_workers` workers (gloo on CPU, nccl on GPU), persists each checkpoint under
 `storage_path/name/`, and on a worker failure restarts the group from the last checkpoint
-(`failure.max_failures`). Call inside `ray.init(...)`, or let Ray start a local cluster.
+(`failure.max_failures`), except after an error a restart would raise again (training turned
+non-finite: trainables/train/ray_failures.py). Call inside `ray.init(...)`, or let Ray start a local cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import ray.train
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchConfig
 
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
@@ -36,6 +37,7 @@ from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
+from layerswap.trainables.train.ray_failures import OwnErrorsTrainer, quiet_own_errors
 from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
@@ -118,6 +120,7 @@ def _worker(config: dict) -> None:
     """Per-worker fn: resume from Ray's checkpoint if any, run the loop, report to Ray."""
     import torch
 
+    quiet_own_errors()  # a divergence is one line on the driver, not a worker traceback too
     exp = parse_train_experiment(config["experiment"], source="ray worker")
     ctx = ray.train.get_context()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
@@ -187,8 +190,9 @@ class RayTrainResult:
     error: str | None
 
 
-def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, callbacks=None, min_report_interval_s: float = 2.0) -> TorchTrainer:  # fmt: skip
-    """The TorchTrainer for an experiment (not yet fitted).
+def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, callbacks=None, min_report_interval_s: float = 2.0) -> OwnErrorsTrainer:  # fmt: skip
+    """The TorchTrainer for an experiment (not yet fitted); a deterministic worker error
+    (training turned non-finite) is not retried, whatever `failure.max_failures` allows.
 
     Args:
         exp: the validated experiment.
@@ -213,7 +217,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         for stale in run_dir.glob(".*.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         local = {"run_dir": str(run_dir)}
-    return TorchTrainer(
+    return OwnErrorsTrainer(
         _worker,
         train_loop_config={
             "experiment": experiment_json(exp),
@@ -287,7 +291,7 @@ def _fit_signals() -> Iterator[None]:
         real(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
-def _fit_interruptibly(trainer: TorchTrainer):
+def _fit_interruptibly(trainer: OwnErrorsTrainer):
     """`trainer.fit()`; in a driver's main thread SIGINT stops it with KeyboardInterrupt and
     SIGTERM with SystemExit(SIGTERM). Elsewhere (a Ray task, a Tune trial) it runs as it is."""
     if not ray.is_initialized():

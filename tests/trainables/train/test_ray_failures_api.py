@@ -1,0 +1,60 @@
+"""The private Ray Train APIs trainables/train/ray_failures.py relies on are still there and behave.
+
+No Ray is started: each check reads the installed ray's classes and source. A failure here names
+what Ray changed; fix the adapter (trainables/train/ray_failures.py), nothing else.
+Run: .venv/bin/python -m pytest -q tests/trainables/train/test_ray_failures_api.py
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+from ray.train import FailureConfig
+from ray.train.v2._internal import util as ray_util
+from ray.train.v2._internal.execution.failure_handling import FailureDecision
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+from layerswap.trainables.train.finite import NonFiniteTraining
+from layerswap.trainables.train.ray_failures import (
+    WORKER_ERROR_LOGGER,
+    NoRetryOnDeterministic,
+    OwnErrorsTrainer,
+    quiet_own_errors,
+)
+
+
+def test_fit_hands_the_controller_the_failure_policy_it_builds():
+    fit = inspect.getsource(DataParallelTrainer.fit)
+    assert "self._initialize_and_run_controller(" in fit, "fit no longer starts the controller so"
+    assert "failure_policy=create_failure_policy(" in fit, "fit no longer passes failure_policy"
+    params = inspect.signature(DataParallelTrainer._initialize_and_run_controller).parameters
+    assert any(p.kind is p.VAR_KEYWORD for p in params.values())
+    assert issubclass(OwnErrorsTrainer, DataParallelTrainer)
+
+
+def test_a_divergence_is_raised_at_once_and_other_errors_still_retried():
+    policy = NoRetryOnDeterministic(FailureConfig(max_failures=2))
+    diverged = WorkerGroupError("x", {0: NonFiniteTraining("training turned non-finite")})
+    assert policy.make_decision(diverged) is FailureDecision.RAISE
+    other = WorkerGroupError("x", {0: RuntimeError("a lost connection")})
+    assert policy.make_decision(other) is FailureDecision.RETRY  # Ray's max_failures as before
+    assert policy.make_decision(other) is FailureDecision.RETRY
+    assert policy.make_decision(other) is FailureDecision.RAISE
+
+
+def test_the_worker_logs_its_error_where_the_filter_listens(caplog):
+    assert ray_util.logger.name == WORKER_ERROR_LOGGER
+    assert "Error in training function" in inspect.getsource(
+        ray_util.construct_user_exception_with_traceback
+    )
+    quiet_own_errors()
+    caplog.set_level(logging.ERROR, logger=WORKER_ERROR_LOGGER)
+    for error in (NonFiniteTraining("training turned non-finite"), RuntimeError("lost")):
+        try:
+            raise error
+        except Exception as e:
+            ray_util.construct_user_exception_with_traceback(e)
+    logged = [r.getMessage() for r in caplog.records if r.name == WORKER_ERROR_LOGGER]
+    assert len(logged) == 1 and "RuntimeError: lost" in logged[0]

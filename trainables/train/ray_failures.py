@@ -1,0 +1,82 @@
+"""Ray Train's failure handling for layerswap's deterministic errors: raised at once, in one line.
+
+`failure.max_failures` restarts a worker group from its last checkpoint after a worker error, which
+helps with a lost node or a flaky collective; a run whose training turned non-finite
+(`NonFiniteTraining`) diverges again from the same checkpoint with the same data and learning
+rate, so `OwnErrorsTrainer` (the TorchTrainer every layerswap run uses) raises it without a retry,
+and `quiet_own_errors()` keeps the worker from logging its traceback (the driver says it in the
+error's one line, trainables/train/ray_train.py `_raise_own_error`).
+
+Ray Train V2 has no public way to either, so this module holds every private name it uses, and
+tests/trainables/train/test_ray_failures_api.py fails naming the one that changed:
+- the controller asks its `failure_policy` (built in the driver by `DataParallelTrainer.fit`,
+  passed to `_initialize_and_run_controller`, pickled to the controller actor) whether to retry;
+  `DefaultFailurePolicy` / `FailureDecision` live in ray.train.v2._internal;
+- a worker logs "Error in training function" with the traceback on the logger
+  `ray.train.v2._internal.util` before it hands the error to the controller.
+Run its tests: .venv/bin/python -m pytest -q tests/trainables/train/test_ray_failures_api.py
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ray.train.torch import TorchTrainer
+from ray.train.v2._internal.execution.failure_handling import (
+    DefaultFailurePolicy,
+    FailureDecision,
+)
+from ray.train.v2.api.exceptions import WorkerGroupError
+
+from layerswap.trainables.train.finite import NonFiniteTraining
+
+# Errors that the same inputs raise again: a retry only repeats them (and their cost).
+DETERMINISTIC = (NonFiniteTraining,)
+# Where a Ray Train V2 worker logs a training function's error with its traceback.
+WORKER_ERROR_LOGGER = "ray.train.v2._internal.util"
+
+
+def deterministic(error: BaseException) -> bool:
+    """Whether a Ray Train failure holds a worker error that a retry would raise again.
+
+    Args:
+        error: the TrainingFailedError the controller decides on.
+    """
+    failures = error.worker_failures.values() if isinstance(error, WorkerGroupError) else ()
+    return any(isinstance(e, DETERMINISTIC) for e in failures)
+
+
+class NoRetryOnDeterministic(DefaultFailurePolicy):
+    """Ray's default policy (max_failures and the rest), except that a deterministic worker
+    error is raised at once."""
+
+    def make_decision(self, training_failed_error):
+        if deterministic(training_failed_error):
+            return FailureDecision.RAISE
+        return super().make_decision(training_failed_error)
+
+
+class OwnErrorsTrainer(TorchTrainer):
+    """TorchTrainer whose controller does not retry a deterministic worker error."""
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs):
+        config = self.run_config.failure_config
+        controller_init_kwargs["failure_policy"] = NoRetryOnDeterministic(config)
+        return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+
+class _OwnErrorFilter(logging.Filter):
+    """Drops a worker's traceback log of a deterministic layerswap error (said in one line by
+    the driver); every other error keeps its traceback."""
+
+    names = tuple(f"{c.__module__}.{c.__qualname__}: " for c in DETERMINISTIC)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in record.getMessage() for n in self.names)
+
+
+def quiet_own_errors() -> None:
+    """In a Ray Train worker: do not log the traceback of a deterministic layerswap error."""
+    logger = logging.getLogger(WORKER_ERROR_LOGGER)
+    if not any(isinstance(f, _OwnErrorFilter) for f in logger.filters):
+        logger.addFilter(_OwnErrorFilter())
