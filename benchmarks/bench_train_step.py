@@ -190,9 +190,10 @@ def _setup(args, exp, cfg, device):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from layerswap.trainables.train.loop import _adamw, _prepare_model, _Run
     from layerswap.trainables.train.precision import resolve_precision
+    from layerswap.trainables.train.run_setup import _adamw, _prepare_model
     from layerswap.trainables.train.strategies import pick
+    from layerswap.trainables.train.train_step import _Run
 
     torch.manual_seed(0)
     # bf16 straight away: an fp32 build of 8B would take 32 GB before the cast.
@@ -231,7 +232,7 @@ def _measure(run, warmup: int, steps: int) -> dict:
     """Run warmup + steps of the loop's _train_step; seconds, tokens and losses per step."""
     import torch
 
-    from layerswap.trainables.train.loop import _train_step
+    from layerswap.trainables.train.train_step import _train_step
 
     cuda = run.device.type == "cuda"
     if cuda:

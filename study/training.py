@@ -88,7 +88,7 @@ def total_steps(exp: TrainExperiment, n_train: int | None) -> int | None:
 def checkpoints(exp: TrainExperiment, steps: int) -> int:
     """Checkpoints a run of `steps` steps writes (the training loop's own rule)."""
     # lazy: torch, as above
-    from layerswap.trainables.train.loop import checkpoint_due
+    from layerswap.trainables.train.checkpoint_step import checkpoint_due
 
     bs = exp.hyper.batch_size
     return sum(checkpoint_due(exp, s, s * bs, steps) for s in range(1, steps + 1))

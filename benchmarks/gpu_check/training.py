@@ -33,9 +33,9 @@ from gpu_check.common import GIB, Timer, free
 from gpu_check.figures import Figure, Target, peak_share, relative_error, share
 from layerswap.spaces.study import load_profiles
 from layerswap.study.estimate import model_cost, train_flops
-from layerswap.trainables.train.loop import _prepare_model
 from layerswap.trainables.train.model_shape import model_shape
 from layerswap.trainables.train.precision import resolve_precision
+from layerswap.trainables.train.run_setup import _prepare_model
 from layerswap.trainables.train.strategies import pick
 
 TITLE = "bf16-mixed training at 8B width"

@@ -65,7 +65,7 @@ def test_session_id_is_read_past_a_command_name_with_spaces_and_parentheses():
 @pytest.mark.parametrize("gpu", [False, True])
 def test_experiment_is_fsdp_and_checkpoints_before_its_last_step(tmp_path, gpu):
     from layerswap.spaces.train_experiment import parse_train_experiment
-    from layerswap.trainables.train.loop import checkpoint_due
+    from layerswap.trainables.train.checkpoint_step import checkpoint_due
 
     exp = parse_train_experiment(R.experiment(tmp_path / "world", tmp_path, gpu))
     assert exp.scaling.strategy == "fsdp" and exp.scaling.use_gpu is gpu

@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from layerswap.trainables.evaluate.proxy_lm import cache_argument, greedy_generate
-from layerswap.trainables.train.loop import enable_checkpointing
+from layerswap.trainables.train.run_setup import enable_checkpointing
 from layerswap.world.tiny import tiny_tokenizer
 
 

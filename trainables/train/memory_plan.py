@@ -173,7 +173,7 @@ def _state_lines(exp: TrainExperiment, split: Split, policy: Policy) -> list[Lin
         Line(f"gradients {mname}{tag}", t * m * node // shard, "state", where),
         Line(f"AdamW moments 2 x {mname}{tag}", 2 * t * m * node // shard, "state", where),
     ]
-    # No AdamW step temporaries: on a GPU the trainer's AdamW is fused (trainables/train/loop.py
+    # No AdamW step temporaries: on a GPU the trainer's AdamW is fused (trainables/train/run_setup.py
     # _adamw), which updates in place; offloaded state on the CPU steps one tensor at a time.
     if not fsdp and policy.compute is not None and policy.compute != policy.master:
         # autocast caches a compute-dtype copy of each trainable Linear weight it casts, and

@@ -32,8 +32,8 @@ def _wrap_and_measure(rank: int, world_dir: str, out: str) -> None:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from layerswap.spaces.train_experiment import parse_train_experiment
-    from layerswap.trainables.train.loop import _prepare_model
     from layerswap.trainables.train.precision import resolve_precision
+    from layerswap.trainables.train.run_setup import _prepare_model
     from layerswap.trainables.train.strategies import pick
 
     dist.init_process_group("gloo", rank=0, world_size=1)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from layerswap.trainables.train.data import Stream, TrainData
-from layerswap.trainables.train.loop import _next_batch
+from layerswap.trainables.train.train_step import _next_batch
 
 
 def test_label_tokens_are_counted_before_the_copy():
