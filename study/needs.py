@@ -37,7 +37,7 @@ class Needs:
 
 
 def _hub_model(name: str | None) -> bool:
-    """A model named by Hub id (search.preflight's rule), not an existing local folder."""
+    """A model named by Hub id (search.preflight_folders' rule), not an existing local folder."""
     return bool(name) and not Path(name).expanduser().exists() and is_hub_id(name)
 
 
