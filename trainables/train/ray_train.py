@@ -4,7 +4,8 @@
 `scaling.num_workers` workers (gloo on CPU, nccl on GPU), persists each checkpoint under
 `storage_path/name/`, and on a worker failure restarts the group from the last checkpoint
 (`failure.max_failures`), except after an error a restart would raise again (training turned
-non-finite: trainables/train/ray_failures.py). Call inside `ray.init(...)`, or let Ray start a local cluster.
+non-finite: trainables/train/ray_failures.py). Call inside `ray.init(...)`, or let Ray start a
+local cluster.
 """
 
 from __future__ import annotations
