@@ -13,7 +13,7 @@ settings) and TPE + successive halving, at concurrency 1 and 4 (reproducible bat
 asynchronous, trials finishing in a seeded random order, durations proportional to the items
 they score): how many trials and how many proxy items were spent before a top-5 % recipe was
 scored on every item, and how often one was found within the budget.
-`bench_search.py --policies` runs it after its grid (c).
+bench_search.py (part (e) of its docstring) points here; it does not run it.
 Smoke run (tests/benchmarks/test_search_replay.py): --world W --size tiny --seeds 1 --budget 0.5
 """
 

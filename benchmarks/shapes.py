@@ -3,7 +3,8 @@
 `shape_config("llama-8b", tok)` is Llama-3.1-8B's architecture; `shape_experts(cfg)` makes a base
 and two experts (task: middle layers re-noised, language: outer layers) sharing every other
 tensor, so three 8B "checkpoints" take ~32 GB of host memory in bfloat16, not 48.
-Used by bench_eval.py and bench_search.py; not a test.
+Used by bench_eval.py, bench_train_step.py, search_bench/shape_trials.py (bench_search.py part (d))
+and the GPU check; not a test.
 """
 
 from __future__ import annotations
