@@ -1,4 +1,5 @@
-"""A search and its promotion hash each expert file once, across processes; a touched file again.
+"""A search, its --resume and its promotion hash each expert file once across processes; a touched
+file is hashed again.
 
 The search saves its experts' file digests in RUN/search/model_ids.json; a later process (a
 promotion after `--resume`, a resumed search) starts with an empty in-memory cache and must read
@@ -41,7 +42,7 @@ def _new_process(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_promotion_in_a_new_process_hashes_nothing_the_search_hashed(
+def test_resume_and_promotion_in_new_processes_hash_nothing_the_search_hashed(
     tiny_world, tmp_path, ray_session, hashed, monkeypatch
 ):
     from layerswap.search.promote import promote
@@ -63,7 +64,13 @@ def test_promotion_in_a_new_process_hashes_nothing_the_search_hashed(
     assert all(n == 1 for n in hashed.values()), hashed
     assert (run / "search" / "model_ids.json").is_file()
 
+    # A resumed search (one more trial) in a new process proposes without hashing.
     hashed.clear()
+    _new_process(monkeypatch)
+    more = exp.model_copy(update={"search": exp.search.model_copy(update={"num_samples": 3})})
+    assert run_search(more, run, resume=True, progress=False).n_trials == 3
+    assert not hashed, f"--resume hashed again: {dict(hashed)}"
+
     _new_process(monkeypatch)
     board = promote(exp, run, progress=False)
     assert board.best_dir is not None and "soup_uniform" in {r["model"] for r in board.rows}
