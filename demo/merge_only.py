@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe
 from layerswap.spaces.zones import layer_map, paper_default
+from layerswap.trainables.atomic import temp_sibling
 from layerswap.trainables.merge.checkpoint import Checkpoint
 from layerswap.trainables.merge.engine import merge_to_disk
 from layerswap.trainables.model_ids import content_recipe_id
@@ -64,7 +64,9 @@ def _removed_unless_finished(out: Path) -> Iterator[None]:
         yield
     except BaseException:
         if out.exists():
-            hidden = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+            # temp_sibling's name (it carries this pid): a kill -9 mid-removal leaves a folder
+            # the next writer of `out` recognises as a dead writer's and sweeps.
+            hidden = temp_sibling(out)
             os.rename(out, hidden)
             # The merge's writer threads may still finish a file for a moment after the
             # interrupt (seen: a folder not empty yet): removed again until it is gone.

@@ -28,9 +28,9 @@ BOUND_S = 40  # and cli/watchdog.py ends any command 25 s after the signal
 MESSAGE = "layerswap: interrupted ({}); nothing half-written was kept"
 WATCHDOG = "layerswap: interrupted ({}); still running"  # cli/watchdog.py, after its deadline
 # What trainables/atomic.py and trainables/outputs.py leave only when something went wrong:
-# `.NAME.tmp-PID-XXXXXXXX` (being built by PID; demo/merge_only.py's own temp has no PID),
+# `.NAME.tmp-PID-XXXXXXXX` (being built, or removed after a failure, by PID),
 # `.NAME.old-...` (being replaced), `.NAME.replaced-...`.
-LEFTOVER = re.compile(r"^\..+\.(tmp(-\d+)?|old|replaced)-[0-9a-f]{8}$")
+LEFTOVER = re.compile(r"^\..+\.(tmp-\d+|old|replaced)-[0-9a-f]{8}$")
 # A line Ray forwards from one of its own processes, "(TrainController pid=123) ...": their
 # logs are Ray's business (e.g. its state API tracing back when two Ray instances share the
 # machine), the command's own stderr is the rest.
