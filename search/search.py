@@ -149,24 +149,23 @@ def _check_search_dir(
 
 
 def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
-    """Refuse a --resume whose search.fidelity differs from the saved run's, naming each field.
+    """Refuse a --resume whose objective or fidelity differs from the saved run's, naming each.
 
-    The budget may change on resume, the fidelity may not: the gates rank a new trial's rung
-    values against the earlier rows' by rung index, and rows scored on other rungs (another
-    policy, screen share or rungs) or ranked by another eta, keep_top or delta are not
-    comparable to them.
+    The budget may change on resume, these may not: `search.multi_objective` sets the study's
+    directions and what a row's objective means (and turns the fidelity off), and the gates rank
+    a new trial's rung values against the earlier rows' by rung index, so rows scored on other
+    rungs (another policy, screen share or rungs) or ranked by another eta, keep_top or delta
+    are not comparable to them.
     """
-    old = SearchExperiment.model_validate_json(saved.read_text()).search.fidelity
-    new = exp.search.fidelity
-    changed = [k for k in type(new).model_fields if getattr(old, k) != getattr(new, k)]
+    old_search = SearchExperiment.model_validate_json(saved.read_text()).search
+    pairs = [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
+    old, new = old_search.fidelity, exp.search.fidelity
+    pairs += [(f"search.fidelity.{k}", getattr(old, k), getattr(new, k)) for k in type(new).model_fields]  # fmt: skip
+    changed = [f"{name} was {a!r}, is now {b!r}" for name, a, b in pairs if a != b]
     if changed:
-        what = "; ".join(
-            f"search.fidelity.{k} was {getattr(old, k)!r}, is now {getattr(new, k)!r}"
-            for k in changed
-        )
         raise OutputError(
-            f"--resume: {what} ({saved}); a search keeps its fidelity: resume with the old one "
-            "or start a new search (--out)"
+            f"--resume: {'; '.join(changed)} ({saved}); a search keeps its objective and "
+            "fidelity: resume with the old ones or start a new search (--out)"
         )
 
 

@@ -1,8 +1,9 @@
-"""`layerswap search --resume` with another fidelity than the run's is refused like bad input.
+"""`layerswap search --resume` with another fidelity or objective than the run's is refused.
 
 A resumed search ranks each new trial's rung values against the earlier rows' by rung index; rows
 scored under another policy, other rungs or another eta are not comparable, so a changed
-`search.fidelity` is refused in one line naming the field, the saved value and the new one (exit
+`search.fidelity` (or `search.multi_objective`, which changes what a row's objective is) is
+refused in one line naming the field, the saved value and the new one (exit
 2, no traceback, nothing changed: test_bad_input.py's own check, its tripwires armed).
 Run: .venv/bin/python -m pytest -q tests/cli/test_bad_input_resume.py
 """
@@ -32,11 +33,12 @@ def case(fn: Callable) -> Callable:
     return fn
 
 
-def _resumed_with(e: Env, old: dict, new: dict) -> tuple[list[str], str]:
-    """RUN/search started with fidelity `old`; (the --resume command line with `new`, its sdir)."""
+def _resumed_with(e: Env, old: dict, new: dict, field: str = "fidelity") -> tuple[list[str], str]:
+    """RUN/search started with search.`field` `old`; (the --resume command line with `new`, its
+    sdir)."""
     data = e.search_data()
     before, after = copy.deepcopy(data), copy.deepcopy(data)
-    before["search"]["fidelity"], after["search"]["fidelity"] = old, new
+    before["search"][field], after["search"][field] = old, new
     sdir = e.earlier_search("run", before)
     f = e.yaml("search.yaml", after)
     return ["search", f, "--out", e.at("run"), "--resume"], sdir
@@ -62,6 +64,14 @@ def search__resume_with_other_halving_rungs(e: Env):
 def search__resume_with_another_halving_eta(e: Env):
     argv, _ = _resumed_with(e, {"policy": "halving", "eta": 3}, {"policy": "halving", "eta": 2})
     return argv, ["search.fidelity.eta was 3, is now 2"]
+
+
+@case
+def search__resume_with_another_objective(e: Env):
+    # Two objectives give the study two directions and turn the fidelity off: the earlier rows'
+    # single objective is not what the resumed trials would report.
+    argv, _ = _resumed_with(e, False, True, field="multi_objective")
+    return argv, ["--resume: search.multi_objective was False, is now True"]
 
 
 @pytest.mark.parametrize("make", CASES)
