@@ -26,10 +26,12 @@ import random
 import statistics
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from gpu_check.common import ROOT, free, sync
-from gpu_check.figures import Figure, per_hour, share
+from gpu_check.figures import Figure, Target, per_hour, share
+from gpu_check.trial_clock import KindClock, item_flops
 from gpu_check.trial_cost import (
     COPIES,
     device_depth,
@@ -38,8 +40,8 @@ from gpu_check.trial_cost import (
     proxy_seconds,
     rate_profiles,
 )
-from layerswap.study.estimate import forward_flops, model_cost, task_shape
-from layerswap.trainables.devices import says_out_of_memory
+from layerswap.study.estimate import model_cost, task_shape
+from layerswap.trainables.devices import is_out_of_memory, says_out_of_memory
 
 TITLE = "Search trials at the 8B shape"
 SHIPPED = ROOT / "spaces" / "examples" / "real_llama31_8b_sw_search.yaml"
@@ -56,72 +58,6 @@ PASSES = (("device", "experts on the device"), ("host", "experts in host memory"
 
 
 # ------------------------------------------------------------------------------ measuring
-
-
-class KindClock:
-    """Where an evaluator's scoring time goes: choice and generation tasks, the prefill of the
-    generation prompts, and the decoding steps (counted with their rows).
-
-    Wraps the evaluator's own per-kind methods (this instance's only) and hooks the model's
-    forward: with a KV cache, a forward of several tokens is a prefill, of one a decoding step
-    (choice rows run without a cache).
-    """
-
-    def __init__(self, ev, model, device: str):
-        self.device = device
-        self.take()
-        for key, name in (("mc_s", "_score_mc"), ("gen_s", "_score_gen")):
-            setattr(ev, name, self._timed(key, getattr(ev, name)))
-        model.register_forward_pre_hook(self._pre, with_kwargs=True)
-        model.register_forward_hook(self._post, with_kwargs=True)
-
-    def take(self) -> dict:
-        """What was counted since the last take; counting starts again."""
-        old, self._t0 = getattr(self, "c", {}), None
-        self.c = {"mc_s": 0.0, "gen_s": 0.0, "prefill_s": 0.0, "steps": 0, "step_rows": 0}
-        return old
-
-    def _timed(self, key: str, fn):
-        def run(*args, **kwargs):
-            sync(self.device)
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                sync(self.device)
-                self.c[key] += time.perf_counter() - t0
-
-        return run
-
-    def _pre(self, module, args, kwargs):
-        ids, self._t0 = kwargs.get("input_ids", args[0] if args else None), None
-        if kwargs.get("use_cache") and ids.shape[1] > 1:
-            sync(self.device)
-            self._t0 = time.perf_counter()
-        elif kwargs.get("use_cache"):
-            self.c["steps"] += 1
-            self.c["step_rows"] += ids.shape[0]
-
-    def _post(self, module, args, kwargs, out):
-        if self._t0 is not None:
-            sync(self.device)
-            self.c["prefill_s"] += time.perf_counter() - self._t0
-
-
-def item_flops(ev, cost, max_length: int) -> tuple[float, float]:
-    """(FLOPs of the choice rows, FLOPs of the generation prompts) of one scoring of `ev`'s
-    items by the plan's rule (a row: prompt plus every option's tokens); prompts left-truncated
-    to `max_length` less the new tokens, as ProxyEvaluator._score_gen does."""
-    mc = gen = 0.0
-    for c in ev.tasks.values():
-        for it in c.items:
-            if c.kind == "multiple_choice":
-                n = len(it.ctx_ids) + sum(len(x) for x in it.cont_ids)
-                mc += n * forward_flops(cost, n)
-            else:
-                n = min(len(it.ctx_ids), max_length - c.max_gen_toks)
-                gen += n * forward_flops(cost, n)
-    return mc, gen
 
 
 def _runner(ctx, cfg, states: dict, tmp: Path, shipped, size: dict):
@@ -225,10 +161,7 @@ def measure(ctx, size: dict, shipped) -> dict:
         the pass model's "weight_bytes"}}.
     """
     import torch
-    from lm_eval.models.utils import resolve_max_length
-    from shapes import _layer, shape_experts
-
-    from layerswap.trainables.train.model_shape import model_shape
+    from shapes import shape_experts
 
     end = time.monotonic() + min(size["budget_s"], ctx.remaining())
     cfg = ctx.config(depth=size["depth"])
@@ -245,22 +178,43 @@ def measure(ctx, size: dict, shipped) -> dict:
                 if d == 0:
                     out["passes"][key] = {"depth": 0, "rows": [], "does_not_fit": "not one layer fits layerswap's placement rule"}  # fmt: skip
                     continue
-                cfg_d = ctx.config(depth=d)
-                cfg_d.dtype = "bfloat16"
-                # the first d layers, tensors shared (nothing copied)
-                sub = {r: {n: t for n, t in s.items() if (_layer(n) or 0) < d} for r, s in states.items()}  # fmt: skip
-                runner, exp, pool = _runner(ctx, cfg_d, sub, Path(tmp), shipped, size)
                 pass_end = time.monotonic() + (end - time.monotonic()) / (len(PASSES) - i)
-                res = run_pass(ctx, runner, exp, pool, key == "device", size["trials"], pass_end)
-                cost = model_cost(model_shape(cfg_d))
-                max_length = resolve_max_length(runner.model.config, runner.tokenizer, default=2048)
-                res |= {"flops": item_flops(runner.parts[0], cost, max_length), "weight_bytes": cost.weight_bytes}  # fmt: skip
-                out["passes"][key] = res
-                del runner, sub
-                free(ctx.device)
+                out["passes"][key] = _guarded_pass(ctx, key, d, states, Path(tmp), shipped, size, pass_end)  # fmt: skip
+                free(ctx.device)  # out of the pass's frames: its model and experts are gone
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+def _guarded_pass(ctx, key: str, d: int, states: dict, tmp: Path, shipped, size: dict, end: float) -> dict:  # fmt: skip
+    """One placement's `_one_pass`; a failure is that pass's finding, and the other still runs
+    (the one GPU shot must not lose the host pass to the device pass). Out of memory (however
+    CUDA says it, e.g. while the rest of both experts is copied) is "does_not_fit"; any other
+    error "failed", which run() sets as a missed target."""
+    try:
+        return _one_pass(ctx, key, d, states, tmp, shipped, size, end)
+    except Exception as e:  # recorded, the traceback's last lines kept
+        what = "does_not_fit" if is_out_of_memory(e) else "failed"
+        text = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+        return {"depth": d, "rows": [], what: text, "traceback": traceback.format_exc()[-2000:]}
+
+
+def _one_pass(ctx, key: str, d: int, states: dict, tmp: Path, shipped, size: dict, end: float) -> dict:  # fmt: skip
+    """The first `d` layers of `states` (tensors shared, nothing copied) composed and scored
+    in placement `key` until `end`: run_pass's dict + "flops" and "weight_bytes"."""
+    from lm_eval.models.utils import resolve_max_length
+    from shapes import _layer
+
+    from layerswap.trainables.train.model_shape import model_shape
+
+    cfg_d = ctx.config(depth=d)
+    cfg_d.dtype = "bfloat16"
+    sub = {r: {n: t for n, t in s.items() if (_layer(n) or 0) < d} for r, s in states.items()}
+    runner, exp, pool = _runner(ctx, cfg_d, sub, tmp, shipped, size)
+    res = run_pass(ctx, runner, exp, pool, key == "device", size["trials"], end)
+    cost = model_cost(model_shape(cfg_d))
+    max_length = resolve_max_length(runner.model.config, runner.tokenizer, default=2048)
+    return res | {"flops": item_flops(runner.parts[0], cost, max_length), "weight_bytes": cost.weight_bytes}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ the report
@@ -338,7 +292,8 @@ def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> lis
     for key, label in PASSES:
         p, s = m["passes"][key], scaled.get(key)
         if s is None:
-            notes.append(f"{label}: does not fit ({p['does_not_fit']}); not measured.")
+            why = f"does not fit ({p['does_not_fit']})" if p.get("does_not_fit") else f"FAILED ({p['failed']})"  # fmt: skip
+            notes.append(f"{label}: {why}; not measured.")
             continue
         k, placed = s["kept"], p.get("placed", {})
         if placed.get("move_s"):  # on a CPU the experts are the model's tensors already
@@ -393,6 +348,9 @@ def run(ctx) -> dict:
     figures, scaled = [], {}
     for key, label in PASSES:
         p = m["passes"][key]
+        if p.get("failed"):
+            figures.append(Figure(f"trials pass finished ({label})", 0.0, "yes=1", Target(">=", 1), note=p["failed"]))  # fmt: skip
+            continue
         if p.get("does_not_fit"):
             figures.append(Figure(f"shipped-config trials per GPU-hour, every trial kept ({label})", None,
                                   "trials/h", assumed=per_hour(assumed["kept"]), note="does not fit"))  # fmt: skip

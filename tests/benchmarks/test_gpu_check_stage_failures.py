@@ -143,3 +143,34 @@ def test_each_ray_train_command_is_limited_by_the_time_left_when_it_starts(tmp_p
     with pytest.raises(KeyboardInterrupt):
         R.run(ctx)
     assert limits == [200.0, 70.0]
+
+
+def test_a_trials_pass_that_fails_leaves_the_other_pass_and_says_so(tmp_path, monkeypatch):
+    """The device pass failing (out of memory while both experts are copied, or any error) must
+    not take the host pass with it: each pass's outcome is its own finding."""
+    import shapes
+    from gpu_check import trials as T
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    ctx = types.SimpleNamespace(device="cpu", remaining=lambda: 1e4, config=lambda depth=None: cfg)  # fmt: skip
+    monkeypatch.setattr(shapes, "shape_experts", lambda cfg, make_on: {"base": {}})
+    outcomes = {
+        "device": RuntimeError("CUDA error: out of memory"),
+        "host": ValueError("tensors not in the model: ['x']"),
+    }
+
+    def one_pass(ctx, key, d, states, tmp, shipped, size, end):
+        if key in outcomes:
+            raise outcomes[key]
+        return {"depth": d, "rows": [{"ran": key}]}
+
+    monkeypatch.setattr(T, "_one_pass", one_pass)
+    size = dict(T.SIZES["smoke"], depth=2)
+    m = T.measure(ctx, size, shipped=None)
+    assert m["passes"]["device"]["does_not_fit"] == "RuntimeError: CUDA error: out of memory"
+    assert m["passes"]["host"]["failed"] == "ValueError: tensors not in the model: ['x']"
+    del outcomes["device"]
+    m = T.measure(ctx, size, shipped=None)  # the device pass measured, the host one failed
+    assert m["passes"]["device"]["rows"] == [{"ran": "device"}] and "failed" in m["passes"]["host"]
