@@ -30,7 +30,7 @@ writeback. The table shows medians; targets are judged on ratios of medians:
   compose / roundtrip (reported, no target)
 
 Results also go to WORKDIR/bench_merge.json. The experts are generated once per shape (seeded,
-deterministic, streamed through trainables.merge.checkpoint.ShardWriter so generation stays
+deterministic, streamed through trainables.merge.shard_writer.ShardWriter so generation stays
 low-memory) and cached under WORKDIR/experts-SHAPE/.
 
 Run (from the repository root; `1b` writes ~5 GB of experts and needs ~8 GB of free RAM for the

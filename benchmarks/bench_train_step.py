@@ -6,9 +6,9 @@ in bfloat16 directly on the device, so nothing is read from or written to disk b
 world's tokenizer. It then goes through the trainer's own code, not a copy of it:
 `_prepare_model` (mode `full`, the precision policy's fp32 masters under bf16-mixed, gradient
 checkpointing), `pick(exp, 1).wrap` (`ddp`: the bare model in one process; `fsdp`: FSDP2 over
-a 1-process group this script opens, with `--offload` = CPUOffloadPolicy), `_adamw`, and
-`_train_step` of trainables/train/loop.py on micro-batches of random token ids (labels = ids;
-`--micro-batch` rows of `--seq-len` tokens, `--accumulate` passes per step). `--warmup` steps
+a 1-process group this script opens, with `--offload` = CPUOffloadPolicy), `_adamw`
+(trainables/train/run_setup.py), and `_Run`'s step (trainables/train/train_step.py) on
+micro-batches of random token ids (labels = ids; `--micro-batch` rows of `--seq-len` tokens, `--accumulate` passes per step). `--warmup` steps
 (AdamW allocates its moments there) are timed but left out of tokens/s; each step is timed
 between torch.cuda.synchronize() calls. Printed: parameters, the precision policy, seconds per
 step, tokens/s, peak memory (CUDA: max_memory_allocated / max_memory_reserved since the first

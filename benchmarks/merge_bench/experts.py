@@ -1,6 +1,6 @@
 """The merge benchmark's inputs: the Llama shapes, the layer-swap recipe, and the pair of random
 bf16 experts generated once per shape (seeded, deterministic, streamed through
-trainables.merge.checkpoint.ShardWriter so generation stays low-memory) and cached under
+trainables.merge.shard_writer.ShardWriter so generation stays low-memory) and cached under
 WORKDIR/experts-SHAPE/.
 
 Used by benchmarks/bench_merge.py and benchmarks/bench_delta.py (through bench_merge); not run on
