@@ -8,12 +8,13 @@ world's tokenizer. It then goes through the trainer's own code, not a copy of it
 checkpointing), `pick(exp, 1).wrap` (`ddp`: the bare model in one process; `fsdp`: FSDP2 over
 a 1-process group this script opens, with `--offload` = CPUOffloadPolicy), `_adamw`
 (trainables/train/run_setup.py), and `_Run`'s step (trainables/train/train_step.py) on
-micro-batches of random token ids (labels = ids; `--micro-batch` rows of `--seq-len` tokens, `--accumulate` passes per step). `--warmup` steps
-(AdamW allocates its moments there) are timed but left out of tokens/s; each step is timed
-between torch.cuda.synchronize() calls. Printed: parameters, the precision policy, seconds per
-step, tokens/s, peak memory (CUDA: max_memory_allocated / max_memory_reserved since the first
-step; always: the process's peak RSS, which also counts the model build) and the trainer's own
-memory plan (trainables/train/memory_plan.py) for the same set-up, to check the plan against.
+micro-batches of random token ids (labels = ids; `--micro-batch` rows of `--seq-len` tokens,
+`--accumulate` passes per step). `--warmup` steps (AdamW allocates its moments there) are timed
+but left out of tokens/s; each step is timed between torch.cuda.synchronize() calls. Printed:
+parameters, the precision policy, seconds per step, tokens/s, peak memory (CUDA:
+max_memory_allocated / max_memory_reserved since the first step; always: the process's peak RSS,
+which also counts the model build) and the trainer's own memory plan
+(trainables/train/memory_plan.py) for the same set-up, to check the plan against.
 
 Smoke run (seconds; tests/benchmarks/test_bench_train_step.py runs it): --shape llama-tiny
     --device cpu --seq-len 16 --micro-batch 1 --steps 1 [--strategy fsdp --offload].
