@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from argparse import Namespace
 
 import bench_train_step as bts
@@ -136,6 +137,16 @@ def _train_at(ctx, args, cfg, device, lr: float) -> dict:
         "count_s": count_t.s,
     }
     return res
+
+
+def _guarded_run(ctx, args, cfg, device, lr: float) -> dict:
+    """`_train_at`, or {"lr", "failed": the error} when it raises (an out-of-memory at this
+    shape among them): the one GPU shot keeps the other LR's figures and the FSDP2 wrap."""
+    try:
+        return _train_at(ctx, args, cfg, device, lr)
+    except Exception as e:  # recorded as this run's finding, its traceback's end kept
+        text = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+        return {"lr": lr, "failed": text, "traceback": traceback.format_exc()[-2000:]}
 
 
 def _lr_figures(ctx, r: dict) -> list[Figure]:
@@ -327,8 +338,12 @@ def run(ctx) -> dict:
             if note := _skip(ctx, f"LR {lr:g}", 15):
                 out["notes"].append(note)
                 continue
-            r = _train_at(ctx, args, cfg, device, lr)
+            r = _guarded_run(ctx, args, cfg, device, lr)
             free(ctx.device)  # the run's model and optimizer are gone: the next peak is its own
+            if "failed" in r:  # that LR's finding; the other LR and the wrap still run
+                out["figures"].append(Figure(f"training run finished, LR {lr:g}", 0.0, "yes=1", Target(">=", 1), note=r["failed"]))  # fmt: skip
+                out["notes"].append(f"LR {lr:g} FAILED: {r['failed']}")
+                continue
             out["runs"].append(r)
             out["figures"] += _lr_figures(ctx, r)
         fast = [r for r in out["runs"] if r["lr"] == max(LRS)]

@@ -174,3 +174,24 @@ def test_a_trials_pass_that_fails_leaves_the_other_pass_and_says_so(tmp_path, mo
     del outcomes["device"]
     m = T.measure(ctx, size, shipped=None)  # the device pass measured, the host one failed
     assert m["passes"]["device"]["rows"] == [{"ran": "device"}] and "failed" in m["passes"]["host"]
+
+
+def test_a_training_run_that_fails_leaves_the_other_lr_and_says_so(tmp_path, monkeypatch):
+    """LR 1e-7 running out of memory must not lose LR 1e-5's run (nor the FSDP2 wrap): each
+    run's failure is a missed 'run finished' target, and the next run still starts."""
+    from gpu_check import training as TR
+
+    started: list[float] = []
+
+    def train_at(ctx, args, cfg, device, lr):
+        started.append(lr)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(TR, "_train_at", train_at)
+    monkeypatch.setattr(TR, "_skip", lambda ctx, what, need: "skipped" if "wrap" in what else None)
+    ctx = types.SimpleNamespace(device="cpu", smoke=True, config=lambda depth=None: types.SimpleNamespace())  # fmt: skip
+    out = TR.run(ctx)
+    assert started == list(TR.LRS)
+    finished = [f for f in out["figures"] if f.name.startswith("training run finished")]
+    assert [f.verdict for f in finished] == ["missed", "missed"]
+    assert finished[0].note.startswith("OutOfMemoryError: CUDA out of memory")
