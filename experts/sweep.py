@@ -7,6 +7,7 @@ experiment with a `sweep:` block); rows land in RUN/experts/registry.parquet as 
 from __future__ import annotations
 
 import json
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from layerswap.spaces.train_experiment import (
     experiment_json,
     with_overrides,
 )
+from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
@@ -203,15 +205,24 @@ def score_rows(
     setup: SweepSetup, checkpoints: list[Path], trial_id: str, params: dict
 ) -> list[dict]:
     """Score checkpoints on the setup's indicators; one registry row each (the trial's last
-    checkpoint only when `checkpoints: last`)."""
+    checkpoint only when `checkpoints: last`).
+
+    A checkpoint whose outputs are NaN or Inf (finite weights can still overflow, e.g. in bf16)
+    gets no row, and says so in one line: a score from its logits would mean nothing, and the
+    trial's other checkpoints still count.
+    """
     exp = setup.experiment
     chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
     scorer = _scorer(setup, exp["base"])
     rows = []
     for ck in chosen:
-        scores = scorer.score_checkpoint(
-            ck, base=exp["base"], trust_remote_code=exp.get("trust_remote_code", False)
-        )
+        try:
+            scores = scorer.score_checkpoint(
+                ck, base=exp["base"], trust_remote_code=exp.get("trust_remote_code", False)
+            )
+        except NonFiniteOutputs as e:
+            print(f"layerswap: sweep trial {trial_id}: left unscored: {e}", file=sys.stderr)
+            continue
         extra = {k: v for k, v in params.items() if not k.startswith("hyper.")}
         rows.append(expert_row(exp, ck, read_manifest(ck), trial_id, scores.columns(), extra))
     return rows
@@ -244,9 +255,14 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
     col = f"ind__{setup.metric_task}"
     chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
     for ck in chosen:  # on a GPU Ray reserves, when the experiment trains on GPUs
-        (row,) = score_reserved(score_rows, setup, [ck], trial_id, params)
-        best = max(best, row[col])
-        tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})
+        for row in score_reserved(score_rows, setup, [ck], trial_id, params):  # none: not finite
+            best = max(best, row[col])
+            tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})  # fmt: skip
+    if best == float("-inf"):
+        raise RuntimeError(
+            f"trial {trial_id}: no checkpoint under {workdir} could be scored (every one's "
+            "outputs are NaN or Inf; see the lines above)"
+        )
 
 
 def _append_callback(path: Path):

@@ -132,6 +132,31 @@ def test_score_rows_last_checkpoint(world, tmp_path):
     assert row[f"n_items__{MGSM}"] == 4 and 0 <= row[f"ind__{MGSM}"] <= 1
 
 
+def test_score_rows_leaves_a_checkpoint_with_non_finite_outputs_unscored(world, tmp_path, capsys):
+    """Finite weights whose outputs overflow (a norm scaled to 1e38) get no registry row and one
+    line naming them; the trial's other checkpoint is still scored (before: argmax over NaN
+    logits picked the first option and the row carried a made-up score)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from layerswap.trainables.train import find_checkpoints, run_training
+
+    sweep = {"params": SPACE, "checkpoints": "all", "limit": 4, "max_gen_toks": 8}
+    exp = experiment(world, sweep, hyper={"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96, "seed": 3})  # fmt: skip
+    run_training(exp, workdir=tmp_path / "t0")
+    cks = find_checkpoints(tmp_path / "t0")
+    (weights,) = cks[0].glob("*.safetensors")
+    state = load_file(weights)
+    name = next(k for k in state if k.endswith("input_layernorm.weight"))
+    state[name] = torch.full_like(state[name], 1e38)  # finite, but every activation overflows
+    assert all(torch.isfinite(t).all() for t in state.values())
+    save_file(state, weights, metadata={"format": "pt"})
+    rows = score_rows(set_up_sweep(exp, tmp_path), cks, "t0", {"hyper.lr": 1e-3})
+    assert [r["path"] for r in rows] == [str(cks[1].resolve())]
+    err = capsys.readouterr().err
+    assert "layerswap: sweep trial t0: left unscored:" in err and "not finite" in err, err
+
+
 @pytest.fixture
 def ray_local():
     import ray
