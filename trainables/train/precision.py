@@ -119,20 +119,28 @@ def apply_precision(model: nn.Module, policy: Policy) -> None:
             p.data = p.data.to(want)
 
 
+# Elements per slice in unmovable_share: its temporaries cost ~20 bytes an element, so a whole
+# 8B model's embedding (525M elements) at once took ~10 GB beside the model; a slice, ~320 MB.
+_SHARE_CHUNK = 1 << 24
+
+
 def unmovable_share(params: list[torch.Tensor], lr: float) -> float:
     """Share of the weights in `params` (bf16) that a step of size `lr` cannot change.
 
     AdamW moves a weight by at most about `lr` per step; a bf16 weight w rounds to its nearest
     representable neighbour, 2**(floor(log2|w|) - 7) away, so a change below half of that is
-    lost. Zero weights always move.
+    lost. Zero weights always move. Counted slice by slice (`_SHARE_CHUNK` elements), on each
+    tensor's own device.
     """
     lost = total = 0
     for p in params:
-        w = p.detach().float().abs().flatten()
-        _, exp = torch.frexp(w)  # w = m * 2**exp, m in [0.5, 1): floor(log2 w) = exp - 1
-        half_step = torch.ldexp(torch.ones_like(w), exp - 9)
-        lost += int(((w > 0) & (half_step > lr)).sum())
-        total += w.numel()
+        flat = p.detach().flatten()
+        for start in range(0, flat.numel(), _SHARE_CHUNK):
+            w = flat[start : start + _SHARE_CHUNK].float().abs()  # (chunk,)
+            _, exp = torch.frexp(w)  # w = m * 2**exp, m in [0.5, 1): floor(log2 w) = exp - 1
+            half_step = torch.ldexp(torch.ones_like(w), exp - 9)
+            lost += int(((w > 0) & (half_step > lr)).sum())
+        total += flat.numel()
     return lost / max(1, total)
 
 

@@ -6,6 +6,8 @@ Run: .venv/bin/python -m pytest tests/trainables/train/test_precision.py
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,36 @@ def test_unmovable_share_is_exact_on_known_weights():
     assert unmovable_share([w], 1e-3) == 0.5  # 1.0 and 1.5 cannot move; the tiny one and 0 can
     assert unmovable_share([w], 1e-2) == 0.0
     assert unmovable_share([w], 1e-6) == 0.75
+
+
+def test_unmovable_share_counts_slice_by_slice(monkeypatch):
+    """Slices of 3 elements count exactly what one pass over the whole tensor counts."""
+    from layerswap.trainables.train import precision
+
+    g = torch.Generator().manual_seed(0)
+    ws = [(torch.randn(1000, generator=g) * 10.0 ** torch.randint(-6, 2, (1000,), generator=g)).to(torch.bfloat16), torch.zeros(7, dtype=torch.bfloat16)]  # fmt: skip
+    whole = unmovable_share(ws, 1e-4)
+    monkeypatch.setattr(precision, "_SHARE_CHUNK", 3)
+    assert unmovable_share(ws, 1e-4) == whole and 0 < whole < 1
+
+
+def test_unmovable_share_memory_stays_near_the_weights():
+    """In a fresh process, the peak RSS while counting a 64M-element bf16 tensor (128 MB) grows
+    by well under the ~1.3 GB of float32 temporaries a whole-tensor pass made (an 8B model's
+    embedding took ~10 GB that way)."""
+    code = """
+import resource, torch
+from layerswap.trainables.train.precision import unmovable_share
+w = torch.ones(64 * 2**20, dtype=torch.bfloat16)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+share = unmovable_share([w], 1e-3)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(share, (after - before) // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    share, grew_mb = out.stdout.split()
+    assert float(share) == 1.0 and int(grew_mb) < 600, out.stdout
 
 
 def test_mixed_resume_continues_from_the_fp32_masters(bf16_world, tmp_path):
