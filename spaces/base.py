@@ -49,7 +49,8 @@ class StrictModel(BaseModel):
 
     Every field carries a one-line docstring under it (`use_attribute_docstrings`): it becomes
     the field's description, which the config reference (docs/reference/configs.md) and the JSON
-    Schemas (`layerswap schema`) show; tests/spaces/test_reference.py fails on a field without one.
+    Schemas (`layerswap schema`) show; tests/spaces/test_config_reference.py fails on a field
+    without one.
     """
 
     model_config = ConfigDict(
