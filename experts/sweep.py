@@ -27,9 +27,13 @@ from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
+from layerswap.trainables.train.finite import NonFiniteTraining
 
 METRIC = "indicator"  # what a trial reports to the searcher: its best checkpoint's indicator so far
 ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appends them
+# A trial that ends for a reason a retry would meet again (training turned non-finite, no
+# checkpoint scorable) reports this key with the reason and returns: Tune retries only a raise.
+FAILED_KEY = "failed_without_retry"
 
 
 @dataclass
@@ -177,11 +181,19 @@ def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]
         run_training(variant, workdir=workdir, resume_from=done[-1] if done else None)
     else:
         # lazy: Ray Train only for the per-trial Ray executor
-        from layerswap.trainables.train.ray_train import trainer_for
+        import ray.train
 
-        result = trainer_for(
+        # lazy: imports ray, as above
+        from layerswap.trainables.train.ray_train import raise_own_error, trainer_for
+
+        trainer = trainer_for(
             variant, storage_path=str(workdir.parent), name=workdir.name, callbacks=[_tune_report()]
-        ).fit()
+        )
+        try:
+            result = trainer.fit()
+        except ray.train.TrainingFailedError as e:
+            raise_own_error(e)  # NonFiniteTraining as itself, for sweep_trial to end without retry
+            raise
         if result.error is not None:
             raise RuntimeError(f"{variant.name}: nested TorchTrainer failed: {result.error!r}")
     return find_checkpoints(workdir)
@@ -221,7 +233,7 @@ def score_rows(
                 ck, base=exp["base"], trust_remote_code=exp.get("trust_remote_code", False)
             )
         except NonFiniteOutputs as e:
-            print(f"layerswap: sweep trial {trial_id}: left unscored: {e}", file=sys.stderr)
+            print(f"layerswap: sweep trial {trial_id}: {ck} left unscored: {e}", file=sys.stderr)
             continue
         extra = {k: v for k, v in params.items() if not k.startswith("hyper.")}
         rows.append(expert_row(exp, ck, read_manifest(ck), trial_id, scores.columns(), extra))
@@ -248,21 +260,34 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
     # Not Tune's trial dir: that is a local staging folder in Ray's session dir. RUN must be
     # shared storage on a multi-node cluster (the registry records these paths).
     workdir = Path(setup.storage) / exp.name / trial_id
-    checkpoints = _train(variant, workdir, setup.executor)
+    try:
+        checkpoints = _train(variant, workdir, setup.executor)
+    except NonFiniteTraining as e:  # the same data and learning rate diverge again on a retry
+        _fail_without_retry(trial_id, str(e))
+        return
     if not checkpoints:
         raise RuntimeError(f"trial {trial_id}: training wrote no checkpoint under {workdir}")
-    best = float("-inf")
+    best, scored = float("-inf"), 0
     col = f"ind__{setup.metric_task}"
     chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
     for ck in chosen:  # on a GPU Ray reserves, when the experiment trains on GPUs
         for row in score_reserved(score_rows, setup, [ck], trial_id, params):  # none: not finite
-            best = max(best, row[col])
+            best, scored = max(best, row[col]), scored + 1
             tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})  # fmt: skip
-    if best == float("-inf"):
-        raise RuntimeError(
-            f"trial {trial_id}: no checkpoint under {workdir} could be scored (every one's "
-            "outputs are NaN or Inf; see the lines above)"
+    if not scored:
+        _fail_without_retry(
+            trial_id,
+            f"no checkpoint under {workdir} could be scored (their outputs are NaN or Inf)",
         )
+
+
+def _fail_without_retry(trial_id: str, why: str) -> None:
+    """End a sweep trial as failed without raising (Tune would retry it and meet `why` again):
+    one line, and a result the searcher ranks below every indicator (-1; they lie in [0, 1])."""
+    from ray import tune  # lazy: inside a Tune trial only
+
+    print(f"layerswap: sweep trial {trial_id} failed (not retried): {why}", file=sys.stderr)
+    tune.report({METRIC: -1.0, FAILED_KEY: why})
 
 
 def _append_callback(path: Path):
@@ -370,7 +395,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
             ),
         )
         grid = tuner.fit()
-    statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error else "ok") for r in grid}
+    statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error or r.metrics.get(FAILED_KEY) else "ok") for r in grid}  # fmt: skip
     ids = set(statuses)
     rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]
     best = top_k(rows, experiment.kind, experiment.language, setup.metric_task, setup.sweep.top_k)

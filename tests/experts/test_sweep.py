@@ -154,7 +154,7 @@ def test_score_rows_leaves_a_checkpoint_with_non_finite_outputs_unscored(world, 
     rows = score_rows(set_up_sweep(exp, tmp_path), cks, "t0", {"hyper.lr": 1e-3})
     assert [r["path"] for r in rows] == [str(cks[1].resolve())]
     err = capsys.readouterr().err
-    assert "layerswap: sweep trial t0: left unscored:" in err and "not finite" in err, err
+    assert f"layerswap: sweep trial t0: {cks[0]} left unscored:" in err and "not finite" in err, err
 
 
 @pytest.fixture
@@ -166,6 +166,19 @@ def ray_local():
     yield
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_diverging_sweep_trial_fails_once_without_retry(world, tmp_path, ray_local):
+    """lr 1000 turns step 2 non-finite: with max_failures 2 Tune would restart the trial twice
+    and diverge twice more (each restart logs step 1 again); it fails once, no registry row."""
+    log = tmp_path / "steps.jsonl"
+    sweep = {"num_samples": 1, "params": {"hyper.lr": {"choices": [1000.0]}}, "executor": "in_trial", "limit": 4}  # fmt: skip
+    exp = experiment(world, sweep, failure={"max_failures": 2}, debug={"step_log": str(log)})
+    res = run_sweep(exp, tmp_path / "run")
+    assert list(res.trials.values()) == ["error"] and res.rows == [] and res.best == []
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps.count(1) == 1, steps
 
 
 @pytest.mark.slow

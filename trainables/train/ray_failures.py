@@ -5,7 +5,7 @@ helps with a lost node or a flaky collective; a run whose training turned non-fi
 (`NonFiniteTraining`) diverges again from the same checkpoint with the same data and learning
 rate, so `OwnErrorsTrainer` (the TorchTrainer every layerswap run uses) raises it without a retry,
 and `quiet_own_errors()` keeps the worker from logging its traceback (the driver says it in the
-error's one line, trainables/train/ray_train.py `_raise_own_error`).
+error's one line, trainables/train/ray_train.py `raise_own_error`).
 
 Ray Train V2 has no public way to either, so this module holds every private name it uses, and
 tests/trainables/train/test_ray_failures_api.py fails naming the one that changed:

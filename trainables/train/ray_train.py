@@ -304,7 +304,7 @@ def _fit_interruptibly(trainer: OwnErrorsTrainer):
         return trainer.fit()
 
 
-def _raise_own_error(e: Exception) -> None:
+def raise_own_error(e: Exception) -> None:
     """Re-raise, on the driver, a worker's error that already says in one line what went wrong
     (a non-finite base or step, a damaged checkpoint), as the no-Ray run raises it; Ray's own
     wrapper would end the command in a traceback."""
@@ -328,7 +328,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     try:
         result = _fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
-        _raise_own_error(e)
+        raise_own_error(e)
         run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
         return RayTrainResult(None, {}, run, repr(e))
     ckpt = as_path(result.checkpoint.path) if result.checkpoint is not None else None
