@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,18 +138,28 @@ def saved_digests(path: Path | str) -> Iterator[None]:
         yield
     finally:
         with _LOCK:
-            _RECORDERS.remove(used)
+            # By identity: nested blocks' sets are often equal (every hash joins all of them),
+            # and list.remove would take the outer block's.
+            _RECORDERS[:] = [r for r in _RECORDERS if r is not used]
             keep = {k: _FILE_DIGESTS[k] for k in used if k in _FILE_DIGESTS}
         # Saved digests of files since changed or removed would never match again: dropped.
         keep = {k: v for k, v in saved.items() if _unchanged(k)} | keep
         if keep != saved and path.parent.is_dir():
-            files = [
-                {"path": k[0], "size": k[1], "mtime_ns": k[2], "inode": k[3], "sha256": v}
-                for k, v in sorted(keep.items())
-            ]
-            atomic_write_text(
-                path, json.dumps({"format": DIGESTS_FORMAT, "files": files}, indent=1)
-            )
+            _write_saved(path, keep)
+
+
+def _write_saved(path: Path, digests: dict[tuple[str, int, int, int], str]) -> None:
+    """Write the digest cache; a refused write (a full disk, a read-only mount) is one line, not
+    an error: the file only saves the next run some hashing, and failing here would end a
+    finished search, or hide the error that is ending it."""
+    files = [
+        {"path": k[0], "size": k[1], "mtime_ns": k[2], "inode": k[3], "sha256": v}
+        for k, v in sorted(digests.items())
+    ]
+    try:
+        atomic_write_text(path, json.dumps({"format": DIGESTS_FORMAT, "files": files}, indent=1))
+    except OSError as e:
+        print(f"layerswap: {path}: file digests not saved ({e}); the next run hashes again", file=sys.stderr)  # fmt: skip
 
 
 def model_content_id(ref: str) -> str:

@@ -144,3 +144,32 @@ def test_hashing_streams_in_chunks(experts, monkeypatch):
     monkeypatch.setattr(model_ids, "CHUNK", 1 << 30)
     model_ids._FILE_DIGESTS.clear()
     assert model_content_id(str(experts["b"])) == streamed
+
+
+def test_nested_digest_blocks_each_save_their_own(experts, tmp_path, monkeypatch):
+    """Two blocks open at once (their sets of used digests equal): each writes its file, and the
+    inner one's end does not take the outer one's record (it raised in the outer `finally`)."""
+    monkeypatch.setattr(model_ids, "_FILE_DIGESTS", {})
+    outer, inner = tmp_path / "outer.json", tmp_path / "inner.json"
+    with model_ids.saved_digests(outer):
+        with model_ids.saved_digests(inner):
+            pass
+        model_content_id(str(experts["t"]))
+    assert not inner.exists()  # the inner block hashed nothing
+    saved = json.loads(outer.read_text())["files"]
+    assert sorted(Path(f["path"]).name for f in saved) == ["config.json", "m-1.safetensors", "m-2.safetensors"]  # fmt: skip
+
+
+def test_digests_that_cannot_be_saved_are_one_line_not_an_error(experts, tmp_path, monkeypatch, capsys):  # fmt: skip
+    """The digest file is a cache: a refused write (here a folder in its place) is one line and
+    the block's own work stands; an error the block raises is the one that comes out."""
+    monkeypatch.setattr(model_ids, "_FILE_DIGESTS", {})
+    blocked = tmp_path / "ids.json"
+    blocked.mkdir()
+    with model_ids.saved_digests(blocked):
+        model_content_id(str(experts["t"]))
+    assert f"layerswap: {blocked}: file digests not saved" in capsys.readouterr().err
+    monkeypatch.setattr(model_ids, "_FILE_DIGESTS", {})
+    with pytest.raises(KeyboardInterrupt), model_ids.saved_digests(blocked):
+        model_content_id(str(experts["l"]))
+        raise KeyboardInterrupt
