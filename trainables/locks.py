@@ -210,7 +210,7 @@ def _take(path: Path, out: Path) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            _sweep_dead_temps(path.parent / path.name[1 : -len(SUFFIX)], before.get("pid"))
+            _sweep_dead_temps(path.parent / path.name[1 : -len(SUFFIX)], before)
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -225,16 +225,28 @@ def _take(path: Path, out: Path) -> int:
     return fd
 
 
-def _sweep_dead_temps(out: Path, pid: object) -> None:
-    """Remove the half-built temporary siblings a killed writer `pid` left beside `out`.
+def _sweep_dead_temps(out: Path, owner: dict) -> None:
+    """Remove the half-built temporary siblings a killed writer left beside `out`.
 
-    Called under `out`'s lock, taken over from `pid`'s stale one: no live process writes `out`,
+    Called under `out`'s lock, taken over from `owner`'s stale one: no live process writes `out`,
     and only names `atomic.temp_sibling` gave that pid are touched (never a user's file, nor
-    the temps of another writer).
+    the temps of another writer). Only for an owner on this host: where a shared file system
+    keeps flocks per node (NFS mounted with local_lock), a writer on another host can look dead
+    from here while it runs, so its temps are named and left.
     """
+    pid = owner.get("pid")
     if not isinstance(pid, int):
         return
+    here = owner.get("host") == socket.gethostname()
     for tmp in dead_writer_temps(out, pid):
+        if not here:
+            print(
+                f"layerswap: {out}: left {tmp.name}: its writer, pid {pid}, ran on host "
+                f"{owner.get('host')}; remove it by hand once that is surely not running",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         else:

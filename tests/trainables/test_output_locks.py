@@ -80,6 +80,27 @@ def test_a_dead_owners_lock_is_taken_over_and_named(tmp_path, capsys):
     assert not lock_path(out).exists()
 
 
+@pytest.mark.parametrize("same_host", [True, False])
+def test_a_dead_owners_temps_are_swept_only_on_its_own_host(tmp_path, capsys, same_host):
+    """Where flocks are per node (NFS with local_lock), a writer on another host looks dead from
+    here while it runs: its temp folder is named and left, not removed under it."""
+    import socket
+
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    pid = int(dead.stdout)
+    host = socket.gethostname() if same_host else "another-node"
+    lock_path(out).write_text(json.dumps({"pid": pid, "host": host, "command": "c", "since": "s"}))
+    temp = tmp_path / f".out.tmp-{pid}-0123abcd"
+    temp.mkdir()
+    with writing(out):
+        pass
+    err = capsys.readouterr().err
+    assert temp.exists() is not same_host, err
+    said = "removed" if same_host else f"left {temp.name}: its writer, pid {pid}, ran on host another-node"  # fmt: skip
+    assert said in err, err
+
+
 def test_reentrant_in_one_process_and_released_after(tmp_path):
     out = tmp_path / "a" / "b" / "out"
     with writing(out):
