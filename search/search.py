@@ -157,7 +157,7 @@ def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
     rungs (another policy, screen share or rungs) or ranked by another eta, keep_top or delta
     are not comparable to them.
     """
-    old_search = SearchExperiment.model_validate_json(saved.read_text()).search
+    old_search = _saved_search(saved)
     pairs = [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
     old, new = old_search.fidelity, exp.search.fidelity
     pairs += [(f"search.fidelity.{k}", getattr(old, k), getattr(new, k)) for k in type(new).model_fields]  # fmt: skip
@@ -167,6 +167,19 @@ def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
             f"--resume: {'; '.join(changed)} ({saved}); a search keeps its objective and "
             "fidelity: resume with the old ones or start a new search (--out)"
         )
+
+
+def _saved_search(saved: Path):
+    """The saved run's `search` settings as that run ran them.
+
+    A run saved before fidelity policies existed has no `policy`: it screened when `screen` was
+    set and stopped nothing otherwise, where today's default would read its fidelity as halving.
+    """
+    data = json.loads(saved.read_text())
+    fidelity = data.get("search", {}).get("fidelity")
+    if isinstance(fidelity, dict) and "policy" not in fidelity:
+        fidelity["policy"] = "screen" if fidelity.get("screen") is not None else "none"
+    return SearchExperiment.model_validate(data).search
 
 
 def _saved_identity(saved: Path) -> str:

@@ -11,7 +11,9 @@ Run: .venv/bin/python -m pytest -q tests/cli/test_bad_input_resume.py
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +66,18 @@ def search__resume_with_other_halving_rungs(e: Env):
 def search__resume_with_another_halving_eta(e: Env):
     argv, _ = _resumed_with(e, {"policy": "halving", "eta": 3}, {"policy": "halving", "eta": 2})
     return argv, ["search.fidelity.eta was 3, is now 2"]
+
+
+@case
+def search__resume_of_a_run_from_before_fidelity_policies(e: Env):
+    # Its experiment.json has no `policy`: it screened (screen 0.25). Read with today's default
+    # it would pass as halving, and halving would rank rows that were screened.
+    argv, sdir = _resumed_with(e, {}, {})
+    saved = Path(sdir) / "experiment.json"
+    data = json.loads(saved.read_text())
+    del data["search"]["fidelity"]["policy"]
+    saved.write_text(json.dumps(data))
+    return argv, ["--resume: search.fidelity.policy was 'screen', is now 'halving'"]
 
 
 @case
