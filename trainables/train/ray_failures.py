@@ -43,7 +43,9 @@ def deterministic(error: BaseException) -> bool:
         error: the TrainingFailedError the controller decides on.
     """
     failures = error.worker_failures.values() if isinstance(error, WorkerGroupError) else ()
-    return any(isinstance(e, DETERMINISTIC) for e in failures)
+    # Ray unwraps a worker's UserExceptionWithTraceback (its `_base_exc`) when it polls the
+    # group; unwrapped here too, so a Ray that stops doing so still counts our errors.
+    return any(isinstance(getattr(e, "_base_exc", e), DETERMINISTIC) for e in failures)
 
 
 class NoRetryOnDeterministic(DefaultFailurePolicy):

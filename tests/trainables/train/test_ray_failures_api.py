@@ -21,6 +21,7 @@ from layerswap.trainables.train.ray_failures import (
     WORKER_ERROR_LOGGER,
     NoRetryOnDeterministic,
     OwnErrorsTrainer,
+    deterministic,
     quiet_own_errors,
 )
 
@@ -58,3 +59,13 @@ def test_the_worker_logs_its_error_where_the_filter_listens(caplog):
             ray_util.construct_user_exception_with_traceback(e)
     logged = [r.getMessage() for r in caplog.records if r.name == WORKER_ERROR_LOGGER]
     assert len(logged) == 1 and "RuntimeError: lost" in logged[0]
+
+
+def test_a_divergence_still_counts_when_it_reaches_the_policy_wrapped():
+    """Ray unwraps the worker's UserExceptionWithTraceback when it polls (poll.py `errors`); the
+    wrapper and its `_base_exc` are what a Ray that stopped unwrapping would hand over."""
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    wrapped = UserExceptionWithTraceback(NonFiniteTraining("training turned non-finite"), "tb")
+    assert wrapped._base_exc.__class__ is NonFiniteTraining
+    assert deterministic(WorkerGroupError("x", {0: wrapped}))
