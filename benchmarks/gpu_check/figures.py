@@ -20,6 +20,7 @@ GPU_SPECS: list[tuple[str, float, float, int]] = [
     ("H100 PCIe", 756e12, 2.0e12, 114),
     ("H100 NVL", 835e12, 3.9e12, 132),
     ("H100", 989.4e12, 3.35e12, 132),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    ("H200 NVL", 835e12, 4.8e12, 132),  # same SMs as the SXM: told apart by name only
     ("H200", 989.4e12, 4.8e12, 132),
     ("A100", 312e12, 2.039e12, 108),  # 80 GB SXM
     ("L40S", 362e12, 0.864e12, 142),

@@ -80,6 +80,8 @@ def test_gpu_specs_tell_pcie_sxm_and_mig_apart_by_their_sms():
     mig = F.gpu_spec("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 60)
     assert mig[:2] == pytest.approx((989.4e12 * 60 / 132, 3.35e12 * 60 / 132))
     assert "60/132 SMs" in mig[2]
+    assert F.gpu_spec("NVIDIA H200 NVL", 132)[:2] == (835e12, 4.8e12)  # not the SXM's 989
+    assert F.gpu_spec("NVIDIA H200", 132)[:2] == (989.4e12, 4.8e12)
 
 
 def test_fmt():
