@@ -21,7 +21,7 @@ from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import TrialSpec, merge_trial
-from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool, warm_start
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.model_ids import saved_digests
@@ -121,7 +121,7 @@ def _check_search_dir(
     """Refuse to overwrite a search, or to resume it as a changed experiment; make RUN/search."""
     if not resume and (store.rows or db.exists()):
         saved = sdir / "experiment.json"
-        same = saved.exists() and _saved_identity(saved) == search_identity(exp)
+        same = saved.exists() and search_identity(_saved_experiment(saved)) == search_identity(exp)
         raise OutputError(
             f"{sdir}: a search of this experiment exists; pass --resume to continue it (a "
             "finished one is only promoted again) or --overwrite to start over"
@@ -132,11 +132,12 @@ def _check_search_dir(
     check_output(sdir, "search", allow_existing=True)
     sdir.mkdir(parents=True, exist_ok=True)
     saved = sdir / "experiment.json"
-    if resume and saved.exists() and _saved_identity(saved) != search_identity(exp):
-        # Only the budget and promotion may change on resume: rows must stay comparable.
-        raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")
     if resume and saved.exists():
-        _check_same_fidelity(exp, saved)
+        before = _saved_experiment(saved)
+        if search_identity(before) != search_identity(exp):
+            # Only the budget and promotion may change on resume: rows must stay comparable.
+            raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")  # fmt: skip
+        _check_same_fidelity(exp, before.search, saved)
     scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
     if resume and not scored <= {p.task for p in exp.proxy_list}:
         # A search saved before its default proxies changed (its experiment.json left them
@@ -148,7 +149,7 @@ def _check_search_dir(
     write_marker(sdir, "search", search_identity(exp))
 
 
-def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
+def _check_same_fidelity(exp: SearchExperiment, old_search: SearchSettings, saved: Path) -> None:
     """Refuse a --resume whose objective or fidelity differs from the saved run's, naming each.
 
     The budget may change on resume, these may not: `search.multi_objective` sets the study's
@@ -157,7 +158,6 @@ def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
     rungs (another policy, screen share or rungs) or ranked by another eta, keep_top or delta
     are not comparable to them.
     """
-    old_search = _saved_search(saved)
     pairs = [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
     old, new = old_search.fidelity, exp.search.fidelity
     pairs += [(f"search.fidelity.{k}", getattr(old, k), getattr(new, k)) for k in type(new).model_fields]  # fmt: skip
@@ -169,8 +169,9 @@ def _check_same_fidelity(exp: SearchExperiment, saved: Path) -> None:
         )
 
 
-def _saved_search(saved: Path):
-    """The saved run's `search` settings as that run ran them.
+def _saved_experiment(saved: Path) -> SearchExperiment:
+    """The saved run's experiment (RUN/search/experiment.json), its `search` settings as that run
+    ran them.
 
     A run saved before fidelity policies existed has no `policy`: it screened when `screen` was
     set and stopped nothing otherwise, where today's default would read its fidelity as halving.
@@ -179,11 +180,7 @@ def _saved_search(saved: Path):
     fidelity = data.get("search", {}).get("fidelity")
     if isinstance(fidelity, dict) and "policy" not in fidelity:
         fidelity["policy"] = "screen" if fidelity.get("screen") is not None else "none"
-    return SearchExperiment.model_validate(data).search
-
-
-def _saved_identity(saved: Path) -> str:
-    return search_identity(SearchExperiment.model_validate_json(saved.read_text()))
+    return SearchExperiment.model_validate(data)
 
 
 def _open_study(
