@@ -13,6 +13,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from layerswap.search.preflight_report import Preflight
 from layerswap.spaces.search_experiment import SearchExperiment
@@ -175,8 +176,6 @@ def find_tasks(names: list[tuple[str, str]], world: str | None, texts: dict, inc
     Returns:
         (problems, where each found name resolves).
     """
-    from types import SimpleNamespace
-
     out = Preflight()
     src = _task_sources(SimpleNamespace(world=world, include_path=include_path or []), out)  # fmt: skip
     src.texts = texts

@@ -7,6 +7,8 @@ Run: .venv/bin/python -m pytest tests/trainables/train/test_memory_plan.py
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -212,8 +214,6 @@ def test_built_in_copies_of_the_other_models(base, cls, params, card):
 
 def test_the_plan_reads_what_a_mode_trains_from_the_mode_table(monkeypatch):
     """A mode added to trainables.train.modes.MODES reaches the memory plan with no other edit."""
-    from types import SimpleNamespace
-
     from layerswap.trainables.train import modes
 
     def norms_only(exp, shape):  # a mode that trains the norm weights alone
@@ -229,8 +229,6 @@ def test_the_plan_reads_what_a_mode_trains_from_the_mode_table(monkeypatch):
 
 
 def test_an_unknown_mode_is_an_error_naming_it():
-    from types import SimpleNamespace
-
     exp = _exp().model_copy(update={"mode": SimpleNamespace(type="bogus", lora=None)})
     with pytest.raises(ValueError, match=r"unknown training mode 'bogus'; known modes: full, lora"):
         memory_plan(exp, LlamaConfig(**TINY))
