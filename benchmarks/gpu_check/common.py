@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,3 +131,9 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data: dict) -> None:
     """`write_text` of `data` as JSON."""
     write_text(path, json.dumps(data, indent=1, default=str))
+
+
+def failure(e: BaseException) -> tuple[str, str]:
+    """(the error's first line, at most 400 characters; the traceback's last 2,000) of the
+    exception being handled: what a guarded pass or run records as its own finding."""
+    return f"{type(e).__name__}: {e}".splitlines()[0][:400], traceback.format_exc()[-2000:]

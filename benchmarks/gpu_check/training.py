@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import threading
-import traceback
 from argparse import Namespace
 
 import bench_train_step as bts
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from gpu_check.common import GIB, Timer, free
+from gpu_check.common import GIB, Timer, failure, free
 from gpu_check.figures import Figure, Target, peak_share, relative_error, share
 from layerswap.spaces.study import load_profiles
 from layerswap.study.estimate import model_cost, train_flops
@@ -145,8 +144,8 @@ def _guarded_run(ctx, args, cfg, device, lr: float) -> dict:
     try:
         return _train_at(ctx, args, cfg, device, lr)
     except Exception as e:  # recorded as this run's finding, its traceback's end kept
-        text = f"{type(e).__name__}: {e}".splitlines()[0][:400]
-        return {"lr": lr, "failed": text, "traceback": traceback.format_exc()[-2000:]}
+        text, tb = failure(e)
+        return {"lr": lr, "failed": text, "traceback": tb}
 
 
 def _lr_figures(ctx, r: dict) -> list[Figure]:

@@ -26,10 +26,9 @@ import random
 import statistics
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
-from gpu_check.common import ROOT, free, sync
+from gpu_check.common import ROOT, failure, free, sync
 from gpu_check.figures import Figure, Target, per_hour, share
 from gpu_check.trial_clock import KindClock, item_flops
 from gpu_check.trial_cost import (
@@ -195,8 +194,8 @@ def _guarded_pass(ctx, key: str, d: int, states: dict, tmp: Path, shipped, size:
         return _one_pass(ctx, key, d, states, tmp, shipped, size, end)
     except Exception as e:  # recorded, the traceback's last lines kept
         what = "does_not_fit" if is_out_of_memory(e) else "failed"
-        text = f"{type(e).__name__}: {e}".splitlines()[0][:400]
-        return {"depth": d, "rows": [], what: text, "traceback": traceback.format_exc()[-2000:]}
+        text, tb = failure(e)
+        return {"depth": d, "rows": [], what: text, "traceback": tb}
 
 
 def _one_pass(ctx, key: str, d: int, states: dict, tmp: Path, shipped, size: dict, end: float) -> dict:  # fmt: skip
