@@ -69,16 +69,23 @@ def temp_sibling(out: Path) -> Path:
     """The hidden sibling `.NAME.tmp-PID-TAG` a writer of `out` builds it in: the pid names the
     writer, so a later writer that takes over from a killed one knows which temps were its
     (`dead_writer_temps`)."""
-    return out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return writer_sibling(out, "tmp", uuid.uuid4().hex[:8])
 
 
-def dead_writer_temps(out: Path, pid: int) -> list[Path]:
-    """The temporary siblings of `out` that the writer `pid` made (`temp_sibling`'s names).
+def writer_sibling(out: Path, kind: str, tag: str) -> Path:
+    """`.NAME.KIND-PID-TAG` beside `out`: where this process keeps a temporary (`tmp`), an output
+    it is swapping out (`old`, `atomic_dir`) or one a long run replaces (`replaced`,
+    outputs.replacing)."""
+    return out.parent / f".{out.name}.{kind}-{os.getpid()}-{tag}"
+
+
+def dead_writer_temps(out: Path, pid: int, kind: str = "tmp") -> list[Path]:
+    """The siblings of `out` of one `kind` that the writer `pid` made (`writer_sibling`'s names).
 
     Only for a writer known dead: the caller holds `out`'s lock, taken over from `pid`'s stale
     one. Names of any other form (another pid, a user's file) are never returned.
     """
-    name = re.compile(rf"\.{re.escape(out.name)}\.tmp-{int(pid)}-[0-9a-f]{{8}}")
+    name = re.compile(rf"\.{re.escape(out.name)}\.{re.escape(kind)}-{int(pid)}-[0-9a-f]{{8}}")
     try:
         return sorted(p for p in out.parent.iterdir() if name.fullmatch(p.name))
     except OSError:  # the parent is gone or unreadable: nothing of ours to find there
@@ -105,7 +112,7 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
         yield tmp
         follow_umask(tmp)
         if out.exists():
-            old = out.parent / f".{out.name}.old-{tag}"
+            old = writer_sibling(out, "old", tag)  # the pid in it: a killed swap is undone
             os.rename(out, old)
         os.rename(tmp, out)
     except BaseException as e:

@@ -13,7 +13,8 @@ and is locked with `fcntl.flock`, which the kernel drops when the owner dies: a 
 flock is free is stale (its owner was killed), and is taken over, saying so. The file is removed
 when the lock is released, so nothing is left beside the output. Taking over a stale lock also
 removes the temporary siblings its dead owner left (`.NAME.tmp-PID-*`, trainables/atomic.py),
-naming each in one line.
+puts back an output it was swapping out (`.NAME.old-PID-*`) and names one its long run was
+replacing (`.NAME.replaced-PID-*`), each in one line.
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
 """
@@ -226,36 +227,69 @@ def _take(path: Path, out: Path) -> int:
 
 
 def _sweep_dead_temps(out: Path, owner: dict) -> None:
-    """Remove the half-built temporary siblings a killed writer left beside `out`.
+    """Clean up after a killed writer of `out`: its half-built temporary siblings are removed, an
+    output it was swapping out is put back (or removed, when its replacement was already in
+    place), and an output its long run was replacing is named, never removed.
 
     Called under `out`'s lock, taken over from `owner`'s stale one: no live process writes `out`,
-    and only names `atomic.temp_sibling` gave that pid are touched (never a user's file, nor
-    the temps of another writer). Only for an owner on this host: where a shared file system
+    and only names `atomic.writer_sibling` gave that pid are touched (never a user's file, nor
+    those of another writer). Only for an owner on this host: where a shared file system
     keeps flocks per node (NFS mounted with local_lock), a writer on another host can look dead
-    from here while it runs, so its temps are named and left.
+    from here while it runs, so its siblings are named and left.
     """
     pid = owner.get("pid")
     if not isinstance(pid, int):
         return
     here = owner.get("host") == socket.gethostname()
+    for old in dead_writer_temps(out, pid, "old"):
+        if here:
+            _settle_swap(out, old, pid)
+        else:
+            _say(out, f"left {old.name}: {_elsewhere(pid, owner)}")
     for tmp in dead_writer_temps(out, pid):
         if not here:
-            print(
-                f"layerswap: {out}: left {tmp.name}: its writer, pid {pid}, ran on host "
-                f"{owner.get('host')}; remove it by hand once that is surely not running",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(out, f"left {tmp.name}: {_elsewhere(pid, owner)}")
             continue
-        if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        print(
-            f"layerswap: {out}: removed {tmp.name}, the unfinished output of pid {pid}",
-            file=sys.stderr,
-            flush=True,
+        _remove(tmp)
+        _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
+    for aside in dead_writer_temps(out, pid, "replaced"):
+        # The user asked for it to be replaced, but the run replacing it never finished: which
+        # of the two to keep is theirs to say.
+        _say(
+            out,
+            f"left {aside.name}: it holds the {out.name} that pid {pid} was replacing when it "
+            f"stopped; move it back over {out} to keep it, or remove it",
         )
+
+
+def _settle_swap(out: Path, old: Path, pid: int) -> None:
+    """Finish `atomic_dir`'s swap that a kill cut: the old output goes back when nothing took its
+    place (the writer failed, so its command changed nothing), and goes when its replacement was
+    already renamed in (the writer died deleting it)."""
+    if out.exists() or out.is_symlink():
+        _remove(old)
+        _say(out, f"removed {old.name}, the output pid {pid} had already replaced")
+    else:
+        os.rename(old, out)
+        _say(out, f"put back {out.name} from {old.name}: pid {pid} was killed while replacing it")
+
+
+def _elsewhere(pid: int, owner: dict) -> str:
+    return (
+        f"its writer, pid {pid}, ran on host {owner.get('host')}; remove it by hand once that is "
+        "surely not running"
+    )
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _say(out: Path, what: str) -> None:
+    print(f"layerswap: {out}: {what}", file=sys.stderr, flush=True)
 
 
 def _release(path: Path, fd: int, made: list[Path]) -> None:

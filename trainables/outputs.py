@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.trainables.atomic import atomic_dir, atomic_write_text
+from layerswap.trainables.atomic import atomic_dir, atomic_write_text, writer_sibling
 from layerswap.trainables.locks import OutputLocked, command_line, live_owner, writing
 
 __all__ = ["OutputLocked", "command_line", "writing"]  # the lock, from the one output policy
@@ -376,7 +376,7 @@ def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
     try:
         for p in map(Path, paths):
             if p.exists() or p.is_symlink():
-                aside = p.parent / f".{p.name}.replaced-{tag}"
+                aside = writer_sibling(p, "replaced", tag)  # its pid: named if we are killed
                 moved.append((p, aside))  # before the rename: an interrupt between is undone
                 os.rename(p, aside)
         yield {p: aside for p, aside in moved}

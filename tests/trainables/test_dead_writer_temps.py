@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from layerswap.trainables.locks import lock_path
+from layerswap.trainables.locks import lock_path, writing
 
 
 def _layerswap(*args: str, **kw) -> subprocess.Popen:
@@ -72,3 +72,109 @@ def test_the_next_writer_sweeps_a_killed_writers_temp_folder_and_nothing_else(tm
     assert not temp.exists() and (out / "world.json").is_file()
     assert all((p / "keep.txt").read_text() == "mine\n" for p in others)
     assert not lock_path(out).exists()
+
+
+# A writer killed at a chosen point: it takes OUT's lock, then stops (printing "at the kill point")
+# after the given number of os.rename calls inside trainables/atomic.py or trainables/outputs.py.
+_KILLED_WRITER = """
+import os, sys, time
+from pathlib import Path
+from layerswap.trainables import atomic, outputs
+from layerswap.trainables.locks import writing
+
+out, how, renames = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+real_rename, done = os.rename, []
+
+def rename(a, b):
+    real_rename(a, b)
+    done.append(b)
+    if len(done) == renames:
+        print("at the kill point", flush=True)
+        time.sleep(600)
+
+atomic.os.rename = rename  # the module's os: both files import it whole
+with writing(out):
+    if how == "atomic_dir":
+        with atomic.atomic_dir(out, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new\\n")
+    else:
+        with outputs.replacing([out]):
+            out.mkdir()
+            (out / "new.txt").write_text("half\\n")
+            print("at the kill point", flush=True)
+            time.sleep(600)
+"""
+
+
+def _kill_writer_at(out: Path, how: str, renames: int) -> int:
+    """Run `_KILLED_WRITER` on `out` and SIGKILL it at its kill point; its pid."""
+    proc = _layerswap_python(_KILLED_WRITER, str(out), how, str(renames))
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate()
+    assert line == "at the kill point\n", err[-2000:]
+    return proc.pid
+
+
+def _layerswap_python(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _old_output(out: Path) -> None:
+    out.mkdir()
+    (out / "old.txt").write_text("the user's\n")
+
+
+def _next_writer(out: Path, capfd) -> list[str]:
+    """Take `out`'s lock as the next writer does; the lines it said about the dead one's files."""
+    with writing(out):
+        pass
+    return [line for line in capfd.readouterr().err.splitlines() if "taking over" not in line]
+
+
+def test_a_swap_killed_between_its_renames_puts_the_old_output_back(tmp_path, capfd):
+    out = tmp_path / "out"
+    _old_output(out)
+    pid = _kill_writer_at(out, "atomic_dir", renames=1)  # OUT moved aside, the new one not in
+    assert not out.exists() and len(list(tmp_path.glob(f".out.old-{pid}-*"))) == 1
+    [old] = tmp_path.glob(f".out.old-{pid}-*")
+    [tmp] = tmp_path.glob(f".out.tmp-{pid}-*")
+    said = _next_writer(out, capfd)
+    assert said == [
+        f"layerswap: {out}: put back out from {old.name}: pid {pid} was killed while replacing it",
+        f"layerswap: {out}: removed {tmp.name}, the unfinished output of pid {pid}",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in out.iterdir()] == ["old.txt"]
+
+
+def test_a_swap_killed_after_its_renames_drops_the_replaced_output(tmp_path, capfd):
+    out = tmp_path / "out"
+    _old_output(out)
+    pid = _kill_writer_at(out, "atomic_dir", renames=2)  # the new one in, the old one not yet gone
+    [old] = tmp_path.glob(f".out.old-{pid}-*")
+    said = _next_writer(out, capfd)
+    assert said == [f"layerswap: {out}: removed {old.name}, the output pid {pid} had already replaced"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in out.iterdir()] == ["new.txt"]
+
+
+def test_an_output_a_killed_run_was_replacing_is_named_and_kept(tmp_path, capfd):
+    out = tmp_path / "out"
+    _old_output(out)
+    pid = _kill_writer_at(out, "replacing", renames=0)
+    [aside] = tmp_path.glob(f".out.replaced-{pid}-*")
+    said = _next_writer(out, capfd)
+    assert said == [
+        f"layerswap: {out}: left {aside.name}: it holds the out that pid {pid} was replacing when "
+        f"it stopped; move it back over {out} to keep it, or remove it"
+    ]
+    assert (aside / "old.txt").read_text() == "the user's\n"
+    assert (out / "new.txt").read_text() == "half\n"  # the killed run's, for --resume
