@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,12 @@ _LOCK = threading.Lock()
 # process ever hashed, which in a long-lived process may belong to other runs).
 _RECORDERS: list[set[tuple[str, int, int, int]]] = []
 DIGESTS_FORMAT = 1  # saved_digests' file layout; another number is ignored (hashed anew)
+# A digest is kept only for a file last modified this long before its hashing began (git's
+# "racily clean" rule): a same-size rewrite within the same timestamp tick as the write before
+# it keeps size, mtime and inode, so the key alone cannot see it. Ticks are a few ms on ext4 and
+# xfs (the kernel's coarse clock) and up to 2 s on FAT and some network file systems. A file
+# newer than that is hashed again at each use (experts are written long before they are merged).
+RACY_NS = 2_000_000_000
 
 
 def hashed_files(folder: Path) -> list[Path]:
@@ -80,9 +87,11 @@ def _digests(files: list[Path]) -> dict[Path, str]:
     todo = sorted((p for p in files if p not in out), key=lambda p: -keys[p][1])  # largest first
 
     def one(p: Path) -> None:
+        started = time.time_ns()
         digest = _file_sha256(keys[p][0])
         with _LOCK:
-            _FILE_DIGESTS[keys[p]] = digest
+            if started - keys[p][2] > RACY_NS:
+                _FILE_DIGESTS[keys[p]] = digest
             out[p] = digest
 
     if todo:

@@ -6,6 +6,8 @@ Experts are the world's base with seeded noise (the trained experts come from an
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +43,10 @@ def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[st
             save_file({k: v.contiguous() for k, v in st.items()}, dst / "model.safetensors")
         paths[role] = dst
     del torch
+    for folder in paths.values():  # trained long before a search: their digests are kept
+        for f in folder.iterdir():  # (model_ids.RACY_NS), as the hashing counts expect
+            s = f.stat()
+            os.utime(f, ns=(s.st_atime_ns, min(s.st_mtime_ns, time.time_ns() - 3600 * 10**9)))
     return paths
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -30,6 +31,15 @@ def _checkpoint(folder: Path, seed: int) -> Path:
     index = {"weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     (folder / "tokenizer_config.json").write_text("{}")
+    return aged(folder)
+
+
+def aged(folder: Path, seconds: int = 3600) -> Path:
+    """Date every file of `folder` `seconds` back, as experts trained before a search are: a
+    digest is kept only for files older than model_ids.RACY_NS."""
+    for f in folder.iterdir():
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns - seconds * 1_000_000_000))
     return folder
 
 
@@ -173,3 +183,25 @@ def test_digests_that_cannot_be_saved_are_one_line_not_an_error(experts, tmp_pat
     with pytest.raises(KeyboardInterrupt), model_ids.saved_digests(blocked):
         model_content_id(str(experts["l"]))
         raise KeyboardInterrupt
+
+
+def test_a_same_size_rewrite_within_one_timestamp_tick_is_not_missed(tmp_path, monkeypatch):
+    """A file rewritten in place with the same size and mtime (what a coarse timestamp tick shows
+    for two writes within it) keeps its cache key: its digest must not have been kept."""
+    folder = _checkpoint(tmp_path / "fresh", 0)
+    cfg = folder / "config.json"
+    cfg.write_text('{"model_type": "llama", "num_hidden_layers": 2}')  # written just now
+    first = model_content_id(str(folder))
+    st, key = cfg.stat(), model_ids._file_key(cfg)
+    with open(cfg, "r+") as f:  # same inode, same size, one byte changed
+        f.write('{"model_type": "llama", "num_hidden_layers": 3}')
+    os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same tick
+    assert model_ids._file_key(cfg) == key  # path, size, mtime, inode: all as before
+    assert model_content_id(str(folder)) != first
+    # Once the file is older than the window, its digest is kept: read once more, then never.
+    aged(folder)
+    opened = []
+    real = model_ids._file_sha256
+    monkeypatch.setattr(model_ids, "_file_sha256", lambda p: opened.append(p) or real(p))
+    ids = {model_content_id(str(folder)) for _ in range(3)}
+    assert len(ids) == 1 and len(opened) == 3  # config.json and two shards, once each
