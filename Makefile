@@ -25,7 +25,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 format: install
 	$(VENV)/bin/ruff format .
