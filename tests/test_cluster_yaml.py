@@ -365,9 +365,10 @@ def test_aws_fills_the_same_resources_and_accelerator_type():
 
 
 def test_real_configs_are_found():
-    # Llama 3.1: 4 full + 2 LoRA experts, 3 searches; Qwen2.5, Aya Expanse, Falcon 3: 2 + 1 each.
-    assert len(TRAIN_CONFIGS) == 12, TRAIN_CONFIGS
-    assert len(SEARCH_CONFIGS) == 6, SEARCH_CONFIGS
+    # Llama 3.1: 4 full + 2 LoRA experts; Qwen2.5, Aya Expanse, Falcon 3: 4 full each (math and
+    # the three languages); every model one search per language.
+    assert len(TRAIN_CONFIGS) == 18, TRAIN_CONFIGS
+    assert len(SEARCH_CONFIGS) == 12, SEARCH_CONFIGS
 
 
 @pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: p.stem)

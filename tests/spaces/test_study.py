@@ -186,3 +186,34 @@ def test_shipped_studies_load():
     assert [s.experiment.language for s in real.searches] == ["swh", "ben", "tel"]
     world = load_study(EXAMPLES / "world_study.yaml")
     assert world.study.profile == "cpu" and world.searches[0].experiment.world is not None
+
+
+FAMILIES = {
+    "llama31_8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "qwen25_7b": "Qwen/Qwen2.5-7B-Instruct",
+    "aya_expanse_8b": "CohereForAI/aya-expanse-8b",
+    "falcon3_7b": "tiiuae/Falcon3-7B-Instruct",
+}
+
+
+def test_followup_study_holds_the_whole_grid_on_the_papers_budgets():
+    """real_followup_study.yaml: 4 models x (math + 3 languages) and 12 searches, every shipped
+    full expert and search config, each entry on real_study.yaml's budgets for its kind, each
+    search reading its own model's registry."""
+    grid = load_study(EXAMPLES / "real_followup_study.yaml")
+    pairs = {(e.experiment.base, e.experiment.language) for e in grid.experts}
+    assert len(grid.experts) == 16
+    assert pairs == {(b, lang) for b in FAMILIES.values() for lang in ("en", "swh", "ben", "tel")}
+    full = {p.name for p in EXAMPLES.glob("real_*_full.yaml")}
+    assert {e.config for e in grid.study.experts} == full
+    assert {s.config for s in grid.study.searches} == {p.name for p in EXAMPLES.glob("real_*_search.yaml")}  # fmt: skip
+    # The budgets: real_study.yaml's Llama entry of the same kind, everything but the config.
+    papers = {e.config: e for e in load_study(EXAMPLES / "real_study.yaml").study.experts}
+    for entry in grid.study.experts:
+        kind = "math" if "_math_" in entry.config else "sw"
+        same = papers[f"real_llama31_8b_{kind}_full.yaml"]
+        assert entry.model_dump(exclude={"config"}) == same.model_dump(exclude={"config"}), entry.config  # fmt: skip
+    for s in grid.searches:
+        family = next(f for f in FAMILIES if s.config.name.startswith(f"real_{f}_"))
+        assert s.experiment.base == FAMILIES[family]
+        assert s.experiment.experts.registry == f"runs/{family}/experts/registry.parquet"

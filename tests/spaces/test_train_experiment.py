@@ -76,7 +76,7 @@ def test_real_llama_configs_match_the_papers_setting(lang):
 def test_the_other_models_configs_mirror_the_llama_ones(model, base):
     """The follow-up paper's other three models: the Llama files' settings on another base (the
     paper gives no per-model hyperparameters, and the files say so)."""
-    for kind in ("math", "sw"):
+    for kind in ("math", "sw", "bn", "te"):
         path = EXAMPLES / f"real_{model}_{kind}_full.yaml"
         exp = load_train_experiment(path)
         llama = load_train_experiment(EXAMPLES / f"real_llama31_8b_{kind}_full.yaml")
