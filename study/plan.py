@@ -238,11 +238,14 @@ def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[in
     if exp.experts is None:
         return len(exp.task_experts), len(exp.language_experts), exp.base
     src, lang = exp.experts, exp.experts.language or exp.language
+    # A study may hold several models: a search merges only experts of its own base.
+    ours = [e for e in ctx.loaded.experts if exp.base in (None, e.experiment.base)]
+    of_base = f" of base {exp.base}" if exp.base else ""
     sides = []
     for kind, language in (("math", None), ("language", lang)):
-        mine = [e for e in ctx.loaded.experts if e.experiment.kind == kind and e.experiment.sweep is not None and language in (None, e.experiment.language)]  # fmt: skip
+        mine = [e for e in ours if e.experiment.kind == kind and e.experiment.sweep is not None and language in (None, e.experiment.language)]  # fmt: skip
         if not mine:
-            ctx.plan.problems.append(f"{s.label}: experts.registry: no {kind} expert of this study{' in ' + language if language else ''} has a sweep, so none reaches the registry")  # fmt: skip
+            ctx.plan.problems.append(f"{s.label}: experts.registry: no {kind} expert of this study{of_base}{' in ' + language if language else ''} has a sweep, so none reaches the registry")  # fmt: skip
         rows = sum(scored.get(e.label, 0) for e in mine)
         sides.append(max(1, min(src.top_k, int(rows))))
     bases = {e.experiment.base for e in ctx.loaded.experts}

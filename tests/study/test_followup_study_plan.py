@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from layerswap import spaces
 from layerswap.spaces.study import load_study
 from layerswap.study.plan import plan_study
@@ -37,3 +39,21 @@ def test_followup_study_plans_every_model_and_language_offline(monkeypatch):
         assert any(line.startswith(f"model {base}: ") for line in plan.resolved), base
     for row in next(s for s in plan.stages if s.key == "promotion").rows:
         assert "pool: 3 task x 3 language expert(s)" in row.notes, row.name
+
+
+@pytest.mark.slow  # plans the 28-entry study again (~15-25 s)
+def test_a_search_counts_only_the_experts_of_its_own_base(monkeypatch, tmp_path):
+    """Without Qwen's math entry, Qwen's searches have no math expert, whatever the other three
+    models train: each is named as a problem, and no other search is."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    text = STUDY.read_text()
+    entry = "  - {<<: *math, config: real_qwen25_7b_math_full.yaml}\n"
+    assert text.count(entry) == 1
+    study = tmp_path / "study.yaml"
+    study.write_text(text.replace(entry, ""))
+    for f in STUDY.parent.glob("real_*.yaml"):  # the configs it names, beside it
+        (tmp_path / f.name).write_text(f.read_text())
+    plan = plan_study(load_study(study))
+    math = [p for p in plan.problems if "no math expert" in p]
+    assert len(math) == 3 and all("Qwen/Qwen2.5-7B-Instruct" in p for p in math), plan.problems
+    assert all("qwen25" in p for p in math), math
