@@ -13,11 +13,13 @@ from __future__ import annotations
 from layerswap.cli import startup
 
 # isort: split
+import _thread
 import argparse
 import importlib
 import os
 import signal
 import sys
+import threading
 
 from pydantic import ValidationError
 
@@ -58,6 +60,10 @@ class Terminated(BaseException):
 
 
 _SIGNALLED: list[int] = []  # signals received while a command ran (the outcome follows them)
+_SWALLOWED: list[int] = []  # those whose exception was raised where Python drops it
+_RUNNING = threading.Event()  # a command's function is running (main's try block)
+MAX_REDELIVERIES = 5  # a signal swallowed again and again is left to main's check at the end
+REDELIVERY_DELAY_S = 0.01  # from a thread, so it lands after the unraisable hook has returned
 
 
 def _on_signal(signum, frame):
@@ -66,20 +72,49 @@ def _on_signal(signum, frame):
 
 
 def _quiet_signal_unraisable(previous):
-    """An unraisable hook that keeps quiet about our own signal exceptions.
+    """An unraisable hook that keeps quiet about our own signal exceptions, and sends again a
+    signal whose exception nothing could see.
 
-    A signal that lands in a weakref callback or __del__ (seen: Ray's teardown after a search's
-    last trial) raises there, where Python cannot propagate it and prints "Exception ignored
-    in ... Traceback". The signal is already recorded in _SIGNALLED and decides the exit code
-    and the one-line message, so only those exceptions are dropped; the rest go to `previous`.
+    A signal that lands in a weakref callback or __del__ (seen: SQLAlchemy's class registry,
+    collected mid-search, and Ray's teardown after a search's last trial) raises there, where
+    Python cannot propagate it and prints "Exception ignored in ... Traceback". The signal is
+    already recorded in _SIGNALLED and decides the exit code and the one-line message, so only
+    those exceptions are dropped; the rest go to `previous`. Dropped alone, the command would
+    run on to its end (a Ctrl-C mid-search ran every remaining trial), so the signal is sent
+    again (`_redeliver`).
     """
 
     def hook(unraisable):
         if _SIGNALLED and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+            _SWALLOWED.append(SIGNAL_OF[type(unraisable.exc_value)])
+            _redeliver()
             return
         previous(unraisable)
 
     return hook
+
+
+SIGNAL_OF = {KeyboardInterrupt: signal.SIGINT, Terminated: signal.SIGTERM}
+
+
+def _redeliver() -> None:
+    """Raise the swallowed signal again in the command's own code, when no other is on its way.
+
+    Only while every signal received so far was swallowed: one that propagates is already
+    unwinding the command, and a second exception would cut its cleanup short. Sent from a
+    thread after a short delay: raised inside this hook, it would be dropped again.
+    """
+    if len(_SWALLOWED) != len(_SIGNALLED) or len(_SWALLOWED) > MAX_REDELIVERIES:
+        return
+    signum = _SWALLOWED[-1]
+
+    def resend() -> None:
+        if _RUNNING.is_set():  # the command may have ended meanwhile: nothing to interrupt
+            _thread.interrupt_main(signum)
+
+    timer = threading.Timer(REDELIVERY_DELAY_S, resend)
+    timer.daemon = True  # never holds the exit up
+    timer.start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if startup.starting() and _uses_torch(args):
         startup.preload_torch()  # while a signal still ends the process at once (startup.py)
     _SIGNALLED.clear()
+    _SWALLOWED.clear()
     before = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     unraisable = sys.unraisablehook
     sys.unraisablehook = _quiet_signal_unraisable(unraisable)
@@ -100,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     # here. Ray Train's is kept out while fit() runs (trainables/train/ray_train._fit_signals).
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
+        _RUNNING.set()
         code = args.func(args)
+        _RUNNING.clear()
         if _SIGNALLED:
             # A library swallowed the interrupt and the command went on to the end (seen: a
             # KeyboardInterrupt raised in an isinstance check that C code reports as ignored).
@@ -110,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         return _outcome(e)
     finally:
+        _RUNNING.clear()
         for s, handler in before.items():
             # The start-up handler's time is over: what is left is the exit, where run()
             # ignores signals (its "while starting" line would be wrong now).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 from layerswap.cli import SUBCOMMANDS, build_parser
 
@@ -98,3 +99,67 @@ def command(args):
     assert "layerswap: interrupted (SIGINT)" in out.stderr
     assert "KeyboardInterrupt" not in out.stderr
     assert "RuntimeError: a library's own bug" in out.stderr  # other unraisables still shown
+
+
+def test_an_interrupt_a_weakref_callback_swallowed_still_stops_the_command():
+    """Python drops an exception raised in a weakref callback: the SIGINT that landed there
+    (seen: SQLAlchemy's class registry, collected mid-search) must still stop the command, not
+    let it run on to its end (a Ctrl-C mid-search ran every remaining trial)."""
+    code = """
+import os, signal, sys, time, weakref
+from layerswap import cli
+
+class Thing:
+    pass
+
+def interrupted_in_callback(ref):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+
+def command(args):
+    a = Thing()
+    keep = weakref.ref(a, interrupted_in_callback)
+    del a
+    for _ in range(300):  # 3 s of the command's own work
+        time.sleep(0.01)
+    print("finished")
+    return 0
+"""
+    t0 = time.monotonic()
+    out = run_as_the_command(code)
+    assert out.returncode == 130, out.stderr
+    assert out.stdout == "", "the command ran on to its end"
+    assert time.monotonic() - t0 < 2.5
+    assert "layerswap: interrupted (SIGINT)" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_second_signal_swallowed_during_cleanup_does_not_cut_it_short():
+    """While one interrupt unwinds the command, a second one dropped in a weakref callback is not
+    sent again: it would end the cleanup the first one started."""
+    code = """
+import os, signal, sys, time, weakref
+from layerswap import cli
+
+class Thing:
+    pass
+
+def interrupted_in_callback(ref):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+
+def command(args):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    finally:
+        a = Thing()
+        keep = weakref.ref(a, interrupted_in_callback)
+        del a
+        for _ in range(30):  # the cleanup's own work
+            time.sleep(0.01)
+        print("cleaned up")
+"""
+    out = run_as_the_command(code)
+    assert out.returncode == 130, out.stderr
+    assert out.stdout == "cleaned up\n"
+    assert "Traceback" not in out.stderr
