@@ -15,6 +15,8 @@ padding, communication, checkpoints). Tests: .venv/bin/pytest -q tests/study/
 
 from __future__ import annotations
 
+import os
+
 from layerswap.search import preflight_tasks
 from layerswap.search.fidelity import policy_of
 from layerswap.search.promote import promotion_tasks, shot_groups
@@ -238,8 +240,10 @@ def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[in
     if exp.experts is None:
         return len(exp.task_experts), len(exp.language_experts), exp.base
     src, lang = exp.experts, exp.experts.language or exp.language
-    # A study may hold several models: a search merges only experts of its own base.
-    ours = [e for e in ctx.loaded.experts if exp.base in (None, e.experiment.base)]
+    # A study may hold several models: a search merges only experts of its own base (a local
+    # base may be named relative in one file and absolute, or through a link, in another;
+    # realpath leaves equal Hub ids equal).
+    ours = [e for e in ctx.loaded.experts if exp.base is None or os.path.realpath(exp.base) == os.path.realpath(e.experiment.base)]  # fmt: skip
     of_base = f" of base {exp.base}" if exp.base else ""
     sides = []
     for kind, language in (("math", None), ("language", lang)):
