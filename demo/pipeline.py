@@ -57,7 +57,7 @@ INDICATORS = (
 
 @dataclass
 class DemoSettings:
-    """Knobs of the demo; the defaults fit 2 CPU cores in about eight minutes (7 min 56 s measured, 2026-11-27)."""
+    """Knobs of the demo; the defaults fit 2 shared CPU cores in 6-8 minutes (5 min 45 s and 7 min 56 s measured)."""
 
     world_size: str = "full"
     seed: int = 0
