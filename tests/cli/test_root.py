@@ -101,11 +101,8 @@ def command(args):
     assert "RuntimeError: a library's own bug" in out.stderr  # other unraisables still shown
 
 
-def test_an_interrupt_a_weakref_callback_swallowed_still_stops_the_command():
-    """Python drops an exception raised in a weakref callback: the SIGINT that landed there
-    (seen: SQLAlchemy's class registry, collected mid-search) must still stop the command, not
-    let it run on to its end (a Ctrl-C mid-search ran every remaining trial)."""
-    code = """
+# A command's script prefix: `interrupted_in_callback`, a weakref callback a real SIGINT lands in.
+SIGINT_IN_A_CALLBACK = """
 import os, signal, sys, time, weakref
 from layerswap import cli
 
@@ -115,7 +112,16 @@ class Thing:
 def interrupted_in_callback(ref):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(5)
+"""
 
+
+def test_an_interrupt_a_weakref_callback_swallowed_still_stops_the_command():
+    """Python drops an exception raised in a weakref callback: the SIGINT that landed there
+    (seen: SQLAlchemy's class registry, collected mid-search) must still stop the command, not
+    let it run on to its end (a Ctrl-C mid-search ran every remaining trial)."""
+    code = (
+        SIGINT_IN_A_CALLBACK
+        + """
 def command(args):
     a = Thing()
     keep = weakref.ref(a, interrupted_in_callback)
@@ -125,6 +131,7 @@ def command(args):
     print("finished")
     return 0
 """
+    )
     t0 = time.monotonic()
     out = run_as_the_command(code)
     assert out.returncode == 130, out.stderr
@@ -136,17 +143,9 @@ def command(args):
 def test_a_second_signal_swallowed_during_cleanup_does_not_cut_it_short():
     """While one interrupt unwinds the command, a second one dropped in a weakref callback is not
     sent again: it would end the cleanup the first one started."""
-    code = """
-import os, signal, sys, time, weakref
-from layerswap import cli
-
-class Thing:
-    pass
-
-def interrupted_in_callback(ref):
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(5)
-
+    code = (
+        SIGINT_IN_A_CALLBACK
+        + """
 def command(args):
     try:
         os.kill(os.getpid(), signal.SIGINT)
@@ -159,6 +158,7 @@ def command(args):
             time.sleep(0.01)
         print("cleaned up")
 """
+    )
     out = run_as_the_command(code)
     assert out.returncode == 130, out.stderr
     assert out.stdout == "cleaned up\n"
