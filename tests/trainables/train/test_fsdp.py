@@ -27,35 +27,22 @@ def _job(world, root, name, mode="full", hyper_over=None, **over):
     return {"id": name, "experiment": exp.model_dump(mode="json"), "workdir": str(root / name)}
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_world, tmp_path_factory):
-    """ddp and fsdp (full and simultaneous) in one 2-process group, fp32."""
-    root = tmp_path_factory.mktemp("fsdp")
-    jobs = [
-        _job(tiny_world, root, "ddp", precision="fp32"),
-        _job(tiny_world, root, "fsdp", precision="fp32", scaling={"strategy": "fsdp"}),
-        _job(tiny_world, root, "sim_ddp", SIMULTANEOUS, precision="fp32"),
-        _job(
-            tiny_world,
-            root,
-            "sim_fsdp",
-            SIMULTANEOUS,
-            precision="fp32",
-            scaling={"strategy": "fsdp"},
-        ),
+def _fp32_jobs(world, root):
+    """ddp and fsdp (full and simultaneous), fp32."""
+    fsdp = {"strategy": "fsdp"}
+    return [
+        _job(world, root, "ddp", precision="fp32"),
+        _job(world, root, "fsdp", precision="fp32", scaling=fsdp),
+        _job(world, root, "sim_ddp", SIMULTANEOUS, precision="fp32"),
+        _job(world, root, "sim_fsdp", SIMULTANEOUS, precision="fp32", scaling=fsdp),
     ]
-    out = root / "results.json"
-    mp.spawn(ddp_worker, args=(2, f"file://{root}/pg", jobs, str(out)), nprocs=2, join=True)
-    return root, json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def mixed_runs(bf16_world, tmp_path_factory):
+def _mixed_jobs(bf16_world, root):
     """bf16-mixed on a bf16 base: ddp, fsdp, fsdp with CPU offload, and a partial run whose
     frozen half stays bf16 while the trained half has fp32 masters, in one FSDP unit."""
-    root = tmp_path_factory.mktemp("fsdp_mixed")
     fsdp = {"strategy": "fsdp"}
-    jobs = [
+    return [
         _job(bf16_world, root, "ddp", precision="bf16-mixed"),
         _job(bf16_world, root, "fsdp", precision="bf16-mixed", scaling=fsdp),
         _job(
@@ -68,15 +55,63 @@ def mixed_runs(bf16_world, tmp_path_factory):
         ),
         _job(bf16_world, root, "partial", PARTIAL, precision="bf16-mixed", scaling=fsdp),
     ]
+
+
+def _resume_jobs(world, root):
+    """Simultaneous (k=4) under fsdp, whole and resumed from its first checkpoint, which comes
+    before the language side's optimizer has ever stepped (its state is empty there)."""
+    mode = SIMULTANEOUS | {"k": 4}
+    # resumed from a checkpoint that is not the run's newest: resume_state all keeps its state
+    whole = _job(world, root, "whole", mode, precision="fp32", scaling={"strategy": "fsdp"}, resume_state="all")  # fmt: skip
+    first = Path(whole["workdir"], "checkpoints", "samples_000000024")
+    again = _job(world, root, "again", mode, precision="fp32", scaling={"strategy": "fsdp"})
+    again["resume_from"] = str(first)  # jobs run in order: `whole` has written it by then
+    ddp = _job(world, root, "ddp", mode, precision="fp32")
+    return [whole, again, ddp]
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_world, bf16_world, tmp_path_factory) -> dict[str, dict]:
+    """Every job of the module in one spawned 2-process gloo group, run one after another:
+    process start-up, the torch import and the group's rendezvous are paid once, not per
+    fixture (each costs as much as the tiny runs themselves on 2 shared cores).
+
+    Returns:
+        {"fp32" | "mixed" | "resume": {job id: result}}.
+    """
+    root = tmp_path_factory.mktemp("fsdp")
+    makers = {"fp32": (_fp32_jobs, tiny_world), "mixed": (_mixed_jobs, bf16_world), "resume": (_resume_jobs, tiny_world)}  # fmt: skip
+    jobs = []
+    for group, (make, world) in makers.items():
+        for job in make(world, root / group):
+            jobs.append(job | {"id": f"{group}/{job['id']}"})
     out = root / "results.json"
     mp.spawn(ddp_worker, args=(2, f"file://{root}/pg", jobs, str(out)), nprocs=2, join=True)
-    return json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    return {g: {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(f"{g}/")} for g in makers}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(groups):
+    """ddp and fsdp (full and simultaneous) in one 2-process group, fp32."""
+    return groups["fp32"]
+
+
+@pytest.fixture(scope="module")
+def mixed_runs(groups):
+    """bf16-mixed runs (see _mixed_jobs)."""
+    return groups["mixed"]
+
+
+@pytest.fixture(scope="module")
+def resumed(groups):
+    """fsdp simultaneous k=4, whole and resumed, and its ddp twin (see _resume_jobs)."""
+    return groups["resume"]
 
 
 @pytest.mark.parametrize("pair", [("ddp", "fsdp"), ("sim_ddp", "sim_fsdp")])
 def test_fsdp_takes_the_steps_ddp_takes(runs, pair):
-    _, res = runs
-    ddp, fsdp = (res[k] for k in pair)
+    ddp, fsdp = (runs[k] for k in pair)
     assert fsdp["losses"] == pytest.approx(ddp["losses"], rel=1e-4, abs=1e-5)
     assert [r["grad_norm"] for r in fsdp["reports"]] == pytest.approx([r["grad_norm"] for r in ddp["reports"]], rel=1e-4)  # fmt: skip
     a = load_file(f"{ddp['final']}/model.safetensors")
@@ -90,8 +125,7 @@ def test_consolidated_checkpoint_loads_and_equals_the_sharded_state(runs):
     from torch.distributed.checkpoint import load as dcp_load
     from transformers import AutoModelForCausalLM
 
-    _, res = runs
-    ckpt = res["fsdp"]["final"]
+    ckpt = runs["fsdp"]["final"]
     model = AutoModelForCausalLM.from_pretrained(ckpt)
     saved = load_file(f"{ckpt}/model.safetensors")
     # The shards, read back whole without a process group: the consolidated file must be them.
@@ -104,8 +138,7 @@ def test_consolidated_checkpoint_loads_and_equals_the_sharded_state(runs):
 
 
 def test_simultaneous_alternates_sides_under_fsdp(runs):
-    _, res = runs
-    assert [r["active"] for r in res["sim_fsdp"]["reports"]] == ["task", "language"] * 3
+    assert [r["active"] for r in runs["sim_fsdp"]["reports"]] == ["task", "language"] * 3
 
 
 def test_fsdp_mixed_precision_tracks_ddp(mixed_runs):
@@ -128,23 +161,6 @@ def test_fsdp_partial_keeps_frozen_layers_bit_identical(bf16_world, mixed_runs):
     for name in base:
         moved = not torch.equal(base[name], got[name])
         assert moved == (param_slot(name).layer in (1, 2)), name
-
-
-@pytest.fixture(scope="module")
-def resumed(tiny_world, tmp_path_factory):
-    """Simultaneous (k=4) under fsdp, whole and resumed from its first checkpoint, which comes
-    before the language side's optimizer has ever stepped (its state is empty there)."""
-    root = tmp_path_factory.mktemp("fsdp_resume")
-    mode = SIMULTANEOUS | {"k": 4}
-    # resumed from a checkpoint that is not the run's newest: resume_state all keeps its state
-    whole = _job(tiny_world, root, "whole", mode, precision="fp32", scaling={"strategy": "fsdp"}, resume_state="all")  # fmt: skip
-    first = Path(whole["workdir"], "checkpoints", "samples_000000024")
-    again = _job(tiny_world, root, "again", mode, precision="fp32", scaling={"strategy": "fsdp"})
-    again["resume_from"] = str(first)
-    ddp = _job(tiny_world, root, "ddp", mode, precision="fp32")
-    out = root / "results.json"
-    mp.spawn(ddp_worker, args=(2, f"file://{root}/pg", [whole, again, ddp], str(out)), nprocs=2, join=True)  # fmt: skip
-    return json.loads(out.read_text())
 
 
 def test_fsdp_resume_is_exact_even_before_a_side_has_stepped(resumed):
