@@ -13,16 +13,16 @@ from __future__ import annotations
 from layerswap.cli import startup
 
 # isort: split
-import _thread
 import argparse
 import importlib
 import os
 import signal
 import sys
-import threading
 
 from pydantic import ValidationError
 
+from layerswap.cli import interrupts
+from layerswap.cli.interrupts import SIGNALLED, Terminated
 from layerswap.cli.watchdog import EXIT, Watchdog
 from layerswap.spaces.errors import RunFailed
 from layerswap.trainables.atomic import write_failure
@@ -55,68 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so every `finally` and atomic writer cleans up."""
-
-
-_SIGNALLED: list[int] = []  # signals received while a command ran (the outcome follows them)
-_SWALLOWED: list[int] = []  # those whose exception was raised where Python drops it
-_RUNNING = threading.Event()  # a command's function is running (main's try block)
-MAX_REDELIVERIES = 5  # a signal swallowed again and again is left to main's check at the end
-REDELIVERY_DELAY_S = 0.01  # from a thread, so it lands after the unraisable hook has returned
-
-
-def _on_signal(signum, frame):
-    _SIGNALLED.append(signum)
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
-
-
-def _quiet_signal_unraisable(previous):
-    """An unraisable hook that keeps quiet about our own signal exceptions, and sends again a
-    signal whose exception nothing could see.
-
-    A signal that lands in a weakref callback or __del__ (seen: SQLAlchemy's class registry,
-    collected mid-search, and Ray's teardown after a search's last trial) raises there, where
-    Python cannot propagate it and prints "Exception ignored in ... Traceback". The signal is
-    already recorded in _SIGNALLED and decides the exit code and the one-line message, so only
-    those exceptions are dropped; the rest go to `previous`. Dropped alone, the command would
-    run on to its end (a Ctrl-C mid-search ran every remaining trial), so the signal is sent
-    again (`_redeliver`).
-    """
-
-    def hook(unraisable):
-        if _SIGNALLED and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
-            _SWALLOWED.append(SIGNAL_OF[type(unraisable.exc_value)])
-            _redeliver()
-            return
-        previous(unraisable)
-
-    return hook
-
-
-SIGNAL_OF = {KeyboardInterrupt: signal.SIGINT, Terminated: signal.SIGTERM}
-
-
-def _redeliver() -> None:
-    """Raise the swallowed signal again in the command's own code, when no other is on its way.
-
-    Only while every signal received so far was swallowed: one that propagates is already
-    unwinding the command, and a second exception would cut its cleanup short. Sent from a
-    thread after a short delay: raised inside this hook, it would be dropped again.
-    """
-    if len(_SWALLOWED) != len(_SIGNALLED) or len(_SWALLOWED) > MAX_REDELIVERIES:
-        return
-    signum = _SWALLOWED[-1]
-
-    def resend() -> None:
-        if _RUNNING.is_set():  # the command may have ended meanwhile: nothing to interrupt
-            _thread.interrupt_main(signum)
-
-    timer = threading.Timer(REDELIVERY_DELAY_S, resend)
-    timer.daemon = True  # never holds the exit up
-    timer.start()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the command; invalid input exits 2 with one line naming the problem.
 
@@ -126,20 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if startup.starting() and _uses_torch(args):
         startup.preload_torch()  # while a signal still ends the process at once (startup.py)
-    _SIGNALLED.clear()
-    _SWALLOWED.clear()
-    before = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupts.begin()
+    before = {s: signal.signal(s, interrupts.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     unraisable = sys.unraisablehook
-    sys.unraisablehook = _quiet_signal_unraisable(unraisable)
+    sys.unraisablehook = interrupts.unraisable_hook(unraisable)
     # Ray Tune's own SIGINT handler ends the tuning loop and returns as if it had finished (the
     # command would go on to promotion and exit 0); without it Ctrl-C raises KeyboardInterrupt
     # here. Ray Train's is kept out while fit() runs (trainables/train/ray_train._fit_signals).
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
-        _RUNNING.set()
-        code = args.func(args)
-        _RUNNING.clear()
-        if _SIGNALLED:
+        code = _run_command(args)
+        if SIGNALLED:
             # A library swallowed the interrupt and the command went on to the end (seen: a
             # KeyboardInterrupt raised in an isinstance check that C code reports as ignored).
             # The signal still decides the exit code, so `layerswap ... && next` stops.
@@ -148,12 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         return _outcome(e)
     finally:
-        _RUNNING.clear()
         for s, handler in before.items():
             # The start-up handler's time is over: what is left is the exit, where run()
             # ignores signals (its "while starting" line would be wrong now).
             signal.signal(s, signal.SIG_IGN if startup.is_startup(handler) else handler)
         sys.unraisablehook = unraisable
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The command's function; a signal re-sent after it ended is dropped (cli/interrupts.py)."""
+    try:
+        return args.func(args)
+    finally:
+        # A re-sent signal landing before this line raises here, inside main's try: its
+        # outcome is the signal's, like any other.
+        interrupts.ended()
 
 
 # Commands that never import torch: loading it up front would only slow them down.
@@ -171,8 +115,8 @@ def _outcome(e: BaseException) -> int:
     """The exit code of a command that raised `e`; re-raises what is not the user's doing."""
     # A signal decides, whatever it became on its way out: a library may swallow the
     # KeyboardInterrupt and fail later with an unrelated error.
-    if _SIGNALLED or isinstance(e, (KeyboardInterrupt, Terminated)):
-        sigterm = (_SIGNALLED[:1] or [None])[0] == signal.SIGTERM or isinstance(e, Terminated)
+    if SIGNALLED or isinstance(e, (KeyboardInterrupt, Terminated)):
+        sigterm = (SIGNALLED[:1] or [None])[0] == signal.SIGTERM or isinstance(e, Terminated)
         return _interrupted(signal.SIGTERM if sigterm else signal.SIGINT)
     if isinstance(e, SystemExit) and e.code == signal.SIGTERM:
         # Ray's driver SIGTERM handler, sys.exit(SIGTERM), if one landed while ray.init ran

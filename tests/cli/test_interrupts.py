@@ -203,7 +203,7 @@ def test_signals_mid_train_on_ray_then_resume(tiny_world, tmp_path, cli, ray_tmp
 
 # --- search -----------------------------------------------------------------------------------
 
-SAMPLES = 6  # one at a time: the first row is followed by ~5 s of trials to interrupt
+SAMPLES = 6  # one at a time: the first row is followed by ~5-10 s of trials to interrupt
 
 
 def _search_exp(world: Path, tmp_path: Path) -> Path:
@@ -213,7 +213,8 @@ def _search_exp(world: Path, tmp_path: Path) -> Path:
     exp = experiment(
         world,
         paths,
-        proxy_eval={"limit": 4, "max_gen_toks": 4},
+        # 16 items a trial: the trials after the first row outlast a loaded machine's polling
+        proxy_eval={"limit": 16, "max_gen_toks": 4},
         search={"num_samples": SAMPLES, "max_concurrent": 1, "fidelity": {"screen": None}},
     )
     f = tmp_path / "search.yaml"  # what `layerswap search` reads (load_search_experiment)

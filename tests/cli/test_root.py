@@ -163,3 +163,57 @@ def command(args):
     assert out.returncode == 130, out.stderr
     assert out.stdout == "cleaned up\n"
     assert "Traceback" not in out.stderr
+
+
+def test_a_swallowed_interrupt_wakes_a_command_blocked_in_a_wait():
+    """The re-send is a real signal: a main thread blocked in one long sleep (or a lock, a child
+    process) is woken as by the user's own Ctrl-C, not left to finish its wait."""
+    code = (
+        SIGINT_IN_A_CALLBACK
+        + """
+def command(args):
+    a = Thing()
+    keep = weakref.ref(a, interrupted_in_callback)
+    del a
+    time.sleep(4)
+    print("finished")
+    return 0
+"""
+    )
+    t0 = time.monotonic()
+    out = run_as_the_command(code)
+    assert (out.returncode, out.stdout) == (130, ""), out.stderr
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_re_send_after_the_command_raised_stays_out_of_the_outcome():
+    """The command swallowed a Ctrl-C and then failed: the re-send must not land while main
+    reports the outcome (a traceback and exit -2 before the fix), nor in the next command an
+    in-process caller runs."""
+    code = (
+        SIGINT_IN_A_CALLBACK
+        + """
+import argparse
+
+def failing(args):
+    a = Thing()
+    keep = weakref.ref(a, interrupted_in_callback)
+    del a
+    raise ValueError("the command's own failure")
+
+def working(args):
+    time.sleep(0.5)
+    return 0
+
+def runs(func):
+    p = argparse.ArgumentParser(prog="layerswap")
+    p.set_defaults(func=func)
+    cli.build_parser = lambda: p
+    return cli.main([])
+
+print(runs(failing), runs(working))
+"""
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "130 0\n"), out.stderr
+    assert "Traceback" not in out.stderr
