@@ -24,11 +24,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +41,9 @@ SUFFIX = ".layerswap.lock"
 # Pids holding locks that this process's tree writes under: children (Ray's processes started
 # after the lock, subprocesses) inherit it, and may write outputs inside those of their owner.
 OWNERS_ENV = "LAYERSWAP_LOCK_OWNERS"
+# This process among all that had its pid: in a container every command may be pid 1, so a stale
+# lock of a killed pid-1 writer carries the next writer's own pid.
+_NONCE = uuid.uuid4().hex
 PROBE_RETRIES = 10  # a lock busy 10 times 20 ms apart is held, not probed
 
 # Locks this process holds: {lock file: [fd, depth]}. A command takes its output's lock early and
@@ -204,7 +209,7 @@ def _take(path: Path, out: Path) -> int:
     fd = _open_locked(path, out)
     try:
         before = _read_owner(fd)
-        if before and before.get("pid") != os.getpid():
+        if before and (before.get("pid") != os.getpid() or before.get("nonce") != _NONCE):
             print(
                 f"layerswap: {out}: taking over a stale lock of {_owner_text(before)}, which is "
                 "no longer running",
@@ -214,6 +219,7 @@ def _take(path: Path, out: Path) -> int:
             _sweep_dead_temps(path.parent / path.name[1 : -len(SUFFIX)], before)
         record = {
             "pid": os.getpid(),
+            "nonce": _NONCE,
             "host": socket.gethostname(),
             "command": command_line(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -252,14 +258,25 @@ def _sweep_dead_temps(out: Path, owner: dict) -> None:
             continue
         _remove(tmp)
         _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
-    for aside in dead_writer_temps(out, pid, "replaced"):
+    for name, aside in _replaced_by(out.parent, pid):
         # The user asked for it to be replaced, but the run replacing it never finished: which
-        # of the two to keep is theirs to say.
+        # of the two to keep is theirs to say. Any output beside `out`: a search locks RUN/search
+        # and sets aside RUN/promotion, RUN/best and RUN/leaderboard.md with it.
         _say(
             out,
-            f"left {aside.name}: it holds the {out.name} that pid {pid} was replacing when it "
-            f"stopped; move it back over {out} to keep it, or remove it",
+            f"left {aside.name}: it holds the {name} that pid {pid} was replacing when it "
+            f"stopped; move it back over {out.parent / name} to keep it, or remove it",
         )
+
+
+def _replaced_by(parent: Path, pid: int) -> list[tuple[str, Path]]:
+    """(output name, set-aside path) of every `.NAME.replaced-PID-TAG` in `parent` for `pid`."""
+    name = re.compile(rf"\.(.+)\.replaced-{int(pid)}-[0-9a-f]{{8}}")
+    try:
+        found = [(m.group(1), p) for p in parent.iterdir() if (m := name.fullmatch(p.name))]
+    except OSError:
+        return []
+    return sorted(found)
 
 
 def _settle_swap(out: Path, old: Path, pid: int) -> None:

@@ -51,6 +51,8 @@ DIGESTS_FORMAT = 1  # saved_digests' file layout; another number is ignored (has
 # it keeps size, mtime and inode, so the key alone cannot see it. Ticks are a few ms on ext4 and
 # xfs (the kernel's coarse clock) and up to 2 s on FAT and some network file systems. A file
 # newer than that is hashed again at each use (experts are written long before they are merged).
+# A file dated further in the future (a file server's clock ahead of ours) is kept as before
+# the rule: never keeping it would re-read 16 GB experts for every recipe.
 RACY_NS = 2_000_000_000
 
 
@@ -90,7 +92,7 @@ def _digests(files: list[Path]) -> dict[Path, str]:
         started = time.time_ns()
         digest = _file_sha256(keys[p][0])
         with _LOCK:
-            if started - keys[p][2] > RACY_NS:
+            if abs(started - keys[p][2]) > RACY_NS:  # far in the future: a skewed clock
                 _FILE_DIGESTS[keys[p]] = digest
             out[p] = digest
 

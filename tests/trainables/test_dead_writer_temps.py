@@ -178,3 +178,42 @@ def test_an_output_a_killed_run_was_replacing_is_named_and_kept(tmp_path, capfd)
     ]
     assert (aside / "old.txt").read_text() == "the user's\n"
     assert (out / "new.txt").read_text() == "half\n"  # the killed run's, for --resume
+
+
+def test_a_dead_writer_with_this_process_s_pid_is_still_cleaned_up_after(tmp_path, capfd):
+    """In a container every command may be pid 1: the stale lock then carries the next writer's
+    own pid, and is still a dead writer's (its swap is settled, not left hidden)."""
+    import json
+    import socket
+
+    out, me = tmp_path / "out", os.getpid()
+    old = tmp_path / f".out.old-{me}-0123abcd"
+    old.mkdir()
+    (old / "old.txt").write_text("the user's\n")
+    record = {"pid": me, "host": socket.gethostname(), "command": "c", "since": "s"}
+    lock_path(out).write_text(json.dumps(record))
+    said = _next_writer(out, capfd)
+    assert said == [f"layerswap: {out}: put back out from {old.name}: pid {me} was killed while replacing it"]  # fmt: skip
+    assert (out / "old.txt").read_text() == "the user's\n"
+
+
+def test_every_output_a_killed_run_was_replacing_beside_it_is_named(tmp_path, capfd):
+    """A search locks RUN/search but sets aside RUN/promotion, RUN/best and RUN/leaderboard.md
+    with it: all are named, none removed; another pid's are not named."""
+    import json
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    pid = int(dead.stdout)
+    out = tmp_path / "search"
+    asides = [tmp_path / f".{n}.replaced-{pid}-0123abcd" for n in ("best", "leaderboard.md", "search")]  # fmt: skip
+    for p in asides:
+        p.mkdir()
+    other = tmp_path / f".promotion.replaced-{pid + 1}-0123abcd"
+    other.mkdir()
+    record = {"pid": pid, "host": socket.gethostname(), "command": "c", "since": "s"}
+    lock_path(out).write_text(json.dumps(record))
+    said = _next_writer(out, capfd)
+    assert [line.split(": left ")[1].split(":")[0] for line in said] == [p.name for p in asides]
+    assert f"move it back over {tmp_path / 'leaderboard.md'} to keep it" in said[1]
+    assert all(p.exists() for p in [*asides, other])

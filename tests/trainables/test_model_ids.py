@@ -205,3 +205,14 @@ def test_a_same_size_rewrite_within_one_timestamp_tick_is_not_missed(tmp_path, m
     monkeypatch.setattr(model_ids, "_file_sha256", lambda p: opened.append(p) or real(p))
     ids = {model_content_id(str(folder)) for _ in range(3)}
     assert len(ids) == 1 and len(opened) == 3  # config.json and two shards, once each
+
+
+def test_a_file_dated_in_the_future_is_still_read_once(tmp_path, monkeypatch):
+    """A file server whose clock runs ahead dates every expert in the future: its digests are
+    kept (never keeping them would re-read the experts for every recipe)."""
+    folder = aged(_checkpoint(tmp_path / "ahead", 0), seconds=-7200)  # an hour ahead of now
+    opened = []
+    real = model_ids._file_sha256
+    monkeypatch.setattr(model_ids, "_file_sha256", lambda p: opened.append(p) or real(p))
+    assert len({model_content_id(str(folder)) for _ in range(3)}) == 1
+    assert len(opened) == 3  # config.json and two shards, once each
