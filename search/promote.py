@@ -112,6 +112,15 @@ def _split_raw(raw: dict, task: str) -> dict:
     return out
 
 
+def _evaluated_model(name: str, rid: str | None, what: object) -> dict:
+    """lm-eval's `config.model` / `model_args` for one promoted model. lm-eval reads the name off
+    the live model's config (`_name_or_path`), which composition inherits from the first
+    checkpoint it loaded: every model would be recorded as that expert."""
+    if isinstance(what, str):  # a checkpoint evaluated as it is (the base, an expert)
+        return {"model": what, "model_args": f"pretrained={what}"}
+    return {"model": f"layerswap:{name}", "model_args": f"recipe_id={rid}" if rid else None}
+
+
 def _select(exp: SearchExperiment, cands: list[tuple[str, dict]], scores: dict) -> str | None:
     if not cands:
         return None
@@ -276,7 +285,7 @@ def _evaluate_models(
             ev.failed[name] = f"{type(e).__name__}: {e}"
             print(f"promotion: {name}: failed: {ev.failed[name]}", flush=True)
             continue
-        _record_model(ev, setup, raws, name, kind, rid)
+        _record_model(ev, setup, raws, name, kind, rid, what)
         if progress:
             print(
                 f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
@@ -317,15 +326,18 @@ def _evaluate_group(exp, setup: _Setup, batches: dict, g: int, shots, tasks: lis
 
 
 def _record_model(
-    ev: _Evaluation, setup: _Setup, raws: dict[str, dict], name: str, kind: str, rid: str | None
-) -> None:
+    ev: _Evaluation, setup: _Setup, raws: dict[str, dict], name: str, kind: str, rid: str | None,
+    what: object,
+) -> None:  # fmt: skip
     """One model's lm-eval results (raws: task -> result): promotion/lm_eval/<name>/<task>.json,
-    its scores and rows."""
+    its scores and rows. `what` is the checkpoint ref or the recipe the model was built from."""
     for task in setup.tasks:
         raw = raws[task]
         path = setup.pdir / "lm_eval" / name / f"{task}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(_split_raw(raw, task), ensure_ascii=False, indent=1))
+        split = _split_raw(raw, task)
+        split["config"] = {**split.get("config", {}), **_evaluated_model(name, rid, what)}
+        atomic_write_text(path, json.dumps(split, ensure_ascii=False, indent=1))
         metric, filt = score_key(raw, task)
         value = float(raw["results"][task][f"{metric},{filt}"])
         ev.scores[(name, task)] = value

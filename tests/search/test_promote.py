@@ -113,6 +113,9 @@ def test_promote_on_the_auto_device(tiny_world, experts, tmp_path):
         raw = json.loads(Path(r["raw_json"]).read_text())
         assert set(raw["results"]) == {r["task"]}
         assert raw["config"]["device"] == device and raw["config"]["batch_size"] == "auto"
+        # the model evaluated, not the checkpoint composition loaded first (lm-eval's reading)
+        want = (f"layerswap:candidate_{rid}", f"recipe_id={rid}") if r["model"] != "base" else (str(experts["base"]), f"pretrained={experts['base']}")  # fmt: skip
+        assert (raw["config"]["model"], raw["config"]["model_args"]) == want
         # the target at promote.num_fewshot, proxies (dev and held-out) at Proxy.num_fewshot
         assert raw["n-shot"] == {r["task"]: 1 if r["task"] == TARGET else 0}
     assert "**candidate_" in res.leaderboard.read_text()
