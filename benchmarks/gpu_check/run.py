@@ -3,9 +3,10 @@
 Run on a GPU machine (about 6 minutes on one H100):
     make gpu-check                      # = python benchmarks/gpu_check/run.py --out gpu-check-out
     python benchmarks/gpu_check/run.py --out DIR [--stages evaluator,training] [--budget-s 360]
-On the lent GPU machine (no .venv; `python3` is the image's CUDA Python, as on_device.sh says, and
-`python` may not exist there; the budget counts from this process's start, world build included):
-    source .gpu/on_device.sh && python3 benchmarks/gpu_check/run.py --out $OUT/gpu_check
+On a GPU machine without the project's .venv (`python3` is the image's CUDA Python with torch,
+transformers, lm-eval and Ray; `python` may not exist there; the budget counts from this
+process's start, world build included):
+    python3 benchmarks/gpu_check/run.py --out DIR
 Smoke run (every stage at a tiny shape on the CPU, ~2 minutes; CI runs it so the check cannot rot):
     python benchmarks/gpu_check/run.py --smoke --out DIR
 
