@@ -32,19 +32,22 @@ def cpu_allowed() -> bool:
     return os.environ.get(ALLOW_CPU, "") == "1"
 
 
-def cuda_missing() -> str:
-    """Why torch sees no CUDA GPU here, in one line a user can act on."""
+def cuda_missing(asked: bool = True) -> str:
+    """Why torch sees no CUDA GPU here, in one line a user can act on.
+
+    Args:
+        asked: a GPU was asked for, so a CPU-only torch gets "install a CUDA build" as its hint;
+            False where "auto" chose the CPU (the CPU wheel is what CPU users are told to install).
+    """
     import torch
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    hint = (
-        "the driver may be older than this torch build needs (nvidia-smi shows the driver's CUDA)"
-        if torch.version.cuda
-        else "install a CUDA build of torch"
-    )
     seen = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
-    return f"torch {torch.__version__} ({build}{seen}) sees no usable CUDA GPU: {hint}"
+    said = f"torch {torch.__version__} ({build}{seen}) sees no usable CUDA GPU"
+    if torch.version.cuda:
+        return f"{said}: the driver may be older than this torch build needs (nvidia-smi shows the driver's CUDA)"  # fmt: skip
+    return f"{said}: install a CUDA build of torch" if asked else said
 
 
 def require_cuda(what: str) -> None:
@@ -84,7 +87,7 @@ def explain_device(name: str | None = "auto") -> tuple[str, str]:
         if torch.cuda.is_available():
             n = torch.cuda.device_count()
             return "cuda", f"auto: torch sees {n} CUDA GPU(s) ({_gpu_name()})"
-        return "cpu", f"auto: {cuda_missing()}"
+        return "cpu", f"auto: {cuda_missing(asked=False)}"
     if not isinstance(name, str) or not _DEVICE.fullmatch(name):
         raise ValueError(f"device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
     if name.startswith("cuda"):

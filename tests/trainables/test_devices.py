@@ -24,6 +24,7 @@ def test_an_explicit_cuda_device_is_refused_with_the_reason():
 def test_auto_says_what_it_chose_and_why():
     device, why = D.explain_device("auto")
     assert device == "cpu" and why.startswith("auto: torch ") and "no usable CUDA GPU" in why
+    assert "install" not in why  # the CPU wheel is what a CPU user was told to install
     assert D.explain_device("cpu") == ("cpu", "as configured")
 
 
