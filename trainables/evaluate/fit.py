@@ -203,9 +203,10 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
     """The batch lm-eval should run `tasks` at on `model`'s device, from a memory estimate.
 
     On a GPU: the largest batch <= `want` whose longest prompt fits the free memory (an int
-    `want`), or lm-eval's own "auto" with max_length bounded to the longest prompt plus
-    max_gen_toks (its probe otherwise runs at the model's max_length, 131,072 for Llama 3.1, and
-    settles on 1). On a CPU: `want` as it is.
+    `want`). On any device, "auto" is lm-eval's own search with max_length bounded to the
+    longest prompt plus max_gen_toks: its probe otherwise runs at the model's max_length
+    (131,072 for Llama 3.1; on a GPU it settles on 1, on a CPU it never runs out of memory and
+    spends most of a small evaluation on 64 rows of that length). On a CPU, an int as it is.
 
     Args:
         model: the in-memory model (on its device).
@@ -222,7 +223,7 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
     from layerswap.trainables.train.model_shape import model_shape
 
     device = model_device(model)
-    if device.type != "cuda":
+    if device.type != "cuda" and want != "auto":
         return EvalBatch(want, None, f"{want} as configured (on {device.type})")
     ev = ProxyEvaluator(
         tasks, tokenizer, include_path=include_path, limit=limit, num_fewshot=num_fewshot,

@@ -128,3 +128,20 @@ def test_other_errors_are_not_retried():
     assert tried == [8]
     assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_auto_on_a_cpu_bounds_lm_evals_probe_to_the_longest_row(monkeypatch):
+    """lm-eval's "auto" probes 64 rows at HFLM's max_length, which on a CPU never runs out of
+    memory and cost 86 % of a 2-item promotion at the model's own max_length: bounded to the
+    longest prompt plus max_gen_toks on every device. An int on a CPU is taken as it is."""
+    from layerswap.trainables.evaluate import proxy
+
+    monkeypatch.setattr(proxy, "ProxyEvaluator", lambda *a, **kw: "evaluator")
+    rows = [RowShape("loglikelihood", 50), RowShape("generate", 30, 24)]
+    monkeypatch.setattr(fit, "task_rows", lambda ev: rows if ev == "evaluator" else [])
+    model = torch.nn.Linear(2, 2)  # on the CPU
+    kw = dict(include_path=None, limit=2, num_fewshot=0, max_gen_toks=24)
+    auto = fit.eval_batch(model, None, ["t"], want="auto", **kw)
+    assert (auto.batch_size, auto.max_length) == ("auto", 54)
+    four = fit.eval_batch(model, None, ["t"], want=4, **kw)
+    assert (four.batch_size, four.max_length) == (4, None)
