@@ -66,18 +66,18 @@ def build_sections(
         treatments_section(run),
         paired_section(run, n_resamples=n_resamples, seed=seed),
     ]
-    present = [
-        str(p.relative_to(run.root))
-        for p in (
-            run.root / "experts/registry.parquet",
-            run.root / "search/trials.parquet",
-            run.root / "search/study.db",
-            run.root / "promotion/results.parquet",
-            run.root / "recipe.yaml",
-        )
-        if p.exists()
-    ]
+    present = [name for name in RUN_FILES if (run.root / name).exists()]
     return sections, present
+
+
+# What a report reads from a run folder (each optional, but not all missing).
+RUN_FILES = (
+    "experts/registry.parquet",
+    "search/trials.parquet",
+    "search/study.db",
+    "promotion/results.parquet",
+    "recipe.yaml",
+)
 
 
 def _table_html(t: Table) -> str:
@@ -168,6 +168,10 @@ def analyze_run(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: run directory does not exist")
+    if not any((run_dir / name).exists() for name in RUN_FILES):
+        # A report of nothing would be written into a folder that is not a run (a merged model,
+        # a typo'd path's parent) with every section "not in this run".
+        raise ValueError(f"{run_dir}: not a run folder: none of {', '.join(RUN_FILES)} is in it")
     out = Path(out) if out is not None else run_dir / "analysis"
     inputs = _run_inputs(run_dir)
     check_output(out, "analysis", overwrite=overwrite, inputs=inputs)

@@ -56,7 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(Spearman/Kendall/Pearson with bootstrap CIs, top-k agreement), where each expert "
         "changed (ΔW heatmaps and suggested layer-swap boundaries), the search (score over "
         "(b, u), importances, best so far, proxy vs target) and the treatments table with a "
-        "Friedman test. A section whose data the run lacks says so. The output is written "
+        "Friedman test. A section whose data the run lacks says so; a folder with none of "
+        "these files is refused. The output is written "
         "atomically; a malformed input file stops it with the file named (exit 2).",
     )
     a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")

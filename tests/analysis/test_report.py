@@ -10,6 +10,7 @@ import re
 
 import pandas as pd
 import pytest
+import yaml
 
 from layerswap.analysis.indicators import indicator_table
 from layerswap.analysis.load import load_run, target_tasks
@@ -151,13 +152,20 @@ def test_friedman_matrix_drops_gaps():
     assert treats == ["layer swap / full", "math-only / full"] and mat.shape == (2, 2)
 
 
-def test_missing_files_say_not_in_this_run(tmp_path):
-    run = tmp_path / "empty_run"
+def test_missing_files_say_not_in_this_run(tmp_path, capsys):
+    run = tmp_path / "sparse_run"
     run.mkdir()
     out = tmp_path / "rep"
+    # A folder with none of a run's files is not a run: refused, nothing written into it.
+    assert main(["analyze", str(run), "--out", str(out)]) == 2
+    assert f"{run}: not a run folder: none of experts/registry.parquet" in capsys.readouterr().err
+    assert not out.exists() and list(run.iterdir()) == []
+    # A demo's recipe whose checkpoints are gone: every section says what it lacks.
+    recipe = {"method": "layer_swap", "task_expert": str(tmp_path / "gone_t"), "language_expert": str(tmp_path / "gone_l"), "bottom": 1, "top": 1}  # fmt: skip
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["analyze", str(run), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    assert md.count("Not in this run") == 5  # one per section
+    assert md.count("Not in this run") == 5, md  # one per section
     assert list((out / "figures").iterdir()) == []
 
 
