@@ -25,12 +25,11 @@ def _table(run) -> list[tuple]:
 
 @pytest.mark.slow
 def test_jittered_concurrent_runs_and_a_copied_run_write_the_same_table(
-    tmp_path, monkeypatch, ray_one_node
+    tiny_world, tmp_path, monkeypatch, ray_one_node
 ):
     from layerswap.search.search import run_search
-    from layerswap.world import build_world
 
-    world = build_world(tmp_path / "world", size="tiny", progress=False)
+    world = tiny_world  # the session's (only read here): a world build of its own costs more
     paths = make_experts(world, tmp_path / "experts")
     # Trials sleep up to 1.5 s (unseeded) before reporting: the finishing order varies.
     monkeypatch.setenv("LAYERSWAP_TRIAL_JITTER_S", "1.5")
