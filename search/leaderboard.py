@@ -42,6 +42,8 @@ def leaderboard(
         f"only); the best model ({best or 'none'}) was selected by "
         f"{'the proxy objective' if exp.promote.select_by == 'proxy' else 'the target test score'}.",
         "",
+        _objective_legend(exp),
+        "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
@@ -63,3 +65,19 @@ def leaderboard(
         lines += ["", "Failed evaluations (no scores):", ""]
         lines += [f"- {name}: {why}" for name, why in failed.items()]
     return "\n".join(lines) + "\n"
+
+
+def _objective_legend(exp) -> str:
+    """What the "search objective" column is: each proxy rescaled so chance is 0 and the best
+    score 1 (a lower-is-better metric such as a Brier score included), then weighted."""
+    terms = [
+        f"{p.weight:g} x ({p.task} - {p.chance:g}) / ({p.best:g} - {p.chance:g})"
+        for p in exp.proxy_list
+    ]
+    total = sum(p.weight for p in exp.proxy_list)
+    return (
+        "Search objective (higher is better; 0 is chance, 1 the best score): "
+        + " + ".join(terms)
+        + (f", divided by {total:g}" if total != 1 else "")
+        + ", on the dev split the search scored."
+    )

@@ -180,4 +180,8 @@ def test_every_model_failing_is_an_error_with_the_reasons(tiny_world, experts, t
     assert "tokenizer has no pad token" in str(e.value)
     board = (run / "leaderboard.md").read_text()
     assert f"- candidate_{rid}: ValueError: tokenizer has no pad token (simulated)" in board
+    # the objective column says what it is: each proxy from chance 0 to best 1, then their mean
+    legend = next(line for line in board.splitlines() if line.startswith("Search objective"))
+    for q in exp.proxy_list:
+        assert f"({q.task} - {q.chance:g}) / ({q.best:g} - {q.chance:g})" in legend, legend
     assert "- base: ValueError" in board
