@@ -26,6 +26,7 @@ from layerswap.cli.interrupts import SIGNALLED, Terminated
 from layerswap.cli.watchdog import EXIT, Watchdog
 from layerswap.spaces.errors import RunFailed
 from layerswap.trainables.atomic import write_failure
+from layerswap.trainables.locks import COMMAND_ENV, own_command_line
 
 # Order is the order `layerswap --help` lists them in.
 SUBCOMMANDS = (
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if startup.starting() and _uses_torch(args):
         startup.preload_torch()  # while a signal still ends the process at once (startup.py)
+    # Markers and locks written by this command's Ray workers and children name it (locks.py).
+    os.environ[COMMAND_ENV] = own_command_line(argv)
     interrupts.begin()
     before = {s: signal.signal(s, interrupts.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     unraisable = sys.unraisablehook

@@ -41,6 +41,9 @@ SUFFIX = ".layerswap.lock"
 # Pids holding locks that this process's tree writes under: children (Ray's processes started
 # after the lock, subprocesses) inherit it, and may write outputs inside those of their owner.
 OWNERS_ENV = "LAYERSWAP_LOCK_OWNERS"
+# The command a process works for, set by the CLI: a Ray worker's own argv is Ray's
+# default_worker.py, which the markers and locks it writes would otherwise record.
+COMMAND_ENV = "LAYERSWAP_COMMAND"
 # This process among all that had its pid: in a container every command may be pid 1, so a stale
 # lock of a killed pid-1 writer carries the next writer's own pid.
 _NONCE = uuid.uuid4().hex
@@ -380,7 +383,18 @@ def _drop_parents(made: list[Path]) -> None:
 
 
 def command_line() -> str:
-    """The command being run, as a shell would show it (recorded in locks and markers)."""
+    """The command being run, as a shell would show it (recorded in locks and markers): the
+    `layerswap` command this process works for (COMMAND_ENV, which Ray workers inherit from
+    the driver, trainables/ray_session.py), else this process's own command line."""
+    if cmd := os.environ.get(COMMAND_ENV):
+        return cmd
+    return own_command_line()
+
+
+def own_command_line(argv: list[str] | None = None) -> str:
+    """This process's command line, or `layerswap ARGV` for a command called in-process."""
+    if argv is not None:
+        return shlex.join(["layerswap", *argv])
     prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     if prog in ("__main__.py", "-c", "-m"):
         prog = "layerswap"

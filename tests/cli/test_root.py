@@ -217,3 +217,28 @@ print(runs(failing), runs(working))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout) == (0, "130 0\n"), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_markers_written_for_a_command_name_it_even_from_its_workers():
+    """A Ray worker's argv is Ray's default_worker.py: what it writes for a command (a training
+    run's marker, a lock) names the command, which the CLI hands down in LAYERSWAP_COMMAND."""
+    code = """
+import argparse, json, subprocess, sys
+from layerswap import cli
+
+def command(args):
+    # a child process stands for a Ray worker: it inherits the driver's environment
+    child = "from layerswap.trainables.outputs import marker; import json; print(json.dumps(marker('train')))"
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    print(json.loads(out.stdout)["command"])
+    return 0
+
+p = argparse.ArgumentParser(prog="layerswap")
+p.add_argument("words", nargs="*")
+p.set_defaults(func=command)
+cli.build_parser = lambda: p
+sys.exit(cli.main(["train", "my config.yaml"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "layerswap train 'my config.yaml'\n"
