@@ -104,13 +104,11 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
     elif run.recipe_yaml is not None:
         recipe = load_recipe(run.recipe_yaml)
         if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
+            base = run.resolve(recipe.base)
             for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):
-                if isinstance(ref, str) and Path(ref).is_dir():
-                    out.append(
-                        ExpertRef(
-                            f"{kind} expert ({Path(ref).name})", kind, Path(ref), Path(recipe.base)
-                        )
-                    )
+                path = run.resolve(ref) if isinstance(ref, str) else None
+                if path is not None and path.is_dir():
+                    out.append(ExpertRef(f"{kind} expert ({path.name})", kind, path, base))
     return out, notes
 
 

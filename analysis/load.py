@@ -54,11 +54,24 @@ class RunData:
     notes: list[str] = field(default_factory=list)
 
     def resolve(self, path: str | None) -> Path | None:
-        """A checkpoint path from a result file: absolute, or relative to the run directory."""
+        """A path from a result file (a checkpoint, a raw lm-eval JSON): absolute, or relative to
+        the run directory. Result files record absolute paths; a run copied elsewhere (from the
+        cluster to a laptop) finds them under its new root: the longest tail of the recorded
+        path, of two parts at least, that exists below `root` (the path as recorded when none
+        does, for the caller to name as missing)."""
         if path is None or (isinstance(path, float) and pd.isna(path)) or path == "":
             return None
         p = Path(path)
-        return p if p.is_absolute() else self.root / p
+        if not p.is_absolute():
+            return self.root / p
+        if p.exists():
+            return p
+        parts = p.parts[1:]
+        for i in range(len(parts) - 1):  # longest tail first
+            moved = self.root.joinpath(*parts[i:])
+            if moved.exists():
+                return moved
+        return p
 
 
 def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:

@@ -9,7 +9,6 @@ Part of `layerswap analyze RUN` (analysis/report.py).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,11 +34,12 @@ def item_scores(run: RunData, task: str) -> dict[str, np.ndarray]:
         return {}
     rows = p[(p["task"] == task) & (p.get("split", "test") == "test")]
     out = {}
-    for model, path in zip(rows["model"], rows["raw_json"], strict=True):
-        if not isinstance(path, str) or not path or not Path(path).is_file():
+    for model, recorded in zip(rows["model"], rows["raw_json"], strict=True):
+        path = run.resolve(recorded) if isinstance(recorded, str) else None
+        if path is None or not path.is_file():
             continue
         try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+            raw = json.loads(path.read_text(encoding="utf-8"))
             out[str(model)] = np.array([r["score"] for r in predictions(raw, task)], dtype=float)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
