@@ -116,6 +116,7 @@ def _uses_torch(args: argparse.Namespace) -> bool:
 
 def _outcome(e: BaseException) -> int:
     """The exit code of a command that raised `e`; re-raises what is not the user's doing."""
+    e = _ray_cause(e)
     # A signal decides, whatever it became on its way out: a library may swallow the
     # KeyboardInterrupt and fail later with an unrelated error.
     if SIGNALLED or isinstance(e, (KeyboardInterrupt, Terminated)):
@@ -134,6 +135,20 @@ def _outcome(e: BaseException) -> int:
         print(f"layerswap: failed: {e}", file=sys.stderr)
         return 1
     raise e
+
+
+def _ray_cause(e: BaseException) -> BaseException:
+    """The error a Ray task raised, for one whose error `ray.get` re-raised as RayTaskError.
+
+    Ray's RayTaskError(Cause) is a subclass of the cause whose message is the remote traceback
+    (ANSI-coloured), so a bad input found inside a task (a training run of another experiment,
+    in the demo) printed that instead of one line. Told by name, not by import: this module
+    loads before Ray, and most commands never load it.
+    """
+    cause = getattr(e, "cause", None)
+    if type(e).__name__.startswith("RayTaskError") and isinstance(cause, BaseException):
+        return cause
+    return e
 
 
 def _interrupted(sig: int) -> int:
