@@ -261,6 +261,12 @@ def validate(
     try:
         return adapter.validate_python(data)
     except ValidationError as e:
+        # lazy: spaces.reference imports every config model, and each of them imports this module
+        from layerswap.spaces.reference import other_kind
+
+        if (kind := other_kind(data, schema)) is not None:  # a file given to the wrong command
+            a = "an" if what[:1] in "aeiou" else "a"
+            raise error(f"{source}: not {a} {what}: it is a {kind.title.lower()}, which `{kind.read_by}` reads") from None  # fmt: skip
         raise error(f"{source}: invalid {what}\n" + field_errors(e, top)) from None
 
 

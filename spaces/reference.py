@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -77,11 +77,32 @@ _KINDS = (
         "profiles",
         "Throughput profiles",
         Profiles,
-        "layerswap plan (spaces/throughput.yaml)",
+        "layerswap plan (as spaces/throughput.yaml)",
         load_profiles,
     ),
 )
 KINDS: dict[str, ConfigKind] = {k.name: k for k in _KINDS}
+
+
+def other_kind(data: dict, schema: Any) -> ConfigKind | None:
+    """The kind of config file `data` is, when it is not the one `schema` reads: a train config
+    given to `plan`, a search config given to `merge` get one line saying so, not every field
+    the expected kind rejects.
+
+    Args:
+        data: the parsed YAML mapping that failed `schema`.
+        schema: what the command expected (a model class, an annotated union or a TypeAdapter).
+    """
+    expected = getattr(schema, "_type", schema)  # a TypeAdapter keeps its type there
+    for k in _KINDS:
+        if k.schema is expected or k.schema is schema or any(f in data for f in k.omit):
+            continue
+        try:
+            TypeAdapter(k.schema).validate_python(data)
+        except (ValidationError, ValueError, TypeError):
+            continue
+        return k
+    return None
 
 
 # ------------------------------------------------------------------------------ JSON Schemas

@@ -224,7 +224,8 @@ def load_train_experiment(path: str | Path) -> TrainExperiment:
 def _resolve(data: dict, root: Path) -> dict:
     """Local input paths (base, dataset files, a sweep's world) by spaces.base.resolve_local."""
     out = copy.deepcopy(data)
-    out["base"] = resolve_local(out.get("base"), root)
+    if "base" in out:  # not added when missing: the error should say it is missing
+        out["base"] = resolve_local(out["base"], root)
     for ds in out.get("datasets") or []:
         if isinstance(ds, dict):
             if "path" in ds:
