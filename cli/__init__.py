@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from layerswap.cli import interrupts
 from layerswap.cli.interrupts import SIGNALLED, Terminated
 from layerswap.cli.watchdog import EXIT, Watchdog
+from layerswap.spaces import reference  # noqa: F401  (registers the wrong-kind message)
 from layerswap.spaces.errors import RunFailed
 from layerswap.trainables.atomic import write_failure
 from layerswap.trainables.locks import COMMAND_ENV, own_command_line

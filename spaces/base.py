@@ -14,7 +14,7 @@ resolves against the working directory).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -234,6 +234,13 @@ def read_jsonl(path: Path, error: type[ValueError] = ValueError) -> list[dict]:
     return [row for _, row in iter_jsonl(path, error, objects=True)]
 
 
+# Who can say which other kind of config a mapping is, when it fails the kind expected: a train
+# config given to `plan` is then one line naming its command, not every field a study rejects.
+# spaces/reference.py registers itself (it imports every config model, which import this
+# module); the CLI imports it.
+KIND_NAMERS: list[Callable[[dict, Any], str | None]] = []
+
+
 def validate(
     schema: TypeAdapter[T] | type[T],
     data: object,
@@ -261,12 +268,10 @@ def validate(
     try:
         return adapter.validate_python(data)
     except ValidationError as e:
-        # lazy: spaces.reference imports every config model, and each of them imports this module
-        from layerswap.spaces.reference import other_kind
-
-        if (kind := other_kind(data, schema)) is not None:  # a file given to the wrong command
-            a = "an" if what[:1] in "aeiou" else "a"
-            raise error(f"{source}: not {a} {what}: it is a {kind.title.lower()}, which `{kind.read_by}` reads") from None  # fmt: skip
+        for name_kind in KIND_NAMERS:  # a file given to the command of another kind
+            if (said := name_kind(data, schema)) is not None:
+                a = "an" if what[:1] in "aeiou" else "a"
+                raise error(f"{source}: not {a} {what}: {said}") from None
         raise error(f"{source}: invalid {what}\n" + field_errors(e, top)) from None
 
 

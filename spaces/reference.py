@@ -20,7 +20,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from layerswap.spaces.base import StrictModel
+from layerswap.spaces.base import KIND_NAMERS, StrictModel
 from layerswap.spaces.recipe import Recipe, load_recipe
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
 from layerswap.spaces.study import Profiles, Study, load_profiles, load_study
@@ -103,6 +103,14 @@ def other_kind(data: dict, schema: Any) -> ConfigKind | None:
             continue
         return k
     return None
+
+
+def _say_other_kind(data: dict, schema: Any) -> str | None:
+    k = other_kind(data, schema)
+    return None if k is None else f"it is a {k.title.lower()}, which `{k.read_by}` reads"
+
+
+KIND_NAMERS.append(_say_other_kind)
 
 
 # ------------------------------------------------------------------------------ JSON Schemas

@@ -15,6 +15,7 @@ from layerswap.trainables.devices import check_cpu_size, config_params, resolve_
 from layerswap.trainables.evaluate.lm_eval_api import (
     lm_eval_output,
     offline_defaults,
+    offline_hint,
     request_bars_off,
     task_manager,
 )
@@ -282,7 +283,7 @@ def _simple_evaluate(lm, model, tasks, tm, *, num_fewshot, batch_size, device, l
     # lazy: torch, loaded with lm-eval when an evaluation runs
     from layerswap.trainables.evaluate.finite_outputs import watch_logits
 
-    with watch_logits(lm.model) as logits:
+    with watch_logits(lm.model) as logits, offline_hint(tasks):
         raw = simple_evaluate(
             model=lm,
             tasks=list(tasks),

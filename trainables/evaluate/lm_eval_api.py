@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,22 @@ def offline_defaults() -> None:
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@contextmanager
+def offline_hint(tasks: list[str]) -> Iterator[None]:
+    """A task whose dataset is not in the local cache, under layerswap's offline default
+    (`offline_defaults`), says how to get it: datasets only says it "Couldn't reach" the Hub."""
+    try:
+        yield
+    except Exception as e:
+        if "OfflineModeIsEnabled" not in f"{type(e).__name__}: {e}":
+            raise
+        raise ValueError(
+            f"{e}: a dataset of {', '.join(tasks)} is not in the local Hugging Face cache, and "
+            "layerswap runs offline by default; download it first with `layerswap prefetch "
+            "CONFIG`, or allow downloads with HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0"
+        ) from None
 
 
 def include_list(include_path: str | Path | list | tuple | None) -> list[str]:
