@@ -85,11 +85,18 @@ def dead_writer_temps(out: Path, pid: int, kind: str = "tmp") -> list[Path]:
     Only for a writer known dead: the caller holds `out`'s lock, taken over from `pid`'s stale
     one. Names of any other form (another pid, a user's file) are never returned.
     """
-    name = re.compile(rf"\.{re.escape(out.name)}\.{re.escape(kind)}-{int(pid)}-[0-9a-f]{{8}}")
+    return [p for name, p in dead_writer_siblings(out.parent, pid, kind) if name == out.name]
+
+
+def dead_writer_siblings(parent: Path, pid: int, kind: str) -> list[tuple[str, Path]]:
+    """(output name, path) of every `.NAME.KIND-PID-TAG` in `parent` that the writer `pid` made,
+    whatever the output (a search sets aside four outputs beside the one it locks)."""
+    name = re.compile(rf"\.(.+)\.{re.escape(kind)}-{int(pid)}-[0-9a-f]{{8}}")
     try:
-        return sorted(p for p in out.parent.iterdir() if name.fullmatch(p.name))
+        found = [(m.group(1), p) for p in parent.iterdir() if (m := name.fullmatch(p.name))]
     except OSError:  # the parent is gone or unreadable: nothing of ours to find there
         return []
+    return sorted(found)
 
 
 @contextmanager

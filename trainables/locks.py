@@ -24,7 +24,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -35,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.trainables.atomic import dead_writer_temps
+from layerswap.trainables.atomic import dead_writer_siblings, dead_writer_temps
 
 SUFFIX = ".layerswap.lock"
 # Pids holding locks that this process's tree writes under: children (Ray's processes started
@@ -261,7 +260,7 @@ def _sweep_dead_temps(out: Path, owner: dict) -> None:
             continue
         _remove(tmp)
         _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
-    for name, aside in _replaced_by(out.parent, pid):
+    for name, aside in dead_writer_siblings(out.parent, pid, "replaced"):
         # The user asked for it to be replaced, but the run replacing it never finished: which
         # of the two to keep is theirs to say. Any output beside `out`: a search locks RUN/search
         # and sets aside RUN/promotion, RUN/best and RUN/leaderboard.md with it.
@@ -270,16 +269,6 @@ def _sweep_dead_temps(out: Path, owner: dict) -> None:
             f"left {aside.name}: it holds the {name} that pid {pid} was replacing when it "
             f"stopped; move it back over {out.parent / name} to keep it, or remove it",
         )
-
-
-def _replaced_by(parent: Path, pid: int) -> list[tuple[str, Path]]:
-    """(output name, set-aside path) of every `.NAME.replaced-PID-TAG` in `parent` for `pid`."""
-    name = re.compile(rf"\.(.+)\.replaced-{int(pid)}-[0-9a-f]{{8}}")
-    try:
-        found = [(m.group(1), p) for p in parent.iterdir() if (m := name.fullmatch(p.name))]
-    except OSError:
-        return []
-    return sorted(found)
 
 
 def _settle_swap(out: Path, old: Path, pid: int) -> None:

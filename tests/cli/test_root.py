@@ -101,7 +101,8 @@ def command(args):
     assert "RuntimeError: a library's own bug" in out.stderr  # other unraisables still shown
 
 
-# A command's script prefix: `interrupted_in_callback`, a weakref callback a real SIGINT lands in.
+# A command's script prefix: `ctrl_c_in_a_callback()` sends a real SIGINT that lands in a weakref
+# callback (`interrupted_in_callback`).
 SIGINT_IN_A_CALLBACK = """
 import os, signal, sys, time, weakref
 from layerswap import cli
@@ -112,6 +113,11 @@ class Thing:
 def interrupted_in_callback(ref):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(5)
+
+def ctrl_c_in_a_callback():  # Python drops the KeyboardInterrupt raised in there
+    a = Thing()
+    keep = weakref.ref(a, interrupted_in_callback)
+    del a
 """
 
 
@@ -123,9 +129,7 @@ def test_an_interrupt_a_weakref_callback_swallowed_still_stops_the_command():
         SIGINT_IN_A_CALLBACK
         + """
 def command(args):
-    a = Thing()
-    keep = weakref.ref(a, interrupted_in_callback)
-    del a
+    ctrl_c_in_a_callback()
     for _ in range(300):  # 3 s of the command's own work
         time.sleep(0.01)
     print("finished")
@@ -151,9 +155,7 @@ def command(args):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
     finally:
-        a = Thing()
-        keep = weakref.ref(a, interrupted_in_callback)
-        del a
+        ctrl_c_in_a_callback()
         for _ in range(30):  # the cleanup's own work
             time.sleep(0.01)
         print("cleaned up")
@@ -172,9 +174,7 @@ def test_a_swallowed_interrupt_wakes_a_command_blocked_in_a_wait():
         SIGINT_IN_A_CALLBACK
         + """
 def command(args):
-    a = Thing()
-    keep = weakref.ref(a, interrupted_in_callback)
-    del a
+    ctrl_c_in_a_callback()
     time.sleep(4)
     print("finished")
     return 0
@@ -196,9 +196,7 @@ def test_a_re_send_after_the_command_raised_stays_out_of_the_outcome():
 import argparse
 
 def failing(args):
-    a = Thing()
-    keep = weakref.ref(a, interrupted_in_callback)
-    del a
+    ctrl_c_in_a_callback()
     raise ValueError("the command's own failure")
 
 def working(args):
