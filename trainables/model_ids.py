@@ -45,7 +45,10 @@ _LOCK = threading.Lock()
 # The keys each open `saved_digests` block has used: what it writes back (not every file this
 # process ever hashed, which in a long-lived process may belong to other runs).
 _RECORDERS: list[set[tuple[str, int, int, int]]] = []
-DIGESTS_FORMAT = 1  # saved_digests' file layout; another number is ignored (hashed anew)
+# saved_digests' file layout; another number is ignored (hashed anew). 2: written under the
+# RACY_NS rule below; a format-1 file (written before it) may hold the digest of a file hashed
+# within its write's timestamp tick, so it is not trusted.
+DIGESTS_FORMAT = 2
 # A digest is kept only for a file last modified this long before its hashing began (git's
 # "racily clean" rule): a same-size rewrite within the same timestamp tick as the write before
 # it keeps size, mtime and inode, so the key alone cannot see it. Ticks are a few ms on ext4 and

@@ -216,3 +216,21 @@ def test_a_file_dated_in_the_future_is_still_read_once(tmp_path, monkeypatch):
     monkeypatch.setattr(model_ids, "_file_sha256", lambda p: opened.append(p) or real(p))
     assert len({model_content_id(str(folder)) for _ in range(3)}) == 1
     assert len(opened) == 3  # config.json and two shards, once each
+
+
+def test_a_digest_file_from_before_the_racy_rule_is_not_trusted(experts, tmp_path, monkeypatch):
+    """Format 1 was written before the RACY_NS rule, so it may hold a digest taken while its file
+    was still being written: its entries are ignored, even for a key that matches today."""
+    monkeypatch.setattr(model_ids, "_FILE_DIGESTS", {})
+    truth = model_content_id(str(experts["t"]))
+    monkeypatch.setattr(model_ids, "_FILE_DIGESTS", {})
+    cfg = experts["t"] / "config.json"
+    key = model_ids._file_key(cfg)
+    stale = {"path": key[0], "size": key[1], "mtime_ns": key[2], "inode": key[3], "sha256": "0" * 64}  # fmt: skip
+    ids = tmp_path / "model_ids.json"
+    ids.write_text(json.dumps({"format": 1, "files": [stale]}))
+    with model_ids.saved_digests(ids):
+        assert model_content_id(str(experts["t"])) == truth
+    saved = json.loads(ids.read_text())
+    assert saved["format"] == model_ids.DIGESTS_FORMAT
+    assert "0" * 64 not in {f["sha256"] for f in saved["files"]}
