@@ -190,7 +190,38 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> in
     return 1 if failed else 0
 
 
+# What to type, in the error of a command line that names no experiment (or two).
+_USAGE = "layerswap train EXPERIMENT.yaml [--out RUN_DIR] [--resume [CKPT]]"
+_YAML = (".yaml", ".yml")
+
+
+def experiment_and_resume(args: argparse.Namespace) -> tuple[Path, bool | Path]:
+    """The experiment file and what `--resume` asks for, however the user ordered them.
+
+    `--resume` takes an optional CKPT, so in `train --resume exp.yaml --out RUN` argparse gives
+    exp.yaml to --resume and sees no experiment. A checkpoint is a folder, never a YAML file:
+    a YAML value of --resume is the experiment, and --resume the bare flag.
+
+    Args:
+        args: the parsed `train` command line.
+    Returns:
+        (experiment YAML, resume): resume is False, True (the run in RUN_DIR) or a CKPT folder.
+    """
+    experiment, resume = args.experiment, args.resume
+    if isinstance(resume, Path) and resume.suffix.lower() in _YAML:
+        if experiment is not None:
+            raise ValueError(
+                f"--resume {resume}: CKPT is a checkpoint folder, not a second experiment "
+                f"(the experiment is {experiment}); type {_USAGE}"
+            )
+        experiment, resume = resume, True
+    if experiment is None:
+        raise ValueError(f"train: no experiment YAML given; type {_USAGE}")
+    return experiment, resume
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
+    args.experiment, args.resume = experiment_and_resume(args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.train import train_expert
 
@@ -242,7 +273,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--no-ray) and write HF checkpoints with a manifest every checkpoint_every_samples "
         "samples under RUN_DIR/train/<name>/. A `sweep:` block runs an expert sweep instead.",
     )
-    t.add_argument("experiment", type=Path, help="experiment YAML (see spaces/examples/)")
+    # Optional to argparse only: `--resume exp.yaml` gives it to --resume (experiment_and_resume
+    # takes it back); a command line without one is refused there, saying what to type.
+    t.add_argument(
+        "experiment",
+        nargs="?",
+        type=Path,
+        help="experiment YAML (see spaces/examples/); required, in any place on the line",
+    )
     t.add_argument("--out", type=Path, help="run folder (default: the config's storage_path)")
     t.add_argument("--no-ray", action="store_true", help="train in this process (1 worker)")
     t.add_argument(
@@ -253,7 +291,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=Path,
         metavar="CKPT",
         help="continue the unfinished run of this experiment in RUN_DIR (with --no-ray also: "
-        "start from the checkpoint folder CKPT)",
+        "start from the checkpoint folder CKPT; a YAML file after --resume is the experiment)",
     )
     t.add_argument(
         "--overwrite",
