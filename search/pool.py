@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from layerswap.experts.registry import COLUMNS
+from layerswap.spaces.base import same_model
 from layerswap.spaces.recipe import ExpertSoup
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
@@ -133,6 +134,14 @@ def registry_picks(
         ),
     )
     picks, problems = {}, []
+    if exp.base is None and len(bases := _bases(rows)) > 1:
+        # Layer swapping recombines experts of one base: a registry shared by several models
+        # (one run folder per study) must be narrowed, or the pool would mix them.
+        problems.append(
+            f"{where}: its experts come from {len(bases)} bases ({', '.join(bases)}); set `base` "
+            "to the one whose experts this search merges"
+        )
+        return {}, problems
     for side, kind, given, default, language in sides:
         if given is not None:
             ind = given if given.startswith(IND) else IND + given
@@ -147,13 +156,27 @@ def registry_picks(
         cand = [
             r for r in rows if r["kind"] == kind and (language is None or r["language"] == language)
         ]
+        others = _bases(cand)
+        # A row without a base (a registry written by hand) is not known to differ: kept.
+        cand = [r for r in cand if exp.base is None or not r.get("base") or same_model(r["base"], exp.base)]  # fmt: skip
         if not cand:
-            problems.append(f"{where}: no {kind} experts ({language=})")
+            of_base = f" of base {exp.base} (theirs: {', '.join(others)})" if others else ""
+            problems.append(f"{where}: no {kind} experts ({language=}){of_base}")
             continue
         # Unscored rows go last: -inf, not None, keeps the sort total.
         cand.sort(key=lambda r: -(r.get(ind) if ind and r.get(ind) is not None else -math.inf))
         picks[side] = cand[: src.top_k]
     return picks, problems
+
+
+def _bases(rows: list[dict[str, Any]]) -> list[str]:
+    """The distinct bases the rows were trained from, in file order (one per model: two spellings
+    of one folder count once); rows without one are not counted."""
+    out: list[str] = []
+    for b in (r.get("base") for r in rows):
+        if b and not any(same_model(b, o) for o in out):
+            out.append(b)
+    return out
 
 
 def model_depth(pool: ExpertPool) -> int:

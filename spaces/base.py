@@ -14,6 +14,7 @@ resolves against the working directory).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -287,6 +288,20 @@ def uri_scheme(path: object) -> str | None:
 def is_uri(path: object) -> bool:
     """Whether `path` is a URI (`scheme://...`, file:// included) rather than a plain path."""
     return path is not None and uri_scheme(path) is not None
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model references name one model: equal strings, or two spellings of one local
+    folder (relative, `..`, symlinks). URIs and Hub ids are compared as written.
+
+    Args:
+        a, b: checkpoint folders, Hub ids or URIs (e.g. a registry row's `base` and a search's).
+    """
+    if a == b:
+        return True
+    if is_uri(a) or is_uri(b):
+        return False
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def resolve_local(value: object, root: Path) -> object:

@@ -15,11 +15,10 @@ padding, communication, checkpoints). Tests: .venv/bin/pytest -q tests/study/
 
 from __future__ import annotations
 
-import os
-
 from layerswap.search import preflight_tasks
 from layerswap.search.fidelity import policy_of
 from layerswap.search.promote import promotion_tasks, shot_groups
+from layerswap.spaces.base import same_model
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
 from layerswap.spaces.task_families import is_world_task
@@ -240,10 +239,9 @@ def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[in
     if exp.experts is None:
         return len(exp.task_experts), len(exp.language_experts), exp.base
     src, lang = exp.experts, exp.experts.language or exp.language
-    # A study may hold several models: a search merges only experts of its own base (a local
-    # base may be named relative in one file and absolute, or through a link, in another;
-    # realpath leaves equal Hub ids equal).
-    ours = [e for e in ctx.loaded.experts if exp.base is None or os.path.realpath(exp.base) == os.path.realpath(e.experiment.base)]  # fmt: skip
+    # A study may hold several models: a search merges only experts of its own base (the rule of
+    # search.pool.registry_picks, which the search applies to the registry's rows).
+    ours = [e for e in ctx.loaded.experts if exp.base is None or same_model(exp.base, e.experiment.base)]  # fmt: skip
     of_base = f" of base {exp.base}" if exp.base else ""
     sides = []
     for kind, language in (("math", None), ("language", lang)):

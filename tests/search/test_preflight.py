@@ -133,6 +133,40 @@ def test_registry_picks_are_checked(tiny_world, paths, tmp_path):
         resolve_pool(exp)
 
 
+def test_a_registry_of_several_bases_is_narrowed_to_the_searchs(tiny_world, paths, tmp_path):
+    """One run folder's registry may hold the experts of two models: the pool takes only the
+    experts of the search's `base` (any spelling of it), and without a `base` asks for one."""
+    from layerswap.experts.registry import append_rows, read_rows
+
+    reg = expert_registry(paths, tmp_path)
+    other_model = tmp_path / "qwen_base"
+    # The other model's experts score better: top_k=1 would take them if the base were ignored.
+    rows = [
+        r
+        | {"expert_id": f"q{i}", "base": str(other_model), "path": str(tmp_path / f"q{i}")}
+        | {k: 0.99 for k in r if k.startswith("ind__")}
+        for i, r in enumerate(read_rows(reg))
+    ]
+    append_rows(reg, rows)
+    link = tmp_path / "base_link"
+    link.symlink_to(paths["base"].resolve())
+    over = dict(task_experts=[], language_experts=[], experts={"registry": str(reg), "top_k": 1})
+    for spelling in (str(paths["base"]), str(link)):
+        exp = experiment(tiny_world, paths, **over, base=spelling)
+        assert check_search(exp) == []
+        pool = resolve_pool(exp)
+        assert [r.path for r in pool.task] == [str(paths["task"].resolve())]
+        assert [r.path for r in pool.language] == [str(paths["language"].resolve())]
+    uniform = {"weighting": ["uniform"]}  # magnitude weighting needs `base` on its own
+    exp = experiment(tiny_world, paths, **over, base=None, space=uniform)
+    _only(check_search(exp), f"experts.registry {reg}: its experts come from 2 bases (", str(other_model), "set `base`")  # fmt: skip
+    with pytest.raises(ValueError, match="2 bases"):
+        resolve_pool(exp)
+    exp = experiment(tiny_world, paths, **over, base=str(tmp_path / "neither"))
+    problems = check_search(exp)
+    assert any(f"no math experts (language=None) of base {tmp_path / 'neither'} (theirs: " in p for p in problems), problems  # fmt: skip
+
+
 def test_base_missing_or_without_config(tiny_world, paths, tmp_path):
     exp = experiment(tiny_world, paths, base=str(tmp_path / "runs/world/base"))
     _only(check_search(exp), f"base {tmp_path / 'runs/world/base'}: no such folder")
