@@ -18,6 +18,7 @@ import torch
 from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe
 from layerswap.spaces.zones import layer_map, paper_default
 from layerswap.trainables.atomic import temp_sibling
+from layerswap.trainables.locks import writing
 from layerswap.trainables.merge.checkpoint import Checkpoint
 from layerswap.trainables.merge.engine import merge_to_disk
 from layerswap.trainables.model_ids import content_recipe_id
@@ -53,8 +54,13 @@ def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     """
     out = Path(out)
     check_output(out, "merge-demo", overwrite=overwrite)
-    with replacing([out]), _removed_unless_finished(out):
-        _run(out)
+    # One writer from the first change to the last stage: setting an earlier demo aside is
+    # already a write, stages 2-4 write into `out` after output_dir's own lock is released, and
+    # the failure path removes `out`, which must never be another writer's demo.
+    with writing(out):
+        check_output(out, "merge-demo", overwrite=overwrite)  # again, under the lock
+        with replacing([out]), _removed_unless_finished(out):
+            _run(out)
 
 
 @contextmanager

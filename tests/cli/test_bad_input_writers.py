@@ -148,6 +148,25 @@ def test_eval_out_beside_a_running_one(env: Env, cli, tree_state, tripwires, cap
     assert not Path(out).exists() and not _lock_of(out).exists() and not leftovers(env.tmp)
 
 
+def test_merge_demo_beside_a_running_one(env: Env, cli, tree_state, monkeypatch, capsys):
+    """A merge-only demo wrote its stages 2-4 into its folder after releasing the lock, so a
+    second `--overwrite` then set the first's demo aside and built its own, which the first,
+    failing, would remove; now the whole demo holds the lock and the second is refused."""
+    out = env.at("md")
+    first = cli("demo", "--merge-only", "--out", out)
+    first.wait_for(lambda: "[2/4]" in first.stdout, "its stage 2", timeout=180)
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    monkeypatch.setattr("layerswap.demo.merge_only.make_tiny_family", lambda *a, **k: pytest.fail("the second demo got to work"))  # fmt: skip
+    before = tree_state(env.tmp)
+    code, err = _run(["demo", "--merge-only", "--out", out, "--overwrite"], capsys)
+    _refused_by(first, code, err, out, "demo")
+    assert not _changes(before, tree_state(env.tmp))
+    os.kill(first.proc.pid, signal.SIGCONT)
+    assert first.finish() == 0, first.tail()
+    assert (Path(out) / "merged" / "config.json").is_file()
+    assert not _lock_of(out).exists() and not leftovers(env.tmp)
+
+
 @pytest.mark.slow
 def test_search_resume_beside_a_running_search(env: Env, cli, ray_tmp, tree_state, tripwires, capsys):  # fmt: skip
     """`search --resume` beside a live search crashed one of them and finished trials vanished
