@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from layerswap.spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
-from layerswap.spaces.sweep import ExpertKind, SweepConfig
+from layerswap.spaces.sweep import LANG_CODES, WORLD_LANGUAGES, ExpertKind, SweepConfig
 from layerswap.spaces.train_modes import MODE_NAMES, Mode
 from layerswap.spaces.train_settings import (
     Debug,
@@ -83,6 +84,61 @@ def _shorthand_schema(schema: dict) -> None:
             props[key]["default"] = full.pop("default")
 
 
+# The embedded world's SFT files name their language: data/sft/math_en.jsonl (English math
+# problems) and data/sft/lang_<code>.jsonl (world/data.py make_datasets writes them).
+_WORLD_SFT = re.compile(r"(?:^|/)data/sft/(?:math_(en)|lang_([a-z]+))\.jsonl$")
+
+
+def _same_language(code: str) -> str | None:
+    """What a language code names, comparably: every spelling of one language maps to the
+    same value (sw, swh, swa; en, eng); None for a code the project does not know."""
+    key = code.strip().lower()
+    if key in LANG_CODES:
+        return LANG_CODES[key][0]  # the FLORES code, one per language
+    return key if key in WORLD_LANGUAGES else None
+
+
+def stated_language(spec: DatasetSpec) -> str | None:
+    """The language a dataset states: a source's `language`, or a world SFT file's name.
+
+    Args:
+        spec: one dataset of an experiment.
+    Returns:
+        the code as the dataset writes it, or None where it states none (a registered source's
+        own default language is the trainer's to know, in trainables/train/sources.py).
+    """
+    if spec.source is not None:
+        return spec.language
+    m = _WORLD_SFT.search(str(spec.path))
+    code = m and (m.group(1) or m.group(2))
+    return code if code in WORLD_LANGUAGES else None
+
+
+def language_contradiction(language: str, datasets: list[DatasetSpec]) -> str | None:
+    """Why `language` certainly contradicts the data, or None.
+
+    Certain only when every dataset states a known language and none is `language`: one dataset
+    of unknown language may be in it, and a mix (English math plus xa data) is an xa expert.
+
+    Args:
+        language: the experiment's `language`.
+        datasets: its datasets.
+    Returns:
+        the message naming the field and both languages, or None.
+    """
+    stated = [stated_language(d) for d in datasets]
+    known = [_same_language(c) if c is not None else None for c in stated]
+    mine = _same_language(language)
+    if mine is None or None in known or mine in known:
+        return None
+    data = ", ".join(f"datasets[{i}] ({d.label}) is {c} data" for i, (d, c) in enumerate(zip(datasets, stated, strict=True)))  # fmt: skip
+    return (
+        f"language: {language}, but {data}; the expert registry would list this expert as "
+        f"{language} and a search for {language} would pick it. Set language to the data's "
+        f"({' or '.join(dict.fromkeys(c for c in stated if c))}) or train on {language} data"
+    )
+
+
 class TrainExperiment(StrictModel):
     """One expert training run (`layerswap train FILE`): base, data, mode, hyperparameters.
 
@@ -99,7 +155,8 @@ class TrainExperiment(StrictModel):
     kind: ExpertKind
     """What the expert is for: "math" (the task expert) or "language"."""
     language: str = Field(min_length=1)
-    """The expert's language code (e.g. "en", "xa", "sw"); a search picks experts by it."""
+    """The expert's language code (e.g. "en", "xa", "sw"); a search picks experts by it. It
+    must be a language its datasets state, where they all state one."""
     datasets: list[DatasetSpec] = Field(min_length=1, max_length=2)
     """The training data: one dataset, or two for the simultaneous and mix modes."""
     mode: Mode
@@ -152,6 +209,8 @@ class TrainExperiment(StrictModel):
         if not two and len(self.datasets) != 1:
             raise ValueError(f"mode {self.mode.type}: takes 1 dataset, got {len(self.datasets)} (use mix for a union)")  # fmt: skip
         self._check_scaling()
+        if (contradiction := language_contradiction(self.language, self.datasets)) is not None:
+            raise ValueError(contradiction)
         if self.sweep is not None:
             for key in self.sweep.params:
                 _check_path(self, key)

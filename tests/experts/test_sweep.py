@@ -73,7 +73,8 @@ def test_setup_resolves_world_tasks_and_executor(world, tmp_path):
     assert setup.storage == str((tmp_path / "train").resolve())
     two = experiment(world, {"params": SPACE}, scaling={"num_workers": 2})
     assert set_up_sweep(two, tmp_path).executor == "ray_train"
-    lang = experiment(world, {"params": SPACE}, kind="language", language="xa")
+    xa = [{"path": str(world / "data/sft/lang_xa.jsonl")}]
+    lang = experiment(world, {"params": SPACE}, kind="language", language="xa", datasets=xa)
     assert set_up_sweep(lang, tmp_path).tasks == ["world_belebele_xa_dev"]
     with pytest.raises(ValueError, match="no sweep"):
         set_up_sweep(experiment(world, None), tmp_path)
@@ -92,7 +93,8 @@ def test_relative_paths_are_resolved_in_the_driver(world, tmp_path, monkeypatch)
 
 def test_real_base_uses_builtin_tasks(world, tmp_path):
     exp = experiment(world, {"params": SPACE}, base="meta-llama/Llama-3.1-8B-Instruct")
-    exp = exp.model_copy(update={"language": "swh", "kind": "language"})
+    swh = [exp.datasets[0].model_copy(update={"path": None, "source": "aya", "language": "swh"})]
+    exp = exp.model_copy(update={"language": "swh", "kind": "language", "datasets": swh})
     setup = set_up_sweep(exp, tmp_path)
     assert setup.tasks == ["belebele_swh_Latn"] and setup.include_path is None
 
