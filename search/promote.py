@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from layerswap.search.leaderboard import leaderboard
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
+from layerswap.search.promote_kept import KEY, fingerprint, kept_raws, raw_path
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe
@@ -276,19 +277,26 @@ def _evaluate_models(
     for name, kind, rid, what in setup.models:
         t0 = time.perf_counter()
         try:
-            live.load_ref(what) if isinstance(what, str) else live.load(what)
-            raws: dict[str, dict] = {}  # task -> the lm-eval result that scored it
-            for g, (shots, tasks) in enumerate(setup.groups):
-                raw = _evaluate_group(exp, setup, batches, g, shots, tasks, progress, verbose)
-                raws.update(dict.fromkeys(tasks, raw))
+            prints = {t: fingerprint(exp, rid, what, t, shots) for shots, ts in setup.groups for t in ts}  # fmt: skip
+            # An earlier promotion of this run (interrupted, or resumed with another budget)
+            # that evaluated this model the same way: its results stand, nothing is loaded.
+            raws = kept_raws(setup.pdir, name, prints)
+            kept = raws is not None
+            if raws is None:
+                live.load_ref(what) if isinstance(what, str) else live.load(what)
+                raws = {}  # task -> the lm-eval result that scored it
+                for g, (shots, tasks) in enumerate(setup.groups):
+                    raw = _evaluate_group(exp, setup, batches, g, shots, tasks, progress, verbose)
+                    raws.update(dict.fromkeys(tasks, raw))
         except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
             ev.failed[name] = f"{type(e).__name__}: {e}"
             print(f"promotion: {name}: failed: {ev.failed[name]}", flush=True)
             continue
-        _record_model(ev, setup, raws, name, kind, rid, what)
+        _record_model(ev, setup, raws, name, kind, rid, what, prints)
         if progress:
+            took = "kept from the earlier promotion" if kept else f"{time.perf_counter() - t0:.1f}s"
             print(
-                f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({time.perf_counter() - t0:.1f}s)",
+                f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({took})",
                 flush=True,
             )
     return ev
@@ -327,16 +335,17 @@ def _evaluate_group(exp, setup: _Setup, batches: dict, g: int, shots, tasks: lis
 
 def _record_model(
     ev: _Evaluation, setup: _Setup, raws: dict[str, dict], name: str, kind: str, rid: str | None,
-    what: object,
+    what: object, prints: dict[str, dict],
 ) -> None:  # fmt: skip
     """One model's lm-eval results (raws: task -> result): promotion/lm_eval/<name>/<task>.json,
-    its scores and rows. `what` is the checkpoint ref or the recipe the model was built from."""
+    its scores and rows. `what` is the checkpoint ref or the recipe the model was built from;
+    `prints` the per-task fingerprints a resumed promotion checks (search/promote_kept.py)."""
     for task in setup.tasks:
         raw = raws[task]
-        path = setup.pdir / "lm_eval" / name / f"{task}.json"
+        path = raw_path(setup.pdir, name, task)
         path.parent.mkdir(parents=True, exist_ok=True)
         split = _split_raw(raw, task)
-        split["config"] = {**split.get("config", {}), **_evaluated_model(name, rid, what)}
+        split["config"] = {**split.get("config", {}), **_evaluated_model(name, rid, what), KEY: prints[task]}  # fmt: skip
         atomic_write_text(path, json.dumps(split, ensure_ascii=False, indent=1))
         metric, filt = score_key(raw, task)
         value = float(raw["results"][task][f"{metric},{filt}"])

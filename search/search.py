@@ -124,7 +124,7 @@ def _check_search_dir(
         same = saved.exists() and search_identity(_saved_experiment(saved)) == search_identity(exp)
         raise OutputError(
             f"{sdir}: a search of this experiment exists; pass --resume to continue it (a "
-            "finished one is only promoted again) or --overwrite to start over"
+            "finished one is only promoted, keeping every model already evaluated) or --overwrite to start over"
             if same
             else f"{sdir}: a search of a different experiment exists; pass --overwrite to "
             "start over (the old one is kept until the new one finishes) or choose another --out"

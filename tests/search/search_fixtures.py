@@ -147,3 +147,26 @@ def expert_registry(paths: dict[str, Path], out: Path, language: str = "xa") -> 
     path = out / "experts" / "registry.parquet"
     append_rows(path, [row("task", "math", "en", 0.5, 0.3), row("language", "language", language, 0.1, 0.6)])  # fmt: skip
     return path
+
+
+def one_trial_run(root: Path, paths: dict[str, Path]) -> tuple[Path, str]:
+    """RUN with a search/trials.parquet of one ok trial, as the search would have left it."""
+    from layerswap.search.results import TrialStore
+    from layerswap.spaces.recipe import LayerSwapRecipe, dump_recipe
+    from layerswap.trainables.model_ids import content_recipe_id
+
+    recipe = LayerSwapRecipe(
+        method="layer_swap",
+        task_expert=str(paths["task"]),
+        language_expert=str(paths["language"]),
+        base=str(paths["base"]),
+        bottom=1,
+        top=0,
+    )
+    rid = content_recipe_id(recipe)  # the id the search gives a trial
+    store = TrialStore(root / "run" / "search" / "trials.parquet")
+    store.append(
+        {"trial_id": "0000", "recipe_id": rid, "recipe_yaml": dump_recipe(recipe, rid),
+         "method": "layer_swap", "status": "ok", "fidelity": 8, "objective": 0.5}
+    )  # fmt: skip
+    return root / "run", rid

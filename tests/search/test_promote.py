@@ -13,13 +13,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from search_fixtures import experiment, make_experts
+from search_fixtures import experiment, make_experts, one_trial_run
 
 from layerswap.search.pool import model_depth, resolve_pool
 from layerswap.search.promote import RESULT_COLUMNS, _models, promote, shot_groups
-from layerswap.search.results import TrialStore
 from layerswap.spaces.errors import RunFailed
-from layerswap.spaces.recipe import LayerSwapRecipe, dump_recipe, recipe_id
+from layerswap.spaces.recipe import recipe_id
 from layerswap.trainables.evaluate.harness import resolve_device
 from layerswap.trainables.model_ids import content_recipe_id
 
@@ -33,25 +32,6 @@ PROXIES = [{"task": BELE, "chance": 0.25}, {"task": MGSM}]
 @pytest.fixture(scope="module")
 def experts(tiny_world, tmp_path_factory) -> dict[str, Path]:
     return make_experts(tiny_world, tmp_path_factory.mktemp("promote") / "experts")
-
-
-def _run_dir(root: Path, paths: dict[str, Path]) -> tuple[Path, str]:
-    """RUN with a search/trials.parquet of one ok trial, as the search would have left it."""
-    recipe = LayerSwapRecipe(
-        method="layer_swap",
-        task_expert=str(paths["task"]),
-        language_expert=str(paths["language"]),
-        base=str(paths["base"]),
-        bottom=1,
-        top=0,
-    )
-    rid = content_recipe_id(recipe)  # the id the search gives a trial
-    store = TrialStore(root / "run" / "search" / "trials.parquet")
-    store.append(
-        {"trial_id": "0000", "recipe_id": rid, "recipe_yaml": dump_recipe(recipe, rid),
-         "method": "layer_swap", "status": "ok", "fidelity": 8, "objective": 0.5}
-    )  # fmt: skip
-    return root / "run", rid
 
 
 def test_shot_groups(tiny_world, experts):
@@ -82,7 +62,7 @@ def test_baseline_ids_are_content_ids(tiny_world, experts, tmp_path):
 
 def test_unusable_device_fails_before_any_model(tiny_world, experts, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    run, _ = _run_dir(tmp_path, experts)
+    run, _ = one_trial_run(tmp_path, experts)
     exp = experiment(tiny_world, experts, promote={"device": "cuda"})
     with pytest.raises(ValueError, match=r"device 'cuda': torch .* sees no usable CUDA GPU"):
         promote(exp, run, progress=False)
@@ -90,7 +70,7 @@ def test_unusable_device_fails_before_any_model(tiny_world, experts, tmp_path, m
 
 
 def test_promote_on_the_auto_device(tiny_world, experts, tmp_path):
-    run, rid = _run_dir(tmp_path, experts)
+    run, rid = one_trial_run(tmp_path, experts)
     exp = experiment(
         tiny_world,
         experts,
@@ -149,7 +129,7 @@ def test_out_of_memory_halves_the_batch_and_promotion_completes(tiny_world, expe
 
     seen: list[int] = []
     monkeypatch.setattr(harness, "evaluate", _oom_above(2, seen))
-    run, rid = _run_dir(tmp_path, experts)
+    run, rid = one_trial_run(tmp_path, experts)
     exp = experiment(
         tiny_world, experts, proxies=[PROXIES[0]],
         promote={"top_k": 1, "limit": 8, "max_gen_toks": 2, "baselines": ["base"],
@@ -173,7 +153,7 @@ def test_every_model_failing_is_an_error_with_the_reasons(tiny_world, experts, t
         raise ValueError("tokenizer has no pad token (simulated)")
 
     monkeypatch.setattr(harness, "evaluate", broken)
-    run, rid = _run_dir(tmp_path, experts)
+    run, rid = one_trial_run(tmp_path, experts)
     exp = experiment(tiny_world, experts, promote={"top_k": 1, "limit": 2, "baselines": ["base"], "write_best": False})  # fmt: skip
     with pytest.raises(RunFailed, match="every model's evaluation failed") as e:
         promote(exp, run, progress=False)

@@ -1,0 +1,88 @@
+"""A resumed promotion keeps every model an earlier one evaluated the same way, and evaluates the
+rest: a missing or broken result file, a changed `promote` budget, a checkpoint whose content
+changed (search/promote_kept.py).
+
+Run: .venv/bin/python -m pytest -q tests/search/test_promote_kept.py   (about 30 s)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from search_fixtures import experiment, make_experts, one_trial_run
+
+from layerswap.search.promote import promote
+from layerswap.trainables.evaluate import harness
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TARGET = "world_mgsm_direct_xa"
+PROXY = [{"task": "world_belebele_xa_dev", "chance": 0.25}]
+
+
+@pytest.fixture
+def run(tiny_world, tmp_path):
+    """(experiment, RUN, candidate name, experts) after one full promotion of RUN."""
+    paths = {k: Path(shutil.copytree(v, tmp_path / "experts" / k)) for k, v in make_experts(tiny_world, tmp_path / "made").items()}  # fmt: skip
+    run_dir, rid = one_trial_run(tmp_path, paths)
+    exp = experiment(tiny_world, paths, proxies=PROXY, promote={"top_k": 1, "limit": 2, "max_gen_toks": 4, "baselines": ["base"], "num_fewshot": 0, "write_best": False})  # fmt: skip
+    promote(exp, run_dir, progress=False)
+    return exp, run_dir, f"candidate_{rid}", paths
+
+
+def _counted(monkeypatch) -> list[tuple]:
+    """Patch lm-eval's entry point to record the tasks of each call (one per shot group)."""
+    seen: list[tuple] = []
+    real = harness.evaluate
+
+    def evaluate(model, tasks, *a, **kw):
+        seen.append(tuple(tasks))
+        return real(model, tasks, *a, **kw)
+
+    monkeypatch.setattr(harness, "evaluate", evaluate)
+    return seen
+
+
+def _values(rows: list[dict]) -> dict:
+    return {(r["model"], r["task"]): r["value"] for r in rows}
+
+
+def test_a_second_promotion_keeps_every_model(run, monkeypatch, capsys):
+    exp, run_dir, cand, _ = run
+    first = json.loads((run_dir / "promotion" / "lm_eval" / cand / f"{TARGET}.json").read_text())
+    seen = _counted(monkeypatch)
+    res = promote(exp, run_dir, progress=True)
+    assert seen == []  # nothing evaluated again
+    out = capsys.readouterr().out
+    assert out.count("(kept from the earlier promotion)") == 2, out
+    again = json.loads((run_dir / "promotion" / "lm_eval" / cand / f"{TARGET}.json").read_text())
+    assert again == first  # the raw result, as lm-eval wrote it
+    assert res.best_model == cand and len(res.rows) == 2 * 3  # 2 models x target, dev, held-out
+
+
+def test_only_a_model_without_a_whole_result_is_evaluated(run, monkeypatch):
+    exp, run_dir, _, _ = run
+    before = _values(promote(exp, run_dir, progress=False).rows)
+    (run_dir / "promotion" / "lm_eval" / "base" / f"{TARGET}.json").write_text('{"config": ')
+    seen = _counted(monkeypatch)
+    res = promote(exp, run_dir, progress=False)
+    assert len(seen) == 1  # one shot group of the base: the candidate was kept
+    assert _values(res.rows) == before  # the same items, the same scores
+
+
+def test_another_budget_or_changed_checkpoint_is_evaluated_again(run, monkeypatch):
+    exp, run_dir, _, paths = run
+    seen = _counted(monkeypatch)
+    more = exp.model_copy(update={"promote": exp.promote.model_copy(update={"limit": 3})})
+    res = promote(more, run_dir, progress=False)
+    assert len(seen) == 2 and {r["n_items"] for r in res.rows} == {3}
+    seen.clear()
+    cfg = paths["base"] / "config.json"
+    cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"layerswap_test_note": 1}))
+    promote(more, run_dir, progress=False)
+    # The base baseline is a checkpoint: its content id changed, so it is evaluated again; the
+    # candidate is known by the recipe id its trial was scored under, and kept.
+    assert len(seen) == 1
