@@ -1,15 +1,43 @@
-"""Model cards (README.md) for merged models: what was merged, how, and how to rebuild it."""
+"""Model cards (README.md) for merged models: what was merged, how, and how to rebuild it.
+
+`model_card(recipe, num_layers, rid)` -> Markdown with Hugging Face front matter. Tests:
+.venv/bin/python -m pytest -q tests/trainables/merge/test_modelcard_base.py
+"""
 
 from __future__ import annotations
 
-import yaml
+from pathlib import Path
 
+import yaml
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from layerswap.spaces.base import is_uri
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict
 from layerswap.spaces.zones import layer_map
 
 
 def _ref(ref) -> str:
     return ref if isinstance(ref, str) else " + ".join(ref.soup) + f" (soup, {ref.weights})"
+
+
+def is_hub_model_id(ref: str) -> bool:
+    """Whether `ref` is a Hub model id the card's `base_model` may carry.
+
+    The Hub takes only model ids there (docs/hub/model-cards, "Specifying a base model") and
+    refuses the card otherwise. An id is `owner/name` (a bare name is as likely a folder here),
+    valid by huggingface_hub's own rule, and not a local path: no leading `.`, `/` or `~`
+    (trainables.merge.engine.resolve_ref's rule), not a URI, nothing of that name on disk.
+    """
+    if is_uri(ref) or ref.count("/") != 1 or ref.startswith((".", "/", "~")):
+        return False
+    if Path(ref).expanduser().exists():
+        return False
+    try:
+        validate_repo_id(ref)
+    except HFValidationError:
+        return False
+    return True
 
 
 def model_card(recipe: Recipe, num_layers: int, rid: str) -> str:
@@ -23,10 +51,12 @@ def model_card(recipe: Recipe, num_layers: int, rid: str) -> str:
         Markdown text.
     """
     front = {"library_name": "transformers", "tags": ["merge", "layerswap", recipe.method]}
-    if recipe.base is not None:
+    if recipe.base is not None and is_hub_model_id(recipe.base):
         front["base_model"] = recipe.base
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
     lines += [f"# layerswap merge `{rid}`", "", f"Method: `{recipe.method}`.", ""]
+    if recipe.base is not None:  # a local base is named here only (see is_hub_model_id)
+        lines += [f"- base: `{recipe.base}`"]
     if isinstance(recipe, LayerSwapRecipe):
         lines += [
             f"- task expert: `{_ref(recipe.task_expert)}`",

@@ -135,7 +135,9 @@ def test_output_is_a_complete_loadable_model(family, tmp_path):
     card = (out / "README.md").read_text()
     assert card.startswith("---\n")
     front = yaml.safe_load(card.split("---")[1])
-    assert "layerswap" in front["tags"] and front["base_model"] == family.ref("base")
+    assert "layerswap" in front["tags"]
+    # a local base is no Hub model id: named in the body, never as the Hub's base_model
+    assert "base_model" not in front and f"- base: `{family.ref('base')}`" in card
     rid = content_recipe_id(recipe)  # one id in the card, the recipe file and the marker
     assert f"# layerswap merge `{rid}`" in card and recipe_id(recipe) not in card
     assert (out / RECIPE_FILE).read_text().startswith(f"# layerswap recipe {rid}\n")
