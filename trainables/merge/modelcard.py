@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import HFValidationError, validate_repo_id  # transformers' dependency
 
 from layerswap.spaces.base import is_uri
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict
