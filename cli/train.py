@@ -250,7 +250,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if not is_uri(storage):
         check_run_folder(exp, Path(storage) / exp.name)
     last = train_expert(
-        exp, storage, use_ray=not args.no_ray, resume=args.resume, overwrite=args.overwrite
+        exp,
+        storage,
+        use_ray=not args.no_ray,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        verbose=args.verbose,
     )
     where = f"{storage.rstrip('/')}/{exp.name}"
     print(f"trained {exp.name} ({exp.mode.type}); checkpoints under {where}")
@@ -313,8 +318,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument(
         "--verbose",
         action="store_true",
-        help="an expert sweep: also Ray Tune's own output (its configuration box, status tables, "
-        "the trials' logs) and Ray's and Optuna's notices (default: the sweep's summary only)",
+        help="also Ray's own output: its workers' and controller's logs and its notices; an "
+        "expert sweep also Ray Tune's (its configuration box, status tables, the trials' logs) "
+        "and Optuna's (default: layerswap's progress lines and summary, warnings and errors)",
     )
     t.set_defaults(func=_cmd_train)
     return t

@@ -29,6 +29,7 @@ ALLOWED = {
 RAY_ALLOWED = {
     "trainables/train/ray_train.py",
     "trainables/train/ray_failures.py",  # ray_train's adapter to Ray Train's private failure API
+    "trainables/train/ray_progress.py",  # ray_train's progress lines: a Ray queue to the driver
     "trainables/ray_session.py",
 }
 

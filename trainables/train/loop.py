@@ -79,6 +79,19 @@ def _checkpoint(
     return path
 
 
+def _progress(run: _Run, samples: int) -> dict:
+    """The report's totals and throughput: what the progress line (trainables/train/progress.py)
+    prints besides the step's own numbers. samples/s is this process's mean since its training
+    loop started (a resumed run counts from its resume point)."""
+    batch = run.exp.hyper.batch_size
+    elapsed = max(time.time() - run.t0, 1e-9)
+    return {
+        "total_steps": run.total,
+        "total_samples": run.total * batch,
+        "samples_per_s": (samples - run.start * batch) / elapsed,
+    }
+
+
 def run_training(
     exp: TrainExperiment,
     *,
@@ -94,7 +107,8 @@ def run_training(
         workdir: this process's output folder (rank 0 writes checkpoints there).
         resume_from: a checkpoint dir written by this function; training continues at its step.
         report: callable(metrics: dict, checkpoint: Path | None), called on every rank at each
-            log step and checkpoint (checkpoint set on rank 0 only).
+            log step and checkpoint (checkpoint set on rank 0 only); the metrics carry what the
+            progress line prints (trainables/train/progress.py).
         device: default cuda:$LOCAL_RANK when scaling.use_gpu and CUDA is there, else cpu.
     Returns:
         TrainResult.
@@ -151,7 +165,7 @@ def run_training(
         ckpt_due = checkpoint_due(exp, done, samples, total)
         if not (ckpt_due or done % h.log_every == 0):
             continue
-        metrics = _metrics(run, out, done, samples, ckpt_due)
+        metrics = _metrics(run, out, done, samples, ckpt_due) | _progress(run, samples)
         path = _checkpoint(run, result, metrics, done, samples, out.lr) if ckpt_due else None
         if report is not None:
             report(metrics, path)

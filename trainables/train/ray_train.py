@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.ray_failures import OwnErrorsTrainer, quiet_own_errors
+from layerswap.trainables.train.ray_progress import printing, sender
 from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
@@ -139,7 +140,14 @@ def _worker(config: dict) -> None:
     # reports a checkpoint and the uploads merge (Ray's own upload merges in cloud storage).
     merged = exp.scaling.strategy == "fsdp" and ctx.get_world_size() > 1
 
+    progress = sender(config.get("progress")) if ctx.get_world_rank() == 0 else None
+
     def report(metrics: dict, path: Path | None) -> None:
+        forward(metrics, path)
+        if progress is not None:  # after the upload: the line names a checkpoint that is there
+            progress(metrics, path)
+
+    def forward(metrics: dict, path: Path | None) -> None:
         # `checkpoint` is set on every rank at a checkpoint step (only rank 0 has the path), so
         # all ranks take the same branch and make the same number of report calls.
         if not metrics.get("checkpoint"):
@@ -191,7 +199,7 @@ class RayTrainResult:
     error: str | None
 
 
-def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, callbacks=None, min_report_interval_s: float = 2.0) -> OwnErrorsTrainer:  # fmt: skip
+def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, callbacks=None, min_report_interval_s: float = 2.0, progress=None) -> OwnErrorsTrainer:  # fmt: skip
     """The TorchTrainer for an experiment (not yet fitted); a deterministic worker error
     (training turned non-finite) is not retried, whatever `failure.max_failures` allows.
 
@@ -202,6 +210,8 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         callbacks: Ray Train callbacks (e.g. a Tune report callback for nested sweeps).
         min_report_interval_s: metric-only reports closer together than this are dropped
             (0: forward every log step; each may then block up to Ray's ~2 s poll).
+        progress: a channel of trainables/train/ray_progress.printing: the rank 0 worker puts
+            its progress lines there (None: no lines).
     """
 
     exp = absolute_local_paths(exp)  # workers do not share the driver's working folder
@@ -224,6 +234,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
             "experiment": experiment_json(exp),
             "threads": s.cpus_per_worker,
             "min_report_interval_s": min_report_interval_s,
+            "progress": progress,
             **local,
         },
         # CPU tensors take gloo on GPU workers too: the report flag broadcast, and FSDP's
@@ -295,13 +306,25 @@ def _fit_signals() -> Iterator[None]:
 def _fit_interruptibly(trainer: OwnErrorsTrainer):
     """`trainer.fit()`; in a driver's main thread SIGINT stops it with KeyboardInterrupt and
     SIGTERM with SystemExit(SIGTERM). Elsewhere (a Ray task, a Tune trial) it runs as it is."""
-    if not ray.is_initialized():
-        init_ray()
     in_ray_worker = ray.get_runtime_context().worker.mode == ray.WORKER_MODE
     if in_ray_worker or threading.current_thread() is not threading.main_thread():
         return trainer.fit()
     with _fit_signals():
         return trainer.fit()
+
+
+def _start_ray(verbose: bool) -> bool:
+    """Start (or join, RAY_ADDRESS) Ray unless this process already has; unless `verbose`,
+    without Ray's output: its workers' and controller's logs (Ray Train's report lines, weight
+    loading bars, the placement group cleaner's notices every few seconds) and its INFO log.
+    Warnings and errors still show; a worker's error reaches the caller as the run's error.
+
+    Returns:
+        whether this process is a driver (its stdout is the user's), not a Ray task.
+    """
+    if not ray.is_initialized():
+        init_ray(verbose=verbose, log_to_driver=verbose, configure_logging=verbose)
+    return ray.get_runtime_context().worker.mode != ray.WORKER_MODE
 
 
 def raise_own_error(e: Exception) -> None:
@@ -313,23 +336,28 @@ def raise_own_error(e: Exception) -> None:
             raise type(err)(str(err)) from None
 
 
-def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0) -> RayTrainResult:  # fmt: skip
+def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, name: str | None = None, min_report_interval_s: float = 2.0, progress: bool = False, verbose: bool = False) -> RayTrainResult:  # fmt: skip
     """Fit one TorchTrainer for `exp` and return where its last checkpoint is.
 
-    Args: as for `trainer_for`.
+    Args: as for `trainer_for`, and
+        progress: print the progress lines (trainables/train/progress.py) on stdout; only in a
+            driver (a Ray task's stdout is no user's).
+        verbose: where this call starts Ray: also Ray's own output (see _start_ray).
     Returns:
         RayTrainResult (error is set instead of raising when the run failed for good).
     """
 
-    trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s)  # fmt: skip
     where = storage_path or exp.storage_path
+    run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
     # Ray names cloud paths inside their filesystem ("bucket/key"): given back as URIs.
     as_path = (lambda p: uri_of(where, p)) if is_uri(where) else Path
+    in_driver = _start_ray(verbose)
     try:
-        result = _fit_interruptibly(trainer)
+        with printing(run) if progress and in_driver else nullcontext() as channel:
+            trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s, progress=channel)  # fmt: skip
+            result = _fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
         raise_own_error(e)
-        run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
         return RayTrainResult(None, {}, run, repr(e))
     ckpt = as_path(result.checkpoint.path) if result.checkpoint is not None else None
     return RayTrainResult(

@@ -23,6 +23,7 @@ from layerswap.trainables.outputs import (
 )
 from layerswap.trainables.storage import is_uri
 from layerswap.trainables.train.loop import run_training
+from layerswap.trainables.train.progress import printer
 from layerswap.trainables.train.state import (
     find_checkpoints,
     read_state,
@@ -102,7 +103,7 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
     return "resume"
 
 
-def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False) -> Path | str | None:  # fmt: skip
+def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False, verbose: bool = False) -> Path | str | None:  # fmt: skip
     """Train one expert into `storage/<name>/` and return its last checkpoint dir (a URI when
     `storage` is one).
 
@@ -112,6 +113,8 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         resume: continue the unfinished run in `storage/<name>/` (True), or, without Ray, from
             this checkpoint folder (a Path).
         overwrite: start over; the old run is set aside and dropped once the new one finishes.
+        verbose: on Ray, also Ray's own output (its workers' and controller's logs, its
+            notices); either way a progress line is printed (trainables/train/progress.py).
     """
 
     if not use_ray and is_uri(storage):
@@ -119,13 +122,13 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
     if use_ray and isinstance(resume, Path):
         raise ValueError("--resume CKPT is for --no-ray; Ray resumes its own run (--resume)")
     if is_uri(storage):  # cloud storage: Ray's own restore rules apply
-        return _train(exp, storage, use_ray, None)
+        return _train(exp, storage, use_ray, None, verbose)
     run = Path(storage) / exp.name
     with writing(run):  # one writer per run: a second `train` of it is refused, naming this one
-        return _train_local(exp, run, storage, use_ray, resume, overwrite)
+        return _train_local(exp, run, storage, use_ray, resume, overwrite, verbose)
 
 
-def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, resume: bool | Path, overwrite: bool) -> Path | str | None:  # fmt: skip
+def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, resume: bool | Path, overwrite: bool, verbose: bool) -> Path | str | None:  # fmt: skip
     """`train_expert` into a local run folder whose lock this process holds."""
     if isinstance(resume, Path) and not run.exists():
         plan = "fresh"  # a new run started from a checkpoint of another
@@ -145,11 +148,12 @@ def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, r
     with replacing([run]) if plan == "replace" else nullcontext():
         run.mkdir(parents=True, exist_ok=True)
         write_marker(run, "train", experiment_identity(exp))
-        return _train(exp, storage, use_ray, start)
+        return _train(exp, storage, use_ray, start, verbose)
 
 
-def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None) -> Path | str | None:  # fmt: skip
-    """Run the training itself (Ray restores its own run from `storage` when there is one)."""
+def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None, verbose: bool) -> Path | str | None:  # fmt: skip
+    """Run the training itself (Ray restores its own run from `storage` when there is one),
+    printing progress lines (trainables/train/progress.py)."""
     if not use_ray:
         if exp.scaling.num_workers != 1:
             print(f"--no-ray: running 1 worker (config asks for {exp.scaling.num_workers})")
@@ -158,17 +162,13 @@ def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None
             exp,
             workdir=Path(storage) / exp.name,
             resume_from=start,
-            report=lambda m, p: print(
-                f"step {m['step']} samples {m['samples']} loss {m['loss']:.4f}"
-                + (f" val {m['val_loss']:.4f}" if "val_loss" in m else "")
-                + (f" -> {p}" if p else "")
-            ),
+            report=printer(),  # the progress lines, as on Ray
         )
         return res.final_checkpoint
     # lazy: Ray loads only for a run that uses it (`--no-ray` trains in this process)
     from layerswap.trainables.train.ray_train import train_with_ray
 
-    res = train_with_ray(exp, storage_path=storage)
+    res = train_with_ray(exp, storage_path=storage, progress=True, verbose=verbose)
     if res.error is not None:
         raise RuntimeError(f"training failed: {res.error}")
     return res.checkpoint
