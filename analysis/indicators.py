@@ -156,7 +156,7 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
         )
         return False
     items = _items(df)
-    rows, figs = [], []
+    rows, data, figs = [], [], []
     for ind, level in sorted(levels.items(), key=lambda kv: (kv[1] != "expert", kv[0])):
         pair = df[[ind, "target"]].dropna()
         x, y = pair[ind].to_numpy(float), pair["target"].to_numpy(float)
@@ -164,6 +164,7 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
         tk = {t.k: t for t in topk_agreement(x, y)}
         spread = len(x) >= 2 and np.ptp(x) > 0
         rows.append(_indicator_row(ind, level, len(x), cors, tk, spread))
+        data.append(_indicator_data(ind, level, len(x), cors, tk))
         if len(figs) < MAX_SCATTERS and spread:
             labels = [str(r)[:6] for r in df.loc[pair.index, "recipe_id"]]
             rho = cors["spearman"].estimate
@@ -176,7 +177,7 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
     )
     # Scatters were collected in the loop; they go after the table, which needs every row first.
     sec.blocks.extend(figs)
-    sec.data[task] = table.drop(columns="_rho").to_dict(orient="records")
+    sec.data[task] = [data[i] for i in table.index]  # the table's order, as numbers
     return True
 
 
@@ -193,6 +194,20 @@ def _indicator_row(ind: str, level: str, n: int, cors: dict, tk: dict, spread: b
         "top-1 in target top-3": ("yes" if tk[3].hit else "no") if 3 in tk else "–",
         "regret": f"{tk[1].regret:.3f}" if 1 in tk else "–",
         "_rho": cors["spearman"].estimate,
+    }
+
+
+def _indicator_data(ind: str, level: str, n: int, cors: dict, tk: dict) -> dict:
+    """One table row for summary.json: the same results as numbers (None where undefined; NaN
+    becomes null on writing), so a script reads them without parsing the table's text."""
+    return {
+        "level": level,
+        "indicator": ind,
+        "n": n,
+        **{m: {"estimate": c.estimate, "low": c.low, "high": c.high} for m, c in cors.items()},
+        "top3_overlap": float(tk[3].overlap) if 3 in tk else None,
+        "top1_in_target_top3": bool(tk[3].hit) if 3 in tk else None,
+        "regret": float(tk[1].regret) if 1 in tk else None,
     }
 
 

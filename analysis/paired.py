@@ -57,27 +57,54 @@ def paired_diff(a: np.ndarray, b: np.ndarray, n_resamples: int, seed: int) -> tu
     return (float(diff.mean()), *percentile_ci(means, 0.95))
 
 
-def paired_table(scores: dict[str, np.ndarray], n_resamples: int, seed: int) -> pd.DataFrame:
-    """One row per model, best first: its score and its difference [95 % CI] to the better expert
-    and to the base (where present; models scored on other items are left out)."""
-    n = {len(v) for v in scores.values()}
+# What each model is compared with: summary.json's key -> the table's column label.
+_REFERENCES = {"vs_better_expert": "better expert", "vs_base": "base"}
+
+
+def _references(scores: dict[str, np.ndarray]) -> dict[str, str]:
+    """{summary key: model} of the references present: the better expert (by mean), the base."""
     experts = [m for m in scores if m.startswith(EXPERTS)]
-    refs = {}
-    if experts:
-        refs["better expert"] = max(experts, key=lambda m: scores[m].mean())
-    if "base" in scores:
-        refs["base"] = "base"
+    refs = {"vs_better_expert": max(experts, key=lambda m: scores[m].mean())} if experts else {}
+    return refs | ({"vs_base": "base"} if "base" in scores else {})
+
+
+def paired_rows(scores: dict[str, np.ndarray], n_resamples: int, seed: int) -> list[dict]:
+    """One record per model, best first: its score, its item count, and its difference [95 % CI]
+    to the better expert and to the base, as numbers (summary.json's form).
+
+    Returns:
+        [{"model", "target", "items", "vs_better_expert", "vs_base"}]; a comparison is
+        {"reference", "difference", "low", "high"}, or None (the model itself, the reference
+        absent, or models scored on other items).
+    """
+    n = {len(v) for v in scores.values()}
+    refs = _references(scores)
     rows = []
     for model in sorted(scores, key=lambda m: -scores[m].mean()):
         row = {"model": model, "target": round(float(scores[model].mean()), 4), "items": len(scores[model])}  # fmt: skip
-        for label, ref in refs.items():
-            if len(n) == 1 and model != ref:
+        for key in _REFERENCES:
+            ref = refs.get(key)
+            row[key] = None
+            if ref is not None and len(n) == 1 and model != ref:
                 d, lo, hi = paired_diff(scores[model], scores[ref], n_resamples, seed)
-                row[f"vs {label} ({ref})"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-            else:
-                row[f"vs {label} ({ref})"] = ""
+                row[key] = {"reference": ref, "difference": d, "low": lo, "high": hi}
         rows.append(row)
-    return pd.DataFrame(rows)
+    return rows
+
+
+def paired_table(rows: list[dict], scores: dict[str, np.ndarray]) -> pd.DataFrame:
+    """`paired_rows` as the report's table: a column per reference present, each comparison as
+    "+d [lo, hi]" text (blank where there is none)."""
+    refs = _references(scores)
+    out = []
+    for r in rows:
+        cells = {"model": r["model"], "target": r["target"], "items": r["items"]}
+        for key, ref in refs.items():
+            c = r[key]
+            text = "" if c is None else f"{c['difference']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"  # fmt: skip
+            cells[f"vs {_REFERENCES[key]} ({ref})"] = text
+        out.append(cells)
+    return pd.DataFrame(out)
 
 
 def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> Section:
@@ -88,12 +115,13 @@ def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> S
         return absent("paired", TITLE, "no per-item target results (promotion's raw lm-eval JSON).")  # fmt: skip
     sec = Section("paired", TITLE)
     for task, scores in tables.items():
-        df = paired_table(scores, n_resamples, seed)
+        rows = paired_rows(scores, n_resamples, seed)
+        df = paired_table(rows, scores)
         sec.table(
             f"{task} (test): each promoted model's difference to the better expert and to the base, "
             f"item by item, with a percentile-bootstrap 95 % CI ({n_resamples} paired resamples, "
             f"seed {seed}); from promotion's raw lm-eval JSON.",
             df,
         )
-        sec.data[task] = df.to_dict(orient="records")
+        sec.data[task] = rows  # numbers, not the table's text
     return sec
