@@ -175,7 +175,7 @@ def _run_notes(m: dict, exp: TrainExperiment, tps: float, runs: int, unit: str) 
         dtype = f"{sz.save_dtype}: precision.checkpoint_dtype {exp.precision.checkpoint_dtype}{alt}"
     keeps = "every checkpoint" if exp.resume_state == "all" else "the newest checkpoint only"
     ms = {k: f"{m[k] * 1e3:,.0f} ms" for k in ("compute_s", "comm_s", "step_s")}
-    step = f"step per GPU: compute {ms['compute_s']} (rows of {tps:g} tokens padded to {m['row_tokens']:,.0f}: the longest of {exp.micro_batch * n} sets the pace), communication {fmt_bytes(m['comm_bytes'])} = {ms['comm_s']} ({what}); step {ms['step_s']}"  # fmt: skip
+    step = f"step per {'GPU' if exp.scaling.use_gpu else 'worker'}: compute {ms['compute_s']} (rows of {tps:g} tokens padded to {m['row_tokens']:,.0f}: the longest of {exp.micro_batch * n} sets the pace), communication {fmt_bytes(m['comm_bytes'])} = {ms['comm_s']} ({what}); step {ms['step_s']}"  # fmt: skip
     kept = f"checkpoints: {ckpts:g} x {fmt_bytes(sz.weights)} weights ({dtype}) + {fmt_bytes(sz.resume)} resume state (AdamW, masters) kept by {keeps}: {fmt_bytes(m['stored'])} a run, {fmt_bytes(runs * m['stored'])} for {runs}"  # fmt: skip
     each = max(1.0, ckpts)
     synced = f" ({fmt_bytes(sz.synced)} of it fsynced)" if sz.synced else ""

@@ -126,6 +126,7 @@ def test_world_study_plans_with_the_cpu_profile(tiny_world, tmp_path, monkeypatc
     assert "train_flops_per_s 2.75e+10 FLOP/s (measured)" in out
     assert "world_math_full: runs 1, samples/run 4,800, tokens/run 206,880, steps/run 300, ckpts/run 3" in out  # fmt: skip
     assert "task world_belebele_xa_dev: the world's task YAMLs" in out
+    assert "note: step per worker: compute" in out and "GPU" not in out  # CPU workers here
 
 
 def test_cluster_says_which_node_types_declare_the_gpus(tmp_path, capsys):

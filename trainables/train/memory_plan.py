@@ -71,6 +71,7 @@ class Plan:
     workers: int
     gpu_label: str | None
     gpu_bytes: int | None
+    on_gpu: bool = True  # scaling.use_gpu: else every "gpu" line is a CPU worker's host memory
 
     @property
     def gpu_total(self) -> int:
@@ -207,7 +208,7 @@ def _fsdp_lines(split: Split, policy: Policy) -> list[Line]:
 
 
 def memory_plan(exp: TrainExperiment, model_config, source: str = "given config", gpu_memory: float | None = None) -> Plan:  # fmt: skip
-    """The experiment's per-GPU memory plan.
+    """The experiment's memory plan per GPU (per CPU worker, in host memory, for a CPU run).
 
     Args:
         exp: the experiment (mode, hyper, scaling, precision).
@@ -217,6 +218,11 @@ def memory_plan(exp: TrainExperiment, model_config, source: str = "given config"
     Returns:
         Plan.
     """
+    if gpu_memory is not None and not exp.scaling.use_gpu:
+        raise ValueError(
+            f"--gpu-memory {gpu_memory:g}: {exp.name} trains on CPUs (scaling.use_gpu is false); "
+            "its plan is host memory per worker"
+        )
     shape = model_shape(model_config)
     split = trainable_split(exp, shape)
     policy = resolve_precision(exp, base=shape.dtype)
@@ -236,12 +242,11 @@ def memory_plan(exp: TrainExperiment, model_config, source: str = "given config"
     lines += [
         Line(f"activations ({ck} gradient checkpointing)", act, "backward"),
         Line("logits + fp32 loss", logits_bytes(shape, tokens, b), "backward"),
-        Line(
-            "CUDA context + NCCL overhead",
-            CUDA_OVERHEAD + (NCCL_OVERHEAD if s.num_workers > 1 else 0),
-        ),
     ]
-    label, mem = _gpu(s.accelerator_type, gpu_memory)
+    if s.use_gpu:  # a CPU worker has neither (gloo's buffers are small)
+        overhead = CUDA_OVERHEAD + (NCCL_OVERHEAD if s.num_workers > 1 else 0)
+        lines.append(Line("CUDA context + NCCL overhead", overhead))
+    label, mem = _gpu(s.accelerator_type, gpu_memory) if s.use_gpu else (None, None)
     total_p = sum(split.params.values())
     compute = dtype_name(policy.compute or policy.master)
     return Plan(
@@ -260,6 +265,7 @@ def memory_plan(exp: TrainExperiment, model_config, source: str = "given config"
         workers=s.num_workers,
         gpu_label=label,
         gpu_bytes=None if mem is None else int(mem * GIB),
+        on_gpu=s.use_gpu,
     )
 
 
@@ -309,7 +315,7 @@ def format_plan(plan: Plan) -> str:
         f"  params: {plan.params_base:,}"
         + (f" + {extra:,} LoRA" if extra else "")
         + f"; trainable {t:,} ({100 * t / n:.2f} %)",
-        f"  {'per GPU':<50}{'GiB':>8}  when",
+        f"  {_per(plan):<50}{'GiB':>8}  when",
     ]
     when = {"state": "always", "backward": "fwd/bwd", "step": "opt step"}
     for x in plan.lines:
@@ -317,7 +323,7 @@ def format_plan(plan: Plan) -> str:
             out.append(f"    {x.label:<48}{_gib(x.nbytes)}  {when[x.phase]}")
     other = "without" if plan.checkpointing else "with"
     out.append(f"    {'(activations ' + other + ' checkpointing instead':<48}{_gib(plan.activations_other)})")  # fmt: skip
-    out.append(f"  {'total per GPU (always + larger of fwd/bwd, step)':<50}{_gib(plan.gpu_total)}")  # fmt: skip
+    out.append(f"  {'total ' + _per(plan) + ' (always + larger of fwd/bwd, step)':<50}{_gib(plan.gpu_total)}")  # fmt: skip
     cpu = [x for x in plan.lines if x.where == "cpu"]
     if cpu:
         out.append(f"  {'CPU RAM per node (offloaded state)':<50}{'GiB':>8}")
@@ -328,9 +334,17 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(out)
 
 
+def _per(plan: Plan) -> str:
+    return "per GPU" if plan.on_gpu else "per worker (host RAM)"
+
+
 def verdict(plan: Plan) -> str:
-    """One line: FITS / DOES NOT FIT on the GPU, or that its memory is unknown."""
+    """One line: FITS / DOES NOT FIT on the GPU, or that its memory is unknown (a CPU run: the
+    host memory it needs)."""
     total = plan.gpu_total / GIB
+    if not plan.on_gpu:
+        node = f", {plan.workers * total:.1f} GiB for its {plan.workers} workers on one node" if plan.workers > 1 else ""  # fmt: skip
+        return f"a CPU run (scaling.use_gpu is false): about {total:.1f} GiB of host memory per worker{node}"  # fmt: skip
     if plan.gpu_label is None:
         return f"GPU memory unknown (no scaling.accelerator_type; --gpu-memory GIB): needs {total:.1f} GiB per GPU"  # fmt: skip
     if plan.gpu_bytes is None:

@@ -68,7 +68,8 @@ def _exp(mode="full", hyper=None, scaling=None, precision=None, **over):
         "datasets": [{"path": "a.jsonl"}] + ([{"path": "b.jsonl"}] if two else []),
         "mode": mode,
         "hyper": {"lr": 1e-4, "max_steps": 1, "batch_size": 8, "seq_len": 8} | (hyper or {}),
-        "scaling": scaling or {},
+        # GPU plans unless a test asks otherwise (the shipped real configs all train on GPUs)
+        "scaling": {"use_gpu": True} | (scaling or {}),
     }
     if precision is not None:
         cfg["precision"] = precision
@@ -174,6 +175,20 @@ def test_fits_and_unknown_memory():
     assert odd.fits is None and "unknown for accelerator_type 'TPU-v9'" in format_plan(odd)
     with pytest.raises(ValueError, match=r"--gpu-memory.*-3"):
         memory_plan(_exp(), cfg, gpu_memory=-3)
+
+
+def test_a_cpu_run_plans_host_memory_per_worker():
+    """A CPU run has no CUDA context and no GPU to fit: its plan says host memory per worker."""
+    cfg = LlamaConfig(**TINY)
+    gpu, cpu = memory_plan(_exp(), cfg), memory_plan(_exp(scaling={"use_gpu": False, "num_workers": 2}), cfg)  # fmt: skip
+    assert "CUDA context + NCCL overhead" in _lines(gpu) and "CUDA context + NCCL overhead" not in _lines(cpu)  # fmt: skip
+    text = format_plan(cpu)
+    assert "GPU" not in text.replace("use_gpu", ""), text
+    assert "total per worker (host RAM)" in text
+    assert f"about {cpu.gpu_total / 2**30:.1f} GiB of host memory per worker, " in text
+    assert cpu.fits is None
+    with pytest.raises(ValueError, match=r"--gpu-memory 10: p trains on CPUs"):
+        memory_plan(_exp(scaling={"use_gpu": False}), cfg, gpu_memory=10)
 
 
 def test_config_sources(tmp_path):
