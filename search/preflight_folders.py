@@ -16,6 +16,7 @@ from typing import Any
 
 from layerswap.search.pool import pool_base, registry_picks, registry_problems
 from layerswap.search.preflight_report import Preflight
+from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
 from layerswap.trainables.storage import exists, is_uri
@@ -85,12 +86,6 @@ def _pool_folders(exp: SearchExperiment, out: Preflight) -> tuple[list[_Folder],
     base = pool_base(exp, rows)
     label = "base" if exp.base else f"base (from experts.registry {reg})"
     return experts, _Folder(label, base, "base", "full") if base else None
-
-
-def is_hub_id(ref: str) -> bool:
-    """A model reference that names a Hub repo, not a local folder."""
-    # The rule of trainables.merge.engine.resolve_ref: `org/name`, not a relative or home path.
-    return ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
 
 
 def _is_lora_adapter(path: Path) -> bool:

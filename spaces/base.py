@@ -290,6 +290,28 @@ def is_uri(path: object) -> bool:
     return path is not None and uri_scheme(path) is not None
 
 
+def is_hub_id(ref: str) -> bool:
+    """Whether a model reference names a Hugging Face Hub repository rather than a local folder.
+
+    The one rule (the merge engine downloads by it, the preflight and `plan` leave such a model
+    unchecked, a model card's `base_model` carries only such an id): `owner/name` (a bare name
+    is as likely a folder here), valid by huggingface_hub's own rule, no leading `.`, `/` or
+    `~`, not a URI, and nothing of that name on disk (a folder `org/model` here is that folder).
+    """
+    if not isinstance(ref, str) or is_uri(ref) or ref.count("/") != 1:
+        return False
+    if ref.startswith((".", "/", "~")) or Path(ref).expanduser().exists():
+        return False
+    # lazy: huggingface_hub is only needed for a reference that looks like an id
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(ref)
+    except HFValidationError:
+        return False
+    return True
+
+
 def same_model(a: str, b: str) -> bool:
     """Whether two model references name one model: equal strings, or two spellings of one local
     folder (relative, `..`, symlinks). URIs and Hub ids are compared as written.

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from layerswap.search.preflight_folders import is_hub_id
 from layerswap.search.promote import promotion_tasks
-from layerswap.spaces.base import load_yaml
+from layerswap.spaces.base import is_hub_id, load_yaml
 from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
 from layerswap.spaces.study import load_study
 from layerswap.spaces.train_experiment import TrainExperiment, load_train_experiment
@@ -37,8 +36,8 @@ class Needs:
 
 
 def _hub_model(name: str | None) -> bool:
-    """A model named by Hub id (search.preflight_folders' rule), not an existing local folder."""
-    return bool(name) and not Path(name).expanduser().exists() and is_hub_id(name)
+    """A model named by Hub id (spaces.base.is_hub_id: never an existing local folder)."""
+    return bool(name) and is_hub_id(name)
 
 
 def _train(exp: TrainExperiment, where: str, out: Needs) -> None:

@@ -133,3 +133,36 @@ def test_every_config_model_has_the_finite_rule():
     # A model that set its own config without the rule would be caught here (pydantic merges
     # a subclass's model_config over StrictModel's, so only an explicit True turns it off).
     assert all(m.model_config.get("allow_inf_nan") is False for m in config_models())
+
+
+@pytest.mark.parametrize(
+    "ref, hub",
+    [
+        ("meta-llama/Llama-3.1-8B", True),
+        ("Qwen/Qwen2.5-7B-Instruct", True),
+        ("llama", False),  # a bare name is as likely a folder
+        ("./org/model", False),
+        ("/abs/model", False),
+        ("~/org", False),
+        ("s3://bucket/model", False),
+        ("org/two words", False),  # not a valid repo id
+        ("runs/base", False),  # made on disk below: a folder here is that folder
+    ],
+)
+def test_is_hub_id_is_one_rule(ref, hub, tmp_path, monkeypatch):
+    from layerswap.spaces.base import is_hub_id
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    assert is_hub_id(ref) is hub
+
+
+def test_same_model_resolves_local_spellings_only(tmp_path):
+    from layerswap.spaces.base import same_model
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "base")
+    assert same_model(str(tmp_path / "base"), str(tmp_path / "link"))
+    assert same_model(str(tmp_path / "base"), str(tmp_path / "x" / ".." / "base"))
+    assert not same_model("s3://b/base", str(tmp_path / "base"))
+    assert same_model("org/m", "org/m") and not same_model("org/m", "org/n")

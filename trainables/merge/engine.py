@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.recipe import Recipe, dump_recipe
 from layerswap.trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
 from layerswap.trainables.merge.assembly import build_assembly, primary_ref, recipe_refs
@@ -76,7 +77,7 @@ def resolve_ref(ref: str) -> Path:
         return path
     if path.exists():
         raise CheckpointError(f"{ref}: expected a checkpoint folder, found a file")
-    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+    if is_hub_id(ref):
         from huggingface_hub import snapshot_download
 
         try:

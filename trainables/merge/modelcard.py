@@ -6,37 +6,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
-from huggingface_hub.utils import HFValidationError, validate_repo_id  # transformers' dependency
 
-from layerswap.spaces.base import is_uri
+from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, Recipe, recipe_dict
 from layerswap.spaces.zones import layer_map
 
 
 def _ref(ref) -> str:
     return ref if isinstance(ref, str) else " + ".join(ref.soup) + f" (soup, {ref.weights})"
-
-
-def is_hub_model_id(ref: str) -> bool:
-    """Whether `ref` is a Hub model id the card's `base_model` may carry.
-
-    The Hub takes only model ids there (docs/hub/model-cards, "Specifying a base model") and
-    refuses the card otherwise. An id is `owner/name` (a bare name is as likely a folder here),
-    valid by huggingface_hub's own rule, and not a local path: no leading `.`, `/` or `~`
-    (trainables.merge.engine.resolve_ref's rule), not a URI, nothing of that name on disk.
-    """
-    if is_uri(ref) or ref.count("/") != 1 or ref.startswith((".", "/", "~")):
-        return False
-    if Path(ref).expanduser().exists():
-        return False
-    try:
-        validate_repo_id(ref)
-    except HFValidationError:
-        return False
-    return True
 
 
 def model_card(recipe: Recipe, num_layers: int, rid: str) -> str:
@@ -50,11 +28,11 @@ def model_card(recipe: Recipe, num_layers: int, rid: str) -> str:
         Markdown text.
     """
     front = {"library_name": "transformers", "tags": ["merge", "layerswap", recipe.method]}
-    if recipe.base is not None and is_hub_model_id(recipe.base):
+    if recipe.base is not None and is_hub_id(recipe.base):
         front["base_model"] = recipe.base
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
     lines += [f"# layerswap merge `{rid}`", "", f"Method: `{recipe.method}`.", ""]
-    if recipe.base is not None:  # a local base is named here only (see is_hub_model_id)
+    if recipe.base is not None:  # a local base is named here only (see is_hub_id)
         lines += [f"- base: `{recipe.base}`"]
     if isinstance(recipe, LayerSwapRecipe):
         lines += [
