@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from layerswap.spaces.world import WorldConfig, WorldSize, world_config
-from layerswap.trainables.outputs import output_dir
+from layerswap.trainables.outputs import OutputError, output_dir
 from layerswap.world.data import instruction_rows, make_datasets, tagged_corpus, world_languages
 from layerswap.world.lang import LANG_NAMES
 from layerswap.world.manifest import MANIFEST, sha256_file, verify_world, world_config_of
@@ -39,9 +39,15 @@ def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool)
     except (OSError, ValueError):
         return False
     try:  # fields added since (v4 candidates) read as their defaults in an older world.json
-        if WorldConfig.model_validate(m["config"]) != cfg:
-            return False
+        found = WorldConfig.model_validate(m["config"])
     except (TypeError, KeyError, ValueError):
+        return False
+    if found != cfg:
+        if not overwrite:  # the output policy would only say "already exists": say which world
+            raise OutputError(
+                f"{out}: holds another world ({_differs(found, cfg)}); pass --overwrite to "
+                "replace it, or choose another --out"
+            )
         return False
     problems = verify_world(out)
     if not problems:
@@ -56,6 +62,12 @@ def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool)
     if progress:
         print(f"world: {out} is damaged ({len(problems)} problems); rebuilding it")
     return False
+
+
+def _differs(found: WorldConfig, want: WorldConfig) -> str:
+    """How the world on disk differs from the one asked for, in words ("seed 0, not 1")."""
+    said = [f"{k} {getattr(found, k)}, not {getattr(want, k)}" for k in ("seed", "size", "version") if getattr(found, k) != getattr(want, k)]  # fmt: skip
+    return "; ".join(said) or "another variant of this seed and size"
 
 
 def build_world(

@@ -385,7 +385,7 @@ def world__world_file_missing(e: Env):
 def world__another_seed_without_overwrite(e: Env):
     w = e.copy(e.world, "world")
     argv = ["world", "build", "--out", w, "--size", "tiny", "--seed", "1"]
-    return argv, [f"{w}: already exists; {ABSENT_FLAG}"]
+    return argv, [f"{w}: holds another world (seed 0, not 1); pass --overwrite to replace it"]
 
 
 @case()

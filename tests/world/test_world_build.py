@@ -45,7 +45,7 @@ def test_other_seed_other_world(tiny_world, tmp_path):
     for name in ("data/mgsm/xa/test.jsonl", "data/sft/lang_xb.jsonl", "base/model.safetensors"):
         assert a[name] != b[name], name
     # a different world at the same path is not silently replaced...
-    with pytest.raises(OutputError, match="already exists"):
+    with pytest.raises(OutputError, match=r"holds another world \(seed 1, not 2\)"):
         build_world(other, seed=2, size="tiny", progress=False)
     # ...unless asked to
     build_world(other, seed=2, size="tiny", overwrite=True, progress=False)
@@ -186,7 +186,7 @@ def test_variant_is_built_recorded_and_told_apart(tiny_world, tmp_path, jsonl):
     before = _files(out)
     assert build_world(out, seed=0, size="tiny", config=config, progress=False) == out
     assert _files(out) == before
-    with pytest.raises(OutputError, match="already exists"):
+    with pytest.raises(OutputError, match=r"holds another world \(another variant of this seed and size\); pass --overwrite"):  # fmt: skip
         build_world(out, seed=0, size="tiny", progress=False)
     # and the variant's other datasets differ from the preset's
     assert _files(out)["data/sft/lang_xa.jsonl"] != _files(tiny_world)["data/sft/lang_xa.jsonl"]
