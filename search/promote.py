@@ -277,7 +277,7 @@ def _evaluate_models(
     for name, kind, rid, what in setup.models:
         t0 = time.perf_counter()
         try:
-            prints = {t: fingerprint(exp, rid, what, t, shots) for shots, ts in setup.groups for t in ts}  # fmt: skip
+            prints = {t: fingerprint(exp, rid, what, t, shots, setup.device) for shots, ts in setup.groups for t in ts}  # fmt: skip
             # An earlier promotion of this run (interrupted, or resumed with another budget)
             # that evaluated this model the same way: its results stand, nothing is loaded.
             raws = kept_raws(setup.pdir, name, prints)

@@ -3,7 +3,7 @@
 Promotion writes each model's raw lm-eval result per task (RUN/promotion/lm_eval/<model>/<task>.json)
 as soon as that model is done, with `fingerprint(...)` under config.layerswap_promotion: what was
 evaluated (the model's content id), on which task, with which few-shot count, item limit, token
-budget and lm-eval version. A later promotion of the same run (`search --resume`, `demo --resume`)
+budget, device and lm-eval version. A later promotion of the same run (`search --resume`, `demo --resume`)
 reads a model back only when every task's file holds the fingerprint it would write now, so an
 interrupted promotion of 8B models loses at most the model it was evaluating, and a changed
 `promote` block (more items, another few-shot count) evaluates again. Run its tests:
@@ -30,7 +30,7 @@ def _lm_eval_version() -> str | None:
 
 
 def fingerprint(
-    exp: SearchExperiment, rid: str | None, what: object, task: str, shots: int | None
+    exp: SearchExperiment, rid: str | None, what: object, task: str, shots: int | None, device: str
 ) -> dict:
     """What decides one model's result on one task, as JSON data.
 
@@ -40,6 +40,8 @@ def fingerprint(
         what: the checkpoint reference or the recipe.
         task: the lm-eval task.
         shots: the few-shot count it is run at (None: the task's default).
+        device: where it is evaluated ("cpu", "cuda"): kernels differ, and a leaderboard whose
+            models were scored on different devices could differ by more than the models do.
     """
     model = rid if rid is not None else model_content_id(str(what))
     return {
@@ -48,6 +50,7 @@ def fingerprint(
         "num_fewshot": shots,
         "limit": exp.promote.limit,
         "max_gen_toks": exp.promote.max_gen_toks,
+        "device": device,
         "lm_eval": _lm_eval_version(),
     }
 

@@ -86,3 +86,16 @@ def test_another_budget_or_changed_checkpoint_is_evaluated_again(run, monkeypatc
     # The base baseline is a checkpoint: its content id changed, so it is evaluated again; the
     # candidate is known by the recipe id its trial was scored under, and kept.
     assert len(seen) == 1
+
+
+def test_a_result_from_another_device_is_evaluated_again(run, monkeypatch):
+    """Kernels differ between devices: a model scored on a GPU is not mixed into a CPU board."""
+    exp, run_dir, cand, _ = run
+    for f in (run_dir / "promotion" / "lm_eval" / cand).glob("*.json"):
+        raw = json.loads(f.read_text())
+        assert raw["config"]["layerswap_promotion"]["device"] == "cpu"
+        raw["config"]["layerswap_promotion"]["device"] = "cuda"
+        f.write_text(json.dumps(raw))
+    seen = _counted(monkeypatch)
+    promote(exp, run_dir, progress=False)
+    assert len(seen) == 1  # the candidate's one shot group; the base was kept
