@@ -25,10 +25,15 @@ from layerswap.analysis.load import (
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Figure, Section, absent, fmt_ci
-from layerswap.analysis.stats import correlate, topk_agreement
+from layerswap.analysis.stats import METHODS, Correlation, correlate, topk_agreement
 
 TITLE = "Merging indicators vs target score"
 MAX_SCATTERS = 24
+# A constant indicator or target ranks nothing: its row states no correlation and no top-k pick
+# (which would only be the tie-break's), in the table and as null in summary.json.
+CANNOT_TELL = "cannot tell"
+UNDEFINED = Correlation("", 0, float("nan"), float("nan"), float("nan"), float("nan"))
+TOPK_COLUMNS = ("top-3 overlap", "top-1 in target top-3", "regret")
 
 
 def _dev_scores(run: RunData) -> dict[tuple[str, str], tuple[float, float]]:
@@ -142,7 +147,8 @@ def _method_paragraph(sec: Section, n_resamples: int, seed: int) -> None:
         "k best by target; top-1 hit: the indicator's best merge is among the target's k best; "
         "regret: best target minus the target of the indicator's best merge. Expert-level "
         "indicators repeat across the merges built from the same expert, so their points are not "
-        "independent; read their CIs as optimistic."
+        "independent; read their CIs as optimistic. An indicator (or a target) with the same value "
+        f"for every merge ranks nothing: its row reads '{CANNOT_TELL}' (null in summary.json)."
     )
 
 
@@ -160,12 +166,15 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
     for ind, level in sorted(levels.items(), key=lambda kv: (kv[1] != "expert", kv[0])):
         pair = df[[ind, "target"]].dropna()
         x, y = pair[ind].to_numpy(float), pair["target"].to_numpy(float)
-        cors = {c.method: c for c in correlate(x, y, n_resamples=n_resamples, seed=seed)}
-        tk = {t.k: t for t in topk_agreement(x, y)}
-        spread = len(x) >= 2 and np.ptp(x) > 0
-        rows.append(_indicator_row(ind, level, len(x), cors, tk, spread))
+        constant = _constant(x, y)
+        if constant:  # no ranking: a correlation is undefined, a top-k pick is a tie-break
+            cors, tk = {m: UNDEFINED for m in METHODS}, {}
+        else:
+            cors = {c.method: c for c in correlate(x, y, n_resamples=n_resamples, seed=seed)}
+            tk = {t.k: t for t in topk_agreement(x, y)}
+        rows.append(_indicator_row(ind, level, len(x), cors, tk, constant))
         data.append(_indicator_data(ind, level, len(x), cors, tk))
-        if len(figs) < MAX_SCATTERS and spread:
+        if len(figs) < MAX_SCATTERS and not constant:
             labels = [str(r)[:6] for r in df.loc[pair.index, "recipe_id"]]
             rho = cors["spearman"].estimate
             figs.append(_scatter_figure(task, ind, level, x, y, labels, rho, items, len(figs) + 1))
@@ -181,15 +190,27 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
     return True
 
 
-def _indicator_row(ind: str, level: str, n: int, cors: dict, tk: dict, spread: bool) -> dict:
-    """One table row: correlations with CIs and top-k agreement (`_rho` for sorting)."""
+def _constant(x: np.ndarray, y: np.ndarray) -> str:
+    """Which side has one value for every merge ('' if neither, or too few merges to tell)."""
+    if len(x) < 2:
+        return ""
+    if np.ptp(x) == 0:
+        return "indicator"
+    return "target" if np.ptp(y) == 0 else ""
+
+
+def _indicator_row(ind: str, level: str, n: int, cors: dict, tk: dict, constant: str) -> dict:
+    """One table row: correlations with CIs and top-k agreement (`_rho` for sorting); a row
+    whose indicator or target is constant says it cannot tell in every statistic's cell."""
+    if constant:
+        cells = {f"{m} [95% CI]": CANNOT_TELL for m in METHODS} | dict.fromkeys(TOPK_COLUMNS, CANNOT_TELL)  # fmt: skip
+        cells["spearman [95% CI]"] = f"{CANNOT_TELL}: constant {constant}"
+        return {"level": level, "indicator": ind, "n": n, **cells, "_rho": float("nan")}
     return {
         "level": level,
         "indicator": ind,
         "n": n,
-        "spearman [95% CI]": fmt_ci(*_e(cors["spearman"])) if spread else "constant",
-        "kendall [95% CI]": fmt_ci(*_e(cors["kendall"])),
-        "pearson [95% CI]": fmt_ci(*_e(cors["pearson"])),
+        **{f"{m} [95% CI]": fmt_ci(*_e(cors[m])) for m in METHODS},
         "top-3 overlap": f"{tk[3].overlap:.2f}" if 3 in tk else "–",
         "top-1 in target top-3": ("yes" if tk[3].hit else "no") if 3 in tk else "–",
         "regret": f"{tk[1].regret:.3f}" if 1 in tk else "–",
