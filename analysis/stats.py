@@ -169,6 +169,8 @@ def friedman(matrix: np.ndarray, treatments: list[str]) -> Friedman:
     Args:
         matrix: [n blocks, k treatments], no NaN.
         treatments: column names.
+    Returns:
+        Friedman; statistic and p-value NaN when every block's scores are all tied.
     Raises:
         ValueError for k < 3 or n < 2 (the test is undefined).
     """
@@ -185,8 +187,10 @@ def friedman(matrix: np.ndarray, treatments: list[str]) -> Friedman:
         ties += float((counts**3 - counts).sum())
     c = 1.0 - ties / (n * k * (k * k - 1))
     rsum = ranks.sum(axis=0)
-    chi2 = (12.0 / (n * k * (k + 1)) * float((rsum**2).sum()) - 3.0 * n * (k + 1)) / c
-    p = float(sps.chi2.sf(chi2, k - 1))
+    chi2 = p = float("nan")  # every block all tied (c == 0): no ranking, the test is undefined
+    if c > 1e-12:
+        chi2 = (12.0 / (n * k * (k + 1)) * float((rsum**2).sum()) - 3.0 * n * (k + 1)) / c
+        p = float(sps.chi2.sf(chi2, k - 1))
     return Friedman(
         float(chi2),
         p,

@@ -75,6 +75,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
     recs = []
     prom = run.promotion
     modes_by_recipe = _layer_swap_modes(run)
+    chosen, mean_row = chosen_swap(run), candidates_mean_row(run)
     for task in tasks:
         lang = task_language(task)
         if prom is not None:
@@ -83,9 +84,14 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                 sel = sel[sel["split"].fillna("test") == "test"]
             for _, r in sel.iterrows():
                 model = str(r["model"])
-                kind = r.get("kind")
-                if kind == "candidate" or model.startswith("candidate_"):
-                    treat, mode = "layer swap", modes_by_recipe.get(r.get("recipe_id"), "full")
+                if _is_candidate(r):
+                    # every candidate counts in the mean's row; only the chosen one is the swap
+                    mode = modes_by_recipe.get(r.get("recipe_id"), "full")
+                    value = float(r["value"])
+                    recs.append((mean_row, mode, lang, (base_name, lang), value, "test", "promotion"))  # fmt: skip
+                    if r.get("recipe_id") != chosen:
+                        continue
+                    treat = "layer swap"
                 elif "revert" in model:
                     continue  # the revert table's
                 else:
@@ -126,6 +132,37 @@ def treatment_values(run: RunData) -> pd.DataFrame:
     return df[keep].reset_index(drop=True)
 
 
+def _is_candidate(r: pd.Series) -> bool:
+    return r.get("kind") == "candidate" or str(r["model"]).startswith("candidate_")
+
+
+def _candidates(run: RunData) -> pd.DataFrame:
+    """The promotion's rows of layer-swap candidates on a target task (none: empty)."""
+    prom = run.promotion
+    if prom is None:
+        return pd.DataFrame(columns=["model", "recipe_id"])
+    sel = prom[prom["task"].isin(target_tasks(run))]
+    return sel[[_is_candidate(r) for _, r in sel.iterrows()]]
+
+
+def chosen_swap(run: RunData) -> str | None:
+    """The recipe id of the layer swap the papers' row stands for: of the promoted candidates,
+    the one with the best search objective (dev proxies only), as promotion selects it by
+    default; ties go to the first promoted. None without candidates that have an objective."""
+    trials = trial_by_recipe(run)
+    if trials is None or "objective" not in trials.columns:
+        return None
+    objective = pd.to_numeric(trials["objective"], errors="coerce")
+    rids = [r for r in _candidates(run)["recipe_id"].unique() if r in objective.index]
+    rids = [r for r in rids if pd.notna(objective[r])]
+    return max(rids, key=lambda r: objective[r]) if rids else None  # max keeps the first tie
+
+
+def candidates_mean_row(run: RunData) -> str:
+    """The row label of the mean over every promoted candidate, naming how many it averages."""
+    return f"layer swap (mean of {_candidates(run)['model'].nunique()} promoted candidates)"
+
+
 def _layer_swap_modes(run: RunData) -> dict[str, str]:
     """recipe_id -> the experts' mode (full/lora/partial) via trials and the registry."""
     trials, reg = trial_by_recipe(run), run.registry
@@ -150,7 +187,8 @@ def treatment_tables(vals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(Table-1 shape: treatments × modes, averaged over languages; Table-3 shape: languages
     (+ average) × treatment/mode). Cells are means over instances (n shown when > 1)."""
     langs = sorted(vals["language"].unique())
-    order = ROWS + sorted(set(vals["treatment"]) - set(ROWS))
+    means = sorted(t for t in set(vals["treatment"]) if t.startswith("layer swap (mean of "))
+    order = ROWS + means + sorted(set(vals["treatment"]) - set(ROWS) - set(means))
     t1 = {}
     for treat in [t for t in order if t in set(vals["treatment"])]:
         row = {}
@@ -240,7 +278,8 @@ def treatments_section(run: RunData) -> Section:
         return sec
     sec = Section("treatments", TITLE)
     t1, t3 = treatment_tables(vals)
-    srcs = ", ".join(f"{k}: {v}" for k, v in vals["source"].value_counts().items())
+    counted = vals[vals["treatment"] != "layer swap"]  # the chosen swap is also in the mean's row
+    srcs = ", ".join(f"{k}: {v}" for k, v in counted["source"].value_counts().items())
     prom = run.promotion
     if prom is not None and "n_items" in prom.columns:
         n = pd.to_numeric(prom[prom["task"].isin(target_tasks(run))]["n_items"], errors="coerce")
@@ -254,24 +293,66 @@ def treatments_section(run: RunData) -> Section:
         t1,
     )
     sec.table("Per language (rows) and treatment / SFT type (columns); n = instances averaged.", t3)
-    mat, treats, blocks = friedman_matrix(vals)
-    if len(treats) >= 3 and len(blocks) >= 2:
-        f = friedman(mat, treats)
-        ranks = ", ".join(
-            f"{t} {r:.2f}" for t, r in sorted(f.mean_ranks.items(), key=lambda kv: -kv[1])
-        )
-        sec.text(
-            f"Friedman test across {f.k} treatments (the table's rows × SFT types, base and extra "
-            f"baselines excluded) over {f.n} conditions ({', '.join(blocks)}): "
-            f"χ² = {f.statistic:.3f}, p = {f.p_value:.4f}. Mean ranks (higher = better): {ranks}."
-        )
-    else:
-        sec.text(
-            f"Friedman test: not computable (needs >= 3 treatments with scores in >= 2 common "
-            f"conditions; this run has {len(treats)} treatment(s) over {len(blocks)} condition(s))."
-        )
+    _layer_swap_note(sec, run)
+    _friedman(sec, vals)
     _revert(sec, run)
     return sec
+
+
+def _layer_swap_note(sec: Section, run: RunData) -> None:
+    """Which model the "layer swap" row is, and what the candidates' mean row averages."""
+    chosen, n = chosen_swap(run), _candidates(run)["model"].nunique()
+    if n == 0:
+        return
+    which = (
+        f"the swap the search chose: candidate_{chosen}, the promoted candidate with the best "
+        "search objective (dev proxies only, as promotion selects by default; the test split "
+        "does not choose)"
+        if chosen is not None
+        else "not shown: no promoted candidate has a search objective to choose it by"
+    )
+    sec.text(
+        f'"layer swap" is one model, {which}. "{candidates_mean_row(run)}" averages every '
+        "candidate promotion evaluated; it is not one model and is left out of the Friedman test."
+    )
+
+
+def _friedman(sec: Section, vals: pd.DataFrame) -> None:
+    """The Friedman test's paragraph, saying what it ranks over what; its numbers to sec.data."""
+    mat, treats, blocks = friedman_matrix(vals)
+    what = (
+        "a condition is a base model and target language; a treatment is one of the table's rows "
+        "with its SFT type, the base model and the extra baselines excluded; each cell is the "
+        "treatment's mean over its instances"
+    )
+    if len(treats) < 3 or len(blocks) < 2:
+        sec.text(
+            f"Friedman test: not computable (needs >= 3 treatments with scores in >= 2 common "
+            f"conditions; this run has {len(treats)} treatment(s) over {len(blocks)} condition(s); "
+            f"{what})."
+        )
+        return
+    f = friedman(mat, treats)
+    head = (
+        f"Friedman test over {f.n} conditions (base model × target language) × {f.k} treatments "
+        f"({what}; conditions: {', '.join(blocks)})"
+    )
+    sec.data["friedman"] = {
+        "conditions": f.n,
+        "treatments": f.k,
+        "df": f.k - 1,
+        "statistic": f.statistic,
+        "p_value": f.p_value,
+        "mean_ranks": f.mean_ranks,
+    }
+    if np.isnan(f.statistic):
+        sec.text(f"{head}: cannot tell (every treatment scores the same in every condition).")
+        return
+    ranks = ", ".join(f"{t} {r:.2f}" for t, r in sorted(f.mean_ranks.items(), key=lambda kv: -kv[1]))  # fmt: skip
+    sec.text(
+        f"{head}: χ² = {f.statistic:.3f} with {f.k - 1} degrees of freedom, p = {f.p_value:.4f}. "
+        f"Mean ranks (of {f.k}, higher = better): {ranks}."
+    )
 
 
 def _revert(sec: Section, run: RunData) -> None:

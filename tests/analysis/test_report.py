@@ -39,7 +39,7 @@ def test_report_renders_with_embedded_figures_and_tables(report):
     assert "| level | indicator | n | spearman [95% CI]" in md
     assert "| treatment | base | partial | lora | full |" in md
     assert "| model | target | items | vs better expert (language_expert) | vs base (base) |" in md
-    assert "Friedman test across" in md and "not in this run" not in md.lower()
+    assert "Friedman test over 2 conditions" in md and "not in this run" not in md.lower()
     for p in pngs:  # every figure is linked from the Markdown with its caption
         assert f"(figures/{p.name})" in md
     summary = json.loads((report / "summary.json").read_text())
@@ -132,7 +132,8 @@ def test_treatments_table_and_friedman_matrix(run_dir):
     t1, t3 = treatment_tables(vals)
     assert t1.loc["base model", "base"] == "0.070"  # (0.08 + 0.06) / 2 from promotion
     assert t1.loc["simultaneous", "partial"] == "0.165†"  # registry, dev split
-    assert t3.loc["xa", "layer swap / full"].endswith("(n=8)")
+    assert "(n=" not in t3.loc["xa", "layer swap / full"]  # one model: the chosen swap
+    assert t3.loc["xa", "layer swap (mean of 8 promoted candidates) / full"].endswith("(n=8)")
     mat, treats, blocks = friedman_matrix(vals)
     assert mat.shape == (2, len(treats)) and len(blocks) == 2
     assert "base model" not in treats and "TIES / full" not in treats
