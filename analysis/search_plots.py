@@ -3,6 +3,7 @@ Optuna parameter importances, and proxy vs target for the promoted recipes."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +23,26 @@ from layerswap.analysis.load import (
 from layerswap.analysis.sections import Section, absent, fmt
 
 TITLE = "The merge search"
+# What tells two promoted recipes apart (trials.parquet columns, search/results.py); the
+# transition weighting among them, else two recipes differing only there read alike.
+RECIPE_COLUMNS = (
+    "method", "bottom", "top", "bottom_transition", "top_transition", "weights", "non_layer",
+    "objective",
+)  # fmt: skip
+
+
+def weights_label(text) -> str:
+    """A trial's transition weighting as the table shows it: "magnitude"; "uniform" for equal
+    explicit weights; else "explicit (task 0.7, language 0.3)", the weights normalised as the
+    merge normalises them (spaces/search_space.py recipe_fields writes "task=T,language=L")."""
+    m = re.fullmatch(r"task=([\d.e+-]+),language=([\d.e+-]+)", str(text))
+    if m is None:
+        return str(text)
+    t, lang = float(m[1]), float(m[2])
+    if t == lang:
+        return "uniform"
+    total = t + lang
+    return f"explicit (task {t / total:.3g}, language {lang / total:.3g})"
 
 
 def _grid(t: pd.DataFrame, xcol: str, ycol: str) -> tuple[np.ndarray, np.ndarray, list, list]:
@@ -224,19 +245,16 @@ def _promoted(sec: Section, run: RunData) -> None:
         if tgt.empty:
             sec.text(f"Proxy vs target on {task}: no promoted candidate matches a trial.")
             continue
-        cols = [
-            c
-            for c in ("method", "bottom", "top", "bottom_transition", "top_transition", "objective")
-            if c in trials.columns
-        ]
+        cols = [c for c in RECIPE_COLUMNS if c in trials.columns]
         rows = []
         for _, r in tgt.iterrows():
             tr = trials.loc[r["recipe_id"]]
+            recipe = {c: weights_label(tr[c]) if c == "weights" else tr[c] for c in cols}
             rows.append(
                 {
                     "model": r["model"],
                     "recipe_id": r["recipe_id"],
-                    **{c: tr[c] for c in cols},
+                    **recipe,
                     "target": r["value"],
                     "n_items": r["n_items"],
                 }
