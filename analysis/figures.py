@@ -6,6 +6,7 @@ Every figure carries a caption elsewhere (the report) saying what data it rests 
 from __future__ import annotations
 
 import io
+import textwrap
 
 import matplotlib
 
@@ -19,6 +20,22 @@ def to_png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=100)  # constrained layout: no second "tight" pass
     plt.close(fig)
     return buf.getvalue()
+
+
+def cell_digits(values: np.ndarray, lo: int = 2, hi: int = 4) -> int:
+    """Decimals for a heatmap's cell labels: the fewest (from `lo`) at which cells that differ
+    read different (0.744 and 0.736 are both "0.74" at two), at most `hi` (closer values are
+    told apart by the colour scale, not the label)."""
+    v = values[np.isfinite(values)]
+    distinct = len(np.unique(np.round(v, hi)))
+    return next((d for d in range(lo, hi) if len(np.unique(np.round(v, d))) == distinct), hi)
+
+
+def fit_text(text: str, fig, fontsize: float) -> str:
+    """`text` wrapped (at spaces) to the figure's width, so constrained layout, which moves axes
+    but never shrinks a label, keeps a long title or axis label (an indicator's name) inside."""
+    chars = int(fig.get_figwidth() * 72 * 0.85 / (0.6 * fontsize))  # ~0.6 em per character
+    return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
 
 
 def heatmap(
@@ -52,15 +69,16 @@ def heatmap(
     ax.set_xticks(range(len(xlabels)), xlabels, rotation=0 if len(xlabels) < 10 else 90)
     step = max(1, len(ylabels) // 32)
     ax.set_yticks(range(0, len(ylabels), step), ylabels[::step])
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(fit_text(xlabel, fig, 10))
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(fit_text(title, fig, 10), fontsize=10)
     cb = fig.colorbar(im, ax=ax)
     cb.set_label(cbar_label)
     if annotate and values.size <= 400:
+        d = cell_digits(values)
         for (i, j), val in np.ndenumerate(values):
             if np.isfinite(val):
-                txt = f"{val:.2f}" if counts is None else f"{val:.2f}\nn={int(counts[i, j])}"
+                txt = f"{val:.{d}f}" if counts is None else f"{val:.{d}f}\nn={int(counts[i, j])}"
                 r, g, b, _ = im.cmap(im.norm(val))
                 ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"  # legible
                 ax.text(j, i, txt, ha="center", va="center", fontsize=7, color=ink)
@@ -87,9 +105,9 @@ def scatter(
     if labels and len(labels) <= 25:
         for xi, yi, lab in zip(x, y, labels, strict=True):
             ax.annotate(lab, (xi, yi), fontsize=6, xytext=(2, 2), textcoords="offset points")
-    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_xlabel(fit_text(xlabel, fig, 8), fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(fit_text(title, fig, 9), fontsize=9)
     ax.grid(alpha=0.3)
     return to_png(fig)
 
@@ -113,6 +131,6 @@ def bars(names: list[str], values: list[float], *, title: str, xlabel: str) -> b
     fig, ax = plt.subplots(layout="constrained", figsize=(5.0, max(2.0, 0.35 * len(names) + 1)))
     order = np.argsort(values)
     ax.barh([names[i] for i in order], [values[i] for i in order], color="tab:green")
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(fit_text(xlabel, fig, 10))
+    ax.set_title(fit_text(title, fig, 10), fontsize=10)
     return to_png(fig)
