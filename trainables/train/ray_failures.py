@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import (
     DefaultFailurePolicy,
@@ -75,6 +76,36 @@ class _OwnErrorFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(n in record.getMessage() for n in self.names)
+
+
+# What to change when a worker ran out of GPU memory (the commonest failure of an 8B run).
+OOM_HINT = (
+    "a worker ran out of GPU memory: check `layerswap train EXP --plan`, then lower "
+    "hyper.micro_batch_size (the batch is accumulated) or hyper.seq_len, set "
+    "hyper.gradient_checkpointing: true, or shard with scaling.strategy: fsdp (cpu_offload: true)"
+)
+
+
+def describe_failure(error: BaseException) -> str:
+    """A run that failed for good, as its user reads it: one line naming each failed worker's
+    error, what to change for an out-of-memory, then the workers' own tracebacks (which the
+    driver shows nowhere else: without --verbose, Ray does not forward the workers' logs).
+
+    Args:
+        error: the TrainingFailedError `fit()` raised.
+    """
+    failures = error.worker_failures if isinstance(error, WorkerGroupError) else {}
+    if not failures:
+        return f"{type(error).__name__}: {error}"
+    heads, tracebacks, oom = [], [], False
+    for rank, e in sorted(failures.items()):
+        base = getattr(e, "_base_exc", e)  # UserExceptionWithTraceback: the worker's own error
+        first = (str(base).strip().splitlines() or [""])[0]
+        heads.append(f"worker rank {rank}: {type(base).__name__}: {first}")
+        oom |= isinstance(base, torch.OutOfMemoryError) or "CUDA out of memory" in str(base)
+        if tb := str(getattr(e, "_traceback_str", "")).strip():
+            tracebacks.append(f"worker rank {rank}'s traceback:\n{tb}")
+    return "\n".join(["; ".join(heads), *([OOM_HINT] if oom else []), *tracebacks])
 
 
 def quiet_own_errors() -> None:

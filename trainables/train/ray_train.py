@@ -38,7 +38,11 @@ from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
-from layerswap.trainables.train.ray_failures import OwnErrorsTrainer, quiet_own_errors
+from layerswap.trainables.train.ray_failures import (
+    OwnErrorsTrainer,
+    describe_failure,
+    quiet_own_errors,
+)
 from layerswap.trainables.train.ray_progress import printing, sender
 from layerswap.trainables.train.state import (
     find_checkpoints,
@@ -358,11 +362,11 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
             result = _fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
         raise_own_error(e)
-        return RayTrainResult(None, {}, run, repr(e))
+        return RayTrainResult(None, {}, run, describe_failure(e))
     ckpt = as_path(result.checkpoint.path) if result.checkpoint is not None else None
     return RayTrainResult(
         checkpoint=ckpt,
         metrics=dict(result.metrics or {}),
         path=as_path(result.path),
-        error=None if result.error is None else repr(result.error),
+        error=None if result.error is None else describe_failure(result.error),
     )

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
 
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity, with_overrides
 from layerswap.trainables.outputs import (
     OutputError,
@@ -170,5 +171,6 @@ def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None
 
     res = train_with_ray(exp, storage_path=storage, progress=True, verbose=verbose)
     if res.error is not None:
-        raise RuntimeError(f"training failed: {res.error}")
+        # After failure.max_failures restarts: a failure to report (exit 1), not a traceback.
+        raise RunFailed(f"training failed: {res.error}")
     return res.checkpoint

@@ -69,3 +69,24 @@ def test_a_divergence_still_counts_when_it_reaches_the_policy_wrapped():
     wrapped = UserExceptionWithTraceback(NonFiniteTraining("training turned non-finite"), "tb")
     assert wrapped._base_exc.__class__ is NonFiniteTraining
     assert deterministic(WorkerGroupError("x", {0: wrapped}))
+
+
+def test_a_failed_run_names_each_worker_error_and_shows_its_traceback():
+    """Without --verbose Ray forwards no worker log: the failure itself carries the worker's
+    error and traceback, and an out-of-memory says what to change."""
+    import torch
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    from layerswap.trainables.train.ray_failures import OOM_HINT, describe_failure
+
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    tb = 'Traceback (most recent call last):\n  File "loop.py", line 9, in step\ntorch.OutOfMemoryError'
+    err = WorkerGroupError("x", {1: RuntimeError("nccl"), 0: UserExceptionWithTraceback(oom, tb)})
+    text = describe_failure(err).splitlines()
+    assert text[0] == (
+        "worker rank 0: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB; "
+        "worker rank 1: RuntimeError: nccl"
+    )
+    assert text[1] == OOM_HINT
+    assert text[2:] == ["worker rank 0's traceback:", *tb.splitlines()]
+    assert "out of GPU memory" not in describe_failure(WorkerGroupError("x", {0: RuntimeError("nccl")}))  # fmt: skip

@@ -1,0 +1,36 @@
+"""A Ray Train run that fails for good (its restarts used up) ends `layerswap train` with exit 1
+and the workers' errors, not a Python traceback of the driver naming `RuntimeError`.
+
+Run: .venv/bin/python -m pytest -q tests/cli/test_train_failed.py
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from layerswap.cli import main
+from layerswap.trainables.train import ray_train
+
+
+def test_a_run_that_failed_for_good_is_one_failure_with_the_workers_error(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    exp = tmp_path / "exp.yaml"
+    data = {
+        "name": "t",
+        "base": str(tiny_world / "base"),
+        "kind": "math",
+        "language": "en",
+        "datasets": [{"path": str(tiny_world / "data/sft/math_en.jsonl")}],
+        "mode": "full",
+        "hyper": {"lr": 3e-3, "batch_size": 8, "max_steps": 2, "seq_len": 96},
+    }
+    exp.write_text(yaml.safe_dump(data))
+    said = "worker rank 0: OutOfMemoryError: CUDA out of memory\nworker rank 0's traceback:\n..."
+
+    def failed(exp, **kw):
+        return ray_train.RayTrainResult(None, {}, tmp_path / "run" / "t", said)
+
+    monkeypatch.setattr(ray_train, "train_with_ray", failed)
+    assert main(["train", str(exp), "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"layerswap: failed: training failed: {said}"), err
+    assert "RuntimeError" not in err and "Traceback (most recent call last)" not in err
