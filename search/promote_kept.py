@@ -2,8 +2,10 @@
 
 Promotion writes each model's raw lm-eval result per task (RUN/promotion/lm_eval/<model>/<task>.json)
 as soon as that model is done, with `fingerprint(...)` under config.layerswap_promotion: what was
-evaluated (the model's content id), on which task, with which few-shot count, item limit, token
-budget, device and lm-eval version. A later promotion of the same run (`search --resume`, `demo --resume`)
+evaluated (the model's content id, recomputed now: an expert changed on disk is another model), on
+which task and task content (`tasks_digest`: the world's manifest and every file of the task
+folders, so a rebuilt world or an edited task YAML evaluates again), with which few-shot count,
+item limit, token budget, device and lm-eval version. A later promotion of the same run (`search --resume`, `demo --resume`)
 reads a model back only when every task's file holds the fingerprint it would write now, so an
 interrupted promotion of 8B models loses at most the model it was evaluating, and a changed
 `promote` block (more items, another few-shot count) evaluates again. Run its tests:
@@ -12,12 +14,14 @@ interrupted promotion of 8B models loses at most the model it was evaluating, an
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from layerswap.spaces.search_experiment import SearchExperiment
-from layerswap.trainables.model_ids import model_content_id
+from layerswap.trainables.model_ids import content_recipe_id, model_content_id
+from layerswap.world.manifest import MANIFEST
 
 KEY = "layerswap_promotion"  # the fingerprint's key in a raw result's `config`
 
@@ -29,24 +33,46 @@ def _lm_eval_version() -> str | None:
         return None
 
 
+def tasks_digest(exp: SearchExperiment, include_paths: list[str]) -> str:
+    """sha256 of what the promotion's tasks read locally: the world's manifest (the sha256 of its
+    every data file) and every file under the task folders (`include_paths`), by relative name.
+    A Hub dataset is known by its name only (its revision can move under it).
+
+    Args:
+        exp: the search experiment (its `world`).
+        include_paths: the task folders lm-eval reads (search.pool.include_paths).
+    """
+    h = hashlib.sha256()
+    if exp.world is not None and (manifest := Path(exp.world) / MANIFEST).is_file():
+        h.update(manifest.read_bytes())
+    for root in map(Path, include_paths):
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)  # fmt: skip
+        for f in files:
+            h.update(f"\0{f.relative_to(root) if f != root else f.name}\0".encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
 def fingerprint(
-    exp: SearchExperiment, rid: str | None, what: object, task: str, shots: int | None, device: str
+    exp: SearchExperiment, what: object, task: str, shots: int | None, device: str, tasks: str
 ) -> dict:
     """What decides one model's result on one task, as JSON data.
 
     Args:
         exp: the search experiment (its `promote` block: limit and max_gen_toks).
-        rid: the model's recipe id (content-based), None for a checkpoint evaluated as it is.
-        what: the checkpoint reference or the recipe.
+        what: the checkpoint reference or the recipe (its content id is taken now, so a model
+            whose expert changed on disk since the search is another model).
         task: the lm-eval task.
         shots: the few-shot count it is run at (None: the task's default).
         device: where it is evaluated ("cpu", "cuda"): kernels differ, and a leaderboard whose
             models were scored on different devices could differ by more than the models do.
+        tasks: `tasks_digest` of this promotion.
     """
-    model = rid if rid is not None else model_content_id(str(what))
+    model = model_content_id(what) if isinstance(what, str) else content_recipe_id(what)
     return {
         "model_id": model,
         "task": task,
+        "task_files": tasks,
         "num_fewshot": shots,
         "limit": exp.promote.limit,
         "max_gen_toks": exp.promote.max_gen_toks,

@@ -15,6 +15,7 @@ import pytest
 from search_fixtures import experiment, make_experts, one_trial_run
 
 from layerswap.search.promote import promote
+from layerswap.search.promote_kept import tasks_digest
 from layerswap.trainables.evaluate import harness
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -83,9 +84,9 @@ def test_another_budget_or_changed_checkpoint_is_evaluated_again(run, monkeypatc
     cfg = paths["base"] / "config.json"
     cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"layerswap_test_note": 1}))
     promote(more, run_dir, progress=False)
-    # The base baseline is a checkpoint: its content id changed, so it is evaluated again; the
-    # candidate is known by the recipe id its trial was scored under, and kept.
-    assert len(seen) == 1
+    # The base's content id changed, and with it the candidate's (its recipe names the base):
+    # both are other models now, evaluated again.
+    assert len(seen) == 2
 
 
 def test_a_result_from_another_device_is_evaluated_again(run, monkeypatch):
@@ -99,3 +100,24 @@ def test_a_result_from_another_device_is_evaluated_again(run, monkeypatch):
     seen = _counted(monkeypatch)
     promote(exp, run_dir, progress=False)
     assert len(seen) == 1  # the candidate's one shot group; the base was kept
+
+
+def test_the_task_digest_follows_the_world_and_the_task_folders(tiny_world, tmp_path):
+    """A rebuilt world (its manifest lists every data file's sha256) or an edited task file gives
+    another digest, so promotion evaluates again; Python's caches do not count."""
+    world, tasks = tmp_path / "world", tmp_path / "tasks"
+    world.mkdir()
+    (world / "world.json").write_text('{"files": {"data/mgsm/xa/test.jsonl": "aa"}}')
+    (tasks / "sub").mkdir(parents=True)
+    (tasks / "sub" / "t.yaml").write_text("task: t\n")
+    exp = experiment(tiny_world, make_experts(tiny_world, tmp_path / "made"))
+    exp = exp.model_copy(update={"world": str(world)})
+    first = tasks_digest(exp, [str(tasks)])
+    (tasks / "__pycache__").mkdir()
+    (tasks / "__pycache__" / "x.pyc").write_bytes(b"1")
+    assert tasks_digest(exp, [str(tasks)]) == first
+    (world / "world.json").write_text('{"files": {"data/mgsm/xa/test.jsonl": "bb"}}')
+    second = tasks_digest(exp, [str(tasks)])
+    assert second != first
+    (tasks / "sub" / "t.yaml").write_text("task: t\nnum_fewshot: 2\n")
+    assert tasks_digest(exp, [str(tasks)]) not in (first, second)
