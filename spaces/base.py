@@ -313,8 +313,10 @@ def is_hub_id(ref: str) -> bool:
 
 
 def same_model(a: str, b: str) -> bool:
-    """Whether two model references name one model: equal strings, or two spellings of one local
-    folder (relative, `..`, symlinks). URIs and Hub ids are compared as written.
+    """Whether two model references name one model: equal strings; two spellings of one local
+    folder (relative, `..`, symlinks); or a Hub id and a local copy of it, known as one by its
+    folder (the HF cache's `models--ORG--NAME`, or a folder named NAME, as
+    `huggingface-cli download --local-dir` copies are). URIs and Hub ids are compared as written.
 
     Args:
         a, b: checkpoint folders, Hub ids or URIs (e.g. a registry row's `base` and a search's).
@@ -323,6 +325,13 @@ def same_model(a: str, b: str) -> bool:
         return True
     if is_uri(a) or is_uri(b):
         return False
+    hub = [x for x in (a, b) if is_hub_id(x)]
+    if len(hub) == 2:
+        return False
+    if hub:  # experts trained from the Hub id, searched with a cluster's copy (or the reverse)
+        org, name = hub[0].split("/")
+        local = Path(os.path.realpath(b if hub[0] == a else a))
+        return f"models--{org}--{name}" in local.parts or local.name == name
     return os.path.realpath(a) == os.path.realpath(b)
 
 

@@ -166,3 +166,12 @@ def test_same_model_resolves_local_spellings_only(tmp_path):
     assert same_model(str(tmp_path / "base"), str(tmp_path / "x" / ".." / "base"))
     assert not same_model("s3://b/base", str(tmp_path / "base"))
     assert same_model("org/m", "org/m") and not same_model("org/m", "org/n")
+    # A Hub id and a local copy of it: the HF cache's folder, or a folder named after the repo
+    copy = tmp_path / "models" / "Qwen2.5-7B-Instruct"
+    cached = tmp_path / "hf" / "models--Qwen--Qwen2.5-7B-Instruct" / "snapshots" / "abc123"
+    for folder in (copy, cached):
+        folder.mkdir(parents=True)
+        assert same_model("Qwen/Qwen2.5-7B-Instruct", str(folder))
+        assert same_model(str(folder), "Qwen/Qwen2.5-7B-Instruct")
+    assert not same_model("Qwen/Qwen2.5-7B-Instruct", str(tmp_path / "base"))
+    assert not same_model("meta-llama/Llama-3.1-8B", str(copy))
