@@ -14,6 +14,7 @@ from typing import Any
 
 from layerswap.experts.registry import COLUMNS
 from layerswap.spaces.base import same_model
+from layerswap.spaces.languages import same_language
 from layerswap.spaces.recipe import ExpertSoup
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
@@ -154,7 +155,9 @@ def registry_picks(
         else:
             ind = IND + default if IND + default in inds else (inds[0] if inds else None)
         cand = [
-            r for r in rows if r["kind"] == kind and (language is None or r["language"] == language)
+            r
+            for r in rows
+            if r["kind"] == kind and (language is None or same_language(r["language"], language))
         ]
         others = _bases(cand)
         # A row without a base (a registry written by hand) is not known to differ: kept.

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from layerswap.spaces.base import MAX_GEN_TOKS, MAX_TRIALS, BatchSize, Device, StrictModel
+from layerswap.spaces.languages import LANGUAGES, WORLD_LANGUAGES
 from layerswap.spaces.task_families import family
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
@@ -189,23 +190,12 @@ class SweepConfig(StrictModel):
 
 
 # Real-model indicator tasks per language code (ISO 639-1 or 639-3, as experiments write them):
-# (Belebele FLORES code, Global-MMLU code).
-LANG_CODES: dict[str, tuple[str, str]] = {}
-for _codes, _bele, _gmmlu in [
-    (("en", "eng"), "eng_Latn", "en"),
-    (("sw", "swh", "swa"), "swh_Latn", "sw"),
-    (("bn", "ben"), "ben_Beng", "bn"),
-    (("te", "tel"), "tel_Telu", "te"),
-    (("ja", "jpn"), "jpn_Jpan", "ja"),
-    (("de", "deu"), "deu_Latn", "de"),
-    (("fr", "fra"), "fra_Latn", "fr"),
-    (("es", "spa"), "spa_Latn", "es"),
-    (("ru", "rus"), "rus_Cyrl", "ru"),
-    (("zh", "zho"), "zho_Hans", "zh"),
-]:
-    for _c in _codes:
-        LANG_CODES[_c] = (_bele, _gmmlu)
-WORLD_LANGUAGES = {"en", "xa", "xb"}
+# (Belebele FLORES code, Global-MMLU code), from the one language table (spaces/languages.py).
+LANG_CODES: dict[str, tuple[str, str]] = {
+    code: (lang.nllb, lang.gmmlu)
+    for lang in LANGUAGES.values()
+    for code in (lang.code, *lang.aliases)
+}
 
 
 def indicator_tasks(

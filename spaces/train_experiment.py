@@ -19,7 +19,8 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from layerswap.spaces.base import StrictModel, is_uri, load_yaml, resolve_local, validate
-from layerswap.spaces.sweep import LANG_CODES, WORLD_LANGUAGES, ExpertKind, SweepConfig
+from layerswap.spaces.languages import WORLD_LANGUAGES, language_key
+from layerswap.spaces.sweep import ExpertKind, SweepConfig
 from layerswap.spaces.train_modes import MODE_NAMES, Mode
 from layerswap.spaces.train_settings import (
     Debug,
@@ -89,15 +90,6 @@ def _shorthand_schema(schema: dict) -> None:
 _WORLD_SFT = re.compile(r"(?:^|/)data/sft/(?:math_(en)|lang_([a-z]+))\.jsonl$")
 
 
-def _same_language(code: str) -> str | None:
-    """What a language code names, comparably: every spelling of one language maps to the
-    same value (sw, swh, swa; en, eng); None for a code the project does not know."""
-    key = code.strip().lower()
-    if key in LANG_CODES:
-        return LANG_CODES[key][0]  # the FLORES code, one per language
-    return key if key in WORLD_LANGUAGES else None
-
-
 def stated_language(spec: DatasetSpec) -> str | None:
     """The language a dataset states: a source's `language`, or a world SFT file's name.
 
@@ -127,8 +119,8 @@ def language_contradiction(language: str, datasets: list[DatasetSpec]) -> str | 
         the message naming the field and both languages, or None.
     """
     stated = [stated_language(d) for d in datasets]
-    known = [_same_language(c) if c is not None else None for c in stated]
-    mine = _same_language(language)
+    known = [language_key(c) if c is not None else None for c in stated]
+    mine = language_key(language)
     if mine is None or None in known or mine in known:
         return None
     data = ", ".join(f"datasets[{i}] ({d.label}) is {c} data" for i, (d, c) in enumerate(zip(datasets, stated, strict=True)))  # fmt: skip

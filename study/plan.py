@@ -19,6 +19,7 @@ from layerswap.search import preflight_tasks
 from layerswap.search.fidelity import policy_of
 from layerswap.search.promote import promotion_tasks, shot_groups
 from layerswap.spaces.base import same_model
+from layerswap.spaces.languages import same_language
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
 from layerswap.spaces.task_families import is_world_task
@@ -245,7 +246,7 @@ def _pool_sizes(s: StudySearch, ctx: _Ctx, scored: dict[str, float]) -> tuple[in
     of_base = f" of base {exp.base}" if exp.base else ""
     sides = []
     for kind, language in (("math", None), ("language", lang)):
-        mine = [e for e in ours if e.experiment.kind == kind and e.experiment.sweep is not None and language in (None, e.experiment.language)]  # fmt: skip
+        mine = [e for e in ours if e.experiment.kind == kind and e.experiment.sweep is not None and (language is None or same_language(language, e.experiment.language))]  # fmt: skip
         if not mine:
             ctx.plan.problems.append(f"{s.label}: experts.registry: no {kind} expert of this study{of_base}{' in ' + language if language else ''} has a sweep, so none reaches the registry")  # fmt: skip
         rows = sum(scored.get(e.label, 0) for e in mine)

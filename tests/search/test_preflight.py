@@ -167,6 +167,17 @@ def test_a_registry_of_several_bases_is_narrowed_to_the_searchs(tiny_world, path
     assert any(f"no math experts (language=None) of base {tmp_path / 'neither'} (theirs: " in p for p in problems), problems  # fmt: skip
 
 
+def test_a_registry_language_in_another_spelling_is_the_same_language(tiny_world, paths, tmp_path):  # fmt: skip
+    """An expert trained with `language: sw` is the expert a search for `swh` wants."""
+    from layerswap.experts.registry import read_rows
+    from layerswap.search.pool import registry_picks
+
+    reg = expert_registry(paths, tmp_path, language="sw")
+    exp = experiment(tiny_world, paths, language="swh", task_experts=[], language_experts=[], experts={"registry": str(reg), "language_indicator": "world_belebele_sw_dev"})  # fmt: skip
+    picks, problems = registry_picks(exp, read_rows(reg))
+    assert problems == [] and [r["language"] for r in picks["language"]] == ["sw"]
+
+
 def test_base_missing_or_without_config(tiny_world, paths, tmp_path):
     exp = experiment(tiny_world, paths, base=str(tmp_path / "runs/world/base"))
     _only(check_search(exp), f"base {tmp_path / 'runs/world/base'}: no such folder")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from layerswap.spaces.languages import LANGUAGES, Language, find_language
+
 Record = dict[str, str]
 Row = Mapping[str, Any]
 RECORD_KEYS = ("prompt", "response", "source", "language")
@@ -23,24 +25,8 @@ class DataSourceError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # Languages. Records carry ISO 639-3 codes. Swahili is `swh` (the individual language), the code
-# NLLB, FLORES and Belebele use (`swh_Latn`); sources that say `sw`/`swa` are mapped to it.
-
-
-@dataclass(frozen=True)
-class Language:
-    code: str  # ISO 639-3, what records carry
-    name: str  # English name, as Aya's `language` column spells it
-    nllb: str  # NLLB/FLORES code
-    aliases: tuple[str, ...]  # other spellings sources use (ISO 639-1, macro-language, ...)
-
-
-LANGUAGES: dict[str, Language] = {
-    "eng": Language("eng", "English", "eng_Latn", ("en",)),
-    "ben": Language("ben", "Bengali", "ben_Beng", ("bn",)),
-    "tel": Language("tel", "Telugu", "tel_Telu", ("te",)),
-    "swh": Language("swh", "Swahili", "swh_Latn", ("sw", "swa")),
-    "jpn": Language("jpn", "Japanese", "jpn_Jpan", ("ja",)),
-}
+# NLLB, FLORES and Belebele use (`swh_Latn`); sources that say `sw`/`swa` are mapped to it. The
+# table is the project's one (spaces/languages.py): what an experiment may write, data reads.
 
 
 def resolve_language(code: str) -> Language:
@@ -49,12 +35,9 @@ def resolve_language(code: str) -> Language:
     Raises:
         DataSourceError: the language is not one the project knows.
     """
-    key = code.strip().lower()
-    for lang in LANGUAGES.values():
-        spellings = {lang.code, lang.name.lower(), lang.nllb.lower(), *lang.aliases}
-        if key in spellings:
-            return lang
-    raise DataSourceError(f"unknown language {code!r}; known: {', '.join(sorted(LANGUAGES))}")
+    if (lang := find_language(code)) is None:
+        raise DataSourceError(f"unknown language {code!r}; known: {', '.join(sorted(LANGUAGES))}")  # fmt: skip
+    return lang
 
 
 # ---------------------------------------------------------------------------------------------

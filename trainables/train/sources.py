@@ -210,8 +210,7 @@ def get_source(name: str) -> Source:
 
 
 def _matches(values: Iterable[str], lang: Language) -> bool:
-    spellings = {lang.code, lang.name.lower(), lang.nllb.lower(), *lang.aliases}
-    return any(v.strip().lower() in spellings for v in values if v)
+    return any(v.strip().lower() in lang.spellings for v in values if v)
 
 
 def load_sft(
