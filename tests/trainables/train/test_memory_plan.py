@@ -182,9 +182,12 @@ def test_a_cpu_run_plans_host_memory_per_worker():
     cfg = LlamaConfig(**TINY)
     gpu, cpu = memory_plan(_exp(), cfg), memory_plan(_exp(scaling={"use_gpu": False, "num_workers": 2}), cfg)  # fmt: skip
     assert "CUDA context + NCCL overhead" in _lines(gpu) and "CUDA context + NCCL overhead" not in _lines(cpu)  # fmt: skip
+    assert _lines(cpu)["process: Python, torch, transformers, Ray"] > 0.3 * 2**30  # measured 0.39 GiB  # fmt: skip
     text = format_plan(cpu)
     assert "GPU" not in text.replace("use_gpu", ""), text
-    assert "total per worker (host RAM)" in text
+    assert "per worker (host RAM)" in text
+    total = next(line for line in text.splitlines() if line.startswith("  total per worker"))
+    assert len(total) == len(next(line for line in format_plan(gpu).splitlines() if line.startswith("  total per GPU")))  # fmt: skip
     assert f"about {cpu.gpu_total / 2**30:.1f} GiB of host memory per worker, " in text
     assert cpu.fits is None
     with pytest.raises(ValueError, match=r"--gpu-memory 10: p trains on CPUs"):
