@@ -192,7 +192,11 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> in
 
 # What to type, in the error of a command line that names no experiment (or two).
 _USAGE = "layerswap train EXPERIMENT.yaml [--out RUN_DIR] [--resume [CKPT]]"
-_YAML = (".yaml", ".yml")
+_YAML = (
+    ".yaml",
+    ".yml",
+    ".json",
+)  # an experiment file (JSON is YAML too); a checkpoint is a folder
 
 
 def experiment_and_resume(args: argparse.Namespace) -> tuple[Path, bool | Path]:
@@ -209,6 +213,8 @@ def experiment_and_resume(args: argparse.Namespace) -> tuple[Path, bool | Path]:
     """
     experiment, resume = args.experiment, args.resume
     if isinstance(resume, Path) and resume.suffix.lower() in _YAML:
+        if experiment is not None and experiment.is_dir():  # `--resume EXP.yaml CKPT`: swapped
+            return resume, experiment
         if experiment is not None:
             raise ValueError(
                 f"--resume {resume}: CKPT is a checkpoint folder, not a second experiment "

@@ -38,6 +38,14 @@ def test_a_bare_resume_in_any_place_resumes_the_experiment(argv):
 
 def test_a_yml_suffix_is_an_experiment_too():
     assert _parsed("--resume", "exp.YML") == (Path("exp.YML"), True)
+    assert _parsed("--resume", "exp.json") == (Path("exp.json"), True)  # JSON is YAML too
+
+
+def test_an_experiment_after_resume_and_a_checkpoint_folder_after_it(tmp_path):
+    """`--resume EXP.yaml CKPT_DIR`: the folder is the checkpoint, the YAML the experiment."""
+    ckpt = tmp_path / "samples_16"
+    ckpt.mkdir()
+    assert _parsed("--resume", EXAMPLE, str(ckpt), "--no-ray") == (Path(EXAMPLE), ckpt)
 
 
 @pytest.mark.parametrize(
