@@ -67,7 +67,20 @@ def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool)
 def _differs(found: WorldConfig, want: WorldConfig) -> str:
     """How the world on disk differs from the one asked for, in words ("seed 0, not 1")."""
     said = [f"{k} {getattr(found, k)}, not {getattr(want, k)}" for k in ("seed", "size", "version") if getattr(found, k) != getattr(want, k)]  # fmt: skip
-    return "; ".join(said) or "another variant of this seed and size"
+    if said:
+        return "; ".join(said)
+    a, b = _leaves(found.model_dump()), _leaves(want.model_dump())
+    fields = [f"{k} {a.get(k)!r}, not {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]  # fmt: skip
+    more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
+    return f"another variant of this seed and size: {'; '.join(fields[:3])}{more}"
+
+
+def _leaves(data: dict, prefix: str = "") -> dict:
+    """{dotted.field: value} of a nested config dump."""
+    out = {}
+    for k, v in data.items():
+        out |= _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
 
 
 def build_world(
