@@ -72,7 +72,7 @@ def _differs(found: WorldConfig, want: WorldConfig) -> str:
     a, b = _leaves(found.model_dump()), _leaves(want.model_dump())
     fields = [f"{k} {a.get(k)!r}, not {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]  # fmt: skip
     more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
-    return f"another variant of this seed and size: {'; '.join(fields[:3])}{more}"
+    return "another variant of this seed and size" + (f": {'; '.join(fields[:3])}{more}" if fields else "")  # fmt: skip
 
 
 def _leaves(data: dict, prefix: str = "") -> dict:
