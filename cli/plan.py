@@ -1,6 +1,8 @@
-"""`layerswap plan STUDY.yaml [--profile NAME] [--json OUT] [--cluster CLUSTER.yaml]`: plan a
-whole study offline: resolve its names, count its runs, trials and evaluations, and estimate
-device-hours per stage from the model shapes and a throughput profile (spaces/throughput.yaml).
+"""`layerswap plan STUDY.yaml [--profile NAME] [--json OUT] [--cluster CLUSTER.yaml] [--export DIR]`:
+plan a whole study offline: resolve its names, count its runs, trials and evaluations, and
+estimate device-hours per stage from the model shapes and a throughput profile
+(spaces/throughput.yaml); `--export DIR` also writes each experiment as the study resolved it,
+with the commands that run the study (study/export.py).
 
 Thin: validates the study and every config it names (spaces/study.py), then prints
 study.plan.plan_study's plan. Problems (a task or dataset source that does not resolve,
@@ -19,7 +21,7 @@ from layerswap.cli.args import output_file
 from layerswap.spaces.base import load_yaml
 from layerswap.spaces.study import load_study
 from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.outputs import check_output_file, writing
+from layerswap.trainables.outputs import check_output, check_output_file, output_dir, writing
 
 
 def _is_plan_json(path: Path) -> bool:
@@ -70,6 +72,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check = dict(overwrite=args.overwrite, inputs=_inputs(loaded), ours=_is_plan_json, what="a layerswap plan JSON")  # fmt: skip
     if args.json is not None:
         check_output_file(args.json, **check)
+    if args.export is not None:
+        check_output(args.export, "study-export", overwrite=args.overwrite, inputs=_inputs(loaded))
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.study.plan import plan_study
     from layerswap.study.report import format_study_plan
@@ -87,7 +91,23 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             check_output_file(args.json, **check)
             atomic_write_text(args.json, json.dumps(plan.to_json(), indent=1) + "\n")
         print(f"wrote {args.json}")
+    if args.export is not None:
+        _export(loaded, args.export, args.overwrite)
     return 0
+
+
+def _export(loaded, folder: Path, overwrite: bool) -> None:
+    """Write the study's experiments and commands into `folder` (one output, atomically)."""
+    # lazy: as plan_study above
+    from layerswap.study.export import export_files
+
+    files = export_files(loaded, folder.resolve())
+    with output_dir(folder, "study-export", overwrite=overwrite, inputs=_inputs(loaded)) as tmp:
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text, encoding="utf-8")
+        (tmp / "commands.sh").chmod(0o755)
+    print(f"wrote {folder}: {len(files) - 1} experiment(s) and the commands that run them ({folder / 'commands.sh'})")  # fmt: skip
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -111,7 +131,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--json", type=output_file, metavar="OUT", help="also write the plan as JSON here"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --json plan")
+    p.add_argument(
+        "--export",
+        type=Path,
+        metavar="DIR",
+        help="also write each experiment as the study resolves it (DIR/experts/*.yaml with the "
+        "study's overrides and sweep, DIR/searches/*.yaml) and DIR/commands.sh, the commands "
+        "that run the study in order",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --json plan or --export DIR"
+    )
     p.add_argument(
         "--cluster",
         type=Path,

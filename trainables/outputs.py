@@ -44,6 +44,7 @@ KINDS = {
     "demo": "a demo run",
     "train": "a training run",
     "search": "a merge search",
+    "study-export": "a study's exported configs",
 }
 
 

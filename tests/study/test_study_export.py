@@ -1,0 +1,63 @@
+"""`layerswap plan STUDY --export DIR`: each experiment as the study resolves it, and the commands
+that run the study (study/export.py).
+
+Run: .venv/bin/python -m pytest -q tests/study/test_study_export.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layerswap.cli import main
+from layerswap.spaces.search_experiment import SearchExperiment, load_search_experiment
+from layerswap.spaces.study import load_study
+from layerswap.spaces.train_experiment import load_train_experiment, parse_train_experiment
+from layerswap.study.export import export_files
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "spaces" / "examples"
+
+
+@pytest.mark.parametrize("study", ["real_study.yaml", "real_followup_study.yaml"])
+def test_every_exported_experiment_reads_back_as_the_study_resolved_it(study, tmp_path):
+    loaded = load_study(EXAMPLES / study)
+    files = export_files(loaded, tmp_path)
+    for ex in loaded.experts:
+        data = yaml.safe_load(files[f"experts/{ex.experiment.name}.yaml"])
+        assert parse_train_experiment(data) == ex.experiment  # overrides and sweep included
+        assert ex.experiment.sweep is not None and "sweep" in data
+    for s in loaded.searches:
+        data = yaml.safe_load(files[f"searches/{s.experiment.name}.yaml"])
+        assert SearchExperiment.model_validate(data) == s.experiment
+    cmds = files["commands.sh"].splitlines()
+    # each sweep writes where the searches of its base read the registry
+    trains = [c for c in cmds if c.startswith("layerswap train")]
+    assert len(trains) == len(loaded.experts)
+    for model in ("llama31_8b", "qwen25_7b") if study == "real_followup_study.yaml" else ("llama31_8b",):  # fmt: skip
+        mine = [c for c in trains if f"/{model}_" in c]
+        assert mine and all(c.endswith(f" --out runs/{model}") for c in mine), mine
+
+
+def test_plan_export_writes_the_files_once(tiny_world, tmp_path, monkeypatch, capsys):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "world").symlink_to(tiny_world)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "exported"
+    argv = ["plan", str(EXAMPLES / "world_study.yaml"), "--export", str(out)]
+    assert main(argv) == 0
+    assert f"wrote {out}: 3 experiment(s)" in capsys.readouterr().out
+    exp = load_train_experiment(out / "experts" / "world_math_full.yaml")
+    assert exp.sweep is not None and exp.sweep.num_samples == 1
+    assert load_search_experiment(out / "searches" / "world_xa.yaml").name == "world_xa"
+    commands = (out / "commands.sh").read_text()
+    assert f"layerswap train {out}/experts/world_math_full.yaml --out runs/world-study" in commands
+    assert f"layerswap search {out}/searches/world_xa.yaml --out runs/world_xa" in commands
+    assert os.access(out / "commands.sh", os.X_OK)
+    assert main(argv) == 2  # an export is not replaced without --overwrite
+    assert "already exists" in capsys.readouterr().err
+    (out / "commands.sh").write_text("edited\n")
+    assert main([*argv, "--overwrite"]) == 0
+    assert (out / "commands.sh").read_text() == commands
