@@ -35,7 +35,15 @@ def fit_text(text: str, fig, fontsize: float) -> str:
     """`text` wrapped (at spaces) to the figure's width, so constrained layout, which moves axes
     but never shrinks a label, keeps a long title or axis label (an indicator's name) inside."""
     chars = int(fig.get_figwidth() * 72 * 0.85 / (0.6 * fontsize))  # ~0.6 em per character
-    return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
+    return "\n".join(_balanced(line, chars) for line in text.split("\n"))
+
+
+def _balanced(line: str, chars: int) -> str:
+    """`line` in as few lines of at most ~`chars` as it needs, of even length (no orphan word)."""
+    if len(line) <= chars:
+        return line
+    n = -(-len(line) // chars)
+    return textwrap.fill(line, -(-len(line) // n) + 4)
 
 
 def heatmap(

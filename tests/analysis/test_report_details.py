@@ -167,5 +167,5 @@ def test_long_labels_stay_inside_the_figure(drawn):
     x, y = np.array([0.1, 0.2, 0.3]), np.array([0.3, 0.2, 0.4])
     figures.scatter(x, y, title=f"{ind}\nSpearman +0.50", xlabel=ind, ylabel="target: mgsm_xa")
     figures.bars(["top", "bottom"], [0.7, 0.3], xlabel="importance",
-                 title="fANOVA importance (a_long_experiment_name_for_the_world_run)")  # fmt: skip
+                 title="fANOVA importance (a_long_experiment_name_for_the_world)")  # fmt: skip
     assert [_outside(f) for f in drawn] == [[], []]
