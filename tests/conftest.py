@@ -8,6 +8,7 @@ library itself, never with the engine's own reader, so expectations stay indepen
 from __future__ import annotations
 
 import os
+import signal
 
 # No network, ever: huggingface_hub / datasets read these when first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -296,6 +297,22 @@ def snapshot_tree(*roots: str | Path) -> dict[str, str]:
             key = f"{root}/{p.relative_to(root)}"
             state[key] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
     return state
+
+
+@pytest.fixture
+def ray_tmp():
+    """A RAY_TMPDIR of a command's own (tests/cli/cli_process.RayTmp); at teardown whatever Ray
+    left under it is killed (by pid)."""
+    from tests.cli.cli_process import RayTmp
+
+    r = RayTmp()
+    yield r
+    for pid in r.gone(timeout=5):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(r.dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,14 +7,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
-from tests.cli.cli_process import Cli, RayTmp
+from tests.cli.cli_process import Cli
 
 
 @pytest.fixture(scope="session")
@@ -75,16 +72,3 @@ def cli(tmp_path):
     yield start
     for c in started:
         c.kill()
-
-
-@pytest.fixture
-def ray_tmp():
-    """A RayTmp; at teardown any process left under it is killed (by pid)."""
-    r = RayTmp()
-    yield r
-    for pid in r.gone(timeout=5):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    shutil.rmtree(r.dir, ignore_errors=True)

@@ -12,16 +12,13 @@ Run: .venv/bin/python -m pytest -q tests/trainables/train/test_train_progress_li
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cli.cli_process import RAY_FORWARDED, Cli, RayTmp
+from tests.cli.cli_process import RAY_FORWARDED, Cli
 from tests.trainables.train.train_helpers import make_exp
 
 LINE = re.compile(
@@ -81,19 +78,6 @@ def test_ray_run_prints_progress_lines_from_the_driver(tiny_world, tmp_path, ray
     with ray_cluster(workers=1, cpus=1):  # its driver takes no worker output (log_to_driver off)
         assert main(["train", str(f), "--out", str(tmp_path / "run")]) == 0
     _check_lines(capsys.readouterr().out, tmp_path / "run/train/p")
-
-
-@pytest.fixture
-def ray_tmp():
-    """A RAY_TMPDIR of the command's own; whatever Ray left under it is killed (by pid)."""
-    r = RayTmp()
-    yield r
-    for pid in r.gone(timeout=5):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    shutil.rmtree(r.dir, ignore_errors=True)
 
 
 @pytest.mark.slow
