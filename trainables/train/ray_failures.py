@@ -86,6 +86,12 @@ OOM_HINT = (
 )
 
 
+HOST_OOM_HINT = (
+    "a worker ran out of host memory: check `layerswap train EXP --plan` (a CPU run's plan is "
+    "host memory per worker), then lower hyper.micro_batch_size or scaling.num_workers per node"
+)
+
+
 def describe_failure(error: BaseException) -> str:
     """A run that failed for good, as its user reads it: one line naming each failed worker's
     error, what to change for an out-of-memory, then the workers' own tracebacks (which the
@@ -105,7 +111,14 @@ def describe_failure(error: BaseException) -> str:
         oom |= isinstance(base, torch.OutOfMemoryError) or "CUDA out of memory" in str(base)
         if tb := str(getattr(e, "_traceback_str", "")).strip():
             tracebacks.append(f"worker rank {rank}'s traceback:\n{tb}")
-    return "\n".join(["; ".join(heads), *([OOM_HINT] if oom else []), *tracebacks])
+    # Ray unwraps each worker's error before it builds WorkerGroupError (worker_group/poll.py),
+    # so the tracebacks are in its message: the workers' snippets, equal ones grouped by rank.
+    said = str(getattr(error, "_error_message", "")).strip()
+    if said and not tracebacks:
+        tracebacks.append(f"the workers' tracebacks, as Ray reports them:\n{said}")
+    host = any("DefaultCPUAllocator" in str(getattr(e, "_base_exc", e)) for e in failures.values())
+    hints = [OOM_HINT] if oom else [HOST_OOM_HINT] if host else []
+    return "\n".join(["; ".join(heads), *hints, *tracebacks])
 
 
 def quiet_own_errors() -> None:

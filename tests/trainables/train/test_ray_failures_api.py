@@ -90,3 +90,43 @@ def test_a_failed_run_names_each_worker_error_and_shows_its_traceback():
     assert text[1] == OOM_HINT
     assert text[2:] == ["worker rank 0's traceback:", *tb.splitlines()]
     assert "out of GPU memory" not in describe_failure(WorkerGroupError("x", {0: RuntimeError("nccl")}))  # fmt: skip
+
+
+def test_a_failure_as_ray_builds_it_still_shows_the_tracebacks():
+    """Ray hands the controller each worker's own error, unwrapped (worker_group/poll.py); the
+    tracebacks survive only in WorkerGroupError's message, which the failure must carry."""
+    from layerswap.trainables.train.ray_failures import HOST_OOM_HINT, describe_failure
+
+    snippet = '[Rank 0 Error Snippet]:\nTraceback (most recent call last):\n  File "loop.py", line 9\nRuntimeError: [enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can\'t allocate memory'
+    base = RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory")  # fmt: skip
+    err = WorkerGroupError(snippet, {0: base})
+    assert err._error_message == snippet  # the private attribute read (Ray's __init__ keeps it)
+    text = describe_failure(err)
+    assert text.splitlines()[1] == HOST_OOM_HINT
+    assert text.endswith("the workers' tracebacks, as Ray reports them:\n" + snippet)
+
+
+def test_the_failure_ray_builds_from_a_worker_status_keeps_its_traceback():
+    """Through Ray's own poll status (the path a real run takes): the traceback reaches the text."""
+    import inspect
+
+    import torch
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2._internal.execution.worker_group.poll import (
+        WorkerGroupPollStatus,
+        WorkerStatus,
+    )
+
+    from layerswap.trainables.train.ray_failures import describe_failure
+
+    tb = 'Traceback (most recent call last):\n  File "loop.py", line 9, in step\ntorch.OutOfMemoryError: CUDA out of memory'  # fmt: skip
+    wrapped = UserExceptionWithTraceback(torch.OutOfMemoryError("CUDA out of memory"), tb)
+    need = inspect.signature(WorkerStatus).parameters
+    status = WorkerStatus(**{k: (False if k == "running" else None) for k, p in need.items() if p.default is inspect.Parameter.empty}, error=wrapped)  # fmt: skip
+    need = inspect.signature(WorkerGroupPollStatus).parameters
+    poll = WorkerGroupPollStatus(**{k: None for k, p in need.items() if p.default is inspect.Parameter.empty and k != "worker_statuses"}, worker_statuses={0: status})  # fmt: skip
+    err = poll.get_worker_group_error()
+    assert not hasattr(err.worker_failures[0], "_traceback_str")  # Ray unwrapped it
+    text = describe_failure(err)
+    assert text.startswith("worker rank 0: OutOfMemoryError: CUDA out of memory")
+    assert 'File "loop.py", line 9, in step' in text
