@@ -78,8 +78,10 @@ def export_files(loaded: LoadedStudy, folder: Path) -> dict[str, str]:
     cmds.append("")
     taken: set[str] = set()
     for s in loaded.searches:
-        name = s.experiment.name
-        stem = name if name not in taken else f"{name}_{len(taken)}"
+        stem, n = s.experiment.name, 1
+        while stem in taken:  # two searches of one name: each its own file and run folder
+            n += 1
+            stem = f"{s.experiment.name}_{n}"
         taken.add(stem)
         rel = f"searches/{stem}.yaml"
         data = s.experiment.model_dump(mode="json", exclude_defaults=True)

@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/study/test_study_export.py
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,14 @@ def test_plan_export_writes_the_files_once(tiny_world, tmp_path, monkeypatch, ca
     (out / "commands.sh").write_text("edited\n")
     assert main([*argv, "--overwrite"]) == 0
     assert (out / "commands.sh").read_text() == commands
+
+
+def test_searches_of_one_name_each_get_their_own_file(tmp_path):
+    """Names a, a_2, a: three files and three run folders, none run twice."""
+    loaded = load_study(EXAMPLES / "world_study.yaml")
+    one = loaded.searches[0]
+    named = [replace(one, experiment=one.experiment.model_copy(update={"name": n})) for n in ("a", "a_2", "a")]  # fmt: skip
+    files = export_files(replace(loaded, searches=named), tmp_path)
+    assert sorted(f for f in files if f.startswith("searches/")) == ["searches/a.yaml", "searches/a_2.yaml", "searches/a_3.yaml"]  # fmt: skip
+    runs = [c.split(" --out ")[1] for c in files["commands.sh"].splitlines() if c.startswith("layerswap search")]  # fmt: skip
+    assert runs == ["runs/a", "runs/a_2", "runs/a_3"]
