@@ -43,13 +43,26 @@ def tasks_digest(exp: SearchExperiment, include_paths: list[str]) -> str:
         include_paths: the task folders lm-eval reads (search.pool.include_paths).
     """
     h = hashlib.sha256()
-    if exp.world is not None and (manifest := Path(exp.world) / MANIFEST).is_file():
-        h.update(manifest.read_bytes())
+    # Where the world and lm-eval are installed is not what a task computes: the task YAMLs name
+    # both by absolute path, and a run resumed after a move (scratch to project storage, another
+    # node's venv) must not evaluate every model again. The world's content is its manifest.
+    places = {}
+    if exp.world is not None:
+        places[str(Path(exp.world).resolve())] = b"<world>"
+        if (manifest := Path(exp.world) / MANIFEST).is_file():
+            h.update(manifest.read_bytes())
+    # lazy: lm-eval's package loads with the promotion that calls this, not with `plan`
+    import lm_eval
+
+    places[str(Path(lm_eval.__file__).resolve().parent)] = b"<lm_eval>"
     for root in map(Path, include_paths):
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)  # fmt: skip
         for f in files:
+            data = f.read_bytes()
+            for where, name in sorted(places.items(), key=lambda kv: -len(kv[0])):
+                data = data.replace(where.encode(), name)
             h.update(f"\0{f.relative_to(root) if f != root else f.name}\0".encode())
-            h.update(hashlib.sha256(f.read_bytes()).digest())
+            h.update(hashlib.sha256(data).digest())
     return h.hexdigest()[:16]
 
 

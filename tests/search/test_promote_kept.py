@@ -121,3 +121,19 @@ def test_the_task_digest_follows_the_world_and_the_task_folders(tiny_world, tmp_
     assert second != first
     (tasks / "sub" / "t.yaml").write_text("task: t\nnum_fewshot: 2\n")
     assert tasks_digest(exp, [str(tasks)]) not in (first, second)
+
+
+def test_the_task_digest_does_not_follow_where_the_world_lies(tiny_world, tmp_path):
+    """The task YAMLs name the world's files by absolute path: a run resumed after its world
+    moved (same manifest) keeps its results."""
+    tasks = {}
+    for name in ("a", "b"):
+        world = tmp_path / name / "world"
+        world.mkdir(parents=True)
+        (world / "world.json").write_text('{"files": {}}')
+        folder = tmp_path / name / "tasks"
+        folder.mkdir()
+        (folder / "t.yaml").write_text(f"task: t\ntest: {world}/data/mgsm/xa/test.jsonl\n")
+        exp = experiment(tiny_world, make_experts(tiny_world, tmp_path / "made"))
+        tasks[name] = tasks_digest(exp.model_copy(update={"world": str(world)}), [str(folder)])
+    assert tasks["a"] == tasks["b"]
