@@ -350,8 +350,11 @@ def verdict(plan: Plan) -> str:
     host memory it needs)."""
     total = plan.gpu_total / GIB
     if not plan.on_gpu:
-        node = f", {plan.workers * total:.1f} GiB for its {plan.workers} workers on one node" if plan.workers > 1 else ""  # fmt: skip
-        return f"a CPU run (scaling.use_gpu is false): about {total:.1f} GiB of host memory per worker{node}"  # fmt: skip
+        # The offloaded state (cpu_offload) lives in the same host memory: counted per node.
+        node = plan.workers * total + plan.cpu_total / GIB
+        with_offload = " with the offloaded state" if plan.cpu_total else ""
+        on_node = f", {node:.1f} GiB for its {plan.workers} worker(s) on one node{with_offload}" if node > total else ""  # fmt: skip
+        return f"a CPU run (scaling.use_gpu is false): about {total:.1f} GiB of host memory per worker{on_node}"  # fmt: skip
     if plan.gpu_label is None:
         return f"GPU memory unknown (no scaling.accelerator_type; --gpu-memory GIB): needs {total:.1f} GiB per GPU"  # fmt: skip
     if plan.gpu_bytes is None:

@@ -190,6 +190,10 @@ def test_a_cpu_run_plans_host_memory_per_worker():
     assert len(total) == len(next(line for line in format_plan(gpu).splitlines() if line.startswith("  total per GPU")))  # fmt: skip
     assert f"about {cpu.gpu_total / 2**30:.1f} GiB of host memory per worker, " in text
     assert cpu.fits is None
+    # cpu_offload on a CPU run (the gloo tests' set-up): its offloaded state is host memory too
+    off = memory_plan(_exp(scaling={"use_gpu": False, "num_workers": 2, "strategy": "fsdp", "cpu_offload": True}), cfg)  # fmt: skip
+    node = 2 * off.gpu_total / 2**30 + off.cpu_total / 2**30
+    assert off.cpu_total > 0 and f"{node:.1f} GiB for its 2 worker(s) on one node with the offloaded state" in format_plan(off)  # fmt: skip
     with pytest.raises(ValueError, match=r"--gpu-memory 10: p trains on CPUs"):
         memory_plan(_exp(scaling={"use_gpu": False}), cfg, gpu_memory=10)
 
