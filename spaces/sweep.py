@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from layerswap.spaces.base import MAX_GEN_TOKS, MAX_TRIALS, BatchSize, Device, StrictModel
-from layerswap.spaces.languages import LANGUAGES, WORLD_LANGUAGES
+from layerswap.spaces.languages import LANGUAGES, WORLD_LANGUAGES, find_language
 from layerswap.spaces.task_families import family
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
@@ -231,12 +231,12 @@ def indicator_tasks(
         return [family("belebele").world_task(language, "dev")]
     if kind == "math":
         return ["mgsm_direct_en"]
-    if language not in LANG_CODES:
+    if (lang := find_language(language)) is None:  # any spelling the language check accepts
         raise ValueError(
             f"language {language!r}: no default Belebele task (known: {sorted(LANG_CODES)}); "
             f"give sweep.indicators explicitly"
         )
-    bele, gmmlu = LANG_CODES[language]
+    bele, gmmlu = lang.nllb, lang.gmmlu
     tasks = [f"belebele_{bele}"]
     if global_mmlu:
         tasks.append(f"global_mmlu_full_{gmmlu}")

@@ -45,3 +45,10 @@ def test_a_contradiction_in_any_spelling_the_loader_reads_is_refused(stated):
     }
     with pytest.raises(ValueError, match=f"language: bn, but datasets\\[0\\].* is {stated} data"):
         parse_train_experiment(exp, source="exp.yaml")
+
+
+@pytest.mark.parametrize("spelling", ["sw", "SW", "Swahili", "swh_Latn"])
+def test_every_accepted_spelling_has_the_default_indicators(spelling):
+    from layerswap.spaces.sweep import indicator_tasks
+
+    assert indicator_tasks("language", spelling, world=False, global_mmlu=True) == ["belebele_swh_Latn", "global_mmlu_full_sw"]  # fmt: skip
