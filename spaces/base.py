@@ -314,25 +314,31 @@ def is_hub_id(ref: str) -> bool:
 
 def same_model(a: str, b: str) -> bool:
     """Whether two model references name one model: equal strings; two spellings of one local
-    folder (relative, `..`, symlinks); or a Hub id and a local copy of it, known as one by its
-    folder (the HF cache's `models--ORG--NAME`, or a folder named NAME, as
-    `huggingface-cli download --local-dir` copies are). URIs and Hub ids are compared as written.
+    folder (relative, `..`, symlinks); or a local folder and a copy of it elsewhere (a Hub id or a
+    cloud URI), known as one by its name: the folder is named as the Hub repo or the URI's last
+    part (`huggingface-cli download --local-dir` copies, an upload to a bucket), or is the HF
+    cache's `models--ORG--NAME`. Two Hub ids, two URIs, or a Hub id and a URI compare as written.
 
     Args:
         a, b: checkpoint folders, Hub ids or URIs (e.g. a registry row's `base` and a search's).
     """
     if a == b:
         return True
-    if is_uri(a) or is_uri(b):
+    remote = [x for x in (a, b) if is_uri(x) or is_hub_id(x)]
+    if not remote:
+        return os.path.realpath(a) == os.path.realpath(b)
+    if len(remote) == 2:
         return False
-    hub = [x for x in (a, b) if is_hub_id(x)]
-    if len(hub) == 2:
-        return False
-    if hub:  # experts trained from the Hub id, searched with a cluster's copy (or the reverse)
-        org, name = hub[0].split("/")
-        local = Path(os.path.realpath(b if hub[0] == a else a))
-        return f"models--{org}--{name}" in local.parts or local.name == name
-    return os.path.realpath(a) == os.path.realpath(b)
+    # Experts trained from the Hub id or a bucket's copy, searched with a local copy (or the
+    # reverse): one model in two places.
+    other = remote[0]
+    local = Path(os.path.realpath(b if other == a else a))
+    name = other.rstrip("/").rsplit("/", 1)[-1]
+    if is_hub_id(other):
+        org = other.split("/")[0]
+        if f"models--{org}--{name}" in local.parts:
+            return True
+    return local.name == name
 
 
 def resolve_local(value: object, root: Path) -> object:

@@ -164,7 +164,10 @@ def test_same_model_resolves_local_spellings_only(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "base")
     assert same_model(str(tmp_path / "base"), str(tmp_path / "link"))
     assert same_model(str(tmp_path / "base"), str(tmp_path / "x" / ".." / "base"))
-    assert not same_model("s3://b/base", str(tmp_path / "base"))
+    # a bucket's copy of a local base (uploaded under its name) is the same model
+    assert same_model("s3://b/base", str(tmp_path / "base"))
+    assert not same_model("s3://b/other", str(tmp_path / "base"))
+    assert not same_model("s3://b/base", "s3://c/base") and not same_model("s3://b/base", "org/base")  # fmt: skip
     assert same_model("org/m", "org/m") and not same_model("org/m", "org/n")
     # A Hub id and a local copy of it: the HF cache's folder, or a folder named after the repo
     copy = tmp_path / "models" / "Qwen2.5-7B-Instruct"
