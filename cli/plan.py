@@ -20,6 +20,7 @@ from pathlib import Path
 from layerswap.cli.args import output_file
 from layerswap.spaces.base import load_yaml
 from layerswap.spaces.study import load_study
+from layerswap.study.export import export_files
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.outputs import check_output, check_output_file, output_dir, writing
 
@@ -98,9 +99,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _export(loaded, folder: Path, overwrite: bool) -> None:
     """Write the study's experiments and commands into `folder` (one output, atomically)."""
-    # lazy: as plan_study above
-    from layerswap.study.export import export_files
-
     files = export_files(loaded, folder.resolve())
     with output_dir(folder, "study-export", overwrite=overwrite, inputs=_inputs(loaded)) as tmp:
         for rel, text in files.items():

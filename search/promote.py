@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from layerswap.search.leaderboard import leaderboard
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
-from layerswap.search.promote_kept import KEY, fingerprint, kept_raws, raw_path, tasks_digest
+from layerswap.search.promote_kept import KEY, fingerprints, kept_raws, raw_path, tasks_digest
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe
@@ -278,7 +278,7 @@ def _evaluate_models(
     for name, kind, rid, what in setup.models:
         t0 = time.perf_counter()
         try:
-            prints = {t: fingerprint(exp, what, t, shots, setup.device, task_files) for shots, ts in setup.groups for t in ts}  # fmt: skip
+            prints = fingerprints(exp, what, setup.groups, setup.device, task_files)
             # An earlier promotion of this run (interrupted, or resumed with another budget)
             # that evaluated this model the same way: its results stand, nothing is loaded.
             raws = kept_raws(setup.pdir, name, prints)

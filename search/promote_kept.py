@@ -19,6 +19,8 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import lm_eval  # its package only (4 ms): the task modules load when a run needs them
+
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.trainables.model_ids import content_recipe_id, model_content_id
 from layerswap.world.manifest import MANIFEST
@@ -51,9 +53,6 @@ def tasks_digest(exp: SearchExperiment, include_paths: list[str]) -> str:
         places[str(Path(exp.world).resolve())] = b"<world>"
         if (manifest := Path(exp.world) / MANIFEST).is_file():
             h.update(manifest.read_bytes())
-    # lazy: lm-eval's package loads with the promotion that calls this, not with `plan`
-    import lm_eval
-
     places[str(Path(lm_eval.__file__).resolve().parent)] = b"<lm_eval>"
     for root in map(Path, include_paths):
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)  # fmt: skip
@@ -66,22 +65,26 @@ def tasks_digest(exp: SearchExperiment, include_paths: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def model_id(what: object) -> str:
+    """The content id of a promoted model, taken now (a model whose expert changed on disk since
+    the search is another model): a checkpoint reference's, or a recipe's."""
+    return model_content_id(what) if isinstance(what, str) else content_recipe_id(what)
+
+
 def fingerprint(
-    exp: SearchExperiment, what: object, task: str, shots: int | None, device: str, tasks: str
+    exp: SearchExperiment, model: str, task: str, shots: int | None, device: str, tasks: str
 ) -> dict:
     """What decides one model's result on one task, as JSON data.
 
     Args:
         exp: the search experiment (its `promote` block: limit and max_gen_toks).
-        what: the checkpoint reference or the recipe (its content id is taken now, so a model
-            whose expert changed on disk since the search is another model).
+        model: the model's `model_id`.
         task: the lm-eval task.
         shots: the few-shot count it is run at (None: the task's default).
         device: where it is evaluated ("cpu", "cuda"): kernels differ, and a leaderboard whose
             models were scored on different devices could differ by more than the models do.
         tasks: `tasks_digest` of this promotion.
     """
-    model = model_content_id(what) if isinstance(what, str) else content_recipe_id(what)
     return {
         "model_id": model,
         "task": task,
@@ -92,6 +95,15 @@ def fingerprint(
         "device": device,
         "lm_eval": _lm_eval_version(),
     }
+
+
+def fingerprints(
+    exp: SearchExperiment, what: object, groups: list[tuple[int | None, list[str]]], device: str, tasks: str
+) -> dict[str, dict]:  # fmt: skip
+    """Task -> `fingerprint` of one model over the promotion's (shots, tasks) groups; its content
+    id is taken once, not per task."""
+    model = model_id(what)
+    return {t: fingerprint(exp, model, t, shots, device, tasks) for shots, ts in groups for t in ts}
 
 
 def raw_path(pdir: Path, name: str, task: str) -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 # Rows per forward pass in an evaluation: a number, or "auto" (the device's default; on a GPU
@@ -302,9 +303,6 @@ def is_hub_id(ref: str) -> bool:
         return False
     if ref.startswith((".", "/", "~")) or Path(ref).expanduser().exists():
         return False
-    # lazy: huggingface_hub is only needed for a reference that looks like an id
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     try:
         validate_repo_id(ref)
     except HFValidationError:

@@ -10,20 +10,12 @@ import yaml
 
 from layerswap.cli import main
 from layerswap.trainables.train import ray_train
+from tests.trainables.train.train_helpers import make_exp
 
 
 def test_a_run_that_failed_for_good_is_one_failure_with_the_workers_error(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
     exp = tmp_path / "exp.yaml"
-    data = {
-        "name": "t",
-        "base": str(tiny_world / "base"),
-        "kind": "math",
-        "language": "en",
-        "datasets": [{"path": str(tiny_world / "data/sft/math_en.jsonl")}],
-        "mode": "full",
-        "hyper": {"lr": 3e-3, "batch_size": 8, "max_steps": 2, "seq_len": 96},
-    }
-    exp.write_text(yaml.safe_dump(data))
+    exp.write_text(yaml.safe_dump(make_exp(tiny_world).model_dump(mode="json", exclude_none=True)))
     said = "worker rank 0: OutOfMemoryError: CUDA out of memory\nworker rank 0's traceback:\n..."
 
     def failed(exp, **kw):
