@@ -15,6 +15,8 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
+from layerswap.analysis.load import load_run
+
 LAYERS = 6
 MATH_LAYERS = (2, 3, 4)
 LANG_LAYERS = (0, 1, 5)
@@ -177,3 +179,18 @@ def make_study(path: Path, trials: pd.DataFrame) -> None:
             continue
         params = {k: int(r[k]) for k in dist}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dist, value=float(r["objective"])))  # fmt: skip
+
+
+def promotion_run(tmp_path: Path, task: str, models: dict[str, list[float]], raw: bool = True):
+    """A run folder holding only promotion's results on `task` (one baseline row per model, its
+    per-item `scores` in a raw lm-eval JSON unless `raw` is False), loaded as analysis reads it."""
+    run = tmp_path / "run"
+    (run / "promotion").mkdir(parents=True)
+    rows = []
+    for model, scores in models.items():
+        path = run / "promotion" / f"{model}.json"
+        if raw:
+            path.write_text(json.dumps(lm_eval_raw(task, scores)))
+        rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": task, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
+    pd.DataFrame(rows).to_parquet(run / "promotion" / "results.parquet")
+    return load_run(run)

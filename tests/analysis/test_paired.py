@@ -6,14 +6,10 @@ Run: .venv/bin/python -m pytest -q tests/analysis/test_paired.py
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
-import pandas as pd
 import pytest
-from analysis_synth import lm_eval_raw
+from analysis_synth import promotion_run
 
-from layerswap.analysis.load import load_run
 from layerswap.analysis.paired import paired_section
 from layerswap.analysis.stats import bootstrap_indices
 
@@ -21,16 +17,7 @@ TASK = "world_mgsm_direct_xa"
 
 
 def _run(tmp_path, models: dict[str, list[float]], raw: bool = True):
-    run = tmp_path / "run"
-    (run / "promotion").mkdir(parents=True)
-    rows = []
-    for model, scores in models.items():
-        path = run / "promotion" / f"{model}.json"
-        if raw:
-            path.write_text(json.dumps(lm_eval_raw(TASK, scores)))
-        rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": TASK, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
-    pd.DataFrame(rows).to_parquet(run / "promotion" / "results.parquet")
-    return load_run(run)
+    return promotion_run(tmp_path, TASK, models, raw)
 
 
 def test_differences_and_cis_are_paired_over_the_items(tmp_path):

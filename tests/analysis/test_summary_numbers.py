@@ -12,8 +12,7 @@ import json
 import re
 
 import numpy as np
-import pandas as pd
-from analysis_synth import lm_eval_raw
+from analysis_synth import promotion_run
 
 from layerswap.analysis.indicators import indicators_section
 from layerswap.analysis.load import load_run
@@ -41,15 +40,7 @@ def _as_written(data: dict) -> dict:
 
 
 def _paired_run(tmp_path, models: dict[str, list[float]]):
-    run = tmp_path / "run"
-    (run / "promotion").mkdir(parents=True)
-    rows = []
-    for model, scores in models.items():
-        path = run / "promotion" / f"{model}.json"
-        path.write_text(json.dumps(lm_eval_raw(TASK, scores)))
-        rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": TASK, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
-    pd.DataFrame(rows).to_parquet(run / "promotion" / "results.parquet")
-    return load_run(run)
+    return promotion_run(tmp_path, TASK, models)
 
 
 def test_paired_differences_are_numbers(tmp_path):
