@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -30,6 +29,7 @@ from layerswap.spaces.train_settings import (
     PrecisionPolicy,
     Scaling,
 )
+from layerswap.spaces.world import sft_language
 
 
 class DatasetSpec(StrictModel):
@@ -85,11 +85,6 @@ def _shorthand_schema(schema: dict) -> None:
             props[key]["default"] = full.pop("default")
 
 
-# The embedded world's SFT files name their language: data/sft/math_en.jsonl (English math
-# problems) and data/sft/lang_<code>.jsonl (world/data.py make_datasets writes them).
-_WORLD_SFT = re.compile(r"(?:^|/)data/sft/(?:math_(en)|lang_([a-z]+))\.jsonl$")
-
-
 def stated_language(spec: DatasetSpec) -> str | None:
     """The language a dataset states: a source's `language`, or a world SFT file's name.
 
@@ -101,8 +96,7 @@ def stated_language(spec: DatasetSpec) -> str | None:
     """
     if spec.source is not None:
         return spec.language
-    m = _WORLD_SFT.search(str(spec.path))
-    code = m and (m.group(1) or m.group(2))
+    code = sft_language(str(spec.path))
     return code if code in WORLD_LANGUAGES else None
 
 

@@ -56,6 +56,24 @@ SHA256 = r"^[0-9a-f]{64}$"
 FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a plain file or folder name (no path, no dotfile)
 # what world/bases/NAME holds: the model `world build` would have pretrained, and the config of
 # the world it was pretrained for
+# The world's SFT files are named by their language: written by world/data.py, read back by a
+# training experiment's language check (spaces/train_experiment.py). One place for both.
+MATH_SFT = "data/sft/math_en.jsonl"  # English math problems
+_SFT_NAME = re.compile(r"(?:^|/)data/sft/(?:math_(en)|lang_([a-z]+))\.jsonl$")
+
+
+def lang_sft(code: str) -> str:
+    """The world's SFT file of language `code`, relative to the world folder."""
+    return f"data/sft/lang_{code}.jsonl"
+
+
+def sft_language(path: str) -> str | None:
+    """The language a path's world SFT file name states (`.../data/sft/lang_xa.jsonl`: xa), or
+    None for any other path."""
+    m = _SFT_NAME.search(path)
+    return (m.group(1) or m.group(2)) if m else None
+
+
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "world_config.json")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from layerswap.spaces.task_families import family
-from layerswap.spaces.world import WorldConfig
+from layerswap.spaces.world import MATH_SFT, WorldConfig, lang_sft
 from layerswap.world.items import (
     READINGS,
     Problem,
@@ -242,14 +242,12 @@ def make_datasets(cfg: WorldConfig, langs: dict[str, Language | None]) -> dict[s
     taken = {p.text(None) for probs in splits.values() for p in probs}  # none of them in the SFT
     out: dict[str, list[dict]] = {}
     sft = _unique_problems(_rng(cfg, "orca"), cfg.math_sft, set(taken), cfg)
-    out["data/sft/math_en.jsonl"] = [
+    out[MATH_SFT] = [
         {"question": p.text(None), "answer": worked_answer(p, None, direct=cfg.direct_answers)}
         for p in sft
     ]
     for code in TARGETS:
-        out[f"data/sft/lang_{code}.jsonl"] = LANG_SFT[cfg.lang_sft_kinds](
-            cfg, langs[code], cfg.lang_sft
-        )
+        out[lang_sft(code)] = LANG_SFT[cfg.lang_sft_kinds](cfg, langs[code], cfg.lang_sft)
     bdev, btest = _belebele_items(cfg)
     # Where each family's files go, as the evaluator's task YAMLs read them (spaces.task_families).
     mgsm, belebele = family("mgsm"), family("belebele")
