@@ -2,7 +2,16 @@
 half-written. Every writer of a run's files goes through here, and every reader of a Parquet file
 that a running job may replace (`read_parquet`). A write the file system refuses (a full disk, a
 quota, a file-size limit, a read-only mount) leaves nothing behind and becomes `WriteFailed`, one
-line naming the output (the CLI exits 1)."""
+line naming the output (the CLI exits 1).
+
+An output given through a symbolic link (`runs/exp1 -> /scratch/me/exp1`) is its target:
+`output_path` resolves it, and every writer here, the output policy (trainables/outputs.py) and
+its lock (trainables/locks.py) take their path from it, so the link survives and the data, the
+temporaries and the lock all live beside the target.
+
+Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_atomic.py
+tests/trainables/test_output_symlinks.py
+"""
 
 from __future__ import annotations
 
@@ -65,6 +74,27 @@ def _rust_errno(message: str) -> int | None:
     return int(m.group(1) or m.group(2)) if m else None
 
 
+def output_path(out: Path | str) -> Path:
+    """Where the output `out` really is: `~` expanded and every symbolic link resolved, the last
+    component's too (a link to a missing target resolves to that target).
+
+    The one place an output's spelling becomes its location. Renaming a new folder onto a link
+    would replace the link (the user's pointer to scratch storage gone, the data on the home
+    disk), and temporaries made beside the link would lie where the lock's sweep never looks.
+
+    Args:
+        out: the output folder or file, as the user gave it.
+    Returns:
+        the absolute, resolved path.
+    Raises:
+        ValueError: `out` passes through a symbolic link loop (one line naming it).
+    """
+    real = Path(os.path.realpath(Path(out).expanduser()))
+    if real.is_symlink():  # realpath stops where a link cannot be followed: a loop
+        raise ValueError(f"{out}: is a symbolic link loop ({real} never reaches a file)")
+    return real
+
+
 def temp_sibling(out: Path) -> Path:
     """The hidden sibling `.NAME.tmp-PID-TAG` a writer of `out` builds it in: the pid names the
     writer, so a later writer that takes over from a killed one knows which temps were its
@@ -107,9 +137,9 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
         out: the final folder.
         overwrite: replace an existing `out` (only after the new one is complete).
     """
-    out = Path(out)
+    given, out = out, output_path(out)  # through a link: into its target, the link kept
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+        raise FileExistsError(f"{given}: already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(out)
     tag = tmp.name.rsplit("-", 1)[1]
@@ -129,7 +159,7 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
                 shutil.rmtree(old, ignore_errors=True)
             else:  # interrupted between the two renames: the old output goes back
                 os.rename(old, out)
-        if (failed := write_failure(e, out)) is not None and failed is not e:
+        if (failed := write_failure(e, given)) is not None and failed is not e:
             raise failed from None  # a full disk is one line naming the output, no traceback
         raise
     if old is not None:
@@ -147,14 +177,14 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         path: the final file.
         write: writes the whole content to the temporary sibling path it is given.
     """
-    path = Path(path)
+    given, path = path, output_path(path)  # through a link: into its target, the link kept
     tmp = temp_sibling(path)
     try:
         write(tmp)
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if (failed := write_failure(e, path)) is not None and failed is not e:
+        if (failed := write_failure(e, given)) is not None and failed is not e:
             raise failed from None
         raise
 

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.trainables.atomic import dead_writer_siblings, dead_writer_temps
+from layerswap.trainables.atomic import dead_writer_siblings, dead_writer_temps, output_path
 
 SUFFIX = ".layerswap.lock"
 # Pids holding locks that this process's tree writes under: children (Ray's processes started
@@ -59,9 +59,10 @@ class OutputLocked(ValueError):
 
 
 def lock_path(out: Path) -> Path:
-    """The lock file of the output `out`: `.NAME.layerswap.lock` beside it (path resolved, so
-    every spelling of one output shares one lock)."""
-    where = Path(out).expanduser().resolve()
+    """The lock file of the output `out`: `.NAME.layerswap.lock` beside where it really is
+    (`atomic.output_path`: an output given as a symbolic link is locked beside its target,
+    where its temporaries are made), so every spelling of one output shares one lock."""
+    where = output_path(out)
     return where.parent / f".{where.name}{SUFFIX}"
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.trainables.atomic import atomic_dir, atomic_write_text, writer_sibling
+from layerswap.trainables.atomic import atomic_dir, atomic_write_text, output_path, writer_sibling
 from layerswap.trainables.locks import OutputLocked, command_line, live_owner, writing
 
 __all__ = ["OutputLocked", "command_line", "writing"]  # the lock, from the one output policy
@@ -212,6 +212,40 @@ def _placement_problems(out: Path, where: Path, kind: str | None, maintainer: bo
     return problems
 
 
+def _where(out: Path) -> tuple[Path | None, list[str]]:
+    """(where `out` really is, []), or (None, [why it cannot be written there]): a symbolic link
+    loop, or a dangling link whose target's folder is missing too."""
+    try:
+        where = output_path(out)
+    except ValueError as e:
+        return None, [str(e)]
+    if where.exists():
+        return where, []
+    return where, [p] if (p := _dangling_link(out)) is not None else []
+
+
+def _dangling_link(out: Path) -> str | None:
+    """A problem with a link (`out` or a folder it lies in) whose target is missing, or None.
+
+    Its target is created when the target's own folder exists (a user who linked `runs/exp1`
+    to `/scratch/me/exp1` before the first run means that folder); a missing folder too is
+    more likely an unmounted scratch disk or a mistyped link, where creating a chain of folders
+    would put the data on the wrong disk.
+    """
+    path = Path(out).expanduser().absolute()
+    for link in [path, *path.parents]:
+        if not link.is_symlink() or link.exists():
+            continue
+        target = output_path(link)
+        if not target.parent.is_dir():
+            what = "is" if link == path else f"lies in {link}, which is"
+            return (
+                f"{out}: {what} a symbolic link to {target}, which does not exist (nor does its "
+                f"folder {target.parent}); create that folder or fix the link"
+            )
+    return None
+
+
 def _writable_parent(out: Path) -> str | None:
     """A problem with creating `out` (a missing parent may be created), or None."""
     parent = out.parent
@@ -249,28 +283,35 @@ def output_problems(
         one message per problem, each naming the path.
     """
     out = Path(out)
-    where = out.expanduser().resolve()
-    problems = _input_problems(out, where, inputs)
+    where, problems = _where(out)  # through a symbolic link: its target
+    if where is None or problems:
+        return problems
+    problems += _input_problems(out, where, inputs)
     problems += _placement_problems(out, where, kind, maintainer)
-    if not out.exists():
-        if out.is_symlink():
-            problems.append(f"{out}: is a broken symbolic link")
-        elif (p := _writable_parent(where)) is not None:
+    if not where.exists():
+        if (p := _writable_parent(where)) is not None:
             problems.append(p)
         return problems
-    if not out.is_dir():
+    if not where.is_dir():
         problems.append(f"{out}: exists and is not a folder")
         return problems
     if not (overwrite or allow_existing):
         problems.append(f"{out}: already exists; pass --overwrite to replace it")
         return problems
-    found = read_marker(out)
-    if found is None and (owner := live_owner(out)) is not None:
+    return problems + _existing_problems(out, where, kind, overwrite)
+
+
+def _existing_problems(out: Path, where: Path, kind: str, overwrite: bool) -> list[str]:
+    """Why the existing folder `out` (really `where`) may not be replaced or continued as an
+    output of `kind`: another writer, no marker, another kind, files layerswap did not write."""
+    problems = []
+    found = read_marker(where)
+    if found is None and (owner := live_owner(where)) is not None:
         # a writer that took the lock but has not marked its output yet: name it, not the folder
         problems.append(f"{out}: another layerswap command is writing it: {owner}")
         return problems
     if found is None:
-        if any(out.iterdir()):
+        if any(where.iterdir()):
             problems.append(
                 f"{out}: exists and was not written by layerswap (no {MARKER}); refusing to "
                 "replace it: remove it yourself or choose another output folder"
@@ -280,7 +321,7 @@ def output_problems(
             f"{out}: holds {KINDS[found['kind']]} (written by `{found.get('command')}`), not "
             f"{KINDS[kind]}; refusing to replace it"
         )
-    elif overwrite and (extra := _foreign_files(out, found)):
+    elif overwrite and (extra := _foreign_files(where, found)):
         shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
         problems.append(
             f"{out}: holds what layerswap did not write there ({shown}); refusing to replace "
@@ -318,15 +359,17 @@ def check_output_file(
         OutputError listing every problem.
     """
     out = Path(out)
-    where = out.expanduser().resolve()
-    problems = _input_problems(out, where, inputs)
+    where, problems = _where(out)  # through a symbolic link: its target
+    if where is None or problems:
+        raise OutputError("\n  ".join(problems))
+    problems += _input_problems(out, where, inputs)
     problems += _placement_problems(out, where, None, maintainer)
-    if out.is_dir():
+    if where.is_dir():
         problems.append(f"{out}: is a folder; give a file name")
-    elif out.exists():
+    elif where.exists():
         if not overwrite:
             problems.append(f"{out}: already exists; pass --overwrite to replace it")
-        elif not ours(out):
+        elif not ours(where):
             problems.append(f"{out}: is not {what}; refusing to replace it")
     elif (p := _writable_parent(where)) is not None:
         problems.append(p)
@@ -369,20 +412,27 @@ def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
     where building beside would break the absolute paths the run records. On an error or an
     interrupt the partial new outputs are removed and the old ones put back.
 
+    A path given as a symbolic link keeps it: its target is set aside (beside the target) and an
+    empty folder made in its place when it was one, so a run writing in place through the link
+    (`mkdir(exist_ok=True)`, then files) writes into the target.
+
     Yields:
         {path: where its old content waits meanwhile} for the paths that existed.
     """
     tag = uuid.uuid4().hex[:8]
     moved = []
     try:
-        for p in map(Path, paths):
-            if p.exists() or p.is_symlink():
+        for given in map(Path, paths):
+            p = output_path(given)
+            if p.exists():
                 aside = writer_sibling(p, "replaced", tag)  # its pid: named if we are killed
-                moved.append((p, aside))  # before the rename: an interrupt between is undone
+                moved.append((given, p, aside))  # before the rename: an interrupt is undone
                 os.rename(p, aside)
-        yield {p: aside for p, aside in moved}
+                if given.is_symlink() and aside.is_dir():
+                    p.mkdir()  # the link leads to a folder still: no mkdir through a dangling one
+        yield {given: aside for given, _, aside in moved}
     except BaseException:
-        for p, aside in reversed(moved):
+        for _, p, aside in reversed(moved):
             if not (aside.exists() or aside.is_symlink()):
                 continue  # interrupted before its rename: p is still the old one
             if p.is_dir() and not p.is_symlink():
@@ -391,7 +441,7 @@ def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
                 p.unlink()
             os.rename(aside, p)
         raise
-    for _, aside in moved:  # an interrupt here leaves only hidden leftovers of the old run
+    for _, _, aside in moved:  # an interrupt here leaves only hidden leftovers of the old run
         if aside.is_dir() and not aside.is_symlink():
             shutil.rmtree(aside, ignore_errors=True)
         elif aside.exists() or aside.is_symlink():
