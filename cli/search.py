@@ -67,6 +67,11 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
         problems += sibling_problems(run_dir / "search")
     if problems:
         raise ValueError("\n  ".join(problems))
+    # lazy: loads lm-eval; last, so that a config with other problems fails at once
+    from layerswap.search.preflight_data import uncached_problem
+
+    if (problem := uncached_problem(exp, promote=not args.no_promote)) is not None:
+        raise ValueError(problem)
 
 
 def _inputs(exp) -> list[Path]:

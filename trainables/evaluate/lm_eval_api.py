@@ -52,6 +52,50 @@ def offline_hint(tasks: list[str]) -> Iterator[None]:
         ) from None
 
 
+def uncached_tasks(task_names: list[str], include_path: str | Path | list | None = None) -> dict[str, str]:  # fmt: skip
+    """The tasks whose data cannot be read here, offline: each task is built as lm-eval builds it
+    (its dataset read from the local Hugging Face cache) before any model loads, so a run that
+    would fail at its first evaluation (or at promotion, hours into a search) fails in seconds.
+
+    Nothing is checked when downloads are allowed (HF_DATASETS_OFFLINE=0 or HF_HUB_OFFLINE=0):
+    the run may then fetch what it needs.
+
+    Args:
+        task_names: lm-eval task names (world tasks, include_path tasks or built-ins).
+        include_path: folders of task YAMLs, as for `task_manager`.
+    Returns:
+        {task: why} for each task whose data is not in the local cache ({} when all are).
+    Raises:
+        ValueError: naming the tasks neither `include_path` nor lm-eval knows.
+    """
+    offline_defaults()
+    import datasets.config
+    from lm_eval.tasks import get_task_dict
+
+    if not datasets.config.HF_HUB_OFFLINE:
+        return {}
+    tm = task_manager(list(task_names), include_path)
+    missing: dict[str, str] = {}
+    for name in dict.fromkeys(task_names):  # one by one: the message names each missing task
+        try:
+            get_task_dict([name], tm)
+        except Exception as e:  # datasets wraps the offline refusal in several error types
+            if "OfflineModeIsEnabled" not in f"{type(e).__name__}: {e}":
+                raise
+            missing[name] = str(e)
+    return missing
+
+
+def uncached_message(missing: dict[str, str]) -> str:
+    """One line for `uncached_tasks`' result: the tasks, and how to get their data."""
+    return (
+        f"task data not in the local Hugging Face cache: {', '.join(missing)} "
+        f"({'; '.join(dict.fromkeys(missing.values()))}); layerswap runs offline by default: "
+        "download it first with `layerswap prefetch CONFIG`, or allow downloads with "
+        "HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0"
+    )
+
+
 def include_list(include_path: str | Path | list | tuple | None) -> list[str]:
     """An lm-eval `include_path` argument (one folder, several, or None) as a list of str."""
     if include_path is None:

@@ -1,0 +1,61 @@
+"""The search's data check (search/preflight_data.py): a task whose data is not in the local
+cache fails `layerswap search` before anything runs, naming the task; world tasks pass.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_preflight_data.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from layerswap.search.preflight_data import searched_tasks, uncached_problem
+from tests.search.search_fixtures import experiment, make_experts
+
+
+@pytest.fixture(scope="module")
+def expert_pair(tiny_world, tmp_path_factory):
+    return make_experts(tiny_world, tmp_path_factory.mktemp("pair"))
+
+
+def test_world_tasks_read_offline(tiny_world, expert_pair):
+    exp = experiment(tiny_world, expert_pair)
+    assert uncached_problem(exp) is None
+
+
+def test_no_promote_checks_only_the_proxies(tiny_world, expert_pair):
+    exp = experiment(tiny_world, expert_pair, target="mgsm_direct_sw")
+    assert "mgsm_direct_sw" not in searched_tasks(exp, promote=False)
+    assert uncached_problem(exp, promote=False) is None
+
+
+@pytest.mark.slow  # ~15-50 s: lm-eval indexes its ~10k built-in task YAMLs
+def test_uncached_target_fails_the_search_before_it_runs(tiny_world, expert_pair, tmp_path):
+    # The world's proxies are local files; the target is a built-in task whose dataset this
+    # machine (offline, empty cache) does not have: before, the whole search ran and promotion
+    # failed at its end.
+    data = experiment(tiny_world, expert_pair, target="mgsm_direct_sw").model_dump(mode="json")
+    cfg = tmp_path / "search.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "layerswap.cli", "search", str(cfg), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "mgsm_direct_sw" in err and "layerswap prefetch" in err, err
+    assert "Traceback" not in err
+    assert "world_" not in err  # the world's tasks are readable: only the target is named
+    assert not out.exists(), sorted(p.name for p in out.iterdir())  # nothing ran, nothing written
+    assert took < 120, took
