@@ -6,6 +6,8 @@
     OUT/summary.json    machine-readable results (e.g. the ΔW-suggested boundaries)
 
 Run: `layerswap analyze RUN_DIR [--out DIR]`, or `analyze_run(run_dir, out)` from Python.
+`report_state` says whether a report folder already holds this run's report as it is now (what
+`analyze --continue` keeps).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import base64
 import html
 import json
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from layerswap.analysis.paired import paired_section
 from layerswap.analysis.search_plots import search_section
 from layerswap.analysis.sections import Figure, Section, Table
 from layerswap.analysis.treatments import treatments_section
-from layerswap.trainables.outputs import check_output, output_dir, read_marker, writing
+from layerswap.trainables.outputs import MARKER, check_output, output_dir, read_marker, writing
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -172,7 +175,7 @@ def analyze_run(
         # A report of nothing would be written into a folder that is not a run (a merged model,
         # a typo'd path's parent) with every section "not in this run".
         raise ValueError(f"{run_dir}: not a run folder: none of {', '.join(RUN_FILES)} is in it")
-    out = Path(out) if out is not None else run_dir / "analysis"
+    out = report_dir(run_dir, out)
     inputs = _run_inputs(run_dir)
     check_output(out, "analysis", overwrite=overwrite, inputs=inputs)
     with writing(out):  # one writer per report, refused before the statistics, not after
@@ -198,7 +201,7 @@ def _write_report(run_dir: Path, out: Path, inputs: list, overwrite: bool, *, n_
     names = [f.name for s in sections for f in s.figures]
     if len(names) != len(set(names)):
         raise RuntimeError(f"duplicate figure names: {names}")
-    with output_dir(out, "analysis", overwrite=overwrite, inputs=inputs, identity=str(run_dir.resolve())) as tmp:  # fmt: skip
+    with output_dir(out, "analysis", overwrite=overwrite, inputs=inputs, identity=_identity(run_dir)) as tmp:  # fmt: skip
         (tmp / "figures").mkdir()
         for s in sections:
             for f in s.figures:
@@ -225,6 +228,50 @@ def _strict(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def report_dir(run_dir: Path, out: Path | None = None) -> Path:
+    """The report folder: `out`, else RUN_DIR/analysis."""
+    return Path(out) if out is not None else Path(run_dir) / "analysis"
+
+
+def _identity(run_dir: Path) -> str:
+    """What a report's marker names as its run (the run folder's absolute path)."""
+    return str(Path(run_dir).resolve())
+
+
+def report_state(run_dir: Path, out: Path | None = None) -> str:
+    """Whether the report folder holds this run's report, written after the run last changed.
+
+    Args:
+        run_dir: the run.
+        out: the report folder (default RUN_DIR/analysis).
+    Returns:
+        "none" (no folder there), "current" (this run's report, newer than every file the run
+        holds), "stale" (this run's report, older than one of them) or "other" (anything else).
+    """
+    out = report_dir(run_dir, out)
+    if not out.exists() and not out.is_symlink():
+        return "none"
+    found = read_marker(out)
+    if found is None or found["kind"] != "analysis" or found.get("identity") != _identity(run_dir):
+        return "other"
+    written = (out / MARKER).stat().st_mtime
+    return "current" if _newest_change(_run_inputs(Path(run_dir))) < written else "stale"
+
+
+def _newest_change(paths: list[Path]) -> float:
+    """The newest modification time of these files and folders and everything under them."""
+    newest = 0.0
+    for path in paths:
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                try:
+                    newest = max(newest, (Path(root) / name).lstat().st_mtime)
+                except FileNotFoundError:  # removed while this looked (a writer's temporary)
+                    continue
+        newest = max(newest, path.lstat().st_mtime)
+    return newest
 
 
 def _run_inputs(run_dir: Path) -> list[Path]:

@@ -1,6 +1,8 @@
 """`layerswap analyze RUN_DIR [--out DIR]`: the analysis report of a run folder.
 
 Thin: checks the arguments, then calls analysis.report.analyze_run. Run `layerswap analyze --help`.
+`--continue` keeps a report of the run written after the run last changed (analysis.report
+.report_state), saying so, and rewrites an older one (what a study's exported commands.sh passes).
 """
 
 from __future__ import annotations
@@ -25,12 +27,21 @@ def _open_unit_float(text: str) -> float:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.analysis.report import analyze_run
+    from layerswap.analysis.report import analyze_run, report_dir, report_state
 
+    overwrite = args.overwrite
+    if args.cont:
+        if args.overwrite:
+            raise ValueError("--continue and --overwrite: give one (--continue rewrites only a report older than its run)")  # fmt: skip
+        state = report_state(args.run_dir, args.out) if args.run_dir.is_dir() else "none"
+        if state == "current":
+            print(f"{report_dir(args.run_dir, args.out)}: the report of {args.run_dir} is up to date; nothing to do")  # fmt: skip
+            return 0
+        overwrite = state == "stale"  # only this run's own report; anything else is refused
     out = analyze_run(
         args.run_dir,
         args.out,
-        overwrite=args.overwrite,
+        overwrite=overwrite,
         n_resamples=args.resamples,
         seed=args.seed,
         delta_threshold=args.delta_threshold,
@@ -63,6 +74,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
     a.add_argument("--out", type=Path, help="report folder (default: RUN_DIR/analysis)")
     a.add_argument("--overwrite", action="store_true", help="replace an existing report folder")
+    a.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="keep a report of this run written after every file of RUN_DIR last changed, "
+        "saying so (exit 0); rewrite an older report of this run, as --overwrite would; write "
+        "one where there is none. What a study's exported commands.sh passes",
+    )
     a.add_argument(
         "--resamples",
         type=count(MAX_RESAMPLES),

@@ -1,20 +1,30 @@
-"""`layerswap search EXPERIMENT.yaml [--out RUN] [--resume] [--no-promote]`: the merge search.
+"""`layerswap search EXPERIMENT.yaml [--out RUN] [--resume | --continue] [--no-promote]`: the merge
+search.
 
 Thin: validates the search experiment, then calls search.search.run_search and
 search.promote.promote (ray, optuna and torch load only when the command runs). Prints one
 "[search] trial k/N ..." line per finished trial (best so far, elapsed, ETA) and one line per
 promoted model; `--verbose` adds Ray's, Tune's and Optuna's own notices (Tune's configuration box,
 Ray's token notice) and lm-eval's progress bars and INFO log during promotion.
+
+`--continue` is `--resume` that also skips a finished search: a command that ends well records
+in RUN/search/FINISHED the experiment it ran and whether it promoted, and `--continue` of that
+very experiment says so and does nothing (what a study's exported commands.sh passes). The
+record goes before any later search there starts, so it never outlives a change to the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from layerswap.spaces.search_experiment import load_search_experiment
+from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.devices import resolve_device  # light: torch loads when it runs
 from layerswap.trainables.outputs import output_problems, replacing, sibling_problems, writing
+
+FINISHED = "finished.json"  # in RUN/search: the experiment the last command there ran to its end
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -25,11 +35,18 @@ def _cmd_search(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
     _check(exp, run_dir, args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.search.search import run_search, search_outputs
+    from layerswap.search.search import explicit, run_search, search_outputs
 
+    ran = {"experiment": json.loads(explicit(exp).model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
+    record = run_dir / "search" / FINISHED
     # One writer per search: a second search or a --resume of this one is refused, naming it
     with writing(run_dir / "search"), replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():  # fmt: skip
-        res = run_search(exp, run_dir, resume=args.resume, verbose=args.verbose)
+        if args.cont and _finished(record, ran):
+            print(f"{run_dir}: this search is already finished{' and promoted' if ran['promoted'] else ''}; nothing to do")  # fmt: skip
+            return 0
+        if args.resume or args.cont:  # the run changes from here on: unfinished until the end
+            record.unlink(missing_ok=True)  # (a new search is refused where one exists)
+        res = run_search(exp, run_dir, resume=args.resume or args.cont, verbose=args.verbose)
         print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
             # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
@@ -37,7 +54,20 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
             board = promote(exp, run_dir, verbose=args.verbose)
             print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
+        atomic_write_text(record, json.dumps(ran, indent=1) + "\n")
     return 0
+
+
+def _finished(record: Path, ran: dict) -> bool:
+    """Whether the last search command into the run ran this experiment to its end (with its
+    promotion, when this one would promote)."""
+    try:
+        done = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(done, dict) or done.get("experiment") != ran["experiment"]:
+        return False
+    return bool(done.get("promoted")) or not ran["promoted"]
 
 
 def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
@@ -54,6 +84,9 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
             problems.append(f"promote.device: {e}")
     if args.resume and args.overwrite:
         problems.append("--resume and --overwrite: give one (continue the search, or start over)")
+    if args.cont and (args.resume or args.overwrite):
+        flag = "--resume" if args.resume else "--overwrite"
+        problems.append(f"--continue and {flag}: give one (--continue starts, resumes or skips the search as it stands)")  # fmt: skip
     inputs = _inputs(exp)
     problems += output_problems(
         run_dir / "search", "search", overwrite=args.overwrite, allow_existing=True, inputs=inputs
@@ -96,6 +129,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("experiment", type=Path, help="search experiment YAML")
     s.add_argument("--out", type=Path, help="run folder (default: runs/<experiment name>)")
     s.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    s.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="as --resume (which also starts a search RUN does not hold), but a search whose "
+        "last command ran this very experiment to its end (promotion included, unless "
+        f"--no-promote) is skipped, saying so (exit 0): RUN/search/{FINISHED} records it. What a "
+        "study's exported commands.sh passes",
+    )
     s.add_argument(
         "--overwrite",
         action="store_true",

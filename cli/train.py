@@ -4,11 +4,17 @@
 Thin: checks every local input before any work, then calls trainables.train.train_expert (Ray
 Train, or this process with `--no-ray`); an experiment with a `sweep:` block goes to the expert
 sweep (experts.sweep.run_sweep). torch and ray load only when the command runs.
+
+`--continue` takes the run wherever it stands (what a study's exported commands.sh passes): it
+starts a run RUN_DIR does not hold, resumes an unfinished one and says a finished one is finished
+(exit 0). A sweep cannot be resumed: one that has run its course leaves SWEEP_FINISHED in its
+folder, and `--continue` skips only such a sweep of the same experiment.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -19,10 +25,12 @@ from layerswap.spaces.train_experiment import (
     experiment_identity,
     load_train_experiment,
 )
+from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.outputs import (
     OutputError,
     check_output,
     output_problems,
+    read_marker,
     replacing,
     write_marker,
     writing,
@@ -129,7 +137,41 @@ def check_run_folder(exp: TrainExperiment, run: Path) -> None:
         raise OutputError("\n  ".join(problems))
 
 
-def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
+# In RUN/train/<name> of a sweep that ran its course (every trial ended, failed ones included).
+SWEEP_FINISHED = "sweep_finished.json"
+
+
+def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
+    """The record a sweep of `exp` left in `folder` when it ran its course, else None (none
+    ran, it was interrupted, or it is another experiment's).
+
+    Returns:
+        {"identity", "trials": {trial_id: status}, "rows", "registry"}, or None.
+    """
+    try:
+        rec = json.loads((folder / SWEEP_FINISHED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    same = isinstance(rec, dict) and rec.get("identity") == experiment_identity(exp)
+    return rec if same else None
+
+
+def _sweep_exists(exp: TrainExperiment, folder: Path, cont: bool) -> OutputError:
+    """The refusal of an earlier sweep in `folder` that only --overwrite may replace."""
+    unfinished = cont and (read_marker(folder) or {}).get("identity") == experiment_identity(exp)
+    what = (
+        f"an expert sweep of {exp.name} did not finish (interrupted or failed, or run before "
+        f"sweeps recorded {SWEEP_FINISHED}), and a sweep cannot be resumed"
+        if unfinished
+        else f"an expert sweep of {exp.name} exists"
+    )
+    return OutputError(
+        f"{folder}: {what}; pass --overwrite to run it again (its registry rows go with it) "
+        "or choose another --out"
+    )
+
+
+def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: bool = False):
     """A sweep cannot be resumed: an earlier one in RUN/train/<name> is replaced only on
     --overwrite, its registry rows dropped with it (never a mix of old and new rows).
 
@@ -144,10 +186,7 @@ def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool):
     folder = run_dir / "train" / exp.name
     if folder.exists() and any(folder.iterdir()):
         if not overwrite:
-            raise OutputError(
-                f"{folder}: an expert sweep of {exp.name} exists; pass --overwrite to run it "
-                "again (its registry rows go with it) or choose another --out"
-            )
+            raise _sweep_exists(exp, folder, cont)
         check_output(folder, "train", overwrite=True)
 
     @contextmanager
@@ -178,6 +217,11 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> in
 
     res = run_sweep(exp, run_dir, verbose=int(verbose))  # Tune's verbosity: 1 is its default
     failed = sorted(t for t, s in res.trials.items() if s != "ok")
+    # Ran its course (failed trials too: running it again would meet them again): `--continue`
+    # skips it. Written inside the sweep's folder, which is kept only if the command ends here.
+    record = {"identity": experiment_identity(exp), "trials": res.trials, "rows": len(res.rows)}
+    record["registry"] = str(res.registry)
+    atomic_write_text(run_dir / "train" / exp.name / SWEEP_FINISHED, json.dumps(record, indent=1))
     print(
         f"expert sweep {exp.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
         f"scored in {res.seconds:.0f}s -> {res.registry}"
@@ -191,7 +235,7 @@ def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> in
 
 
 # What to type, in the error of a command line that names no experiment (or two).
-_USAGE = "layerswap train EXPERIMENT.yaml [--out RUN_DIR] [--resume [CKPT]]"
+_USAGE = "layerswap train EXPERIMENT.yaml [--out RUN_DIR] [--resume [CKPT] | --continue]"
 _YAML = (
     ".yaml",
     ".yml",
@@ -226,6 +270,31 @@ def experiment_and_resume(args: argparse.Namespace) -> tuple[Path, bool | Path]:
     return experiment, resume
 
 
+def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
+    """An experiment with a `sweep:` block: refused, skipped (`--continue` of a finished one) or
+    run into RUN/train/<name>."""
+    if args.resume:
+        raise ValueError(
+            "--resume: an expert sweep cannot be resumed; --overwrite reruns it, --continue "
+            "skips a finished one"
+        )
+    if args.out is None and is_uri(exp.storage_path):
+        raise ValueError(
+            f"storage_path {exp.storage_path}: an expert sweep scores and registers its "
+            "checkpoints in a local run folder; pass --out RUN"
+        )
+    run_dir = args.out if args.out is not None else Path(exp.storage_path)
+    folder = run_dir / "train" / exp.name
+    check_run_folder(exp, folder)
+    if args.cont and (done := finished_sweep(exp, folder)) is not None:
+        failed = sum(s != "ok" for s in done.get("trials", {}).values())
+        note = f", {failed} of them failed" if failed else ""
+        print(f"{folder}: this expert sweep is already finished ({len(done.get('trials', {}))} trials{note}); nothing to do")  # fmt: skip
+        return 0
+    with _sweep_folder(exp, run_dir, args.overwrite, args.cont):
+        return _run_sweep(exp, run_dir, args.verbose)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     args.experiment, args.resume = experiment_and_resume(args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
@@ -237,29 +306,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         print(format_plan(plan_experiment(load_train_experiment(args.experiment), args.gpu_memory)))  # fmt: skip
         return 0
+    if args.cont and (args.resume or args.overwrite):
+        flag = "--resume" if args.resume else "--overwrite"
+        raise ValueError(f"--continue and {flag}: give one (--continue starts, resumes or skips the run as it stands)")  # fmt: skip
     exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
     check_inputs(exp)
     if exp.sweep is not None:
-        if args.resume:
-            raise ValueError("--resume: an expert sweep cannot be resumed; --overwrite reruns it")
-        if args.out is None and is_uri(exp.storage_path):
-            raise ValueError(
-                f"storage_path {exp.storage_path}: an expert sweep scores and registers its "
-                "checkpoints in a local run folder; pass --out RUN"
-            )
-        run_dir = args.out if args.out is not None else Path(exp.storage_path)
-        check_run_folder(exp, run_dir / "train" / exp.name)
-        with _sweep_folder(exp, run_dir, args.overwrite):
-            return _run_sweep(exp, run_dir, args.verbose)
+        return _cmd_sweep(exp, args)
     # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
     storage = str(args.out / "train") if args.out is not None else exp.storage_path
-    if not is_uri(storage):
+    resume = args.resume
+    if not is_uri(storage):  # on cloud storage Ray's own restore rules apply, --continue or not
         check_run_folder(exp, Path(storage) / exp.name)
+        if args.cont:  # a finished run: train_expert says so and trains nothing
+            # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
+            from layerswap.trainables.train.run import run_started
+
+            resume = run_started(Path(storage) / exp.name)
     last = train_expert(
         exp,
         storage,
         use_ray=not args.no_ray,
-        resume=args.resume,
+        resume=resume,
         overwrite=args.overwrite,
         verbose=args.verbose,
     )
@@ -303,6 +371,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="CKPT",
         help="continue the unfinished run of this experiment in RUN_DIR (with --no-ray also: "
         "start from the checkpoint folder CKPT; a YAML file after --resume is the experiment)",
+    )
+    t.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="take this experiment's run in RUN_DIR as it stands (what a study's exported "
+        "commands.sh passes): start it when there is none, resume it when unfinished, say it is "
+        "finished (exit 0) when it is. A sweep is skipped when it ran its course (its folder "
+        f"holds {SWEEP_FINISHED}); an unfinished one is refused, since a sweep cannot be resumed",
     )
     t.add_argument(
         "--overwrite",

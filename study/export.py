@@ -5,7 +5,9 @@ A study names each expert's config with overrides and a `sweep:` block (spaces/s
 study resolved it (overrides and sweep applied, local paths absolute) to DIR/experts/NAME.yaml,
 each search to DIR/searches/NAME.yaml, and DIR/commands.sh: the commands that run the study in
 order (experts, searches, analyses), with each sweep's `--out` the run folder whose registry the
-searches of its base read. Run: `layerswap plan spaces/examples/world_study.yaml --export DIR`.
+searches of its base read. Every command carries `--continue`, so the script can be run again
+after an interruption: each step takes its output as it stands (HEADER says how).
+Run: `layerswap plan spaces/examples/world_study.yaml --export DIR`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,19 @@ from layerswap.spaces.base import same_model
 from layerswap.spaces.study import LoadedStudy, StudyExpert, StudySearch
 
 REGISTRY_TAIL = ("experts", "registry.parquet")  # RUN/experts/registry.parquet (experts.registry)
+
+
+# What commands.sh says of itself: each line is what `--continue` does (`layerswap train|search|
+# analyze --help`), the one promise a rerun of the script rests on.
+HEADER = """\
+Run in order. Every command carries --continue, so after an interruption run this script
+again: a finished step says so and is skipped, an unfinished one continues (a training run
+from its last checkpoint, a search from its finished trials, a promotion keeping the models
+it evaluated), the rest run. An expert sweep cannot be resumed: one that did not finish stops
+the script, saying so; run its line with --overwrite instead of --continue (its trials and
+registry rows start over), then this script again. A report is rewritten when its run changed
+after it was written. Review every --out before running; relative paths (runs/...) are
+relative to the folder this is run from, as the study's own are."""
 
 
 def _yaml(data: dict, header: str) -> str:
@@ -60,9 +75,7 @@ def export_files(loaded: LoadedStudy, folder: Path) -> dict[str, str]:
     cmds = [
         "#!/usr/bin/env bash",
         f"# The study {loaded.study.name} ({loaded.path}), exported by `layerswap plan --export`.",
-        "# Run in order; each command continues an interrupted run with --resume (a sweep",
-        "# excepted: --overwrite reruns it). Review every --out before running; relative paths",
-        "# (runs/...) are relative to the folder this is run from, as the study's own are.",
+        *(f"# {line}" for line in HEADER.splitlines()),
         "set -euo pipefail",
         "",
     ]
@@ -71,7 +84,7 @@ def export_files(loaded: LoadedStudy, folder: Path) -> dict[str, str]:
         out = _expert_out(ex, loaded.searches)
         where = f" --out {shlex.quote(str(out))}" if out is not None else ""
         note = "" if out is not None or ex.experiment.sweep is None else "  # a sweep: add --out RUN, the run folder whose registry your search reads"  # fmt: skip
-        cmd = f"layerswap train {shlex.quote(str(folder / rel))}{where}"
+        cmd = f"layerswap train {shlex.quote(str(folder / rel))}{where} --continue"
         data = ex.experiment.model_dump(mode="json", exclude_defaults=True)
         files[rel] = _yaml(data, f"{ex.label} of the study {loaded.path}: {ex.config} with the study's overrides and sweep.\nRun: {cmd}")  # fmt: skip
         cmds.append(cmd + note)
@@ -85,8 +98,9 @@ def export_files(loaded: LoadedStudy, folder: Path) -> dict[str, str]:
         taken.add(stem)
         rel = f"searches/{stem}.yaml"
         data = s.experiment.model_dump(mode="json", exclude_defaults=True)
-        files[rel] = _yaml(data, f"{s.label} of the study {loaded.path}.\nRun: layerswap search {folder / rel} --out runs/{stem}")  # fmt: skip
-        cmds.append(f"layerswap search {shlex.quote(str(folder / rel))} --out runs/{shlex.quote(stem)}")  # fmt: skip
-        cmds.append(f"layerswap analyze runs/{shlex.quote(stem)}")
+        cmd = f"layerswap search {shlex.quote(str(folder / rel))} --out runs/{shlex.quote(stem)} --continue"  # fmt: skip
+        files[rel] = _yaml(data, f"{s.label} of the study {loaded.path}.\nRun: {cmd}")
+        cmds.append(cmd)
+        cmds.append(f"layerswap analyze runs/{shlex.quote(stem)} --continue")
     files["commands.sh"] = "\n".join(cmds) + "\n"
     return files

@@ -39,7 +39,24 @@ def test_every_exported_experiment_reads_back_as_the_study_resolved_it(study, tm
     assert len(trains) == len(loaded.experts)
     for model in ("llama31_8b", "qwen25_7b") if study == "real_followup_study.yaml" else ("llama31_8b",):  # fmt: skip
         mine = [c for c in trains if f"/{model}_" in c]
-        assert mine and all(c.endswith(f" --out runs/{model}") for c in mine), mine
+        assert mine and all(f" --out runs/{model} " in c for c in mine), mine
+
+
+def test_every_exported_command_continues_the_step_as_it_stands(tmp_path):
+    """commands.sh can be run again after an interruption: each line carries --continue (train,
+    search and analyze each document it), and the header says what a rerun does."""
+    files = export_files(load_study(EXAMPLES / "real_followup_study.yaml"), tmp_path)
+    text = files["commands.sh"]
+    cmds = [c for c in text.splitlines() if c.startswith("layerswap ")]
+    assert {c.split()[1] for c in cmds} == {"train", "search", "analyze"}
+    assert all(c.split("  #")[0].endswith(" --continue") for c in cmds), cmds
+    header = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert "Every command carries --continue, so after an interruption run this script again" in header  # fmt: skip
+    assert "with --resume" not in header  # what the commands never carried
+    for rel, data in files.items():  # each config's own "Run:" line is its commands.sh line
+        if rel != "commands.sh":
+            run = data.splitlines()[1].removeprefix("# Run: ")
+            assert run in cmds, (rel, run)
 
 
 def test_plan_export_writes_the_files_once(tiny_world, tmp_path, monkeypatch, capsys):
@@ -71,5 +88,5 @@ def test_searches_of_one_name_each_get_their_own_file(tmp_path):
     named = [replace(one, experiment=one.experiment.model_copy(update={"name": n})) for n in ("a", "a_2", "a")]  # fmt: skip
     files = export_files(replace(loaded, searches=named), tmp_path)
     assert sorted(f for f in files if f.startswith("searches/")) == ["searches/a.yaml", "searches/a_2.yaml", "searches/a_3.yaml"]  # fmt: skip
-    runs = [c.split(" --out ")[1] for c in files["commands.sh"].splitlines() if c.startswith("layerswap search")]  # fmt: skip
+    runs = [c.split(" --out ")[1].split()[0] for c in files["commands.sh"].splitlines() if c.startswith("layerswap search")]  # fmt: skip
     assert runs == ["runs/a", "runs/a_2", "runs/a_3"]

@@ -66,6 +66,11 @@ def continue_from(run: Path) -> Path | None:
     return ckpt
 
 
+def run_started(run: Path) -> bool:
+    """Whether the run folder holds anything: a run to continue (or refuse), not a fresh one."""
+    return run.exists() and not (run.is_dir() and not any(run.iterdir()))
+
+
 def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
     """What to do with the run folder `run` (storage/<name>) of `exp`, or why not.
 
@@ -78,7 +83,7 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
     """
     if resume and overwrite:
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
-    if not run.exists() or (run.is_dir() and not any(run.iterdir())):
+    if not run_started(run):
         if resume:
             raise OutputError(f"{run}: --resume, but there is no run to continue")
         return "fresh"

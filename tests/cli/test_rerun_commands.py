@@ -1,0 +1,271 @@
+"""A study's commands.sh can be run again after an interruption: `--continue` on `train`, `search`
+and `analyze` takes each step's output as it stands (start it, resume it, or say it is finished
+and do nothing), and refuses what it cannot continue in one line (exit 2, nothing changed).
+
+The sweep and the search are stubbed here (their own tests run them); the slow test interrupts a
+real training run and runs its command twice more through the real CLI.
+Run: .venv/bin/python -m pytest -q tests/cli/test_rerun_commands.py
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from layerswap.cli import main
+from layerswap.spaces.errors import RunFailed
+from layerswap.trainables.outputs import write_marker
+from tests.cli.test_bad_input import (  # noqa: F401  (bases_in_tmp, env, tripwires: fixtures)
+    ABSENT_FLAG,
+    Env,
+    bases_in_tmp,
+    env,
+    tripwires,
+)
+from tests.cli.test_bad_input import (
+    test_bad_input_is_refused_and_changes_nothing as refused_and_unchanged,
+)
+from tests.cli.test_interrupts import (
+    _check_every_step_once,
+    _checkpoint_steps,
+    _has_checkpoints,
+    _train_exp,
+)
+from tests.trainables.train.train_helpers import make_exp
+
+SWEEP = {"num_samples": 2, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}}
+
+# ------------------------------------------------------------------------------------- refusals
+
+CASES: list = []
+
+
+def case(fn: Callable) -> Callable:
+    CASES.append(pytest.param(fn, id=fn.__name__))
+    return fn
+
+
+@case
+def train__continue_with_resume(e: Env):
+    argv = ["train", e.train_exp(), "--out", e.at("run"), "--continue", "--resume"]
+    return argv, ["--continue and --resume: give one"]
+
+
+@case
+def train__continue_with_overwrite(e: Env):
+    argv = ["train", e.train_exp(), "--out", e.at("run"), "--continue", "--overwrite"]
+    return argv, ["--continue and --overwrite: give one"]
+
+
+@case
+def train__continue_of_a_sweep_that_did_not_finish(e: Env):
+    f = e.train_exp(sweep=SWEEP)
+    run = e.train_run("run", f)  # marked as this experiment's sweep, never recorded finished
+    argv = ["train", f, "--out", e.at("run"), "--continue"]
+    return argv, [f"{run}: an expert sweep of t did not finish", "cannot be resumed; pass --overwrite"]  # fmt: skip
+
+
+@case
+def train__continue_of_another_experiments_sweep(e: Env):
+    run = e.folder("run/train/t", kind="train")
+    argv = ["train", e.train_exp(sweep=SWEEP), "--out", e.at("run"), "--continue"]
+    return argv, [f"{run}: an expert sweep of t exists; pass --overwrite"]
+
+
+@case
+def search__continue_with_resume(e: Env):
+    argv = ["search", e.search_exp(), "--out", e.at("run"), "--continue", "--resume"]
+    return argv, ["--continue and --resume: give one"]
+
+
+@case
+def search__continue_with_overwrite(e: Env):
+    argv = ["search", e.search_exp(), "--out", e.at("run"), "--continue", "--overwrite"]
+    return argv, ["--continue and --overwrite: give one"]
+
+
+@case
+def analyze__continue_with_overwrite(e: Env):
+    argv = ["analyze", str(e.run), "--out", e.at("report"), "--continue", "--overwrite"]
+    return argv, ["--continue and --overwrite: give one"]
+
+
+@case
+def analyze__continue_where_another_runs_report_is(e: Env):
+    out = e.folder("report", kind="analysis")  # its marker names another run
+    return ["analyze", str(e.run), "--out", out, "--continue"], [f"{out}: already exists; {ABSENT_FLAG}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("make", CASES)
+def test_what_continue_cannot_continue_is_refused(make, env, tree_state, capsys):  # noqa: F811
+    refused_and_unchanged(make, env, tree_state, capsys)
+
+
+# ---------------------------------------------------------------------------------- train sweep
+
+
+def _fake_sweep(monkeypatch, outcome: Callable[[], dict]) -> list:
+    """Stub experts.sweep.run_sweep: each call is recorded and returns `outcome()`'s trials."""
+    calls: list = []
+    fake = types.ModuleType("layerswap.experts.sweep")
+
+    def run_sweep(exp, run_dir, **kw):
+        calls.append(exp.name)
+        trials = outcome()
+        return SimpleNamespace(trials=trials, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
+
+    fake.run_sweep = run_sweep
+    monkeypatch.setitem(sys.modules, "layerswap.experts.sweep", fake)
+    return calls
+
+
+def _sweep_yaml(tiny_world, tmp_path: Path) -> Path:
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(make_exp(tiny_world, "full", sweep=SWEEP).model_dump(mode="json")))
+    return f
+
+
+def test_continue_skips_a_sweep_that_ran_its_course(tiny_world, tmp_path, monkeypatch, capsys):
+    calls = _fake_sweep(monkeypatch, lambda: {"a": "ok", "b": "error"})
+    argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(tmp_path / "run"), "--continue"]  # fmt: skip
+    assert main(argv) == 1  # a failed trial: the first run says so (the script stops there)
+    assert calls == ["t"]
+    capsys.readouterr()
+    assert main(argv) == 0  # run again: it ran its course, failed trial and all
+    assert calls == ["t"]
+    folder = tmp_path / "run/train/t"
+    said = f"{folder}: this expert sweep is already finished (2 trials, 1 of them failed); nothing to do"  # fmt: skip
+    assert said in capsys.readouterr().out
+    assert main([*argv[:-1], "--overwrite"]) == 1  # --overwrite still runs it again
+    assert calls == ["t", "t"]
+
+
+def test_continue_refuses_a_sweep_that_was_cut_short(tiny_world, tmp_path, monkeypatch, capsys):
+    def cut_short() -> dict:
+        raise RunFailed("the driver was lost")
+
+    calls = _fake_sweep(monkeypatch, cut_short)
+    argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(tmp_path / "run"), "--continue"]  # fmt: skip
+    assert main(argv) == 1
+    capsys.readouterr()
+    assert main(argv) == 2  # not run again over what is there: --overwrite says to
+    assert "an expert sweep of t did not finish" in capsys.readouterr().err
+    assert calls == ["t"]
+
+
+# --------------------------------------------------------------------------------------- search
+
+
+@pytest.fixture
+def search_yaml(tiny_world, expert_pair, tmp_path) -> Path:
+    from tests.search.search_fixtures import experiment
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(experiment(tiny_world, expert_pair).model_dump(mode="json")))
+    return f
+
+
+def _fake_search(monkeypatch, fail_promotion: list[bool]) -> list:
+    """Stub run_search and promote; each call is recorded ("search" with its resume, "promote")."""
+    from layerswap.search import promote as promote_mod
+    from layerswap.search import search as search_mod
+
+    calls: list = []
+
+    def run_search(exp, run_dir, resume=False, **kw):
+        calls.append(("search", resume))
+        (Path(run_dir) / "search").mkdir(parents=True, exist_ok=True)
+        write_marker(Path(run_dir) / "search", "search", "a stub's")  # as run_search marks it
+        return SimpleNamespace(n_trials=6, trials_path="T", study_path="S")
+
+    def promote(exp, run_dir, **kw):
+        calls.append("promote")
+        if fail_promotion and fail_promotion.pop(0):
+            raise RunFailed("promotion: every model's evaluation failed")
+        return SimpleNamespace(leaderboard="L", best_dir="B")
+
+    monkeypatch.setattr(search_mod, "run_search", run_search)
+    monkeypatch.setattr(promote_mod, "promote", promote)
+    return calls
+
+
+def test_continue_resumes_a_search_until_it_finished(search_yaml, tmp_path, monkeypatch, capsys):
+    calls = _fake_search(monkeypatch, [True])
+    run = tmp_path / "run"
+    argv = ["search", str(search_yaml), "--out", str(run), "--continue"]
+    assert main(argv) == 1  # the promotion failed: not finished
+    assert main(argv) == 0  # resumed (a search there or not), promoted
+    assert calls == [("search", True), "promote"] * 2
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert main([*argv, "--no-promote"]) == 0
+    assert f"{run}: this search is already finished and promoted; nothing to do" in capsys.readouterr().out  # fmt: skip
+    assert len(calls) == 4
+    # a larger budget is another experiment's end: the search resumes
+    data = yaml.safe_load(search_yaml.read_text())
+    data["search"]["num_samples"] += 2
+    search_yaml.write_text(yaml.safe_dump(data))
+    assert main(argv) == 0
+    assert calls[4:] == [("search", True), "promote"]
+
+
+def test_a_search_without_promotion_is_not_finished_for_one_with(search_yaml, tmp_path, monkeypatch):  # fmt: skip
+    calls = _fake_search(monkeypatch, [])
+    argv = ["search", str(search_yaml), "--out", str(tmp_path / "run"), "--continue"]
+    assert main([*argv, "--no-promote"]) == 0
+    assert main(argv) == 0
+    assert calls == [("search", True), ("search", True), "promote"]
+
+
+# -------------------------------------------------------------------------------------- analyze
+
+
+def test_continue_keeps_a_report_newer_than_its_run(analysis_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(analysis_run, run)  # a private copy: this test changes it
+    argv = ["analyze", str(run), "--resamples", "20", "--max-experts", "1", "--continue"]
+    assert main(argv) == 0
+    report = run / "analysis" / "report.md"
+    written = report.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert f"{run / 'analysis'}: the report of {run} is up to date; nothing to do" in capsys.readouterr().out  # fmt: skip
+    assert report.stat().st_mtime_ns == written
+    (run / "leaderboard.md").write_text("a promotion finished since\n")
+    assert main(argv) == 0  # the run changed: its report is written again
+    assert report.stat().st_mtime_ns > written
+
+
+# ---------------------------------------------------------------------------- the real command
+
+
+@pytest.mark.slow
+def test_train_continue_starts_resumes_then_skips(tiny_world, tmp_path, cli, tree_state):
+    """The line of commands.sh, run three times: cut short by Ctrl-C, continued, then skipped."""
+    steps, every = 120, 20
+    f, log = _train_exp(tiny_world, tmp_path, "again", steps, every)
+    out, run = tmp_path / "run", tmp_path / "run/train/again"
+    argv = ("train", f, "--out", out, "--no-ray", "--continue")
+    c = cli(*argv)  # nothing there yet: it starts
+    c.wait_for(_has_checkpoints(run, 0), "the first checkpoint")
+    c.interrupt(signal.SIGINT)
+    kept = _checkpoint_steps(run)
+    assert kept and kept[-1] < steps, f"not interrupted mid-run: checkpoints at {kept}"
+
+    c = cli(*argv)  # unfinished: it resumes from the last checkpoint
+    assert c.finish() == 0, c.tail()
+    _check_every_step_once(log, [kept[-1]], steps)
+    before = tree_state(run)
+
+    c = cli(*argv)  # finished: said, nothing trained or touched
+    assert c.finish() == 0, c.tail()
+    assert f"{run}: this experiment is already trained; nothing to do" in c.stdout
+    assert tree_state(run) == before
