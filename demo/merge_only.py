@@ -17,7 +17,7 @@ import torch
 
 from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe
 from layerswap.spaces.zones import layer_map, paper_default
-from layerswap.trainables.atomic import temp_sibling
+from layerswap.trainables.atomic import output_path, temp_sibling
 from layerswap.trainables.locks import writing
 from layerswap.trainables.merge.checkpoint import Checkpoint
 from layerswap.trainables.merge.engine import merge_to_disk
@@ -52,15 +52,17 @@ def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
     The demo is one output: interrupted or failed at any stage, `out` is removed (an earlier
     demo it replaces comes back), as the CLI's "nothing half-written was kept" says.
     """
-    out = Path(out)
     check_output(out, "merge-demo", overwrite=overwrite)
+    # Where it really is (given as a symbolic link: its target): the demo is built there and
+    # removed by renaming it when it fails, which must move the target, never the user's link.
+    real = output_path(out)
     # One writer from the first change to the last stage: setting an earlier demo aside is
     # already a write, stages 2-4 write into `out` after output_dir's own lock is released, and
     # the failure path removes `out`, which must never be another writer's demo.
     with writing(out):
         check_output(out, "merge-demo", overwrite=overwrite)  # again, under the lock
-        with replacing([out]), _removed_unless_finished(out):
-            _run(out)
+        with replacing([real]), _removed_unless_finished(real):
+            _run(real)
 
 
 @contextmanager

@@ -7,7 +7,8 @@ Researchers link `runs/exp1` to scratch storage (`ln -s /scratch/me/exp1 runs/ex
 differ. A dangling link is written into its target when the target's folder exists (the
 scratch folder a user linked before the first run), else refused naming the link and target.
 
-Run: .venv/bin/python -m pytest -q tests/trainables/test_output_symlinks.py   (about 15 s)
+Run: .venv/bin/python -m pytest -q tests/trainables/test_output_symlinks.py   (about 45 s on 2
+CPU cores; -m "not slow" skips the merge-only demo, about 20 s)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from layerswap.trainables.outputs import (
     output_dir,
     read_marker,
     replacing,
+    write_marker,
 )
 from tests.cli.cli_process import leftovers
 from tests.trainables.test_dead_writer_temps import _kill_writer_at
@@ -182,3 +184,16 @@ def test_merge_and_schema_commands_write_through_linked_outputs(tmp_path, family
         assert main(["schema", "recipe", "--out", str(schema), *again]) == 0, capsys.readouterr().err  # fmt: skip
         assert schema.is_symlink() and json.loads(file.read_text())["title"].startswith("layerswap")
     assert not leftovers(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_merge_only_demo_overwrites_through_its_link(linked, capsys):
+    """`demo --merge-only --out LINK --overwrite`: the earlier demo in the target is set aside
+    and rebuilt there (it had refused, the emptied target "already existing", and hidden the
+    link while cleaning up)."""
+    link, target = linked
+    write_marker(target, "merge-demo", files=[])  # an earlier (empty) merge-only demo
+    code = main(["demo", "--merge-only", "--out", str(link), "--overwrite"])
+    assert code == 0, capsys.readouterr().err
+    _intact(link, target)
+    assert (target / "merged" / "model.safetensors").is_file()
