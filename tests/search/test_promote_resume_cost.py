@@ -3,7 +3,7 @@ unless best/ no longer holds the chosen recipe complete: an expert retrained in 
 of another recipe or with a file missing is merged again (search/promote.py,
 search/promote_best.py).
 
-Run: .venv/bin/python -m pytest -q tests/search/test_promote_resume_cost.py   (about 40 s)
+Run: .venv/bin/python -m pytest -q tests/search/test_promote_resume_cost.py   (about 50 s)
 """
 
 from __future__ import annotations
