@@ -154,6 +154,16 @@ def _check_context(max_gen_toks: int, model: Path, tasks: list[str], include_pat
         )
 
 
+def _check_data(tasks: list[str], include_path) -> None:
+    """Refuse tasks whose data is not in the local cache before the model loads (minutes at
+    8B); lm-eval reads the data only after."""
+    # lazy: lm-eval, as in _check_context
+    from layerswap.trainables.evaluate.lm_eval_api import uncached_message, uncached_tasks
+
+    if missing := uncached_tasks(tasks, include_path):
+        raise ValueError(uncached_message(missing))
+
+
 def _check_out(args: argparse.Namespace, inputs: list[Path]) -> None:
     """--out: a new file, or with --overwrite an lm-eval result; never an input."""
     check_output_file(
@@ -178,9 +188,11 @@ def _run_eval(args: argparse.Namespace, model: Path, tasks: list[str], device: s
             write_world_tasks(Path(args.world), Path(tmp))
             _check_world_names(tasks, Path(tmp), args.world)
             _check_context(args.max_gen_toks, Path(base), tasks, tmp)
+            _check_data(tasks, tmp)
             raw = evaluate(model, tasks, include_path=tmp, **kw)
     else:
         _check_context(args.max_gen_toks, Path(base), tasks, None)
+        _check_data(tasks, None)
         raw = evaluate(model, tasks, **kw)
     print(metrics_table(raw))
     if adapter is not None:
