@@ -54,7 +54,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
             board = promote(exp, run_dir, verbose=args.verbose)
             print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
-        atomic_write_text(record, json.dumps(ran, indent=1) + "\n")
+        if record.parent.is_dir():  # run_search made it (a stubbed one in tests may not)
+            atomic_write_text(record, json.dumps(ran, indent=1) + "\n")
     return 0
 
 
