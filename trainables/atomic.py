@@ -95,6 +95,35 @@ def output_path(out: Path | str) -> Path:
     return real
 
 
+def link_problem(out: Path | str) -> str | None:
+    """Why `out` cannot be written through its symbolic links, or None (no link, or one that
+    leads somewhere): a link loop, or a link (`out` or a folder it lies in) to a missing target
+    whose own folder is missing too.
+
+    A missing target is created when its folder exists (a user who linked `runs/exp1` to
+    `/scratch/me/exp1` before the first run means that folder); a missing folder too is more
+    likely an unmounted scratch disk or a mistyped link, where creating a chain of folders would
+    put the data on the wrong disk.
+    """
+    try:
+        if output_path(out).exists():
+            return None  # every link on the way leads somewhere
+    except ValueError as e:
+        return str(e)
+    path = Path(out).expanduser().absolute()
+    for link in [path, *path.parents]:
+        if not link.is_symlink() or link.exists():
+            continue
+        target = output_path(link)
+        if not target.parent.is_dir():
+            what = "is" if link == path else f"lies in {link}, which is"
+            return (
+                f"{out}: {what} a symbolic link to {target}, which does not exist (nor does its "
+                f"folder {target.parent}); create that folder or fix the link"
+            )
+    return None
+
+
 def temp_sibling(out: Path) -> Path:
     """The hidden sibling `.NAME.tmp-PID-TAG` a writer of `out` builds it in: the pid names the
     writer, so a later writer that takes over from a killed one knows which temps were its

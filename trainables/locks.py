@@ -8,13 +8,15 @@ keeps a second writer out.
 The lock is a file beside the output, `.NAME.layerswap.lock`, not inside it: outputs are built
 in a temporary sibling and renamed into place (trainables/atomic.py), or set aside while a run
 rebuilds them (`outputs.replacing`); a file inside would move away with the old folder, and two
-writers would then lock two different files. It holds the owner's pid, host and command as JSON
-and is locked with `fcntl.flock`, which the kernel drops when the owner dies: a lock file whose
-flock is free is stale (its owner was killed), and is taken over, saying so. The file is removed
-when the lock is released, so nothing is left beside the output. Taking over a stale lock also
-removes the temporary siblings its dead owner left (`.NAME.tmp-PID-*`, trainables/atomic.py),
-puts back an output it was swapping out (`.NAME.old-PID-*`) and names one its long run was
-replacing (`.NAME.replaced-PID-*`), each in one line.
+writers would then lock two different files. It lies beside where the output really is
+(`atomic.output_path`): an output given as a symbolic link is locked beside its target. It holds
+the owner's pid, host and command as JSON and is locked with `fcntl.flock`, which the kernel
+drops when the owner dies: a lock file whose flock is free is stale (its owner was killed), and
+is taken over, saying so. The file is removed when the lock is released, so nothing is left
+beside the output. Taking over a stale lock also removes the temporary siblings its dead owner
+left (`.NAME.tmp-PID-*`, trainables/atomic.py), puts back an output it was swapping out
+(`.NAME.old-PID-*`) and names one its long run was replacing (`.NAME.replaced-PID-*`), each in
+one line.
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
 """

@@ -11,9 +11,11 @@ beside the old folder (`output_dir`) or, for long resumable runs, the old one is
 (`replacing`); the old one is deleted only once the new one is complete, and put back if the
 new one fails. Commands call `check_output` during their checks, before any work starts, and
 hold the output's lock (`writing`, trainables/locks.py) while they write: one writer per output.
+An output given as a symbolic link is its target (`atomic.output_path`): the link is kept, and
+the data, lock, temporaries and set-aside copy live beside the target.
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
-tests/cli/test_bad_input_writers.py
+tests/cli/test_bad_input_writers.py tests/trainables/test_output_symlinks.py
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.trainables.atomic import atomic_dir, atomic_write_text, output_path, writer_sibling
+from layerswap.trainables.atomic import (
+    atomic_dir,
+    atomic_write_text,
+    link_problem,
+    output_path,
+    writer_sibling,
+)
 from layerswap.trainables.locks import OutputLocked, command_line, live_owner, writing
 
 __all__ = ["OutputLocked", "command_line", "writing"]  # the lock, from the one output policy
@@ -212,40 +220,6 @@ def _placement_problems(out: Path, where: Path, kind: str | None, maintainer: bo
     return problems
 
 
-def _where(out: Path) -> tuple[Path | None, list[str]]:
-    """(where `out` really is, []), or (None, [why it cannot be written there]): a symbolic link
-    loop, or a dangling link whose target's folder is missing too."""
-    try:
-        where = output_path(out)
-    except ValueError as e:
-        return None, [str(e)]
-    if where.exists():
-        return where, []
-    return where, [p] if (p := _dangling_link(out)) is not None else []
-
-
-def _dangling_link(out: Path) -> str | None:
-    """A problem with a link (`out` or a folder it lies in) whose target is missing, or None.
-
-    Its target is created when the target's own folder exists (a user who linked `runs/exp1`
-    to `/scratch/me/exp1` before the first run means that folder); a missing folder too is
-    more likely an unmounted scratch disk or a mistyped link, where creating a chain of folders
-    would put the data on the wrong disk.
-    """
-    path = Path(out).expanduser().absolute()
-    for link in [path, *path.parents]:
-        if not link.is_symlink() or link.exists():
-            continue
-        target = output_path(link)
-        if not target.parent.is_dir():
-            what = "is" if link == path else f"lies in {link}, which is"
-            return (
-                f"{out}: {what} a symbolic link to {target}, which does not exist (nor does its "
-                f"folder {target.parent}); create that folder or fix the link"
-            )
-    return None
-
-
 def _writable_parent(out: Path) -> str | None:
     """A problem with creating `out` (a missing parent may be created), or None."""
     parent = out.parent
@@ -283,10 +257,10 @@ def output_problems(
         one message per problem, each naming the path.
     """
     out = Path(out)
-    where, problems = _where(out)  # through a symbolic link: its target
-    if where is None or problems:
-        return problems
-    problems += _input_problems(out, where, inputs)
+    if (link := link_problem(out)) is not None:
+        return [link]
+    where = output_path(out)  # through a symbolic link: its target
+    problems = _input_problems(out, where, inputs)
     problems += _placement_problems(out, where, kind, maintainer)
     if not where.exists():
         if (p := _writable_parent(where)) is not None:
@@ -359,10 +333,10 @@ def check_output_file(
         OutputError listing every problem.
     """
     out = Path(out)
-    where, problems = _where(out)  # through a symbolic link: its target
-    if where is None or problems:
-        raise OutputError("\n  ".join(problems))
-    problems += _input_problems(out, where, inputs)
+    if (link := link_problem(out)) is not None:
+        raise OutputError(link)
+    where = output_path(out)  # through a symbolic link: its target
+    problems = _input_problems(out, where, inputs)
     problems += _placement_problems(out, where, None, maintainer)
     if where.is_dir():
         problems.append(f"{out}: is a folder; give a file name")
