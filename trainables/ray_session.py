@@ -33,27 +33,42 @@ _NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 # on a `ray up` cluster a worker is started by its node's raylet and inherits none of the
 # driver's variables, so a token set where the command runs never reached the training workers
 # (a gated Llama → 401), and a user's HF_HUB_OFFLINE=0 never reached a trial, which then went
-# offline by layerswap's default and could not fetch a built-in lm-eval task. Credentials passed
+# offline by layerswap's default and could not fetch a built-in lm-eval task. The list is what
+# the code reading the Hub, datasets and cloud storage reads (huggingface_hub's constants,
+# datasets' config, pyarrow's S3/GCS clients, trainables/storage.py, which also keys its cache
+# on the S3 endpoint); tests/trainables/test_worker_env_names.py checks it against those and
+# against the variables docs/guides/cluster.md tells users to set. A variable naming a file
+# (HF_TOKEN_PATH, GOOGLE_APPLICATION_CREDENTIALS, AWS_*_FILE) passes only its path: the file
+# must be at that path on every node (e.g. on the shared /mnt/layerswap). Credentials passed
 # this way are readable by whoever can read the job's runtime_env (the Ray dashboard); on a
 # shared cluster prefer secrets set on the nodes themselves (cluster.yaml, an instance role).
 WORKER_ENV = (
+    # The Hub: token, endpoint, caches, offline switches (huggingface_hub, datasets, transformers).
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
+    "HF_TOKEN_PATH",
+    "HF_HUB_DISABLE_IMPLICIT_TOKEN",
     "HF_ENDPOINT",
     "HF_HOME",
     "HF_HUB_CACHE",
+    "HF_XET_CACHE",
     "HF_DATASETS_CACHE",
     "HF_HUB_OFFLINE",
     "HF_DATASETS_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "HF_HUB_ENABLE_HF_TRANSFER",
+    # S3 (pyarrow's S3 client, the AWS SDK's usual variables) and GCS.
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
     "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "GOOGLE_APPLICATION_CREDENTIALS",
 )
 WORKER_ENV_PREFIXES = ("LAYERSWAP_",)  # layerswap's own switches, e.g. LAYERSWAP_ALLOW_CPU
 
