@@ -205,12 +205,13 @@ def test_setup_cannot_move_ray():
     assert f'"ray[tune,train]=={ray.__version__}"' in pyproject
     prepared = _ray_up_checks(CLUSTER)
     check = f"assert ray.__version__ == '{ray.__version__}'"
+    constraints = "/home/ray/layerswap/cluster-constraints.txt"  # the synced project's
+    assert pin in (ROOT / "cluster-constraints.txt").read_text().splitlines()
     for role in ("head_setup_commands", "worker_setup_commands"):
         cmds = prepared[role]  # setup_commands merged in, as `ray up` merges them
-        assert f'echo "{pin}" > ~/ray-constraint.txt' in cmds, (role, cmds)
         pips = [c for c in cmds if c.startswith("pip install")]
-        assert pips and all("-c ~/ray-constraint.txt" in c for c in pips), (role, pips)
-        install = cmds.index("pip install -q -c ~/ray-constraint.txt -e /home/ray/layerswap")
+        assert pips and all(f"-c {constraints}" in c for c in pips), (role, pips)
+        install = cmds.index(f"pip install -q -c {constraints} -e /home/ray/layerswap")
         assert any(check in c for c in cmds[install + 1 :]), (role, cmds)
 
 
