@@ -36,6 +36,7 @@ from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
+from layerswap.trainables.train.checkpoint_store import check_restored, drop_older_in_store
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.ray_failures import (
@@ -140,6 +141,7 @@ def _worker(config: dict) -> None:
     interval = float(config.get("min_report_interval_s", 2.0))
     last = [float("-inf")]
     run_dir = config.get("run_dir")  # local storage only: checkpoints land there atomically
+    store_run = config.get("store_run")  # a store's Ray run folder (URI): Ray's upload writes it
     # FSDP: each worker trains in its own folder below and writes its own shards, so every rank
     # reports a checkpoint and the uploads merge (Ray's own upload merges in cloud storage).
     merged = exp.scaling.strategy == "fsdp" and ctx.get_world_size() > 1
@@ -180,6 +182,8 @@ def _worker(config: dict) -> None:
                 if run_dir
                 else None,
             )
+        if metrics.get("checkpoint") and store_run and exp.resume_state == "newest":
+            drop_older_in_store(store_run, ctx.get_world_rank(), ctx.get_world_size())
 
     # Looked up again by every attempt: a worker group restarted after a lost worker may start
     # before Ray's controller has taken in the last checkpoint's report (a ~2 s poll).
@@ -191,6 +195,7 @@ def _worker(config: dict) -> None:
             run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
         else:
             with ckpt.as_directory() as restored:
+                check_restored(exp, restored, ckpt.path)
                 resume = _newest(restored, on_disk)
                 run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
 
@@ -223,6 +228,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
     storage = storage_path or exp.storage_path
     local, fs = {}, None
     if is_uri(storage):  # Ray writes through the filesystem (and endpoint) storage reads with
+        local = {"store_run": join(storage, name or exp.name)}
         fs, storage = filesystem(storage)
     else:
         storage = str(Path(storage).resolve())

@@ -8,25 +8,36 @@ existing run folder are explicit (`rerun_plan`): the same experiment continues o
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Literal
 
 from layerswap.spaces.errors import RunFailed
-from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity, with_overrides
+from layerswap.spaces.train_experiment import (
+    TrainExperiment,
+    experiment_identity,
+    experiment_json,
+    with_overrides,
+)
 from layerswap.trainables.outputs import (
+    MARKER,
     OutputError,
+    OutputLocked,
     check_output,
     read_marker,
     replacing,
     write_marker,
     writing,
 )
-from layerswap.trainables.storage import is_uri
+from layerswap.trainables.storage import is_uri, join
+from layerswap.trainables.train import checkpoint_store as store
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.progress import printer
 from layerswap.trainables.train.state import (
     find_checkpoints,
+    read_manifest,
     read_state,
     resume_point,
     resume_problem,
@@ -71,33 +82,41 @@ def run_started(run: Path) -> bool:
     return run.exists() and not (run.is_dir() and not any(run.iterdir()))
 
 
-def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
-    """What to do with the run folder `run` (storage/<name>) of `exp`, or why not.
+def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable[[], bool], last: Callable[[], tuple[object, bool]], changed: Callable[[], str], resume: bool, overwrite: bool) -> Rerun:  # fmt: skip
+    """The one rerun rule, for a local run folder and a run in a store (s3://, file://) alike.
 
+    Args:
+        run: the run, as messages name it.
+        started: whether it holds anything.
+        check: raises when what it holds is no training run of layerswap's.
+        same: whether it holds this very experiment.
+        last: its last checkpoint and whether that is the final step's.
+        changed: what differs from the experiment it holds, as a phrase ("" when unknown).
+        resume, overwrite: the user's flags.
     Returns:
         "fresh" (nothing there), "resume" (same experiment, unfinished, `resume`), "done"
         (same experiment, finished: nothing to train), "replace" (`overwrite`).
     Raises:
-        OutputError: the folder holds another experiment or something else, and no flag says
-            what to do with it.
+        OutputError: it holds another experiment or something else, and no flag says what to
+            do with it.
     """
     if resume and overwrite:
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
-    if not run_started(run):
+    if not started:
         if resume:
             raise OutputError(f"{run}: --resume, but there is no run to continue")
         return "fresh"
-    check_output(run, "train", overwrite=True)  # a training run of layerswap's, or refuse
+    check()  # a training run of layerswap's, or refuse
     if overwrite:
         return "replace"
-    same = (read_marker(run) or {}).get("identity") == experiment_identity(exp)
-    if not same:
+    if not same():
+        what = changed()
         raise OutputError(
-            f"{run}: holds a training run of a different experiment (config changed); pass "
-            "--overwrite to start over (the old run is kept until the new one finishes) or "
-            "choose another --out"
+            f"{run}: holds a training run of a different experiment (config changed"
+            f"{': ' + what if what else ''}); pass --overwrite to start over (the old run is kept "
+            "until the new one finishes) or choose another --out"
         )
-    ckpt, finished = last_checkpoint(run)
+    ckpt, finished = last()
     if finished:
         return "done"
     if not resume:
@@ -107,6 +126,42 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
             "continue it or --overwrite to start over"
         )
     return "resume"
+
+
+def changes(old: dict, exp: TrainExperiment, most: int = 4) -> str:
+    """What differs between the experiment a checkpoint manifest records (`old`) and `exp`:
+    "hyper.lr 3e-05 -> 0.0009, ..." (where it writes and debug aside, as the identity)."""
+
+    def flat(d: object, pre: str = "") -> dict:
+        if not isinstance(d, dict):
+            return {pre: d}
+        return {k: v for key, val in d.items() for k, v in flat(val, f"{pre}{key}.").items()}
+
+    skip = ("storage_path.", "debug.")
+    a = {k.rstrip("."): v for k, v in flat(old).items() if not k.startswith(skip)}
+    b = {k.rstrip("."): v for k, v in flat(experiment_json(exp)).items() if not k.startswith(skip)}
+    diff = [f"{k} {a.get(k)} -> {b.get(k)}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]  # fmt: skip
+    return ", ".join(diff[:most]) + (f" and {len(diff) - most} more" if len(diff) > most else "")
+
+
+def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
+    """What to do with the local run folder `run` (storage/<name>) of `exp`, or why not
+    (`decide`: the rule; the marker's identity says which experiment the folder holds)."""
+
+    def changed() -> str:
+        found = find_checkpoints(run)
+        return changes(read_manifest(found[-1]).get("experiment") or {}, exp) if found else ""
+
+    return decide(
+        str(run),
+        started=run_started(run),
+        check=lambda: check_output(run, "train", overwrite=True),
+        same=lambda: (read_marker(run) or {}).get("identity") == experiment_identity(exp),
+        last=lambda: last_checkpoint(run),
+        changed=changed,
+        resume=resume,
+        overwrite=overwrite,
+    )
 
 
 def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False, verbose: bool = False) -> Path | str | None:  # fmt: skip
@@ -127,8 +182,9 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
     if use_ray and isinstance(resume, Path):
         raise ValueError("--resume CKPT is for --no-ray; Ray resumes its own run (--resume)")
-    if is_uri(storage):  # cloud storage: Ray's own restore rules apply
-        return _train(exp, storage, use_ray, None, verbose)
+    if is_uri(storage):  # a store: the same rules, its marker and checkpoints read there
+        with _store_writer(join(storage, exp.name)):
+            return _train_in_store(exp, storage, bool(resume), overwrite, verbose)
     run = Path(storage) / exp.name
     with writing(run):  # one writer per run: a second `train` of it is refused, naming this one
         return _train_local(exp, run, storage, use_ray, resume, overwrite, verbose)
@@ -157,9 +213,83 @@ def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, r
         return _train(exp, storage, use_ray, start, verbose)
 
 
-def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None, verbose: bool) -> Path | str | None:  # fmt: skip
-    """Run the training itself (Ray restores its own run from `storage` when there is one),
-    printing progress lines (trainables/train/progress.py)."""
+@contextmanager
+def _store_writer(run_uri: str) -> Iterator[None]:
+    """Hold the one-writer lock of a run in a store (store.writer_lock: on this host only,
+    except for file://), or refuse naming the run and its writer."""
+    lock = store.writer_lock(run_uri)
+    stack = ExitStack()
+    try:
+        stack.enter_context(writing(lock))
+    except OutputLocked as e:
+        raise OutputLocked(
+            str(e) if store.scheme(run_uri) == "file" else f"{run_uri}: {e}"
+        ) from None
+    with stack:
+        yield
+
+
+def _train_in_store(exp: TrainExperiment, storage: str, resume: bool, overwrite: bool, verbose: bool) -> str | None:  # fmt: skip
+    """`train_expert` into a run in a store (see trainables/train/checkpoint_store.py for its
+    layout), whose writer lock this process holds: the rule a local run follows (`decide`)."""
+    run = join(storage, exp.name)
+    old = store.read_store_marker(run)
+    gen = (old or {}).get("generation") or ""
+    folder = join(run, gen) if gen else run
+
+    def check() -> None:
+        if old is None and not store.checkpoints(run):  # no marker, and no checkpoint names one
+            raise OutputError(
+                f"{run}: exists and was not written by layerswap (no {MARKER}); refusing to "
+                "replace it: remove it yourself or choose another storage_path"
+            )
+
+    def changed() -> str:
+        found = store.checkpoints(folder)
+        return changes(found[-1][1].get("experiment") or {}, exp) if found else ""
+
+    want = experiment_identity(exp)
+    plan = decide(run, started=store.run_started(run), check=check, same=lambda: store.stored_identity(run, old) == want, last=lambda: store.last_checkpoint(folder), changed=changed, resume=resume, overwrite=overwrite)  # fmt: skip
+    if plan == "done":
+        ckpt, _ = store.last_checkpoint(folder)
+        print(f"{run}: this experiment is already trained; nothing to do")
+        return ckpt
+    gen, replaces = _generation(plan, old)
+    store.write_store_marker(run, store.new_marker(want, gen, replaces))
+    try:
+        where, name = store.ray_run(run, gen)
+        last = _train(exp, where, True, None, verbose, name=name)
+    except BaseException:
+        if plan == "replace":  # as outputs.replacing: the old run is put back
+            store.delete_generation(run, gen)
+            if old is not None:
+                store.write_store_marker(run, old)
+            else:
+                store.delete_marker(run)
+        raise
+    if replaces is not None:  # the new run finished: the old one goes (and any leftovers)
+        store.delete_except(run, {MARKER, gen})
+        store.write_store_marker(run, store.new_marker(want, gen))
+    return last
+
+
+def _generation(plan: Rerun, old: dict | None) -> tuple[str, str | None]:
+    """Where Ray's run of a store run lives for `plan`, and the run it replaces (None: none).
+
+    A new run starts in the run folder itself; --overwrite starts a fresh Ray run in a new
+    subfolder (no rename in an object store, and ~100 GB checkpoints are not copied aside); a
+    resumed replacement still replaces what its marker names.
+    """
+    if plan == "replace":
+        return f"gen-{uuid.uuid4().hex[:8]}", (old or {}).get("generation") or "."
+    if plan == "resume":
+        return (old or {}).get("generation") or "", (old or {}).get("replaces")
+    return "", None
+
+
+def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None, verbose: bool, name: str | None = None) -> Path | str | None:  # fmt: skip
+    """Run the training itself (Ray restores its own run from `storage`/`name`, default
+    exp.name, when there is one), printing progress lines (trainables/train/progress.py)."""
     if not use_ray:
         if exp.scaling.num_workers != 1:
             print(f"--no-ray: running 1 worker (config asks for {exp.scaling.num_workers})")
@@ -174,7 +304,7 @@ def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None
     # lazy: Ray loads only for a run that uses it (`--no-ray` trains in this process)
     from layerswap.trainables.train.ray_train import train_with_ray
 
-    res = train_with_ray(exp, storage_path=storage, progress=True, verbose=verbose)
+    res = train_with_ray(exp, storage_path=storage, name=name, progress=True, verbose=verbose)
     if res.error is not None:
         # After failure.max_failures restarts: a failure to report (exit 1), not a traceback.
         raise RunFailed(f"training failed: {res.error}")
