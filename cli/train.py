@@ -3,7 +3,8 @@
 
 Thin: checks every local input before any work, then calls trainables.train.train_expert (Ray
 Train, or this process with `--no-ray`); an experiment with a `sweep:` block goes to the expert
-sweep (experts.sweep.run_sweep). torch and ray load only when the command runs.
+sweep (experts.sweep.run_sweep; its run folder: cli/train_sweep.py). torch and ray load only
+when the command runs.
 
 `--continue` takes the run wherever it stands (what a study's exported commands.sh passes): it
 starts a run RUN_DIR does not hold, resumes an unfinished one and says a finished one is finished
@@ -14,27 +15,22 @@ folder, and `--continue` skips only such a sweep of the same experiment.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 from layerswap.cli.args import finite_float
+from layerswap.cli.train_sweep import (
+    SWEEP_FINISHED,
+    finished_sweep,
+    run_sweep_recorded,
+    sweep_folder,
+)
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
-    experiment_identity,
     load_train_experiment,
 )
-from layerswap.trainables.atomic import atomic_write_text
-from layerswap.trainables.outputs import (
-    OutputError,
-    check_output,
-    output_problems,
-    read_marker,
-    replacing,
-    write_marker,
-    writing,
-)
+from layerswap.trainables.outputs import OutputError, output_problems
 from layerswap.trainables.storage import exists, is_uri
 
 
@@ -137,103 +133,6 @@ def check_run_folder(exp: TrainExperiment, run: Path) -> None:
         raise OutputError("\n  ".join(problems))
 
 
-# In RUN/train/<name> of a sweep that ran its course (every trial ended, failed ones included).
-SWEEP_FINISHED = "sweep_finished.json"
-
-
-def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
-    """The record a sweep of `exp` left in `folder` when it ran its course, else None (none
-    ran, it was interrupted, or it is another experiment's).
-
-    Returns:
-        {"identity", "trials": {trial_id: status}, "rows", "registry"}, or None.
-    """
-    try:
-        rec = json.loads((folder / SWEEP_FINISHED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    same = isinstance(rec, dict) and rec.get("identity") == experiment_identity(exp)
-    return rec if same else None
-
-
-def _sweep_exists(exp: TrainExperiment, folder: Path, cont: bool) -> OutputError:
-    """The refusal of an earlier sweep in `folder` that only --overwrite may replace."""
-    unfinished = cont and (read_marker(folder) or {}).get("identity") == experiment_identity(exp)
-    what = (
-        f"an expert sweep of {exp.name} did not finish (interrupted or failed, or run before "
-        f"sweeps recorded {SWEEP_FINISHED}), and a sweep cannot be resumed"
-        if unfinished
-        else f"an expert sweep of {exp.name} exists"
-    )
-    return OutputError(
-        f"{folder}: {what}; pass --overwrite to run it again (its registry rows go with it) "
-        "or choose another --out"
-    )
-
-
-def _sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: bool = False):
-    """A sweep cannot be resumed: an earlier one in RUN/train/<name> is replaced only on
-    --overwrite, its registry rows dropped with it (never a mix of old and new rows).
-
-    Returns:
-        a context manager to run the sweep in.
-    """
-    from contextlib import contextmanager
-
-    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
-
-    folder = run_dir / "train" / exp.name
-    if folder.exists() and any(folder.iterdir()):
-        if not overwrite:
-            raise _sweep_exists(exp, folder, cont)
-        check_output(folder, "train", overwrite=True)
-
-    @contextmanager
-    def run():
-        reg = registry_path(run_dir)
-        with writing(folder), replacing([folder]):  # one writer per sweep folder
-            removed = drop_rows_under(reg, folder)
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                write_marker(folder, "train", experiment_identity(exp))
-                yield
-            except BaseException:
-                if removed:  # the old sweep is back: so are its rows
-                    append_rows(reg, removed)
-                raise
-
-    return run()
-
-
-def _run_sweep(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> int:
-    """An experiment with a `sweep:` block: the expert sweep, then its top experts printed.
-
-    Returns:
-        0 when every trial finished, 1 when some failed (their rows are still kept).
-    """
-    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.experts.sweep import run_sweep
-
-    res = run_sweep(exp, run_dir, verbose=int(verbose))  # Tune's verbosity: 1 is its default
-    failed = sorted(t for t, s in res.trials.items() if s != "ok")
-    # Ran its course (failed trials too: running it again would meet them again): `--continue`
-    # skips it. Written inside the sweep's folder, which is kept only if the command ends here.
-    record = {"identity": experiment_identity(exp), "trials": res.trials, "rows": len(res.rows)}
-    record["registry"] = str(res.registry)
-    atomic_write_text(run_dir / "train" / exp.name / SWEEP_FINISHED, json.dumps(record, indent=1))
-    print(
-        f"expert sweep {exp.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
-        f"scored in {res.seconds:.0f}s -> {res.registry}"
-    )
-    col = f"ind__{res.metric_task}"
-    for i, r in enumerate(res.best, 1):
-        print(f"  #{i} {res.metric_task}={r[col]:.4f} step {r['step']} trial {r['trial_id']}: {r['path']}")  # fmt: skip
-    if failed:
-        print(f"  failed trials: {', '.join(failed)}")
-    return 1 if failed else 0
-
-
 # What to type, in the error of a command line that names no experiment (or two).
 _USAGE = "layerswap train EXPERIMENT.yaml [--out RUN_DIR] [--resume [CKPT] | --continue]"
 _YAML = (
@@ -291,8 +190,8 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
         note = f", {failed} of them failed" if failed else ""
         print(f"{folder}: this expert sweep is already finished ({len(done.get('trials', {}))} trials{note}); nothing to do")  # fmt: skip
         return 0
-    with _sweep_folder(exp, run_dir, args.overwrite, args.cont):
-        return _run_sweep(exp, run_dir, args.verbose)
+    with sweep_folder(exp, run_dir, args.overwrite, args.cont):
+        return run_sweep_recorded(exp, run_dir, args.verbose)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """A study's commands.sh can be run again after an interruption: `--continue` on `train`, `search`
 and `analyze` takes each step's output as it stands (start it, resume it, or say it is finished
-and do nothing), and refuses what it cannot continue in one line (exit 2, nothing changed).
+and do nothing), and refuses what it cannot continue in one line (exit 2, nothing changed:
+tests/cli/test_bad_input_continue.py, whose battery fixtures trip on any real work).
 
 The sweep and the search are stubbed here (their own tests run them); the slow test interrupts a
 real training run and runs its command twice more through the real CLI.
@@ -23,16 +24,6 @@ import yaml
 from layerswap.cli import main
 from layerswap.spaces.errors import RunFailed
 from layerswap.trainables.outputs import write_marker
-from tests.cli.test_bad_input import (  # noqa: F401  (bases_in_tmp, env, tripwires: fixtures)
-    ABSENT_FLAG,
-    Env,
-    bases_in_tmp,
-    env,
-    tripwires,
-)
-from tests.cli.test_bad_input import (
-    test_bad_input_is_refused_and_changes_nothing as refused_and_unchanged,
-)
 from tests.cli.test_interrupts import (
     _check_every_step_once,
     _checkpoint_steps,
@@ -42,72 +33,6 @@ from tests.cli.test_interrupts import (
 from tests.trainables.train.train_helpers import make_exp
 
 SWEEP = {"num_samples": 2, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}}
-
-# ------------------------------------------------------------------------------------- refusals
-
-CASES: list = []
-
-
-def case(fn: Callable) -> Callable:
-    CASES.append(pytest.param(fn, id=fn.__name__))
-    return fn
-
-
-@case
-def train__continue_with_resume(e: Env):
-    argv = ["train", e.train_exp(), "--out", e.at("run"), "--continue", "--resume"]
-    return argv, ["--continue and --resume: give one"]
-
-
-@case
-def train__continue_with_overwrite(e: Env):
-    argv = ["train", e.train_exp(), "--out", e.at("run"), "--continue", "--overwrite"]
-    return argv, ["--continue and --overwrite: give one"]
-
-
-@case
-def train__continue_of_a_sweep_that_did_not_finish(e: Env):
-    f = e.train_exp(sweep=SWEEP)
-    run = e.train_run("run", f)  # marked as this experiment's sweep, never recorded finished
-    argv = ["train", f, "--out", e.at("run"), "--continue"]
-    return argv, [f"{run}: an expert sweep of t did not finish", "cannot be resumed; pass --overwrite"]  # fmt: skip
-
-
-@case
-def train__continue_of_another_experiments_sweep(e: Env):
-    run = e.folder("run/train/t", kind="train")
-    argv = ["train", e.train_exp(sweep=SWEEP), "--out", e.at("run"), "--continue"]
-    return argv, [f"{run}: an expert sweep of t exists; pass --overwrite"]
-
-
-@case
-def search__continue_with_resume(e: Env):
-    argv = ["search", e.search_exp(), "--out", e.at("run"), "--continue", "--resume"]
-    return argv, ["--continue and --resume: give one"]
-
-
-@case
-def search__continue_with_overwrite(e: Env):
-    argv = ["search", e.search_exp(), "--out", e.at("run"), "--continue", "--overwrite"]
-    return argv, ["--continue and --overwrite: give one"]
-
-
-@case
-def analyze__continue_with_overwrite(e: Env):
-    argv = ["analyze", str(e.run), "--out", e.at("report"), "--continue", "--overwrite"]
-    return argv, ["--continue and --overwrite: give one"]
-
-
-@case
-def analyze__continue_where_another_runs_report_is(e: Env):
-    out = e.folder("report", kind="analysis")  # its marker names another run
-    return ["analyze", str(e.run), "--out", out, "--continue"], [f"{out}: already exists; {ABSENT_FLAG}"]  # fmt: skip
-
-
-@pytest.mark.parametrize("make", CASES)
-def test_what_continue_cannot_continue_is_refused(make, env, tree_state, capsys):  # noqa: F811
-    refused_and_unchanged(make, env, tree_state, capsys)
-
 
 # ---------------------------------------------------------------------------------- train sweep
 

@@ -1,0 +1,118 @@
+"""An expert sweep's run folder for `layerswap train` (cli/train.py): RUN/train/<name> replaced only
+on --overwrite (a sweep cannot be resumed), and SWEEP_FINISHED written there once the sweep has
+run its course, which `train --continue` reads to skip it.
+
+Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.outputs import (
+    OutputError,
+    check_output,
+    read_marker,
+    replacing,
+    write_marker,
+    writing,
+)
+
+# In RUN/train/<name> of a sweep that ran its course (every trial ended, failed ones included).
+SWEEP_FINISHED = "sweep_finished.json"
+
+
+def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
+    """The record a sweep of `exp` left in `folder` when it ran its course, else None (none
+    ran, it was interrupted, or it is another experiment's).
+
+    Returns:
+        {"identity", "trials": {trial_id: status}, "rows", "registry"}, or None.
+    """
+    try:
+        rec = json.loads((folder / SWEEP_FINISHED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    same = isinstance(rec, dict) and rec.get("identity") == experiment_identity(exp)
+    return rec if same else None
+
+
+def _sweep_exists(exp: TrainExperiment, folder: Path, cont: bool) -> OutputError:
+    """The refusal of an earlier sweep in `folder` that only --overwrite may replace."""
+    unfinished = cont and (read_marker(folder) or {}).get("identity") == experiment_identity(exp)
+    what = (
+        f"an expert sweep of {exp.name} did not finish (interrupted or failed, or run before "
+        f"sweeps recorded {SWEEP_FINISHED}), and a sweep cannot be resumed"
+        if unfinished
+        else f"an expert sweep of {exp.name} exists"
+    )
+    return OutputError(
+        f"{folder}: {what}; pass --overwrite to run it again (its registry rows go with it) "
+        "or choose another --out"
+    )
+
+
+def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: bool = False):
+    """A sweep cannot be resumed: an earlier one in RUN/train/<name> is replaced only on
+    --overwrite, its registry rows dropped with it (never a mix of old and new rows).
+
+    Returns:
+        a context manager to run the sweep in.
+    """
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
+    from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
+
+    folder = run_dir / "train" / exp.name
+    if folder.exists() and any(folder.iterdir()):
+        if not overwrite:
+            raise _sweep_exists(exp, folder, cont)
+        check_output(folder, "train", overwrite=True)
+
+    @contextmanager
+    def run():
+        reg = registry_path(run_dir)
+        with writing(folder), replacing([folder]):  # one writer per sweep folder
+            removed = drop_rows_under(reg, folder)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                write_marker(folder, "train", experiment_identity(exp))
+                yield
+            except BaseException:
+                if removed:  # the old sweep is back: so are its rows
+                    append_rows(reg, removed)
+                raise
+
+    return run()
+
+
+def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> int:
+    """An experiment with a `sweep:` block: the expert sweep, its record (SWEEP_FINISHED) once it
+    ran its course, then its top experts printed.
+
+    Returns:
+        0 when every trial finished, 1 when some failed (their rows are still kept).
+    """
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
+    from layerswap.experts.sweep import run_sweep
+
+    res = run_sweep(exp, run_dir, verbose=int(verbose))  # Tune's verbosity: 1 is its default
+    failed = sorted(t for t, s in res.trials.items() if s != "ok")
+    # Ran its course (failed trials too: running it again would meet them again): `--continue`
+    # skips it. Written inside the sweep's folder, which is kept only if the command ends here.
+    record = {"identity": experiment_identity(exp), "trials": res.trials, "rows": len(res.rows)}
+    record["registry"] = str(res.registry)
+    atomic_write_text(run_dir / "train" / exp.name / SWEEP_FINISHED, json.dumps(record, indent=1))
+    print(
+        f"expert sweep {exp.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
+        f"scored in {res.seconds:.0f}s -> {res.registry}"
+    )
+    col = f"ind__{res.metric_task}"
+    for i, r in enumerate(res.best, 1):
+        print(f"  #{i} {res.metric_task}={r[col]:.4f} step {r['step']} trial {r['trial_id']}: {r['path']}")  # fmt: skip
+    if failed:
+        print(f"  failed trials: {', '.join(failed)}")
+    return 1 if failed else 0
