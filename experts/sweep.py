@@ -168,6 +168,21 @@ def _indicator_device(setting: str) -> str:
     return setting
 
 
+def trial_retries(setup: SweepSetup) -> int:
+    """Tune's max_failures for a trial: one level retries. in_trial: `failure.max_failures` (a
+    restarted trial resumes, see _train). ray_train: 0, since the nested TorchTrainer restarts
+    from its last checkpoint as often itself; Tune around it made (1 + n)^2 attempts of a failure
+    that recurs (OOM, a 401, data missing offline), 16 at the shipped 3. A trial whose driving
+    process dies then fails without a retry.
+
+    Args:
+        setup: the resolved sweep.
+    Returns:
+        Tune's FailureConfig.max_failures.
+    """
+    return 0 if setup.executor == "ray_train" else int(setup.experiment["failure"]["max_failures"])
+
+
 def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]:
     """Train one variant into `workdir`; returns its checkpoint folders in step order.
 
@@ -389,8 +404,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
                 name=experiment.name,
                 storage_path=setup.storage,
                 callbacks=[_append_callback(reg)],
-                # A failed in_trial trial restarts and resumes from its last checkpoint (_train).
-                failure_config=tune.FailureConfig(max_failures=experiment.failure.max_failures),
+                failure_config=tune.FailureConfig(max_failures=trial_retries(setup)),
                 verbose=verbose,
             ),
         )

@@ -1,0 +1,87 @@
+"""Expert sweeps retry at one level: a trial that nests a Ray Train run (executor: ray_train)
+is retried by Ray Train alone (from its last checkpoint), not again by Tune around it.
+
+Before, Tune retried the trial `failure.max_failures` times around a TorchTrainer that retried
+as often itself: (1 + n)^2 attempts of a deterministic failure (16 at the shipped 3, on 4-8
+H100s each). Here a trial fails the same way at step 2 of every attempt; each attempt logs
+step 1 once.
+
+Run: .venv/bin/python -m pytest -q tests/experts/test_sweep_retry_levels.py   (marked slow)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from layerswap.experts.sweep import run_sweep, set_up_sweep, trial_retries
+from layerswap.spaces.train_experiment import parse_train_experiment
+
+
+@pytest.fixture
+def ray_two_cpus():
+    """A local Ray of its own (the trial's TorchTrainer worker needs a CPU beside the trial)."""
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="lswrt", dir="/tmp")  # short: Ray's socket paths have a limit
+    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def always_failing(world: Path, tmp_path: Path, step_log: Path, max_failures: int):
+    """A one-trial ray_train sweep whose step 2 (0-based 1) raises in every attempt: its fault
+    marker's folder is a file, so the marker that would make the failure happen once cannot be
+    made (FileExistsError, as deterministic as an out-of-memory or a missing token)."""
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    return parse_train_experiment(
+        {
+            "name": "sweep_fails",
+            "base": str(world / "base"),
+            "kind": "math",
+            "language": "en",
+            "datasets": [{"path": str(world / "data/sft/math_en.jsonl")}],
+            "mode": "full",
+            "hyper": {"lr": 1e-3, "max_steps": 4, "batch_size": 4, "seq_len": 96},
+            "checkpoint_every_samples": 8,
+            "failure": {"max_failures": max_failures},
+            "debug": {
+                "step_log": str(step_log),
+                "fail_at_step": 1,
+                "fail_marker": str(blocker / "marker"),
+            },
+            "sweep": {
+                "num_samples": 1,
+                "params": {"hyper.lr": {"choices": [1e-3]}},
+                "executor": "ray_train",
+                "limit": 4,
+            },
+        }
+    )
+
+
+@pytest.mark.slow
+def test_a_nested_trainer_trial_is_retried_by_ray_train_only(tiny_world, tmp_path, ray_two_cpus):
+    log = tmp_path / "steps.jsonl"
+    exp = always_failing(tiny_world, tmp_path, log, max_failures=1)
+    res = run_sweep(exp, tmp_path / "run")
+    assert list(res.trials.values()) == ["error"] and res.rows == []
+    attempts = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    # 1 + max_failures attempts in all; Tune retrying around them too made it (1 + 1) * 2 = 4.
+    assert attempts == [1, 1], attempts
+
+
+def test_an_in_trial_sweep_keeps_its_retries_in_tune(tiny_world, tmp_path):
+    """in_trial: Tune is the only level, and a restarted trial resumes from its checkpoint."""
+    exp = always_failing(tiny_world, tmp_path, tmp_path / "steps.jsonl", max_failures=3)
+    assert trial_retries(set_up_sweep(exp, tmp_path / "run")) == 0  # ray_train
+    in_trial = exp.model_copy(
+        update={"sweep": exp.sweep.model_copy(update={"executor": "in_trial"})}
+    )
+    assert trial_retries(set_up_sweep(in_trial, tmp_path / "run")) == 3
