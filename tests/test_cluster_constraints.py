@@ -35,6 +35,11 @@ HEADER = """\
 """
 
 
+# What only a CUDA build of torch requires (exactly pinned by that torch itself): left out, so
+# the file is the same whether the venv has the CPU wheel (CI) or a CUDA one (a GPU machine).
+CUDA_BUILD_ONLY = re.compile(r"nvidia-.*|cuda-.*|triton")
+
+
 def runtime_requirements() -> list[Requirement]:
     return [Requirement(r) for r in PROJECT["dependencies"]]
 
@@ -47,6 +52,8 @@ def closure() -> dict[str, str]:
     while todo:
         req, extras = todo.pop()
         name = canonicalize_name(req.name)
+        if CUDA_BUILD_ONLY.fullmatch(name):
+            continue
         dist = md.distribution(name)
         new = name not in seen
         seen[name] = dist.version
