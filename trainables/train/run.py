@@ -1,8 +1,12 @@
 """One expert trained where the caller asks: on Ray Train, or in this process (`--no-ray`).
 
 `train_expert(exp, "runs/exp/train")` is what `layerswap train EXP.yaml` calls. Re-runs into an
-existing run folder are explicit (`rerun_plan`): the same experiment continues only with
-`resume`, a finished one is not trained again, a different one needs `overwrite`.
+existing run folder are explicit (`decide`, for a local folder and a run in a store alike): the
+same experiment continues only with `resume`, a finished one is not trained again, a different
+one needs `overwrite`.
+
+Run its tests: .venv/bin/python -m pytest -q tests/trainables/train/test_uri_rerun.py
+tests/cli/test_train.py
 """
 
 from __future__ import annotations
@@ -77,8 +81,12 @@ def continue_from(run: Path) -> Path | None:
     return ckpt
 
 
-def run_started(run: Path) -> bool:
-    """Whether the run folder holds anything: a run to continue (or refuse), not a fresh one."""
+def run_started(run: Path | str) -> bool:
+    """Whether the run folder (a local one, or a run's URI in a store) holds anything: a run to
+    continue (or refuse), not a fresh one."""
+    if is_uri(run):
+        return store.run_started(str(run))
+    run = Path(run)
     return run.exists() and not (run.is_dir() and not any(run.iterdir()))
 
 
@@ -112,9 +120,9 @@ def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable
     if not same():
         what = changed()
         raise OutputError(
-            f"{run}: holds a training run of a different experiment (config changed"
-            f"{': ' + what if what else ''}); pass --overwrite to start over (the old run is kept "
-            "until the new one finishes) or choose another --out"
+            f"{run}: holds a training run of a different experiment (config changed)"
+            f"{'; its newest checkpoint differs in ' + what if what else ''}; pass --overwrite to "
+            "start over (the old run is kept until the new one finishes) or choose another --out"
         )
     ckpt, finished = last()
     if finished:
@@ -166,14 +174,17 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
 
 def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, resume: bool | Path = False, overwrite: bool = False, verbose: bool = False) -> Path | str | None:  # fmt: skip
     """Train one expert into `storage/<name>/` and return its last checkpoint dir (a URI when
-    `storage` is one).
+    `storage` is one). A local folder and a store (s3://, gs://, file://) follow one rerun rule
+    (`decide`); a store run's second writer is refused on this host only, except for file://
+    (trainables/train/checkpoint_store.py says why).
 
     Args:
         storage: Ray storage path (local folder or cloud URI; local only with use_ray=False).
         use_ray: train on Ray Train (else in this process, 1 worker).
         resume: continue the unfinished run in `storage/<name>/` (True), or, without Ray, from
             this checkpoint folder (a Path).
-        overwrite: start over; the old run is set aside and dropped once the new one finishes.
+        overwrite: start over; the old run is set aside and dropped once the new one finishes
+            (in a store: kept where it is while the new one runs in a fresh Ray run beside it).
         verbose: on Ray, also Ray's own output (its workers' and controller's logs, its
             notices); either way a progress line is printed (trainables/train/progress.py).
     """
