@@ -5,14 +5,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+# The tested versions of everything else (the file cluster nodes install by; torch is left to
+# TORCH, or to a GPU machine's own build). `make install CONSTRAINTS=` takes the newest versions
+# pyproject.toml allows instead (tests/test_cluster_constraints.py then names what moved).
+CONSTRAINTS ?= cluster-constraints.txt
 
 .PHONY: install demo test lint format bench-merge docs schemas gpu-check
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[test,docs]'
+	grep -v '^torch==' $(or $(CONSTRAINTS),/dev/null) > $(VENV)/constraints.txt || true
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[test,docs]'
 	touch $@
 
 install: $(VENV)/.installed
