@@ -112,3 +112,36 @@ def test_worker_refuses_a_restored_checkpoint_of_another_experiment(tiny_world, 
     with pytest.raises(CheckpointError, match="checkpoint of another experiment"):
         check_restored(exp, str(ckpt), "file:///s/uri_t/samples_000000016")
     check_restored(other, str(ckpt), "file:///s/uri_t/samples_000000016")  # its own: accepted
+
+
+def test_store_run_in_s3_prunes_resume_state_and_drops_a_replaced_run(s3, tmp_path):
+    """The store side on a real S3 server (moto): what Ray's own upload leaves is pruned and
+    replaced through pyarrow's S3 filesystem, which has no rename."""
+    from layerswap.trainables import storage
+    from layerswap.trainables.outputs import MARKER
+    from layerswap.trainables.train import checkpoint_store as store
+
+    run = storage.join(s3.bucket(), "train", "t")
+    for step in (2, 4):
+        d = tmp_path / f"samples_{step}"
+        (d / "trainer_state").mkdir(parents=True)
+        (d / "trainer_state/optimizer__all.safetensors").write_bytes(b"moments")
+        (d / "trainer_state/state.json").write_text(json.dumps({"step": step, "total_steps": 4}))
+        (d / "layerswap_train.json").write_text(json.dumps({"step": step, "experiment": {}}))
+        storage.upload_dir(d, storage.join(run, d.name))
+
+    assert store.drop_older_resume_state(run) == 1
+    rel = [f[len(run) + 1 :] for f in storage.list_files(run)]
+    assert "samples_2/trainer_state/optimizer__all.safetensors" not in rel
+    assert "samples_4/trainer_state/optimizer__all.safetensors" in rel
+    assert json.loads(storage.read_text(f"{run}/samples_2/trainer_state/state.json"))["resumable"] is False  # fmt: skip
+    assert store.last_checkpoint(run) == (f"{run}/samples_4", True)
+
+    store.write_store_marker(run, store.new_marker("abc", "gen-x", replaces="."))
+    assert store.read_store_marker(run)["generation"] == "gen-x"
+    storage.upload_dir(tmp_path / "samples_4", f"{run}/gen-x/samples_4")
+    store.delete_except(run, {MARKER, "gen-x"})  # the replacement finished: the old run goes
+    rel = [f[len(run) + 1 :] for f in storage.list_files(run)]
+    assert rel and all(r == MARKER or r.startswith("gen-x/samples_4/") for r in rel), rel
+    store.delete_generation(run, "gen-x")
+    assert [f[len(run) + 1 :] for f in storage.list_files(run)] == [MARKER]
