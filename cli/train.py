@@ -31,7 +31,7 @@ from layerswap.spaces.train_experiment import (
     load_train_experiment,
 )
 from layerswap.trainables.outputs import OutputError, output_problems
-from layerswap.trainables.storage import exists, is_uri
+from layerswap.trainables.storage import exists, is_uri, join
 
 
 def check_inputs(exp: TrainExperiment) -> None:
@@ -214,14 +214,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return _cmd_sweep(exp, args)
     # --out RUN follows the run layout (RUN/train/<name>/); else the config's storage_path.
     storage = str(args.out / "train") if args.out is not None else exp.storage_path
-    resume = args.resume
-    if not is_uri(storage):  # on cloud storage Ray's own restore rules apply, --continue or not
+    if not is_uri(storage):
         check_run_folder(exp, Path(storage) / exp.name)
-        if args.cont:  # a finished run: train_expert says so and trains nothing
-            # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-            from layerswap.trainables.train.run import run_started
+    resume = args.resume
+    if args.cont:  # a finished run: train_expert says so and trains nothing (in a store too)
+        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
+        from layerswap.trainables.train.run import run_started
 
-            resume = run_started(Path(storage) / exp.name)
+        resume = run_started(join(storage, exp.name))
     last = train_expert(
         exp,
         storage,
