@@ -23,6 +23,7 @@ from layerswap.cli.train_sweep import (
     SWEEP_FINISHED,
     finished_sweep,
     run_sweep_recorded,
+    sweep_data_problem,
     sweep_folder,
 )
 from layerswap.spaces.train_experiment import (
@@ -190,6 +191,8 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
         note = f", {failed} of them failed" if failed else ""
         print(f"{folder}: this expert sweep is already finished ({len(done.get('trials', {}))} trials{note}); nothing to do")  # fmt: skip
         return 0
+    if (problem := sweep_data_problem(exp)) is not None:
+        raise ValueError(problem)
     with sweep_folder(exp, run_dir, args.overwrite, args.cont):
         return run_sweep_recorded(exp, run_dir, args.verbose)
 

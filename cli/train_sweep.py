@@ -1,6 +1,7 @@
 """An expert sweep's run folder for `layerswap train` (cli/train.py): RUN/train/<name> replaced only
 on --overwrite (a sweep cannot be resumed), and SWEEP_FINISHED written there once the sweep has
-run its course, which `train --continue` reads to skip it.
+run its course, which `train --continue` reads to skip it; and the check, before any trial trains,
+that the indicator tasks its trials are scored on can read their data offline.
 
 Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity
 from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.evaluate.tasks import task_data_problem
 from layerswap.trainables.outputs import (
     OutputError,
     check_output,
@@ -21,6 +23,24 @@ from layerswap.trainables.outputs import (
     write_marker,
     writing,
 )
+
+
+def sweep_data_problem(exp: TrainExperiment) -> str | None:
+    """Why the sweep's scoring would fail for task data missing from the local cache, or None:
+    checked before training, since each trial evaluates only once it has trained (hours at 8B).
+
+    Args:
+        exp: the experiment, with its `sweep:` block.
+    Returns:
+        one line naming each indicator task whose data is not in the local cache.
+    """
+    # lazy: experts.sweep loads torch and Ray (~3 s); `layerswap train --help` stays fast
+    from layerswap.experts.sweep import world_dir
+
+    world = world_dir(exp)
+    tasks = exp.sweep.tasks_for(exp.kind, exp.language, world=world is not None)
+    return task_data_problem(tasks, world, [])
+
 
 # In RUN/train/<name> of a sweep that ran its course (every trial ended, failed ones included).
 SWEEP_FINISHED = "sweep_finished.json"

@@ -9,13 +9,11 @@ Tests: .venv/bin/python -m pytest -q tests/search/test_preflight_data.py
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from layerswap.search.promote import promotion_tasks
 from layerswap.spaces.search_experiment import SearchExperiment
-from layerswap.trainables.evaluate.lm_eval_api import uncached_message, uncached_tasks
-from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.evaluate.tasks import task_data_problem
 
 
 def searched_tasks(exp: SearchExperiment, promote: bool) -> list[str]:
@@ -35,11 +33,5 @@ def uncached_problem(exp: SearchExperiment, promote: bool = True) -> str | None:
     Returns:
         one line naming each task whose data is not in the local cache, and how to get it.
     """
-    tasks = searched_tasks(exp, promote)
-    with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
-        paths = [str(p) for p in exp.include_path]
-        if exp.world is not None:  # the world's task YAMLs, written as the search writes them
-            write_world_tasks(Path(exp.world), Path(tmp))
-            paths.insert(0, tmp)
-        missing = uncached_tasks(tasks, paths or None)
-    return uncached_message(missing) if missing else None
+    world = Path(exp.world) if exp.world is not None else None
+    return task_data_problem(searched_tasks(exp, promote), world, list(exp.include_path))

@@ -5,11 +5,13 @@ Used by trainables.evaluate.harness (`layerswap eval --world DIR`); `write_world
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from layerswap.spaces.task_families import TaskFamily, split_task, world_families
 from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.evaluate.lm_eval_api import uncached_message, uncached_tasks
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -114,3 +116,24 @@ def _family_configs(world_dir: Path, fam: TaskFamily, base: Path) -> dict[str, d
                     cfg["metric_list"] = metrics
                 configs[name] = cfg
     return configs
+
+
+def task_data_problem(tasks: list[str], world: Path | None, include_path: list[str]) -> str | None:
+    """Why evaluating `tasks` would fail for data missing from the local cache, or None: each
+    task is built as lm-eval builds it (lm_eval_api.uncached_tasks), world tasks from a scratch
+    copy of the world's YAMLs (the run writes its own), before any model loads or run starts.
+
+    Args:
+        tasks: the task names a run will evaluate.
+        world: the embedded world whose tasks are among them, or None.
+        include_path: further folders of task YAMLs.
+    Returns:
+        one line naming each task whose data is not in the local cache and how to get it.
+    """
+    with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
+        paths = [str(p) for p in include_path]
+        if world is not None:
+            write_world_tasks(Path(world), Path(tmp))
+            paths.insert(0, tmp)
+        missing = uncached_tasks(tasks, paths or None)
+    return uncached_message(missing) if missing else None
