@@ -74,6 +74,7 @@ def uncached_tasks(task_names: list[str], include_path: str | Path | list | None
 
     if not datasets.config.HF_HUB_OFFLINE:
         return {}
+    lm_eval_output(verbose=False)  # a check, not a run: lm-eval's "Selected tasks" log stays out
     tm = task_manager(list(task_names), include_path)
     missing: dict[str, str] = {}
     for name in dict.fromkeys(task_names):  # one by one: the message names each missing task
