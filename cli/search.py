@@ -39,6 +39,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
     ran = {"experiment": json.loads(explicit(exp).model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
     record = run_dir / "search" / FINISHED
+    if not (args.cont and _finished(record, ran)):  # a finished search reads no task data
+        _check_data(exp, args)
     # One writer per search: a second search or a --resume of this one is refused, naming it
     with writing(run_dir / "search"), replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():  # fmt: skip
         if args.cont and _finished(record, ran):
@@ -101,7 +103,12 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
         problems += sibling_problems(run_dir / "search")
     if problems:
         raise ValueError("\n  ".join(problems))
-    # lazy: loads lm-eval; last, so that a config with other problems fails at once
+
+
+def _check_data(exp, args: argparse.Namespace) -> None:
+    """Refuse task data missing from the offline cache (search/preflight_data.py), after the
+    other checks: it loads lm-eval, and a config with other problems fails at once."""
+    # lazy: lm-eval (~1.5 s, more to index its built-in tasks)
     from layerswap.search.preflight_data import uncached_problem
 
     if (problem := uncached_problem(exp, promote=not args.no_promote)) is not None:

@@ -142,6 +142,21 @@ def test_continue_resumes_a_search_until_it_finished(search_yaml, tmp_path, monk
     assert calls[4:] == [("search", True), "promote"]
 
 
+def test_a_finished_search_is_skipped_without_reading_task_data(search_yaml, tmp_path, monkeypatch, capsys):  # fmt: skip
+    # The data check builds every task (seconds, more for a built-in one): a finished search
+    # reads none, so it must neither pay for nor be refused by it (an uncached target since).
+    from layerswap.search import preflight_data
+
+    _fake_search(monkeypatch, [])
+    checked: list = []
+    monkeypatch.setattr(preflight_data, "uncached_problem", lambda exp, promote=True: checked.append(promote))  # fmt: skip
+    argv = ["search", str(search_yaml), "--out", str(tmp_path / "run"), "--continue"]
+    assert main(argv) == 0 and checked == [True]
+    monkeypatch.setattr(preflight_data, "uncached_problem", lambda exp, promote=True: "data gone")
+    assert main(argv) == 0
+    assert "already finished and promoted; nothing to do" in capsys.readouterr().out
+
+
 def test_a_search_without_promotion_is_not_finished_for_one_with(search_yaml, tmp_path, monkeypatch):  # fmt: skip
     calls = _fake_search(monkeypatch, [])
     argv = ["search", str(search_yaml), "--out", str(tmp_path / "run"), "--continue"]
