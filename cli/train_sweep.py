@@ -12,7 +12,7 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity
+from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity, world_dir
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.tasks import task_data_problem
 from layerswap.trainables.outputs import (
@@ -34,9 +34,6 @@ def sweep_data_problem(exp: TrainExperiment) -> str | None:
     Returns:
         one line naming each indicator task whose data is not in the local cache.
     """
-    # lazy: experts.sweep loads torch and Ray (~3 s); `layerswap train --help` stays fast
-    from layerswap.experts.sweep import world_dir
-
     world = world_dir(exp)
     tasks = exp.sweep.tasks_for(exp.kind, exp.language, world=world is not None)
     return task_data_problem(tasks, world, [])
@@ -87,7 +84,8 @@ def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: boo
     from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
 
     folder = run_dir / "train" / exp.name
-    if folder.exists() and any(folder.iterdir()):
+    replaced = folder.exists() and any(folder.iterdir())
+    if replaced:
         if not overwrite:
             raise _sweep_exists(exp, folder, cont)
         check_output(folder, "train", overwrite=True)
@@ -102,7 +100,9 @@ def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: boo
                 write_marker(folder, "train", experiment_identity(exp))
                 yield
             except BaseException:
-                if removed:  # the old sweep is back: so are its rows
+                if replaced:  # the old sweep is put back: the new one's rows go with its folder
+                    drop_rows_under(reg, folder)
+                if removed:  # and the old one's rows come back
                     append_rows(reg, removed)
                 raise
 

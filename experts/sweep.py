@@ -22,6 +22,7 @@ from layerswap.spaces.train_experiment import (
     absolute_local_paths,
     experiment_json,
     with_overrides,
+    world_dir,
 )
 from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
@@ -58,18 +59,6 @@ class SweepResult:
     metric_task: str
     seconds: float
     trials: dict[str, str] = field(default_factory=dict)  # trial_id -> status
-
-
-def world_dir(experiment: TrainExperiment) -> Path | None:
-    """The embedded world of an experiment: `sweep.world`, or the base's parent with world.json."""
-    sweep = experiment.sweep
-    if sweep is not None and sweep.world is not None:
-        w = Path(sweep.world)
-        if not (w / "world.json").is_file():
-            raise ValueError(f"sweep.world: {w} is not a world folder (no world.json)")
-        return w
-    parent = Path(experiment.base).parent
-    return parent if (parent / "world.json").is_file() else None
 
 
 def set_up_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepSetup:
@@ -372,7 +361,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     import ray
     from ray import tune
 
-    # lazy: Ray starts only when a sweep runs (the study planner reads world_dir from here)
+    # lazy: Ray starts only when a sweep runs
     from layerswap.trainables.ray_session import init_ray, tune_output
 
     t0 = time.perf_counter()

@@ -282,6 +282,18 @@ def _resolve(data: dict, root: Path) -> dict:
     return out
 
 
+def world_dir(experiment: TrainExperiment) -> Path | None:
+    """The embedded world of an experiment: `sweep.world`, or the base's parent with world.json."""
+    sweep = experiment.sweep
+    if sweep is not None and sweep.world is not None:
+        w = Path(sweep.world)
+        if not (w / "world.json").is_file():
+            raise ValueError(f"sweep.world: {w} is not a world folder (no world.json)")
+        return w
+    parent = Path(experiment.base).parent
+    return parent if (parent / "world.json").is_file() else None
+
+
 def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) -> TrainExperiment:
     """`exp` with relative local paths (base, dataset files, a sweep's world, storage) made
     absolute against `cwd` (default: the current folder), so workers started elsewhere (Ray,

@@ -23,7 +23,7 @@ from layerswap.spaces.languages import same_language
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.study import LoadedStudy, Profile, StudyExpert, StudySearch, load_profiles
 from layerswap.spaces.task_families import is_world_task
-from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.spaces.train_experiment import TrainExperiment, world_dir
 from layerswap.study import estimate as est
 from layerswap.study import training
 from layerswap.study.report import STAGES, Row, Stage, StudyPlan
@@ -186,9 +186,6 @@ def _run_notes(m: dict, exp: TrainExperiment, tps: float, runs: int, unit: str) 
 
 def _indicator_row(ex: StudyExpert, ckpts: float, ctx: _Ctx) -> Row | None:
     """Stage-2 row: the sweep scores its checkpoints on the expert kind's indicators."""
-    # lazy: the sweep module loads torch and lm-eval; planning needs neither
-    from layerswap.experts.sweep import world_dir
-
     exp, sw = ex.experiment, ex.experiment.sweep
     if sw is None:
         return None

@@ -86,6 +86,38 @@ def test_continue_refuses_a_sweep_that_was_cut_short(tiny_world, tmp_path, monke
     assert calls == ["t"]
 
 
+def test_an_interrupted_overwrite_puts_back_the_old_sweeps_rows_only(tiny_world, tmp_path, monkeypatch):  # fmt: skip
+    # The new sweep's rows are appended as its trials end; when it fails, its folder is removed
+    # and the old one put back, so rows pointing into the removed folder must go too (before,
+    # they stayed, naming checkpoints that no longer exist).
+    from layerswap.experts.registry import append_rows, expert_id, read_rows, registry_path
+
+    run = tmp_path / "run"
+    folder, reg = run / "train" / "t", registry_path(run)
+
+    def row(name: str) -> dict:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        return {"expert_id": expert_id("t", name, 1), "kind": "math", "language": "en", "mode": "full",
+                "path": str((folder / name).resolve()), "base": str(tiny_world / "base"), "trial_id": name,
+                "step": 1, "samples": 4, "seed": 0, "hparams": "{}"}  # fmt: skip
+
+    def old_sweep() -> dict:
+        append_rows(reg, [row("old")])
+        return {"old": "ok"}
+
+    def new_then_lost() -> dict:
+        append_rows(reg, [row("new")])
+        raise RunFailed("the driver was lost")
+
+    outcomes = [old_sweep, new_then_lost]
+    _fake_sweep(monkeypatch, lambda: outcomes.pop(0)())
+    argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(run)]
+    assert main(argv) == 0
+    assert main([*argv, "--overwrite"]) == 1
+    assert [r["trial_id"] for r in read_rows(reg)] == ["old"]
+    assert (folder / "old").is_dir() and not (folder / "new").exists()
+
+
 # --------------------------------------------------------------------------------------- search
 
 
