@@ -114,9 +114,27 @@ def ray_run(run_uri: str, generation: str) -> tuple[str, str]:
     return run_uri, generation
 
 
+def _uploaded(uri: str, m: dict) -> bool:
+    """Whether every model file the manifest lists is in the store at its size. Ray uploads a
+    checkpoint's files in no fixed order (one by one in listing order on S3, in parallel on
+    gs:// and file://), so the manifest may arrive before the weights. A manifest written before
+    it listed its files is taken at its word."""
+    import pyarrow.fs as pafs
+
+    files = m.get("files")
+    if not isinstance(files, dict):
+        return True
+    fs, path = filesystem(uri)
+    infos = fs.get_file_info([f"{path}/{rel}" for rel in files])
+    return all(
+        i.type == pafs.FileType.File and i.size == size
+        for i, size in zip(infos, files.values(), strict=True)
+    )
+
+
 def checkpoints(folder_uri: str) -> list[tuple[str, dict]]:
-    """The complete checkpoints directly in a Ray run folder (their manifest written last, by
-    Ray's upload too, as it copies files in order), oldest first: (URI, manifest)."""
+    """The complete checkpoints directly in a Ray run folder, oldest first: (URI, manifest).
+    Complete: its manifest and every model file it lists, at its size, are in the store."""
     import pyarrow.fs as pafs
 
     found = []
@@ -128,7 +146,7 @@ def checkpoints(folder_uri: str) -> list[tuple[str, dict]]:
             m = json.loads(read_text(join(uri, MANIFEST)))
         except (OSError, ValueError):
             continue  # not a checkpoint, or one whose upload did not finish
-        if isinstance(m, dict) and isinstance(m.get("step"), int):
+        if isinstance(m, dict) and isinstance(m.get("step"), int) and _uploaded(uri, m):
             found.append((uri, m))
     return sorted(found, key=lambda c: (c[1]["step"], c[0]))
 

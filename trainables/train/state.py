@@ -204,9 +204,21 @@ def fix_config_dtype(folder: Path, dtype: torch.dtype) -> None:
 
 
 def write_run_files(folder: Path, manifest: dict, state: dict) -> None:
-    """trainer_state/state.json (the loop's position) and the manifest, stamped with the time."""
+    """trainer_state/state.json (the loop's position) and the manifest, stamped with the time.
+
+    The manifest lists the model's files with their sizes (`files`: everything outside
+    trainer_state/, which `resume_state: newest` prunes later): a checkpoint uploaded to a
+    store is complete only when they are all there, since Ray uploads a folder's files in no
+    fixed order (checkpoint_store.checkpoints).
+    """
     (folder / STATE_DIR / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
-    full = {**manifest, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    files = {
+        p.relative_to(folder).as_posix(): p.stat().st_size
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != MANIFEST and p.relative_to(folder).parts[0] != STATE_DIR
+    }
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    full = {**manifest, "files": dict(sorted(files.items())), "created_at": stamp}
     (folder / MANIFEST).write_text(json.dumps(full, indent=1, sort_keys=True))
 
 

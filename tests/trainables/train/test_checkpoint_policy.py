@@ -37,6 +37,10 @@ def test_older_checkpoints_keep_their_weights_but_not_their_resume_state(bf16_wo
         assert not any(f.startswith("trainer_state/optimizer__") or f.endswith("master.safetensors") for f in files), files  # fmt: skip
         assert "model.safetensors" in files and "layerswap_train.json" in files
         assert read_state(c)["resumable"] is False
+        # The manifest lists every model file at its size (a store's completeness check), and
+        # pruning the resume state leaves that list true.
+        model_files = {f: (c / f).stat().st_size for f in files if not f.startswith("trainer_state/") and f != "layerswap_train.json"}  # fmt: skip
+        assert read_manifest(c)["files"] == model_files and "config.json" in model_files
         weights = load_file(c / "model.safetensors")  # the weights a sweep ranks are whole
         assert weights and all(torch.isfinite(t.float()).all() for t in weights.values())
     with pytest.raises(ValueError, match=r"not resumable, its optimizer state was dropped .* resume from the run's newest"):  # fmt: skip

@@ -145,3 +145,26 @@ def test_store_run_in_s3_prunes_resume_state_and_drops_a_replaced_run(s3, tmp_pa
     assert rel and all(r == MARKER or r.startswith("gen-x/samples_4/") for r in rel), rel
     store.delete_generation(run, "gen-x")
     assert [f[len(run) + 1 :] for f in storage.list_files(run)] == [MARKER]
+
+
+def test_a_checkpoint_whose_upload_was_cut_is_not_complete(tmp_path):
+    # Ray uploads a checkpoint's files in no fixed order: a manifest (and trainer state) that
+    # arrived before the weights must not make the run "finished" with the weights missing.
+    from layerswap.trainables.train import checkpoint_store as store
+
+    ckpt = tmp_path / "run" / "samples_000000016"
+    (ckpt / "trainer_state").mkdir(parents=True)
+    (ckpt / "trainer_state/state.json").write_text(json.dumps({"step": 4, "total_steps": 4}))
+    files = {"config.json": 3, "model.safetensors": 8}
+    (ckpt / "layerswap_train.json").write_text(json.dumps({"step": 4, "files": files}))
+    (ckpt / "config.json").write_text("{}\n")
+    run = f"file://{tmp_path / 'run'}"
+    assert store.checkpoints(run) == [] and store.last_checkpoint(run) == (None, False)
+    (ckpt / "model.safetensors").write_bytes(b"1234")  # a part: not its full size
+    assert store.checkpoints(run) == []
+    (ckpt / "model.safetensors").write_bytes(b"12345678")
+    assert store.last_checkpoint(run) == (f"{run}/samples_000000016", True)
+    # A manifest written before manifests listed their files is taken at its word.
+    (ckpt / "layerswap_train.json").write_text(json.dumps({"step": 4}))
+    (ckpt / "model.safetensors").unlink()
+    assert [u for u, _ in store.checkpoints(run)] == [f"{run}/samples_000000016"]
