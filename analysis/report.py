@@ -254,7 +254,12 @@ def report_state(run_dir: Path, out: Path | None = None) -> str:
     if not out.exists() and not out.is_symlink():
         return "none"
     found = read_marker(out)
-    if found is None or found["kind"] != "analysis" or found.get("identity") != _identity(run_dir):
+    if found is None or found["kind"] != "analysis":
+        return "other"
+    # Its run by name, or the report inside the run folder: a run copied or moved (from the
+    # cluster to a laptop) keeps its report, whose marker names the old place.
+    inside = out.resolve().parent == Path(run_dir).resolve()
+    if found.get("identity") != _identity(run_dir) and not inside:
         return "other"
     written = (out / MARKER).stat().st_mtime
     return "current" if _newest_change(_run_inputs(Path(run_dir))) < written else "stale"

@@ -214,6 +214,10 @@ def test_continue_keeps_a_report_newer_than_its_run(analysis_run, tmp_path, caps
     (run / "leaderboard.md").write_text("a promotion finished since\n")
     assert main(argv) == 0  # the run changed: its report is written again
     assert report.stat().st_mtime_ns > written
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved, symlinks=True)  # copied from the cluster: its report came along
+    capsys.readouterr()
+    assert main(["analyze", str(moved), *argv[2:]]) == 0, capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- the real command
