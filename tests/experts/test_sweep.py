@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -157,18 +156,6 @@ def test_score_rows_leaves_a_checkpoint_with_non_finite_outputs_unscored(world, 
     assert [r["path"] for r in rows] == [str(cks[1].resolve())]
     err = capsys.readouterr().err
     assert f"layerswap: sweep trial t0: {cks[0]} left unscored:" in err and "not finite" in err, err
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """One local Ray for the module's sweeps (each start-up costs as much as a tiny sweep)."""
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lswsw", dir="/tmp")  # short: Ray's socket paths have a limit
-    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.slow

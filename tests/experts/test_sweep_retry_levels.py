@@ -12,26 +12,12 @@ Run: .venv/bin/python -m pytest -q tests/experts/test_sweep_retry_levels.py   (m
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from layerswap.experts.sweep import run_sweep, set_up_sweep, trial_retries
 from layerswap.spaces.train_experiment import parse_train_experiment
-
-
-@pytest.fixture
-def ray_two_cpus():
-    """A local Ray of its own (the trial's TorchTrainer worker needs a CPU beside the trial)."""
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lswrt", dir="/tmp")  # short: Ray's socket paths have a limit
-    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def always_failing(world: Path, tmp_path: Path, step_log: Path, max_failures: int):
@@ -67,7 +53,7 @@ def always_failing(world: Path, tmp_path: Path, step_log: Path, max_failures: in
 
 
 @pytest.mark.slow
-def test_a_nested_trainer_trial_is_retried_by_ray_train_only(tiny_world, tmp_path, ray_two_cpus):
+def test_a_nested_trainer_trial_is_retried_by_ray_train_only(tiny_world, tmp_path, ray_local):
     log = tmp_path / "steps.jsonl"
     exp = always_failing(tiny_world, tmp_path, log, max_failures=1)
     res = run_sweep(exp, tmp_path / "run")
