@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerswap.cli.args import count, finite_float
+from layerswap.cli.args import continue_clash, count, finite_float
 
 # Bootstrap indices are [resamples, pairs] int64: a million resamples of 100 pairs are 0.8 GB
 # (a billion asked for 37 GiB).
@@ -31,8 +31,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     overwrite = args.overwrite
     if args.cont:
-        if args.overwrite:
-            raise ValueError("--continue and --overwrite: give one (--continue rewrites only a report older than its run)")  # fmt: skip
+        if clash := continue_clash(args, "rewrites only a report older than its run"):
+            raise ValueError(clash)
         state = report_state(args.run_dir, args.out) if args.run_dir.is_dir() else "none"
         if state == "current":
             print(f"{report_dir(args.run_dir, args.out)}: the report of {args.run_dir} is up to date; nothing to do")  # fmt: skip

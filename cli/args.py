@@ -15,6 +15,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def continue_clash(args: argparse.Namespace, what: str) -> str | None:
+    """Why `--continue` cannot go with the other flags given, or None: `--resume` and
+    `--overwrite` each say what to do with an existing output, which `--continue` decides itself.
+
+    Args:
+        args: the parsed command line (`cont`, `overwrite`, and `resume` where the command has it).
+        what: what `--continue` does, for the message.
+    Returns:
+        one line naming the clashing flag.
+    """
+    clash = [f for f, on in (("--resume", getattr(args, "resume", False)), ("--overwrite", args.overwrite)) if on]  # fmt: skip
+    return (
+        f"--continue and {clash[0]}: give one (--continue {what})" if args.cont and clash else None
+    )
+
+
 def count(high: int, low: int = 1) -> Callable[[str], int]:
     """An argparse type for a whole number from `low` to `high`, checked before any work.
 

@@ -23,7 +23,7 @@ from layerswap.trainables.evaluate.harness import (  # light: lm_eval and torch 
     evaluate,
     metrics_table,
 )
-from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.evaluate.tasks import task_data_problem, write_world_tasks
 from layerswap.trainables.outputs import check_output_file, writing
 from layerswap.world.manifest import verify_world
 
@@ -154,14 +154,11 @@ def _check_context(max_gen_toks: int, model: Path, tasks: list[str], include_pat
         )
 
 
-def _check_data(tasks: list[str], include_path) -> None:
+def _check_data(tasks: list[str], tasks_dir: Path | None) -> None:
     """Refuse tasks whose data is not in the local cache before the model loads (minutes at
-    8B); lm-eval reads the data only after."""
-    # lazy: lm-eval, as in _check_context
-    from layerswap.trainables.evaluate.lm_eval_api import uncached_message, uncached_tasks
-
-    if missing := uncached_tasks(tasks, include_path):
-        raise ValueError(uncached_message(missing))
+    8B); lm-eval reads the data only after. `tasks_dir` holds the world's YAMLs already."""
+    if (problem := task_data_problem(tasks, None, [str(tasks_dir)] if tasks_dir else [])) is not None:  # fmt: skip
+        raise ValueError(problem)
 
 
 def _check_out(args: argparse.Namespace, inputs: list[Path]) -> None:
@@ -188,7 +185,7 @@ def _run_eval(args: argparse.Namespace, model: Path, tasks: list[str], device: s
             write_world_tasks(Path(args.world), Path(tmp))
             _check_world_names(tasks, Path(tmp), args.world)
             _check_context(args.max_gen_toks, Path(base), tasks, tmp)
-            _check_data(tasks, tmp)
+            _check_data(tasks, Path(tmp))
             raw = evaluate(model, tasks, include_path=tmp, **kw)
     else:
         _check_context(args.max_gen_toks, Path(base), tasks, None)

@@ -18,7 +18,7 @@ import argparse
 import os
 from pathlib import Path
 
-from layerswap.cli.args import finite_float
+from layerswap.cli.args import continue_clash, finite_float
 from layerswap.cli.train_sweep import (
     SWEEP_FINISHED,
     finished_sweep,
@@ -201,6 +201,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     args.experiment, args.resume = experiment_and_resume(args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.trainables.train import train_expert
+    from layerswap.trainables.train.run import run_started
 
     if args.plan:  # the memory plan only: no weights, no data, no Ray
         # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
@@ -208,9 +209,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         print(format_plan(plan_experiment(load_train_experiment(args.experiment), args.gpu_memory)))  # fmt: skip
         return 0
-    if args.cont and (args.resume or args.overwrite):
-        flag = "--resume" if args.resume else "--overwrite"
-        raise ValueError(f"--continue and {flag}: give one (--continue starts, resumes or skips the run as it stands)")  # fmt: skip
+    if clash := continue_clash(args, "starts, resumes or skips the run as it stands"):
+        raise ValueError(clash)
     exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
     check_inputs(exp)
     if exp.sweep is not None:
@@ -221,9 +221,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_run_folder(exp, Path(storage) / exp.name)
     resume = args.resume
     if args.cont:  # a finished run: train_expert says so and trains nothing (in a store too)
-        # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-        from layerswap.trainables.train.run import run_started
-
         resume = run_started(join(storage, exp.name))
     last = train_expert(
         exp,

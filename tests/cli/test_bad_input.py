@@ -47,6 +47,18 @@ def case(*marks) -> Callable[[Case], Case]:
     return add
 
 
+def case_list() -> tuple[list, Callable[[Case], Case]]:
+    """A battery file's own case list and the decorator that registers into it (by name, as
+    `case` does here), for the files that parametrize their own test over it."""
+    cases: list = []
+
+    def add(fn: Case) -> Case:
+        cases.append(pytest.param(fn, id=fn.__name__))
+        return fn
+
+    return cases, add
+
+
 @dataclass
 class Env:
     """One case's folder and the session's shared inputs (which no case may change)."""

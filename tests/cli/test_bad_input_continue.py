@@ -7,14 +7,13 @@ Run: .venv/bin/python -m pytest -q tests/cli/test_bad_input_continue.py
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from tests.cli.test_bad_input import (  # noqa: F401  (bases_in_tmp, env, tripwires: fixtures)
     ABSENT_FLAG,
     Env,
     bases_in_tmp,
+    case_list,
     env,
     tripwires,
 )
@@ -23,12 +22,7 @@ from tests.cli.test_bad_input import (
 )
 from tests.cli.test_rerun_commands import SWEEP
 
-CASES: list = []
-
-
-def case(fn: Callable) -> Callable:
-    CASES.append(pytest.param(fn, id=fn.__name__))
-    return fn
+CASES, case = case_list()
 
 
 @case

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from tests.cli.test_bad_input import (  # noqa: F401  (bases_in_tmp, env, tripwires: fixtures)
     Env,
     bases_in_tmp,
+    case_list,
     env,
     tripwires,
 )
@@ -27,12 +27,7 @@ from tests.cli.test_bad_input import (
     test_bad_input_is_refused_and_changes_nothing as refused_and_unchanged,
 )
 
-CASES: list = []
-
-
-def case(fn: Callable) -> Callable:
-    CASES.append(pytest.param(fn, id=fn.__name__))
-    return fn
+CASES, case = case_list()
 
 
 def _resumed_with(e: Env, old: dict, new: dict, field: str = "fidelity") -> tuple[list[str], str]:

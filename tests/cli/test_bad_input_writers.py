@@ -30,7 +30,15 @@ import pytest
 from layerswap.cli import main
 from layerswap.world import prebuilt
 from tests.cli.cli_process import leftovers
-from tests.cli.test_bad_input import TRIPPED, WORLD_TASK, Env, _changes, _leftovers, _roots
+from tests.cli.test_bad_input import (
+    TRIPPED,
+    WORLD_TASK,
+    Env,
+    _changes,
+    _leftovers,
+    _roots,
+    case_list,
+)
 
 
 @pytest.fixture
@@ -204,12 +212,7 @@ def test_a_stale_lock_is_taken_over_and_named(env: Env, monkeypatch, capsys):
 
 # ------------------------------------------------ kind 2: --overwrite replaces only what it wrote
 
-CASES: list = []
-
-
-def case(fn):
-    CASES.append(pytest.param(fn, id=fn.__name__))
-    return fn
+CASES, case = case_list()
 
 
 @case
