@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+import ray
 
 from layerswap.search.expert_store import choose_store, stop_stores
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
@@ -21,10 +22,12 @@ from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import TrialSpec, merge_trial
+from layerswap.spaces.local_inputs import search_inputs
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool, warm_start
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.model_ids import saved_digests
+from layerswap.trainables.node_paths import start_checked
 from layerswap.trainables.outputs import OutputError, check_output, write_marker
 from layerswap.trainables.ray_session import init_ray, tune_output
 
@@ -37,6 +40,10 @@ class SearchResult:
     n_trials: int
     best: list[dict] = field(default_factory=list)
     splits_read: set[tuple[str, str]] = field(default_factory=set)
+
+
+# How a search starts Ray: its trials' logs and Ray's dashboard and log setup stay out.
+_RAY_INIT = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
 
 
 def _trial_dirname(trial) -> str:
@@ -71,6 +78,10 @@ def run_search(
     check_proxy_scales(exp)  # before anything is written: a wrong scale fails every trial
     _check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
+    if exp.search.num_samples > len(store):  # trials will run: every node must see the inputs
+        start_checked(search_inputs(exp, pool), verbose=verbose, **_RAY_INIT)
+    sdir.mkdir(parents=True, exist_ok=True)
+    write_marker(sdir, "search", search_identity(exp))
     depth = model_depth(pool)
     # Proxies spelled out: what this search optimised, whatever later defaults become.
     atomic_write_text(sdir / "experiment.json", explicit(exp).model_dump_json(indent=1))
@@ -118,7 +129,7 @@ def search_identity(exp: SearchExperiment) -> str:
 def _check_search_dir(
     exp: SearchExperiment, sdir: Path, store: TrialStore, db: Path, resume: bool
 ) -> None:
-    """Refuse to overwrite a search, or to resume it as a changed experiment; make RUN/search."""
+    """Refuse to overwrite a search, or to resume it as a changed experiment (reads only)."""
     if not resume and (store.rows or db.exists()):
         saved = sdir / "experiment.json"
         same = saved.exists() and search_identity(_saved_experiment(saved)) == search_identity(exp)
@@ -130,7 +141,6 @@ def _check_search_dir(
             "start over (the old one is kept until the new one finishes) or choose another --out"
         )
     check_output(sdir, "search", allow_existing=True)
-    sdir.mkdir(parents=True, exist_ok=True)
     saved = sdir / "experiment.json"
     if resume and saved.exists():
         before = _saved_experiment(saved)
@@ -146,7 +156,6 @@ def _check_search_dir(
             f"--resume: {store.path} holds trials scored on {sorted(scored)}, this experiment's "
             f"proxies are {[p.task for p in exp.proxy_list]}; start a new search (--out)"
         )
-    write_marker(sdir, "search", search_identity(exp))
 
 
 def _check_same_fidelity(exp: SearchExperiment, old_search: SearchSettings, saved: Path) -> None:
@@ -246,12 +255,11 @@ def _run_tuner(
     """Run the remaining trials with Ray Tune, as many at once as the CPUs and GPUs allow."""
     import dataclasses
 
-    import ray
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
     if not ray.is_initialized():
-        init_ray(verbose=verbose, include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+        init_ray(verbose=verbose, **_RAY_INIT)
     limit, resources = _trial_resources(exp, ray.cluster_resources())
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"

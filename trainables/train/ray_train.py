@@ -25,6 +25,7 @@ import ray.train
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig
 
+from layerswap.spaces.local_inputs import train_inputs
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -34,6 +35,7 @@ from layerswap.spaces.train_experiment import (
 )
 from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.merge.checkpoint import CheckpointError
+from layerswap.trainables.node_paths import check_node_paths
 from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.checkpoint_store import check_restored, drop_older_in_store
@@ -323,18 +325,25 @@ def _fit_interruptibly(trainer: OwnErrorsTrainer):
         return trainer.fit()
 
 
-def _start_ray(verbose: bool) -> bool:
+def start_ray(exp: TrainExperiment, verbose: bool) -> bool:
     """Start (or join, RAY_ADDRESS) Ray unless this process already has; unless `verbose`,
     without Ray's output: its workers' and controller's logs (Ray Train's report lines, weight
     loading bars, the placement group cleaner's notices every few seconds) and its INFO log.
     Warnings and errors still show; a worker's error reaches the caller as the run's error.
+    In a driver, `exp`'s local inputs are then checked on every node (trainables/node_paths.py):
+    train_expert calls this before it writes the run folder.
 
     Returns:
         whether this process is a driver (its stdout is the user's), not a Ray task.
+    Raises:
+        NodePathError (a ValueError): one line per node and input that differs there.
     """
     if not ray.is_initialized():
         init_ray(verbose=verbose, log_to_driver=verbose, configure_logging=verbose)
-    return ray.get_runtime_context().worker.mode != ray.WORKER_MODE
+    in_driver = ray.get_runtime_context().worker.mode != ray.WORKER_MODE
+    if in_driver:
+        check_node_paths(train_inputs(absolute_local_paths(exp)))
+    return in_driver
 
 
 def raise_own_error(e: Exception) -> None:
@@ -352,7 +361,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     Args: as for `trainer_for`, and
         progress: print the progress lines (trainables/train/progress.py) on stdout; only in a
             driver (a Ray task's stdout is no user's).
-        verbose: where this call starts Ray: also Ray's own output (see _start_ray).
+        verbose: where this call starts Ray: also Ray's own output (see start_ray).
     Returns:
         RayTrainResult (error is set instead of raising when the run failed for good).
     """
@@ -361,7 +370,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
     # Ray names cloud paths inside their filesystem ("bucket/key"): given back as URIs.
     as_path = (lambda p: uri_of(where, p)) if is_uri(where) else Path
-    in_driver = _start_ray(verbose)
+    in_driver = start_ray(exp, verbose)
     try:
         with printing(run) if progress and in_driver else nullcontext() as channel:
             trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s, progress=channel)  # fmt: skip

@@ -218,6 +218,8 @@ def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, r
         newest_intact = continue_from(run)  # checked here, before the run is marked again
         if not use_ray:  # Ray's workers pick the same one (ray_train._newest)
             start = newest_intact
+    if use_ray:
+        _ray_ready(exp, verbose)
     with replacing([run]) if plan == "replace" else nullcontext():
         run.mkdir(parents=True, exist_ok=True)
         write_marker(run, "train", experiment_identity(exp))
@@ -265,6 +267,7 @@ def _train_in_store(exp: TrainExperiment, storage: str, resume: bool, overwrite:
         ckpt, _ = store.last_checkpoint(folder)
         print(f"{run}: this experiment is already trained; nothing to do")
         return ckpt
+    _ray_ready(exp, verbose)
     gen, replaces = _generation(plan, old)
     store.write_store_marker(run, store.new_marker(want, gen, replaces))
     try:
@@ -296,6 +299,14 @@ def _generation(plan: Rerun, old: dict | None) -> tuple[str, str | None]:
     if plan == "resume":
         return (old or {}).get("generation") or "", (old or {}).get("replaces")
     return "", None
+
+
+def _ray_ready(exp: TrainExperiment, verbose: bool) -> None:
+    """Start Ray and refuse inputs some node does not see, before the run is written to."""
+    # lazy: Ray loads only for a run that uses it (`--no-ray` trains in this process)
+    from layerswap.trainables.train.ray_train import start_ray
+
+    start_ray(exp, verbose)
 
 
 def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None, verbose: bool, name: str | None = None) -> Path | str | None:  # fmt: skip

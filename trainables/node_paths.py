@@ -1,0 +1,188 @@
+"""Refuse, before any trial or training worker starts, a local input path some Ray node cannot see.
+
+A driver runs on the head, where every path of its config exists, so each driver-side check
+passes; on a `ray up` cluster a worker node without that path failed minutes or hours later with
+a file-not-found deep in a worker's traceback. `check_node_paths(inputs)` (after `init_ray`) runs
+one tiny task pinned to each alive node with CPUs or GPUs, which describes each path there (kind,
+size, the file names and sizes under a folder: no hashing), and raises NodePathError, one line
+per problem, where a node's view differs from the driver's. With one node alive it returns at
+once. The listing of paths is spaces/local_inputs.py. Tests:
+.venv/bin/python -m pytest -q tests/trainables/test_node_paths.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from layerswap.trainables.ray_session import init_ray
+
+TIMEOUT_S = 60.0  # a node that has not answered by then is named on stderr and left unchecked
+MAX_FILES = 5000  # files described under one folder (an HF cache or a world has far fewer)
+SHOWN = 3  # file names quoted per problem
+FIX = "put it on storage every node mounts (e.g. the cluster's EFS at /shared) or in a bucket"
+
+# (inputs, nodes) already checked by this process: the sweep's CLI checks before it writes its
+# folder, and run_sweep, which others call directly, checks again.
+_CHECKED: set[tuple] = set()
+
+
+class NodePathError(ValueError):
+    """A local input path is missing, or differs, on some Ray node (one line per problem)."""
+
+
+def describe(path: str) -> dict:
+    """What a worker reading `path` would find: cheap facts only (no file is read).
+
+    Args:
+        path: an absolute path.
+    Returns:
+        {"kind": "missing"} | {"kind": "file", "size": n} |
+        {"kind": "dir", "files": {relative path: size}, "cut": bool}; hidden entries (".x",
+        lock files, caches' metadata) are left out, and a folder's listing stops at MAX_FILES.
+    """
+    p = Path(path)
+    try:
+        if p.is_file():
+            return {"kind": "file", "size": p.stat().st_size}
+        if not p.is_dir():
+            return {"kind": "missing"}
+        files: dict[str, int] = {}
+        for root, dirs, names in os.walk(p, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(n for n in names if not n.startswith(".")):
+                full = os.path.join(root, name)
+                try:
+                    files[os.path.relpath(full, p)] = os.stat(full).st_size
+                except OSError:  # a dangling link reads as missing there
+                    continue
+                if len(files) >= MAX_FILES:
+                    return {"kind": "dir", "files": files, "cut": True}
+        return {"kind": "dir", "files": files, "cut": False}
+    except OSError as e:  # e.g. no permission: as good as missing to a worker
+        return {"kind": "missing", "why": e.strerror}
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _describe_all(paths: list[str]) -> dict[str, dict]:
+    return {p: describe(p) for p in paths}
+
+
+def difference(here: dict, there: dict) -> str | None:
+    """How a node's description of a path differs from the driver's, in words, or None.
+
+    Args:
+        here, there: `describe` of the path on the driver and on the node.
+    """
+    if there["kind"] == "missing":
+        return "missing there" + (f" ({there['why']})" if there.get("why") else "")
+    if here["kind"] != there["kind"]:
+        names = {"file": "a file", "dir": "a folder"}
+        return f"{names[here['kind']]} here, {names[there['kind']]} there"
+    if here["kind"] == "file":
+        if here["size"] != there["size"]:
+            return f"{here['size']} bytes here, {there['size']} there"
+        return None
+    a, b = here["files"], there["files"]
+    if there.get("cut"):  # a listing cut short there: only the names it reached compare
+        a = {k: v for k, v in a.items() if k in b}
+    missing = sorted(set(a) - set(b))
+    sized = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of its {len(a)} file(s) missing there ({_some(missing)})")
+    if sized:
+        k = sized[0]
+        more = f" and {len(sized) - 1} more" if len(sized) > 1 else ""
+        parts.append(f"other sizes there: {k} {a[k]} bytes here, {b[k]} there{more}")
+    return "; ".join(parts) or None
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
+
+
+def path_problems(inputs: list[tuple[str, str]], here: dict[str, dict], nodes: dict[str, dict[str, dict]]) -> list[str]:  # fmt: skip
+    """One line per (node, input) whose description differs from the driver's.
+
+    Args:
+        inputs: [(config field, path)] (spaces/local_inputs.py).
+        here: {path: describe(path)} on the driver.
+        nodes: {node label: {path: describe(path) there}}.
+    Returns:
+        e.g. "node 10.0.1.7 (3f2a9c1e): base /data/base: missing there; put it on ...".
+    """
+    out = []
+    for node, seen in nodes.items():
+        for field, path in inputs:
+            if here[path]["kind"] == "missing":
+                continue  # the driver-side checks speak for a path missing here
+            if (why := difference(here[path], seen[path])) is not None:
+                out.append(f"node {node}: {field} {path}: {why}; {FIX}")
+    return out
+
+
+def worker_nodes() -> list[dict]:
+    """The alive Ray nodes with CPUs or GPUs (ray.nodes() entries): where workers may run."""
+    res = ("CPU", "GPU")
+    return [n for n in ray.nodes() if n.get("Alive") and any(n.get("Resources", {}).get(r, 0) > 0 for r in res)]  # fmt: skip
+
+
+def check_node_paths(inputs: list[tuple[str, str]], timeout_s: float = TIMEOUT_S) -> None:
+    """Check that every alive node with CPUs or GPUs sees each input as the driver does.
+
+    Call after Ray is initialised and before trials or workers start. Free with one node alive.
+
+    Args:
+        inputs: [(config field, absolute local path)] (spaces/local_inputs.py).
+        timeout_s: how long to wait for all nodes; one that has not answered is named on stderr.
+    Raises:
+        NodePathError: one line per node and input that is missing or differs there.
+    """
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if len(alive) <= 1 or not inputs:
+        return
+    nodes = worker_nodes()
+    key = (tuple(inputs), tuple(sorted(n["NodeID"] for n in nodes)))
+    if key in _CHECKED:
+        return
+    paths = [p for _, p in inputs]
+    here = {p: describe(p) for p in paths}
+    labels = {n["NodeID"]: f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})" for n in nodes}  # fmt: skip
+    refs = {
+        _describe_all.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(paths): n["NodeID"]
+        for n in nodes
+    }
+    done, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    for ref in late:
+        ray.cancel(ref, force=True)
+        print(f"layerswap: warning: node {labels[refs[ref]]} did not answer the path check within {timeout_s:g} s; its paths are unchecked", file=sys.stderr)  # fmt: skip
+    seen = {}
+    for ref in done:
+        try:
+            seen[labels[refs[ref]]] = ray.get(ref)
+        except Exception as e:  # the node died meanwhile, or cannot import layerswap
+            late.append(ref)
+            print(f"layerswap: warning: node {labels[refs[ref]]} could not run the path check ({type(e).__name__}); its paths are unchecked", file=sys.stderr)  # fmt: skip
+    if problems := path_problems(inputs, here, seen):
+        raise NodePathError("\n  ".join(problems))
+    if not late:
+        _CHECKED.add(key)
+
+
+def start_checked(inputs: list[tuple[str, str]], *, verbose: bool = False, **kwargs) -> None:
+    """`init_ray(verbose=verbose, **kwargs)` unless Ray is initialised, then `check_node_paths`:
+    what a driver runs before it writes anything or starts a trial or training worker.
+
+    Raises:
+        NodePathError: as check_node_paths.
+    """
+    if not ray.is_initialized():
+        init_ray(verbose=verbose, **kwargs)
+    check_node_paths(inputs)
