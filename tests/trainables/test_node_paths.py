@@ -1,0 +1,144 @@
+"""Local input paths some Ray node cannot see are refused before work starts
+(trainables/node_paths.py): the comparison, the one-node shortcut, and a real second node (started
+under `unshare -m`, see conftest.hidden_world_cluster) that does not see the world folder.
+
+Run: .venv/bin/python -m pytest -q tests/trainables/test_node_paths.py   (the cluster tests are
+slow: ~20 s together, most of it the two Ray nodes starting and the CLI importing torch)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layerswap.spaces.local_inputs import search_inputs, train_inputs
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables import node_paths
+from layerswap.trainables.node_paths import (
+    FIX,
+    NodePathError,
+    check_node_paths,
+    describe,
+    difference,
+    path_problems,
+)
+from tests.trainables.train.train_helpers import make_exp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_describe_lists_names_and_sizes_without_hidden_entries(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.json").write_text("12345")
+    (tmp_path / "sub/b.bin").write_bytes(b"xy")
+    (tmp_path / ".lock").write_text("held")
+    assert describe(str(tmp_path)) == {"kind": "dir", "files": {"a.json": 5, "sub/b.bin": 2}, "cut": False}  # fmt: skip
+    assert describe(str(tmp_path / "a.json")) == {"kind": "file", "size": 5}
+    assert describe(str(tmp_path / "nope")) == {"kind": "missing"}
+
+
+def test_difference_says_what_differs():
+    here = {"kind": "dir", "files": {"config.json": 600, "model.safetensors": 10, "tok.json": 3}}
+    assert difference(here, here) is None
+    assert difference(here, {"kind": "missing"}) == "missing there"
+    assert difference(here, {"kind": "file", "size": 1}) == "a folder here, a file there"
+    there = {"kind": "dir", "files": {"config.json": 512, "tok.json": 3}}
+    assert difference(here, there) == (
+        "1 of its 3 file(s) missing there (model.safetensors); "
+        "other sizes there: config.json 600 bytes here, 512 there"
+    )
+    assert difference({"kind": "file", "size": 7}, {"kind": "file", "size": 9}) == "7 bytes here, 9 there"  # fmt: skip
+    # A listing cut short there compares only the names it reached.
+    cut = {"kind": "dir", "files": {"config.json": 600}, "cut": True}
+    assert difference(here, cut) is None
+
+
+def test_problems_are_one_line_per_node_and_input_naming_field_path_and_fix():
+    inputs = [("base", "/b"), ("datasets[0].path", "/d.jsonl"), ("world", "/gone")]
+    here = {"/b": {"kind": "dir", "files": {"x": 1}}, "/d.jsonl": {"kind": "file", "size": 4}, "/gone": {"kind": "missing"}}  # fmt: skip
+    gone = {**here, "/b": {"kind": "missing"}}
+    nodes = {"10.0.0.2 (aaaa)": dict(here), "10.0.0.3 (bbbb)": gone}
+    assert path_problems(inputs, here, nodes) == [f"node 10.0.0.3 (bbbb): base /b: missing there; {FIX}"]  # fmt: skip
+
+
+def test_one_node_alive_costs_no_task(monkeypatch):
+    """The usual local case: nothing is submitted, nothing described."""
+
+    class NoTask:
+        def options(self, **kw):
+            raise AssertionError("a path-check task was submitted on a one-node cluster")
+
+    monkeypatch.setattr(node_paths.ray, "nodes", lambda: [{"Alive": True, "NodeID": "h", "Resources": {"CPU": 2.0}}, {"Alive": False, "NodeID": "d"}])  # fmt: skip
+    monkeypatch.setattr(node_paths, "_describe_all", NoTask())
+    monkeypatch.setattr(node_paths, "describe", lambda p: pytest.fail("described on one node"))
+    check_node_paths([("base", "/nowhere")])
+
+
+@pytest.mark.slow
+def test_a_node_that_cannot_see_the_inputs_is_named_before_any_work(hidden_world_cluster, tmp_path, monkeypatch):  # fmt: skip
+    """Driver level: the train and search listings of inputs under the hidden world, checked
+    on a real second node; a file every node sees passes."""
+    import ray
+
+    world, node = hidden_world_cluster
+    for k, v in node.env.items():
+        monkeypatch.setenv(k, v)
+    ray.init(address=node.address, log_to_driver=False)
+    try:
+        with pytest.raises(NodePathError) as e:
+            check_node_paths(train_inputs(make_exp(world, "full")))
+        worker = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+        label = f"node {worker['NodeManagerAddress']} ({worker['NodeID'][:8]})"
+        data = world / "data/sft/math_en.jsonl"
+        assert str(e.value).split("\n  ") == [
+            f"{label}: base {world / 'base'}: missing there; {FIX}",
+            f"{label}: datasets[0].path {data}: missing there; {FIX}",
+        ]
+
+        exp = SearchExperiment(language="xa", base=str(world / "base"), task_experts=[str(world / "corpus")], language_experts=[str(world / "data")], world=str(world))  # fmt: skip
+        pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
+        with pytest.raises(NodePathError) as e:
+            check_node_paths(search_inputs(exp, pool))
+        fields = [line.split(": ")[1].split(" /")[0] for line in str(e.value).split("\n  ")]
+        assert fields == ["base", "task_experts[0]", "language_experts[0]", "world"]
+        assert f"world {world}: 0 of its " not in str(e.value)  # the world is there, empty
+        assert f"): world {world}: " in str(e.value) and "file(s) missing there (" in str(e.value)
+
+        seen = tmp_path / "everywhere.jsonl"  # tmp_path is not hidden: the node sees it as is
+        seen.write_text("{}\n")
+        check_node_paths([("datasets[0].path", str(seen))])
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_train_on_that_cluster_is_refused_in_one_line_per_problem_and_writes_nothing(hidden_world_cluster, tmp_path):  # fmt: skip
+    """CLI level: `layerswap train` joining the cluster (RAY_ADDRESS) exits 2 naming the node
+    and each path, before its run folder exists."""
+    world, node = hidden_world_cluster
+    exp = make_exp(world, "full", name="hidden", hyper={"max_steps": 2})
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
+    run = tmp_path / "run"
+    env = {**os.environ, **node.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "layerswap.cli", "train", str(f), "--out", str(run)]
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    label = r"node [\d.]+ \([0-9a-f]{8}\)"
+    data = world / "data/sft/math_en.jsonl"
+    fix = re.escape(FIX)
+    assert re.search(
+        rf"^layerswap: error: {label}: base {world / 'base'}: missing there; {fix}\n"
+        rf"  {label}: datasets\[0\]\.path {data}: missing there; {fix}$",
+        r.stderr,
+        re.M,
+    ), r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert not run.exists()  # no run folder, marker or lock left
