@@ -193,7 +193,12 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
         return 0
     if (problem := sweep_data_problem(exp)) is not None:
         raise ValueError(problem)
-    with sweep_folder(exp, run_dir, args.overwrite, args.cont):
+    where = sweep_folder(exp, run_dir, args.overwrite, args.cont)  # refuses an earlier sweep
+    # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
+    from layerswap.experts.sweep import start_sweep_ray
+
+    start_sweep_ray(exp, int(args.verbose))  # every node sees the inputs: before the folder
+    with where:
         return run_sweep_recorded(exp, run_dir, args.verbose)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from layerswap.experts.registry import append_rows, expert_row, read_rows, registry_path, top_k
 from layerswap.experts.scoring import score_reserved, trial_resources
+from layerswap.spaces.local_inputs import train_inputs
 from layerswap.spaces.sweep import Choice, SweepConfig
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
@@ -344,6 +345,22 @@ def _searcher(setup: SweepSetup):
     return alg, param_space
 
 
+def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0) -> None:
+    """Start (or join, RAY_ADDRESS) Ray unless this process has, then refuse local inputs some
+    node does not see as this one does (trainables/node_paths.py; free on one node).
+
+    Raises:
+        NodePathError (a ValueError): one line per node and input that differs.
+    """
+    # lazy: Ray starts only when a sweep runs
+    from layerswap.trainables.node_paths import start_checked
+
+    # Ray's INFO log ("Started a local Ray instance", Tune's "Wrote the latest version of all
+    # result files") too only when verbose: Ray's logger then has no handler of its own.
+    loud = verbose > 0
+    start_checked(train_inputs(absolute_local_paths(experiment)), verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
+
+
 def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int = 0) -> SweepResult:
     """Run the experiment's expert sweep; every scored checkpoint becomes a registry row.
 
@@ -358,21 +375,18 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     Returns:
         SweepResult with this sweep's rows and its top_k experts on the metric task.
     """
-    import ray
     from ray import tune
 
     # lazy: Ray starts only when a sweep runs
-    from layerswap.trainables.ray_session import init_ray, tune_output
+    from layerswap.trainables.ray_session import tune_output
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
+    if experiment.sweep is None:
+        raise ValueError(f"experiment {experiment.name!r} has no sweep: block")
+    start_sweep_ray(experiment, verbose)  # before set_up_sweep writes the world's task YAMLs
     setup = set_up_sweep(experiment, run_dir)
     reg = registry_path(run_dir)
-    if not ray.is_initialized():
-        # Ray's INFO log ("Started a local Ray instance", Tune's "Wrote the latest version of
-        # all result files") too only when verbose: Ray's logger then has no handler of its own.
-        loud = verbose > 0
-        init_ray(verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
     with tune_output(verbose > 0):  # an Optuna searcher creates its study in _searcher
         alg, param_space = _searcher(setup)
         # A trial that nests a TorchTrainer only drives it: its workers reserve their own.

@@ -49,11 +49,13 @@ def test_sweep_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
     fake = types.ModuleType("layerswap.experts.sweep")
     done = types.SimpleNamespace(trials={}, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
     fake.run_sweep = lambda exp, run_dir, **kw: calls.append((exp.name, run_dir)) or done
+    # Ray starts, and every node's view of the inputs is checked, before the sweep's folder
+    fake.start_sweep_ray = lambda exp, verbose=0: calls.append(("nodes checked", (tmp_path / "run").exists()))  # fmt: skip
     monkeypatch.setitem(sys.modules, "layerswap.experts.sweep", fake)
     exp = make_exp(tiny_world, "full", sweep={"num_samples": 4, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}})  # fmt: skip
     f = _write(tmp_path, exp.model_dump(mode="json"))
     assert main(["train", str(f), "--out", str(tmp_path / "run")]) == 0
-    assert calls == [("t", tmp_path / "run")]
+    assert calls == [("nodes checked", False), ("t", tmp_path / "run")]
 
 
 def _steps(run: Path) -> list[int]:
