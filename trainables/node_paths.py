@@ -24,7 +24,9 @@ from layerswap.trainables.ray_session import init_ray
 TIMEOUT_S = 60.0  # a node that has not answered by then is named on stderr and left unchecked
 MAX_FILES = 5000  # files described under one folder (an HF cache or a world has far fewer)
 SHOWN = 3  # file names quoted per problem
-FIX = "put it on storage every node mounts (e.g. the cluster's EFS at /shared) or in a bucket"
+FIX = (
+    "put it on storage every node mounts (e.g. the cluster's EFS at /mnt/layerswap) or in a bucket"
+)
 
 # (inputs, nodes) already checked by this process: the sweep's CLI checks before it writes its
 # folder, and run_sweep, which others call directly, checks again.
