@@ -78,11 +78,11 @@ def run_search(
     check_proxy_scales(exp)  # before anything is written: a wrong scale fails every trial
     _check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
+    depth = model_depth(pool)
     if exp.search.num_samples > len(store):  # trials will run: every node must see the inputs
         start_checked(search_inputs(exp, pool), verbose=verbose, **_RAY_INIT)
     sdir.mkdir(parents=True, exist_ok=True)
     write_marker(sdir, "search", search_identity(exp))
-    depth = model_depth(pool)
     # Proxies spelled out: what this search optimised, whatever later defaults become.
     atomic_write_text(sdir / "experiment.json", explicit(exp).model_dump_json(indent=1))
     atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
