@@ -8,8 +8,9 @@ when the command runs.
 
 `--continue` takes the run wherever it stands (what a study's exported commands.sh passes): it
 starts a run RUN_DIR does not hold, resumes an unfinished one and says a finished one is finished
-(exit 0). A sweep cannot be resumed: one that has run its course leaves SWEEP_FINISHED in its
-folder, and `--continue` skips only such a sweep of the same experiment.
+(exit 0). A sweep likewise: one that has run its course leaves SWEEP_FINISHED in its folder and
+is skipped; an unfinished sweep of the same experiment is resumed from its Ray Tune state
+(cli/train_sweep.py sweep_folder, experts/sweep_tuner.py make_tuner).
 """
 
 from __future__ import annotations
@@ -171,12 +172,12 @@ def experiment_and_resume(args: argparse.Namespace) -> tuple[Path, bool | Path]:
 
 
 def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
-    """An experiment with a `sweep:` block: refused, skipped (`--continue` of a finished one) or
-    run into RUN/train/<name>."""
+    """An experiment with a `sweep:` block: refused, skipped (`--continue` of a finished one),
+    resumed (`--continue` of an unfinished one) or run into RUN/train/<name>."""
     if args.resume:
         raise ValueError(
-            "--resume: an expert sweep cannot be resumed; --overwrite reruns it, --continue "
-            "skips a finished one"
+            "--resume: an expert sweep is resumed with --continue (it also skips a finished "
+            "one); --overwrite reruns it"
         )
     if args.out is None and is_uri(exp.storage_path):
         raise ValueError(
@@ -193,13 +194,16 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
         return 0
     if (problem := sweep_data_problem(exp)) is not None:
         raise ValueError(problem)
-    where = sweep_folder(exp, run_dir, args.overwrite, args.cont)  # refuses an earlier sweep
+    # refuses an earlier sweep (or an unfinished one it cannot resume) before Ray starts
+    where, resume = sweep_folder(exp, run_dir, args.overwrite, args.cont)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.sweep import start_sweep_ray
 
     start_sweep_ray(exp, int(args.verbose))  # every node sees the inputs: before the folder
+    if resume:
+        print(f"{folder}: resuming this unfinished expert sweep (finished trials are kept)")
     with where:
-        return run_sweep_recorded(exp, run_dir, args.verbose)
+        return run_sweep_recorded(exp, run_dir, args.verbose, resume=resume)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -283,7 +287,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="take this experiment's run in RUN_DIR as it stands (what a study's exported "
         "commands.sh passes): start it when there is none, resume it when unfinished, say it is "
         "finished (exit 0) when it is. A sweep is skipped when it ran its course (its folder "
-        f"holds {SWEEP_FINISHED}); an unfinished one is refused, since a sweep cannot be resumed",
+        f"holds {SWEEP_FINISHED}) and resumed when unfinished: its finished trials are kept, the "
+        "rest run until the sweep has num_samples trials",
     )
     t.add_argument(
         "--overwrite",

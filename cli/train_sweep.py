@@ -1,9 +1,11 @@
 """An expert sweep's run folder for `layerswap train` (cli/train.py): RUN/train/<name> replaced only
-on --overwrite (a sweep cannot be resumed), and SWEEP_FINISHED written there once the sweep has
-run its course, which `train --continue` reads to skip it; and the check, before any trial trains,
-that the indicator tasks its trials are scored on can read their data offline.
+on --overwrite, resumed by `train --continue` when it holds an unfinished sweep of the same
+experiment, and SWEEP_FINISHED written there once the sweep has run its course, which `train
+--continue` reads to skip it; and the check, before any trial trains, that the indicator tasks its
+trials are scored on can read their data offline.
 
 Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
+tests/cli/test_sweep_continue.py
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
+from layerswap.experts.sweep_tuner import cannot_restore, restore_problem
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity, world_dir
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.tasks import task_data_problem
@@ -58,36 +61,42 @@ def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
     return rec if same else None
 
 
-def _sweep_exists(exp: TrainExperiment, folder: Path, cont: bool) -> OutputError:
-    """The refusal of an earlier sweep in `folder` that only --overwrite may replace."""
-    unfinished = cont and (read_marker(folder) or {}).get("identity") == experiment_identity(exp)
-    what = (
-        f"an expert sweep of {exp.name} did not finish (interrupted or failed, or run before "
-        f"sweeps recorded {SWEEP_FINISHED}), and a sweep cannot be resumed"
-        if unfinished
-        else f"an expert sweep of {exp.name} exists"
-    )
-    return OutputError(
-        f"{folder}: {what}; pass --overwrite to run it again (its registry rows go with it) "
-        "or choose another --out"
-    )
+def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
+    """Refuse to resume the sweep in `folder` unless `--continue` asks to and it is this
+    experiment's (not finished: the caller skips a finished one) with its Tune state there.
+
+    Raises:
+        OutputError: another experiment's sweep is there (or, without --continue, any sweep),
+            which only --overwrite may replace.
+        SweepStateError: the same experiment's, but its Tune state is missing.
+    """
+    if not (cont and (read_marker(folder) or {}).get("identity") == experiment_identity(exp)):
+        raise OutputError(
+            f"{folder}: an expert sweep of {exp.name} exists; pass --overwrite to run it again "
+            "(its registry rows go with it) or choose another --out"
+        )
+    if (problem := restore_problem(folder)) is not None:
+        raise cannot_restore(folder, problem)
 
 
 def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: bool = False):
-    """A sweep cannot be resumed: an earlier one in RUN/train/<name> is replaced only on
-    --overwrite, its registry rows dropped with it (never a mix of old and new rows).
+    """The sweep's folder RUN/train/<name>, to run the sweep in. An earlier sweep there is
+    resumed on --continue when it is the same experiment's and unfinished (its folder, rows and
+    marker kept as they are), else replaced only on --overwrite, its registry rows dropped with
+    it (never a mix of old and new rows).
 
     Returns:
-        a context manager to run the sweep in.
+        (a context manager to run the sweep in, whether it resumes the sweep there).
     """
     # lazy: pyarrow (0.26 s measured), only for a sweep that runs; --help stays fast
     from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
 
     folder = run_dir / "train" / exp.name
     replaced = folder.exists() and any(folder.iterdir())
+    if replaced and not overwrite:
+        _check_resumable(exp, folder, cont)
+        return writing(folder), True  # one writer; an interrupt leaves it resumable again
     if replaced:
-        if not overwrite:
-            raise _sweep_exists(exp, folder, cont)
         check_output(folder, "train", overwrite=True)
 
     @contextmanager
@@ -106,12 +115,13 @@ def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: boo
                     append_rows(reg, removed)
                 raise
 
-    return run()
+    return run(), False
 
 
-def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = False) -> int:
-    """An experiment with a `sweep:` block: the expert sweep, its record (SWEEP_FINISHED) once it
-    ran its course, then its top experts printed.
+def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = False, resume: bool = False) -> int:  # fmt: skip
+    """An experiment with a `sweep:` block: the expert sweep (`resume`: the interrupted one in
+    its folder, restored), its record (SWEEP_FINISHED) once it ran its course, then its top
+    experts printed; both cover every trial of the sweep, those before a resume included.
 
     Returns:
         0 when every trial finished, 1 when some failed (their rows are still kept).
@@ -119,7 +129,8 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.sweep import run_sweep
 
-    res = run_sweep(exp, run_dir, verbose=int(verbose))  # Tune's verbosity: 1 is its default
+    # Tune's verbosity: 1 is its default
+    res = run_sweep(exp, run_dir, verbose=int(verbose), resume=resume)
     failed = sorted(t for t, s in res.trials.items() if s != "ok")
     # Ran its course (failed trials too: running it again would meet them again): `--continue`
     # skips it. Written inside the sweep's folder, which is kept only if the command ends here.

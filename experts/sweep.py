@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layerswap.experts.registry import append_rows, expert_row, read_rows, registry_path, top_k
+from layerswap.experts.registry import expert_id, expert_row, read_rows, registry_path, top_k
 from layerswap.experts.scoring import score_reserved, trial_resources
+from layerswap.experts.sweep_tuner import METRIC, ROWS_KEY, drop_untracked_rows, make_tuner
 from layerswap.spaces.local_inputs import train_inputs
-from layerswap.spaces.sweep import Choice, SweepConfig
+from layerswap.spaces.sweep import SweepConfig
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -28,11 +29,11 @@ from layerswap.spaces.train_experiment import (
 from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.storage import absolute
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 from layerswap.trainables.train.finite import NonFiniteTraining
+from layerswap.trainables.train.run import continue_from, last_checkpoint
 
-METRIC = "indicator"  # what a trial reports to the searcher: its best checkpoint's indicator so far
-ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appends them
 # A trial that ends for a reason a retry would meet again (training turned non-finite, no
 # checkpoint scorable) reports this key with the reason and returns: Tune retries only a raise.
 FAILED_KEY = "failed_without_retry"
@@ -50,6 +51,7 @@ class SweepSetup:
     int_params: set[str]
     executor: str  # "in_trial" | "ray_train"
     storage: str  # RUN/train/<experiment name>
+    registry: str = ""  # RUN/experts/registry.parquet: a resumed trial reuses its rows there
 
 
 @dataclass
@@ -95,6 +97,7 @@ def set_up_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepSetup:
         int_params=int_params,
         executor=executor,
         storage=str((Path(run_dir) / "train").resolve()),
+        registry=str(registry_path(Path(run_dir).resolve())),
     )
 
 
@@ -176,14 +179,18 @@ def trial_retries(setup: SweepSetup) -> int:
 def _train(variant: TrainExperiment, workdir: Path, executor: str) -> list[Path]:
     """Train one variant into `workdir`; returns its checkpoint folders in step order.
 
-    in_trial: the plain loop in this process; a retried trial resumes from its last checkpoint
-    (data order is a function of seed and step, so no step is lost or repeated). ray_train: a
-    nested TorchTrainer (storage workdir/, FailureConfig from the experiment) whose reports reach
-    Tune through TuneReportCallback.
+    A workdir whose last checkpoint is the final step's (a trial that finished training before
+    its sweep was cut, then resumed with `train --continue`) is not trained again. in_trial: the
+    plain loop in this process; a retried or resumed trial continues from its newest checkpoint
+    whose resume state is intact (data order is a function of seed and step, so no step is lost
+    or repeated). ray_train: a nested TorchTrainer (storage workdir/, FailureConfig from the
+    experiment), which resumes from the newest checkpoint in workdir itself, and whose reports
+    reach Tune through TuneReportCallback.
     """
+    if last_checkpoint(workdir)[1]:
+        return find_checkpoints(workdir)
     if executor == "in_trial":
-        done = find_checkpoints(workdir) if workdir.is_dir() else []
-        run_training(variant, workdir=workdir, resume_from=done[-1] if done else None)
+        run_training(variant, workdir=workdir, resume_from=continue_from(workdir))
     else:
         # lazy: Ray Train only for the per-trial Ray executor
         import ray.train
@@ -275,8 +282,11 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
     best, scored = float("-inf"), 0
     col = f"ind__{setup.metric_task}"
     chosen = checkpoints[-1:] if setup.sweep.checkpoints == "last" else checkpoints
+    known = _scored_rows(setup, exp.name, trial_id)
     for ck in chosen:  # on a GPU Ray reserves, when the experiment trains on GPUs
-        for row in score_reserved(score_rows, setup, [ck], trial_id, params):  # none: not finite
+        # A resumed trial's checkpoints scored before the cut keep their rows (not scored again)
+        rows = known.get(absolute(ck)) or score_reserved(score_rows, setup, [ck], trial_id, params)
+        for row in rows:  # none: its outputs are not finite
             best, scored = max(best, row[col]), scored + 1
             tune.report({METRIC: best, col: row[col], "step": row["step"], ROWS_KEY: json.dumps([row])})  # fmt: skip
     if not scored:
@@ -286,6 +296,19 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
         )
 
 
+def _scored_rows(setup: SweepSetup, name: str, trial_id: str) -> dict[str, list[dict]]:
+    """The registry rows this trial wrote before its sweep was cut, by checkpoint path: those of
+    its checkpoints still there under the same expert id (experiment, trial, step)."""
+    if not setup.registry:
+        return {}
+    rows = [r for r in read_rows(setup.registry) if r["trial_id"] == trial_id]
+    return {
+        r["path"]: [r]
+        for r in rows
+        if r["expert_id"] == expert_id(name, trial_id, r["step"]) and Path(r["path"]).is_dir()
+    }
+
+
 def _fail_without_retry(trial_id: str, why: str) -> None:
     """End a sweep trial as failed without raising (Tune would retry it and meet `why` again):
     one line, and a result the searcher ranks below every indicator (-1; they lie in [0, 1])."""
@@ -293,56 +316,6 @@ def _fail_without_retry(trial_id: str, why: str) -> None:
 
     print(f"layerswap: sweep trial {trial_id} failed (not retried): {why}", file=sys.stderr)
     tune.report({METRIC: -1.0, FAILED_KEY: why})
-
-
-def _append_callback(path: Path):
-    from ray.tune import Callback
-
-    class AppendRows(Callback):
-        """Driver side: append each reported row to the registry as it arrives (one writer)."""
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            if result.get(ROWS_KEY):
-                append_rows(path, json.loads(result[ROWS_KEY]))
-
-    return AppendRows()
-
-
-@dataclass
-class _Space:
-    """Picklable define-by-run space (OptunaSearch pickles its state into the experiment dir)."""
-
-    sweep: SweepConfig
-    int_params: set[str]
-
-    def __call__(self, trial) -> None:
-        self.sweep.suggest(trial, self.int_params)
-
-
-def _searcher(setup: SweepSetup):
-    sweep = setup.sweep
-    if sweep.algorithm == "optuna":
-        from ray.tune.search import ConcurrencyLimiter
-        from ray.tune.search.optuna import OptunaSearch
-
-        alg = OptunaSearch(
-            space=_Space(sweep, setup.int_params), metric=METRIC, mode="max", seed=sweep.seed
-        )
-        return ConcurrencyLimiter(alg, max_concurrent=sweep.max_concurrent), None
-    from ray import tune
-    from ray.tune.search import BasicVariantGenerator
-
-    param_space = {}
-    for name, dim in sweep.params.items():
-        if isinstance(dim, Choice):
-            param_space[name] = tune.choice(list(dim.choices))
-        elif name in setup.int_params:
-            lo, hi = int(dim.low), int(dim.high) + 1  # Tune's int upper bound is exclusive
-            param_space[name] = tune.lograndint(lo, hi) if dim.log else tune.randint(lo, hi)
-        else:
-            param_space[name] = (tune.loguniform if dim.log else tune.uniform)(dim.low, dim.high)
-    alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
-    return alg, param_space
 
 
 def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0) -> None:
@@ -361,7 +334,7 @@ def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0) -> None:
     start_checked(train_inputs(absolute_local_paths(experiment)), verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
 
 
-def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int = 0) -> SweepResult:
+def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int = 0, resume: bool = False) -> SweepResult:  # fmt: skip
     """Run the experiment's expert sweep; every scored checkpoint becomes a registry row.
 
     Starts a local Ray instance unless one is already initialised (tests pass their own).
@@ -372,8 +345,13 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
             RUN/experts/registry.parquet.
         verbose: Tune's verbosity (RunConfig.verbose); above 0 also Ray's and Tune's own
             notices and the trials' forwarded logs (see ray_session.tune_output).
+        resume: restore the interrupted sweep in RUN/train/<name>/ (sweep_tuner.make_tuner)
+            instead of starting one: finished trials are kept, the rest run to num_samples.
     Returns:
-        SweepResult with this sweep's rows and its top_k experts on the metric task.
+        SweepResult with this sweep's rows (old and resumed trials) and its top_k experts on
+        the metric task.
+    Raises:
+        SweepStateError: `resume` and the sweep's Tune state cannot be restored.
     """
     from ray import tune
 
@@ -387,33 +365,17 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     start_sweep_ray(experiment, verbose)  # before set_up_sweep writes the world's task YAMLs
     setup = set_up_sweep(experiment, run_dir)
     reg = registry_path(run_dir)
-    with tune_output(verbose > 0):  # an Optuna searcher creates its study in _searcher
-        alg, param_space = _searcher(setup)
+    with tune_output(verbose > 0):  # an Optuna searcher creates its study in make_tuner
         # A trial that nests a TorchTrainer only drives it: its workers reserve their own.
         trainable = tune.with_resources(
             tune.with_parameters(sweep_trial, setup=setup), trial_resources(setup)
         )
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space,
-            tune_config=tune.TuneConfig(
-                search_alg=alg,
-                num_samples=setup.sweep.num_samples,
-                metric=METRIC,
-                mode="max",
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=experiment.name,
-                storage_path=setup.storage,
-                callbacks=[_append_callback(reg)],
-                failure_config=tune.FailureConfig(max_failures=trial_retries(setup)),
-                verbose=verbose,
-            ),
-        )
+        tuner = make_tuner(setup, trainable, experiment.name, reg, max_failures=trial_retries(setup), verbose=verbose, resume=resume)  # fmt: skip
         grid = tuner.fit()
     statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error or r.metrics.get(FAILED_KEY) else "ok") for r in grid}  # fmt: skip
     ids = set(statuses)
+    if resume:
+        drop_untracked_rows(reg, Path(setup.storage) / experiment.name, ids)
     rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]
     best = top_k(rows, experiment.kind, experiment.language, setup.metric_task, setup.sweep.top_k)
     return SweepResult(reg, rows, best, setup.metric_task, time.perf_counter() - t0, statuses)

@@ -603,7 +603,7 @@ SWEEP = {"num_samples": 2, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "l
 @case()
 def train__sweep_with_resume(e: Env):
     argv = ["train", e.train_exp(sweep=SWEEP), "--out", e.at("run"), "--resume"]
-    return argv, ["--resume: an expert sweep cannot be resumed"]
+    return argv, ["--resume: an expert sweep is resumed with --continue"]
 
 
 @case()

@@ -42,7 +42,9 @@ def train__continue_of_a_sweep_that_did_not_finish(e: Env):
     f = e.train_exp(sweep=SWEEP)
     run = e.train_run("run", f)  # marked as this experiment's sweep, never recorded finished
     argv = ["train", f, "--out", e.at("run"), "--continue"]
-    return argv, [f"{run}: an expert sweep of t did not finish", "cannot be resumed; pass --overwrite"]  # fmt: skip
+    # (no Ray Tune state: it was marked, and cut before Tune saved any)
+    said = f"{run}: an expert sweep of t did not finish and cannot be resumed: its Ray Tune state (tuner.pkl, experiment_state-*.json) is missing; pass --overwrite"  # fmt: skip
+    return argv, [said]
 
 
 @case

@@ -42,12 +42,13 @@ def _fake_sweep(monkeypatch, outcome: Callable[[], dict]) -> list:
     calls: list = []
     fake = types.ModuleType("layerswap.experts.sweep")
 
-    def run_sweep(exp, run_dir, **kw):
-        calls.append(exp.name)
+    def run_sweep(exp, run_dir, resume=False, **kw):
+        calls.append(f"{exp.name} resumed" if resume else exp.name)
         trials = outcome()
         return SimpleNamespace(trials=trials, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
 
     fake.run_sweep = run_sweep
+    fake.start_sweep_ray = lambda exp, verbose=0: None  # no Ray for a stubbed sweep
     monkeypatch.setitem(sys.modules, "layerswap.experts.sweep", fake)
     return calls
 
@@ -81,9 +82,30 @@ def test_continue_refuses_a_sweep_that_was_cut_short(tiny_world, tmp_path, monke
     argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(tmp_path / "run"), "--continue"]  # fmt: skip
     assert main(argv) == 1
     capsys.readouterr()
-    assert main(argv) == 2  # not run again over what is there: --overwrite says to
-    assert "an expert sweep of t did not finish" in capsys.readouterr().err
+    # Cut before Ray Tune saved any state: nothing to resume, --overwrite says to (a sweep cut
+    # after it did resumes: test_sweep_continue.py runs one, below its stub)
+    assert main(argv) == 2
+    assert "an expert sweep of t did not finish and cannot be resumed" in capsys.readouterr().err
     assert calls == ["t"]
+
+
+def test_continue_resumes_a_sweep_cut_after_tune_saved_its_state(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    folder = tmp_path / "run/train/t"
+
+    def cut_after_saving() -> dict:
+        (folder / "tuner.pkl").write_bytes(b"")  # what Tune keeps (sweep_tuner.restore_problem)
+        (folder / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+        raise RunFailed("the driver was lost")
+
+    outcomes = [cut_after_saving, lambda: {"a": "ok", "b": "ok"}]
+    calls = _fake_sweep(monkeypatch, lambda: outcomes.pop(0)())
+    argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(tmp_path / "run"), "--continue"]  # fmt: skip
+    assert main(argv) == 1
+    assert main(argv) == 0
+    assert calls == ["t", "t resumed"]
+    assert f"{folder}: resuming this unfinished expert sweep" in capsys.readouterr().out
+    assert main(argv) == 0  # finished now: skipped
+    assert calls == ["t", "t resumed"]
 
 
 def test_an_interrupted_overwrite_puts_back_the_old_sweeps_rows_only(tiny_world, tmp_path, monkeypatch):  # fmt: skip

@@ -16,12 +16,12 @@ import pytest
 from layerswap.experts.registry import read_rows, registry_path, top_k
 from layerswap.experts.sweep import (
     _flat_params,
-    _searcher,
     run_sweep,
     score_rows,
     set_up_sweep,
     trial_seed,
 )
+from layerswap.experts.sweep_tuner import searcher
 from layerswap.spaces.train_experiment import parse_train_experiment
 
 MGSM, BELE = "world_mgsm_direct_en_dev", "world_belebele_en_dev"
@@ -110,7 +110,7 @@ def test_random_search_space(world, tmp_path):
     from ray.tune.search.sample import Categorical, Float, Integer
 
     sweep = {"algorithm": "random", "params": {**SPACE, "hyper.schedule": {"choices": ["linear", "wsd"]}}}  # fmt: skip
-    _, space = _searcher(set_up_sweep(experiment(world, sweep), tmp_path))
+    _, space = searcher(set_up_sweep(experiment(world, sweep), tmp_path))
     assert isinstance(space["hyper.lr"], Float)
     assert isinstance(space["hyper.warmup_steps"], Integer)
     assert (space["hyper.warmup_steps"].lower, space["hyper.warmup_steps"].upper) == (0, 3)

@@ -1,0 +1,99 @@
+"""`layerswap train EXP --out RUN --continue` resumes an expert sweep cut from outside: a real
+command SIGKILLed with its whole process group (a lost head node) once a trial's registry row is
+there, then run again with --continue. Checked from outside: the finished trial's checkpoint
+files are the same files (inode and mtime), every model written before the cut is kept (a cut
+trial resumes from its newest checkpoint), no registry row twice, num_samples trials in the
+end, SWEEP_FINISHED written, exit 0.
+
+Run: .venv/bin/python -m pytest -q tests/cli/test_sweep_continue.py   (slow: two sweep commands)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layerswap.cli.train_sweep import SWEEP_FINISHED
+from layerswap.experts.registry import read_rows, registry_path
+from tests.trainables.train.train_helpers import make_exp
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 3
+
+
+def _sweep_yaml(world: Path, tmp: Path) -> Path:
+    # One trial at a time: the first finishes while the others wait (or train) when it is cut.
+    sweep = {
+        "num_samples": TRIALS,
+        "max_concurrent": 1,
+        "params": {"hyper.lr": {"low": 1e-4, "high": 3e-3, "log": True}},
+        "checkpoints": "last",
+        "indicators": ["world_belebele_en_dev"],
+        "limit": 2,
+        "max_gen_toks": 4,
+    }
+    # Long enough (~2 s) that the cut most likely falls in a trial's training, between checkpoints
+    hyper = {"lr": 1e-3, "max_steps": 100, "batch_size": 4, "seq_len": 64, "warmup_steps": 0}
+    exp = make_exp(world, name="sw", hyper=hyper, checkpoint_every_samples=80, sweep=sweep)
+    f = tmp / "sweep.yaml"
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json", exclude_none=True)))
+    return f
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder`: (inode, mtime in ns), which a retrained checkpoint changes."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _rows(run: Path) -> list[dict]:
+    try:
+        return read_rows(registry_path(run))
+    except ValueError:  # being replaced this very moment
+        return []
+
+
+def test_continue_resumes_a_sweep_killed_after_a_trial_finished(tiny_world, tmp_path, cli, ray_tmp):  # fmt: skip
+    f, run = _sweep_yaml(tiny_world, tmp_path), tmp_path / "run"
+    folder = run / "train" / "sw"
+    first = cli("train", f, "--out", run, env=ray_tmp.env)
+    first.wait_for(lambda: len(_rows(run)) >= 1, "a finished trial's registry row")
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the driver, its Ray and its trials, at once
+    first.finish(timeout=60)
+    for pid in ray_tmp.gone():  # Ray's own processes end with their driver; any left, by pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    done = _rows(run)
+    assert 1 <= len(done) < TRIALS, first.tail()
+    assert not (folder / SWEEP_FINISHED).exists()
+    kept = {r["trial_id"]: _files(Path(r["path"])) for r in done}
+    # Every model written before the cut, the cut trial's too: resumed from, never rewritten
+    # (a trial started over would write each of its checkpoints again).
+    models = {p: _files(p.parent)["model.safetensors"] for p in folder.glob("*/checkpoints/*/model.safetensors")}  # fmt: skip
+
+    again = cli("train", f, "--out", run, "--continue", env=ray_tmp.env)
+    assert again.finish() == 0, again.tail()
+    assert "resuming this unfinished expert sweep" in again.stdout, again.tail()
+    record = json.loads((folder / SWEEP_FINISHED).read_text())
+    assert len(record["trials"]) == TRIALS and set(record["trials"].values()) == {"ok"}, record
+    rows = read_rows(registry_path(run))
+    assert len(rows) == TRIALS == len({r["expert_id"] for r in rows}), rows  # one row per trial
+    assert {r["trial_id"] for r in rows} == set(record["trials"]), (rows, record)
+    by_trial = {r["trial_id"]: r for r in rows}
+    for trial, files in kept.items():  # not trained (nor written) again: the same files
+        assert _files(Path(by_trial[trial]["path"])) == files, trial
+    assert all(Path(r["path"]).is_dir() for r in rows)
+    assert {p: _files(p.parent)["model.safetensors"] for p in models} == models
+    assert f"expert sweep sw: {TRIALS} trials, {TRIALS} checkpoints" in again.stdout, again.tail()
+    ray_tmp.assert_gone()
