@@ -29,10 +29,10 @@ HEADER = """\
 Run in order. Every command carries --continue, so after an interruption run this script
 again: a finished step says so and is skipped, an unfinished one continues (a training run
 from its last checkpoint, a search from its finished trials, a promotion keeping the models
-it evaluated), the rest run. An expert sweep cannot be resumed: one that did not finish stops
-the script, saying so; run its line with --overwrite instead of --continue (its trials and
-registry rows start over), then this script again. A report is rewritten when its run changed
-after it was written. Review every --out before running; relative paths (runs/...) are
+it evaluated, an expert sweep keeping its finished trials and their registry rows), the rest
+run. Only an expert sweep cut before Ray Tune saved any state stops the script, saying so; run
+its line with --overwrite instead of --continue (its trials and registry rows start over), then
+this script again. A report is rewritten when its run changed after it was written. Review every --out before running; relative paths (runs/...) are
 relative to the folder this is run from, as the study's own are."""
 
 
