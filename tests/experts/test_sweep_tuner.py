@@ -1,5 +1,6 @@
-"""The Tune side of an expert sweep without Ray: what a resume needs in the sweep's folder, and
-the registry rows of trials a resumed sweep's Tune state never named taken out.
+"""The Tune side of an expert sweep without a Ray cluster: what a resume needs in the sweep's
+folder (missing or unreadable: one line), and the registry rows of trials a resumed sweep's Tune
+state never named taken out.
 
 Run: .venv/bin/python -m pytest -q tests/experts/test_sweep_tuner.py
 """
@@ -7,9 +8,17 @@ Run: .venv/bin/python -m pytest -q tests/experts/test_sweep_tuner.py
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from layerswap.experts.registry import append_rows, expert_id, read_rows, registry_path
-from layerswap.experts.sweep_tuner import drop_untracked_rows, restore_problem
+from layerswap.experts.sweep_tuner import (
+    SweepStateError,
+    drop_untracked_rows,
+    make_tuner,
+    restore_problem,
+)
 
 
 def _row(folder: Path, trial: str) -> dict:
@@ -37,3 +46,16 @@ def test_rows_of_trials_the_resumed_sweep_does_not_know_are_taken_out(tmp_path, 
     assert sorted(r["trial_id"] for r in read_rows(reg)) == ["a", "x"]  # another sweep's stay
     assert (folder / "lost").is_dir()  # its checkpoints are kept
     assert f"{folder / 'lost'}" in capsys.readouterr().err
+
+
+def test_an_unreadable_tune_state_is_refused_in_one_line(tmp_path):
+    folder = tmp_path / "sw"
+    folder.mkdir()
+    (folder / "tuner.pkl").write_bytes(b"not a pickle")  # e.g. cut mid-write on a full disk
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    setup = SimpleNamespace(storage=str(tmp_path))
+    with pytest.raises(SweepStateError) as e:
+        make_tuner(setup, lambda config: None, "sw", tmp_path / "r.parquet", max_failures=0, verbose=0, resume=True)  # fmt: skip
+    said = str(e.value)
+    assert said.startswith(f"{folder}: an expert sweep of sw did not finish and cannot be resumed: its Ray Tune state cannot be read")  # fmt: skip
+    assert "pass --overwrite" in said and "\n" not in said
