@@ -24,7 +24,25 @@ from tests.trainables.train.train_helpers import make_exp
 
 pytestmark = pytest.mark.slow
 
-TRIALS = 3
+TRIALS, STEPS = 3, 400
+
+
+def _checkpoints(trial: Path) -> list[Path]:
+    return sorted((trial / "checkpoints").glob("samples_*"))
+
+
+def _cut_trial(run: Path) -> Path | None:
+    """A trial folder with 3-4 of its 5 checkpoints once a trial is registered: cut now, it is
+    in Tune's saved state (saved every second, and it has trained for about two) and has
+    checkpoints to resume from."""
+    done = {r["trial_id"] for r in _rows(run)}
+    folder = run / "train" / "sw"
+    if not done or not folder.is_dir():
+        return None
+    for trial in folder.iterdir():
+        if trial.name not in done and 3 <= len(_checkpoints(trial)) < 5:
+            return trial
+    return None
 
 
 def _sweep_yaml(world: Path, tmp: Path) -> Path:
@@ -38,9 +56,11 @@ def _sweep_yaml(world: Path, tmp: Path) -> Path:
         "limit": 2,
         "max_gen_toks": 4,
     }
-    # Long enough (~2 s) that the cut most likely falls in a trial's training, between checkpoints
-    hyper = {"lr": 1e-3, "max_steps": 100, "batch_size": 4, "seq_len": 64, "warmup_steps": 0}
-    exp = make_exp(world, name="sw", hyper=hyper, checkpoint_every_samples=80, sweep=sweep)
+    # ~4 s of training a trial, 5 checkpoints: time to cut the second trial between two of them
+    hyper = {"lr": 1e-3, "max_steps": STEPS, "batch_size": 4, "seq_len": 64, "warmup_steps": 0}
+    exp = make_exp(
+        world, name="sw", hyper=hyper, checkpoint_every_samples=4 * STEPS // 5, sweep=sweep
+    )
     f = tmp / "sweep.yaml"
     f.write_text(yaml.safe_dump(exp.model_dump(mode="json", exclude_none=True)))
     return f
@@ -66,7 +86,8 @@ def test_continue_resumes_a_sweep_killed_after_a_trial_finished(tiny_world, tmp_
     f, run = _sweep_yaml(tiny_world, tmp_path), tmp_path / "run"
     folder = run / "train" / "sw"
     first = cli("train", f, "--out", run, env=ray_tmp.env)
-    first.wait_for(lambda: len(_rows(run)) >= 1, "a finished trial's registry row")
+    seen: list[Path] = []
+    first.wait_for(lambda: seen.append(_cut_trial(run)) or seen[-1] is not None, "a trial to cut")
     os.killpg(first.proc.pid, signal.SIGKILL)  # the driver, its Ray and its trials, at once
     first.finish(timeout=60)
     for pid in ray_tmp.gone():  # Ray's own processes end with their driver; any left, by pid
@@ -95,5 +116,7 @@ def test_continue_resumes_a_sweep_killed_after_a_trial_finished(tiny_world, tmp_
         assert _files(Path(by_trial[trial]["path"])) == files, trial
     assert all(Path(r["path"]).is_dir() for r in rows)
     assert {p: _files(p.parent)["model.safetensors"] for p in models} == models
+    cut = seen[-1]  # resumed under its id, from its newest checkpoint, to its last
+    assert cut.name in record["trials"] and len(_checkpoints(cut)) == 5, (cut, record)
     assert f"expert sweep sw: {TRIALS} trials, {TRIALS} checkpoints" in again.stdout, again.tail()
     ray_tmp.assert_gone()
