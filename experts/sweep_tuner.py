@@ -28,8 +28,9 @@ TUNER_FILE = "tuner.pkl"
 STATE_GLOB = "experiment_state-*.json"
 # How often (seconds) Tune saves that state: its "auto" waits at least 10 s, long enough for a
 # short trial to be created, trained and registered, then lost to a kill before any save named
-# it (a resumed sweep would not know it and run num_samples others). At 1 s every trial is in
-# the saved state long before its first row; a save is a few small files. Read by Tune's
+# it (a resumed sweep would not know it and run num_samples others). At 1 s a trial is in the
+# saved state a second or two after it starts, long before its first row at any real size (the
+# tests saw it); a save is a few small files. Read by Tune's
 # TuneController from the environment when fit() starts; a value the user set is kept.
 STATE_PERIOD_ENV, STATE_PERIOD_S = "TUNE_GLOBAL_CHECKPOINT_S", "1"
 
