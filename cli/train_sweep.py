@@ -15,7 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from layerswap.experts.sweep_tuner import cannot_restore, restore_problem
-from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity, world_dir
+from layerswap.spaces.train_experiment import (
+    TrainExperiment,
+    experiment_identity,
+    experiment_json,
+    world_dir,
+)
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.evaluate.tasks import task_data_problem
 from layerswap.trainables.outputs import (
@@ -67,16 +72,59 @@ def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
 
     Raises:
         OutputError: another experiment's sweep is there (or, without --continue, any sweep),
-            which only --overwrite may replace.
-        SweepStateError: the same experiment's, but its Tune state is missing.
+            which only --overwrite may replace; with --continue it names what changed.
+        SweepStateError: the same experiment's, but its Tune state is missing or unreadable.
     """
-    if not (cont and (read_marker(folder) or {}).get("identity") == experiment_identity(exp)):
+    if not cont:
         raise OutputError(
             f"{folder}: an expert sweep of {exp.name} exists; pass --overwrite to run it again "
             "(its registry rows go with it) or choose another --out"
         )
-    if (problem := restore_problem(folder)) is not None:
+    if (read_marker(folder) or {}).get("identity") != experiment_identity(exp):
+        what = _sweep_changes(exp, folder)
+        # Tune restores a sweep with the settings it started with (Tuner.restore takes no new
+        # num_samples, search space or searcher): a resume of a changed sweep is refused.
+        raise OutputError(
+            f"{folder}: holds an unfinished expert sweep of a different experiment (config "
+            f"changed){'; its checkpoints differ in ' + what if what else ''}; a sweep resumes "
+            "only as it started (num_samples and the sweep: block included); pass --overwrite to "
+            "run it again (its registry rows go with it) or choose another --out"
+        )
+    if (problem := restore_problem(folder, exp.sweep.algorithm)) is not None:
         raise cannot_restore(folder, problem)
+
+
+def _sweep_changes(exp: TrainExperiment, folder: Path) -> str:
+    """What differs between `exp` and the experiment the sweep in `folder` trained, as the
+    plain run's refusal names it (run.changes), read from a trial's newest checkpoint manifest:
+    its swept parameters and trial seed are the trial's own, so they are not counted. "" when no
+    trial wrote a checkpoint yet."""
+    # lazy: torch (trainables/train/state.py imports it); --help stays fast
+    from layerswap.trainables.train.run import changes
+    from layerswap.trainables.train.state import find_checkpoints, read_manifest
+
+    found = find_checkpoints(folder)  # every trial's, by step
+    if not found:
+        return ""
+    old = read_manifest(found[-1]).get("experiment") or {}
+    now = experiment_json(exp)
+    for dotted in [*((old.get("sweep") or {}).get("params") or {}), "hyper.seed"]:
+        _set_dotted(old, dotted, _get_dotted(now, dotted))
+    return changes(old, exp)
+
+
+def _get_dotted(data: dict, dotted: str) -> object:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _set_dotted(data: dict, dotted: str, value: object) -> None:
+    *head, last = dotted.split(".")
+    for part in head:
+        data = data.get(part) if isinstance(data, dict) else None
+    if isinstance(data, dict) and last in data:
+        data[last] = value
 
 
 def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: bool = False):

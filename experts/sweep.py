@@ -16,7 +16,20 @@ from typing import Any
 
 from layerswap.experts.registry import expert_id, expert_row, read_rows, registry_path, top_k
 from layerswap.experts.scoring import score_reserved, trial_resources
-from layerswap.experts.sweep_tuner import METRIC, ROWS_KEY, drop_untracked_rows, make_tuner
+from layerswap.experts.sweep_tuner import (
+    METRIC,
+    ROWS_KEY,
+    check_resumed,
+    drop_untracked_rows,
+    make_tuner,
+    saved_trials,
+)
+
+# _Space lived here until the Tune side moved to sweep_tuner.py: a sweep's tuner.pkl and Optuna
+# searcher state pickle it by reference as layerswap.experts.sweep._Space, so a sweep cut before
+# the move resumes only while that name still finds it (tests/experts/test_sweep_tuner.py pins
+# the names Tune pickles).
+from layerswap.experts.sweep_tuner import _Space as _Space
 from layerswap.spaces.local_inputs import train_inputs
 from layerswap.spaces.sweep import SweepConfig
 from layerswap.spaces.train_experiment import (
@@ -352,6 +365,8 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         the metric task.
     Raises:
         SweepStateError: `resume` and the sweep's Tune state cannot be restored.
+        RunFailed: `resume`, and Tune did not get back every trial its saved state named
+            (it started the sweep over); no registry row is taken out.
     """
     from ray import tune
 
@@ -371,11 +386,14 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
             tune.with_parameters(sweep_trial, setup=setup), trial_resources(setup)
         )
         tuner = make_tuner(setup, trainable, experiment.name, reg, max_failures=trial_retries(setup), verbose=verbose, resume=resume)  # fmt: skip
+        folder = Path(setup.storage) / experiment.name
+        named = saved_trials(folder) if resume else set()  # make_tuner read it already
         grid = tuner.fit()
     statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error or r.metrics.get(FAILED_KEY) else "ok") for r in grid}  # fmt: skip
     ids = set(statuses)
     if resume:
-        drop_untracked_rows(reg, Path(setup.storage) / experiment.name, ids)
+        check_resumed(folder, named, ids)  # before any row is taken out
+        drop_untracked_rows(reg, folder, ids)
     rows = [r for r in read_rows(reg) if r["trial_id"] in ids and r["kind"] == experiment.kind]
     best = top_k(rows, experiment.kind, experiment.language, setup.metric_task, setup.sweep.top_k)
     return SweepResult(reg, rows, best, setup.metric_task, time.perf_counter() - t0, statuses)

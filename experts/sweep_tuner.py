@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.sweep import Choice, SweepConfig
 
 if TYPE_CHECKING:
@@ -35,23 +36,87 @@ STATE_GLOB = "experiment_state-*.json"
 STATE_PERIOD_ENV, STATE_PERIOD_S = "TUNE_GLOBAL_CHECKPOINT_S", "1"
 
 
+# The searcher's own state beside it, by algorithm: Tune restores the searcher from the newest
+# of each (ray 2.60: tune/search/search_generator.py, searcher.py, basic_variant.py; pickles
+# all, whatever the suffix). Without them a restored searcher starts over and runs num_samples
+# new trials.
+SEARCHER_GLOBS = {
+    "optuna": ("search_gen_state-*.json", "searcher-state-*.pkl"),
+    "random": ("basic-variant-state-*.json",),
+}
+
+
 class SweepStateError(ValueError):
     """An unfinished sweep whose Tune state cannot be restored (missing or unreadable)."""
 
 
-def restore_problem(folder: Path) -> str | None:
+def _newest(folder: Path, pattern: str) -> Path | None:
+    """The file Tune restores from: the greatest name matching `pattern`, as Tune picks it."""
+    found = sorted(folder.glob(pattern))
+    return found[-1] if found else None
+
+
+def saved_trials(folder: Path) -> set[str]:
+    """The trial ids the newest experiment state in `folder` names (read without Ray).
+
+    Args:
+        folder: the sweep's folder, RUN/train/<name>/.
+    Returns:
+        the trial ids.
+    Raises:
+        ValueError: there is no state, or it is not the JSON Tune writes (e.g. cut mid-copy).
+    """
+    state = _newest(folder, STATE_GLOB)
+    if state is None:
+        raise ValueError(f"no {STATE_GLOB}")
+    try:
+        data = json.loads(state.read_text(encoding="utf-8"))
+        if not isinstance(data.get("runner_data"), dict):
+            raise ValueError("no runner_data")
+        return {json.loads(trial[0])["trial_id"] for trial in data["trial_data"]}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"{state.name} cannot be read ({type(e).__name__}: {e})") from None
+
+
+def restore_problem(folder: Path, algorithm: str) -> str | None:
     """Why the Tune experiment in `folder` cannot be restored, or None: read without Ray (the
-    CLI refuses before Ray starts); a file that is there but unreadable shows at the restore.
+    CLI refuses before Ray starts). Tune itself, finding its state unreadable inside fit(),
+    logs it and starts the sweep over, forgetting every trial (it raises only with fail_fast):
+    so the newest experiment state is parsed here, and the searcher's state files must be there
+    (make_tuner loads them as Tune will, once Ray is imported).
 
     Args:
         folder: the sweep's folder, RUN/train/<name>/ (Tune's experiment folder).
+        algorithm: the sweep's search algorithm (SEARCHER_GLOBS).
     Returns:
-        a phrase naming what is missing, or None.
+        a phrase naming what is missing or unreadable, or None.
     """
-    missing = [n for n in (TUNER_FILE,) if not (folder / n).is_file()]
-    if not any(folder.glob(STATE_GLOB)):
-        missing.append(STATE_GLOB)
-    return f"its Ray Tune state ({', '.join(missing)}) is missing" if missing else None
+    globs = (TUNER_FILE, STATE_GLOB, *SEARCHER_GLOBS[algorithm])
+    missing = [g for g in globs if not any(f.stat().st_size for f in folder.glob(g) if f.is_file())]  # fmt: skip
+    if missing:
+        return f"its Ray Tune state ({', '.join(missing)}) is missing"
+    try:
+        saved_trials(folder)
+    except ValueError as e:
+        return f"its Ray Tune state is unreadable: {e}"
+    return None
+
+
+def _load_searcher_state(folder: Path, algorithm: str) -> None:
+    """Unpickle the newest searcher state files as Tune's restore will (ray.cloudpickle).
+
+    Raises:
+        SweepStateError: one is cut short, or names a class that is gone.
+    """
+    import ray.cloudpickle as cloudpickle  # lazy: Ray is imported by the caller already
+
+    for pattern in SEARCHER_GLOBS[algorithm]:
+        f = _newest(folder, pattern)
+        try:
+            with open(f, "rb") as fh:
+                cloudpickle.load(fh)
+        except Exception as e:  # EOFError, UnpicklingError, AttributeError of a moved class
+            raise cannot_restore(folder, f"its Ray Tune state is unreadable: {f.name} ({type(e).__name__}: {e})") from None  # fmt: skip
 
 
 def cannot_restore(folder: Path, why: str) -> SweepStateError:
@@ -66,6 +131,27 @@ def cannot_restore(folder: Path, why: str) -> SweepStateError:
         f"{why}; pass "
         "--overwrite to run it again (its registry rows go with it) or choose another --out"
     )
+
+
+def check_resumed(folder: Path, named: set[str], trials: set[str]) -> None:
+    """After a resumed sweep: every trial its saved state named must be among its results.
+    Tune starts a sweep over when it cannot restore it (logged, not raised): then the old
+    trials are missing, and their registry rows must not be taken for lost ones.
+
+    Args:
+        folder: the sweep's folder.
+        named: the trial ids its saved state named before fit() (saved_trials).
+        trials: the trial ids of the resumed sweep's results.
+    Raises:
+        RunFailed: some are missing; no registry row has been touched.
+    """
+    if missing := sorted(named - trials):
+        raise RunFailed(
+            f"{folder}: Ray Tune did not restore this sweep's trials {', '.join(missing)} (it "
+            "started the sweep over: its log says why, with --verbose); their registry rows and "
+            "checkpoints are kept, no sweep_finished.json is written; pass --overwrite to run "
+            "the sweep again or choose another --out"
+        )
 
 
 def drop_untracked_rows(registry: Path, folder: Path, trials: set[str]) -> list[str]:
@@ -96,6 +182,8 @@ def drop_untracked_rows(registry: Path, folder: Path, trials: set[str]) -> list[
 
 
 def _append_callback(path: Path):
+    """The driver callback appending trials' rows to `path` (absolute: Tune pickles it into
+    tuner.pkl, and a resume may run from another folder)."""
     from ray.tune import Callback
 
     # lazy: pyarrow (0.26 s), only on the driver of a sweep that runs
@@ -170,7 +258,8 @@ def make_tuner(setup: SweepSetup, trainable, name: str, registry: Path, *, max_f
         trainable: the Tune trainable (with its parameters and resources).
         name: the experiment's name (Tune's experiment folder under setup.storage).
         registry: RUN/experts/registry.parquet.
-        max_failures, verbose: Tune's FailureConfig.max_failures and verbosity (new Tuner).
+        max_failures: Tune's FailureConfig.max_failures (a restored Tuner keeps the first run's).
+        verbose: Tune's verbosity (a restored Tuner takes this one too).
         resume: restore the Tuner in setup.storage/name instead of starting one.
     Returns:
         the Tuner, ready to fit().
@@ -180,16 +269,27 @@ def make_tuner(setup: SweepSetup, trainable, name: str, registry: Path, *, max_f
     from ray import tune
 
     os.environ.setdefault(STATE_PERIOD_ENV, STATE_PERIOD_S)
+    registry = Path(registry).resolve()
     if resume:
         folder = Path(setup.storage) / name
-        if (problem := restore_problem(folder)) is not None:
+        if (problem := restore_problem(folder, setup.sweep.algorithm)) is not None:
             raise cannot_restore(folder, problem)
+        _load_searcher_state(folder, setup.sweep.algorithm)
         try:
-            return tune.Tuner.restore(
+            tuner = tune.Tuner.restore(
                 str(folder), trainable=trainable, resume_unfinished=True, resume_errored=True
             )
         except Exception as e:  # a truncated pickle, a state of another trainable, ...
             raise cannot_restore(folder, f"its Ray Tune state cannot be read ({type(e).__name__}: {e})") from None  # fmt: skip
+        # Tune restores the RunConfig pickled at the first run as is (only its name and storage
+        # path are updated; ray 2.60 tune/impl/tuner_internal.py _restore_from_path_or_uri, no
+        # public way to pass one): its callback would append to the first run's registry path
+        # (relative to that run's cwd), and its verbosity would be the first run's. This run's
+        # replace them (a Ray without this private attribute fails here, loudly).
+        run_config = tuner._local_tuner.get_run_config()
+        run_config.callbacks = [_append_callback(registry)]
+        run_config.verbose = verbose
+        return tuner
     alg, param_space = searcher(setup)
     return tune.Tuner(
         trainable,
