@@ -21,7 +21,7 @@ import sys
 
 from pydantic import ValidationError
 
-from layerswap.cli import interrupts
+from layerswap.cli import continue_hint, interrupts
 from layerswap.cli.interrupts import SIGNALLED, Terminated
 from layerswap.cli.watchdog import EXIT, Watchdog
 from layerswap.spaces import reference  # noqa: F401  (registers the wrong-kind message)
@@ -61,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the command; invalid input exits 2 with one line naming the problem.
 
     SIGINT exits 130 and SIGTERM 143, without a traceback; what was half-written is removed by
-    the atomic writers on the way out, and `--resume` continues a train or search run.
+    the atomic writers on the way out; the line says how the command continues (continue_hint).
     """
     args = build_parser().parse_args(argv)
+    continue_hint.set_command(args.command)
     if startup.starting() and _uses_torch(args):
         startup.preload_torch()  # while a signal still ends the process at once (startup.py)
     # Markers and locks written by this command's Ray workers and children name it (locks.py).
@@ -161,8 +162,7 @@ def _interrupted(sig: int) -> int:
     # running any exec() resets that flag.
     exec("")
     print(
-        f"layerswap: interrupted ({name}); nothing half-written was kept "
-        "(train and search continue with --resume)",
+        f"layerswap: interrupted ({name}); nothing half-written was kept{continue_hint.hint()}",
         file=sys.stderr,
     )
     return code

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 
+from layerswap.cli import continue_hint
 from layerswap.cli.startup import EXIT
 
 # How long a signalled command may take to clean up. Measured: under 10 s (Ray shut down after
@@ -90,8 +91,7 @@ class Watchdog:
             said = (
                 f"interrupted ({name}); still running {self.deadline_s:g} s later (blocked in a "
                 "call that does not return, e.g. Ray's GCS client after the GCS stopped): ended "
-                "without cleaning up; hidden .NAME.tmp-* folders may be left (train and search "
-                "continue with --resume)"
+                f"without cleaning up; hidden .NAME.tmp-* folders may be left{continue_hint.hint()}"
             )
         try:  # os.write: sys.stderr's lock may be held by the blocked main thread
             os.write(2, f"layerswap: {said}\n".encode())
