@@ -6,19 +6,27 @@ a file-not-found deep in a worker's traceback. `check_node_paths(inputs)` (after
 one tiny task pinned to each alive node with CPUs or GPUs, which describes each path there (kind,
 size, the file names and sizes under a folder: no hashing), and raises NodePathError, one line
 per problem, where a node's view differs from the driver's. With one node alive it returns at
-once. The listing of paths is spaces/local_inputs.py. Tests:
+once. Nodes that join later (an autoscaler's GPU nodes) are checked where the work runs: the
+driver passes `described(inputs)` in a trial's or training worker's config and the worker calls
+`check_here` before it loads anything (the same `difference` rule; once per process). The
+command's lock file in RUN (trainables/locks.py) is compared by content too: a node that sees
+another RUN, or none, is named. The listing of paths is spaces/local_inputs.py. Tests:
 .venv/bin/python -m pytest -q tests/trainables/test_node_paths.py
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from layerswap.trainables.locks import SUFFIX as LOCK_SUFFIX
+from layerswap.trainables.locks import lock_path
 from layerswap.trainables.ray_session import init_ray
 
 TIMEOUT_S = 60.0  # a node that has not answered by then is named on stderr and left unchecked
@@ -31,6 +39,10 @@ FIX = (
 # (inputs, nodes) already checked by this process: the sweep's CLI checks before it writes its
 # folder, and run_sweep, which others call directly, checks again.
 _CHECKED: set[tuple] = set()
+# Descriptions a worker process found as the driver's: a reused actor (the next trial, the next
+# attempt of a worker group in the same process) does not describe them again.
+_HERE_OK: set[int] = set()
+RUN_FIELD = "--out (this command's lock in RUN)"
 
 
 class NodePathError(ValueError):
@@ -38,18 +50,21 @@ class NodePathError(ValueError):
 
 
 def describe(path: str) -> dict:
-    """What a worker reading `path` would find: cheap facts only (no file is read).
+    """What a worker reading `path` would find: cheap facts only (no file is read, except a
+    command's lock file, LOCK_SUFFIX, whose few bytes name the command holding it).
 
     Args:
         path: an absolute path.
     Returns:
-        {"kind": "missing"} | {"kind": "file", "size": n} |
+        {"kind": "missing"} | {"kind": "file", "size": n[, "text": lock's owner record]} |
         {"kind": "dir", "files": {relative path: size}, "cut": bool}; hidden entries (".x",
         lock files, caches' metadata) are left out, and a folder's listing stops at MAX_FILES.
     """
     p = Path(path)
     try:
         if p.is_file():
+            if p.name.endswith(LOCK_SUFFIX):  # another command's lock can have the same size
+                return {"kind": "file", "size": p.stat().st_size, "text": p.read_text("utf-8", "replace")}  # fmt: skip
             return {"kind": "file", "size": p.stat().st_size}
         if not p.is_dir():
             return {"kind": "missing"}
@@ -86,6 +101,8 @@ def difference(here: dict, there: dict) -> str | None:
         names = {"file": "a file", "dir": "a folder"}
         return f"{names[here['kind']]} here, {names[there['kind']]} there"
     if here["kind"] == "file":
+        if here.get("text") is not None and here["text"] != there.get("text"):
+            return "another command's lock there (or another folder): not this RUN"
         if here["size"] != there["size"]:
             return f"{here['size']} bytes here, {there['size']} there"
         return None
@@ -188,3 +205,55 @@ def start_checked(inputs: list[tuple[str, str]], *, verbose: bool = False, **kwa
     if not ray.is_initialized():
         init_ray(verbose=verbose, **kwargs)
     check_node_paths(inputs)
+
+
+def run_lock(out: str | os.PathLike) -> tuple[str, str]:
+    """The input pair that stands for an output folder in RUN that workers write or read:
+    the lock file this command holds for it (trainables/locks.py), compared by content. While
+    no command holds it (a direct library call), the driver sees it missing and it is skipped.
+
+    Args:
+        out: the output folder (e.g. RUN/train/<name>).
+    """
+    return (RUN_FIELD, str(lock_path(Path(out).absolute())))
+
+
+def described(inputs: list[tuple[str, str]]) -> list[list]:
+    """The driver's descriptions of `inputs`, to pass in a trial's or worker's config (plain
+    JSON data); paths missing here are left out (the driver-side checks speak for them).
+
+    Returns:
+        [[field, path, describe(path)]].
+    """
+    out = [[field, path, describe(path)] for field, path in inputs]
+    return [row for row in out if row[2]["kind"] != "missing"]
+
+
+def node_label() -> str:
+    """This process's node as the problems name it: "IP (node id[:8])" (host name outside Ray)."""
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        return f"{ray.util.get_node_ip_address()} ({ctx.get_node_id()[:8]})"
+    return socket.gethostname()
+
+
+def check_here(driver: list[list] | None) -> None:
+    """In a trial or training worker, before it loads anything: check that this node sees each
+    input as the driver described it (`described`). Cheap: names and sizes; once per process.
+
+    Args:
+        driver: `described(inputs)` from the driver (None or empty: nothing to check).
+    Raises:
+        NodePathError: one line per input that is missing or differs here, naming this node.
+    """
+    if not driver:
+        return
+    key = hash(json.dumps(driver, sort_keys=True))
+    if key in _HERE_OK:
+        return
+    here = {path: d for _, path, d in driver}
+    seen = {path: describe(path) for path in here}
+    inputs = [(field, path) for field, path, _ in driver]
+    if problems := path_problems(inputs, here, {node_label(): seen}):
+        raise NodePathError("\n  ".join(problems))
+    _HERE_OK.add(key)

@@ -91,18 +91,22 @@ def _can_hide() -> str | None:
 
 @dataclass
 class HiddenNode:
-    """A running two-node Ray: `address` (host:port) and `env` (what a driver joining it needs)."""
+    """A running Ray: `address` (host:port), `env` (what a driver joining it needs), and `join()`,
+    which starts the worker node that cannot see the folder (at once unless `late`)."""
 
     address: str
     env: dict[str, str]
+    join: object = None
 
 
 @contextmanager
-def _hidden_node_cluster(hidden: Path):
+def _hidden_node_cluster(hidden: Path, late: bool = False):
     """A head with no CPUs (`ray start --head`) and one 1-CPU worker node started under
     `unshare -m` with a tmpfs over `hidden`: that node alone sees the folder empty (what a `ray up`
-    worker sees of a folder only the head has). Every process is started here and killed at the
-    end, by pid (those naming the cluster's own temp dir, and the worker's `ray start`).
+    worker sees of a folder only the head has). `late`: the worker node starts only when the test
+    calls `node.join()` (an autoscaler's node, started after a command's upfront check). Every
+    process is started here and killed at the end, by pid (those naming the cluster's own temp
+    dir, and the worker's `ray start`).
 
     Skips where `unshare`/`mount` is not permitted, except under CI=1, where it fails.
     """
@@ -119,32 +123,36 @@ def _hidden_node_cluster(hidden: Path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp)}
     ray_cli = str(Path(sys.executable).parent / "ray")
     common = ["--node-ip-address=127.0.0.1", f"--temp-dir={tmp / 'ray'}", "--disable-usage-stats"]  # fmt: skip
-    worker = None
-    try:
-        head = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=0", "--num-gpus=0", "--include-dashboard=false", *common]  # fmt: skip
-        subprocess.run(head, env=env, check=True, capture_output=True, timeout=60)
+    workers: list[subprocess.Popen] = []
+
+    def join() -> None:
         start = " ".join([ray_cli, "start", f"--address={address}", "--num-cpus=1", "--num-gpus=0", *common, "--block"])  # fmt: skip
         log = tmp / "worker.log"
         hide = ["unshare", "-m", "--propagation", "private", "sh", "-c", f"mount -t tmpfs none '{hidden}' && exec {start}"]  # fmt: skip
         with open(log, "w") as out:
-            worker = subprocess.Popen(hide, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            workers.append(subprocess.Popen(hide, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
         deadline = time.monotonic() + 60
         while "Ray runtime started" not in log.read_text():  # printed once the node registered
-            if worker.poll() is not None or time.monotonic() > deadline:
+            if workers[0].poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the hidden-folder worker node did not start: {log.read_text()[-2000:]}")  # fmt: skip
             time.sleep(0.2)
-        yield HiddenNode(address, {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled"})
+
+    try:
+        head = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=0", "--num-gpus=0", "--include-dashboard=false", *common]  # fmt: skip
+        subprocess.run(head, env=env, check=True, capture_output=True, timeout=60)
+        if not late:
+            join()
+        yield HiddenNode(address, {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled"}, join)
     finally:
         pids = set(pids_naming(str(tmp)))
-        if worker is not None:
-            pids.add(worker.pid)
+        pids |= {w.pid for w in workers}
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        if worker is not None:
-            worker.wait(timeout=10)
+        for w in workers:
+            w.wait(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -153,4 +161,12 @@ def hidden_world_cluster(tiny_world):
     """The tiny world, and a two-node Ray whose only worker node does not see it (see
     _hidden_node_cluster): yields (world, HiddenNode)."""
     with _hidden_node_cluster(tiny_world) as node:
+        yield tiny_world, node
+
+
+@pytest.fixture
+def late_hidden_world_cluster(tiny_world):
+    """As hidden_world_cluster, but only the head (no CPUs) runs until the test calls
+    `node.join()`: yields (world, HiddenNode)."""
+    with _hidden_node_cluster(tiny_world, late=True) as node:
         yield tiny_world, node

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +22,18 @@ from layerswap.spaces.local_inputs import search_inputs, train_inputs
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables import node_paths
+from layerswap.trainables.locks import lock_path, writing
 from layerswap.trainables.node_paths import (
     FIX,
     NodePathError,
     check_node_paths,
     describe,
+    described,
     difference,
     path_problems,
+    run_lock,
 )
+from layerswap.trainables.outputs import MARKER
 from tests.trainables.train.train_helpers import make_exp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +84,57 @@ def test_one_node_alive_costs_no_task(monkeypatch):
     monkeypatch.setattr(node_paths, "_describe_all", NoTask())
     monkeypatch.setattr(node_paths, "describe", lambda p: pytest.fail("described on one node"))
     check_node_paths([("base", "/nowhere")])
+
+
+def test_a_worker_checks_the_drivers_descriptions_once_per_process(tmp_path, monkeypatch):
+    """check_here (what each trial and training worker runs first): silent where the node sees
+    what the driver described, one line naming this node, field and path where not; a process
+    that passed does not describe again (reused actors, later trials)."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base/config.json").write_text("{}")
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    driver = described([("base", str(tmp_path / "base")), ("datasets[0].path", str(data)), ("world", str(tmp_path / "nope"))])  # fmt: skip
+    assert [row[0] for row in driver] == ["base", "datasets[0].path"]  # missing here: not passed
+    node_paths.check_here(driver)
+    monkeypatch.setattr(node_paths, "describe", lambda p: pytest.fail("described again"))
+    node_paths.check_here(driver)
+    monkeypatch.undo()
+    monkeypatch.setattr(node_paths, "_HERE_OK", set())  # another process: another node
+    data.write_text("{}\n{}\n")  # what a node with another copy of the file would see
+    with pytest.raises(NodePathError) as e:
+        node_paths.check_here(driver)
+    assert str(e.value) == f"node {node_paths.node_label()}: datasets[0].path {data}: 3 bytes here, 6 there; {FIX}"  # fmt: skip
+    node_paths.check_here(None)  # a config from an older driver: nothing to check
+
+
+def test_run_is_checked_as_this_commands_lock_compared_by_content(tmp_path):
+    """RUN counts through the lock the command holds on its output there: a node that sees
+    another command's lock of the same size (another RUN, an old copy) is named; with no lock
+    held (a direct library call) RUN is left out."""
+    out = tmp_path / "run/train/x"
+    field, path = run_lock(out)
+    assert (field, path) == (node_paths.RUN_FIELD, str(lock_path(out)))
+    assert described([(field, path)]) == []  # not held: nothing to compare
+    with writing(out):
+        driver = described([(field, path)])
+        node_paths.check_here(driver)
+        mine = Path(path).read_text()
+    other = mine.replace(mine[mine.index('"nonce": "') + 10], "z" if mine[mine.index('"nonce": "') + 10] != "z" else "y", 1)  # fmt: skip
+    assert len(other) == len(mine) and other != mine
+    there = {"kind": "file", "size": len(other), "text": other}
+    assert difference(driver[0][2], there) == "another command's lock there (or another folder): not this RUN"  # fmt: skip
+    assert difference(driver[0][2], {"kind": "missing"}) == "missing there"
+
+
+def test_a_node_path_error_is_not_retried_by_ray_train():
+    """A worker's NodePathError ends the run at once (trainables/train/ray_failures.py)."""
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from layerswap.trainables.train.ray_failures import deterministic
+
+    err = WorkerGroupError("x", {0: NodePathError("node a (b): base /b: missing there")})
+    assert deterministic(err)
 
 
 @pytest.mark.slow
@@ -142,3 +198,42 @@ def test_train_on_that_cluster_is_refused_in_one_line_per_problem_and_writes_not
     ), r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     assert not run.exists()  # no run folder, marker or lock left
+
+
+@pytest.mark.slow
+def test_a_node_that_joins_after_the_check_is_named_by_its_training_worker(late_hidden_world_cluster, tmp_path):  # fmt: skip
+    """The shipped cluster's case (min_workers: 0): `layerswap train` starts with the head alone,
+    so its upfront check has no other node to ask; the worker node joins afterwards (an
+    autoscaler's), and the Ray Train worker scheduled there checks before it loads anything:
+    exit 2 in one line per problem naming that node, not retried, no checkpoint written."""
+    world, node = late_hidden_world_cluster
+    exp = make_exp(world, "full", name="late", hyper={"max_steps": 2})
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
+    run = tmp_path / "run"
+    env = {**os.environ, **node.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "layerswap.cli", "train", str(f), "--out", str(run)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        folder = run / "train" / "late"
+        deadline = time.monotonic() + 90
+        while not (folder / MARKER).exists():  # written once its upfront check has passed
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]  # fmt: skip
+            time.sleep(0.2)
+        node.join()  # the only node with a CPU: the training worker can run nowhere else
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, err[-3000:]
+    label = r"node [\d.]+ \([0-9a-f]{8}\)"
+    data = world / "data/sft/math_en.jsonl"
+    fix = re.escape(FIX)
+    assert re.search(
+        rf"^layerswap: error: {label}: base {world / 'base'}: missing there; {fix}\n"
+        rf"  {label}: datasets\[0\]\.path {data}: missing there; {fix}$",
+        err,
+        re.M,
+    ), err[-3000:]
+    assert "Traceback" not in err and "Repo id" not in err
+    assert not folder.exists() and not lock_path(folder).exists()  # nothing trained: nothing left

@@ -35,7 +35,13 @@ from layerswap.spaces.train_experiment import (
 )
 from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.merge.checkpoint import CheckpointError
-from layerswap.trainables.node_paths import check_node_paths
+from layerswap.trainables.node_paths import (
+    NodePathError,
+    check_here,
+    check_node_paths,
+    described,
+    run_lock,
+)
 from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.checkpoint_store import check_restored, drop_older_in_store
@@ -130,6 +136,9 @@ def _worker(config: dict) -> None:
     import torch
 
     quiet_own_errors()  # a divergence is one line on the driver, not a worker traceback too
+    # A node the autoscaler started after the driver's check: its view of the inputs and of
+    # RUN, before anything loads (NodePathError: not retried, one line on the driver).
+    check_here(config.get("node_inputs"))
     exp = parse_train_experiment(config["experiment"], source="ray worker")
     ctx = ray.train.get_context()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
@@ -229,6 +238,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
     s = exp.scaling
     storage = storage_path or exp.storage_path
     local, fs = {}, None
+    inputs = train_inputs(exp)
     if is_uri(storage):  # Ray writes through the filesystem (and endpoint) storage reads with
         local = {"store_run": join(storage, name or exp.name)}
         fs, storage = filesystem(storage)
@@ -240,6 +250,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         for stale in run_dir.glob(".*.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         local = {"run_dir": str(run_dir)}
+        inputs.append(run_lock(run_dir))  # its workers write their checkpoints there
     return OwnErrorsTrainer(
         _worker,
         train_loop_config={
@@ -247,6 +258,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
             "threads": s.cpus_per_worker,
             "min_report_interval_s": min_report_interval_s,
             "progress": progress,
+            "node_inputs": described(inputs),
             **local,
         },
         # CPU tensors take gloo on GPU workers too: the report flag broadcast, and FSDP's
@@ -325,13 +337,14 @@ def _fit_interruptibly(trainer: OwnErrorsTrainer):
         return trainer.fit()
 
 
-def start_ray(exp: TrainExperiment, verbose: bool) -> bool:
+def start_ray(exp: TrainExperiment, verbose: bool, run_dir: Path | None = None) -> bool:
     """Start (or join, RAY_ADDRESS) Ray unless this process already has; unless `verbose`,
     without Ray's output: its workers' and controller's logs (Ray Train's report lines, weight
     loading bars, the placement group cleaner's notices every few seconds) and its INFO log.
     Warnings and errors still show; a worker's error reaches the caller as the run's error.
     In a driver, `exp`'s local inputs are then checked on every node (trainables/node_paths.py):
-    train_expert calls this before it writes the run folder.
+    train_expert calls this before it writes the run folder. `run_dir` (a local run folder, whose
+    lock this command holds: its workers write checkpoints there) is checked too.
 
     Returns:
         whether this process is a driver (its stdout is the user's), not a Ray task.
@@ -342,16 +355,19 @@ def start_ray(exp: TrainExperiment, verbose: bool) -> bool:
         init_ray(verbose=verbose, log_to_driver=verbose, configure_logging=verbose)
     in_driver = ray.get_runtime_context().worker.mode != ray.WORKER_MODE
     if in_driver:
-        check_node_paths(train_inputs(absolute_local_paths(exp)))
+        extra = [run_lock(run_dir)] if run_dir is not None else []
+        check_node_paths(train_inputs(absolute_local_paths(exp)) + extra)
     return in_driver
 
 
 def raise_own_error(e: Exception) -> None:
     """Re-raise, on the driver, a worker's error that already says in one line what went wrong
-    (a non-finite base or step, a damaged checkpoint), as the no-Ray run raises it; Ray's own
+    (a non-finite base or step, a damaged checkpoint, an input a node does not see), as the no-Ray
+    run raises it; Ray's own
     wrapper would end the command in a traceback."""
     for err in (getattr(e, "worker_failures", None) or {}).values():
-        if isinstance(err, (NonFiniteTraining, CheckpointError)):
+        err = getattr(err, "_base_exc", err)  # Ray's UserExceptionWithTraceback, should it stay
+        if isinstance(err, (NonFiniteTraining, CheckpointError, NodePathError)):
             raise type(err)(str(err)) from None
 
 
@@ -370,7 +386,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     run = join(where, name or exp.name) if is_uri(where) else Path(where) / (name or exp.name)
     # Ray names cloud paths inside their filesystem ("bucket/key"): given back as URIs.
     as_path = (lambda p: uri_of(where, p)) if is_uri(where) else Path
-    in_driver = start_ray(exp, verbose)
+    in_driver = start_ray(exp, verbose, None if is_uri(where) else run)
     try:
         with printing(run) if progress and in_driver else nullcontext() as channel:
             trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s, progress=channel)  # fmt: skip

@@ -11,6 +11,7 @@ tests/cli/test_train.py
 
 from __future__ import annotations
 
+import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -219,11 +220,21 @@ def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, r
         if not use_ray:  # Ray's workers pick the same one (ray_train._newest)
             start = newest_intact
     if use_ray:
-        _ray_ready(exp, verbose)
+        _ray_ready(exp, verbose, run)
+    fresh = not run.exists()
     with replacing([run]) if plan == "replace" else nullcontext():
         run.mkdir(parents=True, exist_ok=True)
         write_marker(run, "train", experiment_identity(exp))
-        return _train(exp, storage, use_ray, start, verbose)
+        try:
+            return _train(exp, storage, use_ray, start, verbose)
+        except ValueError as e:
+            if fresh and use_ray:
+                # lazy: imports Ray, which a --no-ray run does not load
+                from layerswap.trainables.node_paths import NodePathError
+
+                if isinstance(e, NodePathError):  # a worker's node check: nothing was trained
+                    shutil.rmtree(run, ignore_errors=True)
+            raise
 
 
 @contextmanager
@@ -301,12 +312,13 @@ def _generation(plan: Rerun, old: dict | None) -> tuple[str, str | None]:
     return "", None
 
 
-def _ray_ready(exp: TrainExperiment, verbose: bool) -> None:
-    """Start Ray and refuse inputs some node does not see, before the run is written to."""
+def _ray_ready(exp: TrainExperiment, verbose: bool, run: Path | None = None) -> None:
+    """Start Ray and refuse inputs (and the local run folder `run`) some node does not see,
+    before the run is written to."""
     # lazy: Ray loads only for a run that uses it (`--no-ray` trains in this process)
     from layerswap.trainables.train.ray_train import start_ray
 
-    start_ray(exp, verbose)
+    start_ray(exp, verbose, run)
 
 
 def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None, verbose: bool, name: str | None = None) -> Path | str | None:  # fmt: skip
