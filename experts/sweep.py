@@ -42,6 +42,7 @@ from layerswap.spaces.train_experiment import (
 from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.node_paths import NodePathError, check_here, described, run_lock
 from layerswap.trainables.storage import absolute
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 from layerswap.trainables.train.finite import NonFiniteTraining
@@ -50,6 +51,9 @@ from layerswap.trainables.train.run import continue_from, last_checkpoint
 # A trial that ends for a reason a retry would meet again (training turned non-finite, no
 # checkpoint scorable) reports this key with the reason and returns: Tune retries only a raise.
 FAILED_KEY = "failed_without_retry"
+# ...and this key too when the reason is an input (or RUN) its node does not see: the sweep then
+# ends in that one line (run_sweep), as when the driver's own check finds it.
+NODE_PATHS_KEY = "node_paths"
 
 
 @dataclass
@@ -65,6 +69,7 @@ class SweepSetup:
     executor: str  # "in_trial" | "ray_train"
     storage: str  # RUN/train/<experiment name>
     registry: str = ""  # RUN/experts/registry.parquet: a resumed trial reuses its rows there
+    node_inputs: list = field(default_factory=list)  # node_paths.described: checked per trial
 
 
 @dataclass
@@ -111,7 +116,15 @@ def set_up_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepSetup:
         executor=executor,
         storage=str((Path(run_dir) / "train").resolve()),
         registry=str(registry_path(Path(run_dir).resolve())),
+        # trials read the world, RUN/experts and write RUN/train/<name>: the sweep's lock there
+        node_inputs=described(_node_inputs(experiment, run_dir)),
     )
+
+
+def _node_inputs(experiment: TrainExperiment, run_dir: Path) -> list[tuple[str, str]]:
+    """What every node a trial runs on must see as the driver does: the inputs, and RUN."""
+    sweep_dir = Path(run_dir).resolve() / "train" / experiment.name
+    return [*train_inputs(absolute_local_paths(experiment)), run_lock(sweep_dir)]
 
 
 def trial_seed(base_seed: int, params: dict[str, Any]) -> int:
@@ -286,9 +299,13 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
     # shared storage on a multi-node cluster (the registry records these paths).
     workdir = Path(setup.storage) / exp.name / trial_id
     try:
+        check_here(setup.node_inputs)  # a node started after the driver's check: before loading
         checkpoints = _train(variant, workdir, setup.executor)
     except NonFiniteTraining as e:  # the same data and learning rate diverge again on a retry
         _fail_without_retry(trial_id, str(e))
+        return
+    except NodePathError as e:  # nor does a missing path come back (also a nested worker's)
+        _fail_without_retry(trial_id, str(e), **{NODE_PATHS_KEY: str(e)})
         return
     if not checkpoints:
         raise RuntimeError(f"trial {trial_id}: training wrote no checkpoint under {workdir}")
@@ -322,18 +339,19 @@ def _scored_rows(setup: SweepSetup, name: str, trial_id: str) -> dict[str, list[
     }
 
 
-def _fail_without_retry(trial_id: str, why: str) -> None:
+def _fail_without_retry(trial_id: str, why: str, **extra: str) -> None:
     """End a sweep trial as failed without raising (Tune would retry it and meet `why` again):
     one line, and a result the searcher ranks below every indicator (-1; they lie in [0, 1])."""
     from ray import tune  # lazy: inside a Tune trial only
 
     print(f"layerswap: sweep trial {trial_id} failed (not retried): {why}", file=sys.stderr)
-    tune.report({METRIC: -1.0, FAILED_KEY: why})
+    tune.report({METRIC: -1.0, FAILED_KEY: why, **extra})
 
 
-def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0) -> None:
+def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0, run_dir: Path | None = None) -> None:  # fmt: skip
     """Start (or join, RAY_ADDRESS) Ray unless this process has, then refuse local inputs some
-    node does not see as this one does (trainables/node_paths.py; free on one node).
+    node does not see as this one does (trainables/node_paths.py; free on one node), and, given
+    `run_dir`, RUN (the sweep's lock there, once this command holds it).
 
     Raises:
         NodePathError (a ValueError): one line per node and input that differs.
@@ -344,7 +362,8 @@ def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0) -> None:
     # Ray's INFO log ("Started a local Ray instance", Tune's "Wrote the latest version of all
     # result files") too only when verbose: Ray's logger then has no handler of its own.
     loud = verbose > 0
-    start_checked(train_inputs(absolute_local_paths(experiment)), verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
+    inputs = train_inputs(absolute_local_paths(experiment)) if run_dir is None else _node_inputs(experiment, run_dir)  # fmt: skip
+    start_checked(inputs, verbose=loud, ignore_reinit_error=True, include_dashboard=False, log_to_driver=loud, configure_logging=loud)  # fmt: skip
 
 
 def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int = 0, resume: bool = False) -> SweepResult:  # fmt: skip
@@ -377,7 +396,7 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
     run_dir = Path(run_dir)
     if experiment.sweep is None:
         raise ValueError(f"experiment {experiment.name!r} has no sweep: block")
-    start_sweep_ray(experiment, verbose)  # before set_up_sweep writes the world's task YAMLs
+    start_sweep_ray(experiment, verbose, run_dir)  # before set_up_sweep writes the task YAMLs
     setup = set_up_sweep(experiment, run_dir)
     reg = registry_path(run_dir)
     with tune_output(verbose > 0):  # an Optuna searcher creates its study in make_tuner
@@ -389,6 +408,8 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         folder = Path(setup.storage) / experiment.name
         named = saved_trials(folder) if resume else set()  # make_tuner read it already
         grid = tuner.fit()
+    if lines := sorted({ln for r in grid for ln in (r.metrics.get(NODE_PATHS_KEY) or "").split("\n  ") if ln}):  # fmt: skip
+        raise NodePathError("\n  ".join(lines))  # the sweep's other trials keep their rows
     statuses = {r.metrics.get("trial_id", "?"): ("error" if r.error or r.metrics.get(FAILED_KEY) else "ok") for r in grid}  # fmt: skip
     ids = set(statuses)
     if resume:

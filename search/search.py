@@ -21,13 +21,13 @@ from layerswap.search.pool import include_paths, model_depth, model_ids_file, re
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
 from layerswap.search.trial import check_proxy_scales
-from layerswap.search.tune_trial import TrialSpec, merge_trial
+from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
 from layerswap.spaces.local_inputs import search_inputs
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool, warm_start
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.model_ids import saved_digests
-from layerswap.trainables.node_paths import start_checked
+from layerswap.trainables.node_paths import NodePathError, described, run_lock, start_checked
 from layerswap.trainables.outputs import OutputError, check_output, write_marker
 from layerswap.trainables.ray_session import init_ray, tune_output
 
@@ -79,16 +79,20 @@ def run_search(
     _check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
     depth = model_depth(pool)
+    # With a world its trials read RUN/search/tasks: RUN counts, as the search's lock there (the
+    # CLI holds it; a direct call holds none, and RUN is then not checked).
+    inputs = [*search_inputs(exp, pool), *([run_lock(sdir)] if exp.world is not None else [])]
     if exp.search.num_samples > len(store):  # trials will run: every node must see the inputs
-        start_checked(search_inputs(exp, pool), verbose=verbose, **_RAY_INIT)
+        start_checked(inputs, verbose=verbose, **_RAY_INIT)
     sdir.mkdir(parents=True, exist_ok=True)
     write_marker(sdir, "search", search_identity(exp))
     # Proxies spelled out: what this search optimised, whatever later defaults become.
     atomic_write_text(sdir / "experiment.json", explicit(exp).model_dump_json(indent=1))
     atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
     spec = TrialSpec(
-        exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth
-    )
+        exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth,
+        node_inputs=tuple(described(inputs)),  # each trial's node checks too (a later one)
+    )  # fmt: skip
 
     # Recipe ids hash the experts: once per run, not again on --resume or in promotion.
     with tune_output(verbose), saved_digests(model_ids_file(run_dir)):
@@ -286,12 +290,15 @@ def _run_tuner(
         ),
     )
     try:
-        tuner.fit()
+        grid = tuner.fit()
     finally:
         if store == "node":
             stop_stores(key)
     if searcher.waiting is not None:  # asked but never run (the budget ran out first)
         searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)
+    lines = {ln for r in grid for ln in ((r.metrics or {}).get(NODE_PATHS_KEY) or "").split("\n  ")}
+    if lines - {""}:  # those trials' rows say "failed"; the search ends in their one line
+        raise NodePathError("\n  ".join(sorted(lines - {""})))
 
 
 # At most this share of the budget runs at once unless search.max_concurrent says otherwise: TPE

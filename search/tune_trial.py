@@ -13,12 +13,16 @@ from layerswap.search.trial import TrialRunner
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, decode
 from layerswap.trainables.devices import require_cuda
+from layerswap.trainables.node_paths import NodePathError, check_here
 
 # One runner per worker process and spec: experts, live model and prompts survive across
 # trials because the search runs with reuse_actors=True.
 _RUNNERS: dict[str, TrialRunner] = {}
 META = "_layerswap"  # config key the searcher adds next to the Optuna params
 TWIN = "twin_of"  # served as: the recipe id of a twin running in the same batch (reproducible)
+# A trial whose node does not see an input (or RUN) as the driver does reports the lines under
+# this key: not retried (the path does not come back), and the search ends in them (search.py).
+NODE_PATHS_KEY = "node_paths"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class TrialSpec:
     depth: int
     expert_store: str = "process"  # "node": search/expert_store.py; "process": own copy
     store_key: str = ""  # names the node stores of this search
+    node_inputs: tuple = ()  # node_paths.described(...) on the driver: each trial's node checks
 
     @property
     def key(self) -> str:
@@ -86,6 +91,7 @@ def run_config(config: dict, spec: TrialSpec) -> dict:
     if served is not None:  # an identical recipe already evaluated (or being evaluated): no work
         return dict(served) if TWIN in served else served_result(served)
     params = {k: v for k, v in config.items() if k != META}
+    check_here(list(spec.node_inputs))  # a node started after the driver's check: before loading
     runner = runner_for(spec)
     recipe = decode(params, runner.exp.space, spec.depth, runner.pool)
     res = runner.run(recipe, gates=meta.get("gates")).to_dict()
@@ -122,7 +128,11 @@ def merge_trial(config: dict, spec: TrialSpec) -> None:
 
     from ray import tune
 
-    res = run_config(config, spec)
+    try:
+        res = run_config(config, spec)
+    except NodePathError as e:  # a failed row, told to Optuna as FAIL; no Tune retry
+        tune.report({"status": "failed", "error": str(e), NODE_PATHS_KEY: str(e), "objective": float("nan")})  # fmt: skip
+        return
     res["objective"] = float("nan") if res.get("objective") is None else res["objective"]
     for i, v in enumerate(res.pop("objectives", None) or []):
         res[f"objective_{i}"] = v

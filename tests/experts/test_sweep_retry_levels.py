@@ -12,6 +12,7 @@ Run: .venv/bin/python -m pytest -q tests/experts/test_sweep_retry_levels.py   (m
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,31 @@ def test_an_in_trial_sweep_keeps_its_retries_in_tune(tiny_world, tmp_path):
         update={"sweep": exp.sweep.model_copy(update={"executor": "in_trial"})}
     )
     assert trial_retries(set_up_sweep(in_trial, tmp_path / "run")) == 3
+
+
+def test_a_trial_whose_node_does_not_see_the_inputs_fails_without_retry(tiny_world, tmp_path, monkeypatch):  # fmt: skip
+    """Each trial checks its node's view of the inputs and of RUN (the sweep's lock there) before
+    it trains: where they differ it reports FAILED_KEY (no Tune retry) and NODE_PATHS_KEY, whose
+    lines run_sweep raises as the sweep's one error."""
+    from ray import tune
+
+    from layerswap.experts import sweep
+    from layerswap.trainables.locks import lock_path, writing
+    from layerswap.trainables.node_paths import RUN_FIELD
+
+    exp = always_failing(tiny_world, tmp_path, tmp_path / "steps.jsonl", max_failures=3)
+    run = tmp_path / "run"
+    with writing(run / "train" / exp.name):  # what the CLI holds while the sweep runs
+        setup = set_up_sweep(exp, run)
+    fields = [row[0] for row in setup.node_inputs]
+    assert fields == ["base", "datasets[0].path", "base (its world)", RUN_FIELD]
+    assert setup.node_inputs[-1][1] == str(lock_path((run / "train" / exp.name).resolve()))
+    # This process stands for a node that does not see the lock the driver held.
+    reports = []
+    monkeypatch.setattr(tune, "report", reports.append)
+    monkeypatch.setattr(tune, "get_context", lambda: type("C", (), {"get_trial_id": lambda self: "t1"})())  # fmt: skip
+    monkeypatch.setattr(sweep, "_train", lambda *a: pytest.fail("trained on a node that cannot see RUN"))  # fmt: skip
+    sweep.sweep_trial({"hyper": {"lr": 1e-3}}, setup)
+    [rep] = reports
+    assert rep[sweep.FAILED_KEY] == rep[sweep.NODE_PATHS_KEY]
+    assert re.fullmatch(rf"node .+: {re.escape(RUN_FIELD)} {re.escape(setup.node_inputs[-1][1])}: missing there; .+", rep[sweep.NODE_PATHS_KEY])  # fmt: skip

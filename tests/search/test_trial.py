@@ -252,3 +252,27 @@ def test_lora_experts_are_folded_and_match_the_disk_merge(setup, tmp_path):
     got = dict(live.model.named_parameters())
     for name, t in want.items():
         assert torch.allclose(got[name], t, atol=1e-6), name
+
+
+def test_a_trial_whose_node_does_not_see_an_input_reports_it_without_loading(tmp_path, monkeypatch):  # fmt: skip
+    """Each trial (not one served from results) checks its node's view of the driver's inputs
+    before its runner loads anything, and reports a failed result carrying the lines (no raise,
+    so Tune does not retry it; search.py ends the search in them)."""
+    from ray import tune
+
+    from layerswap.search import tune_trial
+    from layerswap.trainables.node_paths import described
+
+    expert = tmp_path / "expert"
+    expert.mkdir()
+    (expert / "model.safetensors").write_bytes(b"12")
+    driver = described([("task_experts[0]", str(expert))])
+    (expert / "model.safetensors").write_bytes(b"1")  # this node's copy differs
+    spec = tune_trial.TrialSpec("{}", "{}", (), 4, node_inputs=tuple(driver))
+    monkeypatch.setattr(tune_trial, "runner_for", lambda s: pytest.fail("loaded on that node"))
+    reports = []
+    monkeypatch.setattr(tune, "report", reports.append)
+    tune_trial.merge_trial({"bottom": 1}, spec)
+    [rep] = reports
+    assert rep["status"] == "failed" and rep["error"] == rep[tune_trial.NODE_PATHS_KEY]
+    assert re.fullmatch(rf"node .+: task_experts\[0\] {expert}: other sizes there: model\.safetensors 2 bytes here, 1 there; .+", rep["error"])  # fmt: skip
