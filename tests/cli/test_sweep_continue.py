@@ -3,7 +3,8 @@ command SIGKILLed with its whole process group (a lost head node) once a trial's
 there, then run again with --continue. Checked from outside: the finished trial's checkpoint
 files are the same files (inode and mtime), every model written before the cut is kept (a cut
 trial resumes from its newest checkpoint), no registry row twice, num_samples trials in the
-end, SWEEP_FINISHED written, exit 0.
+end, SWEEP_FINISHED written, exit 0; the first run names RUN relative to its folder and the
+resume absolutely, and every row lands in RUN's registry.
 
 Run: .venv/bin/python -m pytest -q tests/cli/test_sweep_continue.py   (slow: two sweep commands)
 """
@@ -85,7 +86,9 @@ def _rows(run: Path) -> list[dict]:
 def test_continue_resumes_a_sweep_killed_after_a_trial_finished(tiny_world, tmp_path, cli, ray_tmp):  # fmt: skip
     f, run = _sweep_yaml(tiny_world, tmp_path), tmp_path / "run"
     folder = run / "train" / "sw"
-    first = cli("train", f, "--out", run, env=ray_tmp.env)
+    # The first run names RUN relative to its folder, the resume absolutely: Tune's pickled
+    # state keeps the first spelling, the rows must still go to RUN's registry (sweep_tuner).
+    first = cli("train", f, "--out", os.path.relpath(run, tmp_path / ".cwd"), env=ray_tmp.env)
     seen: list[Path] = []
     first.wait_for(lambda: seen.append(_cut_trial(run)) or seen[-1] is not None, "a trial to cut")
     os.killpg(first.proc.pid, signal.SIGKILL)  # the driver, its Ray and its trials, at once
@@ -119,4 +122,5 @@ def test_continue_resumes_a_sweep_killed_after_a_trial_finished(tiny_world, tmp_
     cut = seen[-1]  # resumed under its id, from its newest checkpoint, to its last
     assert cut.name in record["trials"] and len(_checkpoints(cut)) == 5, (cut, record)
     assert f"expert sweep sw: {TRIALS} trials, {TRIALS} checkpoints" in again.stdout, again.tail()
+    assert not any((tmp_path / ".cwd").iterdir())  # nothing written where the commands ran
     ray_tmp.assert_gone()
