@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from layerswap.experts.sweep_setup import SweepSetup
 from layerswap.trainables.evaluate.fit import backing_off
-
-# A trial's experts.sweep.SweepSetup (not imported: sweep.py imports this module).
-SweepSetup = Any
 
 
 def scoring_resources(setup: SweepSetup) -> dict | None:

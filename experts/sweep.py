@@ -10,12 +10,12 @@ import json
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from layerswap.experts.registry import expert_id, expert_row, read_rows, registry_path, top_k
 from layerswap.experts.scoring import score_reserved, trial_resources
+from layerswap.experts.sweep_setup import SweepResult, SweepSetup  # also their old home's names
 from layerswap.experts.sweep_tuner import (
     METRIC,
     ROWS_KEY,
@@ -31,7 +31,6 @@ from layerswap.experts.sweep_tuner import (
 # the names Tune pickles).
 from layerswap.experts.sweep_tuner import _Space as _Space
 from layerswap.spaces.local_inputs import train_inputs
-from layerswap.spaces.sweep import SweepConfig
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -54,32 +53,6 @@ FAILED_KEY = "failed_without_retry"
 # ...and this key too when the reason is an input (or RUN) its node does not see: the sweep then
 # ends in that one line (run_sweep), as when the driver's own check finds it.
 NODE_PATHS_KEY = "node_paths"
-
-
-@dataclass
-class SweepSetup:
-    """Everything a trial needs, resolved once in the driver (plain data, pickled to trials)."""
-
-    experiment: dict  # the experiment as JSON data
-    sweep: SweepConfig
-    tasks: list[str]
-    metric_task: str
-    include_path: str | None
-    int_params: set[str]
-    executor: str  # "in_trial" | "ray_train"
-    storage: str  # RUN/train/<experiment name>
-    registry: str = ""  # RUN/experts/registry.parquet: a resumed trial reuses its rows there
-    node_inputs: list = field(default_factory=list)  # node_paths.described: checked per trial
-
-
-@dataclass
-class SweepResult:
-    registry: Path
-    rows: list[dict]  # this sweep's registry rows
-    best: list[dict]  # top_k of this sweep's experts on the metric task
-    metric_task: str
-    seconds: float
-    trials: dict[str, str] = field(default_factory=dict)  # trial_id -> status
 
 
 def set_up_sweep(experiment: TrainExperiment, run_dir: Path) -> SweepSetup:

@@ -12,13 +12,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from layerswap.experts.sweep_setup import SweepSetup
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.sweep import Choice, SweepConfig
-
-if TYPE_CHECKING:
-    from layerswap.experts.sweep import SweepSetup
 
 METRIC = "indicator"  # what a trial reports to the searcher: its best checkpoint's indicator so far
 ROWS_KEY = "registry_rows"  # JSON rows a trial hands to the driver, which appends them

@@ -8,6 +8,7 @@ slow: ~20 s together, most of it the two Ray nodes starting and the CLI importin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,9 +19,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from layerswap.spaces.local_inputs import search_inputs, train_inputs
-from layerswap.spaces.search_experiment import SearchExperiment
-from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables import node_paths
 from layerswap.trainables.locks import lock_path, writing
 from layerswap.trainables.node_paths import (
@@ -137,41 +135,67 @@ def test_a_node_path_error_is_not_retried_by_ray_train():
     assert deterministic(err)
 
 
+# The driver-level check, run in a child joined to the hidden cluster: a pytest process that
+# once joined a cluster with RAY_AUTH_MODE=disabled keeps that mode in Ray's process-wide auth
+# state, and every later local ray.init in it failed ("Failed to start GCS ... InvalidAuthToken").
+_DRIVER = """
+import json, sys
+import ray
+from layerswap.spaces.local_inputs import search_inputs, train_inputs
+from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.node_paths import NodePathError, check_node_paths
+from tests.trainables.train.train_helpers import make_exp
+from pathlib import Path
+
+world, seen = Path(sys.argv[1]), sys.argv[2]
+ray.init(address=sys.argv[3], log_to_driver=False)
+out = {}
+try:
+    worker = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+    out["label"] = f"node {worker['NodeManagerAddress']} ({worker['NodeID'][:8]})"
+    try:
+        check_node_paths(train_inputs(make_exp(world, "full")))
+    except NodePathError as e:
+        out["train"] = str(e)
+    exp = SearchExperiment(language="xa", base=str(world / "base"), task_experts=[str(world / "corpus")], language_experts=[str(world / "data")], world=str(world))
+    pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
+    try:
+        check_node_paths(search_inputs(exp, pool))
+    except NodePathError as e:
+        out["search"] = str(e)
+    check_node_paths([("datasets[0].path", seen)])  # raises (and the child fails) if refused
+    out["seen"] = "passed"
+finally:
+    ray.shutdown()
+print("RESULT " + json.dumps(out))
+"""
+
+
 @pytest.mark.slow
-def test_a_node_that_cannot_see_the_inputs_is_named_before_any_work(hidden_world_cluster, tmp_path, monkeypatch):  # fmt: skip
+def test_a_node_that_cannot_see_the_inputs_is_named_before_any_work(hidden_world_cluster, tmp_path):  # fmt: skip
     """Driver level: the train and search listings of inputs under the hidden world, checked
     on a real second node; a file every node sees passes."""
-    import ray
-
     world, node = hidden_world_cluster
-    for k, v in node.env.items():
-        monkeypatch.setenv(k, v)
-    ray.init(address=node.address, log_to_driver=False)
-    try:
-        with pytest.raises(NodePathError) as e:
-            check_node_paths(train_inputs(make_exp(world, "full")))
-        worker = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
-        label = f"node {worker['NodeManagerAddress']} ({worker['NodeID'][:8]})"
-        data = world / "data/sft/math_en.jsonl"
-        assert str(e.value).split("\n  ") == [
-            f"{label}: base {world / 'base'}: missing there; {FIX}",
-            f"{label}: datasets[0].path {data}: missing there; {FIX}",
-        ]
-
-        exp = SearchExperiment(language="xa", base=str(world / "base"), task_experts=[str(world / "corpus")], language_experts=[str(world / "data")], world=str(world))  # fmt: skip
-        pool = ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
-        with pytest.raises(NodePathError) as e:
-            check_node_paths(search_inputs(exp, pool))
-        fields = [line.split(": ")[1].split(" /")[0] for line in str(e.value).split("\n  ")]
-        assert fields == ["base", "task_experts[0]", "language_experts[0]", "world"]
-        assert f"world {world}: 0 of its " not in str(e.value)  # the world is there, empty
-        assert f"): world {world}: " in str(e.value) and "file(s) missing there (" in str(e.value)
-
-        seen = tmp_path / "everywhere.jsonl"  # tmp_path is not hidden: the node sees it as is
-        seen.write_text("{}\n")
-        check_node_paths([("datasets[0].path", str(seen))])
-    finally:
-        ray.shutdown()
+    seen = tmp_path / "everywhere.jsonl"  # tmp_path is not hidden: the node sees it as is
+    seen.write_text("{}\n")
+    env = {**os.environ, **node.env}
+    cmd = [sys.executable, "-c", _DRIVER, str(world), str(seen), node.address]
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    label = out["label"]
+    data = world / "data/sft/math_en.jsonl"
+    assert out["train"].split("\n  ") == [
+        f"{label}: base {world / 'base'}: missing there; {FIX}",
+        f"{label}: datasets[0].path {data}: missing there; {FIX}",
+    ]
+    text = out["search"]
+    fields = [line.split(": ")[1].split(" /")[0] for line in text.split("\n  ")]
+    assert fields == ["base", "task_experts[0]", "language_experts[0]", "world"]
+    assert f"world {world}: 0 of its " not in text  # the world is there, empty
+    assert f"): world {world}: " in text and "file(s) missing there (" in text
+    assert out["seen"] == "passed"
 
 
 @pytest.mark.slow
