@@ -116,6 +116,8 @@ def test_diff_share_and_best_batch():
     mine = dict(ref) | {("bele_dev", 1): 3}
     assert E.diff_share(mine, ref) == (1, 3)
     assert E.diff_share({}, ref) == (3, 3)  # a missing prediction differs
+    assert E.diff_by_task(mine, ref) == {"bele_dev": [1, 2], "mgsm_dev": [0, 1]}
+    assert E.diff_by_task({}, ref) == {"bele_dev": [2, 2], "mgsm_dev": [1, 1]}
     assert E.best_batch({1: [5.0, 6.0, 7.0], 32: [2.0, 9.0, 3.0], 8: [4.0, 4.0]}) == 32
 
 
@@ -199,6 +201,7 @@ def test_race_times_batch_8_when_the_time_allows(monkeypatch, tok):
     assert {b: len(ts) for b, ts in out["theirs"].items()} == {1: 2, 32: 2, 8: 2}
     assert len(out["ours"]) == len(out["logs"]) == E.CANDIDATES
     assert (out["differ"], out["total"]) == (0, 2)  # compared with batch 1 only
+    assert out["differ_by_task"] == {"bele_dev": [0, 2]}  # one item, two candidates
     assert "timed too" in out["extra_note"] and out["out_of_memory"] == []
 
 
