@@ -43,7 +43,7 @@ def train__continue_of_a_sweep_that_did_not_finish(e: Env):
     run = e.train_run("run", f)  # marked as this experiment's sweep, never recorded finished
     argv = ["train", f, "--out", e.at("run"), "--continue"]
     # (no Ray Tune state: it was marked, and cut before Tune saved any)
-    said = f"{run}: an expert sweep of t did not finish and cannot be resumed: its Ray Tune state (tuner.pkl, experiment_state-*.json) is missing; pass --overwrite"  # fmt: skip
+    said = f"{run}: an expert sweep of t did not finish and cannot be resumed: its Ray Tune state (tuner.pkl, experiment_state-*.json, search_gen_state-*.json, searcher-state-*.pkl) is missing; pass --overwrite"  # fmt: skip
     return argv, [said]
 
 
@@ -51,7 +51,8 @@ def train__continue_of_a_sweep_that_did_not_finish(e: Env):
 def train__continue_of_another_experiments_sweep(e: Env):
     run = e.folder("run/train/t", kind="train")
     argv = ["train", e.train_exp(sweep=SWEEP), "--out", e.at("run"), "--continue"]
-    return argv, [f"{run}: an expert sweep of t exists; pass --overwrite"]
+    said = f"{run}: holds an unfinished expert sweep of a different experiment (config changed); a sweep resumes only as it started"  # fmt: skip
+    return argv, [said]
 
 
 @case

@@ -10,6 +10,7 @@ Run: .venv/bin/python -m pytest -q tests/cli/test_rerun_commands.py
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import sys
@@ -93,8 +94,14 @@ def test_continue_resumes_a_sweep_cut_after_tune_saved_its_state(tiny_world, tmp
     folder = tmp_path / "run/train/t"
 
     def cut_after_saving() -> dict:
-        (folder / "tuner.pkl").write_bytes(b"")  # what Tune keeps (sweep_tuner.restore_problem)
-        (folder / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+        # What Tune keeps, as sweep_tuner.restore_problem reads it before Ray starts: the tuner,
+        # a parseable experiment state and the searcher's state files (their unpickling, in
+        # make_tuner, is stubbed away with the sweep)
+        (folder / "tuner.pkl").write_bytes(b"stub")
+        state = {"runner_data": {}, "trial_data": []}
+        (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
+        for name in ("search_gen_state-1.json", "searcher-state-1.pkl", "basic-variant-state-1.json"):  # fmt: skip
+            (folder / name).write_text("stub")
         raise RunFailed("the driver was lost")
 
     outcomes = [cut_after_saving, lambda: {"a": "ok", "b": "ok"}]
