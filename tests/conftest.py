@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 # No network, ever: huggingface_hub / datasets read these when first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -107,6 +108,27 @@ def _build(tmp_path_factory, label: str, **kw) -> Family:
         dtype=kw.get("dtype", torch.float32),
         tie=kw.get("tie", False),
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_state_left_for_the_next_module(request):
+    """What one test module changes process-wide is undone before the next one runs: the suite
+    runs in two processes (make test: pytest-xdist), so a module's leftovers reach whichever
+    files that process runs next, in an order no one chose.
+
+    - os.environ is put back (e.g. RAY_AUTH_MODE=token, which a local ray.init sets in the
+      process: every CLI child started later inherited it, and Ray's token notice went quiet);
+    - a Ray left initialised is shut down and the module fails at teardown, naming itself (the
+      next module's ray.init failed: "Maybe you called ray.init twice by accident?").
+    """
+    env = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(env)
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{request.module.__name__} left Ray initialised: shut it down in the test (or a fixture)")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import yaml
 
 from layerswap.cli import main
 from layerswap.trainables.train import ray_train
+from layerswap.trainables.train import run as train_run
 from tests.trainables.train.train_helpers import make_exp
 
 
@@ -22,6 +23,9 @@ def test_a_run_that_failed_for_good_is_one_failure_with_the_workers_error(tiny_w
         return ray_train.RayTrainResult(None, {}, tmp_path / "run" / "t", said)
 
     monkeypatch.setattr(ray_train, "train_with_ray", failed)
+    # Nor does the run start a Ray of its own for the nodes' view of its inputs (one node here):
+    # a Ray left running in this process would meet the next test file's ray.init.
+    monkeypatch.setattr(train_run, "_ray_ready", lambda *a, **k: None)
     assert main(["train", str(exp), "--out", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"layerswap: failed: training failed: {said}"), err
