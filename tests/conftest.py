@@ -111,20 +111,18 @@ def _build(tmp_path_factory, label: str, **kw) -> Family:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def no_state_left_for_the_next_module(request):
-    """What one test module changes process-wide is undone before the next one runs: the suite
-    runs in two processes (make test: pytest-xdist), so a module's leftovers reach whichever
-    files that process runs next, in an order no one chose.
+def no_ray_left_for_the_next_module(request):
+    """A Ray left initialised by a test module is shut down and the module fails at teardown,
+    naming itself: the suite runs in two processes (make test: pytest-xdist), and the next file
+    on that process, in an order no one chose, failed in its own ray.init ("Maybe you called
+    ray.init twice by accident?") far from the cause.
 
-    - os.environ is put back (e.g. RAY_AUTH_MODE=token, which a local ray.init sets in the
-      process: every CLI child started later inherited it, and Ray's token notice went quiet);
-    - a Ray left initialised is shut down and the module fails at teardown, naming itself (the
-      next module's ray.init failed: "Maybe you called ray.init twice by accident?").
+    os.environ is not put back here: a local ray.init also switches Ray's process-wide
+    authentication to tokens and records RAY_AUTH_MODE=token there, and taking the variable away
+    from under that state broke later multi-node tests on the same process (measured: workers
+    without the driver's variables). A test that needs the mode unset removes it itself.
     """
-    env = dict(os.environ)
     yield
-    os.environ.clear()
-    os.environ.update(env)
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()

@@ -68,7 +68,10 @@ def _printed(c) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
-def test_search_prints_ray_notices_only_when_verbose(tiny_world, expert_pair, tmp_path, cli, ray_tmp, verbose):  # fmt: skip
+def test_search_prints_ray_notices_only_when_verbose(tiny_world, expert_pair, tmp_path, cli, ray_tmp, verbose, monkeypatch):  # fmt: skip
+    # A user who never chose an authentication mode (Ray prints its token notice only then): a
+    # local ray.init earlier in this test process records RAY_AUTH_MODE=token in its environment
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     f = _search_yaml(tiny_world, expert_pair, tmp_path)
     flags = ["--verbose"] if verbose else []
     c = cli("search", f, "--out", tmp_path / "run", "--no-promote", *flags, env=ray_tmp.env)

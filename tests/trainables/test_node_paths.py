@@ -198,29 +198,40 @@ def test_a_node_that_cannot_see_the_inputs_is_named_before_any_work(hidden_world
     assert out["seen"] == "passed"
 
 
-@pytest.mark.slow
-def test_train_on_that_cluster_is_refused_in_one_line_per_problem_and_writes_nothing(hidden_world_cluster, tmp_path):  # fmt: skip
-    """CLI level: `layerswap train` joining the cluster (RAY_ADDRESS) exits 2 naming the node
-    and each path, before its run folder exists."""
-    world, node = hidden_world_cluster
-    exp = make_exp(world, "full", name="hidden", hyper={"max_steps": 2})
+def _train_command(world: Path, node, tmp_path: Path, name: str) -> tuple[list[str], dict, Path]:
+    """`layerswap train` of a 2-step experiment `name` on the hidden world, joining `node`'s
+    cluster: (argv, env, RUN)."""
+    exp = make_exp(world, "full", name=name, hyper={"max_steps": 2})
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
     run = tmp_path / "run"
     env = {**os.environ, **node.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "layerswap.cli", "train", str(f), "--out", str(run)]
-    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr[-3000:]
+    return [sys.executable, "-m", "layerswap.cli", "train", str(f), "--out", str(run)], env, run
+
+
+def _assert_base_and_data_named(stderr: str, world: Path) -> None:
+    """The one error: a line each for the base and the dataset, naming the hidden node."""
     label = r"node [\d.]+ \([0-9a-f]{8}\)"
     data = world / "data/sft/math_en.jsonl"
     fix = re.escape(FIX)
     assert re.search(
         rf"^layerswap: error: {label}: base {world / 'base'}: missing there; {fix}\n"
         rf"  {label}: datasets\[0\]\.path {data}: missing there; {fix}$",
-        r.stderr,
+        stderr,
         re.M,
-    ), r.stderr[-3000:]
-    assert "Traceback" not in r.stderr
+    ), stderr[-3000:]
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_train_on_that_cluster_is_refused_in_one_line_per_problem_and_writes_nothing(hidden_world_cluster, tmp_path):  # fmt: skip
+    """CLI level: `layerswap train` joining the cluster (RAY_ADDRESS) exits 2 naming the node
+    and each path, before its run folder exists."""
+    world, node = hidden_world_cluster
+    cmd, env, run = _train_command(world, node, tmp_path, "hidden")
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    _assert_base_and_data_named(r.stderr, world)
     assert not run.exists()  # no run folder, marker or lock left
 
 
@@ -231,12 +242,7 @@ def test_a_node_that_joins_after_the_check_is_named_by_its_training_worker(late_
     autoscaler's), and the Ray Train worker scheduled there checks before it loads anything:
     exit 2 in one line per problem naming that node, not retried, no checkpoint written."""
     world, node = late_hidden_world_cluster
-    exp = make_exp(world, "full", name="late", hyper={"max_steps": 2})
-    f = tmp_path / "exp.yaml"
-    f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
-    run = tmp_path / "run"
-    env = {**os.environ, **node.env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "layerswap.cli", "train", str(f), "--out", str(run)]
+    cmd, env, run = _train_command(world, node, tmp_path, "late")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         folder = run / "train" / "late"
@@ -250,14 +256,6 @@ def test_a_node_that_joins_after_the_check_is_named_by_its_training_worker(late_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 2, err[-3000:]
-    label = r"node [\d.]+ \([0-9a-f]{8}\)"
-    data = world / "data/sft/math_en.jsonl"
-    fix = re.escape(FIX)
-    assert re.search(
-        rf"^layerswap: error: {label}: base {world / 'base'}: missing there; {fix}\n"
-        rf"  {label}: datasets\[0\]\.path {data}: missing there; {fix}$",
-        err,
-        re.M,
-    ), err[-3000:]
-    assert "Traceback" not in err and "Repo id" not in err
+    _assert_base_and_data_named(err, world)
+    assert "Repo id" not in err
     assert not folder.exists() and not lock_path(folder).exists()  # nothing trained: nothing left
