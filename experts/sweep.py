@@ -41,7 +41,14 @@ from layerswap.spaces.train_experiment import (
 from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.tasks import write_world_tasks
-from layerswap.trainables.node_paths import NodePathError, check_here, described, run_lock
+from layerswap.trainables.node_paths import (
+    NodePathError,
+    check_here,
+    described,
+    run_lock,
+    start_checked,
+)
+from layerswap.trainables.ray_session import tune_output
 from layerswap.trainables.storage import absolute
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 from layerswap.trainables.train.finite import NonFiniteTraining
@@ -329,9 +336,6 @@ def start_sweep_ray(experiment: TrainExperiment, verbose: int = 0, run_dir: Path
     Raises:
         NodePathError (a ValueError): one line per node and input that differs.
     """
-    # lazy: Ray starts only when a sweep runs
-    from layerswap.trainables.node_paths import start_checked
-
     # Ray's INFO log ("Started a local Ray instance", Tune's "Wrote the latest version of all
     # result files") too only when verbose: Ray's logger then has no handler of its own.
     loud = verbose > 0
@@ -361,9 +365,6 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
             (it started the sweep over); no registry row is taken out.
     """
     from ray import tune
-
-    # lazy: Ray starts only when a sweep runs
-    from layerswap.trainables.ray_session import tune_output
 
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
