@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     the atomic writers on the way out; the line says how the command continues (continue_hint).
     """
     args = build_parser().parse_args(argv)
-    continue_hint.set_command(getattr(args, "command", ""))  # a parser of tests' own has none
+    continue_hint.set_command(args.command)
     if startup.starting() and _uses_torch(args):
         startup.preload_torch()  # while a signal still ends the process at once (startup.py)
     # Markers and locks written by this command's Ray workers and children name it (locks.py).

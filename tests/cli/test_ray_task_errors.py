@@ -19,7 +19,7 @@ def command(monkeypatch):
 
     def use(func):
         p = argparse.ArgumentParser(prog="layerswap")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, command="test")  # as the real parser sets it
         monkeypatch.setattr(cli, "build_parser", lambda: p)
 
     return use

@@ -18,7 +18,7 @@ import argparse
 
 def parser():
     p = argparse.ArgumentParser(prog="layerswap")
-    p.set_defaults(func=command)
+    p.set_defaults(func=command, command="test")  # as the real parser sets it
     return p
 
 cli.build_parser = parser
@@ -205,7 +205,7 @@ def working(args):
 
 def runs(func):
     p = argparse.ArgumentParser(prog="layerswap")
-    p.set_defaults(func=func)
+    p.set_defaults(func=func, command="test")
     cli.build_parser = lambda: p
     return cli.main([])
 
@@ -233,7 +233,7 @@ def command(args):
 
 p = argparse.ArgumentParser(prog="layerswap")
 p.add_argument("words", nargs="*")
-p.set_defaults(func=command)
+p.set_defaults(func=command, command="test")
 cli.build_parser = lambda: p
 sys.exit(cli.main(["train", "my config.yaml"]))
 """
