@@ -146,15 +146,19 @@ def merge_trial(config: dict, spec: TrialSpec) -> None:
 
 
 def _jitter() -> None:
-    """Sleep up to LAYERSWAP_TRIAL_JITTER_S seconds (unseeded) before reporting.
+    """Sleep LAYERSWAP_TRIAL_DELAY_S seconds, then up to LAYERSWAP_TRIAL_JITTER_S more
+    (unseeded), before reporting.
 
-    A debugging knob: it shuffles the order in which concurrent trials finish, which a
-    reproducible search must not notice (tests/search/test_reproducible.py sets it).
+    Debugging knobs: the jitter shuffles the order in which concurrent trials finish, which a
+    reproducible search must not notice (tests/search/test_reproducible.py sets it); the delay
+    keeps a tiny model's trials from all finishing between two looks of a test that must signal
+    a search mid-way (tests/cli/test_interrupts.py sets it).
     """
     import os
     import random
     import time
 
+    delay = float(os.environ.get("LAYERSWAP_TRIAL_DELAY_S") or 0)
     top = float(os.environ.get("LAYERSWAP_TRIAL_JITTER_S") or 0)
-    if top > 0:
-        time.sleep(random.SystemRandom().uniform(0, top))
+    if delay > 0 or top > 0:
+        time.sleep(delay + (random.SystemRandom().uniform(0, top) if top > 0 else 0.0))
