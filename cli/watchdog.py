@@ -1,13 +1,14 @@
 """Ends a signalled command that cannot finish cleaning up: a deadline after SIGINT/SIGTERM.
 
-A main thread blocked in C cannot run its signal handler or its `finally` blocks: measured, a
-SIGTERM sent to the whole process group (`timeout`, a scheduler) mid-search also stops Ray's
-GCS, and the driver's main thread then sat in Ray's GCS client (`_internal_kv_get`, then
-`list_named_actors` in the search's cleanup, each retrying for 60 s) and exited 1, its Ray
-workers left behind. Python's C-level handler still writes the signal number to the wakeup fd,
-so a thread hears of it at once; if the command is still running `DEADLINE_S` later, it ends
-with the signal's exit code. Opened by the console script (`cli.run`) for the whole process;
-tested in tests/cli/test_watchdog.py.
+A main thread blocked in C cannot run its signal handler or its `finally` blocks: measured, when
+Ray's processes still shared the command's process group, a SIGTERM sent to the whole group
+(`timeout`, a scheduler) mid-search also stopped Ray's GCS, and the driver's main thread then sat
+in Ray's GCS client (`_internal_kv_get`, then `list_named_actors` in the search's cleanup, each
+retrying for 60 s). They now run in sessions of their own (trainables/ray_session.py), but a
+GCS or raylet can still die under a driver (the OOM killer, a lost node). Python's C-level
+handler still writes the signal number to the wakeup fd, so a thread hears of it at once; if the
+command is still running `DEADLINE_S` later, it ends with the signal's exit code. Opened by the
+console script (`cli.run`) for the whole process; tested in tests/cli/test_watchdog.py.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import threading
 from layerswap.cli import continue_hint
 from layerswap.cli.startup import EXIT
 
-# How long a signalled command may take to clean up. Measured: under 10 s (Ray shut down after
-# a process-group SIGTERM included: ~5 s of it waits on the stopped GCS); the call that needed the
-# watchdog blocks for 60 s.
+# How long a signalled command may take to clean up. Measured: under 10 s (a search's Ray shut
+# down after a process-group SIGTERM: ~3 s); the call that needed the watchdog blocks for 60 s.
 DEADLINE_S = 25.0
 
 

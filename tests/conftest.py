@@ -341,6 +341,38 @@ def tree_state():
     return snapshot_tree
 
 
+def sessions_and_command_lines() -> dict[int, tuple[int, str]]:
+    """{pid: (session id, command line)} of the live processes, zombies left out (read from
+    /proc; the command name in /proc/PID/stat may hold spaces and parentheses)."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, sid
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            out[int(proc.name)] = (int(fields[3]), cmd)
+    return out
+
+
+def ray_pids(ray_tmp: str, sessions: set[int] | None = None) -> list[int]:
+    """The live processes of the Ray started under RAY_TMPDIR `ray_tmp`: those naming it on their
+    command line (GCS, raylet: each leads a session of its own, trainables/ray_session.py) and
+    everything in their sessions (the workers a raylet forks, titled `ray::...` by Ray).
+
+    Args:
+        sessions: sessions seen before, updated in place: a worker may outlive its raylet.
+    """
+    sessions = set() if sessions is None else sessions
+    procs = sessions_and_command_lines()
+    sessions |= {sid for sid, cmd in procs.values() if ray_tmp in cmd}
+    sessions.discard(os.getsid(0))  # never the tests' own
+    return sorted(p for p, (sid, cmd) in procs.items() if sid in sessions or ray_tmp in cmd)
+
+
 def pids_naming(text: str) -> list[int]:
     """Pids of the live processes whose command line contains `text` (read from /proc)."""
     pids = []

@@ -19,6 +19,10 @@ from contextlib import contextmanager
 
 import ray
 
+# private, both: see _own_session (Ray is pinned, 2.60.0)
+from ray._private import services as _ray_services
+from ray._private import utils as _ray_utils
+
 # Where ray.init logs "Token authentication is enabled for this Ray cluster..." (a WARNING of
 # ray/_private/authentication/authentication_token_setup.py) when it starts a local cluster.
 # Its documented switch, RAY_AUTH_MODE, would change the authentication itself (and "token"
@@ -93,12 +97,18 @@ def init_ray(*, verbose: bool = False, **kwargs) -> None:
     `ray.init` replaces the driver's SIGTERM handler with `sys.exit(SIGTERM)`, and its core
     worker puts a C++ handler in front that dumps a stack and arms `alarm(3)` to abort. A
     driver blocked in `ray.get` passes only KeyboardInterrupt out of a signal handler (any other
-    exception ends the process with exit 1). When a scheduler or `timeout` sends SIGTERM to the
-    whole process group, Ray's own processes die too, `ray.shutdown` waits ~5 s on the dead
-    GCS, the alarm fires, and the driver aborted with exit 134 and a stack dump (measured with
-    the tiny demo under `timeout`). With the caller's handler back (as a Python handler, which
-    also takes the signal from the C++ one), the CLI's handler records SIGTERM and the command
-    exits 143 after Ray has shut down.
+    exception ends the process with exit 1). With the caller's handler back (as a Python
+    handler, which also takes the signal from the C++ one), the CLI's handler records SIGTERM
+    and the command exits 143 after Ray has shut down.
+
+    The processes a local `ray.init` starts (GCS, raylet, dashboard, and the workers the raylet
+    forks) run in a session of their own (`_own_session`), so a SIGTERM that a scheduler or
+    `timeout` sends to the command's whole process group reaches the driver alone, which then
+    shuts Ray down in order. Measured before, with them in the driver's group: Ray's processes
+    died with the driver's signal and the driver either exited 1 within 0.3 s with no line
+    (its core worker ending itself) or sat in Ray's client of the dead GCS until the CLI's 25 s
+    watchdog ended it without cleaning up (5 of 5 runs of the group-SIGTERM test). They still
+    end with the driver: Ray starts them with PR_SET_PDEATHSIG on Linux.
 
     Every Ray process of the job gets `worker_env()` (the caller's own runtime_env env_vars
     win where both name a variable).
@@ -117,11 +127,42 @@ def init_ray(*, verbose: bool = False, **kwargs) -> None:
     if not verbose:
         notice.setLevel(logging.ERROR)
     try:
-        ray.init(**kwargs)
+        with _own_session():
+            ray.init(**kwargs)
     finally:
         notice.setLevel(level)
     if callable(before):
         signal.signal(signal.SIGTERM, through_ray_get(before))
+
+
+@contextmanager
+def _own_session() -> Iterator[None]:
+    """While open, the processes Ray starts for a local node run in a new session
+    (`start_new_session=True`): not in the caller's process group, and without its terminal.
+
+    Ray starts every node process through `ray._private.services.ConsolePopen` (a
+    `subprocess.Popen` subclass, looked up at each call of `start_ray_process`), so this swaps
+    in a subclass for the duration; tests/trainables/test_ray_session.py fails loudly if Ray
+    stops doing so. Nothing is changed when the caller joins an existing cluster (no process is
+    started), and where the kernel cannot end the children with their parent (no
+    PR_SET_PDEATHSIG, Ray's `detect_fate_sharing_support`) they stay in the caller's group,
+    which Ray's reaper relies on.
+    """
+    base = _ray_services.ConsolePopen
+    if not _ray_utils.detect_fate_sharing_support():
+        yield
+        return
+
+    class OwnSessionPopen(base):
+        def __init__(self, *args, **kwargs):
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    _ray_services.ConsolePopen = OwnSessionPopen
+    try:
+        yield
+    finally:
+        _ray_services.ConsolePopen = base
 
 
 @contextmanager

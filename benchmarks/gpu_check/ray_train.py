@@ -3,7 +3,7 @@ like a lost node once its first sharded checkpoint is on disk, then resumed with
 
 Everything is checked from outside the command, as a user would: the tiny world's base trained
 with `scaling: {strategy: fsdp}` (and `use_gpu: true` on a GPU) in a process session of its own;
-SIGKILL to the whole process group (driver, Ray and its worker) once RUN/train/<name>/samples_*
+SIGKILL to the driver, Ray and its worker at once when RUN/train/<name>/samples_*
 holds a checkpoint; the same command with `--resume` then runs to the end. The run's own step log
 (debug.step_log: one row per step with the step it started from) says whether the step counter
 continued from the checkpoint; the last checkpoint's model.safetensors must load; the worker's
@@ -137,18 +137,33 @@ def _checkpoints(run: Path) -> list[Path]:
     return sorted(p.parent for p in run.glob("samples_*/layerswap_train.json"))
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session `sid` (zombies left out: they are dead, only not yet reaped).
-    Ray's workers make process groups of their own, but stay in the session of the command
-    that started Ray."""
-    pids = []
+def processes() -> dict[int, tuple[int, bytes]]:
+    """{pid: (session id, command line)} of the live processes (zombies left out: they are dead,
+    only not yet reaped)."""
+    out = {}
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            if proc.name.isdigit() and stat_session((proc / "stat").read_text()) == sid:
-                pids.append(int(proc.name))
+            sid = stat_session((proc / "stat").read_text())
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-    return pids
+        if sid is not None:
+            out[int(proc.name)] = (sid, cmdline)
+    return out
+
+
+def command_pids(sessions: set[int], ray_tmp: str) -> list[int]:
+    """The live processes of a command: those of `sessions` (the command's own, and sessions
+    seen before) and of the sessions of the processes whose command line names `ray_tmp`, which
+    are added to `sessions`. layerswap starts Ray's GCS and raylet in sessions of their own
+    (trainables/ray_session.py); the workers a raylet forks stay in its session, under titles
+    Ray rewrites (`ray::...`), and may outlive it briefly: so sessions are remembered."""
+    procs = processes()
+    mark = ray_tmp.encode()
+    sessions |= {sid for sid, cmd in procs.values() if mark in cmd} - {os.getsid(0)}
+    return sorted(pid for pid, (sid, cmd) in procs.items() if sid in sessions or mark in cmd)
 
 
 def stat_session(stat: str) -> int | None:
@@ -175,11 +190,13 @@ class Command:
         if not gpu:
             env["OMP_NUM_THREADS"] = "1"  # tiny model on shared cores: one thread is fastest
         self.t0 = time.monotonic()
+        self.sessions: set[int] = set()  # the command's, then Ray's as kill_group sees them
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "layerswap.cli", *args], cwd=ROOT, env=env,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
+        self.sessions.add(self.proc.pid)  # start_new_session: it leads its own
 
     def output(self) -> str:
         """The command's output and every log its Ray wrote (the workers' included; os.walk
@@ -212,11 +229,10 @@ class Command:
             raise RuntimeError(f"still running after {timeout:.0f} s: {self.tail()}") from None
 
     def kill_group(self) -> None:
-        """SIGKILL every process of the command's session at once, as when its node is lost (no
-        handler runs): the driver's process group (driver, Ray's GCS and raylet) and Ray's
-        workers, which are in process groups of their own. All of them this command started."""
+        """SIGKILL every process the command started at once, as when its node is lost (no
+        handler runs): its session (the driver) and Ray's (GCS, raylet and its workers)."""
         for _ in range(20):  # until none is left (a dying raylet may still have forked one)
-            pids = session_pids(self.proc.pid)
+            pids = command_pids(self.sessions, self.ray_tmp)
             if not pids:
                 break
             for pid in pids:

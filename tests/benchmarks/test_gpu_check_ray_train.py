@@ -59,7 +59,11 @@ def test_backends_and_nccl_communicators_from_the_logs():
 def test_session_id_is_read_past_a_command_name_with_spaces_and_parentheses():
     assert R.stat_session("1234 (ray::Train (x) y) S 1 77 88 0 -1 4194560") == 88
     assert R.stat_session("1234 (python) Z 1 77 88 0 -1") is None  # dead, not yet reaped
-    assert os.getpid() in R.session_pids(os.getsid(0))
+    mine = os.getsid(0)
+    assert os.getpid() in R.command_pids({mine}, "/no/such/ray_tmp")
+    sessions: set[int] = set()
+    assert os.getpid() in R.command_pids(sessions, sys.executable)  # named on its command line
+    assert mine not in sessions  # never the caller's own session: kill_group would end it
 
 
 @pytest.mark.parametrize("gpu", [False, True])

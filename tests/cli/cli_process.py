@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pids_naming
+from tests.conftest import ray_pids
 
 # How long a command may take from the signal to its exit. Measured on a loaded 2-core machine:
 # well under 10 s everywhere (the interpreter's own teardown with torch loaded is 2-4 s of it).
 BOUND_S = 40  # and cli/watchdog.py ends any command 25 s after the signal
 MESSAGE = "layerswap: interrupted ({}); nothing half-written was kept"
-WATCHDOG = "layerswap: interrupted ({}); still running"  # cli/watchdog.py, after its deadline
 # What trainables/atomic.py and trainables/outputs.py leave only when something went wrong:
 # `.NAME.tmp-PID-XXXXXXXX` (being built, or removed after a failure, by PID),
 # `.NAME.old-...` (being replaced), `.NAME.replaced-...`.
@@ -108,9 +107,9 @@ class Cli:
             time.sleep(0.02)
 
     def interrupt(self, sig: signal.Signals, *, group: bool = False) -> float:
-        """Send `sig` to the command (`group`: to its whole process group, Ray's processes
-        included, as `timeout` and schedulers do); check the exit code, stderr and timing;
-        return seconds. A group signal may end in the watchdog's message instead."""
+        """Send `sig` to the command (`group`: to its whole process group, as `timeout` and
+        schedulers do); check the exit code, stderr (the command's own message, never the
+        watchdog's) and timing; return seconds."""
         assert self.proc.poll() is None, f"finished before the signal\n{self.tail()}"
         t0 = time.monotonic()
         (os.killpg if group else os.kill)(self.proc.pid, sig)
@@ -126,8 +125,7 @@ class Cli:
         )
         assert self.proc.returncode == EXIT_CODE[sig], self.tail()
         assert "Traceback" not in self.own_stderr, self.tail()
-        messages = (MESSAGE, WATCHDOG) if group else (MESSAGE,)
-        assert any(m.format(SIGNAL_NAME[sig]) in self.stderr for m in messages), self.tail()
+        assert MESSAGE.format(SIGNAL_NAME[sig]) in self.stderr, self.tail()
         return took
 
     def finish(self, timeout: float = 400) -> int:
@@ -165,13 +163,18 @@ class RayTmp:
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="lsi", dir="/tmp")
         self.env = {"RAY_TMPDIR": self.dir}
+        self._sessions: set[int] = set()
+
+    def pids(self) -> list[int]:
+        """The live processes of the Ray started under this RAY_TMPDIR (conftest.ray_pids)."""
+        return ray_pids(self.dir, self._sessions)
 
     def gone(self, timeout: float = 20) -> list[int]:
-        """Wait until no process started under this RAY_TMPDIR is left; returns those that are."""
+        """Wait until no process of this RAY_TMPDIR's Ray is left; returns those that are."""
         deadline = time.monotonic() + timeout
-        while pids_naming(self.dir) and time.monotonic() < deadline:
+        while self.pids() and time.monotonic() < deadline:
             time.sleep(0.2)
-        return pids_naming(self.dir)
+        return self.pids()
 
     def assert_gone(self) -> None:
         left = self.gone()

@@ -203,7 +203,11 @@ def test_signals_mid_train_on_ray_then_resume(tiny_world, tmp_path, cli, ray_tmp
 
 # --- search -----------------------------------------------------------------------------------
 
-SAMPLES = 6  # one at a time: the first row is followed by ~5-10 s of trials to interrupt
+SAMPLES = 6  # one at a time: the first row is followed by >= 5 s of trials to interrupt
+# Each trial of an interrupted search waits 1 s before reporting (search/tune_trial._jitter):
+# measured, the tiny trials after the first took ~1 s in all on a loaded machine, and a test saw
+# the first row only once the search had finished (SIGINT landed in the exit: exit 0).
+SLOW_TRIALS = {"LAYERSWAP_TRIAL_DELAY_S": "1"}
 
 
 def _search_exp(world: Path, tmp_path: Path) -> Path:
@@ -222,6 +226,17 @@ def _search_exp(world: Path, tmp_path: Path) -> Path:
     return f
 
 
+def _process_groups(pids: list[int]) -> dict[int, int]:
+    """{pid: process group} of those still alive."""
+    groups = {}
+    for pid in pids:
+        try:
+            groups[pid] = os.getpgid(pid)
+        except ProcessLookupError:
+            pass
+    return groups
+
+
 def _trials(run: Path) -> list[dict]:
     from layerswap.trainables.atomic import read_parquet  # the driver may be replacing it
 
@@ -234,7 +249,7 @@ def test_sigint_mid_search_then_resume(tiny_world, tmp_path, cli, ray_tmp):
     import optuna
 
     f, run = _search_exp(tiny_world, tmp_path), tmp_path / "run"
-    c = cli("search", f, "--out", run, "--no-promote", env=ray_tmp.env)
+    c = cli("search", f, "--out", run, "--no-promote", env=ray_tmp.env | SLOW_TRIALS)
     c.wait_for(lambda: len(_trials(run)) >= 1, "a trial row in trials.parquet")
     c.interrupt(signal.SIGINT)
     ray_tmp.assert_gone()  # no trial runs on behind the resumed search
@@ -262,13 +277,18 @@ def test_sigint_mid_search_then_resume(tiny_world, tmp_path, cli, ray_tmp):
 
 @pytest.mark.slow
 def test_sigterm_to_the_process_group_mid_search_then_resume(tiny_world, tmp_path, cli, ray_tmp):
-    """`timeout`/a scheduler: Ray's GCS and raylet get the SIGTERM too. Measured before the fix:
-    exit 134 after Ray's C++ stack dump (its alarm(3) abort), or exit 1 after 60 s in the GCS
-    client with workers left behind; now 143 within the watchdog's deadline."""
+    """`timeout`/a scheduler signals the command's whole process group. Ray's processes run in a
+    session of their own (trainables/ray_session.py), so the driver alone gets the SIGTERM and
+    shuts Ray down in order. Measured with Ray's processes in the group: exit 143 only when the
+    CLI's 25 s watchdog ended the driver stuck on the dead GCS (5 of 5 runs, 25.1 s), or exit 1
+    within 0.3 s under load; now 143 in ~3 s with the command's own message."""
     f, run = _search_exp(tiny_world, tmp_path), tmp_path / "run"
-    c = cli("search", f, "--out", run, "--no-promote", env=ray_tmp.env)
+    c = cli("search", f, "--out", run, "--no-promote", env=ray_tmp.env | SLOW_TRIALS)
     c.wait_for(lambda: len(_trials(run)) >= 1, "a trial row in trials.parquet")
-    c.interrupt(signal.SIGTERM, group=True)
+    groups = _process_groups(ray_tmp.pids())
+    assert groups and c.proc.pid not in groups.values(), groups  # the signal cannot reach them
+    took = c.interrupt(signal.SIGTERM, group=True)
+    assert took < 15, took  # the watchdog's 25 s deadline was what ended it before
     assert "SIGTERM received" not in c.stderr, c.tail()  # Ray's C++ handler kept out
     left = ray_tmp.gone(timeout=60)  # workers whose raylet is gone end by themselves
     assert not left, left

@@ -1,5 +1,5 @@
 """`layerswap train EXP --out RUN --continue` resumes an expert sweep cut from outside: a real
-command SIGKILLed with its whole process group (a lost head node) once a trial's registry row is
+command SIGKILLed with all its Ray processes (a lost head node) once a trial's registry row is
 there, then run again with --continue. Checked from outside: the finished trial's checkpoint
 files are the same files (inode and mtime), every model written before the cut is kept (a cut
 trial resumes from its newest checkpoint), no registry row twice, num_samples trials in the
@@ -91,13 +91,17 @@ def test_continue_resumes_a_sweep_killed_after_a_trial_finished(tiny_world, tmp_
     first = cli("train", f, "--out", os.path.relpath(run, tmp_path / ".cwd"), env=ray_tmp.env)
     seen: list[Path] = []
     first.wait_for(lambda: seen.append(_cut_trial(run)) or seen[-1] is not None, "a trial to cut")
-    os.killpg(first.proc.pid, signal.SIGKILL)  # the driver, its Ray and its trials, at once
-    first.finish(timeout=60)
-    for pid in ray_tmp.gone():  # Ray's own processes end with their driver; any left, by pid
+    # The driver, its Ray and its trials, at once: Ray's processes run in a session of their
+    # own (trainables/ray_session.py), so they are killed by pid right after the driver's group.
+    ray_pids = ray_tmp.pids()
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    for pid in ray_pids + ray_tmp.pids():
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    first.finish(timeout=60)
+    assert not ray_tmp.gone(), ray_tmp.pids()
     done = _rows(run)
     assert 1 <= len(done) < TRIALS, first.tail()
     assert not (folder / SWEEP_FINISHED).exists()

@@ -19,7 +19,7 @@ import pytest
 from search_fixtures import experiment, make_experts
 
 from layerswap.trainables.atomic import read_parquet
-from tests.conftest import pids_naming
+from tests.conftest import ray_pids
 
 HERE = Path(__file__).parent
 
@@ -134,8 +134,8 @@ def _driver(tmp: Path, exp_file: Path, run: Path, resume: bool, ray_tmp: str) ->
 
 
 def _kill_started_under(ray_tmp: str) -> None:
-    """SIGKILL, by pid, the Ray processes this test started (their command lines name ray_tmp)."""
-    for pid in pids_naming(ray_tmp):
+    """SIGKILL, by pid, the Ray processes this test started (conftest.ray_pids)."""
+    for pid in ray_pids(ray_tmp):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -161,9 +161,9 @@ def test_killed_driver_resumes_without_losing_or_repeating(world_and_experts, tm
                 break
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver (and what it started in its group)
+        _kill_started_under(ray_tmp)  # Ray's processes: a session of their own
         proc.wait()
-    _kill_started_under(ray_tmp)
     before = read_parquet(table).to_pylist()
     assert 2 <= len(before) < 7, (tmp_path / "driver-0.log").read_text()[-3000:]
 

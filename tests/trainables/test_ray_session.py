@@ -1,10 +1,12 @@
-"""trainables/ray_session.py: the caller's SIGTERM handler survives ray.init and gets out of ray.get.
+"""trainables/ray_session.py: the caller's SIGTERM handler survives ray.init and gets out of ray.get;
+Ray's local processes run in a session of their own.
 
 Run: .venv/bin/python -m pytest tests/trainables/test_ray_session.py
 """
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import tempfile
@@ -12,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import ray
 
 from layerswap.trainables.ray_session import through_ray_get
 
@@ -44,6 +47,16 @@ def test_through_ray_get_raises_keyboardinterrupt_for_anything_else():
     assert quiet(15, None) is None and heard == [15, 15]
 
 
+def test_ray_still_starts_its_processes_through_consolepopen():
+    """_own_session swaps `ray._private.services.ConsolePopen`; if Ray renames it or stops
+    looking it up at each start, the swap would silently do nothing: say so here."""
+    from ray._private import services
+
+    assert issubclass(services.ConsolePopen, subprocess.Popen)
+    assert "ConsolePopen(" in inspect.getsource(services.start_ray_process)
+    assert ray.__version__ == "2.60.0", "re-check _own_session against this Ray, then re-pin"
+
+
 # A real driver: Ray replaces the handler (the adapter's reason to exist: if Ray stops doing so,
 # this says it), init_ray puts the caller's back, and a SIGTERM during a blocking ray.get reaches
 # the caller as KeyboardInterrupt after its handler ran.
@@ -68,6 +81,11 @@ DRIVER = textwrap.dedent(
 
     signal.signal(signal.SIGTERM, mine)
     init_ray(**kw)
+    # Ray's processes (found by their temp dir in /proc) are outside this process's session.
+    ours = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
+            and sys.argv[1].encode() in open(f"/proc/{p}/cmdline", "rb").read()]
+    print("Ray's processes:", len(ours), "in our session:",
+          sum(os.getsid(p) == os.getsid(0) for p in ours), flush=True)
 
     @ray.remote
     def slow():
@@ -94,6 +112,8 @@ def test_init_ray_keeps_the_callers_handler_and_sigterm_leaves_ray_get():
     )
     out = p.stdout
     assert "ray.init replaced it: True" in out, (out, p.stderr[-3000:])
+    line = next((x for x in out.splitlines() if x.startswith("Ray's processes:")), "")
+    assert line.endswith("in our session: 0") and " 0 " not in line, (line, p.stderr[-3000:])
     line = next((x for x in out.splitlines() if x.startswith("KeyboardInterrupt after")), None)
     assert line is not None, (out, p.stderr[-3000:])
     took = float(line.split()[2])
