@@ -5,7 +5,9 @@ user would: a subprocess in a fresh working directory, given paths relative to i
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,18 +22,27 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def gpu_check_smoke(tiny_world, tmp_path_factory) -> Path:
     """The output folder of `benchmarks/gpu_check/run.py --smoke` on the tiny world (every stage);
-    the run itself must exit 0."""
-    import time
-
-    out = tmp_path_factory.mktemp("gpu_check") / "smoke"
-    t0 = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/gpu_check/run.py"), "--smoke", "--out", str(out), "--world", str(tiny_world)],
-        cwd=out.parent, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    (out / "wall_s.txt").write_text(f"{time.monotonic() - t0:.1f}")
-    return out
+    the run itself must exit 0. Made once per test run: pytest-xdist's processes share it, the
+    first to take the lock runs it and the others read its folder (each would otherwise spend a
+    minute of the two cores on its own)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, above every process's own
+    out = root / "gpu_check_smoke"
+    with open(root / "gpu_check_smoke.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / "done").exists():  # written last, after a run that passed
+            shutil.rmtree(out, ignore_errors=True)  # what a failed run in another process left
+            out.mkdir()
+            t0 = time.monotonic()
+            run = subprocess.run(
+                [sys.executable, str(ROOT / "benchmarks/gpu_check/run.py"), "--smoke", "--out", str(out / "smoke"), "--world", str(tiny_world)],
+                cwd=out, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            (out / "smoke" / "wall_s.txt").write_text(f"{time.monotonic() - t0:.1f}")
+            (out / "done").touch()
+    return out / "smoke"
 
 
 @pytest.fixture(scope="session")
