@@ -108,21 +108,29 @@ def evaluate_models(
         # promotion with its one message instead of failing (and loading) model after model.
         _ = setup.live
     batches: dict[int, object] = {}  # group index -> EvalBatch, estimated at the first model
+    # recipe id -> (model, raws): a baseline that is a candidate's recipe (the paper default is
+    # the search's first trial) is the same model, evaluated once: an 8B lm-eval run saved.
+    by_recipe: dict[str, tuple[str, dict]] = {}
     for name, kind, rid, what in setup.models:
         if name not in found:  # its fingerprint failed: already in ev.failed
             continue
         t0 = time.perf_counter()
         prints, raws = found[name]
-        kept = raws is not None
+        took = "kept from the earlier promotion" if raws is not None else None
+        if raws is None and rid in by_recipe:
+            took = f"the same recipe as {by_recipe[rid][0]}: its results"
+            raws = by_recipe[rid][1]
         if raws is None:
             try:
                 raws = _evaluate_model(exp, setup, batches, what, progress, verbose)
             except Exception as e:  # a broken baseline (e.g. a NaN expert) must not stop promotion
                 _failed(ev, name, e)
                 continue
+        if rid is not None:
+            by_recipe.setdefault(rid, (name, raws))
         _record_model(ev, setup, raws, name, kind, rid, what, prints)
         if progress:
-            took = "kept from the earlier promotion" if kept else f"{time.perf_counter() - t0:.1f}s"
+            took = took or f"{time.perf_counter() - t0:.1f}s"
             print(
                 f"promotion: {name:<24} target {exp.target_task} = {ev.scores[(name, exp.target_task)]:.4f} ({took})",
                 flush=True,

@@ -165,3 +165,33 @@ def test_every_model_failing_is_an_error_with_the_reasons(tiny_world, experts, t
     for q in exp.proxy_list:
         assert f"({q.task} - {q.chance:g}) / ({q.best:g} - {q.chance:g})" in legend, legend
     assert "- base: ValueError" in board
+
+
+def test_a_baseline_that_is_a_candidates_recipe_is_evaluated_once(tiny_world, experts, tmp_path, monkeypatch, capsys):  # fmt: skip
+    """The paper default is the search's first trial, so it is often also a top-k candidate:
+    one model, one lm-eval run, its rows under both names (analysis counts it once)."""
+    from layerswap.search import promote_eval
+    from layerswap.search.results import TrialStore
+    from layerswap.spaces.recipe import dump_recipe
+
+    exp = experiment(tiny_world, experts, proxies=[PROXIES[0]], promote={"top_k": 1, "limit": 2, "max_gen_toks": 2, "baselines": ["paper_default"], "num_fewshot": 0, "write_best": False})  # fmt: skip
+    pool = resolve_pool(exp)
+    [(_, _, rid, recipe)] = _models(exp, pool, model_depth(pool), [])
+    run = tmp_path / "run"
+    TrialStore(run / "search" / "trials.parquet").append(
+        {"trial_id": "0000", "recipe_id": rid, "recipe_yaml": dump_recipe(recipe, rid),
+         "method": "layer_swap", "status": "ok", "fidelity": 8, "objective": 0.5}
+    )  # fmt: skip
+    evaluated = []
+    real = promote_eval._evaluate_model
+    monkeypatch.setattr(promote_eval, "_evaluate_model", lambda *a, **kw: evaluated.append(a[3]) or real(*a, **kw))  # fmt: skip
+    res = promote(exp, run, progress=True)
+    assert len(evaluated) == 1, evaluated
+    by_model = {}
+    for r in res.rows:
+        by_model.setdefault(r["model"], {})[r["task"]] = (r["kind"], r["recipe_id"], r["value"])
+    cand = f"candidate_{rid}"
+    assert set(by_model) == {cand, "paper_default"}
+    assert {t: v[2] for t, v in by_model[cand].items()} == {t: v[2] for t, v in by_model["paper_default"].items()}  # fmt: skip
+    assert {v[:2] for v in by_model["paper_default"].values()} == {("baseline", rid)}
+    assert f"the same recipe as {cand}" in capsys.readouterr().out
