@@ -18,9 +18,9 @@ from layerswap.analysis.figures import scatter
 from layerswap.analysis.load import (
     RunData,
     indicator_columns,
+    merge_scores,
     proxy_columns,
     short,
-    target_scores,
     target_tasks,
     trial_by_recipe,
 )
@@ -55,8 +55,7 @@ def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, st
     Returns:
         (table with columns `recipe_id`, `target` and the indicators; {indicator: level}).
     """
-    tgt = target_scores(run, task)
-    tgt = tgt[tgt["recipe_id"].notna()]  # merges only: base and the experts have no recipe
+    tgt = merge_scores(run, task)
     trials = trial_by_recipe(run)
     if tgt.empty or trials is None:
         return pd.DataFrame(columns=["recipe_id", "target"]), {}

@@ -199,6 +199,16 @@ def target_scores(run: RunData, task: str) -> pd.DataFrame:
     return agg[cols]
 
 
+def merge_scores(run: RunData, task: str) -> pd.DataFrame:
+    """`target_scores` of the merges: one row per recipe id, the candidate's where a baseline is
+    the same recipe (the paper default is often also the search's first trial, and a promotion
+    before this rule evaluated it twice): one merge counts once in a correlation or a table."""
+    tgt = target_scores(run, task)
+    tgt = tgt[tgt["recipe_id"].notna()]  # base and the experts have no recipe
+    first = tgt.assign(_baseline=tgt["kind"] == "baseline").sort_values("_baseline", kind="stable")
+    return first.drop_duplicates("recipe_id").drop(columns="_baseline").sort_index()
+
+
 def ok_trials(run: RunData) -> pd.DataFrame | None:
     """Trials that finished (status "ok" when the column exists), in finishing order."""
     t = run.trials

@@ -14,9 +14,9 @@ import pandas as pd
 from layerswap.analysis.figures import bars, best_so_far, heatmap, scatter
 from layerswap.analysis.load import (
     RunData,
+    merge_scores,
     ok_trials,
     short,
-    target_scores,
     target_tasks,
     trial_by_recipe,
 )
@@ -240,8 +240,8 @@ def _promoted(sec: Section, run: RunData) -> None:
         sec.text("Proxy vs target: not in this run (no promotion results with a target task).")
         return
     for task in tasks:
-        tgt = target_scores(run, task)
-        tgt = tgt[tgt["recipe_id"].notna() & tgt["recipe_id"].isin(trials.index)]
+        tgt = merge_scores(run, task)
+        tgt = tgt[tgt["recipe_id"].isin(trials.index)]
         if tgt.empty:
             sec.text(f"Proxy vs target on {task}: no promoted candidate matches a trial.")
             continue

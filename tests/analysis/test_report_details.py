@@ -169,3 +169,22 @@ def test_long_labels_stay_inside_the_figure(drawn):
     figures.bars(["top", "bottom"], [0.7, 0.3], xlabel="importance",
                  title="fANOVA importance (a_long_experiment_name_for_the_world)")  # fmt: skip
     assert [_outside(f) for f in drawn] == [[], []]
+
+
+def test_a_baseline_that_is_a_promoted_candidate_counts_once(run_dir, tmp_path):
+    """The paper default is often also a top-k candidate (the search's first trial): promotion
+    writes its rows under both names, and the correlations and the recipes table count it once."""
+    from layerswap.analysis.indicators import indicator_table
+
+    run = _copy(run_dir, tmp_path)
+    before, _ = indicator_table(load_run(run), TASK)
+    prom = pd.read_parquet(run / FILES[2])
+    cand = prom[(prom["kind"] == "candidate") & (prom["task"] == TASK)].iloc[0]
+    prom.loc[prom["model"] == "paper_default", "recipe_id"] = cand["recipe_id"]
+    prom.loc[(prom["model"] == "paper_default") & (prom["task"] == TASK), "value"] = cand["value"]
+    prom.to_parquet(run / FILES[2])
+    after, _ = indicator_table(load_run(run), TASK)
+    assert len(after) == len(before) and after["recipe_id"].is_unique
+    sec = search_section(load_run(run))
+    table = next(b.df for b in sec.blocks if isinstance(b, Table) and "Promoted recipes" in b.caption and TASK in b.caption)  # fmt: skip
+    assert table["recipe_id"].is_unique and "paper_default" not in set(table["model"])
