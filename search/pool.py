@@ -18,14 +18,14 @@ from layerswap.spaces.languages import same_language
 from layerswap.spaces.recipe import ExpertSoup
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
-from layerswap.spaces.task_families import family
+from layerswap.spaces.task_families import INDICATOR_PREFIX, family, held_out_reason
 from layerswap.trainables.atomic import read_parquet
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.storage import join, read_text
 
 # The registry columns the pool reads (their types: experts/registry.py COLUMNS, which writes them).
 POOL_COLUMNS = ("expert_id", "kind", "language", "mode", "path")
-IND = "ind__"
+IND = INDICATOR_PREFIX
 WRITTEN_BY = "expected an expert registry written by `layerswap train` sweeps or the demo"
 
 
@@ -121,8 +121,11 @@ def registry_picks(
     if src is None:
         raise ValueError("registry_picks: the experiment has no experts.registry")
     where = f"experts.registry {src.registry}"
-    # File order, as written: the fallback indicator is the first one.
+    target = exp.target_task
     inds = [k for k in (rows[0] if rows else {}) if k.startswith(IND)]
+    # File order, as written: the fallback is the first column the dev-only rule allows
+    # (spaces/task_families.py), never a world test split or the target.
+    dev_inds = [k for k in inds if held_out_reason(k, target) is None]
     lang = src.language or exp.language
     sides = (
         ("task", "math", src.task_indicator, family("mgsm").world_task("en", "dev"), None),
@@ -146,14 +149,27 @@ def registry_picks(
     for side, kind, given, default, language in sides:
         if given is not None:
             ind = given if given.startswith(IND) else IND + given
+            if reason := held_out_reason(ind, target):
+                # SearchExperiment refuses this already; an experiment changed since is not ranked.
+                problems.append(f"{where}: experts.{side}_indicator {given!r} is {reason}")
+                continue
             if ind not in inds:
                 problems.append(
                     f"{where}: experts.{side}_indicator {given!r} is not a column "
                     f"(indicator columns: {inds or 'none'})"
                 )
                 continue
+        elif inds and not dev_inds:
+            problems.append(
+                f"{where}: no indicator column may rank {kind} experts, each is a test split or "
+                f"the target {target!r} (indicator columns: {inds}); score the experts on a dev "
+                f"split and name it in experts.{side}_indicator"
+            )
+            continue
         else:
-            ind = IND + default if IND + default in inds else (inds[0] if inds else None)
+            ind = (
+                IND + default if IND + default in dev_inds else (dev_inds[0] if dev_inds else None)
+            )
         cand = [
             r
             for r in rows

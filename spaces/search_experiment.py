@@ -23,7 +23,7 @@ from layerswap.spaces.base import (
     validate,
 )
 from layerswap.spaces.search_space import SearchSpace
-from layerswap.spaces.task_families import dev_task, family, is_world_task, task_split
+from layerswap.spaces.task_families import family, require_dev_task
 
 
 class RegistrySource(StrictModel):
@@ -36,11 +36,25 @@ class RegistrySource(StrictModel):
     language: str | None = None
     """Take language experts of this language (None: the search's target language)."""
     task_indicator: str | None = None
-    """Indicator column ranking task experts, e.g. ind__world_mgsm_direct_en_dev (None: English
-    MGSM dev when present, else the first indicator)."""
+    """Indicator column ranking task experts, e.g. ind__world_mgsm_direct_en_dev, a dev split
+    (never a world test split or the search's target; None: English MGSM dev when present, else
+    the first indicator column that is neither)."""
     language_indicator: str | None = None
-    """Indicator column ranking language experts (None: the target's Belebele dev when present,
-    else the first indicator)."""
+    """Indicator column ranking language experts, a dev split (None: the target's Belebele dev
+    when present, else the first indicator column that is neither a world test split nor the
+    search's target)."""
+
+    @model_validator(mode="after")
+    def _dev_indicators(self) -> RegistrySource:
+        # A world test split never ranks experts; the search's target is checked by the search.
+        for side, ind in self.indicators().items():
+            require_dev_task(ind, f"experts.{side}_indicator")
+        return self
+
+    def indicators(self) -> dict[str, str]:
+        """The indicators given, by side ("task", "language"), as written."""
+        given = {"task": self.task_indicator, "language": self.language_indicator}
+        return {side: ind for side, ind in given.items() if ind is not None}
 
 
 class Proxy(StrictModel):
@@ -271,14 +285,12 @@ class SearchExperiment(StrictModel):
             raise ValueError("give either task_experts/language_experts or experts.registry")
         if self.experts is None and not (self.task_experts and self.language_experts):
             raise ValueError("task_experts and language_experts: at least one of each needed")
-        if self.target_task in {p.task for p in self.proxy_list}:
-            raise ValueError(f"target {self.target_task!r} must not be a proxy")
-        for i, p in enumerate(self.proxies or []):
-            if is_world_task(p.task) and task_split(p.task) == "test":
-                raise ValueError(
-                    f"proxies[{i}].task {p.task!r}: a world test split; the search scores dev "
-                    f"splits only (use {dev_task(p.task)})"
-                )
+        # The one dev-only rule (spaces/task_families.py), on all that guides the search.
+        for i, p in enumerate(self.proxy_list):
+            where = f"proxies[{i}].task" if self.proxies is not None else "proxies (the default)"
+            require_dev_task(p.task, where, self.target_task)
+        for side, ind in (self.experts.indicators() if self.experts else {}).items():
+            require_dev_task(ind, f"experts.{side}_indicator", self.target_task)
         if "magnitude" in self.space.weighting and self.base is None:
             raise ValueError("space.weighting magnitude needs `base`")
         return self

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from layerswap.spaces.base import MAX_GEN_TOKS, MAX_TRIALS, BatchSize, Device, StrictModel
 from layerswap.spaces.languages import LANGUAGES, WORLD_LANGUAGES, find_language
-from layerswap.spaces.task_families import family
+from layerswap.spaces.task_families import family, require_dev_task
 
 ExpertKind = Literal["math", "language"]  # what an expert is for (a full/LoRA expert is its format)
 EXPERT_KINDS: tuple[str, ...] = get_args(ExpertKind)
@@ -87,11 +87,13 @@ class SweepConfig(StrictModel):
     """Ranges by dotted path into the experiment (`hyper.lr`, `mode.rank`), each {low, high[,
     log]} or {choices}; giving `params` replaces the default, the ICLR 2025 paper's Table 4."""
     indicators: list[str] | None = Field(None, min_length=1)
-    """lm-eval task names each checkpoint is scored on (None: the expert kind's defaults)."""
+    """lm-eval task names each checkpoint is scored on, validation (dev) splits: never a world
+    test split (None: the expert kind's defaults)."""
     global_mmlu: bool = False
     """Add Global-MMLU to a language expert's default indicators (real models only)."""
     metric: str | None = None
-    """The indicator a trial reports to the searcher (None: the first indicator)."""
+    """The indicator a trial reports to the searcher, a dev split like the indicators (None: the
+    first indicator)."""
     max_concurrent: int = Field(1, ge=1)
     """Trials running at once."""
     checkpoints: Literal["all", "last"] = "all"
@@ -125,6 +127,11 @@ class SweepConfig(StrictModel):
     def _metric_is_indicator(self) -> SweepConfig:
         if not self.params:
             raise ValueError("sweep.params: give at least one hyperparameter to vary")
+        # The one dev-only rule (spaces/task_families.py): no test split tunes or ranks experts.
+        for i, task in enumerate(self.indicators or []):
+            require_dev_task(task, f"sweep.indicators[{i}]")
+        if self.metric is not None:
+            require_dev_task(self.metric, "sweep.metric")
         if self.metric is not None and self.indicators is not None:
             if self.metric not in self.indicators:
                 raise ValueError(

@@ -24,6 +24,8 @@ Split = Literal["dev", "test"]
 # A world task is `{stem}_{language code}` for its test split and that + DEV_SUFFIX for dev.
 DEV_SUFFIX = "_dev"
 WORLD_PREFIX = "world_"
+# The expert registry's indicator columns are `ind__<task>` (experts/registry.py writes them).
+INDICATOR_PREFIX = "ind__"
 
 
 def task_split(task: str) -> Split:
@@ -54,6 +56,58 @@ def task_language(task: str) -> str:
 def is_world_task(task: str) -> bool:
     """Whether a name is an embedded-world task (written by the evaluator over a world folder)."""
     return task.startswith(WORLD_PREFIX)
+
+
+def indicator_task(name: str) -> str:
+    """The task an expert-registry indicator names: a column `ind__<task>` or the task itself."""
+    return name.removeprefix(INDICATOR_PREFIX)
+
+
+def held_out_reason(task: str, target: str | None = None) -> str | None:
+    """Why `task` may not guide a search or an expert sweep, or None when it may.
+
+    The one dev-only rule (DESIGN.md §1: the target test set never guides the search): a world
+    test split (a `world_` name without `_dev`) and the search's own target task are held out.
+    A real lm-eval task has no split in its name (`mgsm_direct_en`, `belebele_swh_Latn`), so
+    only the target itself is refused among those.
+
+    Args:
+        task: a task name, or an indicator column (`ind__<task>`).
+        target: the search's target task (None: no search, e.g. an expert sweep).
+    Returns:
+        a short reason ("the search's target task", "a world test split"), or None.
+    """
+    task = indicator_task(task)
+    if target is not None and task == indicator_task(target):
+        return "the search's target task (held out for promotion's final evaluation)"
+    if is_world_task(task) and task_split(task) == "test":
+        return "a world test split (held out for the final evaluation)"
+    return None
+
+
+def require_dev_task(task: str, where: str, target: str | None = None) -> None:
+    """Refuse a task that may not guide a search (`held_out_reason`).
+
+    Args:
+        task: the value given (a task name or an `ind__<task>` column).
+        where: the field it was given in, e.g. "sweep.metric" or "proxies[0].task".
+        target: the search's target task, when there is one.
+    Raises:
+        ValueError naming the field and the value and what to use instead.
+    """
+    reason = held_out_reason(task, target)
+    if reason is None:
+        return
+    name = indicator_task(task)
+    instead = (
+        f"use its validation split {dev_task(name)!r}"
+        if is_world_task(name)
+        else "use a validation (dev) split of another task"
+    )
+    raise ValueError(
+        f"{where} {task!r}: {reason}; searches and expert sweeps are guided by validation (dev) "
+        f"splits only, {instead}"
+    )
 
 
 class TaskShape(StrictModel):
