@@ -54,6 +54,10 @@ def layer_source(zones: Zones, num_layers: int, layer: int) -> LayerSource:
 
 def layer_map(recipe: LayerSwapRecipe, num_layers: int) -> dict[Component, list[LayerSource]]:
     """Per component, the source of every layer. Validates the boundaries against the depth."""
+    # The layer-level zones too when both components override them: they are unused then, but
+    # they are in the recipe stored with the model (and in its id), so `bottom: 100` on 6
+    # layers must not pass as a valid recipe.
+    check_fits(recipe.zones, num_layers, "recipe")
     out: dict[Component, list[LayerSource]] = {}
     for comp in COMPONENTS:
         spec = recipe.component_zones(comp)

@@ -119,6 +119,9 @@ def test_layer_map_rejects_zones_deeper_than_the_model():
         layer_map(_swap(bottom=1, top=1, mlp={"bottom": 6, "top": 3}), 8)
     with pytest.raises(RecipeError, match="8 layers"):
         layer_map(_swap(partition="B"), 8)
+    # layer-level zones that both components override are unused, but stored with the model
+    with pytest.raises(RecipeError, match=r"recipe: bottom \(100\).*= 150.*6 layers"):
+        layer_map(_swap(bottom=100, top=50, attention="task", mlp={"bottom": 1, "top": 1}), 6)
 
 
 def _cells(pairs):
