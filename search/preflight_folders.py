@@ -18,7 +18,7 @@ from layerswap.search.pool import pool_base, registry_picks, registry_problems
 from layerswap.search.preflight_report import Preflight
 from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.search_experiment import SearchExperiment
-from layerswap.trainables.merge.arch import ARCH_FIELDS, SUPPORTED_MODEL_TYPES
+from layerswap.trainables.merge.arch import SUPPORTED_MODEL_TYPES, arch_differences
 from layerswap.trainables.storage import exists, is_uri
 
 # Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES} and lora.CONFIG: those
@@ -176,7 +176,8 @@ def _check_base_needed(
 def _check_agreement(
     exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
 ) -> None:
-    """Every full checkpoint's ARCH_FIELDS agree with the base's (else the first expert's)."""
+    """Every full checkpoint's config agrees with the base's (else the first expert's) on
+    what the layers compute (trainables.merge.arch.arch_differences)."""
     full = [f for f in experts if f.config is not None]
     ref = base if base is not None and base.config is not None else (full[0] if full else None)
     if ref is None:
@@ -191,11 +192,8 @@ def _check_agreement(
     for f in full:
         if f is ref:
             continue
-        diffs = [
-            f"{k} {f.config.get(k)!r} vs {ref.config.get(k)!r}"
-            for k in ARCH_FIELDS
-            if f.config.get(k) != ref.config.get(k)
-        ]
+        # the merge engine's own comparison (torch-free), so the preflight refuses what it would
+        diffs = [f"{k} {a!r} vs {b!r}" for k, a, b in arch_differences(f.config, ref.config)]
         if diffs:
             out.problems.append(
                 f"experts disagree with {name} {ref.path}: {', '.join(diffs)} ({f.label} {f.path})"

@@ -308,6 +308,48 @@ def merge__recipe_expert_missing(e: Env):
 
 
 @case()
+def merge__recipe_expert_path_typo_taken_for_a_hub_id(e: Env):
+    # `fam6/nope` looks like a Hub id; offline (tests), huggingface_hub's three lines of advice
+    # used to be the whole message, and the folder looked for was never named.
+    r = e.recipe(task_expert="fam6/nope")
+    return ["merge", r, "--out", e.at("m")], [f"fam6/nope: no checkpoint folder at {e.at('fam6/nope')}, and not downloadable"]  # fmt: skip
+
+
+def _edited_copy(e: Env, role: str, **config) -> str:
+    """A copy of the family's `role` expert whose config.json has `config` over it."""
+    dst = Path(e.copy(e.family[role], role))
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(cfg | config))
+    return str(dst)
+
+
+@case()
+def merge__experts_of_different_activations(e: Env):
+    lang = _edited_copy(e, "language", hidden_act="gelu")
+    r = e.recipe(language_expert=lang)
+    return ["merge", r, "--out", e.at("m")], ["config.json field 'hidden_act' is 'silu' in", "but 'gelu' in", lang]  # fmt: skip
+
+
+def _fake_adapter(e: Env, rel: str) -> str:
+    """A folder that is a LoRA adapter by its adapter_config.json (its weights are never read)."""
+    return e.file(f"{rel}/adapter_config.json", json.dumps({"peft_type": "LORA", "r": 2}))[: -len("/adapter_config.json")]  # fmt: skip
+
+
+@case()
+def merge__full_task_expert_with_an_adapter_language_expert(e: Env):
+    lang = _fake_adapter(e, "lora_lang")
+    r = e.recipe(language_expert=lang)
+    return ["merge", r, "--out", e.at("m")], [f"task_expert is a full checkpoint but language_expert is a LoRA adapter ({lang}); both must be one kind"]  # fmt: skip
+
+
+@case()
+def merge__adapter_task_expert_with_a_full_language_expert(e: Env):
+    task = _fake_adapter(e, "lora_task")
+    r = e.recipe(task_expert=task)
+    return ["merge", r, "--out", e.at("m")], [f"language_expert is a full checkpoint but task_expert is a LoRA adapter ({task}); both must be one kind"]  # fmt: skip
+
+
+@case()
 def merge__recipe_not_a_mapping(e: Env):
     r = e.file("recipe.yaml", "- layer_swap\n- bottom: 2\n")
     return ["merge", r, "--out", e.at("m")], [f"{r}: expected a mapping with a `method` key"]

@@ -213,6 +213,24 @@ def test_experts_disagree_with_base(tiny_world, paths, tmp_path):
     )
 
 
+def test_experts_that_compute_differently_disagree_with_base(tiny_world, paths, tmp_path):
+    # The merge engine's comparison: same shapes, another activation and RoPE base (written
+    # the transformers 4 way, which the engine reads as rope_parameters.rope_theta).
+    other = tmp_path / "task_gelu"
+    shutil.copytree(paths["task"], other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    (other / "config.json").write_text(json.dumps(cfg | {"hidden_act": "gelu", "rope_theta": 1e6}))
+    exp = experiment(tiny_world, paths, task_experts=[str(other)])
+    _only(
+        check_search(exp),
+        f"experts disagree with base {paths['base']}",
+        "hidden_act 'gelu' vs 'silu'",
+        "rope_parameters.rope_theta 1000000.0 vs 10000.0",
+        f"(task_experts[0] {other})",
+    )
+
+
 def test_world_folder_missing(tiny_world, paths, tmp_path):
     exp = _with(experiment(tiny_world, paths), world=str(tmp_path / "no_world"))
     report = preflight(exp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerswap.spaces.recipe import Recipe
+from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.merge.engine import (
     DEFAULT_SHARD_BYTES,
     disk_mav_oracle,
@@ -24,9 +25,24 @@ from layerswap.trainables.merge.mergekit_export import mergekit_yaml
 
 
 def is_lora_recipe(recipe: Recipe) -> bool:
-    """Whether `recipe` layer-swaps LoRA adapter experts (its task expert is an adapter folder)."""
-    expert = getattr(recipe, "task_expert", None)
-    return recipe.method == "layer_swap" and isinstance(expert, str) and is_lora_adapter(resolve_ref(expert))  # fmt: skip
+    """Whether `recipe` layer-swaps LoRA adapter experts (both experts adapter folders).
+
+    Raises:
+        CheckpointError when one expert is an adapter and the other a full checkpoint; soups
+        go to the disk engine, which checks their members' kinds.
+    """
+    experts = {f: getattr(recipe, f, None) for f in ("task_expert", "language_expert")}
+    if recipe.method != "layer_swap" or not all(isinstance(e, str) for e in experts.values()):
+        return False
+    paths = {f: resolve_ref(ref) for f, ref in experts.items()}
+    lora = [f for f, path in paths.items() if is_lora_adapter(path)]
+    if len(lora) == 1:
+        full = next(f for f in paths if f not in lora)
+        raise CheckpointError(
+            f"{full} is a full checkpoint but {lora[0]} is a LoRA adapter ({paths[lora[0]]}); "
+            "both must be one kind"
+        )
+    return bool(lora)
 
 
 def merge(

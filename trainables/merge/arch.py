@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "cohere", "cohere2")
 
@@ -89,7 +89,10 @@ def num_layers(config: dict, source: str) -> int:
     return n
 
 
-# Config fields that must agree for two checkpoints to be merged tensor by tensor.
+# Config fields that must agree for two checkpoints to be merged tensor by tensor: the shapes,
+# and everything else that changes what the same tensors compute (activation, norm epsilon, RoPE,
+# attention windows, biases, logit scale). Not compared: dtype, _name_or_path, use_cache,
+# transformers_version, token ids: a fine-tune saved by another transformers may differ there.
 ARCH_FIELDS = (
     "model_type",
     "num_hidden_layers",
@@ -97,6 +100,140 @@ ARCH_FIELDS = (
     "intermediate_size",
     "num_attention_heads",
     "num_key_value_heads",
+    "head_dim",
     "vocab_size",
     "tie_word_embeddings",
+    "hidden_act",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "rope_parameters",  # rope_theta and rope_scaling, in the form transformers 5 loads them
+    "max_position_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "logit_scale",
+    "use_qk_norm",
+    "sliding_window",
+    "layer_types",
 )
+
+# What transformers fills in when config.json leaves a field out (each XConfig class's default):
+# a config saved by transformers 4 (Aya leaves out tie_word_embeddings, Llama 3 mlp_bias) is
+# compared as the model would be built from it. Kept here, not read from transformers, so the
+# search preflight needs no torch; tests/trainables/merge/test_arch_config.py checks it against
+# transformers' classes.
+_COMMON = {"hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 10000.0}
+_QWEN = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "use_sliding_window": False}
+_COHERE = {
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+    "layer_norm_eps": 1e-5,
+    "attention_bias": False,
+    "logit_scale": 0.0625,
+}
+CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": _COMMON
+    | {
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "qwen2": _COMMON | _QWEN | {"sliding_window": 4096, "max_window_layers": 28},
+    "qwen3": _COMMON
+    | _QWEN
+    | {"sliding_window": 4096, "max_window_layers": 28, "head_dim": 128, "attention_bias": False},
+    "mistral": _COMMON
+    | {"max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "sliding_window": 4096},
+    "cohere": _COMMON | _COHERE | {"rope_theta": 500000.0, "use_qk_norm": False},
+    "cohere2": _COMMON | _COHERE | {"sliding_window": 4096, "sliding_window_pattern": 4},
+}
+
+
+def arch_view(config: dict) -> dict[str, Any]:
+    """A config.json's ARCH_FIELDS as transformers would load them: absent fields take the
+    family's default, legacy rope_theta/rope_scaling fold into rope_parameters, derived fields
+    (head_dim, num_key_value_heads, per-layer attention windows) are derived.
+
+    Args:
+        config: the parsed config.json of a full checkpoint.
+    Returns:
+        {field: value} for every field of ARCH_FIELDS (None where the family has no such field).
+    """
+    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), {})
+
+    def get(k: str) -> Any:  # absent: the default; an explicit null stays null, as in transformers
+        return config[k] if k in config else defaults.get(k)
+
+    view = {k: get(k) for k in ARCH_FIELDS}
+    heads, hidden = view["num_attention_heads"], view["hidden_size"]
+    if view["num_key_value_heads"] is None:
+        view["num_key_value_heads"] = heads
+    if (
+        view["head_dim"] is None
+        and isinstance(heads, int)
+        and heads > 0
+        and isinstance(hidden, int)
+    ):
+        view["head_dim"] = hidden // heads
+    view["rope_parameters"] = _rope(config, defaults)
+    view["sliding_window"], view["layer_types"] = _windows(config, get)
+    return view
+
+
+def _rope(config: dict, defaults: dict) -> dict[str, Any]:
+    """rope_parameters as transformers 5 builds it: rope_scaling's keys (`type` read as
+    `rope_type`), then rope_parameters', with rope_theta and rope_type filled in."""
+    p: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(config.get(key), dict):
+            p |= config[key]
+    if "type" in p:
+        p.setdefault("rope_type", p.pop("type"))
+    if "rope_theta" not in p:
+        p["rope_theta"] = config.get("rope_theta", defaults.get("rope_theta"))
+    if "partial_rotary_factor" in config:
+        p.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
+    p.setdefault("rope_type", "default")
+    return p
+
+
+def _windows(config: dict, get) -> tuple[Any, Any]:
+    """(sliding_window, layer_types) as the family's config class derives them: Qwen slides only
+    with use_sliding_window, from layer max_window_layers on; Cohere2 slides 3 layers in 4."""
+    mtype, n = config.get("model_type"), get("num_hidden_layers")
+    window, types = get("sliding_window"), get("layer_types")
+    if mtype in ("qwen2", "qwen3"):
+        window = window if get("use_sliding_window") else None
+        if types is None and isinstance(n, int):
+            first = get("max_window_layers")
+            slides = [
+                window is not None and isinstance(first, int) and i >= first for i in range(n)
+            ]
+            types = [("sliding" if s else "full") + "_attention" for s in slides]
+    elif mtype == "cohere2" and types is None and isinstance(n, int):
+        every = get("sliding_window_pattern")
+        every = every if isinstance(every, int) and every > 0 else 4  # as Cohere2Config reads it
+        types = [("sliding" if (i + 1) % every else "full") + "_attention" for i in range(n)]
+    return window, list(types) if isinstance(types, (list, tuple)) else types
+
+
+def arch_differences(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """Where two full checkpoints' configs disagree on what their layers compute.
+
+    Args:
+        a, b: parsed config.json files.
+    Returns:
+        [(field, value in a, value in b)], in ARCH_FIELDS order; rope_parameters differences
+        are named per key (e.g. `rope_parameters.rope_theta`). Empty: the two can be merged.
+    """
+    va, vb = arch_view(a), arch_view(b)
+    out = []
+    for k in ARCH_FIELDS:
+        x, y = va[k], vb[k]
+        if x == y:
+            continue
+        if k == "rope_parameters":
+            out += [(f"{k}.{s}", x.get(s), y.get(s)) for s in sorted(x.keys() | y.keys()) if x.get(s) != y.get(s)]  # fmt: skip
+        else:
+            out.append((k, x, y))
+    return out

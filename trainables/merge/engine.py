@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.recipe import Recipe, dump_recipe
-from layerswap.trainables.merge.arch import ARCH_FIELDS, check_model_type, num_layers
+from layerswap.trainables.merge.arch import arch_differences, check_model_type, num_layers
 from layerswap.trainables.merge.assembly import build_assembly, primary_ref, recipe_refs
 from layerswap.trainables.merge.checkpoint import (
     FLOAT_TAGS,
@@ -86,9 +86,19 @@ def resolve_ref(ref: str) -> Path:
                     ref, allow_patterns=["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja"]
                 )
             )
-        except Exception as e:  # offline, unknown repo, auth: one clear message
-            raise CheckpointError(f"{ref}: not a local folder and not downloadable ({e})") from None
-    raise CheckpointError(f"{ref}: checkpoint folder not found")
+        except Exception as e:  # offline, unknown repo, auth: one line naming both places looked
+            raise CheckpointError(
+                f"{ref}: no checkpoint folder at {path.absolute()}, and not downloadable as a "
+                f"Hub repository ({_first_line(e)})"
+            ) from None
+    raise CheckpointError(f"{ref}: checkpoint folder not found (no folder at {path.absolute()})")
+
+
+def _first_line(e: Exception) -> str:
+    """`Type: first line` of an exception: huggingface_hub's errors run to several lines of
+    advice after a first line that says why (`Got: ConnectError: ...`, offline mode, 404)."""
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
@@ -106,13 +116,17 @@ def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
     for _ref, ck in ckpts.items():
         if ck is first:
             continue
-        for field in ARCH_FIELDS if not adapter else ():
-            a, b = first.config.get(field), ck.config.get(field)
-            if a != b:
-                raise CheckpointError(
-                    f"different architectures: config.json field {field!r} is {a!r} in "
-                    f"{first.root} but {b!r} in {ck.root}"
-                )
+        if ("peft_type" in ck.config) != adapter:
+            kinds = ("a PEFT adapter", "a full checkpoint")
+            raise CheckpointError(
+                f"{first.root} is {kinds[not adapter]} but {ck.root} is {kinds[adapter]}; all "
+                "checkpoints of a merge must be one kind"
+            )
+        for field, a, b in arch_differences(first.config, ck.config) if not adapter else ():
+            raise CheckpointError(
+                f"different architectures: config.json field {field!r} is {a!r} in "
+                f"{first.root} but {b!r} in {ck.root}"
+            )
         missing = sorted(set(first.tensors) - set(ck.tensors))
         extra = sorted(set(ck.tensors) - set(first.tensors))
         if missing or extra:

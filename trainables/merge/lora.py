@@ -130,8 +130,8 @@ def load_adapter(path: str | Path) -> Adapter:
     root = resolve_ref(str(path))
     if not is_lora_adapter(root):
         raise CheckpointError(
-            f"{root}: not a PEFT LoRA adapter (no {CONFIG} with peft_type LORA); "
-            f"full checkpoints go through merge_to_disk"
+            f"{root}: not a PEFT LoRA adapter (no {CONFIG} with peft_type LORA); a LoRA "
+            f"layer swap needs both experts to be adapters"
         )
     cfg = json.loads((root / CONFIG).read_text())
     _check_config(root, cfg)

@@ -271,10 +271,36 @@ def test_missing_checkpoint_folder(family, tmp_path, nothing_written):
 
 
 def test_hub_id_offline(family, tmp_path, nothing_written, monkeypatch):
+    # A local path with a typo reads as a Hub id: one line naming the folder looked for, and
+    # huggingface_hub's own first line (its advice runs to several more).
     monkeypatch.chdir(tmp_path)
     fields = swap_fields(family, language_expert="no-such-org/no-such-model", bottom=3, top=2)
+    err = _expect_refusal(
+        fields,
+        tmp_path / "out",
+        nothing_written,
+        ValueError,
+        "no-such-org/no-such-model: no checkpoint folder at <tmp>/no-such-org/no-such-model, "
+        "and not downloadable as a Hub repository (",
+    )
+    assert "\n" not in str(err), str(err)
+
+
+def test_an_adapter_beside_a_full_checkpoint(family, tmp_path, nothing_written):
+    from safetensors.torch import save_file
+
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    (lora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    save_file({name: torch.zeros(2, 32)}, lora / "adapter_model.safetensors")
     _expect_refusal(
-        fields, tmp_path / "out", nothing_written, ValueError, "no-such-org/no-such-model"
+        _swap_with_language(family, lora),
+        tmp_path / "out",
+        nothing_written,
+        ValueError,
+        f"{family.paths['task']} is a full checkpoint but ",
+        f"{lora} is a PEFT adapter; all checkpoints of a merge must be one kind",
     )
 
 
