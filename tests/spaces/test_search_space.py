@@ -193,7 +193,7 @@ def test_experiment_config(tmp_path):
     )
     with pytest.raises(ValueError, match="spaace"):
         load_search_experiment(tmp_path / "bad.yaml")
-    with pytest.raises(ValidationError, match="proxies .the default. .*the search's target"):
+    with pytest.raises(ValidationError, match=r"proxies .the default. .*the search's target"):
         SearchExperiment(
             language="xa",
             base="b",
