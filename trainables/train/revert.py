@@ -84,16 +84,27 @@ def freeze_vs_revert(exp: TrainExperiment, workdir: str | Path, run=None) -> dic
     """Run both arms of the comparison for a partial experiment.
 
     Args:
-        exp: a `partial` experiment (its partition and `train` side define both arms).
+        exp: a `partial` experiment without `lora` (its partition and `train` side define
+            both arms).
         workdir: output folder (freeze/, full/, revert/ inside).
         run: training function (default: the plain loop, `run_training`).
     Returns:
         {"freeze": dir, "full": dir, "revert": dir, "val_loss": {"freeze", "revert", "full"}}.
+    Raises:
+        ValueError: before any training, for a mode other than `partial` or one with `lora`.
     """
     run = run or run_training
     workdir = Path(workdir)
     if not isinstance(exp.mode, PartialMode):  # fail before training anything
         raise ValueError(f"mode: train-then-revert needs a partial experiment, got {exp.mode.type!r}")  # fmt: skip
+    if exp.mode.lora is not None:
+        # The train arm is a full-weight run; beside a LoRA freeze arm it would compare full
+        # SFT at the LoRA learning rate with LoRA, not train-then-revert with freeze-then-train.
+        raise ValueError(
+            "mode.lora: train-then-revert compares full-weight arms only; drop mode.lora "
+            "(a LoRA comparison would need LoRA on every module with the frozen side's "
+            "adapters reverted, which is not built)"
+        )
     frozen = run(exp, workdir=workdir / "freeze").final_checkpoint
     full_exp = with_overrides(exp, {"mode": {"type": "full"}, "name": f"{exp.name}-full"})
     full = run(full_exp, workdir=workdir / "full").final_checkpoint

@@ -41,3 +41,13 @@ def test_revert_specs_of_named_partition(tiny_world):
     assert any(s.non_layer for s in specs)
     with pytest.raises(ValueError, match="partial"):
         revert_specs(make_exp(tiny_world, "full"), 12)
+
+
+def test_freeze_vs_revert_refuses_lora_before_training(tiny_world, tmp_path):
+    # Its train arm is a full-weight run: beside a LoRA freeze arm it would compare full SFT
+    # with LoRA, so the comparison is refused before either arm trains.
+    mode = {"type": "partial", "partition": EDGE, "train": "task", "lora": {"rank": 4, "alpha": 8}}
+    trained = []
+    with pytest.raises(ValueError, match=r"mode\.lora"):
+        freeze_vs_revert(make_exp(tiny_world, mode), tmp_path, run=lambda exp, **kw: trained.append(exp))  # fmt: skip
+    assert trained == [] and not any(tmp_path.iterdir())
