@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.train.data import TrainData, collate, derive_seed, local_batch
@@ -81,7 +82,7 @@ def _maybe_fail(exp: TrainExperiment, step: int, rank: int) -> None:
 
 def _next_batch(run: _Run, step: int) -> tuple[int, str, list[dict[str, torch.Tensor]], int]:
     """(stream, active group, this rank's share of the batch as micro-batches on the device,
-    its label tokens). Everything counted here is counted on the host, before the copy: a count
+    its label tokens: `_step_items` sums them over the ranks). Everything counted here is counted on the host, before the copy: a count
     read back from the device would wait for the previous step's GPU work at every step."""
     stream, own, group = run.prep.active(step)
     h = run.exp.hyper
@@ -94,14 +95,34 @@ def _next_batch(run: _Run, step: int) -> tuple[int, str, list[dict[str, torch.Te
     return stream, group, on_device, n_items
 
 
-def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]], n_items: int) -> torch.Tensor:  # fmt: skip
-    """Accumulate gradients over the micro-batches; returns this rank's mean token loss.
+def _step_items(run: _Run, n_items: int, passes: int) -> int | torch.Tensor | None:
+    """HF's `num_items_in_batch` for every micro-batch of this rank's step.
 
-    Each micro-batch's loss is its summed token loss over the label tokens of the WHOLE local
-    batch (`n_items`, HF's `num_items_in_batch`), so the accumulated gradient is the one-pass
-    gradient.
+    One process: None for a single pass (HF's token mean, as before) or the step's label-token
+    count. Several workers: the step's label tokens summed over ALL ranks (one all-reduce of a
+    scalar on the model's device; left there, since reading it back would wait for the previous
+    step's GPU work) divided by the world size, because DDP and FSDP2 average the ranks'
+    gradients: each rank's loss is world x its summed token loss / the global count, and their
+    average is the step's global token mean, however the tokens fall on the ranks.
     """
-    kw = {"num_items_in_batch": n_items} if len(batches) > 1 else {}
+    if run.world == 1:
+        return n_items if passes > 1 else None
+    count = torch.tensor(n_items, dtype=torch.int64, device=run.device)  # exact at any size
+    dist.all_reduce(count, op=dist.ReduceOp.SUM)
+    return count.float() / run.world
+
+
+def _forward_backward(run: _Run, batches: list[dict[str, torch.Tensor]], n_items: int) -> torch.Tensor:  # fmt: skip
+    """Accumulate gradients over the micro-batches; returns this rank's loss for the step.
+
+    Each micro-batch's loss is its summed token loss over the label tokens of the WHOLE step
+    (`_step_items`, HF's `num_items_in_batch`), so the accumulated gradient, once DDP/FSDP has
+    averaged the ranks, is the one-pass gradient of the global batch's token-mean loss, the same
+    for any number of workers. The returned loss is that scaled share: one worker's is the step's
+    token mean, and the mean over ranks (what `_metrics` reports) is the global token mean.
+    """
+    items = _step_items(run, n_items, len(batches))
+    kw = {"num_items_in_batch": items} if items is not None else {}
     total = torch.zeros((), device=run.device)
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1  # DDP reduces gradients over workers once per step
