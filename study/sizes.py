@@ -64,7 +64,7 @@ def run_sizes(shape, exp: TrainExperiment) -> RunSizes:
     per_param = c if c is not None else (trained * m + frozen * f) / max(1, params)
     moments = 2 * trained * m
     sharded = exp.scaling.strategy == "fsdp"
-    saved = policy.master if exp.is_lora else policy.save  # PEFT writes the adapter as it trains
+    saved = policy.saved(exp.is_lora)  # PEFT writes the adapter as it trains
     if exp.is_lora:
         weights, other = trained * m, None
         resume = moments

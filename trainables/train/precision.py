@@ -53,14 +53,19 @@ class Policy:
         """Whether saved weights are coarser than the master weights (resume needs both)."""
         return self.save != self.master
 
-    def describe(self) -> dict:
-        """The policy as the checkpoint manifest records it."""
+    def saved(self, lora: bool) -> torch.dtype:
+        """The dtype a checkpoint's weights are written in: `save` for HF weights; a LoRA
+        adapter's masters' (PEFT writes the adapter as it trains, whatever `save` says)."""
+        return self.master if lora else self.save
+
+    def describe(self, lora: bool = False) -> dict:
+        """The policy as the checkpoint manifest records it (`lora`: the weights are an adapter)."""
         return {
             "policy": self.name,
             "master_dtype": dtype_name(self.master),
             "frozen_dtype": dtype_name(self.frozen),
             "compute_dtype": dtype_name(self.compute or self.master),
-            "checkpoint_dtype": dtype_name(self.save),
+            "checkpoint_dtype": dtype_name(self.saved(lora)),
             "base_dtype": dtype_name(self.base),
         }
 

@@ -142,7 +142,7 @@ def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: 
         "precision": None
         if policy is None
         else {
-            **policy.describe(),
+            **policy.describe(prep.is_lora),
             "master_weights": _masters_at(policy, prep, sharded),
         },
     }

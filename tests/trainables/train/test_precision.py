@@ -96,6 +96,15 @@ def test_fp32_checkpoint_keeps_the_update(bf16_world, tmp_path):
     assert read_manifest(ckpt)["precision"]["master_weights"] is None
 
 
+def test_lora_manifest_names_the_adapters_dtype(bf16_world, tmp_path):
+    # PEFT writes the adapter in its fp32 masters on a bf16 base: the manifest says what was saved.
+    exp = make_exp(bf16_world, {"type": "lora", "rank": 4, "alpha": 8}, hyper=dict(PAPER_HYPER, max_steps=1))  # fmt: skip
+    ckpt = run_training(exp, workdir=tmp_path).final_checkpoint
+    saved = {str(t.dtype).removeprefix("torch.") for t in load_file(ckpt / "adapter_model.safetensors").values()}  # fmt: skip
+    assert saved == {"float32"}
+    assert read_manifest(ckpt)["precision"]["checkpoint_dtype"] == "float32"
+
+
 def test_bf16_pure_warns_at_the_papers_lr(bf16_world, tmp_path):
     exp = make_exp(bf16_world, "full", hyper=dict(PAPER_HYPER, max_steps=1), precision="bf16-pure")
     with pytest.warns(UserWarning, match=r"bf16-pure at lr 1e-07: .* updates vanish"):
