@@ -52,7 +52,11 @@ class Hyper(StrictModel):
     max_steps: int | None = Field(None, gt=0, le=MAX_STEPS)
     """Optimizer steps to train; give this or `epochs`."""
     epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS)
-    """Passes over the training data (may be fractional); give this or `max_steps`."""
+    """Passes over the training data (may be fractional); give this or `max_steps`.
+    Simultaneous mode counts passes over both datasets together while they alternate batch by
+    batch, so each sees (n0 + n1) / 2 rows an epoch: a smaller dataset gets more passes, a
+    larger one fewer (training prints them; the manifest records `passes`). Equalise their
+    sizes with the datasets' `limit` for `epochs` passes of each."""
     seq_len: int = Field(1024, gt=1, le=MAX_SEQ_LEN)
     """Longest training sample in tokens; longer ones are truncated."""
     seed: int = 0

@@ -227,11 +227,47 @@ def stream_step(step: int, n_streams: int, k: int) -> tuple[int, int]:
 
 
 def total_steps(exp: TrainExperiment, data: TrainData) -> int:
+    """Optimizer steps of the run: `hyper.max_steps`, or `hyper.epochs` passes over all the
+    training rows (simultaneous: over both streams together, so each stream, taking every
+    other batch, sees (n0 + n1) / 2 rows an epoch whatever its size: `stream_passes`)."""
     h = exp.hyper
     if h.max_steps is not None:
         return h.max_steps
     n = sum(len(s) for s in data.streams)
     return max(1, -(-int(h.epochs * n) // h.batch_size))  # type: ignore[operator]
+
+
+def stream_passes(exp: TrainExperiment, data: TrainData, steps: int) -> list[float]:
+    """Per dataset, the passes over its training rows that `steps` global steps make.
+
+    Simultaneous: each stream's own steps (they take turns every `k`) times the batch, over
+    its rows; mix: the union's passes, the same for each dataset; else the one stream's.
+    """
+    bs = exp.hyper.batch_size
+    if exp.mode.type == "mix":
+        return [steps * bs / len(data.streams[0])] * len(data.info)
+    n, k = len(data.streams), getattr(exp.mode, "k", 1)
+    cycles, rem = divmod(steps, n * k)
+    own = [cycles * k + min(max(rem - i * k, 0), k) for i in range(n)]
+    return [o * bs / len(s) for o, s in zip(own, data.streams, strict=True)]
+
+
+def passes_note(exp: TrainExperiment, data: TrainData, total: int) -> str | None:
+    """One line naming each stream's size and its passes when simultaneous streams differ in
+    size (`hyper.epochs` then gives them different passes: the streams alternate batch by
+    batch), else None."""
+    sizes = [len(s) for s in data.streams]
+    if len(sizes) < 2 or len(set(sizes)) == 1:
+        return None
+    passes = stream_passes(exp, data, total)
+    parts = ", ".join(
+        f"datasets[{i}] ({exp.datasets[i].label}) {n} rows: {passes[i]:.2f} passes"
+        for i, n in enumerate(sizes)
+    )
+    return (
+        f"layerswap: simultaneous streams of unequal size alternate batch by batch over {total} "
+        f"steps: {parts} (equalise them with the datasets' `limit` for equal passes)"
+    )
 
 
 def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:

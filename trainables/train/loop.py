@@ -25,7 +25,7 @@ from layerswap.trainables.train.checkpoint_step import (
     _validate,
     checkpoint_due,
 )
-from layerswap.trainables.train.data import build_data, total_steps
+from layerswap.trainables.train.data import build_data, passes_note, total_steps
 from layerswap.trainables.train.precision import resolve_precision
 from layerswap.trainables.train.run_setup import (
     _adamw,
@@ -124,6 +124,9 @@ def run_training(
     policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
     data = build_data(exp, tok)
     total = total_steps(exp, data)
+    note = passes_note(exp, data, total)
+    if note is not None and rank == 0:
+        print(note, flush=True)
     strategy = pick(exp, world)
     prep = _prepare_model(model, exp, device, policy, strategy)
     _check_accumulation(prep.model, exp)

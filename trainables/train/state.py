@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from layerswap.spaces.train_experiment import TrainExperiment, experiment_json
 from layerswap.trainables.atomic import atomic_dir
 from layerswap.trainables.merge.checkpoint import Checkpoint, read_header
+from layerswap.trainables.train.data import stream_passes
 from layerswap.trainables.train.precision import dtype_name
 
 if TYPE_CHECKING:  # annotations only: state.py is imported by both
@@ -129,6 +130,7 @@ def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: 
         "step": step,
         "samples": samples,
         "epoch": samples / n_train,
+        "passes": stream_passes(exp, data, step),  # per dataset: simultaneous streams differ
         "seed": exp.hyper.seed,
         "world_size": world,
         "hparams": exp.hyper.model_dump(mode="json"),
