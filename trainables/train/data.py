@@ -1,8 +1,9 @@
 """SFT data for the trainer: load, encode through the chat template, split, order, batch.
 
 Loss is on response tokens only (prompt tokens are labelled -100). The order of examples is a
-pure function of (seed, stream, epoch), and which examples a step sees a pure function of the
-step, so a resumed run sees exactly the batches an uninterrupted one would.
+pure function of (seed, stream, epoch, batch size), and which examples a step sees a pure
+function of the step, so a resumed run sees exactly the batches an uninterrupted one would; a
+batch holds distinct rows, also across an epoch boundary (`Stream`).
 """
 
 from __future__ import annotations
@@ -161,23 +162,57 @@ def derive_seed(*parts: object) -> int:
 
 @dataclass
 class Stream:
-    """The training examples of one stream, visited in seeded per-epoch permutations."""
+    """The training examples of one stream, visited in seeded per-epoch permutations.
+
+    A batch of `batch_size` rows that crosses an epoch boundary holds distinct rows: the new
+    epoch's order moves the rows the old epoch's tail already put in that batch just past it
+    (each epoch still visits every row once; orders without such a clash are the plain seeded
+    permutations). So an epoch's order depends on the one before, computed forward from epoch
+    0 and cached: still a pure function of (seed, stream, epoch, batch_size).
+    """
 
     examples: list[Encoded]
     seed: int
     index: int
+    batch_size: int = 1
     _perms: dict[int, list[int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.examples)
 
+    def _raw(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(derive_seed(self.seed, self.index, epoch))
+        return torch.randperm(len(self.examples), generator=g).tolist()
+
+    def _next(self, epoch: int, prev: list[int]) -> list[int]:
+        """Epoch `epoch`'s order given the previous epoch's (`prev`)."""
+        n, bs = len(self.examples), self.batch_size
+        raw = self._raw(epoch)
+        tail = (epoch * n) % bs  # rows of the previous epoch in the batch crossing into this one
+        if tail == 0 or n < bs:  # no crossing batch (or too few rows to fill one distinctly)
+            return raw
+        taken = set(prev[n - tail :])
+        head = [r for r in raw if r not in taken][: bs - tail]
+        first = set(head)
+        return head + [r for r in raw if r not in first]
+
+    def perm(self, epoch: int) -> list[int]:
+        """The order of the stream's rows in `epoch` (cached: the newest two epochs)."""
+        if epoch not in self._perms:
+            known = [e for e in self._perms if e < epoch]
+            e = max(known) if known else 0
+            order = self._perms[e] if known else self._raw(0)
+            prev = self._perms.get(epoch - 1)
+            while e < epoch:
+                e, prev = e + 1, order
+                order = self._next(e, order)
+            self._perms = {epoch: order} if prev is None else {epoch - 1: prev, epoch: order}
+        return self._perms[epoch]
+
     def at(self, sample: int) -> Encoded:
         """The `sample`-th example this stream ever yields (epoch = sample // len)."""
         epoch, pos = divmod(sample, len(self.examples))
-        if epoch not in self._perms:
-            g = torch.Generator().manual_seed(derive_seed(self.seed, self.index, epoch))
-            self._perms = {epoch: torch.randperm(len(self.examples), generator=g).tolist()}
-        return self.examples[self._perms[epoch][pos]]
+        return self.examples[self.perm(epoch)[pos]]
 
 
 @dataclass
@@ -211,9 +246,9 @@ def build_data(exp: TrainExperiment, tok) -> TrainData:
         train.append([enc[j] for j in sorted(order[n_val:])])
         info[i] |= {"n_train": len(train[-1]), "n_val": n_val}
     if exp.mode.type == "mix":
-        streams = [Stream(train[0] + train[1], h.seed, 0)]
+        streams = [Stream(train[0] + train[1], h.seed, 0, h.batch_size)]
     else:
-        streams = [Stream(t, h.seed, i) for i, t in enumerate(train)]
+        streams = [Stream(t, h.seed, i, h.batch_size) for i, t in enumerate(train)]
     return TrainData(streams, val, info)
 
 
