@@ -15,6 +15,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from train_helpers import EDGE, ddp_worker, make_exp
 
+from layerswap.trainables.train import run_training
+
 pytestmark = pytest.mark.slow
 
 HYPER = {"max_steps": 6, "batch_size": 8, "micro_batch_size": 2, "lr": 1e-3}
@@ -119,6 +121,24 @@ def test_fsdp_takes_the_steps_ddp_takes(runs, pair):
     assert set(a) == set(b)
     for name in a:
         assert torch.allclose(a[name], b[name], rtol=0, atol=1e-5), name
+
+
+@pytest.mark.parametrize("mode", ["full", "simultaneous"])
+def test_two_workers_take_the_one_worker_steps(tiny_world, tmp_path, runs, mode):
+    """The same global batch gives the same steps on 1 and 2 workers, under ddp and fsdp, with
+    micro-batches: every rank's loss is over the step's label tokens on ALL ranks (the ranks'
+    shares of a batch hold different numbers of them)."""
+    cfg = "full" if mode == "full" else SIMULTANEOUS
+    exp = make_exp(tiny_world, cfg, hyper=HYPER, checkpoint_every_samples=24, precision="fp32")
+    seen: list[dict] = []
+    one = run_training(exp, workdir=tmp_path, report=lambda m, p: seen.append(m))
+    a = load_file(one.final_checkpoint / "model.safetensors")
+    for two in (runs["ddp"], runs["fsdp"]) if mode == "full" else (runs["sim_ddp"], runs["sim_fsdp"]):  # fmt: skip
+        assert [r["loss"] for r in two["reports"]] == pytest.approx(one.losses, rel=1e-5)
+        assert [r["grad_norm"] for r in two["reports"]] == pytest.approx([r["grad_norm"] for r in seen], rel=1e-5)  # fmt: skip
+        b = load_file(f"{two['final']}/model.safetensors")
+        for name in a:
+            assert torch.allclose(a[name], b[name], rtol=0, atol=1e-5), name
 
 
 def test_consolidated_checkpoint_loads_and_equals_the_sharded_state(runs):
