@@ -53,7 +53,9 @@ class TrainResult:
     final_checkpoint: Path | None  # rank 0 only
     step: int
     samples: int
-    losses: list[float] = field(default_factory=list)  # this rank's per-step train losses
+    # this rank's per-step train losses: one worker's is the step's token mean; with several,
+    # each rank's share scaled by the world size, whose mean over ranks is (train_step.py)
+    losses: list[float] = field(default_factory=list)
     checkpoints: list[Path] = field(default_factory=list)  # rank 0 only
 
 
