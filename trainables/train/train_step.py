@@ -107,7 +107,9 @@ def _step_items(run: _Run, n_items: int, passes: int) -> int | torch.Tensor | No
     """
     if run.world == 1:
         return n_items if passes > 1 else None
-    count = torch.tensor(n_items, dtype=torch.int64, device=run.device)  # exact at any size
+    # int64: exact at any size; non_blocking, as the batches: a blocking copy to a GPU would
+    # wait for the work queued before it
+    count = torch.tensor(n_items, dtype=torch.int64).to(run.device, non_blocking=True)
     dist.all_reduce(count, op=dist.ReduceOp.SUM)
     return count.float() / run.world
 
