@@ -82,8 +82,9 @@ def _maybe_fail(exp: TrainExperiment, step: int, rank: int) -> None:
 
 def _next_batch(run: _Run, step: int) -> tuple[int, str, list[dict[str, torch.Tensor]], int]:
     """(stream, active group, this rank's share of the batch as micro-batches on the device,
-    its label tokens: `_step_items` sums them over the ranks). Everything counted here is counted on the host, before the copy: a count
-    read back from the device would wait for the previous step's GPU work at every step."""
+    its label tokens: `_step_items` sums them over the ranks). Everything counted here is
+    counted on the host, before the copy: a count read back from the device would wait for the
+    previous step's GPU work at every step."""
     stream, own, group = run.prep.active(step)
     h = run.exp.hyper
     rows = local_batch(run.data.streams[stream], own, h.batch_size, run.rank, run.world)
