@@ -107,8 +107,10 @@ def init_ray(*, verbose: bool = False, **kwargs) -> None:
     shuts Ray down in order. Measured before, with them in the driver's group: Ray's processes
     died with the driver's signal and the driver either exited 1 within 0.3 s with no line
     (its core worker ending itself) or sat in Ray's client of the dead GCS until the CLI's 25 s
-    watchdog ended it without cleaning up (5 of 5 runs of the group-SIGTERM test). They still
-    end with the driver: Ray starts them with PR_SET_PDEATHSIG on Linux.
+    watchdog ended it without cleaning up (5 of 5 runs of the group-SIGTERM test). The GCS and
+    raylet still end with the driver (Ray starts them with PR_SET_PDEATHSIG on Linux), and the
+    workers with the raylet; the raylet's dashboard and runtime-env agents, which a group
+    SIGKILL used to reach, end ~60 s later (measured), as after a SIGKILL of the driver alone.
 
     Every Ray process of the job gets `worker_env()` (the caller's own runtime_env env_vars
     win where both name a variable).
