@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from layerswap.spaces.search_experiment import Proxy
+from layerswap.spaces.task_families import INDICATOR_PREFIX as IND
 from layerswap.spaces.task_families import (
     WORLD_PREFIX,
     find_family,
@@ -22,8 +23,6 @@ from layerswap.spaces.task_families import (
     task_split,
 )
 from layerswap.trainables.atomic import read_parquet
-
-IND = "ind__"  # the expert registry's indicator columns: ind__<task>
 
 REGISTRY = Path("experts/registry.parquet")
 TRIALS = Path("search/trials.parquet")

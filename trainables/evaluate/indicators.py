@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from layerswap.spaces.task_families import INDICATOR_PREFIX as IND
 from layerswap.spaces.task_families import is_world_task
 from layerswap.trainables.evaluate.harness import (
     BatchSize,
@@ -31,7 +32,7 @@ from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
 from layerswap.trainables.merge.lora import is_lora_adapter
 
 Backend = Literal["proxy", "lm_eval"]
-IND, N_ITEMS = "ind__", "n_items__"  # registry column prefixes (experts/registry.py)
+N_ITEMS = "n_items__"  # registry column prefix (experts/registry.py); IND: task_families'
 
 
 @dataclass(frozen=True)
