@@ -156,9 +156,15 @@ def run_training(
         step_log=Path(exp.debug.step_log) if exp.debug.step_log and rank == 0 else None,
         t0=time.time(),
     )
-    result = TrainResult(None, start, start * h.batch_size)
+    return _train_steps(run, report)
+
+
+def _train_steps(run: _Run, report) -> TrainResult:
+    """Steps run.start..run.total: log, checkpoint and report as the experiment asks."""
+    exp, h, rank = run.exp, run.exp.hyper, run.rank
+    result = TrainResult(None, run.start, run.start * h.batch_size)
     run.net.train()
-    for step in range(start, total):
+    for step in range(run.start, run.total):
         _maybe_fail(exp, step, rank)
         out = _train_step(run, step)
         result.losses.append(out.loss.item())
@@ -167,7 +173,7 @@ def run_training(
         _append_step_log(run, done, out.group)
         if exp.debug.step_delay_s:
             time.sleep(exp.debug.step_delay_s)
-        ckpt_due = checkpoint_due(exp, done, samples, total)
+        ckpt_due = checkpoint_due(exp, done, samples, run.total)
         if not (ckpt_due or done % h.log_every == 0):
             continue
         metrics = _metrics(run, out, done, samples, ckpt_due) | _progress(run, samples)
