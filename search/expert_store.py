@@ -1,24 +1,27 @@
 """One copy of the experts per Ray node, shared by every trial process on it (Ray's object store).
 
-A trial asks `node_loader(key, base)` for a loader (trainables.merge.live.Loader). The first ask
-on a node starts a small actor pinned to that node; it reads each checkpoint once (LoRA adapters
+The driver starts the search's owner actor (`start_stores`); a trial asks `node_loader(key)` for
+a loader (trainables.merge.live.Loader), and the first ask on a node has the owner start a small
+actor pinned to that node; it reads each checkpoint once (LoRA adapters
 folded into the base), packs it into one byte buffer and puts it into the node's shared-memory
 object store. Every trial process on the node then maps that same buffer (zero copy: numpy
 arrays come out of Ray's store as views) and reads its tensors from it. The driver picks the
-policy (`choose_store`) and ends the actors (`stop_stores`). Used by search/tune_trial.py.
+policy (`choose_store`) and ends the actors (`stop_stores`); a driver that is killed takes them
+with it. Used by search/tune_trial.py.
 """
 
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.live import ExpertCache, Loader
+from layerswap.trainables.storage import file_sizes
 
 PREFIX = "layerswap-experts"
 NAMESPACE = "layerswap"  # named actors live here, whatever namespace the driver's job has
@@ -76,31 +79,82 @@ class _NodeStore:
         return list(self.loaded)
 
 
-def store_name(key: str, node_id: str) -> str:
-    return f"{PREFIX}-{key}-{node_id[:16]}"
+@ray.remote(num_cpus=0, max_concurrency=1)
+class _Stores:
+    """Starts and owns the node stores of one search. The driver starts it as an ordinary
+    (non-detached) actor, so it and every store it started end with the driver's job however
+    the driver ends (Ray's fate sharing: an actor dies with its owner). Detached stores started
+    by trials outlived a killed driver, held their experts' memory until `ray down`, and served
+    a later run the old weights (a red-team reproduced it)."""
+
+    def __init__(self, key: str, base: str | None):
+        self.key, self.base = key, base
+        self.stores: dict[str, tuple[ray.actor.ActorHandle, int]] = {}  # node -> (store, renewals)
+
+    def store(self, node_id: str, dead: int | None = None) -> list:
+        """[this node's store, its generation]; `dead`: the generation a trial found dead."""
+        gen = self.stores[node_id][1] if node_id in self.stores else -1
+        if gen < 0 or dead == gen:  # the first ask here, or the store died (e.g. OOM-killed)
+            gen += 1
+            name = store_name(self.key, node_id, gen)
+            actor = _NodeStore.options(
+                name=name,
+                namespace=NAMESPACE,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(self.base)
+            self.stores[node_id] = (actor, gen)
+        return list(self.stores[node_id])  # a list: Ray hands the handle over as it is
+
+    def stop(self) -> int:
+        for actor, _ in self.stores.values():
+            ray.kill(actor)
+        return len(self.stores)
 
 
-def node_store(key: str, base: str | None):
-    """This node's store actor for search `key`, started on first use."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+def store_name(key: str, node_id: str, generation: int = 0) -> str:
+    """A node store's actor name (ends in the node id, which tests and `ray list actors` show)."""
+    again = f"-r{generation}" if generation else ""
+    return f"{PREFIX}-{key}{again}-{node_id[:16]}"
 
+
+def stores_name(key: str) -> str:
+    return f"{PREFIX}-{key}"
+
+
+def start_stores(key: str, base: str | None):
+    """Start the owner of search `key`'s node stores on the driver's node. Call it from the
+    driver and keep the handle until `stop_stores(key)`; trials find it by name.
+
+    Args:
+        key: names this search's stores; unique per run (search.py adds a nonce), so no later
+            run can meet a store of an earlier one.
+        base: the base model folder a LoRA expert folds into (None: no LoRA experts).
+    Returns:
+        the owner actor's handle.
+    """
     node = ray.get_runtime_context().get_node_id()
-    return _NodeStore.options(
-        name=store_name(key, node),
+    return _Stores.options(
+        name=stores_name(key),
         namespace=NAMESPACE,
-        get_if_exists=True,
-        lifetime="detached",  # outlives the trial process that happened to start it
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-    ).remote(base)
+    ).remote(key, base)
 
 
-def node_loader(key: str, base: str | None) -> Loader:
-    """A loader reading the experts from this node's store (see module docstring)."""
-    actor = node_store(key, base)
+def node_loader(key: str) -> Loader:
+    """A loader reading the experts from this node's store (see module docstring); the store
+    is started by search `key`'s owner actor (`start_stores`) on first use."""
+    owner = ray.get_actor(stores_name(key), namespace=NAMESPACE)
+    node = ray.get_runtime_context().get_node_id()
+    actor, gen = ray.get(owner.store.remote(node))
     held: list = []  # the object refs this process maps
 
     def load(ref: str):
-        [obj] = ray.get(actor.get.remote(ref))
+        nonlocal actor, gen
+        try:
+            [obj] = ray.get(actor.get.remote(ref))
+        except ray.exceptions.RayActorError:  # the store died: the owner starts another once
+            actor, gen = ray.get(owner.store.remote(node, dead=gen))
+            [obj] = ray.get(actor.get.remote(ref))
         index, buf, bad = ray.get(obj)
         held.append(obj)
         return unpack(index, buf), set(bad)
@@ -109,12 +163,17 @@ def node_loader(key: str, base: str | None) -> Loader:
 
 
 def stop_stores(key: str) -> int:
-    """End every node's store of search `key` (their shared copies go with them)."""
-    n = 0
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"{PREFIX}-{key}-"):
-            ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE))
-            n += 1
+    """End search `key`'s node stores and their owner (their shared copies go with them).
+
+    Returns:
+        how many node stores there were.
+    """
+    try:
+        owner = ray.get_actor(stores_name(key), namespace=NAMESPACE)
+    except ValueError:  # never started, or already gone with its driver
+        return 0
+    n = ray.get(owner.stop.remote())
+    ray.kill(owner)
     return n
 
 
@@ -123,8 +182,11 @@ def expert_bytes(pool: ExpertPool) -> int:
     # lazy: torch (~3 s); the preflight sizes the experts without it
     from layerswap.trainables.merge.lora import is_lora_adapter
 
-    def size(path: str | None) -> int:
-        return sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if path else 0
+    def size(path: str | None) -> int:  # a checkpoint's top-level weights, local or a URI
+        if not path:
+            return 0
+        files = file_sizes(path).items()
+        return sum(n for rel, n in files if "/" not in rel and rel.endswith(".safetensors"))
 
     refs = [pool.base, *(r.path for r in (*pool.task, *pool.language))]
     base = size(pool.base)

@@ -10,13 +10,14 @@ import hashlib
 import json
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 import ray
 
-from layerswap.search.expert_store import choose_store, stop_stores
+from layerswap.search.expert_store import choose_store, start_stores, stop_stores
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
@@ -266,7 +267,8 @@ def _run_tuner(
         init_ray(verbose=verbose, **_RAY_INIT)
     limit, resources = _trial_resources(exp, ray.cluster_resources())
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
-    key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}"
+    # A fresh key per run: no store of an earlier run of this folder can serve this one.
+    key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}-{uuid.uuid4().hex[:8]}"  # fmt: skip
     spec = dataclasses.replace(spec, expert_store=store, store_key=key)
     if exp.search.reproducible:
         searcher.plan_batches(limit, remaining)
@@ -274,6 +276,7 @@ def _run_tuner(
         order = "in batches told in trial order" if exp.search.reproducible else "asynchronously"
         print(f"search: {limit} trial(s) at once ({order}), each {resources}; expert store {store} ({why})")  # fmt: skip
     trainable = tune.with_resources(tune.with_parameters(merge_trial, spec=spec), resources)
+    owner = start_stores(key, searcher.pool.base) if store == "node" else None
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -292,7 +295,7 @@ def _run_tuner(
     try:
         grid = tuner.fit()
     finally:
-        if store == "node":
+        if owner is not None:
             stop_stores(key)
     if searcher.waiting is not None:  # asked but never run (the budget ran out first)
         searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)

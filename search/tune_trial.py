@@ -73,7 +73,7 @@ def runner_for(spec: TrialSpec) -> TrialRunner:
         device, _ = trial_device(exp.search.gpus_per_trial)
         loader = None
         if spec.expert_store == "node":
-            loader = node_loader(spec.store_key, pool.base)
+            loader = node_loader(spec.store_key)
         _RUNNERS[spec.key] = TrialRunner(
             exp, pool, list(spec.include_path), device=device, loader=loader
         )

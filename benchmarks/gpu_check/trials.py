@@ -273,7 +273,7 @@ def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> lis
     shapes = "; ".join(f"{p.task}: {t.items} items of {t.prompt_tokens:g} + {k} x {t.shot_tokens:g} tokens" for p, (t, k) in zip(shipped.proxy_list, tasks, strict=True))  # fmt: skip
     notes = [
         f"Checkpoints made in {m['made_s']:.1f} s ({full} layers). The shipped `expert_store: node` "
-        "(search/expert_store.node_loader) needs Ray (a detached actor, the object store), which this stage does not "
+        "(search/expert_store.node_loader) needs Ray (its actors, the object store), which this stage does not "
         "start: the experts come from an in-memory loader, host tensors like the store's shared-memory views.",
         f"Shipped config: limit {pe.limit}, max_gen_toks {pe.max_gen_toks}, screen {fid.screen}; scaled by "
         f"study.estimate.eval_cost with the plan's task shapes ({shapes}; ceil(items / {batch}) batches, each "

@@ -99,7 +99,13 @@ def _mapping(pid: int, addr: int) -> tuple[str, str]:
 def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
     import ray
 
-    from layerswap.search.expert_store import NAMESPACE, node_loader, stop_stores, store_name
+    from layerswap.search.expert_store import (
+        NAMESPACE,
+        node_loader,
+        start_stores,
+        stop_stores,
+        store_name,
+    )
     from layerswap.trainables.merge.live import ExpertCache
 
     _, paths = world_and_experts
@@ -109,7 +115,7 @@ def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
         def load(self, refs):
             import os
 
-            load = node_loader("t1", str(paths["base"]))
+            load = node_loader("t1")
             self.states = {r: load(r)[0] for r in refs}
             return os.getpid(), {r: next(iter(s.values())).data_ptr() for r, s in self.states.items()}  # fmt: skip
 
@@ -117,6 +123,7 @@ def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
             return {r: [float(t.double().sum()) for t in s.values()] for r, s in self.states.items()}  # fmt: skip
 
     refs = [str(paths["base"]), str(paths["task"])]
+    owner = start_stores("t1", str(paths["base"]))
     trials = [Trial.remote(), Trial.remote()]
     seen = ray.get([t.load.remote(refs) for t in trials])
     assert seen[0][0] != seen[1][0]  # two processes
@@ -131,6 +138,7 @@ def test_two_trial_processes_share_one_load(world_and_experts, fake_gpu_ray):
     want = {r: [float(t.double().sum()) for t in local.get(r).values()] for r in refs}
     assert ray.get(trials[0].sums.remote()) == want
     assert stop_stores("t1") == 1
+    del owner
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]  # fmt: skip
 
 
@@ -169,3 +177,25 @@ def test_search_places_trials_by_gpu_and_runs_on_cpu_without_cuda(world_and_expe
         assert r["t_move_s"] == 0.0  # on the CPU nothing is copied
     # The per-node stores end with the search.
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]  # fmt: skip
+
+
+def test_expert_bytes_counts_uris_like_local_folders(world_and_experts):
+    """Experts given as URIs are sized from the store's listing: counted as 0 bytes, `auto`
+    chose the node store however large they were (a red-team reproduced it)."""
+    from layerswap.search.expert_store import expert_bytes
+
+    _, paths = world_and_experts
+
+    def pool(uri: bool) -> ExpertPool:
+        at = {k: (Path(v).resolve().as_uri() if uri else str(v)) for k, v in paths.items()}
+        return ExpertPool(
+            base=at["base"],
+            task=[ExpertRef(path=at["task"])],
+            language=[ExpertRef(path=at["language"])],
+        )
+
+    local = expert_bytes(pool(uri=False))
+    roles = ("base", "task", "language")
+    want = sum(f.stat().st_size for k in roles for f in Path(paths[k]).glob("*.safetensors"))
+    assert local == want > 0
+    assert expert_bytes(pool(uri=True)) == local
