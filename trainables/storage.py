@@ -172,6 +172,22 @@ def list_files(path: str | os.PathLike) -> list[str]:
     return [join(path, rel) for rel in sorted(_listing(str(path)))]
 
 
+def file_sizes(path: str | os.PathLike) -> dict[str, int]:
+    """Bytes of every file under a folder (recursively), by path relative to it.
+
+    Args:
+        path: a local folder or a URI (a single object lists itself).
+    Returns:
+        relative path -> size in bytes.
+    Raises:
+        FileNotFoundError naming `path` when there is no such folder.
+    """
+    listing = _listing(str(path))
+    if not is_uri(path):
+        return {rel: p.stat().st_size for rel, p in listing.items()}
+    return {rel: int(info.size) for rel, info in listing.items()}
+
+
 def list_dirs(path: str | os.PathLike) -> list[str]:
     """The immediate subfolders of a folder, as paths or URIs like `path`, sorted.
 
