@@ -231,6 +231,9 @@ def _take(path: Path, out: Path) -> int:
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+        # On a shared file system (EFS/NFS) other nodes read the owner record to check they
+        # see this RUN (node_paths); unsynced, a node could read the truncated, empty file.
+        os.fsync(fd)
     except BaseException:
         os.close(fd)
         raise
