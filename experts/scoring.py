@@ -31,12 +31,22 @@ def scoring_resources(setup: SweepSetup) -> dict | None:
     return None
 
 
+# Ray's resource of the head node (ray/_common/constants.HEAD_NODE_RESOURCE_NAME; Ray Train's
+# own state actor pins itself with it). tests/experts/test_sweep_scoring.py pins the name.
+HEAD_NODE = "node:__internal_head__"
+
+
 def trial_resources(setup: SweepSetup) -> dict[str, float]:
-    """What a sweep trial reserves: its CPUs (a token share when it only drives a nested
-    TorchTrainer, whose workers reserve their own), and the GPU an in-trial GPU run trains on."""
-    in_trial = setup.executor == "in_trial"
-    res = {"cpu": setup.sweep.cpus_per_trial if in_trial else 0.01}
-    if in_trial and setup.experiment["scaling"]["use_gpu"]:
+    """What a sweep trial reserves: its CPUs and the GPU an in-trial GPU run trains on; a trial
+    that only drives a nested TorchTrainer (whose workers reserve their own) reserves no CPU
+    and runs on the head node. There Ray Train's controller, which Ray puts on the node of the
+    process that starts it, outlives a lost worker node and restarts the run from its last
+    checkpoint; on a GPU node that was lost, the trial failed with no retry (a red-team
+    reproduced it: Tune had placed every trial on the GPU node)."""
+    if setup.executor != "in_trial":
+        return {"cpu": 0, HEAD_NODE: 0.001}
+    res = {"cpu": setup.sweep.cpus_per_trial}
+    if setup.experiment["scaling"]["use_gpu"]:
         res["gpu"] = 1
     return res
 

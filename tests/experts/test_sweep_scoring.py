@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from layerswap.experts.scoring import (
+    HEAD_NODE,
     score_backing_off,
     score_reserved,
     scoring_resources,
@@ -36,7 +37,8 @@ def _setup(use_gpu: bool, executor: str, **sweep) -> SweepSetup:
 def test_who_reserves_the_gpu():
     gpu_nested = _setup(True, "ray_train")
     assert scoring_resources(gpu_nested) == {"num_gpus": 1, "num_cpus": 1.0}
-    assert trial_resources(gpu_nested) == {"cpu": 0.01}  # the TorchTrainer's workers hold GPUs
+    # The TorchTrainer's workers hold the GPUs; the trial driving it stays on the head node.
+    assert trial_resources(gpu_nested) == {"cpu": 0, HEAD_NODE: 0.001}
     assert scoring_resources(_setup(True, "ray_train", device="cpu")) is None  # asked for CPU
     assert scoring_resources(_setup(False, "in_trial")) is None
     assert trial_resources(_setup(False, "in_trial", cpus_per_trial=2)) == {"cpu": 2.0}
@@ -85,3 +87,12 @@ def test_a_gpu_sweep_scores_in_a_task_holding_a_gpu_of_its_own(one_fake_gpu):
     assert row["gpu_ids"] == ["0"] and row["pid"] != os.getpid()
     (row,) = score_reserved(_reporter(), _setup(False, "in_trial"), [], "t1", {})
     assert row["gpu_ids"] == [] and row["pid"] == os.getpid()  # a CPU sweep scores in place
+
+
+def test_head_node_resource_is_rays():
+    """HEAD_NODE mirrors a private Ray constant (pinned Ray version): fail loudly if it moves."""
+    import ray
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+
+    assert ray.__version__ == "2.60.0", "re-check HEAD_NODE against this Ray, then move the pin"
+    assert HEAD_NODE == HEAD_NODE_RESOURCE_NAME
