@@ -14,6 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 for p in (ROOT, ROOT / "benchmarks"):  # layerswap from the tree; shapes.py
@@ -39,6 +40,8 @@ class Context:
         gpu_name: torch.cuda.get_device_name(), or a CPU description.
         peak_flops: the GPU's dense bf16 peak (figures.gpu_spec), None when unknown or on CPU.
         bandwidth: the GPU's memory bytes/s, likewise.
+        assumed: the spaces/throughput.yaml Profile whose figures the report sets beside the
+            measured ones (the GPU's own: throughput.assumed_profile); None when there is none.
     """
 
     out: Path
@@ -49,6 +52,7 @@ class Context:
     gpu_name: str
     peak_flops: float | None = None
     bandwidth: float | None = None
+    assumed: Any = None
     notes: list[str] = field(default_factory=list)
 
     @property

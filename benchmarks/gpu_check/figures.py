@@ -53,6 +53,14 @@ def gpu_spec(name: str, sms: int | None = None) -> tuple[float, float, str] | No
     return flops * share, bw * share, f"datasheet {key} x {sms}/{full} SMs (a MIG slice or a cut-down part)"  # fmt: skip
 
 
+def gpu_family(name: str) -> str | None:
+    """The GPU's family ("H100", "H200", "A100", ...): the first word of its GPU_SPECS row, so
+    an "H100 PCIe" and an "H100 80GB HBM3" are one family; None when the name has no row.
+    A throughput profile is named by it in lower case (throughput.profile_for)."""
+    row = next((r for r in GPU_SPECS if r[0].lower() in name.lower()), None)
+    return row[0].split()[0] if row else None
+
+
 @dataclass(frozen=True)
 class Target:
     """A bound a figure should meet: `value op bound` (op is ">=" or "<=")."""

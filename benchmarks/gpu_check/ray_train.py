@@ -42,6 +42,9 @@ STEPS, BATCH, EVERY_SAMPLES, STEP_DELAY_S = 6, 4, 8, 0.5
 BACKEND_LINE = re.compile(r"Using backend config: (\{[^}]*\})")
 NCCL_INIT = re.compile(r"NCCL INFO .*Init COMPLETE")
 LOG_TAIL = 20_000  # characters of each command's output kept in the run folder
+START_S = (
+    20.0  # `layerswap train` to its first step: Ray's start (18-20 s on CPU) and the model load
+)
 
 
 def experiment(world: Path, tmp: Path, gpu: bool) -> dict:
@@ -249,9 +252,10 @@ class Command:
         return self.log.read_text(errors="replace")[-3000:]
 
     def close(self, keep: Path) -> None:
-        """Keep the tail of the output beside the report; drop Ray's folder."""
-        if self.proc.poll() is None:
-            self.kill_group()
+        """Kill whatever of the command is left (its driver may have exited with Ray's processes
+        still up, or the check itself is being cut: run.Cut), keep the tail of the output beside
+        the report, drop Ray's folder."""
+        self.kill_group()
         write_text(keep, self.log.read_text(errors="replace")[-LOG_TAIL:])
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
@@ -311,10 +315,18 @@ def _resumed_run(args: list[str], log: Path, gpu: bool, limit: float, keep: Path
 
 
 def command_limit(ctx) -> float:
-    """Seconds one command may take, from what is left of the check when it starts (60 at
-    least, 240 at most; the stage is ~1 min). Taken again for the resumed command: one limit
-    for both let a hung resume (an NCCL wait) spend the killed run's time a second time."""
-    return max(60.0, min(240.0, ctx.remaining()))
+    """Seconds one command may take: what is left of the check when it starts, 240 at most (the
+    stage is ~1 min). Taken again for the resumed command: one limit for both let a hung resume
+    (an NCCL wait) spend the killed run's time a second time. No floor: a floor let the stage run
+    past the budget by it (60 s each, found by a red-team).
+
+    Raises:
+        RuntimeError when less than START_S is left: the command could not even start.
+    """
+    left = min(240.0, ctx.remaining())
+    if left < START_S:
+        raise RuntimeError(f"{max(left, 0):.0f} s of the check's budget left: `layerswap train` needs ~{START_S:.0f} s to start")  # fmt: skip
+    return left
 
 
 def run(ctx) -> dict:

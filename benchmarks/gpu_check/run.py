@@ -1,12 +1,12 @@
 """The GPU check: one process that proves or refutes layerswap's GPU claims on one GPU.
 
-Run on a GPU machine (about 6 minutes on one H100):
+Run on a GPU machine (about 6 minutes on one H100; it ends by --budget-s + GRACE_S):
     make gpu-check                      # = python benchmarks/gpu_check/run.py --out gpu-check-out
-    python benchmarks/gpu_check/run.py --out DIR [--stages evaluator,training] [--budget-s 360]
-On a GPU machine without the project's .venv (`python3` is the image's CUDA Python with torch,
-transformers, lm-eval and Ray; `python` may not exist there; the budget counts from this
-process's start, world build included):
-    python3 benchmarks/gpu_check/run.py --out DIR
+    python benchmarks/gpu_check/run.py --out DIR [--stages evaluator,training] [--budget-s 480]
+On the lent GPU machine, without the project's .venv (`python3` is the image's CUDA Python with
+torch, transformers, lm-eval and Ray; the budget counts from this process's start, world build
+included; 480 + 30 s grace end well inside the outer timeout's 540):
+    source .gpu/on_device.sh && timeout 540 python3 benchmarks/gpu_check/run.py --out $OUT/gpu_check
 Smoke run (every stage at a tiny shape on the CPU, ~2 minutes; CI runs it so the check cannot rot):
     python benchmarks/gpu_check/run.py --smoke --out DIR
 
@@ -19,8 +19,13 @@ Stages, in order (one module each in this folder, `run(ctx) -> dict`):
   promotion  lm-eval on the shipped promotion's longest prompts at its batch size
 Each stage's JSON is written to DIR/NN_stage.json as soon as it ends (a stage that fails is
 recorded with its error and the next one runs), and DIR/report.md is rewritten after every stage,
-so a run cut short keeps what it measured. `--update-throughput` then writes the measured figures
-into spaces/throughput.yaml (profile --profile) with their provenance.
+so a run cut short keeps what it measured. SIGTERM or SIGINT (an outer `timeout`), or the budget's
+own alarm at --budget-s + GRACE_S, ends the running stage: its record says `killed`, the processes
+it started are killed, the report names it, and the exit status is 128 + the signal. The throughput
+figures measured so far are written under DIR after each stage (throughput_measured.json and
+throughput.yaml, for the profile of the GPU present: throughput.py); `--update-throughput` also
+writes them into spaces/throughput.yaml. A folder copied back from a GPU machine is applied with
+`python benchmarks/gpu_check/throughput.py DIR`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
 import importlib
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +55,34 @@ sys.path.insert(0, str(_HERE.parent))
 
 from gpu_check.common import Context, free, write_json  # noqa: E402
 from gpu_check.figures import Figure, gpu_spec  # noqa: E402
+from gpu_check.report import write_report  # noqa: E402
+from gpu_check.throughput import assumed_profile, check_profile, save_measured, update_throughput  # noqa: E402
+
+BUDGET_S, SMOKE_BUDGET_S = 480.0, 600.0
+# Past the deadline a stage has this long to end on its own before the alarm cuts it (the
+# stages check ctx.remaining() at their own steps; a hung CUDA call or NCCL wait does not).
+GRACE_S = 30.0
+CUT_BY = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGALRM: "the budget's alarm (--budget-s + GRACE_S)"}  # fmt: skip
+
+
+class Cut(BaseException):
+    """A signal ending the run (`CUT_BY`). A BaseException: no stage's `except Exception`
+    records it as its own failure and goes on; `finally` blocks (the ray_train stage's process
+    group kill) still run."""
+
+    def __init__(self, signum: int):
+        super().__init__(CUT_BY[signum])
+        self.signum = signum
+        self.record: dict | None = None  # the stage it cut, once run_stage has written it
+
+
+def _on_signal(signum, frame) -> None:
+    """Raise Cut in the main thread, once: a second signal while the cut stage's processes are
+    being killed is ignored, so that cleanup is not itself cut."""
+    for s in CUT_BY:
+        signal.signal(s, signal.SIG_IGN)
+    raise Cut(signum)
+
 
 # (module, seconds it needs at least on a GPU: a stage is skipped, and says so, when less is left)
 STAGES: list[tuple[str, float]] = [
@@ -69,10 +103,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True, help="a new folder for the stages' JSON and report.md")  # fmt: skip
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (CI): checks that every stage still runs")  # fmt: skip
     ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(n for n, _ in STAGES)}")  # fmt: skip
-    ap.add_argument("--budget-s", type=float, default=None, help="seconds for the whole check (default 360; smoke 600)")  # fmt: skip
+    ap.add_argument("--budget-s", type=float, default=None, help=f"seconds for the whole check, from the process's start (default {BUDGET_S:.0f}; smoke {SMOKE_BUDGET_S:.0f}); a stage still running {GRACE_S:.0f} s later is cut")  # fmt: skip
     ap.add_argument("--world", type=Path, default=None, help="a built tiny world (default: built in a temporary folder)")  # fmt: skip
-    ap.add_argument("--update-throughput", action="store_true", help="write the measured figures into spaces/throughput.yaml")  # fmt: skip
-    ap.add_argument("--profile", default="h100", help="the throughput.yaml profile --update-throughput writes (default h100)")  # fmt: skip
+    ap.add_argument("--update-throughput", action="store_true", help="also write the measured figures into spaces/throughput.yaml (they are always under --out)")  # fmt: skip
+    ap.add_argument("--profile", default=None, help="the throughput.yaml profile to write (default: the GPU's own, e.g. h200 on an H200; another GPU's is refused)")  # fmt: skip
     args = ap.parse_args(argv)
     names = [n for n, _ in STAGES]
     if args.stages:
@@ -99,7 +133,7 @@ def _context(args, world: Path, started: float) -> Context:
     name = torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)"
     sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else None
     spec = gpu_spec(name, sms) if cuda else None
-    budget = args.budget_s or (600.0 if args.smoke else 360.0)
+    budget = args.budget_s or (SMOKE_BUDGET_S if args.smoke else BUDGET_S)
     ctx = Context(
         out=args.out, smoke=args.smoke, device="cuda" if cuda else "cpu",
         deadline=started + budget, world=world, gpu_name=name,
@@ -109,6 +143,8 @@ def _context(args, world: Path, started: float) -> Context:
         ctx.notes.append(f"{name} is not in figures.GPU_SPECS: peak shares are not computed")
     elif spec is not None:
         ctx.notes.append(f"peak {spec[0]:.4g} FLOP/s and {spec[1]:.3g} B/s: {spec[2]}")
+    ctx.assumed, note = assumed_profile(name, args.smoke)
+    ctx.notes.append(note)
     return ctx
 
 
@@ -125,6 +161,13 @@ def run_stage(ctx: Context, index: int, name: str, min_s: float) -> dict:
             res = mod.run(ctx)
             res["figures"] = [f.to_dict() if isinstance(f, Figure) else f for f in res.get("figures", [])]  # fmt: skip
             record["result"] = res
+        except Cut as cut:  # the stage's `finally` blocks have run: its processes are gone
+            record |= {"status": "killed", "seconds": time.perf_counter() - t0,
+                       "error": f"cut by {cut} after {time.perf_counter() - t0:.0f} s in this stage"}  # fmt: skip
+            write_json(ctx.out / f"{index:02d}_{name}.json", record)
+            print(f"[{name}] killed: {record['error']}", flush=True)
+            cut.record = record
+            raise
         except Exception as e:  # one stage's failure is its finding; the rest run
             record |= {"status": "failed", "error": f"{type(e).__name__}: {e}",
                        "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
@@ -150,32 +193,74 @@ def _free_after(ctx: Context, record: dict) -> None:
         print(f"[{record['stage']}] {note}", flush=True)
 
 
-def main(argv=None, started: float | None = None) -> int:
-    """The check (module docstring); `started`: time.monotonic() the budget counts from
-    (default: now). Returns the exit status: 1 when a stage did not finish."""
-    started = time.monotonic() if started is None else started
-    args = parse_args(argv)
-    from gpu_check.report import write_report
-    from gpu_check.throughput import update_throughput
+def _profile(args, ctx: Context) -> str | None:
+    """The profile this run's measurements are written for: the GPU's own (`check_profile`);
+    None on a smoke run or a GPU without one (a note says so). SystemExit with a one-line
+    error, before any stage runs, when --profile names another GPU's."""
+    if ctx.smoke:
+        return None
+    try:
+        return check_profile(args.profile, ctx.gpu_name)
+    except ValueError as e:
+        if args.update_throughput or args.profile is not None:
+            raise SystemExit(f"gpu-check: {e}") from None
+        ctx.notes.append(f"throughput figures stay in the stage records: {e}")
+        return None
 
-    args.out.mkdir(parents=True, exist_ok=True)
+
+def _stages(ctx: Context, args, profile: str | None) -> list[dict]:
+    """Run the wanted stages in order; after each, the report and the measurements so far
+    (throughput.save_measured) are rewritten under --out."""
     wanted = set(args.stages.split(",")) if args.stages else None
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        world = args.world
-        if world is None:
-            from layerswap.world import build_world
-
-            world = build_world(Path(tmp) / "world", size="tiny", progress=False)
-        ctx = _context(args, world, started)
-        print(f"gpu-check on {ctx.gpu_name} ({'smoke' if ctx.smoke else 'full'}), out {args.out}", flush=True)  # fmt: skip
-        records = []
+    records: list[dict] = []
+    try:
         for i, (name, min_s) in enumerate(STAGES, 1):
             if wanted is None or name in wanted:
                 records.append(run_stage(ctx, i, name, min_s))
                 write_report(ctx, records, args.out / "report.md")
+                if profile is not None:
+                    save_measured(args.out, records, ctx.gpu_name, profile, " ".join(sys.argv))
+    except Cut as cut:
+        if cut.record is not None:
+            records.append(cut.record)
+        where = f"during stage {cut.record['stage']}" if cut.record else "between stages"
+        left = [n for n, _ in STAGES[len(records) :] if wanted is None or n in wanted]
+        ctx.notes.append(f"run cut by {cut} {where}" + (f"; not run: {', '.join(left)}" if left else ""))  # fmt: skip
+        write_report(ctx, records, args.out / "report.md")
+        if profile is not None:
+            save_measured(args.out, records, ctx.gpu_name, profile, " ".join(sys.argv))
+        raise
+    return records
+
+
+def main(argv=None, started: float | None = None) -> int:
+    """The check (module docstring); `started`: time.monotonic() the budget counts from
+    (default: now). Returns the exit status: 1 when a stage did not finish, 128 + the signal
+    when the run was cut (`Cut`)."""
+    started = time.monotonic() if started is None else started
+    args = parse_args(argv)
+    for s in CUT_BY:
+        signal.signal(s, _on_signal)
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+            world = args.world
+            if world is None:
+                from layerswap.world import build_world
+
+                world = build_world(Path(tmp) / "world", size="tiny", progress=False)
+            ctx = _context(args, world, started)
+            profile = _profile(args, ctx)
+            args.out.mkdir(parents=True, exist_ok=True)
+            signal.setitimer(signal.ITIMER_REAL, max(1.0, ctx.remaining() + GRACE_S))
+            print(f"gpu-check on {ctx.gpu_name} ({'smoke' if ctx.smoke else 'full'}), out {args.out}", flush=True)  # fmt: skip
+            records = _stages(ctx, args, profile)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Cut as cut:
+        print(f"gpu-check cut by {cut}; report: {args.out / 'report.md'}", file=sys.stderr)
+        return 128 + cut.signum
     print(f"report: {args.out / 'report.md'}")
     if args.update_throughput:
-        update_throughput(records, ctx, args.profile, " ".join(sys.argv))
+        update_throughput(records, ctx, profile, " ".join(sys.argv))
     failed = [r["stage"] for r in records if r["status"] != "ok"]
     if failed:
         print(f"stages not finished: {', '.join(failed)}", file=sys.stderr)

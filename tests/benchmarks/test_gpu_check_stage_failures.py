@@ -195,3 +195,24 @@ def test_a_training_run_that_fails_leaves_the_other_lr_and_says_so(tmp_path, mon
     finished = [f for f in out["figures"] if f.name.startswith("training run finished")]
     assert [f.verdict for f in finished] == ["missed", "missed"]
     assert finished[0].note.startswith("OutOfMemoryError: CUDA out of memory")
+
+
+def test_a_ray_train_command_gets_no_more_than_is_left(tmp_path):
+    """No floor above what is left: a 60 s floor let the killed and the resumed command each run
+    a minute past the budget. Less than START_S left: the command is not started at all."""
+    from gpu_check import ray_train as R
+
+    assert R.command_limit(types.SimpleNamespace(remaining=lambda: 30.0)) == 30.0
+    assert R.command_limit(types.SimpleNamespace(remaining=lambda: 999.0)) == 240.0
+    with pytest.raises(
+        RuntimeError, match=r"5 s of the check's budget left: `layerswap train` needs ~20 s"
+    ):
+        R.command_limit(types.SimpleNamespace(remaining=lambda: 5.0))
+
+
+def test_the_default_budget_and_its_grace_end_before_the_device_commands_timeout():
+    """The documented device command is `timeout 540 python3 .../run.py`: the check's own alarm
+    (budget + grace, counted from the process's start) must cut a stage and write the report
+    before that SIGTERM, with room for the cut stage's cleanup."""
+    assert gc_run.BUDGET_S + gc_run.GRACE_S <= 540 - 25
+    assert "timeout 540 python3 benchmarks/gpu_check/run.py" in gc_run.__doc__

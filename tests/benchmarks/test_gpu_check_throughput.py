@@ -1,0 +1,142 @@
+"""benchmarks/gpu_check/throughput.py: measured figures go into the profile of the GPU measured
+(an H200's never into h100), are written under --out as each stage ends (they come back from a
+GPU machine whose tree is thrown away, and survive a cut run), and a report folder is applied to
+a throughput.yaml afterwards by `throughput.py DIR`, which refuses another GPU's profile.
+
+Run: .venv/bin/python -m pytest -q tests/benchmarks/test_gpu_check_throughput.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import run as gc_run  # noqa: E402
+from gpu_check import throughput as TP  # noqa: E402
+from gpu_check.common import Context  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks" / "gpu_check" / "throughput.py"
+H200 = "NVIDIA H200"
+FIG = {"value": 4.1e12, "unit": "B/s", "shape": "llama-8b", "result": "r", "derivation": "d"}
+
+
+def test_profile_follows_the_gpu_family_and_refuses_another():
+    assert TP.profile_for("NVIDIA H100 80GB HBM3") == TP.profile_for("NVIDIA H100 PCIe") == "h100"
+    assert TP.profile_for("NVIDIA H200") == TP.profile_for("NVIDIA H200 NVL") == "h200"
+    assert TP.profile_for("NVIDIA B200") is None
+    assert TP.check_profile(None, H200) == "h200"
+    with pytest.raises(ValueError, match=r"--profile 'h100' is not the measured GPU's .*'h200'"):
+        TP.check_profile("h100", H200)
+    with pytest.raises(ValueError, match=r"no row in gpu_check/figures\.GPU_SPECS"):
+        TP.check_profile(None, "NVIDIA B200")
+
+
+def test_on_an_h200_the_assumed_figures_are_not_h100s(tmp_path, monkeypatch):
+    """run._context on a (faked) H200: no h100 figure is set beside its measurements, and
+    --update-throughput --profile h100 is refused before any stage runs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H200)
+    props = types.SimpleNamespace(multi_processor_count=132, total_memory=150e9)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
+    args = gc_run.parse_args(["--out", str(tmp_path / "o"), "--update-throughput"])
+    ctx = gc_run._context(args, tmp_path, time.monotonic())
+    assert ctx.assumed is None and any("no profile for NVIDIA H200 (h200)" in n for n in ctx.notes)
+    assert gc_run._profile(args, ctx) == "h200"
+    args = gc_run.parse_args(["--out", str(tmp_path / "o"), "--update-throughput", "--profile", "h100"])  # fmt: skip
+    with pytest.raises(SystemExit, match="--profile 'h100' is not the measured GPU's"):
+        gc_run._profile(args, ctx)
+
+
+def test_a_new_gpu_profile_is_made_from_h100s_assumptions_marked_as_copied():
+    text = TP.THROUGHPUT.read_text()
+    data = yaml.safe_load(TP.updated_yaml(text, "h200", {"decode_bytes_per_s": FIG}, "c", H200, "2026-11-28"))  # fmt: skip
+    h200, h100 = data["profiles"]["h200"], yaml.safe_load(text)["profiles"]["h100"]
+    assert h200["decode_bytes_per_s"]["value"] == 4.1e12
+    assert h200["decode_bytes_per_s"]["measured"]["device"] == H200
+    assert h200["train_flops_per_s"]["assumed"].startswith("copied from profile h100, not re-derived for NVIDIA H200")  # fmt: skip
+    assert data["profiles"]["h100"] == h100  # untouched
+    with pytest.raises(
+        ValueError, match="no profile 'a100'"
+    ):  # only the measured GPU's own is made
+        TP.updated_yaml(text, "a100", {"decode_bytes_per_s": FIG}, "c", H200, "t")
+
+
+def _fake_stage(monkeypatch, name: str, run) -> None:
+    mod = types.ModuleType(f"gpu_check.{name}")
+    mod.TITLE, mod.run = f"fake {name}", run
+    monkeypatch.setitem(sys.modules, f"gpu_check.{name}", mod)
+
+
+def test_measurements_are_under_out_after_their_stage_and_survive_a_cut(tmp_path, monkeypatch):
+    """The first stage measures; SIGTERM (its Cut) lands in the second: the measurement is under
+    --out already, the cut stage's record says killed, and the report names it."""
+
+    def cut(ctx):
+        raise gc_run.Cut(signal.SIGTERM)
+
+    _fake_stage(monkeypatch, "fake_meas", lambda ctx: {"figures": [], "throughput": {"decode_bytes_per_s": FIG}})  # fmt: skip
+    _fake_stage(monkeypatch, "fake_cut", cut)
+    monkeypatch.setattr(gc_run, "STAGES", [("fake_meas", 0), ("fake_cut", 0), ("fake_never", 0)])
+    ctx = Context(out=tmp_path, smoke=False, device="cpu", deadline=time.monotonic() + 1e4, world=tmp_path, gpu_name=H200)  # fmt: skip
+    with pytest.raises(gc_run.Cut):
+        gc_run._stages(ctx, Namespace(stages=None, out=tmp_path), "h200")
+    measured = json.loads((tmp_path / TP.MEASURED).read_text())
+    assert measured["gpu"] == H200 and measured["profile"] == "h200"
+    assert measured["figures"]["decode_bytes_per_s"]["value"] == 4.1e12
+    shipped = yaml.safe_load((tmp_path / TP.UPDATED).read_text())["profiles"]
+    assert shipped["h200"]["decode_bytes_per_s"]["value"] == 4.1e12
+    assert shipped["h100"] == yaml.safe_load(TP.THROUGHPUT.read_text())["profiles"]["h100"]
+    killed = json.loads((tmp_path / "02_fake_cut.json").read_text())
+    assert killed["status"] == "killed" and killed["error"].startswith("cut by SIGTERM")
+    report = (tmp_path / "report.md").read_text()
+    assert "**fake_cut** killed: cut by SIGTERM" in report
+    assert "run cut by SIGTERM during stage fake_cut; not run: fake_never" in report
+
+
+def _apply(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_apply_a_report_folder_to_a_throughput_file(tmp_path):
+    """From outside, as after a GPU session: the folder's measurements go into the GPU's own
+    profile; --profile naming another GPU's is refused with one line, the file unchanged."""
+    run_dir = tmp_path / "gpu_check"
+    run_dir.mkdir()
+    (run_dir / TP.MEASURED).write_text(json.dumps({"gpu": H200, "profile": "h200", "command": "run.py --out X", "date": "2026-11-28", "figures": {"decode_bytes_per_s": FIG}}))  # fmt: skip
+    target = tmp_path / "throughput.yaml"
+    shutil.copy(TP.THROUGHPUT, target)
+    before = target.read_bytes()
+    bad = _apply(run_dir, "--profile", "h100", "--file", target)
+    assert bad.returncode == 2 and target.read_bytes() == before
+    assert len(bad.stderr.strip().splitlines()) == 1 and "--profile 'h100' is not the measured GPU's" in bad.stderr  # fmt: skip
+    ok = _apply(run_dir, "--file", target)
+    assert ok.returncode == 0, ok.stderr
+    data = yaml.safe_load(target.read_text())["profiles"]
+    assert data["h200"]["decode_bytes_per_s"]["measured"]["command"] == "run.py --out X"
+    assert data["h100"] == yaml.safe_load(before)["profiles"]["h100"]
+
+
+def test_apply_rebuilds_from_stage_records_and_01_env(tmp_path):
+    """A folder without the measured file (cut before it was written, or older code): the
+    figures come from the finished stages' records, the GPU's name from 01_env.json."""
+    env = {"stage": "env", "status": "ok", "result": {"versions": {"device": H200}}}
+    ev = {"stage": "evaluator", "status": "ok", "result": {"throughput": {"decode_bytes_per_s": FIG}}}  # fmt: skip
+    (tmp_path / "01_env.json").write_text(json.dumps(env))
+    (tmp_path / "02_evaluator.json").write_text(json.dumps(ev))
+    m = TP.read_measured(tmp_path)
+    assert m["gpu"] == H200 and m["figures"] == {"decode_bytes_per_s": FIG}
+    with pytest.raises(ValueError, match=r"neither throughput_measured\.json nor 01_env\.json"):
+        TP.read_measured(tmp_path / "nothing")
