@@ -5,7 +5,7 @@ A random-weight model of Llama-3.1-8B's width with 4 decoder layers (real 128,25
 under the bf16-mixed policy, once at LR 1e-7 and once at LR 1e-5, with
 benchmarks/bench_train_step.py's functions (the loop's `_prepare_model`, `_adamw`,
 `_train_step`): micro-batch 4 x 1024 tokens, 1 warmup + 3 timed steps per LR. Per LR it reports
-tokens/s, MFU (FLOPs by layerswap.study.estimate's rule), the peak CUDA memory against the
+tokens/s, MFU (6N + attention, no recompute) and HFU (recompute of the decoder layers counted), the peak CUDA memory against the
 trainer's memory plan (`layerswap train --plan`) for the same shape, and the share of fp32
 master weights, and of the weights as a checkpoint saves them (Policy.save), that the steps
 changed. The peak is max_memory_reserved (what the caching allocator held: what decides an
@@ -31,8 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from gpu_check.common import GIB, Timer, failure, free
 from gpu_check.figures import Figure, Target, peak_share, relative_error, share
-from layerswap.spaces.study import load_profiles
-from layerswap.study.estimate import model_cost, train_flops
+from layerswap.study.estimate import forward_flops, model_cost, train_flops
 from layerswap.trainables.train.model_shape import model_shape
 from layerswap.trainables.train.precision import resolve_precision
 from layerswap.trainables.train.run_setup import _prepare_model
@@ -62,8 +61,26 @@ def flops_per_token(cfg, exp) -> float:
     return train_flops(model_cost(model_shape(cfg), exp), h.seq_len, h.gradient_checkpointing)
 
 
+def utilisation_flops(cfg, exp) -> dict[str, float]:
+    """FLOPs of one training token by the two usual definitions (PaLM, App. B).
+
+    Returns:
+        {"model": MFU's, train_flops without recompute: 6N + the plan's attention term (causal:
+         half of PaLM's 12·L·H·Q·T, which counts the full square);
+         "hardware": HFU's, "model" plus what Hugging Face gradient checkpointing recomputes:
+         the decoder layers' forward, not the lm_head (the plan's rule counts a whole forward)}.
+    """
+    shape, h = model_shape(cfg), exp.hyper
+    c = model_cost(shape, exp)
+    model = train_flops(c, h.seq_len, False)
+    if not h.gradient_checkpointing:
+        return {"model": model, "hardware": model}
+    outside = sum(i * o for n, (i, o) in shape.linears.items() if ".layers." not in f".{n}")
+    return {"model": model, "hardware": model + forward_flops(c, h.seq_len) - 2 * outside}
+
+
 def mfu(tokens_per_s: float, per_token: float, peak_flops: float | None) -> float | None:
-    """Model FLOPs utilisation: tokens/s x FLOPs per token / the device's peak (None without one)."""
+    """A FLOPs utilisation: tokens/s x FLOPs per token / the device's peak (None without one)."""
     return peak_share(tokens_per_s * per_token, peak_flops)
 
 
@@ -130,6 +147,7 @@ def _train_at(ctx, args, cfg, device, lr: float) -> dict:
         "parameters": params,
         "precision": run.policy.describe(),
         "flops_per_token": flops_per_token(cfg, exp),
+        **{f"{k}_flops_per_token": v for k, v in utilisation_flops(cfg, exp).items()},
         "plan_gpu_gib": plan.gpu_total / GIB,
         "plan_fits": plan.fits,
         "snapshot_s": snap_t.s,
@@ -152,12 +170,14 @@ def _lr_figures(ctx, r: dict) -> list[Figure]:
     """tokens/s, MFU, peak vs plan and the moved shares of one LR's run."""
     lr, save, n = f"LR {r['lr']:g}", r["precision"]["checkpoint_dtype"], r["elements"]
     steps = f"{len(r['steps'])} steps ({sum(s['warmup'] for s in r['steps'])} warmup)"
-    util = mfu(r["tokens_per_s"], r["flops_per_token"], ctx.peak_flops)
+    util = mfu(r["tokens_per_s"], r["model_flops_per_token"], ctx.peak_flops)
+    hfu = mfu(r["tokens_per_s"], r["hardware_flops_per_token"], ctx.peak_flops)
     peak, plan = r.get("peak_reserved_gib"), r["plan_gpu_gib"]
     err = relative_error(plan, peak) if peak else None
     cpu = "not measured on the CPU"
     notes = {
-        "mfu": f"{r['flops_per_token']:.3g} train FLOPs/token (the plan's rule) / datasheet bf16 peak",
+        "mfu": f"{r['model_flops_per_token']:.4g} FLOPs/token (6N + attention, no recompute) / datasheet bf16 peak",
+        "hfu": f"{r['hardware_flops_per_token']:.4g} FLOPs/token (MFU's + the decoder layers' recompute) / datasheet bf16 peak; the plan's rule counts {r['flops_per_token']:.4g} (recompute as a whole forward, lm_head included)",
         "peak": f"max_memory_reserved over the steps (allocated: {r.get('peak_allocated_gib', 0):.2f} GiB); assumed: the memory plan's total per GPU",
         "err": f"(plan {plan:.2f} - reserved peak {peak or 0:.2f} GiB) / peak = {err or 0:+.1%}; the plan's 2 GiB overhead also covers the CUDA context, which the peak leaves out",
         "master": f"{r['master_moved']:,} of {n:,} elements differ after {steps}: full copy on the host, exact compare",
@@ -173,6 +193,7 @@ def _lr_figures(ctx, r: dict) -> list[Figure]:
             "share",
             note=notes["mfu"] if util is not None else f"{cpu}: no peak FLOP/s",
         ),
+        Figure(f"HFU, {lr}", hfu, "share", note=notes["hfu"] if hfu else f"{cpu}: no peak FLOP/s"),
         Figure(
             f"peak CUDA memory (reserved), {lr}",
             peak,
@@ -348,8 +369,8 @@ def run(ctx) -> dict:
         fast = [r for r in out["runs"] if r["lr"] == max(LRS)]
         if fast:
             per_s = fast[0]["tokens_per_s"] * fast[0]["flops_per_token"]
-            assumed = load_profiles()["h100"].train_flops_per_s.value
-            out["figures"].append(Figure(f"training FLOP/s, LR {max(LRS):g}", per_s, "FLOP/s", assumed=assumed, note="one GPU, no FSDP communication: an upper bound for multi-GPU FSDP; assumed: throughput.yaml h100"))  # fmt: skip
+            assumed = ctx.assumed.train_flops_per_s.value if ctx.assumed else None
+            out["figures"].append(Figure(f"training FLOP/s, LR {max(LRS):g}", per_s, "FLOP/s", assumed=assumed, note="FLOPs by the plan's rule (train_flops); one GPU, no FSDP communication: an upper bound for multi-GPU FSDP"))  # fmt: skip
             if not ctx.smoke:
                 out["throughput"] = _throughput(ctx, fast[0], cfg, args)
         if note := _skip(ctx, "FSDP2 wrap", 10):

@@ -219,19 +219,28 @@ def _one_pass(ctx, key: str, d: int, states: dict, tmp: Path, shipped, size: dic
 # ------------------------------------------------------------------------------ the report
 
 
-def shipped_trial(p: dict, cost, tasks, shipped, batch: int) -> dict:
-    """A pass scaled to a trial of the shipped config: median compose, move and the scoring's
-    other Python (unscaled), plus the proxies at the pass's rates (`proxy_seconds`)."""
+def swap_scale(full: int, depth: int) -> float:
+    """What a pass's compose and move seconds are multiplied by to stand for `full` layers: the
+    search space is in fractions of depth, so at `depth` of `full` layers a recipe swaps about
+    depth/full as many layers (and tensors) as at full depth."""
+    return full / depth if 0 < depth < full else 1.0
+
+
+def shipped_trial(p: dict, cost, tasks, shipped, batch: int, scale: float = 1.0) -> dict:
+    """A pass scaled to a trial of the shipped config: median compose and move (x `scale`,
+    `swap_scale`), the scoring's other Python (unscaled), plus the proxies at the pass's rates
+    (`proxy_seconds`)."""
     timed = [r for r in p["rows"] if not r["first"]]
     rates = pass_rates(timed, *p["flops"], cost.weight_bytes / p["weight_bytes"])
     pe = shipped.proxy_eval
     sc = proxy_seconds(rate_profiles(**rates), cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
                        batch=batch, screen=first_share(shipped))  # fmt: skip
     med = {k: statistics.median(r[k] for r in timed) for k in ("compose_s", "move_s", "score_s")}
+    med["compose_s"], med["move_s"] = med["compose_s"] * scale, med["move_s"] * scale
     other = statistics.median(r["score_s"] - r["mc_s"] - r["gen_s"] for r in timed)
     rows = sum(r["step_rows"] for r in timed) / max(1, sum(r["steps"] for r in timed))
     fixed = med["compose_s"] + med["move_s"] + other
-    out = {"rates": rates, "median": med, "other_s": other, "step_rows": rows}
+    out = {"rates": rates, "median": med, "other_s": other, "step_rows": rows, "swap_scale": scale}
     return out | {k: sc[k] | {"total_s": fixed + sum(sc[k].values())} for k in ("kept", "pruned")}
 
 
@@ -242,22 +251,28 @@ def _pass_figures(label: str, p: dict, s: dict, assumed: dict, size: dict) -> li
     gib = statistics.median(r["moved_bytes"] for r in timed) / 2**30
     moved = statistics.median(r["moved"] for r in timed)
     med, kept, pruned = s["median"], s["kept"]["total_s"], s["pruned"]["total_s"]
+    x = f", x {s['swap_scale']:.3g} for the full depth (swap_scale)" if s.get("swap_scale", 1.0) != 1.0 else ""  # fmt: skip
+    a = assumed or {}
     world = f"world stand-ins: {size['limit']} Belebele items 5-shot + {size['limit']} MGSM items 8-shot x {size['gen_toks']} new tokens"  # fmt: skip
     rows = [
-        ("compose s per trial", med["compose_s"], "s", None, f"{how}; {moved:g} tensors ({gib:.2f} GiB) swapped in; the move excluded"),
-        ("move s per trial", med["move_s"], "s", None, f"{how}; expert tensors copied to the device (LiveModel.t_move_s)"),
+        ("compose s per trial", med["compose_s"], "s", None, f"{how}{x}; {moved:g} tensors ({gib:.2f} GiB) swapped in; the move excluded"),
+        ("move s per trial", med["move_s"], "s", None, f"{how}{x}; expert tensors copied to the device (LiveModel.t_move_s)"),
         ("score s per trial", med["score_s"], "s", None, f"{how}; {world}"),
-        ("shipped-config trials per GPU-hour, every trial kept", per_hour(kept), "trials/h", per_hour(assumed["kept"]), "measured compose + move; proxies at the measured rates by the plan's rule"),
-        ("shipped-config trials per GPU-hour, every trial stopped at its first rung", per_hour(pruned), "trials/h", per_hour(assumed["pruned"]), "the first rung's items only (search.fidelity)"),
-        ("share of a kept shipped-config trial spent scoring", share(kept - med["compose_s"] - med["move_s"], kept), "share", share(assumed["kept"] - assumed["compose"], assumed["kept"]), ""),
+        ("shipped-config trials per GPU-hour, every trial kept", per_hour(kept), "trials/h", a and per_hour(a["kept"]), "measured compose + move; proxies at the measured rates by the plan's rule"),
+        ("shipped-config trials per GPU-hour, every trial stopped at its first rung", per_hour(pruned), "trials/h", a and per_hour(a["pruned"]), "the first rung's items only (search.fidelity)"),
+        ("share of a kept shipped-config trial spent scoring", share(kept - med["compose_s"] - med["move_s"], kept), "share", a and share(a["kept"] - a["compose"], a["kept"]), ""),
     ]  # fmt: skip
     return [Figure(f"{n} ({label})", v, u, assumed=a, note=note) for n, v, u, a, note in rows]
 
 
 def _rate_figures(s: dict, prof, cost, size: dict) -> list[Figure]:
-    """The measured scoring rates beside the h100 profile's assumptions."""
-    r, pre = s["rates"], prof.prefill_flops_per_s.value
-    step = cost.weight_bytes / prof.decode_bytes_per_s.value + prof.decode_step_overhead_s.value
+    """The measured scoring rates beside the GPU's profile's assumptions (none without one)."""
+    r, pre = s["rates"], prof.prefill_flops_per_s.value if prof else None
+    step = (
+        cost.weight_bytes / prof.decode_bytes_per_s.value + prof.decode_step_overhead_s.value
+        if prof
+        else None
+    )
     return [
         Figure("multiple-choice scoring FLOP/s", r["mc_flops_per_s"], "FLOP/s", assumed=pre, note=f"{size['limit']} world Belebele 5-shot rows; FLOPs by the plan's rule"),
         Figure("generation prefill FLOP/s", r["prefill_flops_per_s"], "FLOP/s", assumed=pre, note=f"{size['limit']} world MGSM 8-shot prompts"),
@@ -306,7 +321,8 @@ def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> lis
         notes.append(f"Experts on the device at {dev['depth']} of {full} layers: LiveModel._place's rule (model + "
                      f"{COPIES} whole checkpoints <= GPU x 0.7) admits no more. Its FLOP rates carry to {full} layers' "
                      f"FLOPs as they are, its decoding step is scaled by weight bytes ({full}- / {dev['depth']}-layer); "
-                     "compose and move are not scaled (a recipe swaps the same layers at either depth).")  # fmt: skip
+                     f"its compose and move by {full}/{dev['depth']}: the space is in fractions of depth, so at "
+                     f"{dev['depth']} layers a recipe swaps ~{dev['depth']}/{full} as many layers as at {full}.")  # fmt: skip
     return notes
 
 
@@ -328,7 +344,6 @@ def _throughput(ctx, p: dict) -> dict:
 
 def run(ctx) -> dict:
     from layerswap.spaces.search_experiment import load_search_experiment
-    from layerswap.spaces.study import load_profiles
     from layerswap.study.estimate import auto_batch
     from layerswap.trainables.train.model_shape import model_shape
 
@@ -337,13 +352,19 @@ def run(ctx) -> dict:
     m = measure(ctx, size, shipped)
     cfg = ctx.config(depth=size["depth"])
     cfg.dtype = "bfloat16"
-    cost, prof, pe = model_cost(model_shape(cfg)), load_profiles()["h100"], shipped.proxy_eval
+    cost, prof, pe = (
+        model_cost(model_shape(cfg)),
+        ctx.assumed,
+        shipped.proxy_eval,
+    )  # prof: the GPU's own
     batch = auto_batch("cuda") if pe.batch_size == "auto" else pe.batch_size
     tasks = [(task_shape(p.task, {}), p.num_fewshot) for p in shipped.proxy_list]
-    plan = proxy_seconds({"mc": prof, "gen": prof}, cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
-                         batch=batch, screen=first_share(shipped))  # fmt: skip
-    compose = cost.weight_bytes / prof.merge_bytes_per_s.value  # the plan: the whole model
-    assumed = {"compose": compose} | {k: compose + sum(v.values()) for k, v in plan.items()}
+    assumed = None
+    if prof is not None:
+        plan = proxy_seconds({"mc": prof, "gen": prof}, cost, tasks, limit=pe.limit, gen_toks=pe.max_gen_toks,
+                             batch=batch, screen=first_share(shipped))  # fmt: skip
+        compose = cost.weight_bytes / prof.merge_bytes_per_s.value  # the plan: the whole model
+        assumed = {"compose": compose} | {k: compose + sum(v.values()) for k, v in plan.items()}
     figures, scaled = [], {}
     for key, label in PASSES:
         p = m["passes"][key]
@@ -352,9 +373,10 @@ def run(ctx) -> dict:
             continue
         if p.get("does_not_fit"):
             figures.append(Figure(f"shipped-config trials per GPU-hour, every trial kept ({label})", None,
-                                  "trials/h", assumed=per_hour(assumed["kept"]), note="does not fit"))  # fmt: skip
+                                  "trials/h", assumed=assumed and per_hour(assumed["kept"]), note="does not fit"))  # fmt: skip
             continue
-        scaled[key] = shipped_trial(p, cost, tasks, shipped, batch)
+        scale = swap_scale(m["depth"], p["depth"])  # the device pass may hold fewer layers
+        scaled[key] = shipped_trial(p, cost, tasks, shipped, batch, scale)
         figures += _pass_figures(label, p, scaled[key], assumed, size)
     if "host" in scaled:
         figures += _rate_figures(scaled["host"], prof, cost, size)

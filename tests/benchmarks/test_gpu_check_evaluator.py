@@ -106,6 +106,26 @@ def test_summary_splits_prefill_from_decoding_steps():
     assert s["decode_step_bytes"] == 4000 + (2 * 4 * 10 + 2 * 5 * 10) / 2
 
 
+def test_executed_prefill_flops_leave_out_the_lm_head_logits_to_keep_skipped():
+    """The evaluator asks for logits at the kept positions only (logits_to_keep): the peak share
+    is of the FLOPs executed, the plan's rule counts the lm_head on every token."""
+    c, head = cost(), 32 * 400
+    calls = [TM.Call(2, [5, 3], 0, 0.0, 1.0, keep=2), TM.Call(1, [4], 0, 1.0, 2.0)]  # 0: all kept
+    s = TM.summarize([calls], c, kv_per_token=10, head_mm=head)
+    skipped = 2 * head * ((5 - 2) + (3 - 2))
+    assert s["prefill_executed_flops"] == s["prefill_flops"] - skipped
+    assert s["prefill_executed_flops_per_s"] == pytest.approx((s["prefill_flops"] - skipped) / 2.0)
+    assert TM.head_skipped_flops(head, [1], 4) == 0  # a row shorter than what is kept
+
+
+def test_forward_log_records_logits_to_keep(tok):
+    model = tiny_llama(tok)
+    with TM.ForwardLog(model, "cpu") as log, torch.no_grad():
+        model(input_ids=torch.ones(1, 6, dtype=torch.long), logits_to_keep=2)
+        model(input_ids=torch.ones(1, 6, dtype=torch.long))
+    assert [c.keep for c in log.calls] == [2, 0]
+
+
 def test_summary_without_decoding_has_no_step():
     s = TM.summarize([[TM.Call(1, [4], 0, 0.0, 2.0)]], cost(), kv_per_token=10)
     assert s["decode_steps"] == 0 and s["decode_step_s"] is None and s["decode_step_bytes"] is None
@@ -206,9 +226,18 @@ def test_race_times_batch_8_when_the_time_allows(monkeypatch, tok):
 
 
 def test_race_skips_batch_8_without_time(monkeypatch, tok):
-    out, runs = race(monkeypatch, tok, {1: 0.0, 32: 0.0}, remaining=-1.0)
+    out, runs = race(monkeypatch, tok, {1: 0.0, 32: 0.0}, stage_s=-1.0)
     assert runs == [1, 32, 1, 32] and set(out["theirs"]) == {1, 32}
     assert "would not allow" in out["extra_note"]
+
+
+def test_race_scores_no_second_candidate_past_the_checks_budget(monkeypatch, tok):
+    """The second candidate (HFLM's passes included) is optional: with less of the check's
+    budget left than the first one took, it is not run, and the note says so."""
+    out, runs = race(monkeypatch, tok, {1: 3.0, 32: 2.0}, remaining=4.0)
+    assert runs == [1, 32] and len(out["ours"]) == 1
+    assert {b: len(ts) for b, ts in out["theirs"].items()} == {1: 1, 32: 1}
+    assert "candidate 2 not scored (~5 s, 4 s of the check left)" in out["extra_note"]
 
 
 def test_race_records_a_batch_that_does_not_fit_and_goes_on(monkeypatch, tok):

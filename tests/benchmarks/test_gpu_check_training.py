@@ -76,6 +76,24 @@ def test_flops_per_token_follows_the_plan_rule_by_hand():
     assert T.flops_per_token(_tiny_config(), exp) == 3 * fwd + attn + 2 * n_mm == 258_048
 
 
+def test_mfu_counts_no_recompute_and_hfu_recomputes_the_decoder_layers_only():
+    """MFU by its usual definition (6N + attention, PaLM App. B): no recompute. HFU adds what HF
+    gradient checkpointing recomputes: the decoder layers' forward, not the lm_head. The plan's
+    rule (flops_per_token) counts a whole forward again, lm_head included: neither of them."""
+    args = Namespace(micro_batch=1, seq_len=16, accumulate=1, warmup=1, steps=1,
+                     gradient_checkpointing=True, precision="bf16-mixed")  # fmt: skip
+    exp = bts._experiment(args, "ddp", False, False, lr=1e-7)
+    per_layer = 32 * 32 + 32 * 16 + 32 * 16 + 32 * 32 + 3 * 32 * 64
+    n_mm, attn = 2 * per_layer + 32 * 400, 2 * 2 * 16 * 32
+    got = T.utilisation_flops(_tiny_config(), exp)
+    assert got["model"] == 6 * n_mm + 3 * attn  # 2 forwards + attention backward + weight grads
+    assert got["hardware"] == got["model"] + 2 * (2 * per_layer) + attn  # no lm_head recomputed
+    assert T.flops_per_token(_tiny_config(), exp) - got["hardware"] == 2 * 32 * 400  # the plan's
+    args.gradient_checkpointing = False
+    plain = T.utilisation_flops(_tiny_config(), bts._experiment(args, "ddp", False, False, lr=1e-7))
+    assert plain["model"] == plain["hardware"] == got["model"]
+
+
 def test_mfu_is_flops_over_peak_and_none_without_a_peak():
     assert T.mfu(1000.0, 2e9, 1e13) == pytest.approx(0.2)
     assert T.mfu(1000.0, 2e9, None) is None
@@ -96,6 +114,7 @@ class _Ctx:
 def _run(lr: float, peak: float | None) -> dict:
     steps = [{"warmup": True}, {"warmup": False}]
     r = {"lr": lr, "tokens_per_s": 100.0, "flops_per_token": 1e9, "plan_gpu_gib": 33.0,
+         "model_flops_per_token": 0.6e9, "hardware_flops_per_token": 0.8e9,
          "elements": 1000, "master_moved": 200, "saved_moved": 1, "steps": steps,
          "precision": {"checkpoint_dtype": "bfloat16"}}  # fmt: skip
     if peak is not None:
@@ -105,7 +124,8 @@ def _run(lr: float, peak: float | None) -> dict:
 
 def test_lr_figures_targets():
     figs = {f.name: f for f in T._lr_figures(_Ctx(), _run(1e-7, 30.0))}
-    assert figs["MFU, LR 1e-07"].value == pytest.approx(0.1)
+    assert figs["MFU, LR 1e-07"].value == pytest.approx(0.06)  # 100 x 0.6e9 / 1e12
+    assert figs["HFU, LR 1e-07"].value == pytest.approx(0.08)
     plan = figs["memory plan error vs measured peak (absolute), LR 1e-07"]
     assert plan.value == pytest.approx(0.1) and plan.verdict == "met"  # (33 - 30) / 30
     masters = figs["fp32 master weights moved, LR 1e-07"]

@@ -93,6 +93,22 @@ def test_pass_rates_and_the_shipped_trial():
     assert per_hour(s["kept"]["total_s"]) < per_hour(s["pruned"]["total_s"])
 
 
+def test_a_pass_at_reduced_depth_scales_compose_and_move_to_the_full_depth():
+    """The space is in fractions of depth: at 29 of 32 layers a recipe swaps ~29/32 as many
+    layers, so a device pass's compose and move stand for 32/29 times as much."""
+    assert T.swap_scale(32, 29) == pytest.approx(32 / 29) and T.swap_scale(32, 32) == 1.0
+    assert T.swap_scale(32, 0) == 1.0  # nothing fitted: no pass to scale
+    rows = [{"first": f, "compose_s": 0.29, "move_s": 0.58, "score_s": 5.5, "mc_s": 2.0, "gen_s": 3.0,
+             "prefill_s": 1.0, "steps": 40, "step_rows": 800} for f in (True, False)]  # fmt: skip
+    p = {"rows": rows, "flops": (4e14, 1e14), "weight_bytes": COST.weight_bytes}
+    shipped = SimpleNamespace(proxy_eval=SimpleNamespace(limit=None, max_gen_toks=256),
+                              search=SimpleNamespace(fidelity=Fidelity(policy="screen", screen=0.25), multi_objective=False))  # fmt: skip
+    plain, scaled = (T.shipped_trial(p, COST, TASKS, shipped, 64, k) for k in (1.0, 32 / 29))
+    assert scaled["median"]["compose_s"] == pytest.approx(0.32)
+    assert scaled["median"]["move_s"] == pytest.approx(0.64)
+    assert scaled["kept"]["total_s"] - plain["kept"]["total_s"] == pytest.approx(0.03 + 0.06)
+
+
 def test_forward_flops_is_the_plans_rule():
     # item_flops counts with study.estimate.forward_flops; pin the rule it relies on
     assert forward_flops(COST, 100) == 2 * 7e9 + 2 * 32 * 100 * 4096
