@@ -122,6 +122,9 @@ def read_text(path: Path, what: str, error: type[ValueError] = ValueError) -> st
         error: the ValueError subclass to raise when it cannot be read or is not UTF-8.
     """
     try:
+        if Path(path).exists() and not Path(path).is_dir() and not Path(path).is_file():
+            # a FIFO would block the command, /dev/zero fill its memory
+            raise error(f"{path}: cannot read {what}: not a regular file")
         data = Path(path).read_bytes()
     except OSError as e:
         raise error(f"{path}: cannot read {what}: {e.strerror}") from None
@@ -140,6 +143,40 @@ def _yaml_message(path: Path, text: str, e: yaml.YAMLError) -> str:
     return f"{path}: not valid YAML ({' '.join(str(e).split())})"
 
 
+class _NoDuplicateKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    one silently, so `num_samples: 2` ... `num_samples: 500` ran 500 trials (a red-team found
+    it). Keys brought in by a `<<` merge may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} given twice (first on line {first.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+_NoDuplicateKeys.add_constructor("tag:yaml.org,2002:map", _NoDuplicateKeys.construct_yaml_map)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text parsed like PyYAML's safe_load, but refusing a mapping key given twice."""
+    return yaml.load(text, Loader=_NoDuplicateKeys)  # a SafeLoader: builds no Python objects
+
+
 def load_yaml(path: Path, what: str, error: type[ValueError] = ValueError) -> Any:
     """The parsed YAML of `path`; unreadable, non-UTF-8 or malformed files raise `error`.
 
@@ -152,7 +189,7 @@ def load_yaml(path: Path, what: str, error: type[ValueError] = ValueError) -> An
     """
     text = read_text(path, what, error)
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError as e:
         raise error(_yaml_message(path, text, e)) from None
 

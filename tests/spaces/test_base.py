@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/spaces/test_base.py
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,11 +39,31 @@ def _write(path: Path, data: bytes) -> Path:
         (b"name: x\n  base: y\n", r"x\.yaml:2:7: not valid YAML \(mapping values are not allowed"),
         (b"name: [unclosed", r"x\.yaml:1:16: not valid YAML \(while parsing a flow sequence"),
         (b'name: x\nbase: "a\x07"\n', r"x\.yaml:2: not valid YAML \(.*#x0007\)"),
+        (
+            b"search:\n  num_samples: 2\n  seed: 0\n  num_samples: 500\n",
+            r"x\.yaml:4:3: not valid YAML \(key 'num_samples' given twice \(first on line 2\)\)",
+        ),
     ],
 )
 def test_bad_yaml_names_file_and_line(tmp_path, data, message):
     with pytest.raises(ValueError, match=message):
         load_yaml(_write(tmp_path / "x.yaml", data), "experiment")
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    f = _write(tmp_path / "x.yaml", b"a: &d {lr: 1, steps: 2}\nb:\n  <<: *d\n  lr: 5\n")
+    assert load_yaml(f, "experiment") == {"a": {"lr": 1, "steps": 2}, "b": {"lr": 5, "steps": 2}}
+
+
+def test_a_fifo_or_device_is_refused_not_read(tmp_path):
+    """A FIFO blocked the command until killed, /dev/zero filled its memory: both are refused
+    at once (from outside: in a subprocess that must end)."""
+    fifo = tmp_path / "recipe.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        code = f"from layerswap.spaces.base import load_yaml; load_yaml({str(path)!r}, 'recipe')"
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert f"{path}: cannot read recipe: not a regular file" in run.stderr
 
 
 def test_yaml_is_utf8_whatever_the_locale(tmp_path):
