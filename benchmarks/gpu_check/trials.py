@@ -252,15 +252,15 @@ def _pass_figures(label: str, p: dict, s: dict, assumed: dict, size: dict) -> li
     moved = statistics.median(r["moved"] for r in timed)
     med, kept, pruned = s["median"], s["kept"]["total_s"], s["pruned"]["total_s"]
     x = f", x {s['swap_scale']:.3g} for the full depth (swap_scale)" if s.get("swap_scale", 1.0) != 1.0 else ""  # fmt: skip
-    a = assumed or {}
+    a = assumed  # None: no profile for this GPU
     world = f"world stand-ins: {size['limit']} Belebele items 5-shot + {size['limit']} MGSM items 8-shot x {size['gen_toks']} new tokens"  # fmt: skip
     rows = [
         ("compose s per trial", med["compose_s"], "s", None, f"{how}{x}; {moved:g} tensors ({gib:.2f} GiB) swapped in; the move excluded"),
         ("move s per trial", med["move_s"], "s", None, f"{how}{x}; expert tensors copied to the device (LiveModel.t_move_s)"),
         ("score s per trial", med["score_s"], "s", None, f"{how}; {world}"),
-        ("shipped-config trials per GPU-hour, every trial kept", per_hour(kept), "trials/h", a and per_hour(a["kept"]), "measured compose + move; proxies at the measured rates by the plan's rule"),
-        ("shipped-config trials per GPU-hour, every trial stopped at its first rung", per_hour(pruned), "trials/h", a and per_hour(a["pruned"]), "the first rung's items only (search.fidelity)"),
-        ("share of a kept shipped-config trial spent scoring", share(kept - med["compose_s"] - med["move_s"], kept), "share", a and share(a["kept"] - a["compose"], a["kept"]), ""),
+        ("shipped-config trials per GPU-hour, every trial kept", per_hour(kept), "trials/h", per_hour(a["kept"]) if a else None, "measured compose + move; proxies at the measured rates by the plan's rule"),
+        ("shipped-config trials per GPU-hour, every trial stopped at its first rung", per_hour(pruned), "trials/h", per_hour(a["pruned"]) if a else None, "the first rung's items only (search.fidelity)"),
+        ("share of a kept shipped-config trial spent scoring", share(kept - med["compose_s"] - med["move_s"], kept), "share", share(a["kept"] - a["compose"], a["kept"]) if a else None, ""),
     ]  # fmt: skip
     return [Figure(f"{n} ({label})", v, u, assumed=a, note=note) for n, v, u, a, note in rows]
 
@@ -373,7 +373,7 @@ def run(ctx) -> dict:
             continue
         if p.get("does_not_fit"):
             figures.append(Figure(f"shipped-config trials per GPU-hour, every trial kept ({label})", None,
-                                  "trials/h", assumed=assumed and per_hour(assumed["kept"]), note="does not fit"))  # fmt: skip
+                                  "trials/h", assumed=per_hour(assumed["kept"]) if assumed else None, note="does not fit"))  # fmt: skip
             continue
         scale = swap_scale(m["depth"], p["depth"])  # the device pass may hold fewer layers
         scaled[key] = shipped_trial(p, cost, tasks, shipped, batch, scale)

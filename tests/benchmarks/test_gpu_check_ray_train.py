@@ -62,7 +62,9 @@ def test_session_id_is_read_past_a_command_name_with_spaces_and_parentheses():
     mine = os.getsid(0)
     assert os.getpid() in R.command_pids({mine}, "/no/such/ray_tmp")
     sessions: set[int] = set()
-    assert os.getpid() in R.command_pids(sessions, sys.executable)  # named on its command line
+    # named on its command line (as started: `.venv/bin/python -m pytest` is no absolute path)
+    argv0 = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert os.getpid() in R.command_pids(sessions, argv0)
     assert mine not in sessions  # never the caller's own session: kill_group would end it
 
 

@@ -109,6 +109,22 @@ def test_a_pass_at_reduced_depth_scales_compose_and_move_to_the_full_depth():
     assert scaled["kept"]["total_s"] - plain["kept"]["total_s"] == pytest.approx(0.03 + 0.06)
 
 
+def test_pass_figures_without_a_profile_for_the_gpu_assume_nothing():
+    """On a GPU spaces/throughput.yaml has no profile for (an H200 today) nothing is assumed,
+    and the report still renders (an empty dict as 'assumed' broke it)."""
+    from gpu_check.report import _row
+
+    rows = [{"first": f, "compose_s": 0.2, "move_s": 0.5, "score_s": 5.5, "mc_s": 2.0, "gen_s": 3.0, "prefill_s": 1.0,
+             "steps": 40, "step_rows": 800, "moved": 9, "moved_bytes": 2**30} for f in (True, False)]  # fmt: skip
+    p = {"rows": rows, "flops": (4e14, 1e14), "weight_bytes": COST.weight_bytes, "depth": 32}
+    shipped = SimpleNamespace(proxy_eval=SimpleNamespace(limit=None, max_gen_toks=256),
+                              search=SimpleNamespace(fidelity=Fidelity(policy="screen", screen=0.25), multi_objective=False))  # fmt: skip
+    s = T.shipped_trial(p, COST, TASKS, shipped, 64)
+    figs = T._pass_figures("host", p, s, None, {"limit": 4, "gen_toks": 4})
+    assert figs and all(f.assumed is None for f in figs)
+    assert all(_row(f).startswith(f"| {f.name} |") for f in figs)
+
+
 def test_forward_flops_is_the_plans_rule():
     # item_flops counts with study.estimate.forward_flops; pin the rule it relies on
     assert forward_flops(COST, 100) == 2 * 7e9 + 2 * 32 * 100 * 4096
