@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from layerswap.cli.args import continue_clash
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.search_experiment import load_search_experiment
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.devices import resolve_device  # light: torch loads when it runs
@@ -36,7 +37,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
     _check(exp, run_dir, args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.search.search import explicit, run_search, search_outputs
+    from layerswap.search.search import explicit, lost_line, run_search, search_outputs
 
     ran = {"experiment": json.loads(explicit(exp).model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
     record = run_dir / "search" / FINISHED
@@ -58,6 +59,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
             board = promote(exp, run_dir, verbose=args.verbose)
             print(f"promotion: leaderboard {board.leaderboard}; best model {board.best_dir}")
+        if getattr(res, "lost", 0):  # not finished: --continue and --resume run them again
+            raise RunFailed(lost_line(res.lost))
         if record.parent.is_dir():  # run_search made it (a stubbed one in tests may not)
             atomic_write_text(record, json.dumps(ran, indent=1) + "\n")
     return 0

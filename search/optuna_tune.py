@@ -9,7 +9,12 @@ the installed Ray version, when a release changes them.
 
 from __future__ import annotations
 
+import os
+
 import optuna
+from ray import cloudpickle
+from ray.exceptions import RayError, RayTaskError
+from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 
@@ -40,3 +45,49 @@ class OptunaTuneSearch(OptunaSearch):
     def mark_completed(self, trial_id: str) -> None:
         """Record `trial_id` as reported, as OptunaSearch.on_trial_complete does."""
         self._completed_trials.add(trial_id)
+
+
+class ErrorNotes(FIFOScheduler):
+    """Tune's default (FIFO) scheduler that first hands a failed trial's exception to `note`.
+
+    Tune tells the searcher only `error=True`; its controller calls the scheduler's
+    `on_trial_error(controller, trial)` just before (ray 2.60, TuneController.
+    _process_trial_failure), with the error already pickled in the trial's local folder
+    (`trial.get_pickled_error()` reads the storage copy, synced only later).
+
+    Args:
+        note: called as note(trial_id, exception or None) for each trial Tune gives up on.
+    """
+
+    def __init__(self, note):
+        super().__init__()
+        self.note = note
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        exc = None
+        try:
+            if trial.pickled_error_file and os.path.exists(trial.pickled_error_file):
+                with open(trial.pickled_error_file, "rb") as f:
+                    exc = cloudpickle.load(f)
+        except Exception:  # an unreadable error file: the trial still ends, unexplained
+            pass
+        self.note(trial.trial_id, exc)
+        super().on_trial_error(tune_controller, trial)
+
+
+def trial_error(exc: BaseException | None) -> tuple[bool, str]:
+    """Whether a failed Tune trial's exception is the trial's own, and its one-line text.
+
+    The trial's own: an exception its code raised (RayTaskError over a non-Ray cause). Anything
+    else (its actor or node died, an OOM kill, a Ray error inside it, none recorded) is Ray's.
+
+    Returns:
+        (own, "Type: first line of the message").
+    """
+    if exc is None:
+        return False, "Ray ended the trial before it reported (see the Ray logs)"
+    cause = exc.cause if isinstance(exc, RayTaskError) else None
+    own = cause is not None and not isinstance(cause, RayError)
+    shown = cause if own else exc
+    lines = [ln.strip() for ln in str(shown).splitlines() if ln.strip()]
+    return own, f"{type(shown).__name__}: {lines[0] if lines else ''}"

@@ -1,6 +1,8 @@
 """RUN/search/trials.parquet: one row per merge-search trial, rewritten atomically as trials finish.
 
 `TrialStore(path)` loads existing rows (for --resume); `append(row)` adds one and rewrites the file.
+A `lost` row is a trial Ray lost (its process or node died, Tune's retries spent): it spends no
+budget, is never served to a repeat, and --resume runs its recipe again (search/searcher.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "node_id": pa.string(),  # the Ray node the trial's final attempt ran on
 }
 PROXY_PREFIX = "proxy__"
+# The status of a trial Ray lost, not the trial's own outcome: not counted, not served, re-run.
+LOST = "lost"
 
 
 def write_parquet_atomic(path: Path, rows: list[dict], columns: dict[str, pa.DataType]) -> None:
@@ -69,10 +73,24 @@ class TrialStore:
         self.path = Path(path)
         self.rows: list[dict] = []
         if self.path.exists():
-            self.rows = read_parquet(self.path).to_pylist()
+            try:
+                self.rows = read_parquet(self.path).to_pylist()
+            except (OSError, ValueError) as e:  # pyarrow names a damaged file '<Buffer>'
+                raise ValueError(
+                    f"{self.path}: not a readable trial table ({e}); restore it, or start "
+                    "the search over with --overwrite"
+                ) from None
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def spent(self) -> int:
+        """Trials that count toward search.num_samples: every row but the lost ones."""
+        return sum(r["status"] != LOST for r in self.rows)
+
+    def lost(self) -> list[dict]:
+        """The rows of trials Ray lost (each to run again on --resume)."""
+        return [r for r in self.rows if r["status"] == LOST]
 
     def ids(self) -> set[str]:
         return {r["trial_id"] for r in self.rows}
@@ -85,9 +103,9 @@ class TrialStore:
         write_parquet_atomic(self.path, self.rows, COLUMNS)
 
     def evaluated(self, recipe_id: str) -> dict | None:
-        """The row that evaluated this recipe (status ok/failed/pruned), if any."""
+        """The row that evaluated this recipe (status ok/failed/pruned), if any; never a lost one."""
         for r in self.rows:
-            if r["recipe_id"] == recipe_id and r["status"] != "duplicate":
+            if r["recipe_id"] == recipe_id and r["status"] not in ("duplicate", LOST):
                 return r
         return None
 

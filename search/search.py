@@ -18,9 +18,16 @@ import optuna
 import ray
 
 from layerswap.search.expert_store import choose_store, start_stores, stop_stores
+from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.results import PROXY_PREFIX, TrialStore
-from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler, reconcile
+from layerswap.search.searcher import (
+    STATES,
+    LayerswapSearch,
+    make_sampler,
+    reconcile,
+    requeue_lost,
+)
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
 from layerswap.spaces.local_inputs import search_inputs
@@ -30,7 +37,7 @@ from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.model_ids import saved_digests
 from layerswap.trainables.node_paths import NodePathError, described, run_lock, start_checked
 from layerswap.trainables.outputs import OutputError, check_output, write_marker
-from layerswap.trainables.ray_session import init_ray, tune_output
+from layerswap.trainables.ray_session import cluster_line, init_ray, tune_output
 
 
 @dataclass
@@ -41,6 +48,15 @@ class SearchResult:
     n_trials: int
     best: list[dict] = field(default_factory=list)
     splits_read: set[tuple[str, str]] = field(default_factory=set)
+    lost: int = 0  # trials Ray lost, short of search.num_samples: --resume runs them
+
+
+def lost_line(lost: int) -> str:
+    """The line a search with lost trials ends with (it is not finished)."""
+    return (
+        f"search: {lost} trial(s) lost to Ray (their process or node died; see their rows' "
+        "error): not counted toward search.num_samples; --resume (or --continue) runs them again"
+    )
 
 
 # How a search starts Ray: its trials' logs and Ray's dashboard and log setup stay out.
@@ -83,7 +99,7 @@ def run_search(
     # With a world its trials read RUN/search/tasks: RUN counts, as the search's lock there (the
     # CLI holds it; a direct call holds none, and RUN is then not checked).
     inputs = [*search_inputs(exp, pool), *([run_lock(sdir)] if exp.world is not None else [])]
-    if exp.search.num_samples > len(store):  # trials will run: every node must see the inputs
+    if exp.search.num_samples > store.spent():  # trials will run: every node must see the inputs
         start_checked(inputs, verbose=verbose, **_RAY_INIT)
     sdir.mkdir(parents=True, exist_ok=True)
     write_marker(sdir, "search", search_identity(exp))
@@ -98,14 +114,18 @@ def run_search(
     # Recipe ids hash the experts: once per run, not again on --resume or in promotion.
     with tune_output(verbose), saved_digests(model_ids_file(run_dir)):
         storage, fresh = _open_study(exp, db, store, progress)
-        remaining = exp.search.num_samples - len(store)
+        remaining = exp.search.num_samples - store.spent()  # a lost trial spent nothing
         searcher = None
         if remaining > 0:
             searcher = _make_searcher(exp, pool, depth, store, storage, fresh, progress)
             _run_tuner(exp, searcher, spec, sdir, remaining, progress, verbose)
     splits = _write_splits(sdir, searcher.splits if searcher is not None else set())
     store = TrialStore(sdir / "trials.parquet")
-    return SearchResult(run_dir, store.path, db, len(store), store.best(exp.promote.top_k), splits)
+    lost = max(0, exp.search.num_samples - store.spent())
+    if lost and progress:
+        print(lost_line(lost))
+    best = store.best(exp.promote.top_k)
+    return SearchResult(run_dir, store.path, db, len(store), best, splits, lost=lost)
 
 
 SEARCH_OUTPUTS = ("search", "promotion", "best", "leaderboard.md")  # under RUN
@@ -210,8 +230,12 @@ def _open_study(
     if not fresh:
         study = optuna.load_study(study_name=exp.name, storage=storage)
         n = reconcile(study, store)
+        lost = requeue_lost(study, store) if exp.search.num_samples > store.spent() else 0
         if progress:
-            print(f"search: resuming {len(store)} finished trial(s), {n} interrupted re-queued")
+            print(
+                f"search: resuming {store.spent()} finished trial(s), {n} interrupted re-queued"
+                + (f", {lost} lost to Ray re-queued" if lost else "")
+            )
     return storage, fresh
 
 
@@ -265,6 +289,8 @@ def _run_tuner(
 
     if not ray.is_initialized():
         init_ray(verbose=verbose, **_RAY_INIT)
+    if progress:
+        print(f"search: {cluster_line()}")
     limit, resources = _trial_resources(exp, ray.cluster_resources())
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     # A fresh key per run: no store of an earlier run of this folder can serve this one.
@@ -281,6 +307,7 @@ def _run_tuner(
         trainable,
         tune_config=tune.TuneConfig(
             search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
+            scheduler=ErrorNotes(searcher.note_error),  # tells the trial's own error from Ray's
             num_samples=remaining,
             reuse_actors=True,
             trial_dirname_creator=_trial_dirname,

@@ -2,7 +2,9 @@
 
 `LayerswapSearch` (via search/optuna_tune.py) writes each trial's row to the trial store before
 telling Optuna its outcome (COMPLETE, PRUNED after screening, FAIL), so `reconcile` can finish
-an interrupted study from the table on --resume. `make_sampler` is the seeded TPE sampler.
+an interrupted study from the table on --resume. A trial Ray lost (its actor or node died, Tune's
+retries spent) is a `lost` row, not a failed one: `requeue_lost` runs its recipe again on --resume.
+`make_sampler` is the seeded TPE sampler.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from functools import partial
 import optuna
 
 from layerswap.search.fidelity import gates, rung_values
-from layerswap.search.optuna_tune import OptunaTuneSearch
+from layerswap.search.optuna_tune import OptunaTuneSearch, trial_error
 from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress
-from layerswap.search.results import PROXY_PREFIX, TrialStore
+from layerswap.search.results import LOST, PROXY_PREFIX, TrialStore, params_of
 from layerswap.search.trial import combine
 from layerswap.search.tune_trial import META, TWIN, served_result
 from layerswap.spaces.recipe import dump_recipe
@@ -62,6 +64,7 @@ class LayerswapSearch(OptunaTuneSearch):
         self.waiting: tuple | None = None  # async: a proposal held back while its twin runs
         self.batch: Batch | None = None  # reproducible: set by `plan_batches`
         self.meta: dict[str, dict] = {}
+        self.errors: dict[str, BaseException | None] = {}  # trial id -> what Tune gave up on
         self.splits: set[tuple[str, str]] = set()
         # One line per finished trial; a resumed run counts (and ranks) its earlier rows too.
         self.lines = None
@@ -70,7 +73,7 @@ class LayerswapSearch(OptunaTuneSearch):
             self.lines = TrialProgress(
                 "search",
                 exp.search.num_samples,
-                done=len(store),
+                done=store.spent(),
                 best=(best[0]["objective"], f"#{best[0]['trial_id']}") if best else None,
             )
         space = partial(_space_fn, space=exp.space, depth=depth, pool=pool)
@@ -152,6 +155,11 @@ class LayerswapSearch(OptunaTuneSearch):
         bars = gates(search.fidelity, self.store.rows, search.multi_objective)
         return {**params, META: {"served": served, "gates": bars}}
 
+    def note_error(self, trial_id: str, exc: BaseException | None) -> None:
+        """The exception Tune gave up on for `trial_id` (optuna_tune.ErrorNotes, just before
+        `on_trial_complete(error=True)`): it tells the trial's own error from Ray's."""
+        self.errors[trial_id] = exc
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         pass  # one report per trial, handled at completion
 
@@ -174,9 +182,15 @@ class LayerswapSearch(OptunaTuneSearch):
         """Write the trial's row, then tell Optuna (the table first: --resume trusts it)."""
         if self.pending.get(meta["recipe_id"]) == trial_id:
             del self.pending[meta["recipe_id"]]
-        if result is not None and TWIN in result:  # served from its twin, told just before
-            result = served_result(self.store.evaluated(result[TWIN]))
-        row = self._row(meta, result if not error else None)
+        failure = None  # (status, error) of a trial that reported nothing
+        if error or not result:
+            own, text = trial_error(self.errors.pop(trial_id, None))
+            failure, result = ("failed" if own else LOST, text), None
+        elif TWIN in result:  # served from its twin, told just before
+            source = self.store.evaluated(result[TWIN])
+            result = served_result(source) if source is not None else None
+            failure = None if source is not None else (LOST, "its twin trial was lost")
+        row = self._row(meta, result, failure)
         self.store.append(row)
         splits = (result or {}).get("splits_read") or "[]"
         self.splits |= {
@@ -192,7 +206,7 @@ class LayerswapSearch(OptunaTuneSearch):
                 detail=_recipe_text(row),
             )
 
-    def _row(self, meta: dict, result: dict | None) -> dict:
+    def _row(self, meta: dict, result: dict | None, failure: tuple[str, str] | None = None) -> dict:
         row = {"trial_id": f"{meta['number']:04d}", "recipe_id": meta["recipe_id"]}
         row["params"] = json.dumps(meta["params"], sort_keys=True)
         row["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -205,8 +219,9 @@ class LayerswapSearch(OptunaTuneSearch):
         except Exception as e:
             row |= {"status": "failed", "error": f"decode: {e}", "method": "layer_swap"}
             return row
-        if result is None:
-            return row | {"status": "failed", "error": "the trial raised (see the Ray logs)"}
+        if result is None:  # no report: Ray's doing (lost), or the trial's own exception
+            status, text = failure or (LOST, "no report (see the Ray logs)")
+            return row | {"status": status, "error": text}
         status = result.get("status", "failed")
         row["status"] = status
         row["error"] = result.get("error")
@@ -343,6 +358,19 @@ def _proxies(study) -> list[Proxy]:
     begun before the scales were recorded holds task names: accuracy-like scales, as then)."""
     saved = json.loads(study.user_attrs.get("proxies", "[]"))
     return [Proxy(task=p) if isinstance(p, str) else Proxy.model_validate(p) for p in saved]
+
+
+def requeue_lost(study: optuna.Study, store: TrialStore) -> int:
+    """Queue each lost row's recipe to run again (once: the queued trial names it `rerun_of`).
+
+    Returns:
+        how many lost trials were queued now.
+    """
+    queued = {t.user_attrs.get("rerun_of") for t in study.get_trials(deepcopy=False)}
+    fresh = [r for r in store.lost() if r["trial_id"] not in queued]
+    for r in fresh:
+        study.enqueue_trial(params_of(r), user_attrs={"rerun_of": r["trial_id"]})
+    return len(fresh)
 
 
 def reconcile(study: optuna.Study, store: TrialStore) -> int:

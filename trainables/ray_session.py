@@ -137,6 +137,23 @@ def init_ray(*, verbose: bool = False, **kwargs) -> None:
         signal.signal(signal.SIGTERM, through_ray_get(before))
 
 
+def cluster_line() -> str:
+    """Which Ray cluster this driver is on (after `init_ray`): its address, and whether the driver
+    started it or joined a running one.
+
+    `ray.init()` with no address joins the cluster RAY_ADDRESS names, else the one Ray last
+    recorded as started on this machine (/tmp/ray/ray_current_cluster), e.g. someone else's on
+    a shared host: intended on a cluster's head, a surprise elsewhere, so a command says which.
+    """
+    address = ray.get_runtime_context().gcs_address
+    node = ray._private.worker._global_node  # private: Ray pinned 2.60.0; None on a Ray client
+    if node is not None and node.head:
+        return f"Ray: started a local cluster at {address} (ends with this command)"
+    found = os.environ.get("RAY_ADDRESS") or ""
+    how = f"RAY_ADDRESS={found}" if found else "found running on this machine"
+    return f"Ray: joined the running cluster at {address} ({how}; RAY_ADDRESS=local starts a private one)"  # fmt: skip
+
+
 @contextmanager
 def _own_session() -> Iterator[None]:
     """While open, the processes Ray starts for a local node run in a new session
