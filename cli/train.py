@@ -27,6 +27,7 @@ from layerswap.cli.train_sweep import (
     sweep_data_problem,
     sweep_folder,
 )
+from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
@@ -63,9 +64,33 @@ def check_inputs(exp: TrainExperiment) -> None:
             problems.append(f"base: {exp.base} is not a model folder (no config.json)")
         else:
             problems += [f"base: {p}" for p in _weights_problems(base)]
+    else:
+        problems += _hub_base_problems(exp.base)
     problems += _data_problems(exp)
     if problems:
         raise ValueError("\n  ".join(problems))
+
+
+def _hub_base_problems(base: str) -> list[str]:
+    """A `base` that is no folder here must be a Hub id (owner/name), and one in the Hugging
+    Face cache where the Hub is off (HF_HUB_OFFLINE=1): a mistyped relative path
+    (runs/world/bsae) failed only after the run folder was marked, with the Hub's "Repo id must
+    be in the form ..." and a marked folder that blocked the corrected rerun."""
+    if is_uri(base):
+        return []
+    if not is_hub_id(base):
+        return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
+        return []  # the Hub is reachable as far as we know: the trainer downloads it
+    # lazy: huggingface_hub (~0.3 s), only for a Hub id
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(base, "config.json"), str):
+        return []
+    return [
+        f"base: {base}: not a folder here, and not in the Hugging Face cache while "
+        "HF_HUB_OFFLINE=1 (fetch it with `layerswap prefetch`, or give a local folder)"
+    ]
 
 
 def _weights_problems(folder: Path) -> list[str]:

@@ -628,6 +628,21 @@ def train__base_is_not_a_model(e: Env):
 
 
 @case()
+def train__base_is_a_mistyped_relative_path(e: Env):
+    """Refused before the run folder is marked: it used to fail after, with the Hub's "Repo id
+    must be in the form ...", leaving a marked folder that blocked the corrected rerun."""
+    argv = ["train", e.train_exp(base="runs/world/bsae"), "--out", e.at("run")]
+    return argv, ["base: runs/world/bsae: no such folder, and not a Hub id (owner/name)"]
+
+
+@case()
+def train__base_hub_id_not_cached_offline(e: Env):
+    """The tests run with HF_HUB_OFFLINE=1 (tests/conftest.py), as a cluster node does."""
+    argv = ["train", e.train_exp(base="acme/no-such-model"), "--out", e.at("run")]
+    return argv, ["base: acme/no-such-model: not a folder here, and not in the Hugging Face cache"]
+
+
+@case()
 def train__experiment_missing(e: Env):
     f = e.at("exp.yml")
     return ["train", f, "--no-ray"], [f"{f}: cannot read experiment"]
