@@ -325,7 +325,8 @@ def _throughput(ctx, r: dict, cfg, args) -> dict:
     derivation = (
         f"tokens/s x {r['flops_per_token']:.4g} training FLOPs per token "
         "(study.estimate.train_flops); one GPU, no FSDP communication, so an upper bound for "
-        "multi-GPU FSDP"
+        f"multi-GPU FSDP. That rule counts the lm_head in the recompute: at this shape "
+        f"{r['flops_per_token'] / r['hardware_flops_per_token'] - 1:.1%} more FLOPs than run"
     )
     value = r["tokens_per_s"] * r["flops_per_token"]
     return {
