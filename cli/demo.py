@@ -65,7 +65,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="continue an interrupted demo run in --out: trained experts and finished search "
         "trials are kept, unfinished training resumes from its last checkpoint",
     )
-    d.add_argument("--world-size", choices=["full", "tiny"], default="full", help="world preset")
+    d.add_argument(
+        "--world-size",
+        choices=["full", "tiny"],
+        default="full",
+        help="world preset (default: full; tiny: a small world for a quick end-to-end check)",
+    )
     d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
     d.add_argument(
         "--trials", type=count(MAX_TRIALS), default=16, help="merge-search trials (default: 16)"

@@ -227,7 +227,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     e.add_argument("--tasks", required=True, help="comma-separated lm-eval task or tag names")
     e.add_argument("--world", type=Path, metavar="DIR", help="world folder: adds its tasks")
-    e.add_argument("--limit", type=_limit, help="first N docs per task (or a fraction < 1)")
+    e.add_argument(
+        "--limit", type=_limit, help="first N docs per task, or a fraction < 1 (default: every doc)"
+    )
     e.add_argument("--out", type=output_file, metavar="FILE", help="write the raw result JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out result JSON")
     e.add_argument(

@@ -293,7 +293,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=Path,
         help="experiment YAML (see spaces/examples/); required, in any place on the line",
     )
-    t.add_argument("--out", type=Path, help="run folder (default: the config's storage_path)")
+    t.add_argument(
+        "--out",
+        type=Path,
+        help="run folder RUN: the run goes to RUN/train/<name>/ "
+        "(default: <the config's storage_path>/<name>/)",
+    )
     t.add_argument("--no-ray", action="store_true", help="train in this process (1 worker)")
     t.add_argument(
         "--resume",
