@@ -20,6 +20,7 @@ import ray
 from layerswap.search.expert_store import choose_store, start_stores, stop_stores
 from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
+from layerswap.search.preflight_study import study_problem
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import (
     STATES,
@@ -173,6 +174,8 @@ def _check_search_dir(
             # Only the budget and promotion may change on resume: rows must stay comparable.
             raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")  # fmt: skip
         _check_same_fidelity(exp, before.search, saved)
+    if resume and (problem := study_problem(db, exp.name, store)) is not None:
+        raise OutputError(f"--resume: {problem}")
     scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
     if resume and not scored <= {p.task for p in exp.proxy_list}:
         # A search saved before its default proxies changed (its experiment.json left them
