@@ -39,17 +39,30 @@ def _inputs(loaded) -> list[Path]:
     return [loaded.path, *(e.config for e in loaded.experts), *(s.config for s in loaded.searches)]
 
 
-def cluster_fit(plan, cluster: Path) -> list[str]:
-    """Which node types of a Ray cluster YAML declare the GPUs each stage's runs hold.
+def node_types(cluster: Path) -> dict[str, dict]:
+    """A Ray cluster YAML's `available_node_types` (name -> declared resources).
 
-    Reads only `available_node_types[*].resources` (`GPU`, `accelerator_type:NAME`); Ray detects
-    undeclared resources when a node starts, so a type without them cannot be judged here.
+    Raises:
+        ValueError naming the file when it cannot be read or is not a Ray cluster config.
     """
     data = load_yaml(cluster, "cluster config")
     types = data.get("available_node_types") if isinstance(data, dict) else None
     if not isinstance(types, dict) or not types:
-        return [f"cluster {cluster}: no available_node_types"]
-    res = {n: t.get("resources") or {} for n, t in types.items() if isinstance(t, dict)}
+        raise ValueError(f"--cluster {cluster}: not a Ray cluster config (no available_node_types)")  # fmt: skip
+    return {n: (t.get("resources") or {}) for n, t in types.items() if isinstance(t, dict)}
+
+
+def cluster_fit(plan, res: dict[str, dict], cluster: Path) -> list[str]:
+    """Which node types of a Ray cluster YAML declare the GPUs each stage's runs hold.
+
+    Reads only `available_node_types[*].resources` (`GPU`, `accelerator_type:NAME`); Ray detects
+    undeclared resources when a node starts, so a type without them cannot be judged here.
+
+    Args:
+        plan: the study plan.
+        res: `node_types(cluster)`.
+        cluster: the file, for the heading.
+    """
     out = [f"cluster {cluster}:"]
     for n, r in res.items():
         kinds = [k.split(":", 1)[1] for k in r if k.startswith("accelerator_type:")]
@@ -70,6 +83,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     offline_defaults()  # a plan never reaches the network (an explicit HF_HUB_OFFLINE=0 is kept)
 
     loaded = load_study(args.study)
+    # before the plan is printed: a wrong --cluster is refused, not reported after 70 lines
+    types = node_types(args.cluster) if args.cluster is not None else None
     check = dict(overwrite=args.overwrite, inputs=_inputs(loaded), ours=_is_plan_json, what="a layerswap plan JSON")  # fmt: skip
     if args.json is not None:
         check_output_file(args.json, **check)
@@ -81,8 +96,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     plan = plan_study(loaded, args.profile)
     print(format_study_plan(plan))
-    if args.cluster is not None:
-        print("\n" + "\n".join(cluster_fit(plan, args.cluster)))
+    if types is not None:
+        print("\n" + "\n".join(cluster_fit(plan, types, args.cluster)))
     if plan.problems:
         lines = "\n  ".join(plan.problems)
         print(f"layerswap: error: {args.study}: {len(plan.problems)} problem(s)\n  {lines}", file=sys.stderr)  # fmt: skip

@@ -1347,6 +1347,19 @@ def plan__json_is_the_study_overwrite(e: Env):
     return ["plan", s, "--json", s, "--overwrite"], [f"{s}: is the input {s}"]
 
 
+@case()
+def plan__cluster_missing(e: Env):
+    f = e.at("cluster.yaml")
+    return ["plan", _plan_study(e), "--cluster", f], [f"{f}: cannot read cluster config"]
+
+
+@case()
+def plan__cluster_is_not_a_cluster_config(e: Env):
+    """A study file given as --cluster was accepted (exit 0, a note under the plan)."""
+    s = _plan_study(e)
+    return ["plan", s, "--cluster", s], [f"--cluster {s}: not a Ray cluster config (no available_node_types)"]  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------ prefetch
 
 
