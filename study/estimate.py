@@ -7,9 +7,11 @@ Rules (each estimate prints the profile figures it rests on, spaces/throughput.y
   `2·N_mm + 2·L·ctx·d_attn`, where N_mm counts the weights of every Linear module (lm_head
   included, LoRA adapters included, the embedding lookup and norms not), L the layers, d_attn
   heads × head_dim, and ctx the tokens of a row.
-- Training FLOPs per token: the forward, once more with gradient checkpointing (recompute),
-  the backward to the activations (as much as a forward, attention's twice), and the weight
-  gradients of the trained matrices only: `(2 + ckpt)·fwd + 2·L·ctx·d_attn + 2·N_trained_mm`.
+- Training FLOPs per token: the forward, the decoder layers' forward once more with gradient
+  checkpointing (Hugging Face recomputes the layers, not the lm_head), the backward to the
+  activations (as much as a forward, attention's twice), and the weight gradients of the
+  trained matrices only: `2·fwd + ckpt·(fwd − 2·N_head_mm) + 2·L·ctx·d_attn + 2·N_trained_mm`,
+  N_head_mm the Linear weights outside the layers (the lm_head).
   Full training: 6·N_mm (+ attention), as usual; LoRA and partial training still run the whole
   forward and the whole backward to the activations (the gradient must reach the lowest
   trained parameter), so they save only the frozen weights' gradients: ≈ 4·N_mm.
@@ -63,6 +65,7 @@ class ModelCost:
     d_attn: int
     weight_bytes: int  # what one copy of the weights takes in the config's dtype
     trained: int  # trainable parameters
+    n_head_mm: int = 0  # weights of Linear modules outside the decoder layers (the lm_head)
 
 
 def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
@@ -76,16 +79,17 @@ def model_cost(shape, exp: TrainExperiment | None = None) -> ModelCost:
     from layerswap.trainables.train.modes import trainable_split
 
     n_mm = sum(i * o for i, o in shape.linears.values())
+    head = sum(i * o for n, (i, o) in shape.linears.items() if ".layers." not in f".{n}")
     elt = shape.dtype.itemsize
     if exp is None:
         params = sum(shape.params.values())
-        return ModelCost(params, n_mm, 0, shape.layers, shape.heads * shape.head_dim, params * elt, 0)  # fmt: skip
+        return ModelCost(params, n_mm, 0, shape.layers, shape.heads * shape.head_dim, params * elt, 0, head)  # fmt: skip
     split = trainable_split(exp, shape)
     adapters = sum(n for k, n in split.params.items() if ".lora_" in k)
     trained_mm = sum(split.params[k] for k in split.trainable if k in split.linear)
     trained = sum(split.params[k] for k in split.trainable)
     params = sum(split.params.values())
-    return ModelCost(params, n_mm + adapters, trained_mm, shape.layers, shape.heads * shape.head_dim, params * elt, trained)  # fmt: skip
+    return ModelCost(params, n_mm + adapters, trained_mm, shape.layers, shape.heads * shape.head_dim, params * elt, trained, head)  # fmt: skip
 
 
 def forward_flops(c: ModelCost, ctx: float) -> float:
@@ -96,7 +100,8 @@ def forward_flops(c: ModelCost, ctx: float) -> float:
 def train_flops(c: ModelCost, ctx: float, checkpointing: bool) -> float:
     """Training FLOPs of one token (forward, recompute, backward; see the module docstring)."""
     fwd = forward_flops(c, ctx)
-    return (2 + int(checkpointing)) * fwd + 2 * c.layers * ctx * c.d_attn + 2 * c.n_trained_mm
+    recompute = fwd - 2 * c.n_head_mm if checkpointing else 0.0  # the layers only, no lm_head
+    return 2 * fwd + recompute + 2 * c.layers * ctx * c.d_attn + 2 * c.n_trained_mm
 
 
 # ---------------------------------------------------------------------------- evaluation

@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from gpu_check.common import GIB, Timer, failure, free
 from gpu_check.figures import Figure, Target, peak_share, relative_error, share
-from layerswap.study.estimate import forward_flops, model_cost, train_flops
+from layerswap.study.estimate import model_cost, train_flops
 from layerswap.trainables.train.model_shape import model_shape
 from layerswap.trainables.train.precision import resolve_precision
 from layerswap.trainables.train.run_setup import _prepare_model
@@ -68,15 +68,14 @@ def utilisation_flops(cfg, exp) -> dict[str, float]:
         {"model": MFU's, train_flops without recompute: 6N + the plan's attention term (causal:
          half of PaLM's 12·L·H·Q·T, which counts the full square);
          "hardware": HFU's, "model" plus what Hugging Face gradient checkpointing recomputes:
-         the decoder layers' forward, not the lm_head (the plan's rule counts a whole forward)}.
+         the decoder layers' forward, not the lm_head; the plan's rule, train_flops}.
     """
-    shape, h = model_shape(cfg), exp.hyper
-    c = model_cost(shape, exp)
-    model = train_flops(c, h.seq_len, False)
-    if not h.gradient_checkpointing:
-        return {"model": model, "hardware": model}
-    outside = sum(i * o for n, (i, o) in shape.linears.items() if ".layers." not in f".{n}")
-    return {"model": model, "hardware": model + forward_flops(c, h.seq_len) - 2 * outside}
+    h = exp.hyper
+    c = model_cost(model_shape(cfg), exp)
+    return {
+        "model": train_flops(c, h.seq_len, False),
+        "hardware": train_flops(c, h.seq_len, h.gradient_checkpointing),
+    }
 
 
 def mfu(tokens_per_s: float, per_token: float, peak_flops: float | None) -> float | None:
@@ -177,7 +176,7 @@ def _lr_figures(ctx, r: dict) -> list[Figure]:
     cpu = "not measured on the CPU"
     notes = {
         "mfu": f"{r['model_flops_per_token']:.4g} FLOPs/token (6N + attention, no recompute) / datasheet bf16 peak",
-        "hfu": f"{r['hardware_flops_per_token']:.4g} FLOPs/token (MFU's + the decoder layers' recompute) / datasheet bf16 peak; the plan's rule counts {r['flops_per_token']:.4g} (recompute as a whole forward, lm_head included)",
+        "hfu": f"{r['hardware_flops_per_token']:.4g} FLOPs/token (MFU's + the decoder layers' recompute) / datasheet bf16 peak (the plan's rule, train_flops)",
         "peak": f"max_memory_reserved over the steps (allocated: {r.get('peak_allocated_gib', 0):.2f} GiB); assumed: the memory plan's total per GPU",
         "err": f"(plan {plan:.2f} - reserved peak {peak or 0:.2f} GiB) / peak = {err or 0:+.1%}; the plan's 2 GiB overhead also covers the CUDA context, which the peak leaves out",
         "master": f"{r['master_moved']:,} of {n:,} elements differ after {steps}: full copy on the host, exact compare",
@@ -325,8 +324,8 @@ def _throughput(ctx, r: dict, cfg, args) -> dict:
     derivation = (
         f"tokens/s x {r['flops_per_token']:.4g} training FLOPs per token "
         "(study.estimate.train_flops); one GPU, no FSDP communication, so an upper bound for "
-        f"multi-GPU FSDP. That rule counts the lm_head in the recompute: at this shape "
-        f"{r['flops_per_token'] / r['hardware_flops_per_token'] - 1:.1%} more FLOPs than run"
+        "multi-GPU FSDP; the recompute counted is the decoder layers' (not the lm_head's), as "
+        "Hugging Face gradient checkpointing runs it"
     )
     value = r["tokens_per_s"] * r["flops_per_token"]
     return {
