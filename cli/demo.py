@@ -19,6 +19,11 @@ MAX_TRAIN_STEPS = 1_000_000
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.merge_only and args.resume:
         raise ValueError("--resume continues a pipeline run; --merge-only has nothing to resume")
+    # Defaults are applied here, so a pipeline flag given with --merge-only is seen and refused
+    # (it was ignored without a word).
+    pipeline = {"--world-size": args.world_size, "--seed": args.seed, "--trials": args.trials, "--train-steps": args.train_steps}  # fmt: skip
+    if args.merge_only and (given := [k for k, v in pipeline.items() if v is not None]):
+        raise ValueError(f"{', '.join(given)}: the pipeline's settings; --merge-only merges a generated tiny family only")  # fmt: skip
     if args.merge_only:
         # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
         from layerswap.demo.merge_only import run_merge_demo
@@ -29,10 +34,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from layerswap.demo.pipeline import DemoSettings, run_demo
 
     settings = DemoSettings(
-        world_size=args.world_size,
-        seed=args.seed,
+        world_size=args.world_size or "full",
+        seed=0 if args.seed is None else args.seed,
         train_steps=args.train_steps,
-        trials=args.trials,
+        trials=args.trials or 16,
     )
     run_demo(
         Path(args.out),
@@ -68,13 +73,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument(
         "--world-size",
         choices=["full", "tiny"],
-        default="full",
         help="world preset (default: full; tiny: a small world for a quick end-to-end check)",
     )
-    d.add_argument("--seed", type=int, default=0, help="world and search seed (default: 0)")
-    d.add_argument(
-        "--trials", type=count(MAX_TRIALS), default=16, help="merge-search trials (default: 16)"
-    )
+    d.add_argument("--seed", type=int, help="world and search seed (default: 0)")
+    d.add_argument("--trials", type=count(MAX_TRIALS), help="merge-search trials (default: 16)")
     d.add_argument(
         "--train-steps",
         type=count(MAX_TRAIN_STEPS),

@@ -1141,6 +1141,13 @@ def demo__merge_only_resume(e: Env):
 
 
 @case()
+def demo__merge_only_with_pipeline_flags(e: Env):
+    """--seed and --trials were ignored without a word under --merge-only."""
+    argv = ["demo", "--merge-only", "--out", e.at("demo"), "--seed", "3", "--trials", "4"]
+    return argv, ["--seed, --trials: the pipeline's settings; --merge-only merges a generated tiny family only"]  # fmt: skip
+
+
+@case()
 def demo__merge_only_out_is_a_foreign_folder_overwrite(e: Env):
     out = e.folder("mine")
     return ["demo", "--merge-only", "--out", out, "--overwrite"], [f"{out}: exists and {NOT_OURS}"]  # fmt: skip
