@@ -118,7 +118,8 @@ def _data_problems(exp: TrainExperiment) -> list[str]:
             if not exists(ds.path):
                 problems.append(f"datasets[{i}].path: {ds.path} does not exist")
         elif ds.path is not None and not Path(ds.path).is_file():
-            problems.append(f"datasets[{i}].path: {ds.path} does not exist")
+            what = "is a folder, not a data file" if Path(ds.path).is_dir() else "does not exist"
+            problems.append(f"datasets[{i}].path: {ds.path} {what}")
         if ds.source is not None:
             # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
             from layerswap.trainables.train.sources import get_source

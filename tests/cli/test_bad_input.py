@@ -616,6 +616,13 @@ def train__dataset_missing(e: Env):
 
 
 @case()
+def train__dataset_is_a_folder(e: Env):
+    data = e.folder("data")
+    f = e.train_exp(datasets=[{"path": data}])
+    return ["train", f, "--no-ray"], [f"datasets[0].path: {data} is a folder, not a data file"]
+
+
+@case()
 def train__unknown_data_source(e: Env):
     f = e.train_exp(datasets=[{"source": "orca_maths"}])
     return ["train", f, "--no-ray"], ["datasets[0].source: unknown source 'orca_maths'"]
