@@ -174,8 +174,6 @@ def _check_search_dir(
             # Only the budget and promotion may change on resume: rows must stay comparable.
             raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")  # fmt: skip
         _check_same_fidelity(exp, before.search, saved)
-    if resume and (problem := study_problem(db, exp.name, store)) is not None:
-        raise OutputError(f"--resume: {problem}")
     scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
     if resume and not scored <= {p.task for p in exp.proxy_list}:
         # A search saved before its default proxies changed (its experiment.json left them
@@ -184,6 +182,8 @@ def _check_search_dir(
             f"--resume: {store.path} holds trials scored on {sorted(scored)}, this experiment's "
             f"proxies are {[p.task for p in exp.proxy_list]}; start a new search (--out)"
         )
+    if resume and (problem := study_problem(db, exp.name, store)) is not None:
+        raise OutputError(f"--resume: {problem}")  # after the above: they name the cause
 
 
 def _check_same_fidelity(exp: SearchExperiment, old_search: SearchSettings, saved: Path) -> None:
