@@ -189,19 +189,21 @@ def _check_search_dir(
 def _check_same_fidelity(exp: SearchExperiment, old_search: SearchSettings, saved: Path) -> None:
     """Refuse a --resume whose objective or fidelity differs from the saved run's, naming each.
 
-    The budget may change on resume, these may not: `search.multi_objective` sets the study's
+    The budget may change on resume, these may not: the seed proposes every trial (a new one
+    would make the table neither seed's search), `search.multi_objective` sets the study's
     directions and what a row's objective means (and turns the fidelity off), and the gates rank
     a new trial's rung values against the earlier rows' by rung index, so rows scored on other
     rungs (another policy, screen share or rungs) or ranked by another eta, keep_top or delta
     are not comparable to them.
     """
-    pairs = [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
+    pairs = [("search.seed", old_search.seed, exp.search.seed)]
+    pairs += [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
     old, new = old_search.fidelity, exp.search.fidelity
     pairs += [(f"search.fidelity.{k}", getattr(old, k), getattr(new, k)) for k in type(new).model_fields]  # fmt: skip
     changed = [f"{name} was {a!r}, is now {b!r}" for name, a, b in pairs if a != b]
     if changed:
         raise OutputError(
-            f"--resume: {'; '.join(changed)} ({saved}); a search keeps its objective and "
+            f"--resume: {'; '.join(changed)} ({saved}); a search keeps its seed, objective and "
             "fidelity: resume with the old ones or start a new search (--out)"
         )
 
@@ -255,7 +257,7 @@ def _make_searcher(
     multi = exp.search.multi_objective
     metric = [f"objective_{i}" for i in range(len(exp.proxy_list))] if multi else "objective"
     mode = ["max"] * len(exp.proxy_list) if multi else "max"
-    sampler = make_sampler(exp, offset=len(store))
+    sampler = make_sampler(exp)
     searcher = LayerswapSearch(
         exp=exp,
         pool=pool,
@@ -299,17 +301,19 @@ def _run_tuner(
     # A fresh key per run: no store of an earlier run of this folder can serve this one.
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}-{uuid.uuid4().hex[:8]}"  # fmt: skip
     spec = dataclasses.replace(spec, expert_store=store, store_key=key)
+    asked = limit  # trials proposed ahead of their results: a batch, or those running
     if exp.search.reproducible:
-        searcher.plan_batches(limit, remaining)
+        asked = batch_size(exp.search)
+        searcher.plan_batches(asked, remaining)
     if progress:
-        order = "in batches told in trial order" if exp.search.reproducible else "asynchronously"
-        print(f"search: {limit} trial(s) at once ({order}), each {resources}; expert store {store} ({why})")  # fmt: skip
+        order = f"in batches of {asked} told in trial order" if exp.search.reproducible else "asynchronously"  # fmt: skip
+        print(f"search: {min(limit, asked)} trial(s) at once ({order}), each {resources}; expert store {store} ({why})")  # fmt: skip
     trainable = tune.with_resources(tune.with_parameters(merge_trial, spec=spec), resources)
     owner = start_stores(key, searcher.pool.base) if store == "node" else None
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=asked),
             scheduler=ErrorNotes(searcher.note_error),  # tells the trial's own error from Ray's
             num_samples=remaining,
             reuse_actors=True,
@@ -322,6 +326,8 @@ def _run_tuner(
             verbose=0,
         ),
     )
+    if searcher.lines is not None:  # the ETA divides by what runs at once, not by the batch
+        searcher.lines.concurrency = min(limit, asked)
     try:
         grid = tuner.fit()
     finally:
@@ -361,6 +367,13 @@ def _trial_resources(exp: SearchExperiment, cluster: dict) -> tuple[int, dict[st
         limit = min(limit, max(1, math.floor(gpus / s.gpus_per_trial + 1e-9)))  # 1 // 0.1 == 9
     limit = min(limit, max(1, math.ceil(BUDGET_AT_ONCE * s.num_samples)))
     return s.max_concurrent or limit, resources
+
+
+def batch_size(s: SearchSettings) -> int:
+    """Reproducible mode's batch: `max_concurrent`, else BUDGET_AT_ONCE of the budget, never the
+    cluster's size: the same seed and config propose the same trials on 2 cores or 64 (a batch
+    larger than the cluster runs in rounds, its results told once all of it finished)."""
+    return s.max_concurrent or max(1, math.ceil(BUDGET_AT_ONCE * s.num_samples))
 
 
 def _write_splits(sdir: Path, splits: set[tuple[str, str]]) -> set[tuple[str, str]]:

@@ -4,7 +4,7 @@
 telling Optuna its outcome (COMPLETE, PRUNED after screening, FAIL), so `reconcile` can finish
 an interrupted study from the table on --resume. A trial Ray lost (its actor or node died, Tune's
 retries spent) is a `lost` row, not a failed one: `requeue_lost` runs its recipe again on --resume.
-`make_sampler` is the seeded TPE sampler.
+`make_sampler` (search/sampler.py) is the seeded TPE sampler.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from layerswap.search.optuna_tune import OptunaTuneSearch, trial_error
 from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress
 from layerswap.search.results import LOST, PROXY_PREFIX, TrialStore, params_of
+from layerswap.search.sampler import make_sampler  # noqa: F401 (the benchmarks import it here)
 from layerswap.search.trial import combine
 from layerswap.search.tune_trial import META, TWIN, served_result
 from layerswap.spaces.recipe import dump_recipe
@@ -292,26 +293,6 @@ def _recipe_text(row: dict) -> str:
     )
 
 
-def make_sampler(exp: SearchExperiment, offset: int = 0) -> optuna.samplers.TPESampler:
-    """TPE for small conditional integer/categorical spaces, run in parallel.
-
-    multivariate + group model the conditional parameters jointly (per sub-space);
-    constant_liar keeps concurrent workers from proposing the same point; few random
-    startup trials because budgets are tens of trials. `offset` reseeds a resumed run.
-    """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(
-            seed=exp.search.seed + offset,
-            multivariate=True,
-            group=True,
-            constant_liar=True,
-            n_startup_trials=max(3, min(10, exp.search.num_samples // 5)),
-        )
-
-
 def _space_fn(trial, space, depth, pool):
     return suggest(trial, space, depth, pool)
 
@@ -387,6 +368,6 @@ def reconcile(study: optuna.Study, store: TrialStore) -> int:
             tell(study, t.number, row, None)
         else:
             study.tell(t.number, state=STATES.FAIL)
-            study.enqueue_trial(dict(t.params))
+            study.enqueue_trial(dict(t.params), user_attrs={"rerun_of": f"{t.number:04d}"})
             requeued += 1
     return requeued
