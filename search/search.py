@@ -31,6 +31,7 @@ from layerswap.search.searcher import (
 )
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.local_inputs import search_inputs
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool, warm_start
@@ -126,7 +127,20 @@ def run_search(
     if lost and progress:
         print(lost_line(lost))
     best = store.best(exp.promote.top_k)
+    if not best and len(store) > lost:  # every trial that ran failed on its own: nothing to promote
+        raise RunFailed(none_scored_line(store))
     return SearchResult(run_dir, store.path, db, len(store), best, splits, lost=lost)
+
+
+def none_scored_line(store: TrialStore) -> str:
+    """Why a search whose every trial failed ends without promotion (and unfinished)."""
+    failed = [r for r in store.rows if r["status"] == "failed"]
+    errors = list(dict.fromkeys(str(r.get("error") or "?").splitlines()[0] for r in failed))
+    shown = "; ".join(errors[:3]) + (f"; and {len(errors) - 3} other error(s)" if len(errors) > 3 else "")  # fmt: skip
+    return (
+        f"search: none of the {len(store)} trial(s) in {store.path} scored ({len(failed)} failed: "
+        f"{shown}); nothing to promote. Fix the cause, then start over with --overwrite"
+    )
 
 
 SEARCH_OUTPUTS = ("search", "promotion", "best", "leaderboard.md")  # under RUN

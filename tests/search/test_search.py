@@ -143,6 +143,34 @@ def _kill_started_under(ray_tmp: str) -> None:
 
 
 @pytest.mark.slow
+def test_a_search_whose_every_trial_failed_fails_before_promotion(
+    world_and_experts, tmp_path, ray_session
+):
+    """Every recipe takes the NaN expert's layer 0: each trial fails on its own. The search
+    ended 'finished' with exit 0 and promoted the baselines alone, and a study's --continue then
+    skipped it for good (a red-team reproduced it); now it ends unfinished (exit 1), the table
+    kept, naming the error."""
+    from layerswap.cli import main
+
+    world, paths = world_and_experts
+    exp = experiment(
+        world,
+        paths,
+        language_experts=[str(paths["nan_lang"])],
+        space={"bottom": {"low": 1, "high": 2}},
+        search={"num_samples": 2, "fidelity": {"screen": None}},
+    )
+    f = tmp_path / "search.yaml"
+    f.write_text(exp.model_dump_json())
+    run = tmp_path / "run"
+    assert main(["search", str(f), "--out", str(run)]) == 1
+    rows = _rows(run)
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert not (run / "search" / "finished.json").exists()
+    assert not (run / "promotion").exists() and not (run / "leaderboard.md").exists()
+
+
+@pytest.mark.slow
 def test_killed_driver_resumes_without_losing_or_repeating(world_and_experts, tmp_path):
     import tempfile
 
