@@ -183,9 +183,10 @@ class SearchSettings(StrictModel):
     quarter of num_samples: TPE proposes each trial from the results in so far, and with the whole
     budget at once it would propose every trial blind, i.e. search at random)."""
     reproducible: bool = True
-    """Propose max_concurrent trials at a time and tell Optuna their results in trial order once
-    all of them finished, so the same seed and config give the same trials and scores whatever
-    order trials finish in; False: propose each trial as soon as a slot frees (no idle slot while
+    """Propose a batch of trials at a time (max_concurrent, else a quarter of num_samples; never
+    the cluster's CPUs) and tell Optuna their results in trial order once all of them finished,
+    so the same seed and config give the same trials and scores whatever order trials finish
+    in and on any cluster; False: propose each trial as soon as a slot frees (no idle slot while
     a batch's slowest trial runs, but the search depends on the finishing order)."""
     cpus_per_trial: float = Field(1.0, gt=0)
     """CPUs a trial reserves."""
