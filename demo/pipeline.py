@@ -25,7 +25,8 @@ import yaml
 from layerswap.experts.registry import append_rows, expert_row, read_rows, registry_path
 from layerswap.search.progress import Stages, duration
 from layerswap.search.promote import promote
-from layerswap.search.search import run_search
+from layerswap.search.search import lost_line, run_search
+from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.task_families import family
 from layerswap.spaces.train_experiment import experiment_json, parse_train_experiment
@@ -216,7 +217,7 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
         stages.start(
             "search", f"merge search: {st.trials} trials, Ray Tune + Optuna (TPE), dev splits"
         )
-        run_search(exp, out, resume=resume, verbose=verbose)
+        searched = run_search(exp, out, resume=resume, verbose=verbose)
     finally:
         if started_ray:
             ray.shutdown()
@@ -228,6 +229,8 @@ def _run_stages(out: Path, st: DemoSettings, verbose: bool, resume: bool) -> Dem
     prom = promote(exp, out, verbose=verbose)
     seconds = stages.end()
     _print_summary(out, Path(prom.leaderboard), seconds)
+    if searched.lost:  # as `layerswap search`: promoted, but unfinished (--resume runs them)
+        raise RunFailed(lost_line(searched.lost))
     return DemoResult(
         out,
         Path(prom.leaderboard),
