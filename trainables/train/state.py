@@ -58,16 +58,26 @@ def optimizer_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> dict
 
 
 def load_optimizer(opt: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]], path: Path) -> None:  # fmt: skip
-    """Restore the moments written by optimizer_tensors into a fresh optimizer over `named`."""
+    """Restore the moments written by optimizer_tensors into a fresh optimizer over `named`.
+
+    Through torch's own `Optimizer.load_state_dict`, which places each value by the optimizer's
+    policy: the moments on their parameter's device and dtype, and `step` on the parameter's
+    device for a fused (or capturable) AdamW, which is what run_setup._adamw builds on CUDA.
+    Written into `opt.state` directly, `step` stayed on the CPU and a resumed GPU run's first
+    fused step would fail on the mixed devices (a red-team's finding; pytorch#124133).
+    """
     flat = load_file(path)
     by_name = dict(named)
+    index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    sd = opt.state_dict()
+    state: dict[int, dict[str, torch.Tensor]] = {}
     for key, t in flat.items():
         name, field = key.rsplit("::", 1)
         if name not in by_name:
             raise ValueError(f"{path}: optimizer state for unknown parameter {name!r}")
-        p = by_name[name]
-        st = opt.state[p]
-        st[field] = t if field == "step" else t.to(device=p.device, dtype=p.dtype)
+        state.setdefault(index[id(by_name[name])], {})[field] = t
+    sd["state"] = state
+    opt.load_state_dict(sd)
 
 
 def load_master(model: torch.nn.Module, ckpt: Path) -> None:
