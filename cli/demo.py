@@ -57,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Build the embedded world, train an English-math and an xa language expert "
         "with Ray Train, score their merging indicators, search layer-swap recipes with Ray Tune "
         "+ Optuna on the proxies' dev splits, evaluate the best recipes and the baselines with "
-        "lm-eval on the test splits, and write the leaderboard and the best model (6-8 "
+        "lm-eval on the test splits, and write the leaderboard and the best model (4-8 "
         "minutes on 2 CPU cores). --merge-only: just one layer swap of a generated tiny family.",
     )
     d.add_argument(

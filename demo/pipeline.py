@@ -58,7 +58,7 @@ INDICATORS = (
 
 @dataclass
 class DemoSettings:
-    """Knobs of the demo; the defaults fit 2 shared CPU cores in 6-8 minutes (5 min 45 s and 7 min 56 s measured)."""
+    """Knobs of the demo; the defaults fit 2 shared CPU cores in 4-8 minutes (4 min 14 s to 7 min 56 s measured)."""
 
     world_size: str = "full"
     seed: int = 0
