@@ -319,15 +319,19 @@ def _run_tuner(
     if exp.search.reproducible:
         asked = batch_size(exp.search)
         searcher.plan_batches(asked, remaining)
+    # Never more in flight than the cluster holds: a trial left pending is a resource request,
+    # which starts nodes on an autoscaling cluster. A batch larger than that is proposed as
+    # slots free, from the same told history, so it proposes the same trials.
+    at_once = min(limit, asked)
     if progress:
         order = f"in batches of {asked} told in trial order" if exp.search.reproducible else "asynchronously"  # fmt: skip
-        print(f"search: {min(limit, asked)} trial(s) at once ({order}), each {resources}; expert store {store} ({why})")  # fmt: skip
+        print(f"search: {at_once} trial(s) at once ({order}), each {resources}; expert store {store} ({why})")  # fmt: skip
     trainable = tune.with_resources(tune.with_parameters(merge_trial, spec=spec), resources)
     owner = start_stores(key, searcher.pool.base) if store == "node" else None
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=ConcurrencyLimiter(searcher, max_concurrent=asked),
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=at_once),
             scheduler=ErrorNotes(searcher.note_error),  # tells the trial's own error from Ray's
             num_samples=remaining,
             reuse_actors=True,
@@ -341,7 +345,7 @@ def _run_tuner(
         ),
     )
     if searcher.lines is not None:  # the ETA divides by what runs at once, not by the batch
-        searcher.lines.concurrency = min(limit, asked)
+        searcher.lines.concurrency = at_once
     try:
         grid = tuner.fit()
     finally:
