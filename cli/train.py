@@ -19,6 +19,8 @@ import argparse
 import os
 from pathlib import Path
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 from layerswap.cli.args import continue_clash, finite_float
 from layerswap.cli.train_sweep import (
     SWEEP_FINISHED,
@@ -78,7 +80,7 @@ def _hub_base_problems(base: str) -> list[str]:
     be in the form ..." and a marked folder that blocked the corrected rerun."""
     if is_uri(base):
         return []
-    if not is_hub_id(base):
+    if not (is_hub_id(base) or _bare_hub_name(base)):
         return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
         return []  # the Hub is reachable as far as we know: the trainer downloads it
@@ -91,6 +93,19 @@ def _hub_base_problems(base: str) -> list[str]:
         f"base: {base}: not a folder here, and not in the Hugging Face cache while "
         "HF_HUB_OFFLINE=1 (fetch it with `layerswap prefetch`, or give a local folder)"
     ]
+
+
+def _bare_hub_name(base: str) -> bool:
+    """A Hub name without an owner (gpt2, t5-small): valid by huggingface_hub's rule, no `/`.
+    spaces.base.is_hub_id leaves those out (a bare name is as likely a folder); with no folder
+    of that name here, `from_pretrained` takes it from the Hub, so train must too."""
+    if "/" in base:
+        return False
+    try:
+        validate_repo_id(base)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _weights_problems(folder: Path) -> list[str]:

@@ -650,6 +650,13 @@ def train__base_hub_id_not_cached_offline(e: Env):
 
 
 @case()
+def train__base_bare_hub_name_not_cached_offline(e: Env):
+    """A Hub name without an owner (gpt2) is a Hub id to train, as to from_pretrained."""
+    argv = ["train", e.train_exp(base="gpt2"), "--out", e.at("run")]
+    return argv, ["base: gpt2: not a folder here, and not in the Hugging Face cache"]
+
+
+@case()
 def train__experiment_missing(e: Env):
     f = e.at("exp.yml")
     return ["train", f, "--no-ray"], [f"{f}: cannot read experiment"]
