@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -122,13 +123,28 @@ def read_text(path: Path, what: str, error: type[ValueError] = ValueError) -> st
         error: the ValueError subclass to raise when it cannot be read or is not UTF-8.
     """
     try:
-        if Path(path).exists() and not Path(path).is_dir() and not Path(path).is_file():
-            # a FIFO would block the command, /dev/zero fill its memory
-            raise error(f"{path}: cannot read {what}: not a regular file")
-        data = Path(path).read_bytes()
+        data = _read_bytes(Path(path))
     except OSError as e:
         raise error(f"{path}: cannot read {what}: {e.strerror}") from None
+    if data is None:
+        raise error(f"{path}: cannot read {what}: not a file (more than {_STREAM_MAX >> 20} MiB from a pipe or device)")  # fmt: skip
     return decode_utf8(data, str(path), error).removeprefix("\ufeff")
+
+
+_STREAM_MAX = 64 << 20  # what a config read from a pipe or device may hold
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """A file's bytes; from a pipe or device (`<(...)`, /dev/stdin) at most _STREAM_MAX of them
+    (None beyond: /dev/zero filled memory). Opened without blocking, so a FIFO nobody writes
+    reads as empty instead of hanging the command."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        os.set_blocking(fd, True)  # a writer that is there: wait for what it writes
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return f.read()
+        data = f.read(_STREAM_MAX + 1)
+    return data if len(data) <= _STREAM_MAX else None
 
 
 def _yaml_message(path: Path, text: str, e: yaml.YAMLError) -> str:

@@ -55,15 +55,25 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
     assert load_yaml(f, "experiment") == {"a": {"lr": 1, "steps": 2}, "b": {"lr": 5, "steps": 2}}
 
 
-def test_a_fifo_or_device_is_refused_not_read(tmp_path):
-    """A FIFO blocked the command until killed, /dev/zero filled its memory: both are refused
-    at once (from outside: in a subprocess that must end)."""
+def test_pipes_and_devices_are_read_safely(tmp_path):
+    """From outside, in subprocesses that must end: a FIFO nobody writes hung the command until
+    killed and /dev/zero filled its memory; a pipe with a writer (`<(...)`) is read as a file."""
     fifo = tmp_path / "recipe.yaml"
     os.mkfifo(fifo)
-    for path in (fifo, Path("/dev/zero")):
-        code = f"from layerswap.spaces.base import load_yaml; load_yaml({str(path)!r}, 'recipe')"
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert f"{path}: cannot read recipe: not a regular file" in run.stderr
+
+    def run(path: str, **kw) -> subprocess.CompletedProcess:
+        code = f"from layerswap.spaces.base import load_yaml; print(load_yaml({path!r}, 'recipe'))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, **kw)  # fmt: skip
+
+    assert run(str(fifo)).stdout == "None\n"  # nothing written: empty, at once
+    assert "/dev/zero: cannot read recipe: not a file (more than 64 MiB" in run("/dev/zero").stderr
+    r, w = os.pipe()
+    os.write(w, b"name: x\n")
+    os.close(w)
+    try:
+        assert run(f"/dev/fd/{r}", pass_fds=(r,)).stdout == "{'name': 'x'}\n"
+    finally:
+        os.close(r)
 
 
 def test_yaml_is_utf8_whatever_the_locale(tmp_path):
