@@ -52,6 +52,10 @@ COLUMNS: dict[str, pa.DataType] = {
 PROXY_PREFIX = "proxy__"
 # The status of a trial Ray lost, not the trial's own outcome: not counted, not served, re-run.
 LOST = "lost"
+# A recipe Ray lost this many times is failed the next: a loss that recurs (an OOM kill of a
+# merge that never fits, a store that cannot start) would otherwise be re-queued by every
+# --resume, and the search would never finish.
+MAX_LOSSES = 3
 
 
 def write_parquet_atomic(path: Path, rows: list[dict], columns: dict[str, pa.DataType]) -> None:
@@ -87,6 +91,10 @@ class TrialStore:
     def spent(self) -> int:
         """Trials that count toward search.num_samples: every row but the lost ones."""
         return sum(r["status"] != LOST for r in self.rows)
+
+    def losses(self, recipe_id: str) -> int:
+        """How many times Ray lost a trial of this recipe."""
+        return sum(r["status"] == LOST and r["recipe_id"] == recipe_id for r in self.rows)
 
     def lost(self) -> list[dict]:
         """The rows of trials Ray lost (each to run again on --resume)."""

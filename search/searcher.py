@@ -21,7 +21,7 @@ from layerswap.search.fidelity import gates, rung_values
 from layerswap.search.optuna_tune import OptunaTuneSearch, trial_error
 from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress
-from layerswap.search.results import LOST, PROXY_PREFIX, TrialStore, params_of
+from layerswap.search.results import LOST, MAX_LOSSES, PROXY_PREFIX, TrialStore, params_of
 from layerswap.search.sampler import make_sampler  # noqa: F401 (the benchmarks import it here)
 from layerswap.search.trial import combine
 from layerswap.search.tune_trial import META, TWIN, served_result
@@ -222,6 +222,8 @@ class LayerswapSearch(OptunaTuneSearch):
             return row
         if result is None:  # no report: Ray's doing (lost), or the trial's own exception
             status, text = failure or (LOST, "no report (see the Ray logs)")
+            if status == LOST and (n := self.store.losses(meta["recipe_id"]) + 1) >= MAX_LOSSES:
+                status, text = "failed", f"lost to Ray {n} times, so failed (not run again): {text}"  # fmt: skip
             return row | {"status": status, "error": text}
         status = result.get("status", "failed")
         row["status"] = status

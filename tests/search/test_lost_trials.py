@@ -17,7 +17,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from layerswap.cli import main
 from layerswap.search.optuna_tune import ErrorNotes, trial_error
-from layerswap.search.results import LOST, TrialStore, params_of
+from layerswap.search.results import LOST, MAX_LOSSES, TrialStore, params_of
 from layerswap.search.searcher import requeue_lost
 from layerswap.search.tune_trial import META
 from layerswap.trainables.outputs import write_marker
@@ -61,6 +61,21 @@ def test_a_trial_ray_lost_is_neither_failed_nor_served_nor_counted_and_is_requeu
     s.suggest("d")  # the queued trial is the next one asked
     s.on_trial_complete("d", _ok(0.5))
     assert TrialStore(store.path).rows[-1]["params"] == store.rows[0]["params"]
+
+
+def test_a_recipe_lost_again_and_again_is_failed_not_requeued_forever(tmp_path):
+    """A loss that recurs (an OOM kill of a merge that never fits) was re-queued by every
+    --resume, so the search never finished (red-team of today's changes)."""
+    s, store, _ = _searcher(tmp_path, points=[POINT] * MAX_LOSSES)
+    for tid in "abc"[:MAX_LOSSES]:
+        s.suggest(tid)
+        s.note_error(tid, ActorDiedError())
+        s.on_trial_complete(tid, None, error=True)
+        requeue_lost(s.study, TrialStore(store.path))  # what each --resume does
+    rows = TrialStore(store.path).rows
+    assert [r["status"] for r in rows] == [LOST] * (MAX_LOSSES - 1) + ["failed"]
+    assert rows[-1]["error"].startswith(f"lost to Ray {MAX_LOSSES} times, so failed")
+    assert requeue_lost(s.study, TrialStore(store.path)) == 0
 
 
 def test_a_trial_that_never_reported_or_whose_twin_was_lost_is_lost(tmp_path):
