@@ -1,12 +1,12 @@
-"""Where and how a sweep trial scores its checkpoints: on a GPU Ray reserves for it, with the
+"""Where and how a sweep trial scores its checkpoints: on what Ray reserves for it, with the
 batch halved on out-of-memory.
 
-A trial that drives a nested TorchTrainer (executor ray_train, the GPU case) holds no GPU of its
-own: its workers hold them and free them when training ends. Scoring in the trial's process would
-then run on cuda:0 of whichever node Ray put the trial on, unaccounted, shared by every
-concurrent scorer there or colliding with a training worker. So a GPU sweep scores in a Ray task
-that reserves one GPU (Ray sets its CUDA_VISIBLE_DEVICES), after training has given the GPUs
-back. An in-trial GPU run reserves its GPU as a trial resource instead (experts/sweep.py).
+A trial that drives a nested TorchTrainer (executor ray_train) holds nothing and runs on the
+head node; its workers hold the GPUs or CPUs and free them when training ends. Scoring in the
+trial's process would then run on the head, unaccounted, beside every concurrent trial's (or on
+cuda:0 of the head, colliding). So such a sweep scores in a Ray task that reserves one GPU (Ray
+sets its CUDA_VISIBLE_DEVICES) or its CPUs, after training has given them back. An in-trial run
+reserves its GPU or CPUs as trial resources instead (experts/sweep.py).
 Tests: tests/experts/test_sweep_scoring.py
 """
 
@@ -22,13 +22,17 @@ from layerswap.trainables.evaluate.fit import backing_off
 def scoring_resources(setup: SweepSetup) -> dict | None:
     """Ray task options for scoring a trial's checkpoints, or None to score in the trial.
 
-    A GPU of its own when the experiment trains on GPUs through a nested TorchTrainer (the trial
-    holds none) and the sweep does not ask for the CPU.
+    A trial that drives a nested TorchTrainer holds nothing (it sits on the head node,
+    `trial_resources`): its scoring reserves what it uses, a GPU of its own when the experiment
+    trains on GPUs and the sweep does not ask for the CPU, else `cpus_per_trial` CPUs, so
+    concurrent trials never score unreserved on the head. An in-trial run scores on what the
+    trial holds.
     """
-    uses_gpu = setup.experiment["scaling"]["use_gpu"]
-    if uses_gpu and setup.executor == "ray_train" and setup.sweep.device != "cpu":
+    if setup.executor != "ray_train":
+        return None
+    if setup.experiment["scaling"]["use_gpu"] and setup.sweep.device != "cpu":
         return {"num_gpus": 1, "num_cpus": setup.sweep.cpus_per_trial}
-    return None
+    return {"num_cpus": setup.sweep.cpus_per_trial}
 
 
 # Ray's resource of the head node (ray/_common/constants.HEAD_NODE_RESOURCE_NAME; Ray Train's
@@ -69,12 +73,15 @@ def score_backing_off(score, setup: SweepSetup, checkpoints: list[Path], trial_i
 
 
 def score_reserved(score, setup: SweepSetup, checkpoints: list[Path], trial_id: str, params: dict) -> list[dict]:  # fmt: skip
-    """Score on a Ray-reserved GPU when `scoring_resources` says so, else in this process;
+    """Score in a Ray task reserving what `scoring_resources` says, else in this process;
     either way backing off on out-of-memory."""
     opts = scoring_resources(setup)
     if opts is None:
         return score_backing_off(score, setup, checkpoints, trial_id, params)
-    import ray  # lazy: only a GPU sweep inside Ray gets here
+    import ray  # lazy: only a sweep inside Ray gets here
 
-    task = ray.remote(**opts)(score_backing_off)
+    # "DEFAULT": out of the Tune trial's placement group, which Ray would otherwise make the task
+    # fit into (the trial's one bundle holds no GPU and no CPU: "Cannot schedule ... with the
+    # placement group"; Ray Train's own actors escape the same way).
+    task = ray.remote(**opts, scheduling_strategy="DEFAULT")(score_backing_off)
     return ray.get(task.remote(score, setup, checkpoints, trial_id, params))

@@ -39,7 +39,10 @@ def test_who_reserves_the_gpu():
     assert scoring_resources(gpu_nested) == {"num_gpus": 1, "num_cpus": 1.0}
     # The TorchTrainer's workers hold the GPUs; the trial driving it stays on the head node.
     assert trial_resources(gpu_nested) == {"cpu": 0, HEAD_NODE: 0.001}
-    assert scoring_resources(_setup(True, "ray_train", device="cpu")) is None  # asked for CPU
+    # Asked for the CPU, or a CPU run: CPUs reserved for scoring, not taken unreserved from the
+    # head node where the trial sits.
+    assert scoring_resources(_setup(True, "ray_train", device="cpu")) == {"num_cpus": 1.0}
+    assert scoring_resources(_setup(False, "ray_train", cpus_per_trial=2)) == {"num_cpus": 2.0}
     assert scoring_resources(_setup(False, "in_trial")) is None
     assert trial_resources(_setup(False, "in_trial", cpus_per_trial=2)) == {"cpu": 2.0}
     assert trial_resources(_setup(True, "in_trial")) == {"cpu": 1.0, "gpu": 1}  # trains on it
@@ -87,6 +90,27 @@ def test_a_gpu_sweep_scores_in_a_task_holding_a_gpu_of_its_own(one_fake_gpu):
     assert row["gpu_ids"] == ["0"] and row["pid"] != os.getpid()
     (row,) = score_reserved(_reporter(), _setup(False, "in_trial"), [], "t1", {})
     assert row["gpu_ids"] == [] and row["pid"] == os.getpid()  # a CPU sweep scores in place
+
+
+def test_a_trial_driving_ray_train_scores_outside_its_placement_group(one_fake_gpu, tmp_path):
+    """Inside a Tune trial with the resources a ray_train sweep trial holds, the scoring task
+    gets its GPU (or CPUs): Ray had tried to fit it into the trial's placement group, whose one
+    bundle holds neither ("Cannot schedule score_backing_off with the placement group")."""
+    from ray import tune
+
+    score, setups = _reporter(), {g: _setup(g, "ray_train") for g in (True, False)}
+
+    def trial(config):  # shipped by value with what it names (workers cannot import this module)
+        (row,) = score_reserved(score, setups[config["gpu"]], [], "t1", {})
+        tune.report({"gpu_ids": ",".join(row["gpu_ids"])})
+
+    tuner = tune.Tuner(
+        tune.with_resources(trial, trial_resources(_setup(True, "ray_train"))),
+        param_space={"gpu": tune.grid_search([True, False])},
+        run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    got = {r.config["gpu"]: (r.error, r.metrics.get("gpu_ids")) for r in tuner.fit()}
+    assert got == {True: (None, "0"), False: (None, "")}, got
 
 
 def test_head_node_resource_is_rays():
