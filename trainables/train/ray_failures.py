@@ -29,12 +29,14 @@ from ray.train.v2._internal.execution.failure_handling import (
 )
 from ray.train.v2.api.exceptions import WorkerGroupError
 
+from layerswap.trainables.devices import DeviceUnusable
 from layerswap.trainables.node_paths import NodePathError
 from layerswap.trainables.train.finite import NonFiniteTraining
 
 # Errors that the same inputs raise again: a retry only repeats them (and their cost). A path a
-# node does not see (checked by each worker first) does not appear on a retry either.
-DETERMINISTIC = (NonFiniteTraining, NodePathError)
+# node does not see (checked by each worker first) does not appear on a retry either, nor CUDA
+# on a node whose torch or driver cannot use its GPU.
+DETERMINISTIC = (NonFiniteTraining, NodePathError, DeviceUnusable)
 # Where a Ray Train V2 worker logs a training function's error with its traceback.
 WORKER_ERROR_LOGGER = "ray.train.v2._internal.util"
 

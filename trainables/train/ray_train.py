@@ -34,6 +34,7 @@ from layerswap.spaces.train_experiment import (
     parse_train_experiment,
 )
 from layerswap.trainables.atomic import atomic_dir
+from layerswap.trainables.devices import DeviceUnusable, cpu_allowed, require_cuda
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.node_paths import (
     NodePathError,
@@ -131,6 +132,35 @@ def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
     return max(found, key=lambda p: read_manifest(p)["step"]) if found else None
 
 
+def _worker_device(use_gpu: bool):
+    """This worker's device: Ray's GPU for it under scaling.use_gpu, checked like a local run
+    (trainables/devices.py): where CUDA is not usable, the one-line DeviceUnusable naming the
+    setting, or the CPU with LAYERSWAP_ALLOW_CPU=1. Ray's get_device handed out cuda:N
+    unchecked, and the run failed deep in torch ("Torch not compiled with CUDA enabled")."""
+    import torch
+
+    if not use_gpu:
+        return "cpu"
+    require_cuda("scaling.use_gpu")  # raises unless CUDA works or the CPU was allowed
+    return ray.train.torch.get_device() if torch.cuda.is_available() else "cpu"
+
+
+def process_group_backend(use_gpu: bool) -> str:
+    """torch.distributed's backend: gloo for CPU tensors everywhere, NCCL for CUDA ones on GPU
+    runs. Gloo alone where this torch has no NCCL (a CPU-only build; the cluster's nodes run one
+    image) or a GPU run is allowed onto the CPU here (LAYERSWAP_ALLOW_CPU=1, no CUDA): NCCL
+    would fail the process group's start-up ("Distributed package doesn't have NCCL built in")
+    before any worker could say why, and a worker's own check (_worker_device) now does."""
+    import torch
+    import torch.distributed as dist
+
+    if not use_gpu or not dist.is_nccl_available():
+        return "gloo"
+    if cpu_allowed() and not torch.cuda.is_available():
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
+
+
 def _worker(config: dict) -> None:
     """Per-worker fn: resume from Ray's checkpoint if any, run the loop, report to Ray."""
     import torch
@@ -142,7 +172,7 @@ def _worker(config: dict) -> None:
     exp = parse_train_experiment(config["experiment"], source="ray worker")
     ctx = ray.train.get_context()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    device = ray.train.torch.get_device() if exp.scaling.use_gpu else "cpu"
+    device = _worker_device(exp.scaling.use_gpu)
 
     # Ray Train V2 hands each report to the controller through a one-slot queue that the
     # controller drains on its ~2 s health-check poll, and every report also syncs all ranks: a
@@ -263,7 +293,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         },
         # CPU tensors take gloo on GPU workers too: the report flag broadcast, and FSDP's
         # gradient-norm reduction when cpu_offload keeps gradients on the host.
-        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if s.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend=process_group_backend(s.use_gpu)),
         scaling_config=ScalingConfig(
             num_workers=s.num_workers,
             use_gpu=s.use_gpu,
@@ -362,12 +392,13 @@ def start_ray(exp: TrainExperiment, verbose: bool, run_dir: Path | None = None) 
 
 def raise_own_error(e: Exception) -> None:
     """Re-raise, on the driver, a worker's error that already says in one line what went wrong
-    (a non-finite base or step, a damaged checkpoint, an input a node does not see), as the no-Ray
+    (a non-finite base or step, a damaged checkpoint, an input a node does not see, a GPU a
+    worker's torch cannot use), as the no-Ray
     run raises it; Ray's own
     wrapper would end the command in a traceback."""
     for err in (getattr(e, "worker_failures", None) or {}).values():
         err = getattr(err, "_base_exc", err)  # Ray's UserExceptionWithTraceback, should it stay
-        if isinstance(err, (NonFiniteTraining, CheckpointError, NodePathError)):
+        if isinstance(err, (NonFiniteTraining, CheckpointError, NodePathError, DeviceUnusable)):
             raise type(err)(str(err)) from None
 
 
