@@ -137,6 +137,13 @@ def init_ray(*, verbose: bool = False, **kwargs) -> None:
         signal.signal(signal.SIGTERM, through_ray_get(before))
 
 
+def started_here() -> bool:
+    """Whether this process started the Ray cluster it is connected to (a local head it ends),
+    rather than joining a running one."""
+    node = ray._private.worker._global_node  # private: Ray pinned 2.60.0; None on a Ray client
+    return node is not None and bool(node.head)
+
+
 def cluster_line() -> str:
     """Which Ray cluster this driver is on (after `init_ray`): its address, and whether the driver
     started it or joined a running one.
@@ -146,8 +153,7 @@ def cluster_line() -> str:
     a shared host: intended on a cluster's head, a surprise elsewhere, so a command says which.
     """
     address = ray.get_runtime_context().gcs_address
-    node = ray._private.worker._global_node  # private: Ray pinned 2.60.0; None on a Ray client
-    if node is not None and node.head:
+    if started_here():
         return f"Ray: started a local cluster at {address} (ends with this command)"
     found = os.environ.get("RAY_ADDRESS") or ""
     how = f"RAY_ADDRESS={found}" if found else "found running on this machine"

@@ -75,3 +75,29 @@ def test_a_gpu_worker_without_cuda_says_so_or_runs_on_the_cpu_when_allowed(tiny_
     with _fake_gpu_ray(allow_cpu=True):
         res = train_with_ray(exp.model_copy(update={"storage_path": str(tmp_path / "store2")}))
     assert res.error is None and res.checkpoint is not None
+
+
+@pytest.mark.slow
+def test_workers_no_node_can_hold_are_refused_at_once_on_a_ray_started_here(tiny_world, tmp_path):
+    """The shipped configs' accelerator_type: H100 on a machine without one waited in Ray's
+    queue forever, printing nothing (fake-GPU red-team): refused before fit, in one line."""
+    import time
+
+    from layerswap.trainables.train.ray_train import train_with_ray
+    from tests.trainables.train.train_helpers import make_exp
+
+    exp = make_exp(
+        tiny_world,
+        scaling={
+            "num_workers": 1,
+            "use_gpu": True,
+            "cpus_per_worker": 1,
+            "accelerator_type": "H100",
+        },
+        storage_path=str(tmp_path / "store"),
+    )
+    with _fake_gpu_ray(allow_cpu=True):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=r"1 worker\(s\) of \{CPU: 1, GPU: 1, accelerator_type:H100: 0\.001\} do not fit this Ray cluster \(room for 0"):  # fmt: skip
+            train_with_ray(exp)
+        assert time.monotonic() - t0 < 30
