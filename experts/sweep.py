@@ -52,6 +52,7 @@ from layerswap.trainables.ray_session import tune_output
 from layerswap.trainables.storage import absolute
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
 from layerswap.trainables.train.finite import NonFiniteTraining
+from layerswap.trainables.train.ray_capacity import check_capacity
 from layerswap.trainables.train.run import continue_from, last_checkpoint
 
 # A trial that ends for a reason a retry would meet again (training turned non-finite, no
@@ -372,6 +373,8 @@ def run_sweep(experiment: TrainExperiment, run_dir: str | Path, *, verbose: int 
         raise ValueError(f"experiment {experiment.name!r} has no sweep: block")
     start_sweep_ray(experiment, verbose, run_dir)  # before set_up_sweep writes the task YAMLs
     setup = set_up_sweep(experiment, run_dir)
+    if setup.executor == "ray_train":  # each trial's nested run: said now if no node holds it
+        check_capacity(experiment.scaling)
     reg = registry_path(run_dir)
     with tune_output(verbose > 0):  # an Optuna searcher creates its study in make_tuner
         # A trial that nests a TorchTrainer only drives it: its workers reserve their own.

@@ -2,14 +2,15 @@
 
 A run whose workers no node can hold (an `accelerator_type: H100` on H200s, 8 CPUs a GPU worker
 on a smaller node) waits in Ray's queue forever and prints nothing. `train_with_ray` asks
-`placement_problem` first: on a Ray this command started nothing will add nodes, so the run is
-refused in one line; on a joined cluster an autoscaler may still add them, so it says what it
-waits for. Tests: tests/trainables/train/test_ray_capacity.py
+`check_capacity` first (an expert sweep too, for its nested runs): on a Ray this command started
+nothing will add nodes, so the run is refused in one line; on a joined cluster an autoscaler may
+still add them, so it says what it waits for. Tests: tests/trainables/train/test_ray_capacity.py
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 from layerswap.spaces.train_settings import Scaling
 
@@ -54,3 +55,20 @@ def _describe(have: dict) -> str:
     kinds = [k.split(":", 1)[1] for k in have if k.startswith("accelerator_type:")]
     gpus = f", {have['GPU']:g} GPU {'/'.join(kinds)}".rstrip() if have.get("GPU") else ""
     return f"{have.get('CPU', 0):g} CPU{gpus}"
+
+
+def check_capacity(s: Scaling) -> None:
+    """Refuse (ValueError) or announce on stderr a run whose workers no node can hold now.
+
+    Args:
+        s: the run's scaling settings; needs a connected Ray.
+    """
+    import ray  # lazy: the plain arithmetic above needs no Ray
+
+    from layerswap.trainables.ray_session import started_here
+
+    if (problem := placement_problem(s, ray.nodes())) is None:
+        return
+    if started_here():  # nothing will add a node to a Ray this command started
+        raise ValueError(problem)
+    print(f"{problem}: waiting for the autoscaler to add a node that fits (Ctrl-C to stop)", file=sys.stderr, flush=True)  # fmt: skip

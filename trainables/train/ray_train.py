@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -44,12 +43,12 @@ from layerswap.trainables.node_paths import (
     described,
     run_lock,
 )
-from layerswap.trainables.ray_session import init_ray, started_here, through_ray_get
+from layerswap.trainables.ray_session import init_ray, through_ray_get
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.checkpoint_store import check_restored, drop_older_in_store
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
-from layerswap.trainables.train.ray_capacity import placement_problem
+from layerswap.trainables.train.ray_capacity import check_capacity
 from layerswap.trainables.train.ray_failures import (
     OwnErrorsTrainer,
     describe_failure,
@@ -420,10 +419,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     # Ray names cloud paths inside their filesystem ("bucket/key"): given back as URIs.
     as_path = (lambda p: uri_of(where, p)) if is_uri(where) else Path
     in_driver = start_ray(exp, verbose, None if is_uri(where) else run)
-    if (problem := placement_problem(exp.scaling, ray.nodes())) is not None:
-        if started_here():  # nothing will add a node to a Ray this command started
-            raise ValueError(problem)
-        print(f"{problem}: waiting for the autoscaler to add a node that fits (Ctrl-C to stop)", file=sys.stderr, flush=True)  # fmt: skip
+    check_capacity(exp.scaling)  # no node can hold the workers: said now, not waited on silently
     try:
         with printing(run) if progress and in_driver else nullcontext() as channel:
             trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s, progress=channel)  # fmt: skip
