@@ -38,6 +38,7 @@ from layerswap.spaces.train_experiment import (
     with_overrides,
     world_dir,
 )
+from layerswap.trainables.devices import DeviceUnusable
 from layerswap.trainables.evaluate.finite_outputs import NonFiniteOutputs
 from layerswap.trainables.evaluate.indicators import IndicatorScorer, load_tokenizer
 from layerswap.trainables.evaluate.tasks import write_world_tasks
@@ -282,8 +283,8 @@ def sweep_trial(config: dict, setup: SweepSetup) -> None:
     try:
         check_here(setup.node_inputs)  # a node started after the driver's check: before loading
         checkpoints = _train(variant, workdir, setup.executor)
-    except NonFiniteTraining as e:  # the same data and learning rate diverge again on a retry
-        _fail_without_retry(trial_id, str(e))
+    except (NonFiniteTraining, DeviceUnusable) as e:  # a retry meets them again (same data,
+        _fail_without_retry(trial_id, str(e))  # same learning rate; the node's torch or driver)
         return
     except NodePathError as e:  # nor does a missing path come back (also a nested worker's)
         _fail_without_retry(trial_id, str(e), **{NODE_PATHS_KEY: str(e)})

@@ -96,7 +96,23 @@ HOST_OOM_HINT = (
 )
 
 
+# What torch says when a GPU run's workers cannot start NCCL (Ray Train's process-group start-up,
+# before any layerswap code runs in them): named with the setting and what to do.
+NCCL_SIGNS = ("Distributed package doesn't have NCCL built in", "ProcessGroupNCCL is only supported with GPUs")  # fmt: skip
+NCCL_HINT = (
+    "scaling.use_gpu: the workers could not start NCCL, so a worker's torch sees no usable CUDA "
+    "GPU (or is a CPU-only build): check nvidia-smi and torch there, or set LAYERSWAP_ALLOW_CPU=1 "
+    "where the command runs to train on the workers' CPUs over gloo"
+)
+
+
 def describe_failure(error: BaseException) -> str:
+    """`_describe_failure`, led by NCCL_HINT when the workers could not start NCCL."""
+    text = _describe_failure(error)
+    return f"{NCCL_HINT}\n{text}" if any(sign in text for sign in NCCL_SIGNS) else text
+
+
+def _describe_failure(error: BaseException) -> str:
     """A run that failed for good, as its user reads it: one line naming each failed worker's
     error, what to change for an out-of-memory, then the workers' own tracebacks (which the
     driver shows nowhere else: without --verbose, Ray does not forward the workers' logs).

@@ -148,16 +148,13 @@ def _worker_device(use_gpu: bool):
 
 def process_group_backend(use_gpu: bool) -> str:
     """torch.distributed's backend: gloo for CPU tensors everywhere, NCCL for CUDA ones on GPU
-    runs. Gloo alone where this torch has no NCCL (a CPU-only build; the cluster's nodes run one
-    image) or a GPU run is allowed onto the CPU here (LAYERSWAP_ALLOW_CPU=1, no CUDA): NCCL
-    would fail the process group's start-up ("Distributed package doesn't have NCCL built in")
-    before any worker could say why, and a worker's own check (_worker_device) now does."""
+    runs. Gloo alone only for a GPU run allowed onto the CPU where this command runs
+    (LAYERSWAP_ALLOW_CPU=1 and no CUDA here), whose workers then run on their CPUs: NCCL cannot
+    start without a GPU. Decided here, for every worker: the cluster's nodes run one image, and
+    a worker whose GPU is unusable fails NCCL's start-up, which describe_failure names."""
     import torch
-    import torch.distributed as dist
 
-    if not use_gpu or not dist.is_nccl_available():
-        return "gloo"
-    if cpu_allowed() and not torch.cuda.is_available():
+    if not use_gpu or (cpu_allowed() and not torch.cuda.is_available()):
         return "gloo"
     return "cpu:gloo,cuda:nccl"
 
@@ -381,6 +378,7 @@ def start_ray(exp: TrainExperiment, verbose: bool, run_dir: Path | None = None) 
         whether this process is a driver (its stdout is the user's), not a Ray task.
     Raises:
         NodePathError (a ValueError): one line per node and input that differs there.
+        ValueError: on a Ray this call started, workers no node can hold (ray_capacity).
     """
     if not ray.is_initialized():
         init_ray(verbose=verbose, log_to_driver=verbose, configure_logging=verbose)
@@ -388,6 +386,8 @@ def start_ray(exp: TrainExperiment, verbose: bool, run_dir: Path | None = None) 
     if in_driver:
         extra = [run_lock(run_dir)] if run_dir is not None else []
         check_node_paths(train_inputs(absolute_local_paths(exp)) + extra)
+        # Workers no node can hold: refused (or announced) before the run folder is marked.
+        check_capacity(exp.scaling)
     return in_driver
 
 
@@ -419,7 +419,6 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     # Ray names cloud paths inside their filesystem ("bucket/key"): given back as URIs.
     as_path = (lambda p: uri_of(where, p)) if is_uri(where) else Path
     in_driver = start_ray(exp, verbose, None if is_uri(where) else run)
-    check_capacity(exp.scaling)  # no node can hold the workers: said now, not waited on silently
     try:
         with printing(run) if progress and in_driver else nullcontext() as channel:
             trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s, progress=channel)  # fmt: skip

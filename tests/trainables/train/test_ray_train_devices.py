@@ -1,10 +1,12 @@
-"""A Ray Train GPU run checks each worker's CUDA like a local run: the one-line DeviceUnusable
-naming scaling.use_gpu (not retried), or, with LAYERSWAP_ALLOW_CPU=1, a CPU run over gloo.
+"""A Ray Train GPU run whose workers have no usable CUDA says so, naming scaling.use_gpu (NCCL's
+start-up failing, or a worker's own check: DeviceUnusable, not retried), or, with
+LAYERSWAP_ALLOW_CPU=1 where the command runs, trains on the workers' CPUs over gloo; workers no
+node can hold are refused before training.
 
-Ray Train's get_device handed a worker cuda:N unchecked, and the backend was NCCL however the
-workers' torch was built: with Ray's fake GPUs here (a fake-GPU red-team) that failed as "Distributed
-package doesn't have NCCL built in", then "Torch not compiled with CUDA enabled", naming nothing.
-Run: .venv/bin/python -m pytest -q tests/trainables/train/test_ray_train_devices.py  (slow: 2 Ray fits)
+Ray Train's get_device handed a worker cuda:N unchecked: with Ray's fake GPUs here (a fake-GPU
+red-team) the run failed as "Distributed package doesn't have NCCL built in", naming nothing,
+and the opt-in did not apply. Run: .venv/bin/python -m pytest -q
+tests/trainables/train/test_ray_train_devices.py   (slow: Ray fits)
 """
 
 from __future__ import annotations
@@ -19,21 +21,17 @@ import pytest
 from layerswap.trainables.train.ray_train import process_group_backend
 
 
-def test_the_backend_follows_the_gpu_nccl_and_the_cpu_opt_in(monkeypatch):
+def test_the_backend_is_nccl_for_gpus_unless_the_cpu_is_allowed_here(monkeypatch):
     import torch
-    import torch.distributed as dist
 
     monkeypatch.delenv("LAYERSWAP_ALLOW_CPU", raising=False)
     assert process_group_backend(False) == "gloo"
-    # This CPU-only torch has no NCCL: gloo, so the workers can say why they have no GPU.
-    assert not dist.is_nccl_available() and process_group_backend(True) == "gloo"
-    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)  # a CUDA build, as on a GPU node
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # Decided where the command runs, for every worker: NCCL unless the CPU was allowed here.
     assert process_group_backend(True) == "cpu:gloo,cuda:nccl"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # its driver too old, say
-    assert process_group_backend(True) == "cpu:gloo,cuda:nccl"  # the workers' check says so
     monkeypatch.setenv("LAYERSWAP_ALLOW_CPU", "1")
-    assert process_group_backend(True) == "gloo"  # allowed onto the CPU: NCCL cannot start
+    assert process_group_backend(True) == "gloo"  # no CUDA here: the workers run on CPUs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert process_group_backend(True) == "cpu:gloo,cuda:nccl"  # a GPU here: the opt-in is moot
 
 
 @contextmanager
@@ -57,8 +55,10 @@ def _fake_gpu_ray(allow_cpu: bool):
 
 
 @pytest.mark.slow
-def test_a_gpu_worker_without_cuda_says_so_or_runs_on_the_cpu_when_allowed(tiny_world, tmp_path):
-    from layerswap.trainables.devices import DeviceUnusable
+def test_a_gpu_run_whose_workers_cannot_start_nccl_says_so_or_runs_on_cpus_when_allowed(
+    tiny_world, tmp_path
+):
+    from layerswap.trainables.train.ray_failures import NCCL_HINT
     from layerswap.trainables.train.ray_train import train_with_ray
     from tests.trainables.train.train_helpers import make_exp
 
@@ -69,9 +69,9 @@ def test_a_gpu_worker_without_cuda_says_so_or_runs_on_the_cpu_when_allowed(tiny_
         failure={"max_failures": 2},
         storage_path=str(tmp_path / "store"),
     )
-    with _fake_gpu_ray(allow_cpu=False):
-        with pytest.raises(DeviceUnusable, match=r"scaling\.use_gpu asks for a GPU, but torch .* sees no usable CUDA GPU"):  # fmt: skip
-            train_with_ray(exp)
+    with _fake_gpu_ray(allow_cpu=False):  # NCCL cannot start on the CPU-only torch here
+        res = train_with_ray(exp)
+    assert res.error is not None and res.error.startswith(NCCL_HINT), res.error
     with _fake_gpu_ray(allow_cpu=True):
         res = train_with_ray(exp.model_copy(update={"storage_path": str(tmp_path / "store2")}))
     assert res.error is None and res.checkpoint is not None
@@ -101,3 +101,27 @@ def test_workers_no_node_can_hold_are_refused_at_once_on_a_ray_started_here(tiny
         with pytest.raises(ValueError, match=r"1 worker\(s\) of \{CPU: 1, GPU: 1, accelerator_type:H100: 0\.001\} do not fit this Ray cluster \(room for 0"):  # fmt: skip
             train_with_ray(exp)
         assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow
+def test_train_refuses_unplaceable_workers_before_marking_the_run(tiny_world, tmp_path):
+    """From outside: `layerswap train` exits 2 naming the workers, and leaves no run folder that
+    would block the corrected rerun (a review of the capacity check found it marked first)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.trainables.train.train_helpers import make_exp
+
+    exp = make_exp(tiny_world, scaling={"num_workers": 1, "use_gpu": True, "accelerator_type": "H100"})  # fmt: skip
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"LAYERSWAP_ALLOW_CPU": "1"}  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "layerswap.cli", "train", str(f), "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "1 worker(s) of {CPU: 8, GPU: 1, accelerator_type:H100: 0.001} do not fit this Ray cluster" in run.stderr  # fmt: skip
+    assert not (tmp_path / "run" / "train" / exp.name).exists()
