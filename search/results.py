@@ -56,6 +56,7 @@ LOST = "lost"
 # merge that never fits, a store that cannot start) would otherwise be re-queued by every
 # --resume, and the search would never finish.
 MAX_LOSSES = 3
+TWIN_LOST = "its twin trial was lost"  # the error of a twin row whose source Ray lost
 
 
 def write_parquet_atomic(path: Path, rows: list[dict], columns: dict[str, pa.DataType]) -> None:
@@ -93,8 +94,12 @@ class TrialStore:
         return sum(r["status"] != LOST for r in self.rows)
 
     def losses(self, recipe_id: str) -> int:
-        """How many times Ray lost a trial of this recipe."""
-        return sum(r["status"] == LOST and r["recipe_id"] == recipe_id for r in self.rows)
+        """How many times Ray lost a trial of this recipe (a twin lost with it is no loss of
+        its own: one node loss under a batch with three copies would count three)."""
+        return sum(
+            r["status"] == LOST and r["recipe_id"] == recipe_id and r.get("error") != TWIN_LOST
+            for r in self.rows
+        )
 
     def lost(self) -> list[dict]:
         """The rows of trials Ray lost (each to run again on --resume)."""

@@ -21,7 +21,14 @@ from layerswap.search.fidelity import gates, rung_values
 from layerswap.search.optuna_tune import OptunaTuneSearch, trial_error
 from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress
-from layerswap.search.results import LOST, MAX_LOSSES, PROXY_PREFIX, TrialStore, params_of
+from layerswap.search.results import (
+    LOST,
+    MAX_LOSSES,
+    PROXY_PREFIX,
+    TWIN_LOST,
+    TrialStore,
+    params_of,
+)
 from layerswap.search.sampler import make_sampler  # noqa: F401 (the benchmarks import it here)
 from layerswap.search.trial import combine
 from layerswap.search.tune_trial import META, TWIN, served_result
@@ -190,7 +197,7 @@ class LayerswapSearch(OptunaTuneSearch):
         elif TWIN in result:  # served from its twin, told just before
             source = self.store.evaluated(result[TWIN])
             result = served_result(source) if source is not None else None
-            failure = None if source is not None else (LOST, "its twin trial was lost")
+            failure = None if source is not None else (LOST, TWIN_LOST)
         row = self._row(meta, result, failure)
         self.store.append(row)
         splits = (result or {}).get("splits_read") or "[]"

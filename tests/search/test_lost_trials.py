@@ -17,7 +17,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from layerswap.cli import main
 from layerswap.search.optuna_tune import ErrorNotes, trial_error
-from layerswap.search.results import LOST, MAX_LOSSES, TrialStore, params_of
+from layerswap.search.results import LOST, MAX_LOSSES, TWIN_LOST, TrialStore, params_of
 from layerswap.search.searcher import requeue_lost
 from layerswap.search.tune_trial import META
 from layerswap.trainables.outputs import write_marker
@@ -76,6 +76,19 @@ def test_a_recipe_lost_again_and_again_is_failed_not_requeued_forever(tmp_path):
     assert [r["status"] for r in rows] == [LOST] * (MAX_LOSSES - 1) + ["failed"]
     assert rows[-1]["error"].startswith(f"lost to Ray {MAX_LOSSES} times, so failed")
     assert requeue_lost(s.study, TrialStore(store.path)) == 0
+
+
+def test_a_twin_lost_with_its_source_is_no_loss_of_its_own(tmp_path):
+    """Three copies of a recipe in one batch and one node loss made three LOST rows; counted
+    all, the recipe was failed for good after one real loss (a review found it)."""
+    store = TrialStore(tmp_path / "trials.parquet")
+    store.rows = [
+        {"status": LOST, "recipe_id": "r", "error": "ActorDiedError: ..."},
+        {"status": LOST, "recipe_id": "r", "error": TWIN_LOST},
+        {"status": LOST, "recipe_id": "r", "error": TWIN_LOST},
+        {"status": LOST, "recipe_id": "q", "error": "ActorDiedError: ..."},
+    ]
+    assert store.losses("r") == 1 and store.losses("q") == 1
 
 
 def test_a_trial_that_never_reported_or_whose_twin_was_lost_is_lost(tmp_path):
