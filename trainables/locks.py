@@ -234,8 +234,8 @@ def _take(path: Path, out: Path) -> int:
         # On a shared file system (EFS/NFS) other nodes read the owner record to check they
         # see this RUN (node_paths); unsynced, a node could read the truncated, empty file.
         os.fsync(fd)
-    except BaseException:
-        os.close(fd)
+    except BaseException:  # e.g. Ctrl-C while the record was written: the lock is ours, so it
+        _release(path, fd, [])  # goes as on a normal release, not left behind as a stale file
         raise
     return fd
 

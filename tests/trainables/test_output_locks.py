@@ -111,6 +111,25 @@ def test_reentrant_in_one_process_and_released_after(tmp_path):
     assert not (tmp_path / "a").exists()  # the folders made for the lock went with it
 
 
+def test_an_interrupt_while_taking_the_lock_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Ctrl-C while the owner record was being written (its fsync, slow under load) left the
+    lock file behind, named stale by the next command (CI caught it: a search interrupted at
+    start-up)."""
+    out = tmp_path / "run"
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with writing(out):
+            pass
+    monkeypatch.undo()
+    assert not lock_path(out).exists()
+    with writing(out):  # free at once, nothing said about a stale owner
+        assert lock_path(out).exists()
+
+
 def test_output_dir_lists_what_it_wrote_and_overwrite_refuses_the_rest(tmp_path):
     out = tmp_path / "m"
     with output_dir(out, "merge") as tmp:

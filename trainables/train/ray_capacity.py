@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 import sys
 
+import ray
+
 from layerswap.spaces.train_settings import Scaling
+from layerswap.trainables.ray_session import started_here
 
 
 def worker_demand(s: Scaling) -> dict[str, float]:
@@ -63,10 +66,6 @@ def check_capacity(s: Scaling) -> None:
     Args:
         s: the run's scaling settings; needs a connected Ray.
     """
-    import ray  # lazy: the plain arithmetic above needs no Ray
-
-    from layerswap.trainables.ray_session import started_here
-
     if (problem := placement_problem(s, ray.nodes())) is None:
         return
     if started_here():  # nothing will add a node to a Ray this command started
