@@ -19,6 +19,7 @@ import argparse
 import os
 from pathlib import Path
 
+from huggingface_hub import try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from layerswap.cli.args import continue_clash, finite_float
@@ -84,9 +85,6 @@ def _hub_base_problems(base: str) -> list[str]:
         return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
         return []  # the Hub is reachable as far as we know: the trainer downloads it
-    # lazy: huggingface_hub (~0.3 s), only for a Hub id
-    from huggingface_hub import try_to_load_from_cache
-
     if isinstance(try_to_load_from_cache(base, "config.json"), str):
         return []
     return [

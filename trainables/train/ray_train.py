@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray.train
+import torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig
 
@@ -138,7 +139,6 @@ def _worker_device(use_gpu: bool):
     (trainables/devices.py): where CUDA is not usable, the one-line DeviceUnusable naming the
     setting, or the CPU with LAYERSWAP_ALLOW_CPU=1. Ray's get_device handed out cuda:N
     unchecked, and the run failed deep in torch ("Torch not compiled with CUDA enabled")."""
-    import torch
 
     if not use_gpu:
         return "cpu"
@@ -152,7 +152,6 @@ def process_group_backend(use_gpu: bool) -> str:
     (LAYERSWAP_ALLOW_CPU=1 and no CUDA here), whose workers then run on their CPUs: NCCL cannot
     start without a GPU. Decided here, for every worker: the cluster's nodes run one image, and
     a worker whose GPU is unusable fails NCCL's start-up, which describe_failure names."""
-    import torch
 
     if not use_gpu or (cpu_allowed() and not torch.cuda.is_available()):
         return "gloo"
@@ -161,7 +160,6 @@ def process_group_backend(use_gpu: bool) -> str:
 
 def _worker(config: dict) -> None:
     """Per-worker fn: resume from Ray's checkpoint if any, run the loop, report to Ray."""
-    import torch
 
     quiet_own_errors()  # a divergence is one line on the driver, not a worker traceback too
     # A node the autoscaler started after the driver's check: its view of the inputs and of
