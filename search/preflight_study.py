@@ -1,7 +1,7 @@
 """Before a --resume starts Ray: the saved study (RUN/search/study.db) opens and matches the table.
 
-`study_problem(db, name, store)` reads the SQLite file read-only (Optuna's RDBStorage would create
-or migrate tables); search.search._check_search_dir refuses with its line. Tests:
+`study_problem(db, name, store)` reads the SQLite file with sqlite3, not Optuna (whose RDBStorage
+would create or migrate tables); search.search._check_search_dir refuses with its line. Tests:
 .venv/bin/python -m pytest -q tests/search/test_preflight_study.py
 """
 
@@ -16,6 +16,11 @@ from layerswap.search.results import TrialStore
 # COMPLETE or PRUNED always has one; FAIL/RUNNING/WAITING ones may not (interrupted, re-queued).
 _TOLD_WITH_A_ROW = ("COMPLETE", "PRUNED")
 _FIX = "restore it, or start the search over with --overwrite"
+# mode=rw, not ro: a driver killed mid-write leaves a hot journal (study.db-journal), which SQLite
+# must roll back before anyone reads, and a read-only connection cannot ("attempt to write a
+# readonly database"). The rollback restores the last committed study, as Optuna's own open
+# would; rw never creates the file.
+_OPEN = "mode=rw"
 
 
 def study_problem(db: Path, name: str, store: TrialStore) -> str | None:
@@ -37,7 +42,7 @@ def study_problem(db: Path, name: str, store: TrialStore) -> str | None:
     if not db.exists():
         return f"{db}: missing, while {store.path} holds {len(rows)} trial(s); {_FIX}" if rows else None  # fmt: skip
     try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?{_OPEN}", uri=True)
         try:
             check = con.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
