@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.unraisablehook = interrupts.unraisable_hook(unraisable)
     # Ray Tune's own SIGINT handler ends the tuning loop and returns as if it had finished (the
     # command would go on to promotion and exit 0); without it Ctrl-C raises KeyboardInterrupt
-    # here. Ray Train's is kept out while fit() runs (trainables/train/ray_train._fit_signals).
+    # here. Ray Train's is kept out while fit() runs (trainables/train/ray_fit.py).
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
         code = _run_command(args)

@@ -31,6 +31,7 @@ RAY_ALLOWED = {
     "trainables/train/ray_failures.py",  # ray_train's adapter to Ray Train's private failure API
     "trainables/train/ray_progress.py",  # ray_train's progress lines: a Ray queue to the driver
     "trainables/train/ray_capacity.py",  # ray_train's check that the cluster's nodes hold its workers
+    "trainables/train/ray_fit.py",  # ray_train's fit() under a driver's SIGINT and SIGTERM
     "trainables/ray_session.py",
     "trainables/node_paths.py",  # one task pinned to each Ray node: what each node sees of a path
 }

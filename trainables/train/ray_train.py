@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +41,7 @@ from layerswap.trainables.node_paths import (
     described,
     run_lock,
 )
-from layerswap.trainables.ray_session import init_ray, through_ray_get
+from layerswap.trainables.ray_session import init_ray
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.checkpoint_store import check_restored, drop_older_in_store
 from layerswap.trainables.train.finite import NonFiniteTraining
@@ -55,6 +52,7 @@ from layerswap.trainables.train.ray_failures import (
     describe_failure,
     quiet_own_errors,
 )
+from layerswap.trainables.train.ray_fit import fit_interruptibly
 from layerswap.trainables.train.ray_progress import printing, sender
 from layerswap.trainables.train.state import (
     find_checkpoints,
@@ -307,62 +305,6 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
     )
 
 
-@contextmanager
-def _fit_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM as a fit() in the main thread needs them to stop it.
-
-    fit() replaces the SIGINT handler with one that aborts the run and then returns from fit()
-    as if it had ended (the caller could not tell an interrupted run from a finished one): it
-    is kept out. fit() waits in a blocking ray.get, which passes a KeyboardInterrupt raised by
-    a signal handler on but turns any other exception into exit code 1 (SystemExit, which
-    Ray's driver SIGTERM handler raises) or drops it: while fit() runs, SIGTERM also raises
-    KeyboardInterrupt, and leaves as SystemExit(SIGTERM), what Ray's own handler raises (the
-    command exits 143). Python's handler also takes SIGTERM from Ray's C++ failure-signal
-    handler, which would dump a stack and arm alarm(3) to abort the process (SIGABRT).
-    (A fit() in a helper thread also avoids Ray's SIGINT handler, but that thread is still
-    inside ray.get when Ray shuts down at exit, and Ray then ends the process with exit 1.)
-    """
-    real = signal.signal
-    terminated = []
-    before = signal.getsignal(signal.SIGTERM)
-    # The caller's handler still hears of it (the CLI's records it and decides the exit code).
-    caller = through_ray_get(before) if callable(before) else None
-
-    def on_sigterm(signum, frame):
-        terminated.append(signum)
-        if caller is not None:
-            caller(signum, frame)  # raises KeyboardInterrupt for whatever the caller's raises
-        raise KeyboardInterrupt
-
-    def keep(signum, handler):
-        if signum in (signal.SIGINT, signal.SIGTERM):
-            return signal.getsignal(signum)
-        return real(signum, handler)
-
-    real(signal.SIGTERM, on_sigterm)
-    signal.signal = keep
-    try:
-        yield
-    except KeyboardInterrupt:
-        if terminated:
-            signal.alarm(0)  # should Ray's C++ handler have seen it first (see above)
-            raise SystemExit(signal.SIGTERM) from None
-        raise
-    finally:
-        signal.signal = real
-        real(signal.SIGTERM, signal.SIG_DFL if before is None else before)
-
-
-def _fit_interruptibly(trainer: OwnErrorsTrainer):
-    """`trainer.fit()`; in a driver's main thread SIGINT stops it with KeyboardInterrupt and
-    SIGTERM with SystemExit(SIGTERM). Elsewhere (a Ray task, a Tune trial) it runs as it is."""
-    in_ray_worker = ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-    if in_ray_worker or threading.current_thread() is not threading.main_thread():
-        return trainer.fit()
-    with _fit_signals():
-        return trainer.fit()
-
-
 def start_ray(exp: TrainExperiment, verbose: bool, run_dir: Path | None = None) -> bool:
     """Start (or join, RAY_ADDRESS) Ray unless this process already has; unless `verbose`,
     without Ray's output: its workers' and controller's logs (Ray Train's report lines, weight
@@ -420,7 +362,7 @@ def train_with_ray(exp: TrainExperiment, *, storage_path: str | None = None, nam
     try:
         with printing(run) if progress and in_driver else nullcontext() as channel:
             trainer = trainer_for(exp, storage_path=storage_path, name=name, min_report_interval_s=min_report_interval_s, progress=channel)  # fmt: skip
-            result = _fit_interruptibly(trainer)
+            result = fit_interruptibly(trainer)
     except ray.train.TrainingFailedError as e:  # V2 raises once max_failures is used up
         raise_own_error(e)
         return RayTrainResult(None, {}, run, describe_failure(e))
