@@ -24,14 +24,22 @@ def scoring_resources(setup: SweepSetup) -> dict | None:
 
     A trial that drives a nested TorchTrainer holds nothing (it sits on the head node,
     `trial_resources`): its scoring reserves what it uses, a GPU of its own when the experiment
-    trains on GPUs and the sweep does not ask for the CPU, else `cpus_per_trial` CPUs, so
+    trains on GPUs and the sweep does not ask for the CPU (of the experiment's
+    scaling.accelerator_type, when it names one), else `cpus_per_trial` CPUs, so
     concurrent trials never score unreserved on the head. An in-trial run scores on what the
     trial holds.
     """
     if setup.executor != "ray_train":
         return None
-    if setup.experiment["scaling"]["use_gpu"] and setup.sweep.device != "cpu":
-        return {"num_gpus": 1, "num_cpus": setup.sweep.cpus_per_trial}
+    scaling = setup.experiment["scaling"]
+    if scaling["use_gpu"] and setup.sweep.device != "cpu":
+        opts = {"num_gpus": 1, "num_cpus": setup.sweep.cpus_per_trial}
+        # The GPU kind the experts trained on (Ray's accelerator_type:NAME label): without it, a
+        # mixed cluster scores on whichever GPU frees first, and an autoscaler whose GPUs are
+        # busy may start a node of another type (one the memory plan did not size).
+        if kind := scaling.get("accelerator_type"):
+            opts["accelerator_type"] = kind
+        return opts
     return {"num_cpus": setup.sweep.cpus_per_trial}
 
 

@@ -25,9 +25,9 @@ from layerswap.experts.sweep import SweepSetup
 from layerswap.spaces.sweep import SweepConfig
 
 
-def _setup(use_gpu: bool, executor: str, **sweep) -> SweepSetup:
+def _setup(use_gpu: bool, executor: str, accelerator: str | None = None, **sweep) -> SweepSetup:
     return SweepSetup(
-        experiment={"scaling": {"use_gpu": use_gpu}},
+        experiment={"scaling": {"use_gpu": use_gpu, "accelerator_type": accelerator}},
         sweep=SweepConfig(**sweep),
         tasks=["t"], metric_task="t", include_path=None, int_params=set(),
         executor=executor, storage="unused",
@@ -79,7 +79,7 @@ def one_fake_gpu():
     import ray
 
     tmp = tempfile.mkdtemp(prefix="lsx", dir="/tmp")
-    ray.init(num_cpus=2, num_gpus=1, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=1, resources={"accelerator_type:H100": 1}, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)  # fmt: skip
     yield
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
@@ -90,6 +90,24 @@ def test_a_gpu_sweep_scores_in_a_task_holding_a_gpu_of_its_own(one_fake_gpu):
     assert row["gpu_ids"] == ["0"] and row["pid"] != os.getpid()
     (row,) = score_reserved(_reporter(), _setup(False, "in_trial"), [], "t1", {})
     assert row["gpu_ids"] == [] and row["pid"] == os.getpid()  # a CPU sweep scores in place
+
+
+def test_scoring_asks_for_the_gpu_kind_the_experts_trained_on(one_fake_gpu):
+    """scaling.accelerator_type reaches the scoring task: it runs on a node of that kind (this
+    one is labelled H100) and waits for one otherwise (an autoscaler would start one)."""
+    import ray
+
+    (row,) = score_reserved(_reporter(), _setup(True, "ray_train", "H100"), [], "t1", {})
+    assert row["gpu_ids"] == ["0"]
+    opts = scoring_resources(_setup(True, "ray_train", "L40S"))
+    assert opts == {"num_gpus": 1, "num_cpus": 1.0, "accelerator_type": "L40S"}
+
+    def pid():
+        return os.getpid()
+
+    ready, _ = ray.wait([ray.remote(**opts)(pid).remote()], timeout=3)
+    assert ready == []  # no L40S here: not placed on the H100 node
+    assert "accelerator_type" not in scoring_resources(_setup(True, "ray_train", "H100", device="cpu"))  # fmt: skip
 
 
 def test_a_trial_driving_ray_train_scores_outside_its_placement_group(one_fake_gpu, tmp_path):
