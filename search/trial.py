@@ -153,7 +153,7 @@ class TrialRunner:
             check_direction(p, *task_higher_is_better(full.tasks[p.task].task))
         self.n_items = {t: len(c.items) for t, c in full.tasks.items()}
         self.policy = policy_of(experiment.search.fidelity, experiment.search.multi_objective)
-        self.parts = _rung_evaluators(full, self.policy.shares(experiment.search.fidelity), kw)
+        self.parts = _rung_evaluators(full, self.policy.shares(experiment.search.fidelity))
         # The full evaluator only listed the items (its reads are logged; it never scores).
         self._access = [full.access_log] if self.parts[0] is not full else []
         t0 = time.perf_counter()
@@ -272,13 +272,14 @@ def score_rungs(
             return
 
 
-def _rung_evaluators(full: ProxyEvaluator, shares: list[float], kw: dict) -> list[ProxyEvaluator]:
-    """One evaluator per rung over the items that rung adds (search.fidelity.rung_spans).
+def _rung_evaluators(full: ProxyEvaluator, shares: list[float]) -> list[ProxyEvaluator]:
+    """One evaluator per rung over the items that rung adds (search.fidelity.rung_spans), each
+    item with the prompt `full` built for it: a few-shot prompt is lm-eval's only when built
+    among the whole split's docs (ProxyEvaluator.restricted).
 
     Args:
         full: the evaluator over every item (its seeded order fixes which items each share takes).
         shares: the rungs' cumulative shares, the last 1.0.
-        kw: the evaluator settings (include_path, batch size, seed, ...).
     Returns:
         the evaluators in rung order; `[full]` when there is one rung.
     """
@@ -290,5 +291,5 @@ def _rung_evaluators(full: ProxyEvaluator, shares: list[float], kw: dict) -> lis
         for t, (a, b) in span.items():
             c = full.tasks[t]
             ids[t] = [c.items[i].doc_id for i in c.order[a:b]]
-        parts.append(ProxyEvaluator(list(ids), full.tokenizer, doc_ids=ids, **kw))
+        parts.append(full.restricted(ids))
     return parts

@@ -1,14 +1,16 @@
 """Cached proxy evaluator: lm-eval prompts tokenized once, scored on many candidate models.
 
-`ProxyEvaluator(["belebele_dev"], tok, include_path=...).score(model, fidelity=0.5)`.
+`ProxyEvaluator(["belebele_dev"], tok, include_path=...).score(model, fidelity=0.5)`;
+`.restricted({task: doc_ids})` scores a subset of the items with the prompts built here.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from layerswap.trainables.evaluate.finite_outputs import watch_logits
@@ -104,6 +106,13 @@ def _memoize_per_doc(task, *methods: str) -> None:
         setattr(task, name, cached)
 
 
+def _seeded_order(seed: int, task: str, n: int) -> list[int]:
+    """The seeded permutation of a task's n item positions (fidelity takes a prefix of it)."""
+    order = list(range(n))
+    random.Random(f"{seed}:{task}").shuffle(order)
+    return order
+
+
 class ProxyEvaluator:
     """Scores candidate models on a fixed list of lm-eval docs, prompts tokenized once.
 
@@ -111,8 +120,7 @@ class ProxyEvaluator:
         task_names: lm-eval task (or group) names; the caller picks the variant (e.g. a dev split).
         tokenizer: the candidates' shared HF tokenizer.
         include_path: folder(s) of task YAMLs.
-        limit: keep the first `limit` docs of each task's eval split.
-        doc_ids: {task: [doc ids]} to keep a chosen subset instead (overrides `limit`).
+        limit: keep the first `limit` docs of each task's eval split (as lm-eval's `limit`).
         num_fewshot: lm-eval num_fewshot, one for all tasks or {task: shots} (0 by default;
             fewshot reads are logged).
         gen_kwargs: overrides merged into generate_until tasks' generation_kwargs, as
@@ -132,7 +140,6 @@ class ProxyEvaluator:
         *,
         include_path: str | list[str],
         limit: int | None = None,
-        doc_ids: dict[str, list[int]] | None = None,
         num_fewshot: int | dict[str, int] = 0,
         gen_kwargs: dict | None = None,
         add_bos_token: bool | None = None,
@@ -144,13 +151,37 @@ class ProxyEvaluator:
         self.tokenizer = configure_pad_token(tokenizer)  # HFLM.__init__ does the same
         self.add_bos_token = add_bos_token
         self.sizer = BatchSizer(batch_size)
+        self.seed = seed
         self.access_log: list[Access] = []
         self.tasks: dict[str, _TaskCache] = {}
         for name, task in load_tasks(task_names, include_path).items():
             shots = num_fewshot.get(name, 0) if isinstance(num_fewshot, dict) else num_fewshot
-            self.tasks[name] = self._build(
-                name, task, limit, (doc_ids or {}).get(name), shots, gen_kwargs, seed
-            )
+            self.tasks[name] = self._build(name, task, limit, shots, gen_kwargs, seed)
+
+    def restricted(self, doc_ids: dict[str, list[int]]) -> ProxyEvaluator:
+        """This evaluator over some of its items, each with the prompt built here.
+
+        Prompts are never rebuilt for a subset: lm-eval's few-shot sampler draws every doc's
+        examples from one generator, doc after doc, so a doc built among fewer docs would get
+        other examples than lm-eval (and this evaluator) give it over the whole split.
+
+        Args:
+            doc_ids: {task: doc ids} to keep; tasks not named are left out.
+        Returns:
+            an evaluator sharing this one's tokenizer, prompts and batch sizer, whose items are
+            in doc id order and shuffled by the same seeded rule; its access log starts empty
+            (the prompts were read, and logged, here).
+        """
+        out = copy.copy(self)
+        out.access_log, out.tasks = [], {}
+        for name, ids in doc_ids.items():
+            c = self.tasks[name]
+            by_id = {it.doc_id: it for it in c.items}
+            if missing := sorted(set(ids) - set(by_id)):
+                raise ValueError(f"{name}: doc ids {missing[:5]} are not among this evaluator's items")  # fmt: skip
+            items = [by_id[d] for d in sorted(set(ids))]
+            out.tasks[name] = replace(c, items=items, order=_seeded_order(self.seed, name, len(items)))  # fmt: skip
+        return out
 
     # -- tokenization, as HFLM (causal backend) -------------------------------------------
     def _prefix_token_id(self) -> int:
@@ -196,7 +227,7 @@ class ProxyEvaluator:
         return self.tokenizer([ctx], **kw)["input_ids"][0]
 
     # -- construction ----------------------------------------------------------------------
-    def _build(self, name, task, limit, doc_ids, num_fewshot, gen_kwargs, seed) -> _TaskCache:
+    def _build(self, name, task, limit, num_fewshot, gen_kwargs, seed) -> _TaskCache:
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
         kind = task.get_config("output_type")
@@ -213,7 +244,7 @@ class ProxyEvaluator:
         _memoize_per_doc(task, "doc_to_target", "doc_to_choice")
         split = _split_of(task)
         docs = task.eval_docs
-        ids = sorted(doc_ids) if doc_ids is not None else list(range(len(docs)))[:limit]
+        ids = list(range(len(docs)))[:limit]  # every doc in order, as lm-eval builds them
         self.access_log.append(Access(name, split, tuple(ids), "prompt"))
         if shots:
             fs = task.config.fewshot_split or task.config.training_split or split
@@ -234,9 +265,7 @@ class ProxyEvaluator:
                 items.append(_Item(doc_id, doc, pairs[0][0], [p[1] for p in pairs]))
             else:
                 items.append(_Item(doc_id, doc, self._gen_encode(reqs.args[0]), request=reqs))
-        order = list(range(len(items)))
-        random.Random(f"{seed}:{name}").shuffle(order)
-        cache = _TaskCache(name, task, kind, split, items, order)
+        cache = _TaskCache(name, task, kind, split, items, _seeded_order(seed, name, len(items)))
         if kind == "generate_until":
             kw = normalize_gen_kwargs(task.config.generation_kwargs, 256)  # HFLM max_gen_toks
             if kw.get("do_sample"):

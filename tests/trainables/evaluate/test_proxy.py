@@ -139,27 +139,59 @@ def test_fidelity_is_a_prefix_with_equal_item_results(evaluator, models):
 
 
 def test_access_log_names_splits_and_doc_ids(world, tok, models):
-    ev = ProxyEvaluator(
-        TASKS, tok, include_path=str(world), gen_kwargs=GEN, limit=6, doc_ids={"bele_dev": [7, 2]}
-    )
+    ev = ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=GEN, limit=6)
     assert [it.doc_id for it in ev.tasks["mgsm_dev"].items] == list(range(6))
-    assert [it.doc_id for it in ev.tasks["bele_dev"].items] == [2, 7]
     before = len(ev.access_log)
     ev.score(models[0], fidelity=0.5)
     log = ev.access_log
-    assert {(a.task, a.split, a.purpose) for a in log[:before]} == {
-        ("mgsm_dev", "dev", "prompt"),
-        ("bele_dev", "dev", "prompt"),
+    assert {(a.task, a.split, a.purpose, a.doc_ids) for a in log[:before]} == {
+        ("mgsm_dev", "dev", "prompt", tuple(range(6))),
+        ("bele_dev", "dev", "prompt", tuple(range(6))),
     }
     scored = {a.task: a.doc_ids for a in log[before:]}
     assert all(a.purpose == "score" for a in log[before:])
-    assert scored == {
-        "mgsm_dev": tuple(ev.subset("mgsm_dev", 0.5)),
-        "bele_dev": (ev.subset("bele_dev", 0.5)[0],),
-    }
+    assert scored == {t: tuple(ev.subset(t, 0.5)) for t in TASKS}
     # The proxy stage never reads a test split (zero-shot: no fewshot reads either).
     assert all(a.split == "dev" for a in log)
     assert ev.splits_read() == {("mgsm_dev", "dev"), ("bele_dev", "dev")}
+    # A subset logs only what it scores: its prompts were read (and logged) by `ev`.
+    part = ev.restricted({"bele_dev": [5, 2]})
+    assert [it.doc_id for it in part.tasks["bele_dev"].items] == [2, 5] and list(part.tasks) == ["bele_dev"]  # fmt: skip
+    part.score(models[0])
+    assert [(a.task, a.purpose, sorted(a.doc_ids)) for a in part.access_log] == [("bele_dev", "score", [2, 5])]  # fmt: skip
+    with pytest.raises(ValueError, match=r"bele_dev: doc ids \[7\] are not among"):
+        ev.restricted({"bele_dev": [7]})
+
+
+def test_a_subset_keeps_the_few_shot_prompts_lm_eval_gives_its_docs(world, tok, models):
+    """A search rung scores a subset (search/trial.py). lm-eval's few-shot sampler draws each
+    doc's examples from one generator, doc after doc: rebuilt over the subset, 7 of 13 of a
+    red-team's rung prompts differed from lm-eval's. The subset keeps the whole split's."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    full = ProxyEvaluator(["mgsm_dev"], tok, include_path=str(world), gen_kwargs=GEN, num_fewshot=3)  # fmt: skip
+    ids = full.subset("mgsm_dev", 1.0)[3:8]  # a later rung's docs: not a prefix of the split
+    part = full.restricted({"mgsm_dev": ids})
+    result = part.score(models[0]).items["mgsm_dev"]
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=models[0], tokenizer=tok),
+        tasks=["mgsm_dev"],
+        task_manager=TaskManager(include_path=str(world), include_defaults=False),
+        num_fewshot=3, log_samples=True, gen_kwargs=dict(GEN), bootstrap_iters=0,
+        cache_requests=False,
+    )  # fmt: skip
+    samples = {(s["doc_id"], s["filter"]): s for s in out["samples"]["mgsm_dev"]}
+    assert sorted(r.doc_id for r in result) == sorted(ids)
+    for it in part.tasks["mgsm_dev"].items:
+        (ctx, _), *_ = samples[(it.doc_id, "flexible-extract")]["arguments"]
+        assert tok.decode(it.ctx_ids, skip_special_tokens=True) == ctx, it.doc_id
+        assert ctx.count("Answer:") == 4  # three examples and the doc
+    for r in result:
+        for fname, filtered in r.prediction.items():
+            s = samples[(r.doc_id, fname)]
+            assert (r.response, filtered) == (s["resps"][0][0], s["filtered_resps"][0]), r.doc_id
 
 
 def test_brier_scored_belebele_matches_lm_eval_and_the_option_probabilities(world, tok, models):
