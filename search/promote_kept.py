@@ -22,6 +22,7 @@ from pathlib import Path
 import lm_eval  # its package only (4 ms): the task modules load when a run needs them
 
 from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.trainables.atomic import is_writer_sibling
 from layerswap.trainables.model_ids import content_recipe_id, model_content_id
 from layerswap.world.manifest import MANIFEST
 
@@ -55,7 +56,8 @@ def tasks_digest(exp: SearchExperiment, include_paths: list[str]) -> str:
             h.update(manifest.read_bytes())
     places[str(Path(lm_eval.__file__).resolve().parent)] = b"<lm_eval>"
     for root in map(Path, include_paths):
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)  # fmt: skip
+        # A killed writer's temporary (`.world_x.yaml.tmp-PID-TAG`) is no task lm-eval reads.
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and not is_writer_sibling(p.name))  # fmt: skip
         for f in files:
             data = f.read_bytes()
             for where, name in sorted(places.items(), key=lambda kv: -len(kv[0])):

@@ -138,6 +138,15 @@ def writer_sibling(out: Path, kind: str, tag: str) -> Path:
     return out.parent / f".{out.name}.{kind}-{os.getpid()}-{tag}"
 
 
+_WRITER_SIBLING = re.compile(r"\.(.+)\.(tmp|old|replaced)-(\d+)-[0-9a-f]{8}")
+
+
+def is_writer_sibling(name: str) -> bool:
+    """Whether a file or folder name is a writer's `writer_sibling` (a temporary, or an output
+    set aside), of any pid: not content anyone reads as an input."""
+    return _WRITER_SIBLING.fullmatch(name) is not None
+
+
 def dead_writer_temps(out: Path, pid: int, kind: str = "tmp") -> list[Path]:
     """The siblings of `out` of one `kind` that the writer `pid` made (`writer_sibling`'s names).
 
@@ -150,9 +159,8 @@ def dead_writer_temps(out: Path, pid: int, kind: str = "tmp") -> list[Path]:
 def dead_writer_siblings(parent: Path, pid: int, kind: str) -> list[tuple[str, Path]]:
     """(output name, path) of every `.NAME.KIND-PID-TAG` in `parent` that the writer `pid` made,
     whatever the output (a search sets aside four outputs beside the one it locks)."""
-    name = re.compile(rf"\.(.+)\.{re.escape(kind)}-{int(pid)}-[0-9a-f]{{8}}")
     try:
-        found = [(m.group(1), p) for p in parent.iterdir() if (m := name.fullmatch(p.name))]
+        found = [(m.group(1), p) for p in parent.iterdir() if (m := _WRITER_SIBLING.fullmatch(p.name)) and m.group(2) == kind and int(m.group(3)) == pid]  # fmt: skip
     except OSError:  # the parent is gone or unreadable: nothing of ours to find there
         return []
     return sorted(found)

@@ -116,6 +116,9 @@ def test_the_task_digest_follows_the_world_and_the_task_folders(tiny_world, tmp_
     (tasks / "__pycache__").mkdir()
     (tasks / "__pycache__" / "x.pyc").write_bytes(b"1")
     assert tasks_digest(exp, [str(tasks)]) == first
+    # A writer killed mid-write of a task file leaves its temporary: lm-eval reads no such file.
+    (tasks / "sub" / ".t.yaml.tmp-4242-0123abcd").write_text("task: t\nnum_fewshot: 5\n")
+    assert tasks_digest(exp, [str(tasks)]) == first
     (world / "world.json").write_text('{"files": {"data/mgsm/xa/test.jsonl": "bb"}}')
     second = tasks_digest(exp, [str(tasks)])
     assert second != first
