@@ -175,7 +175,9 @@ def _importances(sec: Section, db: Path | None) -> None:
     """Optuna parameter importances of each study in the run's SQLite storage.
 
     The database is copied to a temporary file first: opening an RDB storage may create or
-    migrate tables, and analysis must never write into the run.
+    migrate tables, and analysis must never write into the run. Its rollback journal goes with
+    it: a search killed mid-commit leaves one, and only with it does SQLite undo the
+    uncommitted pages already in the file (in the copy).
     """
     if db is None:
         sec.text("Parameter importances: not in this run (no search/study.db).")
@@ -186,6 +188,9 @@ def _importances(sec: Section, db: Path | None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="layerswap-analyze-") as tmp:
         copy = Path(tmp) / "study.db"
+        journal = db.with_name(db.name + "-journal")
+        if journal.is_file():
+            shutil.copyfile(journal, copy.with_name(copy.name + "-journal"))
         shutil.copyfile(db, copy)
         storage = f"sqlite:///{copy}"
         try:
