@@ -20,13 +20,14 @@ from layerswap.spaces.recipe import Recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.devices import check_cpu_size
-from layerswap.trainables.evaluate.lm_eval_api import task_configs
+from layerswap.trainables.evaluate.lm_eval_api import single_configs, task_index
 from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
     config_higher_is_better,
     task_higher_is_better,
 )
+from layerswap.trainables.evaluate.task_data import require_own_data
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 from layerswap.trainables.merge.live import ExpertCache, LiveModel, Loader
 from layerswap.trainables.storage import local_copy
@@ -80,8 +81,10 @@ def check_direction(proxy: Proxy, metric: str, higher_is_better: bool) -> None:
 
 
 def check_proxy_scales(experiment: SearchExperiment) -> None:
-    """Before a search starts: every proxy's scale points the way its lm-eval metric does, and
-    the target is higher-is-better (promotion and analysis rank models by it larger-first).
+    """Before a search starts: every proxy's scale points the way its lm-eval metric does, the
+    target is higher-is-better (promotion and analysis rank models by it larger-first), and no
+    proxy reads the target's test data under another name (trainables/evaluate/task_data.py:
+    same dataset_path, dataset_name and split, or the same data file).
 
     Reads the tasks' configs only (no data; world tasks written to a temporary folder, so
     nothing is written beside the run). The trials check again on the loaded tasks (TrialRunner:
@@ -89,7 +92,8 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
 
     Raises:
         ValueError: naming the proxy (its metric, best and worst), a proxy that is a group or a
-            tag, or a lower-is-better target.
+            tag, a proxy reading the target's test data (the shared split), or a
+            lower-is-better target.
     """
     import tempfile
     from pathlib import Path
@@ -101,7 +105,11 @@ def check_proxy_scales(experiment: SearchExperiment) -> None:
         if experiment.world is not None:
             write_world_tasks(Path(experiment.world), Path(tmp))
             paths.insert(0, tmp)
-        configs = task_configs([*names, experiment.target_task], paths)
+        index = task_index([*names, experiment.target_task], paths)
+    configs = single_configs(index, [*names, experiment.target_task])
+    default = "" if experiment.proxies is not None else " (the default)"
+    fields = [(f"proxies[{i}].task{default}", name) for i, name in enumerate(names)]
+    require_own_data(fields, experiment.target_task, index)
     for p in proxies:
         if configs[p.task] is None:
             raise ValueError(f"proxy {p.task}: a group or tag of tasks; a proxy is one task")

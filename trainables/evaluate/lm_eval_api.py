@@ -158,6 +158,16 @@ def load_tasks(task_names: list[str], include_path: str | Path | list) -> dict[s
     return out
 
 
+def task_index(task_names: list[str], include_path: str | Path | list) -> dict[str, Any]:
+    """lm-eval's task index (name -> Entry: kind, resolved config, tags) knowing every name in
+    `task_names`, built from configs alone (no data); built-ins indexed only if needed.
+
+    Raises:
+        ValueError: naming the tasks neither `include_path` nor lm-eval knows.
+    """
+    return task_manager(list(task_names), include_path).task_index
+
+
 def task_configs(task_names: list[str], include_path: str | Path | list) -> dict[str, dict | None]:
     """Each single task's config as lm-eval resolves it (its `include:`s merged), without
     loading any data: `TaskManager.task_index[name].cfg`. None for a group or a tag (their
@@ -166,9 +176,13 @@ def task_configs(task_names: list[str], include_path: str | Path | list) -> dict
     Raises:
         ValueError: naming the tasks neither `include_path` nor lm-eval knows.
     """
+    return single_configs(task_index(task_names, include_path), task_names)
+
+
+def single_configs(index: dict[str, Any], task_names: list[str]) -> dict[str, dict | None]:
+    """`task_configs` from a task index already built (`task_index`): one index, several reads."""
     from lm_eval.tasks._index import Kind
 
-    index = task_manager(list(task_names), include_path).task_index
     single = (Kind.TASK, Kind.PY_TASK)
     return {n: index[n].cfg if index[n].kind in single else None for n in task_names}
 
