@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -164,6 +165,30 @@ def dead_writer_siblings(parent: Path, pid: int, kind: str) -> list[tuple[str, P
     except OSError:  # the parent is gone or unreadable: nothing of ours to find there
         return []
     return sorted(found)
+
+
+def remove_left_temps(folder: Path) -> list[Path]:
+    """Remove the temporaries killed writers left in `folder` (not below it), one line each on
+    stderr: `.NAME.tmp-*`, `temp_sibling`'s folders and a Ray upload's staging folder
+    (ray_train._upload_into).
+
+    Only for the one writer of the run `folder` belongs to, before it writes there: it holds the
+    run's lock (or is a trial of the sweep that holds it), so no live writer's temporary can be
+    there. A SIGKILL runs no cleanup, and a checkpoint's temporary holds a whole model.
+
+    Args:
+        folder: where the writer builds its outputs (missing: nothing to do).
+    Returns:
+        the paths removed.
+    """
+    found = sorted(Path(folder).glob(".*.tmp-*"))
+    for stale in found:
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        print(f"layerswap: removed {stale}, left unfinished by a killed writer", file=sys.stderr, flush=True)  # fmt: skip
+    return found
 
 
 @contextmanager

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.atomic import remove_left_temps
 from layerswap.trainables.train.checkpoint_step import (
     _check_finite_checkpoint,
     _metrics,
@@ -120,6 +121,12 @@ def run_training(
     _check_scaling(exp, world)
     device = _resolve_device(exp, device)
     workdir = Path(workdir)
+    if rank == 0:  # before any checkpoint (which needs every rank's steps first)
+        # A SIGKILLed run's half-written checkpoint (a whole model each) goes. The caller is the
+        # run's one writer: `train --no-ray` holds the run's lock (run.train_expert), an in-trial
+        # sweep trial works for the sweep that holds its folder's (experts/sweep.py), and a Ray
+        # worker's workdir is a fresh temporary folder.
+        remove_left_temps(workdir / "checkpoints")
     resume = Path(resume_from) if resume_from is not None else None
     torch.manual_seed(h.seed)  # LoRA init and anything else drawn at set-up
     tok, model = _load(exp, resume)

@@ -31,7 +31,7 @@ from layerswap.spaces.train_experiment import (
     experiment_json,
     parse_train_experiment,
 )
-from layerswap.trainables.atomic import atomic_dir
+from layerswap.trainables.atomic import atomic_dir, remove_left_temps
 from layerswap.trainables.devices import DeviceUnusable, cpu_allowed, require_cuda
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.node_paths import (
@@ -271,8 +271,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         run_dir = Path(storage) / (name or exp.name)
         # A worker killed mid-upload (see _upload_into) leaves its temp folder: no one else
         # writes this run now, so it goes.
-        for stale in run_dir.glob(".*.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        remove_left_temps(run_dir)
         local = {"run_dir": str(run_dir)}
         inputs.append(run_lock(run_dir))  # its workers write their checkpoints there
     return OwnErrorsTrainer(
