@@ -69,7 +69,9 @@ def held_out_reason(task: str, target: str | None = None) -> str | None:
     The one dev-only rule (DESIGN.md §1: the target test set never guides the search): a world
     test split (a `world_` name without `_dev`) and the search's own target task are held out.
     A real lm-eval task has no split in its name (`mgsm_direct_en`, `belebele_swh_Latn`), so
-    only the target itself is refused among those.
+    only the target itself is refused among those by name; a search also refuses a proxy that
+    reads the target's test data under another name (trainables/evaluate/task_data.py, from the
+    resolved lm-eval configs, which this pure-data module cannot read).
 
     Args:
         task: a task name, or an indicator column (`ind__<task>`).
