@@ -26,6 +26,7 @@ from layerswap.cli.args import continue_clash, finite_float
 from layerswap.cli.train_sweep import (
     SWEEP_FINISHED,
     finished_sweep,
+    put_back_rows,
     run_sweep_recorded,
     sweep_data_problem,
     sweep_folder,
@@ -227,6 +228,7 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
     folder = run_dir / "train" / exp.name
     check_run_folder(exp, folder)
     if args.cont and (done := finished_sweep(exp, folder)) is not None:
+        put_back_rows(run_dir, folder)  # a finished sweep moved back over a killed --overwrite
         failed = sum(s != "ok" for s in done.get("trials", {}).values())
         note = f", {failed} of them failed" if failed else ""
         print(f"{folder}: this expert sweep is already finished ({len(done.get('trials', {}))} trials{note}); nothing to do")  # fmt: skip

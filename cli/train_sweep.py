@@ -1,11 +1,12 @@
 """An expert sweep's run folder for `layerswap train` (cli/train.py): RUN/train/<name> replaced only
 on --overwrite, resumed by `train --continue` when it holds an unfinished sweep of the same
 experiment, and SWEEP_FINISHED written there once the sweep has run its course, which `train
---continue` reads to skip it; and the check, before any trial trains, that the indicator tasks its
-trials are scored on can read their data offline.
+--continue` reads to skip it; the old sweep's registry rows, kept in its set-aside folder while
+an --overwrite runs (ROWS_ASIDE, put back with it); and the check, before any trial trains,
+that the indicator tasks its trials are scored on can read their data offline.
 
 Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
-tests/cli/test_sweep_continue.py
+tests/cli/test_sweep_continue.py tests/cli/test_sweep_overwrite_kill.py
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from layerswap.trainables.outputs import (
     write_marker,
     writing,
 )
+from layerswap.trainables.storage import is_under
 
 
 def sweep_data_problem(exp: TrainExperiment) -> str | None:
@@ -127,43 +129,91 @@ def _set_dotted(data: dict, dotted: str, value: object) -> None:
         data[last] = value
 
 
+# In a sweep's folder that `train --overwrite` sets aside (`.NAME.replaced-PID-*`): the registry
+# rows the sweep had, which the new sweep drops from the registry. Written (atomically) before
+# they are dropped, and read back whenever the folder is in place again: put back on an error or
+# interrupt, or moved back by hand after a SIGKILL (the stale lock's hint), so the registry
+# lists the sweep the folder holds, never the other's nor none. A kill at any instant leaves the
+# old rows in the registry or in this file, whichever folder the user keeps.
+ROWS_ASIDE = "registry_rows_set_aside.parquet"
+
+
+def put_back_rows(run_dir: Path, folder: Path) -> None:
+    """Give the sweep folder `folder` back its registry rows when it holds ROWS_ASIDE (it is an
+    old sweep back in place after its replacement failed or was killed): the registry's rows
+    under it (the replacement's) become the saved ones, then the file goes. Under the folder's
+    lock (re-entrant); a kill midway leaves the file, and running it again gives the same.
+
+    Args:
+        run_dir: RUN, whose experts/registry.parquet lists the sweep's experts.
+        folder: RUN/train/<name>.
+    """
+    saved = folder / ROWS_ASIDE
+    if not saved.is_file():
+        return
+    # lazy: pyarrow (0.26 s measured), only for a sweep that runs; --help stays fast
+    from layerswap.experts.registry import append_rows, drop_rows_under, read_rows, registry_path
+
+    with writing(folder):
+        if not saved.is_file():
+            return
+        rows, reg = read_rows(saved), registry_path(run_dir)
+        drop_rows_under(reg, folder)
+        if rows:
+            append_rows(reg, rows)
+        saved.unlink()
+        print(f"{folder}: put back its {len(rows)} registry rows, which an --overwrite run that did not finish had set aside")  # fmt: skip
+
+
 def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: bool = False):
     """The sweep's folder RUN/train/<name>, to run the sweep in. An earlier sweep there is
     resumed on --continue when it is the same experiment's and unfinished (its folder, rows and
     marker kept as they are), else replaced only on --overwrite, its registry rows dropped with
-    it (never a mix of old and new rows).
+    it (never a mix of old and new rows; ROWS_ASIDE keeps them until the new sweep finishes).
 
     Returns:
         (a context manager to run the sweep in, whether it resumes the sweep there).
     """
-    # lazy: pyarrow (0.26 s measured), only for a sweep that runs; --help stays fast
-    from layerswap.experts.registry import append_rows, drop_rows_under, registry_path
-
     folder = run_dir / "train" / exp.name
     replaced = folder.exists() and any(folder.iterdir())
     if replaced and not overwrite:
         _check_resumable(exp, folder, cont)
-        return writing(folder), True  # one writer; an interrupt leaves it resumable again
-    if replaced:
+    elif replaced:
         check_output(folder, "train", overwrite=True)
 
     @contextmanager
+    def resume():
+        with writing(folder):  # one writer; an interrupt leaves it resumable again
+            put_back_rows(run_dir, folder)
+            yield
+
+    @contextmanager
     def run():
+        # lazy: pyarrow (0.26 s measured), only for a sweep that runs; --help stays fast
+        from layerswap.experts.registry import (
+            drop_rows_under,
+            read_rows,
+            registry_path,
+            write_registry,
+        )
+
         reg = registry_path(run_dir)
-        with writing(folder), replacing([folder]):  # one writer per sweep folder
-            removed = drop_rows_under(reg, folder)
+        with writing(folder):  # one writer per sweep folder
+            put_back_rows(run_dir, folder)  # an old sweep moved back by hand: its rows first
+            if folder.exists() and any(folder.iterdir()):  # its rows go aside with it
+                mine = [r for r in read_rows(reg) if is_under(r["path"], folder)]
+                write_registry(folder / ROWS_ASIDE, mine)
             try:
-                folder.mkdir(parents=True, exist_ok=True)
-                write_marker(folder, "train", experiment_identity(exp))
-                yield
-            except BaseException:
-                if replaced:  # the old sweep is put back: the new one's rows go with its folder
+                with replacing([folder]):
                     drop_rows_under(reg, folder)
-                if removed:  # and the old one's rows come back
-                    append_rows(reg, removed)
+                    folder.mkdir(parents=True, exist_ok=True)
+                    write_marker(folder, "train", experiment_identity(exp))
+                    yield
+            except BaseException:
+                put_back_rows(run_dir, folder)  # replacing put the old sweep back: its rows too
                 raise
 
-    return run(), False
+    return (resume(), True) if replaced and not overwrite else (run(), False)
 
 
 def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = False, resume: bool = False) -> int:  # fmt: skip
