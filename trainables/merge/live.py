@@ -6,6 +6,10 @@ the base on load), or takes them from a loader such as the search's per-node sto
 model on `device` equal to a recipe's merge, moving only the tensors whose assembly op changed since
 the last recipe. On the CPU every tensor taken whole from an expert is shared (no copy); on a
 GPU it is copied once per change, or once per run when the experts fit on the device.
+LoRA experts follow the disk merge's rules (trainables/merge/lora_deltas.py), so a LoRA recipe
+loads bit for bit what `merge(recipe, out, fold=True)` writes: the cache keeps each adapter's
+factors, magnitude weights come from their exact deltas, and a weighted sum of adapters is the
+base plus their float32 deltas, computed on the CPU. Tests: tests/trainables/merge/test_lora_live.py
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from pathlib import Path
 
 import torch
 
-from layerswap.spaces.recipe import Recipe
+from layerswap.spaces.recipe import LayerSwapRecipe, Recipe
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
 from layerswap.trainables.merge.lora import is_lora_adapter, load_adapter
+from layerswap.trainables.merge.lora_deltas import Adapter, Factors, adapter_mav_oracle, fold_terms
 from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.terms import Linear
 from layerswap.trainables.storage import is_uri, join, local_copy
@@ -52,12 +57,25 @@ def load_expert(
     path = str(local_copy(ref))
     if not is_lora_adapter(path):
         return _load_state(path)
+    return fold_adapter(ref, load_adapter(path), base_state)
+
+
+def fold_adapter(
+    ref: str, adapter: Adapter, base_state: Callable[[], dict[str, torch.Tensor]] | None
+) -> dict[str, torch.Tensor]:
+    """The base's state dict with `adapter` folded in (the disk fold's rule, lora_deltas.fold_terms);
+    untouched tensors are the base's own.
+
+    Args:
+        ref: the adapter's reference (named in the error).
+        adapter: its factors.
+        base_state: returns the base's state dict (None: no base configured).
+    """
     if base_state is None:
         raise ValueError(f"{ref}: a LoRA expert needs `base` to be folded into")
     state = dict(base_state())
-    for module, f in load_adapter(path).modules.items():
-        w = state[f"{module}.weight"]
-        state[f"{module}.weight"] = (w.float() + f.delta()).to(w.dtype)
+    for module, f in adapter.modules.items():
+        state[f"{module}.weight"] = fold_terms(state[f"{module}.weight"], [(f, 1.0)])
     return state
 
 
@@ -83,7 +101,9 @@ class ExpertCache:
         self.loader = loader
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self.nonfinite: dict[str, set[str]] = {}
+        self.adapters: dict[str, Adapter | None] = {}  # ref -> its LoRA factors (None: full)
         self._mav = None
+        self._lora_mav: dict[str, float] = {}  # ref -> lora_deltas.mav_sum, once per process
         self._config_dirs: dict[str, str | None] = {}
 
     def get(self, ref: str) -> dict[str, torch.Tensor]:
@@ -92,10 +112,36 @@ class ExpertCache:
                 state, bad = self.loader(ref)
             else:
                 base = (lambda: self.get(self.base)) if self.base is not None else None
-                state = load_expert(ref, base)
+                adapter = self.adapter(ref)
+                state = fold_adapter(ref, adapter, base) if adapter else load_expert(ref, base)
                 bad = nonfinite_names(state)
             self.nonfinite[ref], self.states[ref] = bad, state
         return self.states[ref]
+
+    def adapter(self, ref: str) -> Adapter | None:
+        """`ref`'s LoRA adapter, read once per process (rank-r factors: megabytes, even for an
+        8B model), or None for a full checkpoint. Read here even when a loader serves the folded
+        states: the disk merge computes from the factors, so the live model does too."""
+        if ref not in self.adapters:
+            lora = is_lora_adapter(ref)  # reads adapter_config.json alone, even from a URI
+            self.adapters[ref] = load_adapter(local_copy(ref)) if lora else None
+        return self.adapters[ref]
+
+    def lora_terms(self, name: str, op: object) -> list[tuple[Factors, float]] | None:
+        """What `op` adds to the base's tensor `name` when it is a weighted sum (coefficients
+        summing to 1) of LoRA adapters only: [(factors, coefficient)] for the adapters that
+        adapt it, [] for none; None for any other op (computed from the loaded states)."""
+        if not isinstance(op, Linear) or self.base is None:
+            return None
+        adapters = [self.adapter(r) for r in op.refs]
+        if not all(adapters) or abs(sum(c for _, c in op.terms) - 1.0) > 1e-6:
+            return None
+        module = name.removesuffix(".weight")
+        return [
+            (a.modules[module], c)
+            for a, (_, c) in zip(adapters, op.terms, strict=True)
+            if name.endswith(".weight") and module in a.modules
+        ]
 
     def config_dir(self, ref: str | None) -> str | None:
         """A local folder holding `ref`'s config.json (for a URI, a copy of that file alone:
@@ -118,8 +164,18 @@ class ExpertCache:
         seen = {t.data_ptr(): t.numel() * t.element_size() for s in self.states.values() for t in s.values()}  # fmt: skip
         return sum(seen.values())
 
-    def mav(self):
-        """One magnitude oracle per process: its per-terms cache survives across trials."""
+    def mav(self, recipe: Recipe | None = None):
+        """The magnitude oracle for `recipe`, its per-terms cache kept for the process.
+
+        A layer swap of two LoRA adapters (what `merge` sends to merge_lora_to_disk) gets the
+        disk merge's oracle over the adapters' exact deltas (lora_deltas.adapter_mav_oracle),
+        so its weights are the floats RUN/best is merged with; anything else (full experts,
+        soups, a mixed pair) the mean row-wise MAV of the loaded states.
+        """
+        if isinstance(recipe, LayerSwapRecipe):
+            refs = (recipe.task_expert, recipe.language_expert)
+            if all(isinstance(r, str) and self.adapter(r) for r in refs):
+                return adapter_mav_oracle({r: self.adapter(r) for r in refs}, self._lora_mav)
         if self._mav is None and self.base is not None:
             self.get(self.base)
             self._mav = memory_mav_oracle(self.states, self.base)
@@ -241,7 +297,7 @@ class LiveModel:
         unknown = [n for n in names if n not in self.params]
         if unknown:
             raise ValueError(f"tensors not in the model: {unknown[:3]}")
-        return self._apply(build_assembly(recipe, names, self.depth, self.cache.mav()), refs)
+        return self._apply(build_assembly(recipe, names, self.depth, self.cache.mav(recipe)), refs)
 
     def load_ref(self, ref: str) -> int:
         """Make the live model equal to one checkpoint (an expert or the base)."""
@@ -263,7 +319,7 @@ class LiveModel:
                     raise ValueError(f"non-finite weights in {op.take}: tensor {name}")
                 t = self.tensor(op.take, name)  # on the CPU: shared with the cache, no copy
             else:
-                t = compose({name: op}, sources)[name]
+                t = self._computed(name, op, sources)
                 if not all_finite(t):
                     raise ValueError(f"non-finite merged tensor {name}")
             self.loaded.pop(name, None)  # stays consistent if the swap below fails
@@ -271,6 +327,17 @@ class LiveModel:
             self.loaded[name] = op
             moved += 1
         return moved
+
+    def _computed(self, name: str, op: object, sources: dict) -> torch.Tensor:
+        """A tensor an op computes. Over LoRA adapters: base + float32 deltas from the factors
+        on the CPU (a GPU's matmul rounds otherwise; the disk fold runs on the CPU), then moved:
+        one float32 row chunk of one tensor at a time, never a float32 copy of an expert."""
+        terms = self.cache.lora_terms(name, op)
+        if terms is None:
+            return compose({name: op}, sources)[name]
+        if not terms:  # no adapter touches it: the base's own tensor
+            return self.tensor(self.cache.base, name)
+        return fold_terms(self.cache.get(self.cache.base)[name], terms).to(self.device)
 
 
 class _OnDevice:

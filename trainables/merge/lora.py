@@ -6,7 +6,6 @@ Run it as `merge_lora_to_disk(recipe, out)` (an adapter) or with `fold=True` (a 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,19 @@ from layerswap.trainables.merge.arch import check_model_type, num_layers, param_
 from layerswap.trainables.merge.assembly import recipe_refs
 from layerswap.trainables.merge.checkpoint import Checkpoint, CheckpointError, byte_view
 from layerswap.trainables.merge.engine import (
-    CHUNK_ELEMS,
     DEFAULT_SHARD_BYTES,
     RECIPE_FILE,
     check_finite,
     copy_side_files,
     local_refs,
     resolve_ref,
+)
+from layerswap.trainables.merge.lora_deltas import (
+    Adapter,
+    Factors,
+    adapter_mav_oracle,
+    fold_terms,
+    rank_factor,
 )
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
@@ -58,40 +63,6 @@ def is_lora_adapter(path: str | Path) -> bool:
         return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def _factor(rslora: bool, r: int) -> float:
-    # PEFT (tuners/lora/layer.py: LoraLayer.update_layer): scaling = alpha / sqrt(r) or alpha / r.
-    return math.sqrt(r) if rslora else r
-
-
-@dataclass
-class Factors:
-    """One module's LoRA: delta = scaling * b @ a."""
-
-    a: torch.Tensor  # [r, in]
-    b: torch.Tensor  # [out, r]
-    alpha: float
-    rslora: bool
-
-    @property
-    def r(self) -> int:
-        return self.a.shape[0]
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / _factor(self.rslora, self.r)
-
-    def delta(self, weight: float = 1.0) -> torch.Tensor:
-        """weight * scaling * b @ a in float32: [out, in]."""
-        return (self.b.float() @ self.a.float()) * (weight * self.scaling)
-
-
-@dataclass
-class Adapter:
-    root: Path
-    config: dict
-    modules: dict[str, Factors]  # module name in the base model, e.g. model.layers.0.mlp.up_proj
 
 
 def _pattern(patterns: dict | None, module: str, default):
@@ -207,21 +178,6 @@ def _base_config(ref: str) -> dict:
         ) from None
 
 
-def _mav_sum(adapter: Adapter) -> float:
-    """Sum over rows of the row-wise MAV of every module's delta scaling * B @ A.
-
-    The mean over all rows of the model divides both experts by the same row count (untargeted
-    rows have zero delta), so normalised inverse means equal normalised inverse sums.
-    """
-    total = 0.0
-    for f in adapter.modules.values():
-        rows = max(1, CHUNK_ELEMS // f.a.shape[1])
-        for r0 in range(0, f.b.shape[0], rows):
-            d = (f.b[r0 : r0 + rows].float() @ f.a.float()) * f.scaling  # [rows, in]
-            total += float(d.abs().to(torch.float64).mean(dim=1).sum())
-    return total
-
-
 @dataclass
 class Merged:
     """An output module: PEFT factors (delta = alpha / f(r) * b @ a) and the weighted sources."""
@@ -237,12 +193,12 @@ def _combine(terms: list[tuple[Factors, float]], rslora: bool) -> Merged:
     if not rest:
         # Taken whole: same tensors; only alpha carries the weight (and any rslora difference).
         same = w1 == 1.0 and f1.rslora == rslora
-        alpha = f1.alpha if same else w1 * f1.scaling * _factor(rslora, f1.r)
+        alpha = f1.alpha if same else w1 * f1.scaling * rank_factor(rslora, f1.r)
         return Merged(f1.a, f1.b, alpha, terms)
     ((f2, _),) = rest
     r = f1.r + f2.r
-    alpha = w1 * f1.scaling * _factor(rslora, r)
-    scaling = alpha / _factor(rslora, r)  # exactly what PEFT will compute from alpha and r
+    alpha = w1 * f1.scaling * rank_factor(rslora, r)
+    scaling = alpha / rank_factor(rslora, r)  # exactly what PEFT will compute from alpha and r
     dtype = torch.promote_types(f1.a.dtype, f2.a.dtype)
     a = torch.cat([f1.a.to(dtype), f2.a.to(dtype)], dim=0)  # [r1 + r2, in]
     bs = []
@@ -255,12 +211,8 @@ def _combine(terms: list[tuple[Factors, float]], rslora: bool) -> Merged:
 def _swap(recipe: LayerSwapRecipe, task: Adapter, lang: Adapter, depth: int) -> dict[str, Merged]:
     """Every output module from the zone table; modules that get no delta are left out."""
     by_ref = {recipe.task_expert: task, recipe.language_expert: lang}
-    w_t, w_l = transition_weights(
-        recipe,
-        ((recipe.task_expert, 1.0),),
-        ((recipe.language_expert, 1.0),),
-        lambda terms: _mav_sum(by_ref[terms[0][0]]),
-    )
+    task_terms, lang_terms = ((recipe.task_expert, 1.0),), ((recipe.language_expert, 1.0),)
+    w_t, w_l = transition_weights(recipe, task_terms, lang_terms, adapter_mav_oracle(by_ref))
     owner = layer_map(recipe, depth)
     cells, non_layer_reverted = reverted(recipe.revert, depth) if recipe.revert else (set(), False)
     non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
@@ -330,10 +282,7 @@ def _fold(base: Checkpoint, merged: dict[str, Merged], out: Path, progress: bool
             m = merged.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
             if m is not None:
                 # From the sources in float32, not the (maybe low-precision) concatenated factors.
-                acc = w.float()
-                for f, weight in m.terms:
-                    acc += f.delta(weight)
-                w = acc.to(w.dtype)
+                w = fold_terms(w, m.terms)
             writer.write(name, byte_view(w.contiguous()))
     writer.close()
 
