@@ -6,7 +6,11 @@ splits — from promotion/results.parquet when promotion scored them (the same l
 every point), else the search's proxy__* columns — and, for candidates, the search objective;
 expert-level indicators are the ind__* scores of the experts a candidate was built from
 (experts/registry.parquet). Each is correlated with the merge's target score (MGSM test in the
-target language, promotion/results.parquet).
+target language, promotion/results.parquet). No figure depends on the order of the points or the
+merges' names: stats.correlate resamples the pairs in sorted order, and ties at a top-k cut are
+averaged, not broken (stats.topk_agreement).
+
+Run: .venv/bin/python -m pytest -q tests/analysis/test_indicator_ties.py
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from layerswap.analysis.load import (
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Figure, Section, absent, fmt_ci
-from layerswap.analysis.stats import METHODS, Correlation, correlate, topk_agreement
+from layerswap.analysis.stats import METHODS, MIN_PAIRS, Correlation, correlate, topk_agreement
 
 TITLE = "Merging indicators vs target score"
 MAX_SCATTERS = 24
 # A constant indicator or target ranks nothing: its row states no correlation and no top-k pick
 # (which would only be the tie-break's), in the table and as null in summary.json.
 CANNOT_TELL = "cannot tell"
+# Below stats.MIN_PAIRS merges correlate gives no number; the row's correlation cells say why.
+TOO_FEW = "too few merges"
 UNDEFINED = Correlation("", 0, float("nan"), float("nan"), float("nan"), float("nan"))
 TOPK_COLUMNS = ("top-3 overlap", "top-1 in target top-3", "regret")
 
@@ -144,10 +150,18 @@ def _method_paragraph(sec: Section, n_resamples: int, seed: int) -> None:
         f"with its target score; 95% CIs are percentile bootstraps ({n_resamples} paired "
         f"resamples, seed {seed}). Top-k: overlap of the k best merges by the indicator with the "
         "k best by target; top-1 hit: the indicator's best merge is among the target's k best; "
-        "regret: best target minus the target of the indicator's best merge. Expert-level "
+        "regret: best target minus the target of the indicator's best merge. Where merges tie "
+        "at a cut (the indicator's best, or the k-th place of either ranking; saturated "
+        "accuracies do), no tie-break is chosen: each top-k figure is its expected value over a "
+        "uniformly random tie-break, the top-1 hit reads 'tied' with its chance, the regret is "
+        "the mean over the merges tied at the indicator's top with its range, and an overlap "
+        "that differs between tie-breaks is marked '(tied)'. Expert-level "
         "indicators repeat across the merges built from the same expert, so their points are not "
         "independent; read their CIs as optimistic. An indicator (or a target) with the same value "
-        f"for every merge ranks nothing: its row reads '{CANNOT_TELL}' (null in summary.json)."
+        f"for every merge ranks nothing: its row reads '{CANNOT_TELL}' (null in summary.json). "
+        f"Correlations need at least {MIN_PAIRS} merges (with fewer, no ranking of the points is "
+        "significant at the 5 % level): a row with fewer reads "
+        f"'{TOO_FEW} (n=…)' in its correlation cells (null in summary.json)."
     )
 
 
@@ -157,7 +171,7 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
     if len(df) < 2 or not levels:
         sec.text(
             f"{task}: {len(df)} promoted candidate(s) with a target score and search "
-            "indicators; at least 2 are needed."
+            f"indicators; at least 2 are needed (at least {MIN_PAIRS} for a correlation)."
         )
         return False
     items = _items(df)
@@ -205,16 +219,36 @@ def _indicator_row(ind: str, level: str, n: int, cors: dict, tk: dict, constant:
         cells = {f"{m} [95% CI]": CANNOT_TELL for m in METHODS} | dict.fromkeys(TOPK_COLUMNS, CANNOT_TELL)  # fmt: skip
         cells["spearman [95% CI]"] = f"{CANNOT_TELL}: constant {constant}"
         return {"level": level, "indicator": ind, "n": n, **cells, "_rho": float("nan")}
+    few = n < MIN_PAIRS
     return {
         "level": level,
         "indicator": ind,
         "n": n,
-        **{f"{m} [95% CI]": fmt_ci(*_e(cors[m])) for m in METHODS},
-        "top-3 overlap": f"{tk[3].overlap:.2f}" if 3 in tk else "–",
-        "top-1 in target top-3": ("yes" if tk[3].hit else "no") if 3 in tk else "–",
-        "regret": f"{tk[1].regret:.3f}" if 1 in tk else "–",
+        **{f"{m} [95% CI]": f"{TOO_FEW} (n={n})" if few else fmt_ci(*_e(cors[m])) for m in METHODS},
+        "top-3 overlap": _overlap_cell(tk[3]) if 3 in tk else "–",
+        "top-1 in target top-3": _hit_cell(tk[3]) if 3 in tk else "–",
+        "regret": _regret_cell(tk[1]) if 1 in tk else "–",
         "_rho": cors["spearman"].estimate,
     }
+
+
+def _overlap_cell(t) -> str:
+    """The expected overlap, marked where a tie at a cut changes it."""
+    return f"{t.overlap:.2f}" + (" (tied)" if t.overlap_tied else "")
+
+
+def _hit_cell(t) -> str:
+    """'yes' or 'no' only where every tie-break agrees; else the chance of a hit."""
+    if t.hit in (0.0, 1.0):
+        return "yes" if t.hit else "no"
+    return f"tied: {t.hit:.0%} chance"
+
+
+def _regret_cell(t) -> str:
+    """The regret; where tied top merges differ on target, their mean and range."""
+    if t.regret_low == t.regret_high:
+        return f"{t.regret:.3f}"
+    return f"{t.regret:.3f} (mean of {t.tied_top} tied: {t.regret_low:.3f}–{t.regret_high:.3f})"
 
 
 def _indicator_data(ind: str, level: str, n: int, cors: dict, tk: dict) -> dict:
@@ -226,8 +260,9 @@ def _indicator_data(ind: str, level: str, n: int, cors: dict, tk: dict) -> dict:
         "n": n,
         **{m: {"estimate": c.estimate, "low": c.low, "high": c.high} for m, c in cors.items()},
         "top3_overlap": float(tk[3].overlap) if 3 in tk else None,
-        "top1_in_target_top3": bool(tk[3].hit) if 3 in tk else None,
+        "top1_in_target_top3": float(tk[3].hit) if 3 in tk else None,
         "regret": float(tk[1].regret) if 1 in tk else None,
+        "tied_at_top": tk[1].tied_top if 1 in tk else None,
     }
 
 

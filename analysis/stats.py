@@ -1,5 +1,8 @@
 """Statistics for the report: correlations with seeded percentile-bootstrap CIs, top-k agreement,
 and the Friedman test. Vectorised over bootstrap resamples; each matches scipy.stats (tested).
+Every figure is a function of the pairs, not of their order (ties are averaged, not broken).
+
+Run: .venv/bin/python -m pytest -q tests/analysis/test_stats.py
 """
 
 from __future__ import annotations
@@ -10,6 +13,11 @@ import numpy as np
 from scipy import stats as sps
 
 METHODS = ("spearman", "kendall", "pearson")
+# Fewer pairs give no correlation at all (estimate, CI and p all NaN). Below 5, no ordering of the
+# points is significant at the 5 % level: the exact two-sided permutation p of Spearman or Kendall
+# is at least 2/n! (2/24 = 0.083 at n = 4, 2/120 = 0.017 at n = 5), while a percentile bootstrap
+# of 4 points (at most 4 distinct pairs per resample) read "+0.89 [+0.82, +1.00]" in a demo report.
+MIN_PAIRS = 5
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -55,7 +63,7 @@ class Correlation:
     method: str
     n: int
     estimate: float
-    low: float  # percentile-bootstrap CI; NaN when n < 3
+    low: float  # percentile-bootstrap CI; everything NaN when n < MIN_PAIRS
     high: float
     p_value: float  # scipy's test of no association (two-sided)
 
@@ -65,8 +73,10 @@ def correlate(
 ) -> list[Correlation]:
     """Spearman, Kendall and Pearson of paired samples, with percentile bootstrap CIs.
 
-    Pairs are resampled jointly; resamples where a statistic is undefined (a constant side) are
-    dropped from that statistic's bootstrap distribution.
+    Pairs are resampled jointly, in sorted order (by x, then y), so that the CI is a function of
+    the pairs and not of their order; resamples where a statistic is undefined (a constant side)
+    are dropped from that statistic's bootstrap distribution. With fewer than MIN_PAIRS pairs every
+    number is NaN: no estimate is given without its interval.
 
     Args:
         x, y: paired samples (NaN pairs are dropped).
@@ -74,18 +84,20 @@ def correlate(
         confidence: CI level, e.g. 0.95 for the 2.5th and 97.5th percentiles.
         seed: seeds numpy's default_rng (the same draws for every statistic).
     Returns:
-        One Correlation per method in METHODS.
+        One Correlation per method in METHODS (`n` counts the pairs kept).
     """
     x, y = np.asarray(x, float), np.asarray(y, float)
     keep = ~(np.isnan(x) | np.isnan(y))
     x, y = x[keep], y[keep]
+    order = np.lexsort((y, x))  # the bootstrap draws positions: the same pairs, the same CI
+    x, y = x[order], y[order]
     n = len(x)
     out = []
-    idx = bootstrap_indices(n, n_resamples, seed) if n >= 3 else None
+    idx = bootstrap_indices(n, n_resamples, seed) if n >= MIN_PAIRS else None
     for m in METHODS:
-        est = float(STATISTICS[m](x, y)) if n >= 2 else float("nan")
-        lo = hi = p = float("nan")
+        est = lo = hi = p = float("nan")
         if idx is not None:
+            est = float(STATISTICS[m](x, y))
             lo, hi = percentile_ci(_batched(STATISTICS[m], x, y, idx), confidence)
             p = _p_value(m, x, y)
         out.append(Correlation(m, n, est, lo, hi, p))
@@ -119,16 +131,56 @@ def _p_value(method: str, x: np.ndarray, y: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class TopK:
+    """Top-k agreement, each figure its expected value under a uniformly random tie-break."""
+
     k: int
     overlap: float  # |top-k by proxy ∩ top-k by target| / k
-    hit: bool  # the proxy's top-1 is among the target's top-k
-    regret: float  # best target score - target score of the proxy's top-1
+    hit: float  # chance that the proxy's top-1 is among the target's top-k (1.0: always)
+    regret: float  # best target score - target score of the proxy's top-1 (mean over its ties)
+    regret_low: float  # the least and the most regret among the merges tied at the proxy's top
+    regret_high: float
+    tied_top: int  # merges sharing the proxy's best score (1: no tie)
+    overlap_tied: bool  # the overlap differs between tie-breaks (at the k-th place of either side)
+
+
+def top_share(scores: np.ndarray, k: int) -> np.ndarray:
+    """Each score's chance of being among the k best when ties are broken uniformly at random:
+    1 above the k-th score, 0 below it, (places left) / (tied scores) within the tie at the cut.
+
+    Args:
+        scores: higher is better, no NaN.
+        k: the cut-off.
+    Returns:
+        Probabilities, one per score; they sum to min(k, len(scores)).
+    """
+    s = np.asarray(scores, float)
+    above = (s[None, :] > s[:, None]).sum(axis=1)
+    same = (s[None, :] == s[:, None]).sum(axis=1)
+    return np.clip((k - above) / same, 0.0, 1.0)
+
+
+def _pair_share(scores: np.ndarray, k: int) -> np.ndarray:
+    """[i, j]: the chance that scores i and j are both among the k best under a random tie-break.
+    Independent except within the tie at the cut, whose r places are a uniform r-subset of its
+    g scores (both in: r(r-1) / g(g-1)); the diagonal is top_share."""
+    s = np.asarray(scores, float)
+    share = top_share(s, k)
+    pair = np.outer(share, share)
+    cut = (share > 0) & (share < 1)  # at most one tie straddles the cut
+    g = int(cut.sum())
+    if g:
+        r = share[cut][0] * g
+        pair[np.ix_(cut, cut)] = r * (r - 1) / (g * (g - 1))
+    np.fill_diagonal(pair, share)
+    return pair
 
 
 def topk_agreement(proxy, target, ks=(1, 3, 5)) -> list[TopK]:
     """Does ranking by the proxy recover the best merges? (higher is better on both sides)
 
-    Ties are broken by position (stable sort), so results are deterministic.
+    The pairs' order does not matter: where scores tie at a cut, each figure is its expectation
+    over a uniformly random tie-break (regret: the mean over the merges tied at the proxy's top),
+    computed exactly. A hit strictly between 0 and 1, or regret_low < regret_high, is a tie.
 
     Args:
         proxy, target: paired scores (NaN pairs dropped).
@@ -142,14 +194,30 @@ def topk_agreement(proxy, target, ks=(1, 3, 5)) -> list[TopK]:
     n = len(p)
     if n < 2:
         return []
-    by_p = np.argsort(-p, kind="stable")
-    by_t = np.argsort(-t, kind="stable")
+    pick = top_share(p, 1)  # the proxy's top-1: uniform over the merges tied at its best score
+    top = p == p.max()
+    regrets = t.max() - t[top]
     out = []
     for k in ks:
         if k >= n:
             continue
-        overlap = len(set(by_p[:k]) & set(by_t[:k])) / k
-        out.append(TopK(k, overlap, bool(by_p[0] in set(by_t[:k])), float(t.max() - t[by_p[0]])))
+        pk, tk = top_share(p, k), top_share(t, k)
+        # The overlap's variance over independent tie-breaks of the two rankings: zero where the
+        # ties at the cuts do not change it (e.g. all tied merges are in the other's top-k).
+        var = float((_pair_share(p, k) * _pair_share(t, k)).sum()) - float(pk @ tk) ** 2
+        out.append(
+            TopK(
+                k,
+                # sums of fractions such as 3 × 1/3: rounded so that "always" reads exactly 1.0
+                round(float(pk @ tk) / k, 12),
+                round(float(pick @ tk), 12),
+                float(t.max() - pick @ t),
+                float(regrets.min()),
+                float(regrets.max()),
+                int(top.sum()),
+                var > 1e-9,
+            )
+        )
     return out
 
 

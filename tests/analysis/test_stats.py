@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from scipy import stats as sps
 
 from layerswap.analysis.stats import (
+    MIN_PAIRS,
     bootstrap_indices,
     correlate,
     friedman,
@@ -52,8 +55,11 @@ def test_vectorised_over_resamples_matches_scipy_per_resample():
 
 @pytest.mark.parametrize("method", ["spearman", "kendall", "pearson"])
 def test_bootstrap_ci_equals_scipy_bootstrap_with_the_same_draws(method):
-    """scipy.stats.bootstrap(paired, percentile) with default_rng(seed) draws the same indices."""
+    """scipy.stats.bootstrap(paired, percentile) with default_rng(seed) draws the same indices
+    (from the pairs in correlate's sorted order)."""
     x, y = _pairs(n=25)
+    order = np.lexsort((y, x))
+    x, y = x[order], y[order]
     ours = {c.method: c for c in correlate(x, y, n_resamples=999, confidence=0.9, seed=7)}[method]
     fn = {"spearman": spearman, "kendall": kendall, "pearson": pearson}[method]
     ref = sps.bootstrap(
@@ -75,10 +81,19 @@ def test_ci_known_answer_and_small_samples():
     perfect = {c.method: c for c in correlate(x, 2 * x + 1, n_resamples=200)}
     for c in perfect.values():  # every resample (ties included) is perfectly monotone
         assert (c.estimate, c.low, c.high) == pytest.approx((1.0, 1.0, 1.0))
-    tiny = correlate([1.0, 2.0], [2.0, 1.0])
-    assert all(np.isnan(c.low) for c in tiny) and tiny[0].estimate == pytest.approx(-1.0)
     nan_pairs = correlate([1.0, np.nan, 3.0, 4.0], [1.0, 5.0, np.nan, 2.0])
     assert nan_pairs[0].n == 2
+
+
+@pytest.mark.parametrize("n", [2, 3, MIN_PAIRS - 1])
+def test_no_correlation_from_too_few_pairs(n):
+    """Below MIN_PAIRS no number at all: two points used to give a bare +1.00, three or four a
+    CI from resamples of a handful of distinct pairs."""
+    x = np.arange(float(n))
+    for c in correlate(x, x, n_resamples=50):
+        assert c.n == n and np.isnan([c.estimate, c.low, c.high, c.p_value]).all(), c
+    enough = correlate(np.arange(float(MIN_PAIRS)), np.arange(float(MIN_PAIRS)), n_resamples=50)
+    assert all(c.estimate == pytest.approx(1.0) and not np.isnan(c.p_value) for c in enough)
 
 
 def test_bootstrap_is_seeded():
@@ -87,6 +102,14 @@ def test_bootstrap_is_seeded():
     b = correlate(x, y, n_resamples=300, seed=5)
     c = correlate(x, y, n_resamples=300, seed=6)
     assert a == b and a != c
+
+
+def test_correlations_do_not_depend_on_the_pairs_order():
+    """The bootstrap draws positions: unsorted, the same pairs in another order got another CI."""
+    x, y = _pairs(n=15, ties=True)
+    ref = correlate(x, y, n_resamples=300, seed=5)
+    for perm in np.random.default_rng(0).permuted(np.tile(np.arange(15), (3, 1)), axis=1):
+        assert correlate(x[perm], y[perm], n_resamples=300, seed=5) == ref
 
 
 def test_topk_agreement():
@@ -98,6 +121,42 @@ def test_topk_agreement():
     assert reversed_[3].overlap == 0.0 and not reversed_[3].hit
     assert reversed_[1].regret == pytest.approx(0.5)
     assert [t.k for t in topk_agreement([1, 2, 3], [3, 2, 1])] == [1]  # k >= n skipped
+    assert not any(t.overlap_tied or t.tied_top > 1 for t in perfect.values())
+
+
+def test_topk_ties_are_averaged_whatever_the_row_order():
+    """A red-team's saturated proxy: two merges tie at its top, one is the target's worst of the
+    top four. Swapping their rows used to flip regret 0.3 -> 0.0 and the top-3 hit no -> yes."""
+    proxy = np.array([0.90, 0.90, 0.80, 0.70, 0.60])
+    target = np.array([0.10, 0.40, 0.30, 0.20, 0.05])
+    ref = topk_agreement(proxy, target)
+    for order in itertools.permutations(range(5)):
+        assert topk_agreement(proxy[list(order)], target[list(order)]) == ref
+    tk = {t.k: t for t in ref}
+    assert tk[1].regret == pytest.approx(0.15)  # the mean of 0.3 and 0.0
+    assert (tk[1].regret_low, tk[1].regret_high) == pytest.approx((0.0, 0.3))
+    assert tk[1].tied_top == 2 and tk[3].hit == pytest.approx(0.5)
+    # The proxy's top 3 is {0, 1, 2} however its tie breaks: the overlap does not depend on it.
+    assert tk[3].overlap == pytest.approx(2 / 3) and not tk[3].overlap_tied
+
+
+def test_topk_expectations_equal_every_tie_break_enumerated():
+    """Exact expectations: against the mean over every tie-break of both rankings."""
+    rng = np.random.default_rng(4)
+    for _ in range(30):
+        p, t = rng.integers(0, 3, 4).astype(float), rng.integers(0, 3, 4).astype(float)
+        if np.ptp(p) == 0:
+            continue
+        for tk in topk_agreement(p, t, ks=(1, 2, 3)):
+            ov, hit, regret = [], [], []
+            for bp, bt in itertools.product(itertools.permutations(range(4)), repeat=2):
+                by_p = sorted(range(4), key=lambda i: (-p[i], bp[i]))
+                by_t = sorted(range(4), key=lambda i: (-t[i], bt[i]))
+                ov.append(len(set(by_p[: tk.k]) & set(by_t[: tk.k])) / tk.k)
+                hit.append(by_p[0] in by_t[: tk.k])
+                regret.append(t.max() - t[by_p[0]])
+            assert (tk.overlap, tk.hit, tk.regret) == pytest.approx((np.mean(ov), np.mean(hit), np.mean(regret)))  # fmt: skip
+            assert tk.overlap_tied == (np.ptp(ov) > 0), (p, t, tk)
 
 
 @pytest.mark.parametrize("ties", [False, True])
