@@ -12,7 +12,7 @@ from pathlib import Path
 
 from layerswap.search.results import TrialStore
 
-# Optuna writes a trial's row before it tells the study (searcher._finish), so a study trial told
+# Optuna writes a trial's row before it tells the study (searcher._record), so a study trial told
 # COMPLETE or PRUNED always has one; FAIL/RUNNING/WAITING ones may not (interrupted, re-queued).
 _TOLD_WITH_A_ROW = ("COMPLETE", "PRUNED")
 _FIX = "restore it, or start the search over with --overwrite"

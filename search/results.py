@@ -1,6 +1,7 @@
 """RUN/search/trials.parquet: one row per merge-search trial, rewritten atomically as trials finish.
 
-`TrialStore(path)` loads existing rows (for --resume); `append(row)` adds one and rewrites the file.
+`TrialStore(path)` loads existing rows (for --resume); `append(row)` adds one and rewrites the file;
+inside `with store.together():` the rows appended are written in one rewrite at the end (a batch).
 A `lost` row is a trial Ray lost (its process or node died, Tune's retries spent): it spends no
 budget, is never served to a repeat, and --resume runs its recipe again (search/searcher.py).
 """
@@ -8,6 +9,7 @@ budget, is never served to a repeat, and --resume runs its recipe again (search/
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -77,6 +79,7 @@ class TrialStore:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.rows: list[dict] = []
+        self.deferred = False  # inside `together`: appends wait for its one write
         if self.path.exists():
             try:
                 self.rows = read_parquet(self.path).to_pylist()
@@ -112,6 +115,27 @@ class TrialStore:
         if row["trial_id"] in self.ids():
             raise ValueError(f"trial {row['trial_id']} is already in {self.path}")
         self.rows.append(row)
+        if not self.deferred:
+            self._write()
+
+    @contextmanager
+    def together(self):
+        """Rows appended inside are written in one atomic rewrite when it ends: a kill leaves
+        all of them on disk or none. They are visible to lookups (`evaluated`) meanwhile; if the
+        block (or the write) raises, they are dropped from memory too."""
+        before, self.deferred = len(self.rows), True
+        try:
+            yield self
+            self.deferred = False
+            if len(self.rows) > before:
+                self._write()
+        except BaseException:  # the block or the write failed: memory stays as the disk is
+            del self.rows[before:]
+            raise
+        finally:
+            self.deferred = False
+
+    def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(self.path, self.rows, COLUMNS)
 

@@ -21,14 +21,9 @@ from layerswap.search.expert_store import choose_store, start_stores, stop_store
 from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.preflight_study import study_problem
+from layerswap.search.reconcile import reconcile, requeue_lost
 from layerswap.search.results import PROXY_PREFIX, TrialStore
-from layerswap.search.searcher import (
-    STATES,
-    LayerswapSearch,
-    make_sampler,
-    reconcile,
-    requeue_lost,
-)
+from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
 from layerswap.spaces.errors import RunFailed

@@ -1,9 +1,10 @@
 """The merge search's searcher: OptunaSearch that records rows, serves repeats, tells Optuna the truth.
 
 `LayerswapSearch` (via search/optuna_tune.py) writes each trial's row to the trial store before
-telling Optuna its outcome (COMPLETE, PRUNED after screening, FAIL), so `reconcile` can finish
-an interrupted study from the table on --resume. A trial Ray lost (its actor or node died, Tune's
-retries spent) is a `lost` row, not a failed one: `requeue_lost` runs its recipe again on --resume.
+telling Optuna its outcome (COMPLETE, PRUNED after screening, FAIL), a reproducible batch's rows
+in one write, so search/reconcile.py can finish an interrupted study from the table on --resume.
+A trial Ray lost (its actor or node died, Tune's retries spent) is a `lost` row, not a failed
+one: `requeue_lost` (search/reconcile.py) runs its recipe again on --resume.
 `make_sampler` (search/sampler.py) is the seeded TPE sampler.
 """
 
@@ -27,7 +28,6 @@ from layerswap.search.results import (
     PROXY_PREFIX,
     TWIN_LOST,
     TrialStore,
-    params_of,
 )
 from layerswap.search.sampler import make_sampler  # noqa: F401 (the benchmarks import it here)
 from layerswap.search.trial import combine
@@ -177,17 +177,27 @@ class LayerswapSearch(OptunaTuneSearch):
             return
         self.mark_completed(trial_id)
         if self.batch is None:
-            self._finish(trial_id, meta, result, error)
+            self._tell(trial_id, *self._record(trial_id, meta, result, error))
             return
         self.batch.held[trial_id] = (meta, result, error)
         if self.batch.done():
             held = sorted(self.batch.held.items(), key=lambda kv: kv[1][0]["number"])
             self.batch.next()
-            for tid, (m, res, err) in held:  # Optuna's trial order, not the finishing order
-                self._finish(tid, m, res, err)
+            # All the batch's rows in one write, then Optuna (in trial order, not the finishing
+            # order): a kill leaves all rows or none, so --resume either re-runs the whole batch
+            # in its place or tells Optuna the rest from the rows (`reconcile`), and the next
+            # batch is asked from the history an uninterrupted run asks it from.
+            with self.store.together():
+                told = [(tid, *self._record(tid, *h)) for tid, h in held]
+            for tid, row, res in told:
+                self._tell(tid, row, res)
 
-    def _finish(self, trial_id: str, meta: dict, result: dict | None, error: bool) -> None:
-        """Write the trial's row, then tell Optuna (the table first: --resume trusts it)."""
+    def _record(self, trial_id: str, meta: dict, result: dict | None, error: bool) -> tuple:
+        """Append the trial's row to the table (the table first: --resume trusts it).
+
+        Returns:
+            (row, result as Optuna is to hear it).
+        """
         if self.pending.get(meta["recipe_id"]) == trial_id:
             del self.pending[meta["recipe_id"]]
         failure = None  # (status, error) of a trial that reported nothing
@@ -204,6 +214,10 @@ class LayerswapSearch(OptunaTuneSearch):
         self.splits |= {
             tuple(s) for s in (json.loads(splits) if isinstance(splits, str) else splits)
         }
+        return row, result
+
+    def _tell(self, trial_id: str, row: dict, result: dict | None) -> None:
+        """Tell Optuna the recorded trial's outcome and print its progress line."""
         tell(self.study, self.optuna_trial(trial_id), row, result)
         if self.lines is not None:
             self.lines.finished(
@@ -348,35 +362,3 @@ def _proxies(study) -> list[Proxy]:
     begun before the scales were recorded holds task names: accuracy-like scales, as then)."""
     saved = json.loads(study.user_attrs.get("proxies", "[]"))
     return [Proxy(task=p) if isinstance(p, str) else Proxy.model_validate(p) for p in saved]
-
-
-def requeue_lost(study: optuna.Study, store: TrialStore) -> int:
-    """Queue each lost row's recipe to run again (once: the queued trial names it `rerun_of`).
-
-    Returns:
-        how many lost trials were queued now.
-    """
-    queued = {t.user_attrs.get("rerun_of") for t in study.get_trials(deepcopy=False)}
-    fresh = [r for r in store.lost() if r["trial_id"] not in queued]
-    for r in fresh:
-        study.enqueue_trial(params_of(r), user_attrs={"rerun_of": r["trial_id"]})
-    return len(fresh)
-
-
-def reconcile(study: optuna.Study, store: TrialStore) -> int:
-    """After an interrupted driver: finish RUNNING Optuna trials from the table, re-queue the rest.
-
-    Returns:
-        how many interrupted trials were re-queued (their params run again under new numbers).
-    """
-    rows = {r["trial_id"]: r for r in store.rows}
-    requeued = 0
-    for t in study.get_trials(deepcopy=False, states=(STATES.RUNNING,)):
-        row = rows.get(f"{t.number:04d}")
-        if row is not None:
-            tell(study, t.number, row, None)
-        else:
-            study.tell(t.number, state=STATES.FAIL)
-            study.enqueue_trial(dict(t.params), user_attrs={"rerun_of": f"{t.number:04d}"})
-            requeued += 1
-    return requeued

@@ -17,8 +17,8 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from layerswap.cli import main
 from layerswap.search.optuna_tune import ErrorNotes, trial_error
+from layerswap.search.reconcile import requeue_lost
 from layerswap.search.results import LOST, MAX_LOSSES, TWIN_LOST, TrialStore, params_of
-from layerswap.search.searcher import requeue_lost
 from layerswap.search.tune_trial import META
 from layerswap.trainables.outputs import write_marker
 from layerswap.trainables.ray_session import cluster_line

@@ -9,9 +9,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
+from layerswap.search.reconcile import reconcile
 from layerswap.search.results import TrialStore
 from layerswap.search.search import _check_search_dir, _make_searcher, batch_size, explicit
-from layerswap.search.searcher import reconcile
 from layerswap.search.tune_trial import META
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool

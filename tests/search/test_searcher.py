@@ -10,8 +10,9 @@ import math
 import optuna
 import pytest
 
+from layerswap.search.reconcile import reconcile
 from layerswap.search.results import TrialStore
-from layerswap.search.searcher import LayerswapSearch, reconcile
+from layerswap.search.searcher import LayerswapSearch
 from layerswap.search.tune_trial import META
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
