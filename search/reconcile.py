@@ -12,6 +12,7 @@ import warnings
 
 import optuna
 
+from layerswap.search.optuna_private import live_trial, queued_params
 from layerswap.search.results import TrialStore, params_of
 from layerswap.search.searcher import STATES, tell
 from layerswap.search.tune_trial import served_result
@@ -52,7 +53,7 @@ def reconcile(study: optuna.Study, store: TrialStore) -> int:
             with warnings.catch_warnings():  # a rung reported before the kill is kept as it was
                 warnings.simplefilter("ignore")
                 # an optuna.Trial, so `tell` reports the rungs as the live search does
-                tell(study, optuna.trial.Trial(study, t._trial_id), row, _served(store, row))
+                tell(study, live_trial(study, t), row, _served(store, row))
         elif row is None and t.state in (STATES.RUNNING, STATES.FAIL):
             if number not in rerun:
                 study.enqueue_trial(_drawn(t), user_attrs={"rerun_of": number})
@@ -67,8 +68,8 @@ def _drawn(trial: optuna.trial.FrozenTrial) -> dict:
     point, a re-run), else all it drew (the searcher names its recipe only once it has), else
     none: a kill between two of its draws left some, and fixing those would shift the seeded
     sampler's draws for the rest; asked afresh in its place it draws what it drew before."""
-    if "fixed_params" in trial.system_attrs:
-        return dict(trial.system_attrs["fixed_params"])
+    if (fixed := queued_params(trial)) is not None:
+        return fixed
     return dict(trial.params) if "recipe_id" in trial.user_attrs else {}
 
 
