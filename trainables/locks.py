@@ -316,6 +316,9 @@ def _release(path: Path, fd: int, made: list[Path]) -> None:
     _drop_parents(made)
 
 
+_UNSET = object()
+
+
 @contextmanager
 def writing(out: Path | str) -> Iterator[Path]:
     """Hold the exclusive lock of the output `out` while the block runs (re-entrant).
@@ -345,6 +348,7 @@ def writing(out: Path | str) -> Iterator[Path]:
         made = _make_parents(path.parent)
     except OSError as e:  # a parent that is a file, or not writable: named, not a traceback
         raise ValueError(f"{out}: cannot be created ({e.strerror}: {e.filename})") from None
+    owners = _UNSET
     try:
         fd = _take(path, out)
     except OSError as e:  # e.g. a read-only folder: named, not a traceback
@@ -353,16 +357,19 @@ def writing(out: Path | str) -> Iterator[Path]:
     except BaseException:
         _drop_parents(made)
         raise
-    _HELD[path] = [fd, 1]
-    owners = os.environ.get(OWNERS_ENV)
-    os.environ[OWNERS_ENV] = ",".join(filter(None, [owners, str(os.getpid())]))
+    # The try starts as _take returns: a Ctrl-C in the bookkeeping below (os.environ's methods
+    # are Python calls, where signal handlers run) left the lock file behind, as a stale lock of
+    # a command that exited 130 (a test stopping the writer just after it took the lock saw it).
     try:
+        _HELD[path] = [fd, 1]
+        owners = os.environ.get(OWNERS_ENV)
+        os.environ[OWNERS_ENV] = ",".join(filter(None, [owners, str(os.getpid())]))
         yield path
     finally:
-        del _HELD[path]
+        _HELD.pop(path, None)
         if owners is None:
             os.environ.pop(OWNERS_ENV, None)
-        else:
+        elif owners is not _UNSET:
             os.environ[OWNERS_ENV] = owners
         _release(path, fd, made)
 

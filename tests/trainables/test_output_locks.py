@@ -130,6 +130,27 @@ def test_an_interrupt_while_taking_the_lock_leaves_no_lock_file(tmp_path, monkey
         assert lock_path(out).exists()
 
 
+def test_an_interrupt_just_after_the_lock_was_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Ctrl-C in writing()'s bookkeeping once _take returned (os.environ's Python methods run
+    signal handlers) left the lock file of a command that exited 130 (a test that SIGSTOPs the
+    writer as soon as its owner record appears, then SIGCONT + SIGINT, saw it under load)."""
+    import layerswap.trainables.locks as locks
+
+    out = tmp_path / "run"
+
+    class Interrupted(dict):
+        def __setitem__(self, key, value):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(locks, "_HELD", Interrupted())
+    with pytest.raises(KeyboardInterrupt):
+        with writing(out):
+            pass
+    monkeypatch.undo()
+    assert not lock_path(out).exists()
+    assert locks.OWNERS_ENV not in os.environ or str(os.getpid()) not in os.environ[locks.OWNERS_ENV]  # fmt: skip
+
+
 def test_output_dir_lists_what_it_wrote_and_overwrite_refuses_the_rest(tmp_path):
     out = tmp_path / "m"
     with output_dir(out, "merge") as tmp:
