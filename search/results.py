@@ -50,6 +50,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "expert_store": pa.string(),
     "placement": pa.string(),
     "node_id": pa.string(),  # the Ray node the trial's final attempt ran on
+    "splits_read": pa.string(),  # JSON [[task, split], ...] its evaluator read (splits_read.json)
 }
 PROXY_PREFIX = "proxy__"
 # The status of a trial Ray lost, not the trial's own outcome: not counted, not served, re-run.

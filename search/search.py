@@ -116,8 +116,8 @@ def run_search(
         if remaining > 0:
             searcher = _make_searcher(exp, pool, depth, store, storage, fresh, progress)
             _run_tuner(exp, searcher, spec, sdir, remaining, progress, verbose)
-    splits = _write_splits(sdir, searcher.splits if searcher is not None else set())
     store = TrialStore(sdir / "trials.parquet")
+    splits = _write_splits(sdir, store)
     lost = max(0, exp.search.num_samples - store.spent())
     if lost and progress:
         print(lost_line(lost))
@@ -389,12 +389,14 @@ def batch_size(s: SearchSettings) -> int:
     return s.max_concurrent or max(1, math.ceil(BUDGET_AT_ONCE * s.num_samples))
 
 
-def _write_splits(sdir: Path, splits: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Add the splits this run read to those of earlier runs (RUN/search/splits_read.json).
+def _write_splits(sdir: Path, store: TrialStore) -> set[tuple[str, str]]:
+    """RUN/search/splits_read.json: every split the table's trials read (each row's
+    `splits_read`), with those the file already lists (a table written before rows kept them).
 
     Returns:
-        every split read so far (`splits`, updated in place).
+        every split read so far.
     """
+    splits = {tuple(s) for r in store.rows for s in json.loads(r.get("splits_read") or "[]")}
     old = sdir / "splits_read.json"
     if old.exists():
         splits |= {tuple(s) for s in json.loads(old.read_text())}

@@ -73,7 +73,6 @@ class LayerswapSearch(OptunaTuneSearch):
         self.batch: Batch | None = None  # reproducible: set by `plan_batches`
         self.meta: dict[str, dict] = {}
         self.errors: dict[str, BaseException | None] = {}  # trial id -> what Tune gave up on
-        self.splits: set[tuple[str, str]] = set()
         # One line per finished trial; a resumed run counts (and ranks) its earlier rows too.
         self.lines = None
         if progress:
@@ -210,10 +209,6 @@ class LayerswapSearch(OptunaTuneSearch):
             failure = None if source is not None else (LOST, TWIN_LOST)
         row = self._row(meta, result, failure)
         self.store.append(row)
-        splits = (result or {}).get("splits_read") or "[]"
-        self.splits |= {
-            tuple(s) for s in (json.loads(splits) if isinstance(splits, str) else splits)
-        }
         return row, result
 
     def _tell(self, trial_id: str, row: dict, result: dict | None) -> None:
@@ -249,6 +244,10 @@ class LayerswapSearch(OptunaTuneSearch):
         status = result.get("status", "failed")
         row["status"] = status
         row["error"] = result.get("error")
+        # What its evaluator read, kept with the row: RUN/search/splits_read.json is derived from
+        # the table (search._write_splits), so a driver killed before writing it loses nothing.
+        splits = result.get("splits_read") or "[]"
+        row["splits_read"] = json.dumps(sorted(map(list, json.loads(splits) if isinstance(splits, str) else splits)))  # fmt: skip
         for k in ("t_compose_s", "t_eval_s", "t_total_s", "t_move_s"):
             row[k] = float(result.get(k) or 0.0)
         row |= {

@@ -5,6 +5,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_searcher.py
 
 from __future__ import annotations
 
+import json
 import math
 
 import optuna
@@ -221,3 +222,20 @@ def test_reproducible_batch_waits_for_all_and_serves_a_twin_when_told(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "duplicate", "ok"]
     assert rows[1]["objective"] == 0.5 and rows[1]["error"] == "served from trial 0000"
     assert [t.state for t in s.study.trials] == [S.COMPLETE] * 3
+
+
+def test_the_splits_log_is_derived_from_the_table(tmp_path):
+    """A driver killed after its last trial's row, before RUN/search/splits_read.json: the resume
+    (nothing left to run) wrote `[]`. Each row now keeps what its trial read."""
+    from layerswap.search.search import _write_splits
+
+    s, _, _ = _searcher(tmp_path)
+    s.suggest("a")
+    s.on_trial_complete("a", _ok(0.5, splits_read=json.dumps([["a_dev", "dev"], ["a_dev", "train"]])))  # fmt: skip
+    s.suggest("b")
+    s.on_trial_complete("b", _ok(0.4, splits_read=[("b_dev", "dev")]))  # a trial's own list
+    # A fresh driver: only the table (as the resume reads it), no searcher state.
+    table = TrialStore(tmp_path / "trials.parquet")
+    want = {("a_dev", "dev"), ("a_dev", "train"), ("b_dev", "dev")}
+    assert _write_splits(tmp_path, table) == want
+    assert {tuple(x) for x in json.loads((tmp_path / "splits_read.json").read_text())} == want
