@@ -5,6 +5,7 @@ Built by search/search.py: `tune.with_parameters(merge_trial, spec=TrialSpec(...
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -112,7 +113,8 @@ def served_result(row: dict) -> dict:
     out["served_from"] = out.get("trial_id")
     out["status"] = "duplicate"
     out["source_status"] = row.get("status")
-    return out | {"t_compose_s": 0.0, "t_eval_s": 0.0, "t_total_s": 0.0}
+    # No work: it read no split (the source row's list, JSON in the table, is the source's).
+    return out | {"t_compose_s": 0.0, "t_eval_s": 0.0, "t_total_s": 0.0, "splits_read": []}
 
 
 def _node_id() -> str | None:
@@ -124,8 +126,6 @@ def _node_id() -> str | None:
 
 def merge_trial(config: dict, spec: TrialSpec) -> None:
     """The Tune function trainable: one flat report per trial (Tune flattens nested dicts)."""
-    import json
-
     from ray import tune
 
     try:
@@ -133,16 +133,23 @@ def merge_trial(config: dict, spec: TrialSpec) -> None:
     except NodePathError as e:  # a failed row, told to Optuna as FAIL; no Tune retry
         tune.report({"status": "failed", "error": str(e), NODE_PATHS_KEY: str(e), "objective": float("nan")})  # fmt: skip
         return
+    report = flat_report(res)
+    _jitter()
+    tune.report(report)
+
+
+def flat_report(res: dict) -> dict:
+    """A trial's result as Tune reports it: flat, lists as JSON (what the searcher decodes)."""
+    res = dict(res)
     res["objective"] = float("nan") if res.get("objective") is None else res["objective"]
     for i, v in enumerate(res.pop("objectives", None) or []):
         res[f"objective_{i}"] = v
     for task, v in (res.pop("proxies", None) or {}).items():
         res[f"proxy__{task}"] = v
-    res["splits_read"] = json.dumps(res.get("splits_read") or [])
-    if not isinstance(res.get("rungs"), str):
-        res["rungs"] = json.dumps(res.get("rungs") or [])
-    _jitter()
-    tune.report({k: v for k, v in res.items() if v is not None})
+    for key in ("splits_read", "rungs"):  # lists from the trial; a served row's are JSON already
+        if not isinstance(res.get(key), str):
+            res[key] = json.dumps(res.get(key) or [])
+    return {k: v for k, v in res.items() if v is not None}
 
 
 def _jitter() -> None:

@@ -14,7 +14,7 @@ import pytest
 from layerswap.search.reconcile import reconcile
 from layerswap.search.results import TrialStore
 from layerswap.search.searcher import LayerswapSearch
-from layerswap.search.tune_trial import META
+from layerswap.search.tune_trial import META, flat_report, served_result
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 
@@ -226,16 +226,20 @@ def test_reproducible_batch_waits_for_all_and_serves_a_twin_when_told(tmp_path):
 
 def test_the_splits_log_is_derived_from_the_table(tmp_path):
     """A driver killed after its last trial's row, before RUN/search/splits_read.json: the resume
-    (nothing left to run) wrote `[]`. Each row now keeps what its trial read."""
+    (nothing left to run) wrote `[]`. Each row now keeps what its trial read; a repeat served
+    from the table (through the trial's own report) read nothing."""
     from layerswap.search.search import _write_splits
 
-    s, _, _ = _searcher(tmp_path)
+    s, _, _ = _searcher(tmp_path, points=[POINT, POINT])
     s.suggest("a")
-    s.on_trial_complete("a", _ok(0.5, splits_read=json.dumps([["a_dev", "dev"], ["a_dev", "train"]])))  # fmt: skip
-    s.suggest("b")
-    s.on_trial_complete("b", _ok(0.4, splits_read=[("b_dev", "dev")]))  # a trial's own list
+    s.on_trial_complete("a", flat_report(_ok(0.5, splits_read=[("a_dev", "dev"), ("a_dev", "train")])))  # fmt: skip
+    served = s.suggest("b")[META]["served"]  # the repeat, served from row 0000 by its trial
+    s.on_trial_complete("b", flat_report(served_result(served)))
+    s.suggest("c")
+    s.on_trial_complete("c", _ok(0.4, splits_read=json.dumps([["b_dev", "dev"]])))
     # A fresh driver: only the table (as the resume reads it), no searcher state.
     table = TrialStore(tmp_path / "trials.parquet")
+    assert [json.loads(r["splits_read"]) for r in table.rows] == [[["a_dev", "dev"], ["a_dev", "train"]], [], [["b_dev", "dev"]]]  # fmt: skip
     want = {("a_dev", "dev"), ("a_dev", "train"), ("b_dev", "dev")}
     assert _write_splits(tmp_path, table) == want
     assert {tuple(x) for x in json.loads((tmp_path / "splits_read.json").read_text())} == want

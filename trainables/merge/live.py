@@ -25,7 +25,7 @@ from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
-from layerswap.trainables.merge.lora import is_lora_adapter, load_adapter
+from layerswap.trainables.merge.lora import CONFIG, is_lora_adapter, load_adapter
 from layerswap.trainables.merge.lora_deltas import Adapter, Factors, adapter_mav_oracle, fold_terms
 from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.terms import Linear
@@ -123,7 +123,12 @@ class ExpertCache:
         8B model), or None for a full checkpoint. Read here even when a loader serves the folded
         states: the disk merge computes from the factors, so the live model does too."""
         if ref not in self.adapters:
-            lora = is_lora_adapter(ref)  # reads adapter_config.json alone, even from a URI
+            # A local folder without adapter_config.json is a full checkpoint: a stat, so trial
+            # processes that a node store serves open none of a full expert's files.
+            probe = is_uri(ref) or Path(ref, CONFIG).exists()
+            lora = probe and is_lora_adapter(
+                ref
+            )  # reads adapter_config.json alone, even from a URI
             self.adapters[ref] = load_adapter(local_copy(ref)) if lora else None
         return self.adapters[ref]
 
