@@ -366,12 +366,14 @@ def writing(out: Path | str) -> Iterator[Path]:
         os.environ[OWNERS_ENV] = ",".join(filter(None, [owners, str(os.getpid())]))
         yield path
     finally:
-        _HELD.pop(path, None)
-        if owners is None:
-            os.environ.pop(OWNERS_ENV, None)
-        elif owners is not _UNSET:
-            os.environ[OWNERS_ENV] = owners
-        _release(path, fd, made)
+        try:  # the bookkeeping runs Python calls too, where a Ctrl-C can land: released anyway
+            _HELD.pop(path, None)
+            if owners is None:
+                os.environ.pop(OWNERS_ENV, None)
+            elif owners is not _UNSET:
+                os.environ[OWNERS_ENV] = owners
+        finally:
+            _release(path, fd, made)
 
 
 def _drop_parents(made: list[Path]) -> None:

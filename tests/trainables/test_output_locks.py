@@ -150,6 +150,20 @@ def test_an_interrupt_just_after_the_lock_was_taken_leaves_no_lock_file(tmp_path
     assert not lock_path(out).exists()
     assert locks.OWNERS_ENV not in os.environ or str(os.getpid()) not in os.environ[locks.OWNERS_ENV]  # fmt: skip
 
+    class InterruptedAtRelease(dict):  # a Ctrl-C in the release's own bookkeeping
+        def pop(self, *args):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(locks, "_HELD", InterruptedAtRelease())
+    monkeypatch.setenv(
+        locks.OWNERS_ENV, "1"
+    )  # restored by monkeypatch: the release never got to it
+    with pytest.raises(KeyboardInterrupt):
+        with writing(out):
+            assert lock_path(out).exists()
+    monkeypatch.undo()
+    assert not lock_path(out).exists()
+
 
 def test_output_dir_lists_what_it_wrote_and_overwrite_refuses_the_rest(tmp_path):
     out = tmp_path / "m"
