@@ -281,7 +281,12 @@ def _scatter_figure(
     png = scatter(
         x,
         y,
-        title=f"{ind}\nSpearman {rho:+.2f}",
+        title=f"{ind}\n"
+        + (
+            f"Spearman {rho:+.2f}"
+            if np.isfinite(rho)
+            else f"{TOO_FEW} for a correlation (n={len(x)})"
+        ),
         xlabel=ind,
         ylabel=f"target: {short(task)}",
         labels=labels,

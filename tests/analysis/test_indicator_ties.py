@@ -89,14 +89,20 @@ def test_a_tie_at_the_top_reads_tied_with_its_mean_and_range(run_dir, tmp_path):
     assert table.loc[INDICATOR, "top-1 in target top-3"] == "tied: 50% chance"
 
 
-def test_fewer_merges_than_the_minimum_give_no_correlation(run_dir, tmp_path):
+def test_fewer_merges_than_the_minimum_give_no_correlation(run_dir, tmp_path, monkeypatch):
     """Promotion kept MIN_PAIRS - 1 candidates: each correlation cell says so (null in
     summary.json), the top-k columns still say what picking by the indicator would have lost."""
     run = _copy(run_dir, tmp_path)
     prom = pd.read_parquet(run / FILES[2])
     keep = prom.loc[prom["kind"] == "candidate", "recipe_id"].drop_duplicates()[: MIN_PAIRS - 1]
     prom[(prom["kind"] != "candidate") | prom["recipe_id"].isin(keep)].to_parquet(run / FILES[2])
+    import layerswap.analysis.indicators as indicators
+
+    titles, scatter = [], indicators.scatter
+    monkeypatch.setattr(indicators, "scatter", lambda *a, **kw: titles.append(kw["title"]) or scatter(*a, **kw))  # fmt: skip
     sec = indicators_section(load_run(run), n_resamples=50, seed=0)
+    # Nor in the scatters' titles (they read "Spearman +nan").
+    assert titles and all(t.endswith(f"too few merges for a correlation (n={MIN_PAIRS - 1})") for t in titles), titles  # fmt: skip
     assert f"Correlations need at least {MIN_PAIRS} merges" in sec.blocks[0]
     table = next(t for c, t in _tables(sec).items() if TASK in c).set_index("indicator")
     data = _as_written(sec.data)
