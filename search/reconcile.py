@@ -17,6 +17,10 @@ from layerswap.search.results import TrialStore, params_of
 from layerswap.search.searcher import STATES, tell
 from layerswap.search.tune_trial import served_result
 
+# The user attr of a proposal the search asked for but never ran (the budget ran out while it
+# waited for its twin): told FAIL, it holds no row, and is no interrupted trial to run again.
+NEVER_RAN = "never_ran"
+
 
 def requeue_lost(study: optuna.Study, store: TrialStore) -> int:
     """Queue each lost row's recipe to run again (once: the queued trial names it `rerun_of`).
@@ -37,7 +41,8 @@ def reconcile(study: optuna.Study, store: TrialStore) -> int:
     A trial with a row is told what the running search would have told (its rung values, a
     served row's source status). One without a row is re-queued (`rerun_of` names it), then told
     FAIL: a kill in between leaves it RUNNING and this re-queues it once; a FAIL trial with no
-    row and no re-run (left so by an earlier version) is re-queued too. Every step is idempotent,
+    row and no re-run (left so by an earlier version) is re-queued too, unless it never ran
+    (`NEVER_RAN`: asked, then left when the budget ran out). Every step is idempotent,
     so a kill anywhere in here is finished by the next --resume.
 
     Returns:
@@ -55,7 +60,7 @@ def reconcile(study: optuna.Study, store: TrialStore) -> int:
                 # an optuna.Trial, so `tell` reports the rungs as the live search does
                 tell(study, live_trial(study, t), row, _served(store, row))
         elif row is None and t.state in (STATES.RUNNING, STATES.FAIL):
-            if number not in rerun:
+            if number not in rerun and not t.user_attrs.get(NEVER_RAN):
                 study.enqueue_trial(_drawn(t), user_attrs={"rerun_of": number})
                 requeued += 1
             if t.state == STATES.RUNNING:

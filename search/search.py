@@ -21,7 +21,7 @@ from layerswap.search.expert_store import choose_store, start_stores, stop_store
 from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.preflight_study import study_problem
-from layerswap.search.reconcile import reconcile, requeue_lost
+from layerswap.search.reconcile import NEVER_RAN, reconcile, requeue_lost
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
 from layerswap.search.trial import check_proxy_scales
@@ -347,6 +347,7 @@ def _run_tuner(
         if owner is not None:
             stop_stores(key)
     if searcher.waiting is not None:  # asked but never run (the budget ran out first)
+        searcher.waiting[0].set_user_attr(NEVER_RAN, True)  # --resume must not run it instead
         searcher.study.tell(searcher.waiting[0], state=STATES.FAIL)
     lines = {ln for r in grid for ln in ((r.metrics or {}).get(NODE_PATHS_KEY) or "").split("\n  ")}
     if lines - {""}:  # those trials' rows say "failed"; the search ends in their one line

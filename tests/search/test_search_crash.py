@@ -196,6 +196,26 @@ def test_reconcile_requeues_a_trial_an_earlier_resume_failed_but_did_not_requeue
     assert waiting[0].system_attrs["fixed_params"] == study.trials[0].params
 
 
+def test_reconcile_leaves_a_proposal_that_never_ran(tmp_path):
+    """An async search whose budget ran out while a proposal waited for its twin tells that
+    proposal FAIL (search._run_tuner) without a row: --resume must not run it in the budget slot
+    of a trial Ray lost (a red-team saw the lost recipe never run again, and '1 interrupted')."""
+    from layerswap.search.reconcile import NEVER_RAN, requeue_lost
+
+    s, store, storage = _searcher(tmp_path)
+    s.suggest("a")
+    s.on_trial_complete("a", None, error=True)  # lost to Ray: a row, re-run on --resume
+    study = optuna.load_study(study_name="s", storage=storage)
+    never = study.ask()
+    never.set_user_attr(NEVER_RAN, True)  # as _run_tuner marks the waiting proposal
+    study.tell(never, state=optuna.trial.TrialState.FAIL)
+    store = TrialStore(store.path)
+    assert [r["status"] for r in store.rows] == ["lost"]
+    assert reconcile(study, store) == 0 and requeue_lost(study, store) == 1
+    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    assert [t.user_attrs["rerun_of"] for t in waiting] == ["0000"]
+
+
 KILLED = """
 import os, signal
 import layerswap.search.searcher as searcher
