@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -174,10 +175,8 @@ def _max_objective_heatmap(
 def _importances(sec: Section, db: Path | None) -> None:
     """Optuna parameter importances of each study in the run's SQLite storage.
 
-    The database is copied to a temporary file first: opening an RDB storage may create or
-    migrate tables, and analysis must never write into the run. Its rollback journal goes with
-    it: a search killed mid-commit leaves one, and only with it does SQLite undo the
-    uncommitted pages already in the file (in the copy).
+    The database is copied to a temporary file first (`_snapshot`): opening an RDB storage may
+    create or migrate tables, and analysis must never write into the run.
     """
     if db is None:
         sec.text("Parameter importances: not in this run (no search/study.db).")
@@ -188,21 +187,19 @@ def _importances(sec: Section, db: Path | None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="layerswap-analyze-") as tmp:
         copy = Path(tmp) / "study.db"
-        journal = db.with_name(db.name + "-journal")
-        if journal.is_file():
-            shutil.copyfile(journal, copy.with_name(copy.name + "-journal"))
-        shutil.copyfile(db, copy)
+        _snapshot(db, copy)
         storage = f"sqlite:///{copy}"
         try:
             names = optuna.study.get_all_study_names(storage=storage)
             studies = [optuna.load_study(study_name=n, storage=storage) for n in names]
+            trials = {st.study_name: st.trials for st in studies}  # read here: named if damaged
         except Exception as e:  # a corrupt or foreign SQLite file
             raise ValueError(f"{db}: not a readable Optuna study database ({e})") from None
         if not studies:
             sec.text(f"Parameter importances: {db} holds no study.")
         for study in studies:
             name = study.study_name
-            done = [tr for tr in study.trials if tr.state == optuna.trial.TrialState.COMPLETE]
+            done = [tr for tr in trials[name] if tr.state == optuna.trial.TrialState.COMPLETE]
             evaluator, label = _evaluator()
             try:
                 imp = get_param_importances(study, evaluator=evaluator)
@@ -224,6 +221,38 @@ def _importances(sec: Section, db: Path | None) -> None:
                 f"Optuna {label} parameter importances (seed 0) of study {name!r}, over its "
                 f"{len(done)} complete trials and the parameters common to them (search/study.db).",
             )
+
+
+def _snapshot(db: Path, copy: Path) -> None:
+    """A consistent copy of the SQLite file `db` at `copy`, read-only on the run.
+
+    SQLite's backup under a read-only connection copies the last commit even while a search
+    writes (file copies could pair a journal and a database from either side of a commit). A
+    search killed mid-commit leaves a hot journal, which only a writer may roll back (the
+    read-only open refuses): the files are then copied together and rolled back in the copy.
+    """
+    try:
+        src = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            dst = sqlite3.connect(copy)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        return
+    except sqlite3.Error as e:
+        copy.unlink(missing_ok=True)
+        if getattr(e, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":  # not a hot journal
+            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                raise ValueError(f"{db}: locked by its search for over 30 s; try again") from None
+            shutil.copyfile(db, copy)  # a damaged file: named when the copy is read
+            return
+    journal = db.with_name(db.name + "-journal")
+    if journal.is_file():
+        shutil.copyfile(journal, copy.with_name(copy.name + "-journal"))
+    shutil.copyfile(db, copy)
 
 
 def _evaluator():
