@@ -386,3 +386,32 @@ def pids_naming(text: str) -> list[int]:
         if text in cmd:
             pids.append(int(proc.name))
     return pids
+
+
+# An Optuna study's writer SIGKILLed mid-commit: the uncommitted change is in the file (with
+# cache_size=1 the rows written after it push its pages out) and the "hot" journal that undoes
+# it beside it, which SQLite must roll back before anyone reads.
+_KILLED_MID_COMMIT = """
+import os, signal, sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size=1")
+con.execute("BEGIN")
+con.execute("DELETE FROM trial_values")
+con.execute("UPDATE trials SET state = 'FAIL'")
+con.execute("CREATE TABLE spill AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) SELECT i FROM n")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture
+def kill_mid_commit():
+    """`kill(db)`: a process SIGKILLed mid-commit on the Optuna study `db` (every trial turned
+    FAIL, its values deleted, uncommitted), leaving db's hot journal."""
+    import subprocess
+
+    def kill(db: Path) -> None:
+        p = subprocess.run([sys.executable, "-c", _KILLED_MID_COMMIT, str(db)], check=False)
+        assert p.returncode == -signal.SIGKILL
+        assert Path(f"{db}-journal").stat().st_size > 0  # hot: the kill left it
+
+    return kill

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
@@ -49,19 +46,6 @@ def test_an_intact_study_resumes(searched):
     _check(*searched)
 
 
-# A writer SIGKILLed mid-transaction: its journal is "hot" (SQLite must roll it back on the next
-# open). cache_size=1 spills the changed pages into the file before the kill.
-_KILLED_MID_WRITE = """
-import os, signal, sqlite3, sys
-con = sqlite3.connect(sys.argv[1], isolation_level=None)
-con.execute("PRAGMA cache_size=1")
-con.execute("BEGIN")
-con.execute("DELETE FROM trial_values")
-con.execute("UPDATE trials SET state = 'FAIL'")
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def _finished(db):
     con = sqlite3.connect(db)
     try:
@@ -70,15 +54,13 @@ def _finished(db):
         con.close()
 
 
-def test_a_study_left_mid_write_by_a_killed_driver_resumes(searched):
+def test_a_study_left_mid_write_by_a_killed_driver_resumes(searched, kill_mid_commit):
     """As the demo's driver SIGKILLed mid-search leaves it (CI saw 'attempt to write a readonly
     database'): the hot journal is rolled back and the last committed study resumes."""
     exp, sdir = searched
     db = sdir / "study.db"
     committed = _finished(db)
-    p = subprocess.run([sys.executable, "-c", _KILLED_MID_WRITE, str(db)], check=False)
-    assert p.returncode == -signal.SIGKILL
-    assert (sdir / "study.db-journal").stat().st_size > 0  # hot: the kill left it
+    kill_mid_commit(db)
     store = TrialStore(sdir / "trials.parquet")
     _check_search_dir(exp, sdir, store, db, resume=True)
     assert not (sdir / "study.db-journal").exists()
