@@ -360,8 +360,13 @@ def sessions_and_command_lines() -> dict[int, tuple[int, str]]:
 
 def ray_pids(ray_tmp: str, sessions: set[int] | None = None) -> list[int]:
     """The live processes of the Ray started under RAY_TMPDIR `ray_tmp`: those naming it on their
-    command line (GCS, raylet: each leads a session of its own, trainables/ray_session.py) and
-    everything in their sessions (the workers a raylet forks, titled `ray::...` by Ray).
+    command line (GCS, raylet: each leads a session of its own, trainables/ray_session.py),
+    everything in their sessions (the workers a raylet forks, titled `ray::...` by Ray), and
+    every `ray::...` process started with RAY_TMPDIR=`ray_tmp` in its environment (a worker
+    inherits the raylet's; the driver, with the same, is not Ray's): a busy worker outlives
+    its raylet until its task ends when its driver is SIGKILLed, and a first look after the
+    kill finds no raylet whose session would name it (CI: such a worker, still holding a run's
+    lock, was missed and the next command was refused).
 
     Args:
         sessions: sessions seen before, updated in place: a worker may outlive its raylet.
@@ -370,7 +375,30 @@ def ray_pids(ray_tmp: str, sessions: set[int] | None = None) -> list[int]:
     procs = sessions_and_command_lines()
     sessions |= {sid for sid, cmd in procs.values() if ray_tmp in cmd}
     sessions.discard(os.getsid(0))  # never the tests' own
-    return sorted(p for p, (sid, cmd) in procs.items() if sid in sessions or ray_tmp in cmd)
+    titled = {p: v for p, v in procs.items() if v[1].startswith("ray::")}
+    started_under = _environ_naming(f"RAY_TMPDIR={ray_tmp}", titled)
+    return sorted(
+        p
+        for p, (sid, cmd) in procs.items()
+        if sid in sessions or ray_tmp in cmd or p in started_under
+    )
+
+
+def _environ_naming(entry: str, procs: dict[int, tuple[int, str]]) -> set[int]:
+    """Those of `procs` (not this process) whose initial environment holds `entry` (NAME=VALUE),
+    read from /proc/PID/environ."""
+    want = entry.encode() + b"\0"
+    found = set()
+    for pid in procs:
+        if pid == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if env.startswith(want) or b"\0" + want in env:
+            found.add(pid)
+    return found
 
 
 def pids_naming(text: str) -> list[int]:
