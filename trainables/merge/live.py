@@ -23,10 +23,17 @@ import torch
 from layerswap.spaces.recipe import LayerSwapRecipe, Recipe
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
+from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
 from layerswap.trainables.merge.lora import CONFIG, is_lora_adapter, load_adapter
-from layerswap.trainables.merge.lora_deltas import Adapter, Factors, adapter_mav_oracle, fold_terms
+from layerswap.trainables.merge.lora_deltas import (
+    Adapter,
+    Factors,
+    adapter_mav_oracle,
+    fold_target_problem,
+    fold_terms,
+)
 from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.terms import Linear
 from layerswap.trainables.storage import is_uri, join, local_copy
@@ -75,7 +82,11 @@ def fold_adapter(
         raise ValueError(f"{ref}: a LoRA expert needs `base` to be folded into")
     state = dict(base_state())
     for module, f in adapter.modules.items():
-        state[f"{module}.weight"] = fold_terms(state[f"{module}.weight"], [(f, 1.0)])
+        w = state.get(f"{module}.weight")
+        problem = fold_target_problem(module, f.a, f.b, None if w is None else w.shape)
+        if problem is not None:  # e.g. a LoRA on lm_head of a tied-embedding base
+            raise CheckpointError(f"{ref}: folded into base: {problem}")
+        state[f"{module}.weight"] = fold_terms(w, [(f, 1.0)])
     return state
 
 

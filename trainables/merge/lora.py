@@ -31,6 +31,7 @@ from layerswap.trainables.merge.lora_deltas import (
     Adapter,
     Factors,
     adapter_mav_oracle,
+    fold_target_problem,
     fold_terms,
     rank_factor,
 )
@@ -265,13 +266,9 @@ def _fold(base: Checkpoint, merged: dict[str, Merged], out: Path, progress: bool
     """Write base + merged deltas, one base tensor in memory at a time."""
     for name, m in merged.items():
         info = base.tensors.get(f"{name}.weight")
-        shape = (m.b.shape[0], m.a.shape[1])
-        if info is None or info.shape != shape:
-            found = "no such tensor" if info is None else list(info.shape)
-            raise CheckpointError(
-                f"{base.root}: tensor {name + '.weight'!r} must be {list(shape)} for the "
-                f"adapters' LoRA on it, found {found}"
-            )
+        problem = fold_target_problem(name, m.a, m.b, None if info is None else info.shape)
+        if problem is not None:
+            raise CheckpointError(f"{base.root}: {problem}")
     order = sorted(base.tensors, key=lambda n: (str(base.tensors[n].path), base.tensors[n].start))
     specs = [OutSpec(n, base.tensors[n].dtype, base.tensors[n].shape) for n in order]
     with ShardWriter(out, specs, DEFAULT_SHARD_BYTES) as writer:  # files closed on any error

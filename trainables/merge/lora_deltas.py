@@ -52,6 +52,28 @@ class Adapter:
     modules: dict[str, Factors]  # module name in the base model, e.g. model.layers.0.mlp.up_proj
 
 
+def fold_target_problem(module: str, a: torch.Tensor, b: torch.Tensor, found: Sequence[int] | None) -> str | None:  # fmt: skip
+    """Why the base tensor a LoRA module folds into cannot take its delta, or None.
+
+    One rule for the disk fold (lora._fold) and the live model (live.fold_adapter): e.g. a LoRA
+    on `lm_head` of a model whose lm_head is tied to the embeddings has no tensor of its own.
+
+    Args:
+        module: the module's name in the base, e.g. `lm_head`.
+        a, b: its factors ([r, in], [out, r]).
+        found: the shape of the base's `{module}.weight`, None when the base has no such tensor.
+    Returns:
+        "tensor 'lm_head.weight' must be [out, in] for the adapters' LoRA on it, found ...".
+    """
+    shape = [b.shape[0], a.shape[1]]
+    if found is not None and list(found) == shape:
+        return None
+    what = "no such tensor" if found is None else list(found)
+    return (
+        f"tensor {module + '.weight'!r} must be {shape} for the adapters' LoRA on it, found {what}"
+    )
+
+
 def mav_sum(adapter: Adapter) -> float:
     """Sum over rows of the row-wise MAV of every module's delta scaling * B @ A.
 

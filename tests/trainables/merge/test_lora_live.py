@@ -112,3 +112,27 @@ def test_live_lora_swap_equals_run_best_bit_for_bit(bf16_lora, tmp_path, weights
     layer1 = "model.layers.1.mlp.down_proj.weight"
     folded = [live.cache.get(r)[layer1] for r in (base, task, lang)]
     assert not any(torch.equal(disk[layer1], t) for t in folded)
+
+
+def test_a_lora_on_a_tied_lm_head_is_refused_live_as_on_disk(tmp_path):
+    """A LoRA on lm_head of a tied-embedding base has no tensor to fold into: the live model
+    (every search trial) refuses naming the tensor, as the disk fold does; it raised a bare
+    KeyError('lm_head.weight') (a red-team)."""
+    fam = make_tiny_family(tmp_path / "fam", num_layers=2, tie=True, with_tokenizer=False)
+    base = str(fam["base"])
+    task = make_lora(fam["base"], tmp_path / "task", 1, 0.004, ["q_proj", "lm_head"])
+    lang = make_lora(fam["base"], tmp_path / "lang", 2, 0.010, ["q_proj"])
+    pool = ExpertPool(
+        task=[ExpertRef(path=task, kind="lora")],
+        language=[ExpertRef(path=lang, kind="lora")],
+        base=base,
+    )
+    recipe = parse_recipe(
+        {"method": "layer_swap", "task_expert": task, "language_expert": lang, "base": base,
+         "bottom": 1, "top": 0}
+    )  # fmt: skip
+    want = r"tensor 'lm_head.weight' must be \[\d+, \d+\] for the adapters' LoRA on it, found no such tensor"  # fmt: skip
+    with pytest.raises(ValueError, match=want):
+        merge_lora_to_disk(recipe, tmp_path / "best", fold=True)
+    with pytest.raises(ValueError, match=f"{task}: folded into base: {want}"):
+        LiveModel(ExpertCache(base), pool).load(recipe)
