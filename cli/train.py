@@ -16,6 +16,7 @@ is skipped; an unfinished sweep of the same experiment is resumed from its Ray T
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from layerswap.spaces.train_experiment import (
     absolute_local_paths,
     load_train_experiment,
 )
+from layerswap.trainables.merge.arch import model_type_problem
 from layerswap.trainables.outputs import OutputError, output_problems
 from layerswap.trainables.storage import exists, is_uri, join
 
@@ -67,6 +69,7 @@ def check_inputs(exp: TrainExperiment) -> None:
         if not (base / "config.json").is_file():
             problems.append(f"base: {exp.base} is not a model folder (no config.json)")
         else:
+            problems += _model_type_problems(base / "config.json")
             problems += [f"base: {p}" for p in _weights_problems(base)]
     else:
         problems += _hub_base_problems(exp.base)
@@ -86,12 +89,24 @@ def _hub_base_problems(base: str) -> list[str]:
         return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
         return []  # the Hub is reachable as far as we know: the trainer downloads it
-    if isinstance(try_to_load_from_cache(base, "config.json"), str):
-        return []
+    if isinstance(cached := try_to_load_from_cache(base, "config.json"), str):
+        return _model_type_problems(Path(cached))
     return [
         f"base: {base}: not a folder here, and not in the Hugging Face cache while "
         "HF_HUB_OFFLINE=1 (fetch it with `layerswap prefetch`, or give a local folder)"
     ]
+
+
+def _model_type_problems(config: Path) -> list[str]:
+    """A base of a family layerswap does not merge (trainables/merge/arch.py), named before
+    any GPU hour is spent on an expert no merge would take. A Hub base read only when training
+    starts is checked there (trainables/train/run_setup.py)."""
+    try:
+        mtype = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"base: {config}: not a readable config ({e})"]
+    problem = model_type_problem(mtype)
+    return [] if problem is None else [f"base: {config}: {problem}"]
 
 
 def _bare_hub_name(base: str) -> bool:

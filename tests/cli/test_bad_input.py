@@ -635,6 +635,17 @@ def train__base_is_not_a_model(e: Env):
 
 
 @case()
+def train__base_of_a_family_the_merge_refuses(e: Env):
+    """Refused before any training: a Gemma2 expert was trained (partial modes split its norms
+    wrongly) and only its merge said the family is unsupported (a red-team)."""
+    base = Path(e.copy(e.world / "base", "models/gemma2"))
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps(config | {"model_type": "gemma2"}))
+    argv = ["train", e.train_exp(base=str(base)), "--out", e.at("run")]
+    return argv, [f"base: {base / 'config.json'}: model_type 'gemma2' is not supported; supported: llama"]  # fmt: skip
+
+
+@case()
 def train__base_is_a_mistyped_relative_path(e: Env):
     """Refused before the run folder is marked: it used to fail after, with the Hub's "Repo id
     must be in the form ...", leaving a marked folder that blocked the corrected rerun."""

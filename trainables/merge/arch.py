@@ -72,14 +72,23 @@ def param_slot(name: str) -> ParamSlot:
     )
 
 
+def model_type_problem(mtype: object) -> str | None:
+    """Why layerswap refuses a model of this `model_type`, or None when it is supported.
+
+    One rule for the merge and for training (cli/train.py, trainables/train/run_setup.py, the
+    memory plan's note): a family whose layer naming is unverified may split a layer wrongly
+    (Gemma2's post_attention_layernorm normalises attention's output, yet its name reads as the
+    MLP's), so an expert of it would be trained for a merge that refuses it.
+    """
+    if mtype in SUPPORTED_MODEL_TYPES:
+        return None
+    return f"model_type {mtype!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+
+
 def check_model_type(config: dict, source: str) -> None:
-    """Refuse architectures whose layer naming we have not verified."""
-    mtype = config.get("model_type")
-    if mtype not in SUPPORTED_MODEL_TYPES:
-        raise ArchitectureError(
-            f"{source}: model_type {mtype!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    """Refuse architectures whose layer naming we have not verified (`model_type_problem`)."""
+    if (problem := model_type_problem(config.get("model_type"))) is not None:
+        raise ArchitectureError(f"{source}: {problem}")
 
 
 def num_layers(config: dict, source: str) -> int:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.merge.arch import layer_index as layer_of
+from layerswap.trainables.merge.arch import model_type_problem
 from layerswap.trainables.train.model_shape import ModelShape, load_model_config, model_shape
 from layerswap.trainables.train.modes import Split, trainable_split
 from layerswap.trainables.train.precision import Policy, dtype_name, resolve_precision
@@ -75,6 +76,7 @@ class Plan:
     gpu_label: str | None
     gpu_bytes: int | None
     on_gpu: bool = True  # scaling.use_gpu: else every "gpu" line is a CPU worker's host memory
+    refused: str | None = None  # why `layerswap train` would refuse this base (its family)
 
     @property
     def gpu_total(self) -> int:
@@ -271,6 +273,7 @@ def memory_plan(exp: TrainExperiment, model_config, source: str = "given config"
         gpu_label=label,
         gpu_bytes=None if mem is None else int(mem * GIB),
         on_gpu=s.use_gpu,
+        refused=model_type_problem(shape.model_type),
     )
 
 
@@ -338,6 +341,8 @@ def format_plan(plan: Plan) -> str:
             out.append(f"    {x.label:<48}{_gib(x.nbytes)}  {when[x.phase]}")
         out.append(f"  {f'total per node ({plan.workers} workers on it)':<50}{_gib(plan.cpu_total)}")  # fmt: skip
     out.append("  " + verdict(plan))
+    if plan.refused is not None:  # planned all the same: the figures hold for the shape
+        out.append(f"  note: layerswap train and merge refuse this base: {plan.refused}")
     return "\n".join(out)
 
 

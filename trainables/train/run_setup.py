@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.devices import require_cuda
+from layerswap.trainables.merge.arch import check_model_type
 from layerswap.trainables.train.finite import check_loaded_weights
 from layerswap.trainables.train.modes import Prepared, prepare
 from layerswap.trainables.train.precision import Policy, apply_precision, warn_if_updates_vanish
@@ -63,6 +64,8 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
     # safetensors only: a Hub base (the CLI reads local folders' headers, not a Hub id's) with
     # pickled weights alone is refused by transformers instead of unpickled
     model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", trust_remote_code=trc, use_safetensors=True)  # fmt: skip
+    # a Hub base the CLI could not read (not cached): its family is checked once loaded
+    check_model_type(model.config.to_dict(), f"base {exp.base}")
     check_loaded_weights(model, src)  # a NaN in the base: named now, not as a NaN loss later
     return tok, model
 

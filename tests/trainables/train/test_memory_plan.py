@@ -177,6 +177,17 @@ def test_fits_and_unknown_memory():
         memory_plan(_exp(), cfg, gpu_memory=-3)
 
 
+def test_a_family_train_refuses_is_planned_with_a_note():
+    """A Gemma2 base is planned (the figures hold for its shape) and the plan says training and
+    the merge refuse it; a Llama plan says nothing of the kind."""
+    from transformers import Gemma2Config
+
+    gemma = Gemma2Config(**{k: v for k, v in TINY.items() if k != "dtype"}, head_dim=16)
+    note = "note: layerswap train and merge refuse this base: model_type 'gemma2' is not supported"
+    assert note in format_plan(memory_plan(_exp(), gemma))
+    assert "note:" not in format_plan(memory_plan(_exp(), LlamaConfig(**TINY)))
+
+
 def test_a_cpu_run_plans_host_memory_per_worker():
     """A CPU run has no CUDA context and no GPU to fit: its plan says host memory per worker."""
     cfg = LlamaConfig(**TINY)

@@ -6,11 +6,13 @@ Run: .venv/bin/pytest tests/trainables/train/test_train_modes.py
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from train_helpers import EDGE, MODE_CFGS, MODE_HYPER, make_exp
+from transformers import AutoTokenizer, Gemma2Config, Gemma2ForCausalLM
 
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.train import find_checkpoints, read_manifest, run_training
@@ -199,3 +201,17 @@ def test_every_mode_of_the_config_has_a_prepare_function():
     from layerswap.trainables.train.modes import MODES
 
     assert list(MODES) == list(MODE_NAMES)
+
+
+def test_a_base_of_a_family_the_merge_refuses_is_refused_before_training(tiny_world, tmp_path):
+    """The library path (no CLI check) refuses a Gemma2 base once loaded, before a step: its
+    post_attention_layernorm would be trained on the MLP's side of a partition (a red-team)."""
+    tok = AutoTokenizer.from_pretrained(tiny_world / "base")
+    cfg = Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+    Gemma2ForCausalLM(cfg).save_pretrained(tmp_path / "gemma2")
+    for f in (tiny_world / "base").glob("tokenizer*"):
+        shutil.copy(f, tmp_path / "gemma2" / f.name)
+    exp = make_exp(tiny_world, "full", base=str(tmp_path / "gemma2"), hyper={"max_steps": 1})
+    with pytest.raises(ValueError, match="model_type 'gemma2' is not supported; supported: llama"):
+        run_training(exp, workdir=tmp_path / "run")
+    assert not find_checkpoints(tmp_path / "run")
