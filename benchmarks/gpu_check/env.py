@@ -51,5 +51,6 @@ def run(ctx) -> dict:
     versions["bf16 peak FLOP/s (datasheet)"] = (
         f"{ctx.peak_flops:.3g}" if ctx.peak_flops else "unknown"
     )
+    versions["memory cap (--memory-cap-gib)"] = ctx.memory_cap.get("note", "not set")
     versions["memory bandwidth B/s (datasheet)"] = f"{ctx.bandwidth:.3g}" if ctx.bandwidth else "unknown"  # fmt: skip
     return {"versions": versions, "figures": []}

@@ -147,8 +147,9 @@ def _candidate_s(ours: list[float], theirs: dict[int, list[float]]) -> float:
     return ours[0] + sum(ts[0] for ts in theirs.values() if ts)
 
 
-def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float) -> dict:
-    """Each candidate by the evaluator (forwards logged), then by HFLM at each batch size."""
+def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float, on_candidate) -> dict:
+    """Each candidate by the evaluator (forwards logged), then by HFLM at each batch size;
+    `on_candidate(race so far, candidates done)` after each (and after the batch-8 extra)."""
     gen = {"max_gen_toks": sizes["max_gen_toks"]}
     ours, logs, theirs, no_fit = [], [], {b: [] for b in HFLM_BATCHES}, []
     differ = total = 0
@@ -157,6 +158,14 @@ def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float) -> dict:
 
     def run_hflm(b: int):
         return _hflm(model, tok, tm, b, gen, ctx.device)
+
+    def state() -> dict:
+        return {
+            "ours": list(ours), "theirs": {b: list(ts) for b, ts in theirs.items()},
+            "logs": list(logs), "differ": differ, "total": total,
+            "differ_by_task": {t: list(v) for t, v in by_task.items()}, "extra_note": extra,
+            "out_of_memory": list(no_fit),
+        }  # fmt: skip
 
     for i in range(CANDIDATES):
         if i and (need := _candidate_s(ours, theirs)) > ctx.remaining():
@@ -183,6 +192,7 @@ def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float) -> dict:
                 for task, (td, tn) in diff_by_task(preds, got[1]).items():
                     acc = by_task.setdefault(task, [0, 0])
                     acc[0], acc[1] = acc[0] + td, acc[1] + tn
+        on_candidate(state(), i + 1)
         if i == 0:
             # A guess for the decision only: batch 8 costs about the mean of batches 1 and 32.
             guess = statistics.fmean(ts[0] for ts in theirs.values())
@@ -196,10 +206,8 @@ def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float) -> dict:
             else:
                 theirs[EXTRA_BATCH] = [got[0]]
                 extra = f"HFLM batch {EXTRA_BATCH} timed too ({need:.0f} s of {left:.0f} s left)"
-    return {
-        "ours": ours, "theirs": theirs, "logs": logs, "differ": differ, "total": total,
-        "differ_by_task": by_task, "extra_note": extra, "out_of_memory": no_fit,
-    }  # fmt: skip
+                on_candidate(state(), i + 1)
+    return state()
 
 
 def _prompt_tokens(ev) -> dict:
@@ -322,13 +330,12 @@ def _throughput(s: dict, cost, shape_txt: str) -> dict:
 
 
 def run(ctx) -> dict:
-    """The stage (see the module docstring): its figures, notes and raw numbers."""
+    """The stage (see the module docstring): its figures, notes and raw numbers; each scored
+    candidate is kept (ctx.keep) as it finishes, so a cut during the next keeps it."""
     import tempfile
 
-    from layerswap.study.estimate import model_cost
     from layerswap.trainables.evaluate.lm_eval_api import task_manager
     from layerswap.trainables.evaluate.proxy import ProxyEvaluator
-    from layerswap.trainables.train.model_shape import model_shape
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     t_start = time.perf_counter()
@@ -344,20 +351,36 @@ def run(ctx) -> dict:
             )  # fmt: skip
         tm = task_manager(TASKS, root)
         _warm_up(model, ctx.device)
-        race = _race(ctx, model, tok, ev, tm, sizes, t_start)
+        where = {"cfg": cfg, "tok": tok, "ev": ev, "sizes": sizes, "device": next(model.parameters()).device,
+                 "built_s": built.s, "t_start": t_start}  # fmt: skip
+
+        def keep(race: dict, done: int) -> None:
+            ctx.keep(f"candidate {done}", lambda: _result(ctx, race, **where))
+
+        race = _race(ctx, model, tok, ev, tm, sizes, t_start, keep)
+    del model
+    return _result(ctx, race, **where)
+
+
+def _result(ctx, race: dict, cfg, tok, ev, sizes: dict, device, built_s: float, t_start: float) -> dict:  # fmt: skip
+    """The stage's result from `race` (`_race`'s dict, so far or whole; not changed)."""
+    from layerswap.study.estimate import model_cost
+    from layerswap.trainables.train.model_shape import model_shape
+
     shape = model_shape(cfg)
     cost = model_cost(shape)
     head = shape.linears.get("lm_head", (0, 0))
-    summary = summarize(race.pop("logs"), cost, kv_bytes_per_token(shape, shape.dtype.itemsize), head[0] * head[1])  # fmt: skip
+    summary = summarize(race["logs"], cost, kv_bytes_per_token(shape, shape.dtype.itemsize), head[0] * head[1])  # fmt: skip
+    raw = {k: v for k, v in race.items() if k not in ("logs", "extra_note")}
     prompts = _prompt_tokens(ev)
     prof = ctx.assumed  # the GPU's own profile (run.py: throughput.assumed_profile)
-    batch = ev.sizer.size(next(model.parameters()).device, "loglikelihood")
+    batch = ev.sizer.size(device, "loglikelihood")
     shape_txt = (
         f"{ctx.shape} (random {str(shape.dtype).removeprefix('torch.')} weights, vocab "
         f"{shape.vocab}): {prompts['bele_dev']['items']} Belebele 5-shot prompts (mean "
         f"{prompts['bele_dev']['mean']:.0f} tokens) and {prompts['mgsm_dev']['items']} MGSM "
         f"8-shot prompts (mean {prompts['mgsm_dev']['mean']:.0f}), max_gen_toks "
-        f"{sizes['max_gen_toks']}, evaluator batch {batch}, {CANDIDATES} candidates"
+        f"{sizes['max_gen_toks']}, evaluator batch {batch}, {len(race['ours'])} candidates"
     )
     lengths = ", ".join(f"{t} mean {p['mean']:.0f}, max {p['max']}" for t, p in prompts.items())
     notes = [
@@ -368,9 +391,9 @@ def run(ctx) -> dict:
         "times the same decoding step for less GPU time. The lm_head rows of ids the world "
         f"tokenizer lacks ({shape.vocab} - {len(tok)}) are zero, so generated texts are real "
         "text and their agreement means something (evaluator.in_tokenizer_vocab).",
-        f"Evaluator built once in {built.s:.1f} s (prompts tokenized), not in its per-candidate "
+        f"Evaluator built once in {built_s:.1f} s (prompts tokenized), not in its per-candidate "
         "time, and timed with its forward hooks on (two syncs a forward: conservative); HFLM's "
-        "time includes simple_evaluate building its tasks. " + race.pop("extra_note") + ".",
+        "time includes simple_evaluate building its tasks. " + race["extra_note"] + ".",
         *(
             f"HFLM batch {b} ran out of device memory: it does not fit"
             for b in race["out_of_memory"]
@@ -380,11 +403,10 @@ def run(ctx) -> dict:
         "the decoding forward alone, the overhead is the rest of the step: bytes / bytes/s + "
         "overhead, the plan's step, is then the measured one.",
     ]
-    del model
     out = {
-        "figures": _speed_figures(race) + _device_figures(ctx, summary, cost, prof),
-        "notes": notes, "race": race,
-        "summary": summary, "prompt_tokens": prompts, "evaluator_build_s": built.s,
+        "figures": _speed_figures(raw) + _device_figures(ctx, summary, cost, prof),
+        "notes": notes, "race": raw,
+        "summary": summary, "prompt_tokens": prompts, "evaluator_build_s": built_s,
         "stage_s": time.perf_counter() - t_start,
     }  # fmt: skip
     if not ctx.smoke and summary["prefill_flops_per_s"]:

@@ -195,9 +195,18 @@ def run(ctx) -> dict:
             cases.append({"case": case[0], "skipped": f"{ctx.remaining():.0f} s left"})
             continue
         cases.append(_case(ctx, lm, tok, corpus, shape, case, batch))
+        ctx.keep(case[0], lambda: _result(ctx, shipped, batch, shape, cases, weights, free_bytes))
     del lm, model
     free(ctx.device)
-    capacity = torch.cuda.get_device_properties(0).total_memory if ctx.device == "cuda" else None
+    return _result(ctx, shipped, batch, shape, cases, weights, free_bytes)
+
+
+def _result(ctx, shipped: dict, batch: int, shape, cases: list[dict], weights, free_bytes) -> dict:
+    """The stage's result from the cases measured so far. The capacity is what
+    torch.cuda.mem_get_info says, the check's memory cap when there is one (run.py)."""
+    import torch
+
+    capacity = torch.cuda.mem_get_info()[1] if ctx.device == "cuda" else None
     res = _report(ctx, shipped, batch, shape, cases, capacity, weights)
     res["figures"] += _picked(cases, shape, batch, free_bytes)
     return res

@@ -338,6 +338,7 @@ def run(ctx) -> dict:
         ckpts, step_log = tmp / "run" / "train" / NAME, tmp / "steps.jsonl"
         args = ["train", str(cfg), "--out", str(tmp / "run")]
         killed = _killed_run(args, ckpts, step_log, gpu, command_limit(ctx), ctx.out / "ray_train_killed.log")  # fmt: skip
+        ctx.keep("killed run", lambda: _killed_part(ctx, killed))  # outlives a failed resume
         resumed = _resumed_run(args, tmp / "resumed.log", gpu, command_limit(ctx), ctx.out / "ray_train_resumed.log")  # fmt: skip
         text, cut = step_log.read_bytes(), killed["step_log_bytes"]  # the killed attempt's bytes
         before, after = read_step_log(text[:cut].decode()), read_step_log(text[cut:].decode())
@@ -348,6 +349,20 @@ def run(ctx) -> dict:
     res = _report(ctx, killed, resumed, summary, final, backends, used, nccl_inits)
     res["step_log"] = {"killed": before, "resumed": after}
     return res
+
+
+def _killed_part(ctx, killed: dict) -> dict:
+    """The killed attempt's own figures: what is known before the resume."""
+    gpu = ctx.device == "cuda"
+    backends, nccl_inits = backends_in_logs(killed["output"])
+    figures = [
+        Figure("seconds to the first checkpoint", killed["first_checkpoint_s"], "s",
+               note=f"`layerswap train` start to samples_{EVERY_SAMPLES:09d} on disk, Ray start included"),
+        Figure("NCCL communicators initialised (killed attempt)", nccl_inits if gpu else None, "",
+               note="NCCL_DEBUG=INFO 'Init COMPLETE' lines in its log" if gpu else "CPU run: gloo only"),
+    ]  # fmt: skip
+    notes = [f"killed attempt: checkpoints at the kill {', '.join(killed['checkpoints_at_kill'])}; process group backends {backends or 'no log line found'}"]  # fmt: skip
+    return {"figures": figures, "notes": notes, "backends": backends, "checkpoints_at_kill": killed["checkpoints_at_kill"]}  # fmt: skip
 
 
 def _report(ctx, killed: dict, resumed: dict, summary: dict, final: dict, backends: dict | None, used: str | None, nccl_inits: int) -> dict:  # fmt: skip

@@ -27,6 +27,11 @@ def _row(f: Figure) -> str:
     )
 
 
+def _kept(r: dict) -> str:
+    """ ", kept: PARTS" for a record that kept finished parts (run.with_kept), else ""."""
+    return f"; kept: {', '.join(r['partial']['parts'])}" if r.get("partial") else ""
+
+
 def render(records: list[dict], header: dict) -> str:
     """The report's Markdown.
 
@@ -48,6 +53,7 @@ def render(records: list[dict], header: dict) -> str:
         for r in records
         for d in r.get("result", {}).get("figures", [])
     ]
+    partial = {r["stage"] for r in records if r.get("partial")}
     targeted = [(s, f) for s, f in figures if f.target is not None]
     missed = [(s, f) for s, f in targeted if f.verdict != "met"]
     not_ok = [r for r in records if r["status"] != "ok"]
@@ -58,13 +64,15 @@ def render(records: list[dict], header: dict) -> str:
         f"{len(targeted) - len(missed)} of {len(targeted)} targets met.",
         "",
     ]
-    lines += [f"- **{r['stage']}** {r['status']}: {r.get('error', '')}" for r in not_ok]
-    lines += [f"- {s}: {f.name} = {fmt(f.value)} {f.unit}, target {f.target}: {f.verdict}" for s, f in missed]  # fmt: skip
+    lines += [f"- **{r['stage']}** {r['status']}: {r.get('error', '')}{_kept(r)}" for r in not_ok]
+    lines += [f"- {s}{' (partial)' if s in partial else ''}: {f.name} = {fmt(f.value)} {f.unit}, target {f.target}: {f.verdict}" for s, f in missed]  # fmt: skip
     for r in records:
         lines += ["", f"## {r['index']}. {r.get('title', r['stage'])} ({r['stage']}): {r['status']} in {r['seconds']:.1f} s", ""]  # fmt: skip
         if r["status"] != "ok":
-            lines += [f"`{r.get('error', '')}`"]
-            continue
+            lines += [f"`{r.get('error', '')}`" if r.get("error") else "(still running when this was written)"]  # fmt: skip
+            if not r.get("partial"):
+                continue
+            lines += ["", f"**Partial**{_kept(r)}: the figures below are from the parts that finished.", ""]  # fmt: skip
         res = r["result"]
         if res.get("versions"):
             lines += ["| component | version |", "|---|---|"]

@@ -19,9 +19,15 @@ Stages, in order (one module each in this folder, `run(ctx) -> dict`):
   promotion  lm-eval on the shipped promotion's longest prompts at its batch size
 Each stage's JSON is written to DIR/NN_stage.json as soon as it ends (a stage that fails is
 recorded with its error and the next one runs), and DIR/report.md is rewritten after every stage,
-so a run cut short keeps what it measured. SIGTERM or SIGINT (an outer `timeout`), or the budget's
+so a run cut short keeps what it measured. Within a stage, each part that finishes (an evaluator
+candidate, a trials placement, a training LR, a promotion case, ...: Context.keep) is written into
+its record (status "running") and the report at once; a stage that then fails or is cut keeps
+those parts, marked partial, and throughput.py uses their figures, marked partial too. SIGTERM or SIGINT (an outer `timeout`), or the budget's
 own alarm at --budget-s + GRACE_S, ends the running stage: its record says `killed`, the processes
-it started are killed, the report names it, and the exit status is 128 + the signal. The throughput
+it started are killed, the report names it, and the exit status is 128 + the signal.
+On a GPU with more memory than the issue's H100 80 GB (an H200: 139 GiB), the check caps its own
+memory at 80 GiB by default (--memory-cap-gib; 0 for none), so what fits is answered as on an
+H100; speeds are the GPU's own (an H200's 4.8 TB/s against an H100's 3.35: docs/guides/gpus.md). The throughput
 figures measured so far are written under DIR after each stage (throughput_measured.json and
 throughput.yaml, for the profile of the GPU present: throughput.py); `--update-throughput` also
 writes them into spaces/throughput.yaml. A folder copied back from a GPU machine is applied with
@@ -43,6 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 _STARTED = time.monotonic()  # the budget counts from here, torch not yet imported (_context)
@@ -53,8 +60,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from gpu_check.common import Context, free, write_json  # noqa: E402
-from gpu_check.figures import Figure, gpu_spec  # noqa: E402
+from gpu_check.common import Context, apply_memory_cap, as_result, cap_plan, free, write_json  # noqa: E402
+from gpu_check.figures import gpu_spec  # noqa: E402
 from gpu_check.report import write_report  # noqa: E402
 from gpu_check.throughput import assumed_profile, check_profile, save_measured, update_throughput  # noqa: E402
 
@@ -106,6 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=None, help=f"seconds for the whole check, from the process's start (default {BUDGET_S:.0f}; smoke {SMOKE_BUDGET_S:.0f}); a stage still running {GRACE_S:.0f} s later is cut")  # fmt: skip
     ap.add_argument("--world", type=Path, default=None, help="a built tiny world (default: built in a temporary folder)")  # fmt: skip
     ap.add_argument("--update-throughput", action="store_true", help="also write the measured figures into spaces/throughput.yaml (they are always under --out)")  # fmt: skip
+    ap.add_argument("--memory-cap-gib", type=float, default=None, help="cap the check's GPU memory at this many GiB (default: 80, the issue's H100, on a GPU with more; 0: no cap)")  # fmt: skip
     ap.add_argument("--profile", default=None, help="the throughput.yaml profile to write (default: the GPU's own, e.g. h200 on an H200; another GPU's is refused)")  # fmt: skip
     args = ap.parse_args(argv)
     names = [n for n, _ in STAGES]
@@ -113,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         bad = [s for s in args.stages.split(",") if s not in names]
         if bad:
             ap.error(f"--stages: unknown stage(s) {', '.join(bad)}; choose from {', '.join(names)}")
+    if args.memory_cap_gib is not None and not args.memory_cap_gib >= 0:
+        ap.error(f"--memory-cap-gib: {args.memory_cap_gib:g} is negative; give GiB, or 0 for no cap")  # fmt: skip
     if args.out.exists() and any(args.out.iterdir()):
         ap.error(f"--out {args.out} exists and is not empty; give a new folder")
     if args.update_throughput and args.smoke:
@@ -131,14 +141,18 @@ def _context(args, world: Path, started: float) -> Context:
         raise SystemExit("gpu-check: no usable CUDA device (torch.cuda.is_available() is False); "
                          "run it on a GPU machine, or --smoke on a CPU")  # fmt: skip
     name = torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)"
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else None
+    props = torch.cuda.get_device_properties(0) if cuda else None
+    sms = props.multi_processor_count if cuda else None
+    cap = cap_plan(props.total_memory if cuda else None, args.memory_cap_gib)
+    apply_memory_cap(cap)
     spec = gpu_spec(name, sms) if cuda else None
     budget = args.budget_s or (SMOKE_BUDGET_S if args.smoke else BUDGET_S)
     ctx = Context(
         out=args.out, smoke=args.smoke, device="cuda" if cuda else "cpu",
         deadline=started + budget, world=world, gpu_name=name,
-        peak_flops=spec[0] if spec else None, bandwidth=spec[1] if spec else None,
+        peak_flops=spec[0] if spec else None, bandwidth=spec[1] if spec else None, memory_cap=cap,
     )  # fmt: skip
+    ctx.notes.append(cap["note"])
     if cuda and spec is None:
         ctx.notes.append(f"{name} is not in figures.GPU_SPECS: peak shares are not computed")
     elif spec is not None:
@@ -148,34 +162,59 @@ def _context(args, world: Path, started: float) -> Context:
     return ctx
 
 
-def run_stage(ctx: Context, index: int, name: str, min_s: float) -> dict:
-    """Run one stage module; its record (status, seconds, result or error) is written at once."""
+def with_kept(record: dict, kept: dict | None) -> dict:
+    """`record` of a stage that did not finish, with the parts it kept (Context.keep) as its
+    result, marked partial; `record` itself when it kept none."""
+    if not kept:
+        return record
+    result = dict(kept["result"])
+    done = ", ".join(kept["parts"])
+    result["notes"] = [*result.get("notes", []), f"PARTIAL: the stage {record['status']} after these parts finished: {done}; its figures are theirs"]  # fmt: skip
+    return record | {"result": result, "partial": {"parts": kept["parts"]}}
+
+
+def run_stage(ctx: Context, index: int, name: str, min_s: float, report: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
+    """Run one stage module; its record (status, seconds, result or error) is written at once,
+    and each part the stage keeps (Context.keep) as it finishes, with `report(record)` after.
+    A stage that fails or is cut keeps those parts (`with_kept`)."""
     record = {"stage": name, "index": index, "status": "ok", "seconds": 0.0}
+    path = ctx.out / f"{index:02d}_{name}.json"
     if not ctx.smoke and ctx.remaining() < min_s:
         record |= {"status": "skipped", "error": f"{ctx.remaining():.0f} s left, it needs ~{min_s:.0f} s"}  # fmt: skip
     else:
         t0 = time.perf_counter()
+
+        def on_keep() -> None:
+            running = with_kept(record | {"status": "running", "seconds": time.perf_counter() - t0}, ctx.kept)  # fmt: skip
+            write_json(path, running)
+            if report is not None:
+                report(running)
+
+        ctx.kept, ctx.on_keep = None, on_keep
         try:
             mod = importlib.import_module(f"gpu_check.{name}")
             record["title"] = mod.TITLE
-            res = mod.run(ctx)
-            res["figures"] = [f.to_dict() if isinstance(f, Figure) else f for f in res.get("figures", [])]  # fmt: skip
-            record["result"] = res
+            record["result"] = as_result(mod.run(ctx))
         except Cut as cut:  # the stage's `finally` blocks have run: its processes are gone
+            ctx.on_keep = None
             record |= {"status": "killed", "seconds": time.perf_counter() - t0,
                        "error": f"cut by {cut} after {time.perf_counter() - t0:.0f} s in this stage"}  # fmt: skip
-            write_json(ctx.out / f"{index:02d}_{name}.json", record)
+            record = with_kept(record, ctx.kept)
+            write_json(path, record)
             print(f"[{name}] killed: {record['error']}", flush=True)
             cut.record = record
             raise
         except Exception as e:  # one stage's failure is its finding; the rest run
             record |= {"status": "failed", "error": f"{type(e).__name__}: {e}",
                        "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
+            record = with_kept(record, ctx.kept)
             print(f"[{name}] FAILED: {type(e).__name__}: {e}", flush=True)
+        finally:
+            ctx.on_keep = None
         record["seconds"] = time.perf_counter() - t0
     # Written before the device is touched again: after a sticky CUDA error (an illegal memory
     # access) even the synchronize in `free` raises, and this stage's record must survive it.
-    write_json(ctx.out / f"{index:02d}_{name}.json", record)
+    write_json(path, record)
     print(f"[{name}] {record['status']} in {record['seconds']:.1f} s", flush=True)
     _free_after(ctx, record)
     return record
@@ -208,27 +247,40 @@ def _profile(args, ctx: Context) -> str | None:
         return None
 
 
+def _write_out(ctx: Context, args, profile: str | None, records: list[dict]) -> None:
+    """Rewrite the measurements so far (throughput.save_measured) and the report under --out. Neither stops the run: a failure is noted in ctx.notes (the report says it
+    where it can still be written) and the next stages run."""
+    steps = [("the report", lambda: write_report(ctx, records, args.out / "report.md"))]
+    if profile is not None:
+        steps.insert(0, ("the measured figures", lambda: save_measured(args.out, records, ctx.gpu_name, profile, " ".join(sys.argv))))  # fmt: skip
+    for what, step in steps:
+        try:
+            step()
+        except Exception as e:  # the stages' JSON records are on disk; the rest still run
+            note = f"writing {what} failed: {type(e).__name__}: {e}"[:500]
+            if note not in ctx.notes:
+                ctx.notes.append(note)
+            print(f"gpu-check: {note}", flush=True)
+
+
 def _stages(ctx: Context, args, profile: str | None) -> list[dict]:
-    """Run the wanted stages in order; after each, the report and the measurements so far
-    (throughput.save_measured) are rewritten under --out."""
-    wanted = set(args.stages.split(",")) if args.stages else None
+    """Run the wanted stages in order; after each, and after each part a stage keeps, the
+    report and the measurements so far are rewritten under --out (`_write_out`)."""
+    wanted = [n for n, _ in STAGES if not args.stages or n in args.stages.split(",")]
     records: list[dict] = []
     try:
         for i, (name, min_s) in enumerate(STAGES, 1):
-            if wanted is None or name in wanted:
-                records.append(run_stage(ctx, i, name, min_s))
-                write_report(ctx, records, args.out / "report.md")
-                if profile is not None:
-                    save_measured(args.out, records, ctx.gpu_name, profile, " ".join(sys.argv))
+            if name in wanted:
+                report = lambda rec: _write_out(ctx, args, profile, [*records, rec])  # noqa: E731
+                records.append(run_stage(ctx, i, name, min_s, report))
+                _write_out(ctx, args, profile, records)
     except Cut as cut:
         if cut.record is not None:
             records.append(cut.record)
         where = f"during stage {cut.record['stage']}" if cut.record else "between stages"
-        left = [n for n, _ in STAGES[len(records) :] if wanted is None or n in wanted]
+        left = [n for n in wanted if n not in {r["stage"] for r in records}]
         ctx.notes.append(f"run cut by {cut} {where}" + (f"; not run: {', '.join(left)}" if left else ""))  # fmt: skip
-        write_report(ctx, records, args.out / "report.md")
-        if profile is not None:
-            save_measured(args.out, records, ctx.gpu_name, profile, " ".join(sys.argv))
+        _write_out(ctx, args, profile, records)
         raise
     return records
 

@@ -67,23 +67,35 @@ def check_profile(profile: str | None, gpu_name: str) -> str:
 
 def assumed_profile(gpu_name: str, smoke: bool):
     """(the Profile whose figures the report sets beside the measured ones, a note saying which):
-    the GPU's own profile; h100's on a --smoke run (the numbers mean nothing there, the path is
-    checked); None when spaces/throughput.yaml has no profile for the GPU."""
+    the GPU's own profile (an H200's is h200); h100's on a --smoke run (the numbers mean nothing
+    there, the path is checked) and, labelled as another GPU's, for a GPU spaces/throughput.yaml
+    has no profile for (the issue's targets are an H100's); None when the file has neither."""
     from layerswap.spaces.study import load_profiles
 
     profiles = load_profiles(THROUGHPUT)
     name = TEMPLATE if smoke else profile_for(gpu_name)
     if name in profiles:
         return profiles[name], f"*assumed*: spaces/throughput.yaml profile {name}"
+    if TEMPLATE in profiles:
+        return profiles[TEMPLATE], (
+            f"*assumed*: spaces/throughput.yaml has no profile for {gpu_name} ({name or 'unknown family'}): "
+            f"the column shows profile {TEMPLATE}'s, ANOTHER GPU's figures (the issue's H100), not this GPU's"
+        )  # fmt: skip
     return None, f"*assumed*: spaces/throughput.yaml has no profile for {gpu_name} ({name or 'unknown family'}): none shown"  # fmt: skip
 
 
 def measured_figures(records: list[dict]) -> dict[str, dict]:
-    """{figure name: its measurement} over every finished stage (a later stage wins a tie)."""
+    """{figure name: its measurement} over every finished stage, and the finished parts of a
+    stage that failed or was cut (run.with_kept: its `result` says so, "partial: ..."); a
+    later stage wins a tie."""
     out: dict[str, dict] = {}
     for r in records:
         if r["status"] == "ok":
             out.update(r["result"].get("throughput", {}))
+        elif r.get("partial"):
+            why = f"partial: stage {r['stage']} {r['status']} after {', '.join(r['partial']['parts'])} finished"  # fmt: skip
+            for name, m in r["result"].get("throughput", {}).items():
+                out[name] = {**m, "result": f"({why}) {m['result']}"}
     return out
 
 

@@ -366,6 +366,7 @@ def run(ctx) -> dict:
                 continue
             out["runs"].append(r)
             out["figures"] += _lr_figures(ctx, r)
+            ctx.keep(f"LR {lr:g}", lambda: _finish(cfg, out))  # outlives the next LR and the wrap
         fast = [r for r in out["runs"] if r["lr"] == max(LRS)]
         if fast:
             per_s = fast[0]["tokens_per_s"] * fast[0]["flops_per_token"]
@@ -373,15 +374,34 @@ def run(ctx) -> dict:
             out["figures"].append(Figure(f"training FLOP/s, LR {max(LRS):g}", per_s, "FLOP/s", assumed=assumed, note="FLOPs by the plan's rule (train_flops); one GPU, no FSDP communication: an upper bound for multi-GPU FSDP"))  # fmt: skip
             if not ctx.smoke:
                 out["throughput"] = _throughput(ctx, fast[0], cfg, args)
+            ctx.keep("training FLOP/s", lambda: _finish(cfg, out))
         if note := _skip(ctx, "FSDP2 wrap", 10):
             out["notes"].append(note)
         else:
-            out["wrap"] = _wrap(ctx, args, cfg, device)
-            out["figures"].append(_wrap_figure(out["wrap"]))
+            _guarded_wrap(ctx, args, cfg, device, out)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         free(ctx.device)
+    return _finish(cfg, out)
+
+
+def _guarded_wrap(ctx, args, cfg, device, out: dict) -> None:
+    """`_wrap` into out["wrap"] and its figure; a failure (the first FSDP2 + NCCL init on the
+    GPU) is its finding, a missed target, like `_guarded_run`'s: the LR runs' figures stay."""
+    try:
+        out["wrap"] = _wrap(ctx, args, cfg, device)
+        out["figures"].append(_wrap_figure(out["wrap"]))
+    except Exception as e:  # recorded, its traceback's end kept
+        text, tb = failure(e)
+        out["wrap"] = {"failed": text, "traceback": tb}
+        out["figures"].append(Figure("FSDP2 wrap finished", 0.0, "yes=1", Target(">=", 1), note=text))  # fmt: skip
+        out["notes"].append(f"FSDP2 wrap FAILED: {text}")
+
+
+def _finish(cfg, out: dict) -> dict:
+    """The stage's result: `out` (not changed) with the notes on the runs so far."""
+    out = {**out, "notes": list(out["notes"])}
     if out["runs"]:
         p = out["runs"][0]["precision"]
         out["notes"].append(

@@ -152,8 +152,9 @@ def _pass_depths(ctx, states: dict, depth: int) -> dict:
     return {"device": device_depth(layer, other, depth, torch.cuda.mem_get_info()[1], EVAL_HEADROOM), "host": depth}  # fmt: skip
 
 
-def measure(ctx, size: dict, shipped) -> dict:
-    """Make the checkpoints, then run both placements (module doc).
+def measure(ctx, size: dict, shipped, on_pass=None) -> dict:
+    """Make the checkpoints, then run both placements (module doc); `on_pass(out so far)`
+    after each.
 
     Returns:
         {"made_s", "depth", "passes": {key: run_pass's dict + "flops" of one trial's items and
@@ -180,6 +181,8 @@ def measure(ctx, size: dict, shipped) -> dict:
                 pass_end = time.monotonic() + (end - time.monotonic()) / (len(PASSES) - i)
                 out["passes"][key] = _guarded_pass(ctx, key, d, states, Path(tmp), shipped, size, pass_end)  # fmt: skip
                 free(ctx.device)  # out of the pass's frames: its model and experts are gone
+                if on_pass is not None:
+                    on_pass(out)
     finally:
         torch.set_num_threads(threads)
     return out
@@ -283,7 +286,7 @@ def _rate_figures(s: dict, prof, cost, size: dict) -> list[Figure]:
 def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> list[str]:
     """How the figures were made and scaled, in words with numbers."""
     pe, fid = shipped.proxy_eval, shipped.search.fidelity
-    dev, full = m["passes"]["device"], m["depth"]
+    dev, full = m["passes"].get("device", {"depth": 0}), m["depth"]
     top = shipped.experts.top_k if shipped.experts else len(shipped.task_experts)
     shapes = "; ".join(f"{p.task}: {t.items} items of {t.prompt_tokens:g} + {k} x {t.shot_tokens:g} tokens" for p, (t, k) in zip(shipped.proxy_list, tasks, strict=True))  # fmt: skip
     notes = [
@@ -304,7 +307,10 @@ def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> lis
         f"{size['limit']} a pass, so the rates come from smaller forwards than the shipped config's long rows, {batch} a pass.",
     ]
     for key, label in PASSES:
-        p, s = m["passes"][key], scaled.get(key)
+        p, s = m["passes"].get(key), scaled.get(key)
+        if p is None:
+            notes.append(f"{label}: not run (the stage ended before it).")
+            continue
         if s is None:
             why = f"does not fit ({p['does_not_fit']})" if p.get("does_not_fit") else f"FAILED ({p['failed']})"  # fmt: skip
             notes.append(f"{label}: {why}; not measured.")
@@ -344,12 +350,21 @@ def _throughput(ctx, p: dict) -> dict:
 
 def run(ctx) -> dict:
     from layerswap.spaces.search_experiment import load_search_experiment
-    from layerswap.study.estimate import auto_batch
-    from layerswap.trainables.train.model_shape import model_shape
 
     size = SIZES["smoke" if ctx.smoke else "gpu"]
     shipped = load_search_experiment(SHIPPED)
-    m = measure(ctx, size, shipped)
+
+    def keep(m: dict) -> None:  # a finished placement outlives the next one
+        ctx.keep(f"{' and '.join(m['passes'])} pass", lambda: _result(ctx, m, size, shipped))
+
+    return _result(ctx, measure(ctx, size, shipped, keep), size, shipped)
+
+
+def _result(ctx, m: dict, size: dict, shipped) -> dict:
+    """The stage's result from `measure`'s dict (the passes run so far, or all)."""
+    from layerswap.study.estimate import auto_batch
+    from layerswap.trainables.train.model_shape import model_shape
+
     cfg = ctx.config(depth=size["depth"])
     cfg.dtype = "bfloat16"
     cost, prof, pe = (
@@ -367,7 +382,9 @@ def run(ctx) -> dict:
         assumed = {"compose": compose} | {k: compose + sum(v.values()) for k, v in plan.items()}
     figures, scaled = [], {}
     for key, label in PASSES:
-        p = m["passes"][key]
+        p = m["passes"].get(key)
+        if p is None:  # not run yet (a part kept before it: ctx.keep)
+            continue
         if p.get("failed"):
             figures.append(Figure(f"trials pass finished ({label})", 0.0, "yes=1", Target(">=", 1), note=p["failed"]))  # fmt: skip
             continue

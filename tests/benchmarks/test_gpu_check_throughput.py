@@ -44,24 +44,49 @@ def test_profile_follows_the_gpu_family_and_refuses_another():
         TP.check_profile(None, "NVIDIA B200")
 
 
-def test_on_an_h200_the_assumed_figures_are_not_h100s(tmp_path, monkeypatch):
-    """run._context on a (faked) H200: no h100 figure is set beside its measurements, and
-    --update-throughput --profile h100 is refused before any stage runs."""
+def _faked_gpu(monkeypatch, name: str) -> list:
+    """torch.cuda as a 150 GB GPU called `name`; returns the memory fractions set on it."""
+    fractions: list = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H200)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
     props = types.SimpleNamespace(multi_processor_count=132, total_memory=150e9)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: fractions.append(f))  # fmt: skip
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device=None: (149e9, 150e9)
+    )  # restored after
+    return fractions
+
+
+def test_on_an_h200_the_assumed_figures_are_h200s_and_memory_an_h100s(tmp_path, monkeypatch):
+    """run._context on a (faked) H200: its own profile's assumptions (h200: 4.8 TB/s) are set
+    beside its measurements, its memory is capped at the issue's H100 80 GB, and
+    --update-throughput --profile h100 is refused before any stage runs."""
+    fractions = _faked_gpu(monkeypatch, H200)
     args = gc_run.parse_args(["--out", str(tmp_path / "o"), "--update-throughput"])
     ctx = gc_run._context(args, tmp_path, time.monotonic())
-    assert ctx.assumed is None and any("no profile for NVIDIA H200 (h200)" in n for n in ctx.notes)
+    assert ctx.assumed.decode_bytes_per_s.value == 2.88e12  # 4.8 TB/s x 0.6, not h100's 2.0e12
+    assert "*assumed*: spaces/throughput.yaml profile h200" in ctx.notes
+    assert fractions == [pytest.approx(80 * 2**30 / 150e9)] and ctx.memory_cap["cap_gib"] == 80.0
+    assert any(n.startswith("memory capped at 80 of the device's 139.7 GiB") for n in ctx.notes)
     assert gc_run._profile(args, ctx) == "h200"
     args = gc_run.parse_args(["--out", str(tmp_path / "o"), "--update-throughput", "--profile", "h100"])  # fmt: skip
     with pytest.raises(SystemExit, match="--profile 'h100' is not the measured GPU's"):
         gc_run._profile(args, ctx)
 
 
+def test_a_gpu_without_a_profile_is_shown_h100s_labelled_as_another_gpus(tmp_path, monkeypatch):
+    _faked_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB")
+    ctx = gc_run._context(gc_run.parse_args(["--out", str(tmp_path / "o"), "--memory-cap-gib", "0"]), tmp_path, time.monotonic())  # fmt: skip
+    assert ctx.assumed.decode_bytes_per_s.value == 2.0e12  # h100's
+    assert any("no profile for NVIDIA A100-SXM4-80GB (a100): the column shows profile h100's, ANOTHER GPU's" in n for n in ctx.notes)  # fmt: skip
+    assert "memory cap: none (--memory-cap-gib 0): the device's 139.7 GiB" in ctx.notes
+
+
 def test_a_new_gpu_profile_is_made_from_h100s_assumptions_marked_as_copied():
-    text = TP.THROUGHPUT.read_text()
+    data = yaml.safe_load(TP.THROUGHPUT.read_text())
+    del data["profiles"]["h200"]  # a file without the GPU's profile
+    text = "# head\n" + yaml.safe_dump(data, sort_keys=False)
     data = yaml.safe_load(TP.updated_yaml(text, "h200", {"decode_bytes_per_s": FIG}, "c", H200, "2026-11-28"))  # fmt: skip
     h200, h100 = data["profiles"]["h200"], yaml.safe_load(text)["profiles"]["h100"]
     assert h200["decode_bytes_per_s"]["value"] == 4.1e12

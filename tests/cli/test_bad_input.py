@@ -1359,7 +1359,7 @@ def plan__config_missing(e: Env):
 
 @case()
 def plan__unknown_profile(e: Env):
-    return ["plan", _plan_study(e), "--profile", "tpu"], ["profile 'tpu': unknown (known: cpu, h100)"]  # fmt: skip
+    return ["plan", _plan_study(e), "--profile", "tpu"], ["profile 'tpu': unknown (known: cpu, h100, h200)"]  # fmt: skip
 
 
 @case()

@@ -75,7 +75,7 @@ def test_unresolved_task_exits_2_naming_it(tmp_path, capsys):
 
 def test_unknown_profile_exits_2(tmp_path, capsys):
     assert main(["plan", str(_toy_study(tmp_path)), "--profile", "tpu"]) == 2
-    assert "profile 'tpu': unknown (known: cpu, h100)" in capsys.readouterr().err
+    assert "profile 'tpu': unknown (known: cpu, h100, h200)" in capsys.readouterr().err
 
 
 def test_bad_study_exits_2_naming_the_field(tmp_path, capsys):
