@@ -147,7 +147,7 @@ def _candidate_s(ours: list[float], theirs: dict[int, list[float]]) -> float:
     return ours[0] + sum(ts[0] for ts in theirs.values() if ts)
 
 
-def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float, on_candidate) -> dict:
+def _race(ctx, model, tok, ev, tm, sizes: dict, t_start: float, on_candidate=lambda race, done: None) -> dict:  # fmt: skip
     """Each candidate by the evaluator (forwards logged), then by HFLM at each batch size;
     `on_candidate(race so far, candidates done)` after each (and after the batch-8 extra)."""
     gen = {"max_gen_toks": sizes["max_gen_toks"]}

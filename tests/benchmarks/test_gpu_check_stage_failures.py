@@ -96,7 +96,7 @@ def test_the_budget_counts_from_the_process_start(tmp_path, monkeypatch):
     """The world build (~20 s) and imports come before the first stage; the lent GPU's one
     command has the budget in all, so they spend it."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    args = Namespace(smoke=True, budget_s=360.0, out=tmp_path)
+    args = Namespace(smoke=True, budget_s=360.0, out=tmp_path, memory_cap_gib=None)
     ctx = gc_run._context(args, tmp_path, started=time.monotonic() - 100.0)
     assert 255.0 < ctx.remaining() <= 260.0
 
@@ -139,7 +139,7 @@ def test_each_ray_train_command_is_limited_by_the_time_left_when_it_starts(tmp_p
 
     monkeypatch.setattr(R, "_killed_run", killed)
     monkeypatch.setattr(R, "_resumed_run", resumed)
-    ctx = types.SimpleNamespace(device="cuda", world=tmp_path, out=tmp_path, remaining=lambda: next(left))  # fmt: skip
+    ctx = types.SimpleNamespace(device="cuda", world=tmp_path, out=tmp_path, remaining=lambda: next(left), keep=lambda part, result: None)  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
         R.run(ctx)
     assert limits == [200.0, 70.0]
