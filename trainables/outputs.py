@@ -60,6 +60,10 @@ KINDS = {
 # training runs, search, best model and analysis), a merge-only demo holds its generated family
 # and the merged model. Every other output holds only its own files.
 CONTAINERS = {"demo", "merge-demo"}
+# The outputs a container's own steps write inside it, which its --overwrite replaces with it;
+# any other output inside (`merge --out mo/my_swap`, `analyze mo`) is the user's, named and kept.
+# A demo run keeps no file list (a long run: its --overwrite replaces the whole run).
+CONTAINER_STEPS = {"merge-demo": ("merged",)}
 # The outputs beside RUN/search that a search and its promotion write (`claim_sibling`).
 SEARCH_SIBLINGS = ("promotion", "leaderboard.md", "best")
 
@@ -128,7 +132,8 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
             if str(rel / d) in dirs:
                 continue
             subdirs.remove(d)  # its contents go with it: named once
-            inner = read_marker(out / rel / d) if found.get("kind") in CONTAINERS else None
+            own_step = str(rel / d) in CONTAINER_STEPS.get(found.get("kind"), ())
+            inner = read_marker(out / rel / d) if own_step else None
             if inner is None:
                 foreign.append(f"{rel / d}/")
             else:  # an output of the container's own steps (the merge-only demo's merged/)

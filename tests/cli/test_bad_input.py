@@ -825,6 +825,37 @@ def eval__zero_limit(e: Env):
 
 
 @case()
+def eval__limit_not_a_whole_count(e: Env):
+    # lm-eval reads a limit >= 1 as int(limit): 1.5 used to mean 1 doc, silently
+    return _eval(e, "--limit", "1.5"), ["--limit '1.5': a count of docs must be a whole number"]
+
+
+@case()
+def eval__model_world_tasks_and_out_all_wrong(e: Env):
+    # the red-team's case: each check raised in turn, so only the model was named
+    m, w, out = e.at("nowhere/model"), e.folder("world"), e.folder("results")
+    argv = ["eval", m, "--tasks", " , ", "--world", w, "--out", out, "--device", "tpu"]
+    return argv, [
+        f"model folder {m} does not exist",
+        "--tasks: give at least one task name",
+        f"--world {w}: not a world (no world.json, no data/)",
+        f"{out}: is a folder; give a file name",
+        "--device: device 'tpu'",
+    ]
+
+
+@case()
+def eval__model_and_an_unknown_world_task(e: Env):
+    m, out = e.at("nowhere/model"), e.folder("results")
+    argv = ["eval", m, "--tasks", "world_mgsm_direct_xq_dev", "--world", str(e.world), "--out", out]  # fmt: skip
+    return argv, [
+        f"model folder {m} does not exist",
+        f"--tasks world_mgsm_direct_xq_dev: not a task of the world {e.world}",
+        f"{out}: is a folder; give a file name",
+    ]
+
+
+@case()
 def eval__tasks_not_given(e: Env):
     return ["eval", str(e.family["task"])], ["the following arguments are required: --tasks"]
 
@@ -1176,6 +1207,20 @@ def demo__merge_only_with_pipeline_flags(e: Env):
 def demo__merge_only_out_is_a_foreign_folder_overwrite(e: Env):
     out = e.folder("mine")
     return ["demo", "--merge-only", "--out", out, "--overwrite"], [f"{out}: exists and {NOT_OURS}"]  # fmt: skip
+
+
+@case()
+def demo__merge_only_holds_the_users_own_merge_overwrite(e: Env):
+    """A merge the user wrote inside a merge-only demo (`merge --out mo/my_swap`, allowed) is
+    theirs: --overwrite deleted it with the demo's own merged/ (a red-team)."""
+    out = Path(e.at("mo"))
+    for rel, kind in (("merged", "merge"), ("my_swap", "merge")):
+        e.file(f"mo/{rel}/model.safetensors", b"weights")
+        write_marker(out / rel, kind, "a merge", files=["model.safetensors"])
+    e.file("mo/recipe.yaml", "method: layer_swap\n")
+    write_marker(out, "merge-demo", "an earlier run", files=["recipe.yaml"])
+    argv = ["demo", "--merge-only", "--out", str(out), "--overwrite"]
+    return argv, [f"{out}: holds what layerswap did not write there (my_swap/)"]
 
 
 @case()
