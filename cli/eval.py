@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from contextlib import nullcontext
@@ -34,14 +35,23 @@ MAX_GEN_TOKS = 1_048_576
 
 
 def _limit(text: str) -> int | float:
+    """--limit as lm-eval reads it: a fraction of each task's docs when < 1, else a count of docs
+    (lm-eval's get_sample_size takes int(limit), so 1.5 would silently mean 1: refused here)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"invalid --limit {text!r} (N docs or a fraction < 1)"
         ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"--limit must be a finite number, got {text!r}")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"--limit must be positive, got {text!r}")
+    if value >= 1 and not value.is_integer():
+        raise argparse.ArgumentTypeError(
+            f"--limit {text!r}: a count of docs must be a whole number "
+            "(a fraction of each task's docs is < 1)"
+        )
     return value if value < 1 else int(value)
 
 
@@ -96,36 +106,76 @@ def _check_world_names(tasks: list[str], tasks_dir: Path | None, world: Path | N
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`layerswap eval`: evaluate a checkpoint folder, print a metrics table, maybe write JSON."""
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks:
-        raise ValueError("--tasks: give at least one task name")
-    try:
-        device, why = explain_device(args.device)
-    except ValueError as e:
-        raise ValueError(f"--device: {e}") from None
-    if args.device == "auto":  # which one and why, before minutes of work (stdout has the table)
-        print(f"eval: on {device} ({why})", file=sys.stderr, flush=True)
     model = Path(args.model)
-    # Before the slow lm-eval import and task indexing; an adapter folder names its base.
-    base, adapter = eval_target(model, args.base)
-    if args.world is not None:
-        world = Path(args.world)
-        problems = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
-        if not (world / "world.json").exists() and not (world / "data").is_dir():
-            problems = ["not a world (no world.json, no data/)"]
-        if problems:
-            raise ValueError(f"--world {args.world}: " + "; ".join(problems))
-    inputs = [model] + ([Path(base)] if adapter is not None and Path(base).is_dir() else [])
-    inputs += [args.world] if args.world is not None else []
-    if args.out is not None:
-        _check_out(args, inputs)
-    if args.world is None:
-        _check_world_names(tasks, None, None)
+    base, adapter, device, problems = _check_inputs(args, model, tasks)
+    if problems:  # every independent problem at once, before the slow lm-eval import
+        raise ValueError("\n  ".join(problems))
+    if args.device == "auto":  # which one and why, before minutes of work (stdout has the table)
+        print(f"eval: on {device[0]} ({device[1]})", file=sys.stderr, flush=True)
+    inputs = _inputs(args, model, base, adapter)
     # One writer per result file: held from here to the end (checked again under the lock: a
     # writer that finished meanwhile left a file that only --overwrite may replace)
     with writing(args.out) if args.out is not None else nullcontext():
         if args.out is not None:
             _check_out(args, inputs)
-        return _run_eval(args, model, tasks, device, base, adapter)
+        return _run_eval(args, model, tasks, device[0], base, adapter)
+
+
+def _check_inputs(args: argparse.Namespace, model: Path, tasks: list[str]):
+    """Check the model, the world, the tasks, the device and --out independently.
+
+    Args:
+        args: the parsed command line.
+        model: the MODEL_DIR argument.
+        tasks: the --tasks names.
+    Returns:
+        (base, adapter, (device, why), problems): what eval_target resolved (None, None when the
+        model was refused), the device, and one message per problem found (empty: all good).
+    """
+    problems: list[str] = []
+    if not tasks:
+        problems.append("--tasks: give at least one task name")
+    device = ("cpu", "")
+    try:
+        device = explain_device(args.device)
+    except ValueError as e:
+        problems.append(f"--device: {e}")
+    base, adapter = None, None
+    try:  # an adapter folder names its base
+        base, adapter = eval_target(model, args.base)
+    except ValueError as e:
+        problems.append(str(e))
+    if args.world is not None:
+        world = Path(args.world)
+        found = verify_world(world, hand_made_ok=True)  # by hand: data/ in the world layout
+        if not (world / "world.json").exists() and not (world / "data").is_dir():
+            found = ["not a world (no world.json, no data/)"]
+        if found:
+            problems.append(f"--world {args.world}: " + "; ".join(found))
+        elif any(t.startswith("world_") for t in tasks):  # names the world lacks (YAMLs: ms)
+            with tempfile.TemporaryDirectory(prefix="layerswap-tasks-") as tmp:
+                try:
+                    write_world_tasks(world, Path(tmp))
+                    _check_world_names(tasks, Path(tmp), args.world)
+                except ValueError as e:
+                    problems.append(str(e))
+    else:
+        try:
+            _check_world_names(tasks, None, None)
+        except ValueError as e:
+            problems.append(str(e))
+    if args.out is not None:
+        try:
+            _check_out(args, _inputs(args, model, base, adapter))
+        except ValueError as e:
+            problems.append(str(e))
+    return base, adapter, device, problems
+
+
+def _inputs(args: argparse.Namespace, model: Path, base, adapter) -> list[Path]:
+    """What the evaluation reads: --out may be none of them nor lie inside one."""
+    inputs = [model] + ([Path(base)] if adapter is not None and Path(base).is_dir() else [])
+    return inputs + ([args.world] if args.world is not None else [])
 
 
 def _check_context(max_gen_toks: int, model: Path, tasks: list[str], include_path) -> None:
@@ -157,7 +207,8 @@ def _check_context(max_gen_toks: int, model: Path, tasks: list[str], include_pat
 def _check_data(tasks: list[str], tasks_dir: Path | None) -> None:
     """Refuse tasks whose data is not in the local cache before the model loads (minutes at
     8B); lm-eval reads the data only after. `tasks_dir` holds the world's YAMLs already."""
-    if (problem := task_data_problem(tasks, None, [str(tasks_dir)] if tasks_dir else [])) is not None:  # fmt: skip
+    include = [str(tasks_dir)] if tasks_dir else []
+    if (problem := task_data_problem(tasks, None, include, command="eval")) is not None:
         raise ValueError(problem)
 
 
@@ -228,7 +279,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--tasks", required=True, help="comma-separated lm-eval task or tag names")
     e.add_argument("--world", type=Path, metavar="DIR", help="world folder: adds its tasks")
     e.add_argument(
-        "--limit", type=_limit, help="first N docs per task, or a fraction < 1 (default: every doc)"
+        "--limit",
+        type=_limit,
+        help="first N docs per task (a whole number), or a fraction < 1 of each task's docs "
+        "(default: every doc)",
     )
     e.add_argument("--out", type=output_file, metavar="FILE", help="write the raw result JSON here")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out result JSON")

@@ -87,13 +87,27 @@ def uncached_tasks(task_names: list[str], include_path: str | Path | list | None
     return missing
 
 
-def uncached_message(missing: dict[str, str]) -> str:
-    """One line for `uncached_tasks`' result: the tasks, and how to get their data."""
+def uncached_message(missing: dict[str, str], command: str | None = None) -> str:
+    """One line for `uncached_tasks`' result: the tasks, and how to get their data.
+
+    Args:
+        missing: `uncached_tasks`' result.
+        command: "eval" for `layerswap eval`, which has no config for `layerswap prefetch`
+            (that takes study, training or search YAMLs): it is told to run online instead.
+    Returns:
+        the message.
+    """
+    online = "HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0"
+    if command == "eval":
+        how = f"run it online to download the data: {online} layerswap eval ..."
+    else:
+        how = (
+            "download it first with `layerswap prefetch CONFIG` (the study, training or search "
+            f"YAML), or allow downloads with {online}"
+        )
     return (
         f"task data not in the local Hugging Face cache: {', '.join(missing)} "
-        f"({'; '.join(dict.fromkeys(missing.values()))}); layerswap runs offline by default: "
-        "download it first with `layerswap prefetch CONFIG`, or allow downloads with "
-        "HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0"
+        f"({'; '.join(dict.fromkeys(missing.values()))}); layerswap runs offline by default: {how}"
     )
 
 

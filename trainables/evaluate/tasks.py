@@ -118,7 +118,9 @@ def _family_configs(world_dir: Path, fam: TaskFamily, base: Path) -> dict[str, d
     return configs
 
 
-def task_data_problem(tasks: list[str], world: Path | None, include_path: list[str]) -> str | None:
+def task_data_problem(
+    tasks: list[str], world: Path | None, include_path: list[str], command: str | None = None
+) -> str | None:
     """Why evaluating `tasks` would fail for data missing from the local cache, or None: each
     task is built as lm-eval builds it (lm_eval_api.uncached_tasks), world tasks from a scratch
     copy of the world's YAMLs (the run writes its own), before any model loads or run starts.
@@ -127,6 +129,7 @@ def task_data_problem(tasks: list[str], world: Path | None, include_path: list[s
         tasks: the task names a run will evaluate.
         world: the embedded world whose tasks are among them, or None.
         include_path: further folders of task YAMLs.
+        command: the asking command, for the advice (`uncached_message`).
     Returns:
         one line naming each task whose data is not in the local cache and how to get it.
     """
@@ -136,4 +139,4 @@ def task_data_problem(tasks: list[str], world: Path | None, include_path: list[s
             write_world_tasks(Path(world), Path(tmp))
             paths.insert(0, tmp)
         missing = uncached_tasks(tasks, paths or None)
-    return uncached_message(missing) if missing else None
+    return uncached_message(missing, command) if missing else None
