@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 from layerswap.cli.args import continue_clash
@@ -49,9 +50,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
         if finished:
             print(f"{run_dir}: this search is already finished{' and promoted' if ran['promoted'] else ''}; nothing to do")  # fmt: skip
             return 0
-        if args.resume or args.cont:  # the run changes from here on: unfinished until the end
-            record.unlink(missing_ok=True)  # (a new search is refused where one exists)
-        res = run_search(exp, run_dir, resume=args.resume or args.cont, verbose=args.verbose)
+        # The run changes once run_search's checks pass: unfinished from then until the end (a
+        # refused --resume, e.g. of a changed seed, leaves a finished search finished).
+        unmark = partial(record.unlink, missing_ok=True) if args.resume or args.cont else None
+        res = run_search(exp, run_dir, resume=args.resume or args.cont, verbose=args.verbose, before_writing=unmark)  # fmt: skip
         print(f"[search] {res.n_trials} trial(s) in {res.trials_path}; study {res.study_path}")
         if not args.no_promote:
             # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast

@@ -11,6 +11,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def run_search(
     *,
     progress: bool = True,
     verbose: bool = False,
+    before_writing: Callable[[], None] | None = None,
 ) -> SearchResult:
     """Run (or resume) the proxy-scored merge search of one experiment.
 
@@ -81,6 +83,8 @@ def run_search(
         resume: continue an interrupted search (finished trials are kept, not repeated).
         progress: print one line per finished trial.
         verbose: also Ray's, Tune's and Optuna's own notices (see ray_session.tune_output).
+        before_writing: called once every check has passed, before the first write into
+            RUN/search (the CLI unmarks a finished search there: a refused --resume keeps it).
     Returns:
         SearchResult (paths, trial count, top-k rows, every split read by the proxy stage).
     """
@@ -98,6 +102,8 @@ def run_search(
     inputs = [*search_inputs(exp, pool), *([run_lock(sdir)] if exp.world is not None else [])]
     if exp.search.num_samples > store.spent():  # trials will run: every node must see the inputs
         start_checked(inputs, verbose=verbose, **_RAY_INIT)
+    if before_writing is not None:
+        before_writing()
     sdir.mkdir(parents=True, exist_ok=True)
     write_marker(sdir, "search", search_identity(exp))
     # Proxies spelled out: what this search optimised, whatever later defaults become.

@@ -83,6 +83,15 @@ def search__resume_with_another_objective(e: Env):
     return argv, ["--resume: search.multi_objective was False, is now True"]
 
 
+@case
+def search__refused_resume_of_a_finished_search(e: Env):
+    """A refused --resume leaves a finished search finished: it used to remove
+    RUN/search/finished.json first, and the next --continue searched and promoted it again."""
+    argv, sdir = _resumed_with(e, {"policy": "halving", "eta": 3}, {"policy": "halving", "eta": 2})
+    (Path(sdir) / "finished.json").write_text(json.dumps({"experiment": {}, "promoted": True}))
+    return argv, ["search.fidelity.eta was 3, is now 2"]
+
+
 @pytest.mark.parametrize("make", CASES)
 def test_changed_fidelity_on_resume_is_refused(make, env, tree_state, capsys):  # noqa: F811
     refused_and_unchanged(make, env, tree_state, capsys)
