@@ -70,8 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="YAML",
-        help="a world variant: fields of the size's preset to replace, e.g. "
-        "'model: {steps: 2000}' or 'digit_words: true' (spaces/world.py WorldConfig); "
+        help="a YAML file holding a world variant: fields of the size's preset to replace, "
+        "e.g. 'model: {steps: 2000}' or 'digit_words: true' (spaces/world.py WorldConfig); "
         "recorded in world.json",
     )
     b.add_argument(

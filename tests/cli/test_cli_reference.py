@@ -33,6 +33,8 @@ def test_arguments_carry_help_defaults_and_choices():
     assert rows["--seed SEED"] == ("world seed (default: 0)", "`0`")
     assert rows["--out OUT"][0].endswith("(required)")
     assert rows["--overwrite"][1] == ""  # a flag's default is "off", not False
+    # its examples are YAML text, but the option takes a file (a red-team read them as inline)
+    assert rows["--config YAML"][0].startswith("a YAML file holding a world variant"), rows
 
 
 def test_expanded_help_and_choices_behind_a_metavar():
