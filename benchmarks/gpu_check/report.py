@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 
 from gpu_check.figures import Figure, fmt
 
+RUNNING = "still running when this was written (the run may have been SIGKILLed there)"
 SMOKE = "smoke (tiny shapes, CPU: checks the stages run; the numbers mean nothing)"
 
 
@@ -64,12 +65,14 @@ def render(records: list[dict], header: dict) -> str:
         f"{len(targeted) - len(missed)} of {len(targeted)} targets met.",
         "",
     ]
-    lines += [f"- **{r['stage']}** {r['status']}: {r.get('error', '')}{_kept(r)}" for r in not_ok]
+    lines += [
+        f"- **{r['stage']}** {r['status']}: {r.get('error') or RUNNING}{_kept(r)}" for r in not_ok
+    ]
     lines += [f"- {s}{' (partial)' if s in partial else ''}: {f.name} = {fmt(f.value)} {f.unit}, target {f.target}: {f.verdict}" for s, f in missed]  # fmt: skip
     for r in records:
         lines += ["", f"## {r['index']}. {r.get('title', r['stage'])} ({r['stage']}): {r['status']} in {r['seconds']:.1f} s", ""]  # fmt: skip
         if r["status"] != "ok":
-            lines += [f"`{r.get('error', '')}`" if r.get("error") else "(still running when this was written)"]  # fmt: skip
+            lines += [f"`{r['error']}`" if r.get("error") else RUNNING]
             if not r.get("partial"):
                 continue
             lines += ["", f"**Partial**{_kept(r)}: the figures below are from the parts that finished.", ""]  # fmt: skip

@@ -169,7 +169,7 @@ def with_kept(record: dict, kept: dict | None) -> dict:
         return record
     result = dict(kept["result"])
     done = ", ".join(kept["parts"])
-    result["notes"] = [*result.get("notes", []), f"PARTIAL: the stage {record['status']} after these parts finished: {done}; its figures are theirs"]  # fmt: skip
+    result["notes"] = [*result.get("notes", []), f"PARTIAL ({record['status']}): the figures are those of the parts that finished: {done}"]  # fmt: skip
     return record | {"result": result, "partial": {"parts": kept["parts"]}}
 
 

@@ -23,8 +23,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check import common as C  # noqa: E402
 from gpu_check import run as gc_run  # noqa: E402
-from gpu_check.common import GIB, Context, apply_memory_cap, cap_plan  # noqa: E402
+from gpu_check.common import GIB, Context  # noqa: E402
 from gpu_check.figures import Figure, Target  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -156,14 +157,14 @@ def test_a_failing_fsdp2_wrap_keeps_both_lr_runs(tmp_path, tiny_world, monkeypat
 
 def test_memory_cap_arithmetic_on_a_faked_total():
     h200 = 150_000_000_000  # what torch reports for an H200 (139.7 GiB)
-    plan = cap_plan(h200, None)  # default: the H100 80 GB
+    plan = C.cap_plan(h200, None)  # default: the H100 80 GB
     assert plan["applied"] and plan["cap_gib"] == 80.0
     assert plan["fraction"] == pytest.approx(80 * GIB / h200)
-    assert cap_plan(h200, 100.0)["fraction"] == pytest.approx(100 * GIB / h200)
-    assert not cap_plan(h200, 0)["applied"] and "none (--memory-cap-gib 0)" in cap_plan(h200, 0)["note"]  # fmt: skip
+    assert C.cap_plan(h200, 100.0)["fraction"] == pytest.approx(100 * GIB / h200)
+    assert not C.cap_plan(h200, 0)["applied"] and "none (--memory-cap-gib 0)" in C.cap_plan(h200, 0)["note"]  # fmt: skip
     h100 = 85_000_000_000  # 79.2 GiB: within the default cap, nothing to cap
-    assert not cap_plan(h100, None)["applied"] and cap_plan(h100, None)["fraction"] is None
-    assert cap_plan(None, None) == {"cap_gib": None, "total_gib": None, "fraction": None, "applied": False,
+    assert not C.cap_plan(h100, None)["applied"] and C.cap_plan(h100, None)["fraction"] is None
+    assert C.cap_plan(None, None) == {"cap_gib": None, "total_gib": None, "fraction": None, "applied": False,
                                     "note": "memory cap: not applicable (no CUDA device)"}  # fmt: skip
 
 
@@ -174,7 +175,7 @@ def test_memory_cap_limits_the_allocator_and_what_mem_get_info_says(monkeypatch)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: fractions.append((f, d)))  # fmt: skip
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (140_000_000_000, 150_000_000_000))  # fmt: skip
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 10 * GIB)
-    apply_memory_cap(cap_plan(150_000_000_000, None))
+    C.apply_memory_cap(C.cap_plan(150_000_000_000, None))
     assert fractions == [(pytest.approx(80 * GIB / 150e9), 0)]
     assert torch.cuda.mem_get_info() == (70 * GIB, 80 * GIB)
 
