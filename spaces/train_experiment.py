@@ -262,12 +262,20 @@ def load_train_experiment(path: str | Path) -> TrainExperiment:
     path = Path(path)
     data = load_yaml(path, "experiment")
     if isinstance(data, dict):
-        data = _resolve(data, path.parent)
+        data = resolve_input_paths(data, path.parent)
     return parse_train_experiment(data, source=str(path))
 
 
-def _resolve(data: dict, root: Path) -> dict:
-    """Local input paths (base, dataset files, a sweep's world) by spaces.base.resolve_local."""
+def resolve_input_paths(data: dict, root: Path) -> dict:
+    """Local input paths (base, dataset files, a sweep's world) by spaces.base.resolve_local:
+    made absolute against `root` where they exist there; outputs (storage_path) are left alone.
+
+    Args:
+        data: an experiment's JSON data (a copy is returned; `data` is not changed).
+        root: the folder relative paths are read from.
+    Returns:
+        the data with those paths resolved.
+    """
     out = copy.deepcopy(data)
     if "base" in out:  # not added when missing: the error should say it is missing
         out["base"] = resolve_local(out["base"], root)
@@ -299,7 +307,7 @@ def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) ->
     absolute against `cwd` (default: the current folder), so workers started elsewhere (Ray,
     Tune trials in their own folders) find them. Hub ids and cloud URIs are kept as written."""
     root = Path(cwd) if cwd is not None else Path.cwd()
-    data = _resolve(exp.model_dump(mode="json"), root)
+    data = resolve_input_paths(exp.model_dump(mode="json"), root)
     sp = data["storage_path"]
     if not is_uri(sp) and not Path(sp).is_absolute():
         data["storage_path"] = str((root / sp).resolve())

@@ -2,7 +2,8 @@
 
 A study names each expert's config with overrides and a `sweep:` block (spaces/study.py), which
 `layerswap train` does not read from the study. Exporting writes each expert's experiment as the
-study resolved it (overrides and sweep applied, local paths absolute) to DIR/experts/NAME.yaml,
+study resolved it (overrides and sweep applied; local inputs that exist made absolute, as a
+search file's are, outputs such as storage_path kept as written) to DIR/experts/NAME.yaml,
 each search to DIR/searches/NAME.yaml, and DIR/commands.sh: the commands that run the study in
 order (experts, searches, analyses), with each sweep's `--out` the run folder whose registry the
 searches of its base read. Every command carries `--continue`, so the script can be run again
@@ -19,6 +20,7 @@ import yaml
 
 from layerswap.spaces.base import same_model
 from layerswap.spaces.study import LoadedStudy, StudyExpert, StudySearch
+from layerswap.spaces.train_experiment import resolve_input_paths
 
 REGISTRY_TAIL = ("experts", "registry.parquet")  # RUN/experts/registry.parquet (experts.registry)
 
@@ -85,7 +87,9 @@ def export_files(loaded: LoadedStudy, folder: Path) -> dict[str, str]:
         where = f" --out {shlex.quote(str(out))}" if out is not None else ""
         note = "" if out is not None or ex.experiment.sweep is None else "  # a sweep: add --out RUN, the run folder whose registry your search reads"  # fmt: skip
         cmd = f"layerswap train {shlex.quote(str(folder / rel))}{where} --continue"
-        data = ex.experiment.model_dump(mode="json", exclude_defaults=True)
+        # Inputs named from the working folder made absolute, as a search's are on loading
+        # (resolve_paths against the cwd): the file then trains from any folder
+        data = resolve_input_paths(ex.experiment.model_dump(mode="json", exclude_defaults=True), Path.cwd())  # fmt: skip
         files[rel] = _yaml(data, f"{ex.label} of the study {loaded.path}: {ex.config} with the study's overrides and sweep.\nRun: {cmd}")  # fmt: skip
         cmds.append(cmd + note)
     cmds.append("")

@@ -90,3 +90,19 @@ def test_searches_of_one_name_each_get_their_own_file(tmp_path):
     assert sorted(f for f in files if f.startswith("searches/")) == ["searches/a.yaml", "searches/a_2.yaml", "searches/a_3.yaml"]  # fmt: skip
     runs = [c.split(" --out ")[1].split()[0] for c in files["commands.sh"].splitlines() if c.startswith("layerswap search")]  # fmt: skip
     assert runs == ["runs/a", "runs/a_2", "runs/a_3"]
+
+
+def test_exported_experts_name_their_local_inputs_absolutely(tiny_world, tmp_path, monkeypatch):
+    """The red-team's case: an expert config kept `runs/world/base` as the study wrote it (while
+    the searches' were absolute), so it trained only from the plan's own folder."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "world").symlink_to(tiny_world)
+    monkeypatch.chdir(tmp_path)
+    files = export_files(load_study(EXAMPLES / "world_study.yaml"), tmp_path / "exported")
+    expert = yaml.safe_load(files["experts/world_math_full.yaml"])
+    search = yaml.safe_load(files["searches/world_xa.yaml"])
+    assert expert["base"] == search["base"] == str((tmp_path / "runs/world/base").resolve())
+    paths = [ds["path"] for ds in expert["datasets"]]
+    assert paths and all(Path(p).is_absolute() and Path(p).is_file() for p in paths), paths
+    # an output stays as written: relative to the folder commands.sh runs from, as its --out are
+    assert expert["storage_path"] == "runs/world-run/train"
