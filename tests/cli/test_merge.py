@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,20 @@ def test_world_build_tiny_via_cli(tmp_path, capsys):
     assert main(["world", "build", "--out", str(tmp_path / "w"), "--size", "tiny"]) == 0
     manifest = (tmp_path / "w" / "world.json").read_text()
     assert '"size": "tiny"' in manifest
+
+
+def test_the_merged_recipe_names_relative_checkpoints_absolutely(tmp_path, family):
+    """docs/guides/merge.md: relative checkpoint paths, resolved against the recipe's folder, are
+    written into the merged folder's YAML as absolute paths, so the copy rebuilds from anywhere
+    (a red-team read 'keeps the paths as written' and found absolute ones)."""
+    here = tmp_path / "recipes"
+    here.mkdir()
+    rel = {k: os.path.relpath(family[k], here) for k in ("task", "language")}
+    recipe = here / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "layer_swap", "task_expert": rel["task"], "language_expert": rel["language"], "bottom": 1, "top": 1}))  # fmt: skip
+    assert main(["merge", str(recipe), "--out", str(tmp_path / "m")]) == 0
+    written = yaml.safe_load((tmp_path / "m" / "layerswap_recipe.yaml").read_text())
+    for field, k in (("task_expert", "task"), ("language_expert", "language")):
+        assert written[field] == str(family[k].resolve()), (field, written[field])
+    # the copy, read from its own folder, names the same checkpoints: the same recipe id
+    assert recipe_id(load_recipe(tmp_path / "m" / "layerswap_recipe.yaml")) == recipe_id(load_recipe(recipe))  # fmt: skip
