@@ -38,7 +38,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out is not None else Path("runs") / exp.name
     _check(exp, run_dir, args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
-    from layerswap.search.search import explicit, lost_line, run_search, search_outputs
+    from layerswap.search.search import lost_line, run_search, search_outputs
+    from layerswap.search.search_dir import explicit
 
     ran = {"experiment": json.loads(explicit(exp).model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
     record = run_dir / "search" / FINISHED

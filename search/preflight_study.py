@@ -1,7 +1,7 @@
 """Before a --resume starts Ray: the saved study (RUN/search/study.db) opens and matches the table.
 
 `study_problem(db, name, store)` reads the SQLite file with sqlite3, not Optuna (whose RDBStorage
-would create or migrate tables); search.search._check_search_dir refuses with its line. Tests:
+would create or migrate tables); search.search_dir.check_search_dir refuses with its line. Tests:
 .venv/bin/python -m pytest -q tests/search/test_preflight_study.py
 """
 

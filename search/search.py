@@ -21,9 +21,9 @@ import ray
 from layerswap.search.expert_store import choose_store, start_stores, stop_stores
 from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
-from layerswap.search.preflight_study import study_problem
 from layerswap.search.reconcile import NEVER_RAN, reconcile, requeue_lost
-from layerswap.search.results import PROXY_PREFIX, TrialStore
+from layerswap.search.results import TrialStore
+from layerswap.search.search_dir import check_search_dir, explicit, search_identity
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
@@ -34,7 +34,7 @@ from layerswap.spaces.search_space import ExpertPool, warm_start
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.model_ids import saved_digests
 from layerswap.trainables.node_paths import NodePathError, described, run_lock, start_checked
-from layerswap.trainables.outputs import OutputError, check_output, write_marker
+from layerswap.trainables.outputs import write_marker
 from layerswap.trainables.ray_session import cluster_line, init_ray, tune_output
 
 
@@ -94,7 +94,7 @@ def run_search(
     db = sdir / "study.db"
     exp = experiment
     check_proxy_scales(exp)  # before anything is written: a wrong scale fails every trial
-    _check_search_dir(exp, sdir, store, db, resume)
+    check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
     depth = model_depth(pool)
     # With a world its trials read RUN/search/tasks: RUN counts, as the search's lock there (the
@@ -150,91 +150,6 @@ SEARCH_OUTPUTS = ("search", "promotion", "best", "leaderboard.md")  # under RUN
 def search_outputs(run_dir: Path) -> list[Path]:
     """What a search and its promotion write under RUN (what `--overwrite` replaces)."""
     return [Path(run_dir) / name for name in SEARCH_OUTPUTS]
-
-
-def explicit(exp: SearchExperiment) -> SearchExperiment:
-    """`exp` with its proxies spelled out (the world default resolved)."""
-    return exp.model_copy(update={"proxies": exp.proxy_list})
-
-
-def search_identity(exp: SearchExperiment) -> str:
-    """A stable id of what a search compares (its budget and promotion may change on resume).
-
-    Default proxies count as the list they resolve to, so a search saved with them spelled out
-    (RUN/search/experiment.json) is the same search, and a changed default is a different one.
-    """
-    text = explicit(exp).model_dump_json(exclude={"search", "promote"})
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _check_search_dir(
-    exp: SearchExperiment, sdir: Path, store: TrialStore, db: Path, resume: bool
-) -> None:
-    """Refuse to overwrite a search, or to resume it as a changed experiment (reads only)."""
-    if not resume and (store.rows or db.exists()):
-        saved = sdir / "experiment.json"
-        same = saved.exists() and search_identity(_saved_experiment(saved)) == search_identity(exp)
-        raise OutputError(
-            f"{sdir}: a search of this experiment exists; pass --resume to continue it (a "
-            "finished one is only promoted, keeping every model already evaluated) or --overwrite to start over"
-            if same
-            else f"{sdir}: a search of a different experiment exists; pass --overwrite to "
-            "start over (the old one is kept until the new one finishes) or choose another --out"
-        )
-    check_output(sdir, "search", allow_existing=True)
-    saved = sdir / "experiment.json"
-    if resume and saved.exists():
-        before = _saved_experiment(saved)
-        if search_identity(before) != search_identity(exp):
-            # Only the budget and promotion may change on resume: rows must stay comparable.
-            raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")  # fmt: skip
-        _check_same_fidelity(exp, before.search, saved)
-    scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
-    if resume and not scored <= {p.task for p in exp.proxy_list}:
-        # A search saved before its default proxies changed (its experiment.json left them
-        # implicit) would otherwise continue under another objective.
-        raise OutputError(
-            f"--resume: {store.path} holds trials scored on {sorted(scored)}, this experiment's "
-            f"proxies are {[p.task for p in exp.proxy_list]}; start a new search (--out)"
-        )
-    if resume and (problem := study_problem(db, exp.name, store)) is not None:
-        raise OutputError(f"--resume: {problem}")  # after the above: they name the cause
-
-
-def _check_same_fidelity(exp: SearchExperiment, old_search: SearchSettings, saved: Path) -> None:
-    """Refuse a --resume whose objective or fidelity differs from the saved run's, naming each.
-
-    The budget may change on resume, these may not: the seed proposes every trial (a new one
-    would make the table neither seed's search), `search.multi_objective` sets the study's
-    directions and what a row's objective means (and turns the fidelity off), and the gates rank
-    a new trial's rung values against the earlier rows' by rung index, so rows scored on other
-    rungs (another policy, screen share or rungs) or ranked by another eta, keep_top or delta
-    are not comparable to them.
-    """
-    pairs = [("search.seed", old_search.seed, exp.search.seed)]
-    pairs += [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
-    old, new = old_search.fidelity, exp.search.fidelity
-    pairs += [(f"search.fidelity.{k}", getattr(old, k), getattr(new, k)) for k in type(new).model_fields]  # fmt: skip
-    changed = [f"{name} was {a!r}, is now {b!r}" for name, a, b in pairs if a != b]
-    if changed:
-        raise OutputError(
-            f"--resume: {'; '.join(changed)} ({saved}); a search keeps its seed, objective and "
-            "fidelity: resume with the old ones or start a new search (--out)"
-        )
-
-
-def _saved_experiment(saved: Path) -> SearchExperiment:
-    """The saved run's experiment (RUN/search/experiment.json), its `search` settings as that run
-    ran them.
-
-    A run saved before fidelity policies existed has no `policy`: it screened when `screen` was
-    set and stopped nothing otherwise, where today's default would read its fidelity as halving.
-    """
-    data = json.loads(saved.read_text())
-    fidelity = data.get("search", {}).get("fidelity")
-    if isinstance(fidelity, dict) and "policy" not in fidelity:
-        fidelity["policy"] = "screen" if fidelity.get("screen") is not None else "none"
-    return SearchExperiment.model_validate(data)
 
 
 def _open_study(

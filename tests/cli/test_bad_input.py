@@ -159,7 +159,7 @@ class Env:
 
     def earlier_search(self, out: str, data: dict) -> str:
         """RUN/search as a search of `data` leaves it once started: marker, experiment, study."""
-        from layerswap.search.search import search_identity
+        from layerswap.search.search_dir import search_identity
         from layerswap.spaces.search_experiment import SearchExperiment
 
         sdir = self.tmp / out / "search"

@@ -1,5 +1,5 @@
 """--resume refuses a missing, damaged or mismatched study, or a damaged table, in one line, before
-Ray starts and writing nothing (search/preflight_study.py, search.search._check_search_dir).
+Ray starts and writing nothing (search/preflight_study.py, search.search_dir.check_search_dir).
 
 Run: .venv/bin/python -m pytest -q tests/search/test_preflight_study.py
 """
@@ -13,7 +13,7 @@ import sqlite3
 import pytest
 
 from layerswap.search.results import TrialStore
-from layerswap.search.search import _check_search_dir, search_identity
+from layerswap.search.search_dir import check_search_dir, search_identity
 from layerswap.spaces.search_experiment import Proxy
 from layerswap.trainables.outputs import OutputError, write_marker
 from tests.search.test_searcher import _ok, _searcher
@@ -37,7 +37,7 @@ def _check(exp, sdir):
     before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sdir.iterdir()}
     try:
         store = TrialStore(sdir / "trials.parquet")
-        _check_search_dir(exp, sdir, store, sdir / "study.db", resume=True)
+        check_search_dir(exp, sdir, store, sdir / "study.db", resume=True)
     finally:  # reads only, whatever it finds
         assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sdir.iterdir()} == before
 
@@ -62,7 +62,7 @@ def test_a_study_left_mid_write_by_a_killed_driver_resumes(searched, kill_mid_co
     committed = _finished(db)
     kill_mid_commit(db)
     store = TrialStore(sdir / "trials.parquet")
-    _check_search_dir(exp, sdir, store, db, resume=True)
+    check_search_dir(exp, sdir, store, db, resume=True)
     assert not (sdir / "study.db-journal").exists()
     assert _finished(db) == committed and {s for _, s in committed} == {"COMPLETE"}
 

@@ -11,7 +11,8 @@ import pytest
 
 from layerswap.search.reconcile import reconcile
 from layerswap.search.results import TrialStore
-from layerswap.search.search import _check_search_dir, _make_searcher, batch_size, explicit
+from layerswap.search.search import _make_searcher, batch_size
+from layerswap.search.search_dir import check_search_dir, explicit
 from layerswap.search.tune_trial import META
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool
@@ -92,5 +93,5 @@ def test_resume_with_another_seed_is_refused_naming_both(tmp_path):
     (sdir / "experiment.json").write_text(explicit(_exp(0)).model_dump_json())
     store = TrialStore(sdir / "trials.parquet")
     with pytest.raises(OutputError, match=r"--resume: search.seed was 0, is now 5 \("):
-        _check_search_dir(_exp(5), sdir, store, sdir / "study.db", resume=True)
-    _check_search_dir(_exp(0), sdir, store, sdir / "study.db", resume=True)
+        check_search_dir(_exp(5), sdir, store, sdir / "study.db", resume=True)
+    check_search_dir(_exp(0), sdir, store, sdir / "study.db", resume=True)

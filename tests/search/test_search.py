@@ -220,7 +220,7 @@ def test_default_proxies_are_saved_spelled_out_and_resuming_other_proxies_is_ref
     """No Ray: the search's own checks. A search saved before the world default changed (its
     experiment.json left the proxies implicit) must not continue under the new objective."""
     from layerswap.search.results import TrialStore
-    from layerswap.search.search import _check_search_dir, explicit, search_identity
+    from layerswap.search.search_dir import check_search_dir, explicit, search_identity
     from layerswap.spaces.search_experiment import SearchExperiment
     from layerswap.trainables.outputs import OutputError, write_marker
 
@@ -234,5 +234,5 @@ def test_default_proxies_are_saved_spelled_out_and_resuming_other_proxies_is_ref
     (sdir / "experiment.json").write_text(exp.model_dump_json())  # implicit, as before
     write_marker(sdir, "search", search_identity(exp))
     with pytest.raises(OutputError, match=r"scored on \['world_belebele_xa_dev', 'world_mgsm"):
-        _check_search_dir(exp, sdir, TrialStore(sdir / "trials.parquet"), sdir / "db", True)
+        check_search_dir(exp, sdir, TrialStore(sdir / "trials.parquet"), sdir / "db", True)
     assert TrialStore(sdir / "trials.parquet").rows[0]["objective"] == 0.9  # untouched

@@ -1,0 +1,110 @@
+"""What RUN/search holds and whether an experiment may start or resume it: the search's identity
+(`search_identity`), its proxies spelled out (`explicit`), and the refusals a search checks before
+Ray starts or anything is written (`check_search_dir`).
+Tests: .venv/bin/python -m pytest -q tests/search/test_preflight_study.py tests/cli/test_bad_input_resume.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from layerswap.search.preflight_study import study_problem
+from layerswap.search.results import PROXY_PREFIX, TrialStore
+from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
+from layerswap.trainables.outputs import OutputError, check_output
+
+
+def explicit(exp: SearchExperiment) -> SearchExperiment:
+    """`exp` with its proxies spelled out (the world default resolved)."""
+    return exp.model_copy(update={"proxies": exp.proxy_list})
+
+
+def search_identity(exp: SearchExperiment) -> str:
+    """A stable id of what a search compares (its budget and promotion may change on resume).
+
+    Default proxies count as the list they resolve to, so a search saved with them spelled out
+    (RUN/search/experiment.json) is the same search, and a changed default is a different one.
+    """
+    text = explicit(exp).model_dump_json(exclude={"search", "promote"})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_search_dir(
+    exp: SearchExperiment, sdir: Path, store: TrialStore, db: Path, resume: bool
+) -> None:
+    """Refuse to overwrite a search, or to resume it as a changed experiment (reads only).
+
+    Args:
+        exp: the experiment to start or resume.
+        sdir: RUN/search; store, db: its trials table and Optuna study.
+        resume: --resume (or --continue): the saved run must be this experiment, with the same
+            seed, objective and fidelity.
+    Raises:
+        OutputError naming the run, the field and both values.
+    """
+    if not resume and (store.rows or db.exists()):
+        saved = sdir / "experiment.json"
+        same = saved.exists() and search_identity(_saved_experiment(saved)) == search_identity(exp)
+        raise OutputError(
+            f"{sdir}: a search of this experiment exists; pass --resume to continue it (a "
+            "finished one is only promoted, keeping every model already evaluated) or --overwrite to start over"
+            if same
+            else f"{sdir}: a search of a different experiment exists; pass --overwrite to "
+            "start over (the old one is kept until the new one finishes) or choose another --out"
+        )
+    check_output(sdir, "search", allow_existing=True)
+    saved = sdir / "experiment.json"
+    if resume and saved.exists():
+        before = _saved_experiment(saved)
+        if search_identity(before) != search_identity(exp):
+            # Only the budget and promotion may change on resume: rows must stay comparable.
+            raise OutputError(f"--resume: the experiment differs from {saved} (beyond search/promote)")  # fmt: skip
+        _check_same_fidelity(exp, before.search, saved)
+    scored = {k[len(PROXY_PREFIX) :] for r in store.rows for k, v in r.items() if k.startswith(PROXY_PREFIX) and v is not None}  # fmt: skip
+    if resume and not scored <= {p.task for p in exp.proxy_list}:
+        # A search saved before its default proxies changed (its experiment.json left them
+        # implicit) would otherwise continue under another objective.
+        raise OutputError(
+            f"--resume: {store.path} holds trials scored on {sorted(scored)}, this experiment's "
+            f"proxies are {[p.task for p in exp.proxy_list]}; start a new search (--out)"
+        )
+    if resume and (problem := study_problem(db, exp.name, store)) is not None:
+        raise OutputError(f"--resume: {problem}")  # after the above: they name the cause
+
+
+def _check_same_fidelity(exp: SearchExperiment, old_search: SearchSettings, saved: Path) -> None:
+    """Refuse a --resume whose objective or fidelity differs from the saved run's, naming each.
+
+    The budget may change on resume, these may not: the seed proposes every trial (a new one
+    would make the table neither seed's search), `search.multi_objective` sets the study's
+    directions and what a row's objective means (and turns the fidelity off), and the gates rank
+    a new trial's rung values against the earlier rows' by rung index, so rows scored on other
+    rungs (another policy, screen share or rungs) or ranked by another eta, keep_top or delta
+    are not comparable to them.
+    """
+    pairs = [("search.seed", old_search.seed, exp.search.seed)]
+    pairs += [("search.multi_objective", old_search.multi_objective, exp.search.multi_objective)]
+    old, new = old_search.fidelity, exp.search.fidelity
+    pairs += [(f"search.fidelity.{k}", getattr(old, k), getattr(new, k)) for k in type(new).model_fields]  # fmt: skip
+    changed = [f"{name} was {a!r}, is now {b!r}" for name, a, b in pairs if a != b]
+    if changed:
+        raise OutputError(
+            f"--resume: {'; '.join(changed)} ({saved}); a search keeps its seed, objective and "
+            "fidelity: resume with the old ones or start a new search (--out)"
+        )
+
+
+def _saved_experiment(saved: Path) -> SearchExperiment:
+    """The saved run's experiment (RUN/search/experiment.json), its `search` settings as that run
+    ran them.
+
+    A run saved before fidelity policies existed has no `policy`: it screened when `screen` was
+    set and stopped nothing otherwise, where today's default would read its fidelity as halving.
+    """
+    data = json.loads(saved.read_text())
+    fidelity = data.get("search", {}).get("fidelity")
+    if isinstance(fidelity, dict) and "policy" not in fidelity:
+        fidelity["policy"] = "screen" if fidelity.get("screen") is not None else "none"
+    return SearchExperiment.model_validate(data)
