@@ -87,10 +87,10 @@ def _hub_base_problems(base: str) -> list[str]:
         return []
     if not (is_hub_id(base) or _bare_hub_name(base)):
         return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
+    if isinstance(cached := try_to_load_from_cache(base, "config.json"), str):
+        return _model_type_problems(Path(cached))  # online or not: the family is known here
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
         return []  # the Hub is reachable as far as we know: the trainer downloads it
-    if isinstance(cached := try_to_load_from_cache(base, "config.json"), str):
-        return _model_type_problems(Path(cached))
     return [
         f"base: {base}: not a folder here, and not in the Hugging Face cache while "
         "HF_HUB_OFFLINE=1 (fetch it with `layerswap prefetch`, or give a local folder)"

@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import huggingface_hub.constants as hub_constants
 import yaml
 
 from layerswap.cli import main
@@ -111,3 +112,21 @@ def test_an_unfinished_run_needs_resume(tiny_world, tmp_path, capsys):
     assert "pass --resume" in capsys.readouterr().err
     assert main(["train", str(f), "--out", str(out), "--no-ray", "--resume"]) == 0
     assert _steps(run) == [1, 2, 3, 4]  # each step once: continued at 3, not started over
+
+
+def test_a_cached_hub_base_of_an_unmerged_family_is_refused_online_too(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    """A Hub base whose config.json is in the HF cache is checked for its family whether the
+    Hub is on or off: with HF_HUB_OFFLINE=0 the check was skipped, and the trainer downloaded
+    and loaded the whole model before refusing it, after marking the run (a review)."""
+    snap = tmp_path / "hub/models--acme--gemma2/snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (tmp_path / "hub/models--acme--gemma2/refs").mkdir()
+    (tmp_path / "hub/models--acme--gemma2/refs/main").write_text("0" * 40)
+    (snap / "config.json").write_text('{"model_type": "gemma2"}')
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    exp = make_exp(tiny_world, "full", base="acme/gemma2").model_dump(mode="json")
+    run = tmp_path / "run"
+    assert main(["train", str(_write(tmp_path, exp)), "--out", str(run), "--no-ray"]) == 2
+    assert "model_type 'gemma2' is not supported; supported: llama" in capsys.readouterr().err
+    assert not run.exists()

@@ -30,13 +30,15 @@ from ray.train.v2._internal.execution.failure_handling import (
 from ray.train.v2.api.exceptions import WorkerGroupError
 
 from layerswap.trainables.devices import DeviceUnusable
+from layerswap.trainables.merge.arch import ArchitectureError
 from layerswap.trainables.node_paths import NodePathError
 from layerswap.trainables.train.finite import NonFiniteTraining
 
 # Errors that the same inputs raise again: a retry only repeats them (and their cost). A path a
 # node does not see (checked by each worker first) does not appear on a retry either, nor CUDA
 # on a node whose torch or driver cannot use its GPU.
-DETERMINISTIC = (NonFiniteTraining, NodePathError, DeviceUnusable)
+# ArchitectureError: a base of a family layerswap does not merge (trainables/train/run_setup.py).
+DETERMINISTIC = (NonFiniteTraining, NodePathError, DeviceUnusable, ArchitectureError)
 # Where a Ray Train V2 worker logs a training function's error with its traceback.
 WORKER_ERROR_LOGGER = "ray.train.v2._internal.util"
 

@@ -16,6 +16,7 @@ from ray.train.v2._internal.execution.failure_handling import FailureDecision
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.train.v2.api.exceptions import WorkerGroupError
 
+from layerswap.trainables.merge.arch import ArchitectureError
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.ray_failures import (
     WORKER_ERROR_LOGGER,
@@ -39,6 +40,9 @@ def test_a_divergence_is_raised_at_once_and_other_errors_still_retried():
     policy = NoRetryOnDeterministic(FailureConfig(max_failures=2))
     diverged = WorkerGroupError("x", {0: NonFiniteTraining("training turned non-finite")})
     assert policy.make_decision(diverged) is FailureDecision.RAISE
+    # a base of a family layerswap does not merge: refused again on every retry
+    unmerged = WorkerGroupError("x", {0: ArchitectureError("model_type 'gemma2' is not supported")})  # fmt: skip
+    assert policy.make_decision(unmerged) is FailureDecision.RAISE
     other = WorkerGroupError("x", {0: RuntimeError("a lost connection")})
     assert policy.make_decision(other) is FailureDecision.RETRY  # Ray's max_failures as before
     assert policy.make_decision(other) is FailureDecision.RETRY
