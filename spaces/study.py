@@ -220,6 +220,10 @@ class Measured(StrictModel):
     """What the benchmark printed."""
     derivation: str
     """How the value follows from the result."""
+    partial: str | None = None
+    """Set when the run that measured it failed or was cut after part of it finished (the GPU
+    check's kept parts): what stopped and what had finished, e.g. "stage evaluator running after
+    candidate 1 finished". The value measures that part only; `layerswap plan` says so."""
 
 
 class Figure(StrictModel):

@@ -119,7 +119,9 @@ def _storage(nbytes: float | None) -> str:
 
 
 def _figure(name: str, fig: dict) -> str:
-    origin = "measured" if fig.get("measured") else "assumed"
+    """`name value unit (origin)`; a figure measured by a run cut short says so and why."""
+    m = fig.get("measured")
+    origin = "assumed" if not m else f"measured, partial: {m['partial']}" if m.get("partial") else "measured"  # fmt: skip
     return f"{name} {fig['value']:.3g} {fig['unit']} ({origin})"
 
 
@@ -164,7 +166,9 @@ def format_study_plan(plan: StudyPlan) -> str:
         out += _stage_lines(i, st, figs, u)
     out += _total_lines(plan)
     measured = sorted(k for k, v in figs.items() if v.get("measured"))
-    out.append(f"figures of profile {plan.profile} ({len(measured)} of {len(figs)} measured):")
+    partial = [k for k in measured if figs[k]["measured"].get("partial")]
+    of_them = f", {len(partial)} of them partial" if partial else ""
+    out.append(f"figures of profile {plan.profile} ({len(measured)} of {len(figs)} measured{of_them}):")  # fmt: skip
     for k, v in figs.items():
         if v.get("measured"):
             m = v["measured"]

@@ -5,7 +5,8 @@ A stage that measures a throughput figure returns it under result["throughput"][
 them under its --out folder (MEASURED: the figures with the GPU and command; UPDATED: the whole
 throughput.yaml as it would then be), so they come back from a GPU machine whose tree is thrown
 away, and survive a run cut short. Applying them writes each into the profile as `measured`
-(benchmark, command, date, device, shape, result, derivation), replacing `assumed`, validates
+(benchmark, command, date, device, shape, result, derivation, and `partial` for a figure of a
+stage that failed or was cut after part of it finished), replacing `assumed`, validates
 the whole file with layerswap's own model, and replaces it atomically. Figures the check cannot
 measure (e.g. parallel_efficiency on one GPU) keep their `assumed` text.
 
@@ -86,16 +87,17 @@ def assumed_profile(gpu_name: str, smoke: bool):
 
 def measured_figures(records: list[dict]) -> dict[str, dict]:
     """{figure name: its measurement} over every finished stage, and the finished parts of a
-    stage that failed or was cut (run.with_kept: its `result` says so, "partial: ..."); a
-    later stage wins a tie."""
+    stage that failed or was cut (run.with_kept), each of those with "partial" saying what
+    stopped after what ("stage evaluator running after candidate 1 finished"); a later stage
+    wins a tie."""
     out: dict[str, dict] = {}
     for r in records:
         if r["status"] == "ok":
             out.update(r["result"].get("throughput", {}))
         elif r.get("partial"):
-            why = f"partial: stage {r['stage']} {r['status']} after {', '.join(r['partial']['parts'])} finished"  # fmt: skip
+            why = f"stage {r['stage']} {r['status']} after {', '.join(r['partial']['parts'])} finished"  # fmt: skip
             for name, m in r["result"].get("throughput", {}).items():
-                out[name] = {**m, "result": f"({why}) {m['result']}"}
+                out[name] = {**m, "partial": why}
     return out
 
 
@@ -140,6 +142,8 @@ def updated_yaml(text: str, profile: str, figures: dict[str, dict], command: str
                 "shape": m["shape"],
                 "result": m["result"],
                 "derivation": m["derivation"],
+                # the profile model's own field, so `layerswap plan` can say the figure is partial
+                **({"partial": m["partial"]} if m.get("partial") else {}),
             },
         }
     if figures:

@@ -165,3 +165,36 @@ def test_apply_rebuilds_from_stage_records_and_01_env(tmp_path):
     assert m["gpu"] == H200 and m["figures"] == {"decode_bytes_per_s": FIG}
     with pytest.raises(ValueError, match=r"neither throughput_measured\.json nor 01_env\.json"):
         TP.read_measured(tmp_path / "nothing")
+
+
+def test_a_partial_figure_is_partial_in_the_profile_and_in_the_plan(tmp_path):
+    """From outside, as after a GPU session SIGKILLed mid-evaluator: the stage's record on disk
+    is still `running` with one kept candidate. Applied by `throughput.py DIR`, its figure lands
+    in the profile with `measured.partial` saying why, and `layerswap plan`'s text calls it
+    "measured, partial: ..." and counts it among the partial ones."""
+    from layerswap.spaces.study import load_profiles, load_study
+    from layerswap.study.plan import plan_study
+    from layerswap.study.report import format_study_plan
+
+    run_dir = tmp_path / "gpu_check"
+    run_dir.mkdir()
+    env = {"stage": "env", "index": 1, "status": "ok", "result": {"versions": {"device": H200}, "figures": []}}  # fmt: skip
+    fig = {**FIG, "value": 3.0e13, "unit": "FLOP/s", "result": "10 prefill forwards"}
+    ev = {"stage": "evaluator", "index": 2, "status": "running", "partial": {"parts": ["candidate 1"]}, "result": {"figures": [], "throughput": {"prefill_flops_per_s": fig}}}  # fmt: skip
+    (run_dir / "01_env.json").write_text(json.dumps(env))
+    (run_dir / "02_evaluator.json").write_text(json.dumps(ev))
+    target = tmp_path / "throughput.yaml"
+    shutil.copy(TP.THROUGHPUT, target)
+    ok = _apply(run_dir, "--file", target)
+    assert ok.returncode == 0, ok.stderr
+    why = "stage evaluator running after candidate 1 finished"
+    measured = yaml.safe_load(target.read_text())["profiles"]["h200"]["prefill_flops_per_s"]["measured"]  # fmt: skip
+    assert measured["partial"] == why and measured["result"] == "10 prefill forwards"
+    profiles = load_profiles(target)
+    assert profiles["h200"].prefill_flops_per_s.measured.partial == why
+    study = load_study(ROOT / "spaces" / "examples" / "real_study.yaml")
+    text = format_study_plan(plan_study(study, "h200", profiles))
+    assert f"prefill_flops_per_s 3e+13 FLOP/s (measured, partial: {why}): benchmarks/gpu_check/run.py" in text  # fmt: skip
+    assert "(measured)" not in text  # the only measured figure is the partial one
+    n = sum(1 for v in yaml.safe_load(target.read_text())["profiles"]["h200"].values() if isinstance(v, dict) and "value" in v)  # fmt: skip
+    assert f"figures of profile h200 (1 of {n} measured, 1 of them partial):" in text
