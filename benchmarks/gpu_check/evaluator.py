@@ -26,6 +26,7 @@ import bench_eval  # benchmarks/: the race's helpers; it puts the fixture folder
 from gpu_check.common import Timer, free, sync
 from gpu_check.figures import Figure, Target, decode_bound_s, peak_share, share, speedup
 from gpu_check.items import SHOTS, write_tasks
+from gpu_check.results import evaluator_notes, evaluator_throughput
 from gpu_check.timing import ForwardLog, summarize
 from layerswap.trainables.evaluate.fit import kv_bytes_per_token
 
@@ -300,32 +301,6 @@ def _device_figures(ctx, s: dict, cost, prof) -> list[Figure]:
     ]  # fmt: skip
 
 
-def _throughput(s: dict, cost, shape_txt: str) -> dict:
-    """The profile figures this stage measures (GPU runs only), with their provenance."""
-    step, fwd, wb = s["decode_step_s"], s["decode_forward_s"], cost.weight_bytes
-    out = {"prefill_flops_per_s": {
-        "value": s["prefill_flops_per_s"], "unit": "FLOP/s", "shape": shape_txt,
-        "result": f"layerswap's evaluator: {s['prefill_calls']} prefill forwards, "
-        f"{s['prefill_rows']} rows, {s['prefill_tokens']} real tokens in {s['prefill_s']:.3f} s",
-        "derivation": f"sum over rows of n x forward_flops(model_cost, (n + 1) / 2) = "
-        f"{s['prefill_flops']:.4g} FLOPs (lm_head on every token, the plan's rule) / that time",
-    }}  # fmt: skip
-    if step:
-        res = (f"layerswap's evaluator: {s['decode_steps']} decoding steps of "
-               f"{s['decode_rows']:.1f} rows on average: forward {fwd * 1e3:.2f} ms, whole step "
-               f"{step * 1e3:.2f} ms")  # fmt: skip
-        out["decode_bytes_per_s"] = {
-            "value": wb / fwd, "unit": "B/s", "shape": shape_txt, "result": res,
-            "derivation": f"{wb:.4g} weight bytes / the mean decoding forward; the rest of a "
-            "step is decode_step_overhead_s, so bytes / this + overhead = the measured step",
-        }  # fmt: skip
-        out["decode_step_overhead_s"] = {
-            "value": max(step - fwd, 1e-4), "unit": "s/step", "shape": shape_txt, "result": res,
-            "derivation": "whole step - forward (the loop's host work), floored at 0.1 ms",
-        }  # fmt: skip
-    return out
-
-
 # ------------------------------------------------------------------------------ the stage
 
 
@@ -382,27 +357,7 @@ def _result(ctx, race: dict, cfg, tok, ev, sizes: dict, device, built_s: float, 
         f"8-shot prompts (mean {prompts['mgsm_dev']['mean']:.0f}), max_gen_toks "
         f"{sizes['max_gen_toks']}, evaluator batch {batch}, {len(race['ours'])} candidates"
     )
-    lengths = ", ".join(f"{t} mean {p['mean']:.0f}, max {p['max']}" for t, p in prompts.items())
-    notes = [
-        f"Items: {shape_txt}. Prompt tokens (world tokenizer): {lengths}; real 5-shot Belebele "
-        "prompts are ~2,100 Llama-3 tokens, 8-shot MGSM ~700-900.",
-        f"max_gen_toks {sizes['max_gen_toks']} (the shipped config: 256): random weights "
-        "rarely emit a stop string, so most rows run the whole budget, and a shorter one "
-        "times the same decoding step for less GPU time. The lm_head rows of ids the world "
-        f"tokenizer lacks ({shape.vocab} - {len(tok)}) are zero, so generated texts are real "
-        "text and their agreement means something (evaluator.in_tokenizer_vocab).",
-        f"Evaluator built once in {built_s:.1f} s (prompts tokenized), not in its per-candidate "
-        "time, and timed with its forward hooks on (two syncs a forward: conservative); HFLM's "
-        "time includes simple_evaluate building its tasks. " + race["extra_note"] + ".",
-        *(
-            f"HFLM batch {b} ran out of device memory: it does not fit"
-            for b in race["out_of_memory"]
-        ),
-        "Prefill FLOPs count real tokens (no padding) at each token's mean causal context; the "
-        "plan's eval_cost uses the whole row (~2 % more at 2,100 tokens). decode bytes/s is over "
-        "the decoding forward alone, the overhead is the rest of the step: bytes / bytes/s + "
-        "overhead, the plan's step, is then the measured one.",
-    ]
+    notes = evaluator_notes(shape_txt, prompts, sizes["max_gen_toks"], shape.vocab, len(tok), built_s, race)  # fmt: skip
     out = {
         "figures": _speed_figures(raw) + _device_figures(ctx, summary, cost, prof),
         "notes": notes, "race": raw,
@@ -410,5 +365,5 @@ def _result(ctx, race: dict, cfg, tok, ev, sizes: dict, device, built_s: float, 
         "stage_s": time.perf_counter() - t_start,
     }  # fmt: skip
     if not ctx.smoke and summary["prefill_flops_per_s"]:
-        out["throughput"] = _throughput(summary, cost, shape_txt)
+        out["throughput"] = evaluator_throughput(summary, cost, shape_txt)
     return out

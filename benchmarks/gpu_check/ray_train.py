@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from gpu_check.common import ROOT, write_text
-from gpu_check.figures import Figure, Target
+from gpu_check.results import killed_run_part, ray_train_result
 
 TITLE = "Ray Train + FSDP2 (+ NCCL) through layerswap train, killed and resumed"
 
@@ -338,7 +338,8 @@ def run(ctx) -> dict:
         ckpts, step_log = tmp / "run" / "train" / NAME, tmp / "steps.jsonl"
         args = ["train", str(cfg), "--out", str(tmp / "run")]
         killed = _killed_run(args, ckpts, step_log, gpu, command_limit(ctx), ctx.out / "ray_train_killed.log")  # fmt: skip
-        ctx.keep("killed run", lambda: _killed_part(ctx, killed))  # outlives a failed resume
+        # the killed run's part outlives a failed resume
+        ctx.keep("killed run", lambda: killed_run_part(gpu, killed, *backends_in_logs(killed["output"]), EVERY_SAMPLES))  # fmt: skip
         resumed = _resumed_run(args, tmp / "resumed.log", gpu, command_limit(ctx), ctx.out / "ray_train_resumed.log")  # fmt: skip
         text, cut = step_log.read_bytes(), killed["step_log_bytes"]  # the killed attempt's bytes
         before, after = read_step_log(text[:cut].decode()), read_step_log(text[cut:].decode())
@@ -346,68 +347,6 @@ def run(ctx) -> dict:
     summary = resume_summary(before, after, STEPS)
     backends, nccl_inits = backends_in_logs(killed["output"] + resumed["output"])
     used = None if backends is None else backends.get("cuda" if gpu else "cpu")
-    res = _report(ctx, killed, resumed, summary, final, backends, used, nccl_inits)
+    res = ray_train_result(ctx, killed, resumed, summary, final, backends, used, nccl_inits, steps=STEPS, every_samples=EVERY_SAMPLES, step_delay_s=STEP_DELAY_S)  # fmt: skip
     res["step_log"] = {"killed": before, "resumed": after}
     return res
-
-
-def _killed_part(ctx, killed: dict) -> dict:
-    """The killed attempt's own figures: what is known before the resume."""
-    gpu = ctx.device == "cuda"
-    backends, nccl_inits = backends_in_logs(killed["output"])
-    figures = [
-        Figure("seconds to the first checkpoint", killed["first_checkpoint_s"], "s",
-               note=f"`layerswap train` start to samples_{EVERY_SAMPLES:09d} on disk, Ray start included"),
-        Figure("NCCL communicators initialised (killed attempt)", nccl_inits if gpu else None, "",
-               note="NCCL_DEBUG=INFO 'Init COMPLETE' lines in its log" if gpu else "CPU run: gloo only"),
-    ]  # fmt: skip
-    notes = [f"killed attempt: checkpoints at the kill {', '.join(killed['checkpoints_at_kill'])}; process group backends {backends or 'no log line found'}"]  # fmt: skip
-    return {"figures": figures, "notes": notes, "backends": backends, "checkpoints_at_kill": killed["checkpoints_at_kill"]}  # fmt: skip
-
-
-def _report(ctx, killed: dict, resumed: dict, summary: dict, final: dict, backends: dict | None, used: str | None, nccl_inits: int) -> dict:  # fmt: skip
-    """The stage's figures and notes."""
-    gpu = ctx.device == "cuda"
-    start = summary["resumed_from"]
-    recovery_s = resumed["done_at"] - killed["killed_at"]
-    figures = [
-        Figure("resumed from step N", start, "step", Target(">=", 1),
-               note=f"the run's step log: killed after step {summary['last_before_kill']} (checkpoints then: "
-                    f"{', '.join(killed['checkpoints_at_kill'])}); the resumed attempt "
-                    f"{'ran steps N+1..' + str(STEPS) if summary['continued'] else 'did NOT run exactly N+1..' + str(STEPS)}"),
-        Figure("steps trained again after the kill", summary["redone"], "steps",
-               note="done before the kill but after the checkpoint resumed from"),
-        Figure("seconds to the first checkpoint", killed["first_checkpoint_s"], "s",
-               note=f"`layerswap train` start to samples_{EVERY_SAMPLES:09d} on disk, Ray start included"),
-        Figure("seconds from the kill to the resumed run's end", recovery_s, "s",
-               note=f"SIGKILL to the process group, then `--resume` to exit 0 ({STEPS} steps, "
-                    f"{STEP_DELAY_S} s sleep each: debug.step_delay_s)"),
-        Figure("final checkpoint loads (safetensors)", float(final["loads"]), "yes=1", Target(">=", 1),
-               note=f"{final['path']} at step {final['step']}: model.safetensors through from_pretrained, "
-                    f"every tensor as saved; sharded state {', '.join(final['dcp_files']) or 'MISSING'}"),
-        Figure("NCCL communicators initialised", nccl_inits if gpu else None, "", Target(">=", 1) if gpu else None,
-               note="NCCL_DEBUG=INFO 'Init COMPLETE' lines in the run's logs" if gpu
-                    else "CPU run: gloo only, there is no NCCL to use"),
-    ]  # fmt: skip
-    notes = [
-        f"process group backends (the worker's c10d log): {backends or 'no log line found'}; "
-        f"the {'cuda' if gpu else 'cpu'} tensors' backend: {used or 'unknown'}",
-        f"checkpoints are FSDP2's sharded ones: trainer_state/dcp ({', '.join(final['dcp_files'])}) beside the "
-        f"gathered model.safetensors; the final manifest says world_size {final['world_size']}",
-        "the command's output (tails) is kept as ray_train_killed.log and ray_train_resumed.log",
-    ]  # fmt: skip
-    if gpu and used != "nccl":
-        notes.append(
-            f"on a GPU the process group's cuda backend should be nccl; the logs say {used}"
-        )
-    if gpu and nccl_inits == 0:
-        notes.append(
-            "no NCCL communicator was made: no collective of this one-worker run reached NCCL "
-            "(FSDP2 skips all-gathers and reduce-scatters at world size 1, and object collectives "
-            "take the cpu backend, gloo): the backend is configured, not exercised"
-        )
-    return {
-        "figures": figures, "notes": notes, "backends": backends, "backend_used": used,
-        "nccl_inits": nccl_inits, "resume": summary, "final_checkpoint": final,
-        "checkpoints_at_kill": killed["checkpoints_at_kill"],
-    }  # fmt: skip

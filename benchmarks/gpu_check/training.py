@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from gpu_check.common import GIB, Timer, failure, free
 from gpu_check.figures import Figure, Target, peak_share, relative_error, share
+from gpu_check.results import failed_part, training_result, training_throughput
 from layerswap.study.estimate import model_cost, train_flops
 from layerswap.trainables.train.model_shape import model_shape
 from layerswap.trainables.train.precision import resolve_precision
@@ -310,35 +311,6 @@ def _wrap_figure(w: dict) -> Figure:
                   note=f"max_memory_allocated during strategy.wrap of the host-loaded bf16 model: {gib(w['peak_bytes'])}, against {ref}")  # fmt: skip
 
 
-def _throughput(ctx, r: dict, cfg, args) -> dict:
-    """The measured train_flops_per_s entry (GPU runs only) for spaces/throughput.yaml."""
-    shape = (
-        f"{ctx.shape} width, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}, micro-batch "
-        f"{args.micro_batch} x seq {args.seq_len}, full SFT, bf16-mixed, gradient checkpointing, "
-        "1 GPU"
-    )
-    result = (
-        f"{r['tokens_per_s']:,.0f} tokens/s over {args.steps} timed steps (after {args.warmup} "
-        f"warmup) of the trainer's _train_step at LR {r['lr']:g}"
-    )
-    derivation = (
-        f"tokens/s x {r['flops_per_token']:.4g} training FLOPs per token "
-        "(study.estimate.train_flops); one GPU, no FSDP communication, so an upper bound for "
-        "multi-GPU FSDP; the recompute counted is the decoder layers' (not the lm_head's), as "
-        "Hugging Face gradient checkpointing runs it"
-    )
-    value = r["tokens_per_s"] * r["flops_per_token"]
-    return {
-        "train_flops_per_s": {
-            "value": value,
-            "unit": "FLOP/s",
-            "shape": shape,
-            "result": result,
-            "derivation": derivation,
-        }
-    }
-
-
 def _skip(ctx, what: str, need_s: float) -> str | None:
     """A note when a full run has less than `need_s` seconds left for `what`, else None."""
     if ctx.smoke or ctx.remaining() >= need_s:
@@ -361,20 +333,21 @@ def run(ctx) -> dict:
             r = _guarded_run(ctx, args, cfg, device, lr)
             free(ctx.device)  # the run's model and optimizer are gone: the next peak is its own
             if "failed" in r:  # that LR's finding; the other LR and the wrap still run
-                out["figures"].append(Figure(f"training run finished, LR {lr:g}", 0.0, "yes=1", Target(">=", 1), note=r["failed"]))  # fmt: skip
+                out["figures"].append(failed_part(f"training run finished, LR {lr:g}", r["failed"]))  # fmt: skip
                 out["notes"].append(f"LR {lr:g} FAILED: {r['failed']}")
                 continue
             out["runs"].append(r)
             out["figures"] += _lr_figures(ctx, r)
-            ctx.keep(f"LR {lr:g}", lambda: _finish(cfg, out))  # outlives the next LR and the wrap
+            # outlives the next LR and the wrap
+            ctx.keep(f"LR {lr:g}", lambda: training_result(cfg, out))
         fast = [r for r in out["runs"] if r["lr"] == max(LRS)]
         if fast:
             per_s = fast[0]["tokens_per_s"] * fast[0]["flops_per_token"]
             assumed = ctx.assumed.train_flops_per_s.value if ctx.assumed else None
             out["figures"].append(Figure(f"training FLOP/s, LR {max(LRS):g}", per_s, "FLOP/s", assumed=assumed, note="FLOPs by the plan's rule (train_flops); one GPU, no FSDP communication: an upper bound for multi-GPU FSDP"))  # fmt: skip
             if not ctx.smoke:
-                out["throughput"] = _throughput(ctx, fast[0], cfg, args)
-            ctx.keep("training FLOP/s", lambda: _finish(cfg, out))
+                out["throughput"] = training_throughput(ctx, fast[0], cfg, args)
+            ctx.keep("training FLOP/s", lambda: training_result(cfg, out))
         if note := _skip(ctx, "FSDP2 wrap", 10):
             out["notes"].append(note)
         else:
@@ -383,7 +356,7 @@ def run(ctx) -> dict:
         if dist.is_initialized():
             dist.destroy_process_group()
         free(ctx.device)
-    return _finish(cfg, out)
+    return training_result(cfg, out)
 
 
 def _guarded_wrap(ctx, args, cfg, device, out: dict) -> None:
@@ -395,26 +368,5 @@ def _guarded_wrap(ctx, args, cfg, device, out: dict) -> None:
     except Exception as e:  # recorded, its traceback's end kept
         text, tb = failure(e)
         out["wrap"] = {"failed": text, "traceback": tb}
-        out["figures"].append(Figure("FSDP2 wrap finished", 0.0, "yes=1", Target(">=", 1), note=text))  # fmt: skip
+        out["figures"].append(failed_part("FSDP2 wrap finished", text))  # fmt: skip
         out["notes"].append(f"FSDP2 wrap FAILED: {text}")
-
-
-def _finish(cfg, out: dict) -> dict:
-    """The stage's result: `out` (not changed) with the notes on the runs so far."""
-    out = {**out, "notes": list(out["notes"])}
-    if out["runs"]:
-        p = out["runs"][0]["precision"]
-        out["notes"].append(
-            f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}: "
-            f"{out['runs'][0]['parameters']:,} parameters; precision {p['policy']} (masters "
-            f"{p['master_dtype']}, compute {p['compute_dtype']}); checkpoints save "
-            f"{p['checkpoint_dtype']}: trainables/train/precision.py resolve_precision sets "
-            "Policy.save to the base's dtype unless precision.checkpoint_dtype is fp32, and "
-            "state.py / sharded.py write the HF weights in it"
-        )
-        out["notes"].append(
-            "moved shares count every trainable element; embedding rows of tokens absent from "
-            "the random batches get no gradient (and weight decay is 0), so AdamW leaves them "
-            "as they were: at the real vocabulary most of the embedding cannot move in 4 steps"
-        )
-    return out

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from gpu_check.common import ROOT, failure, free, sync
-from gpu_check.figures import Figure, Target, per_hour, share
+from gpu_check.figures import Figure, per_hour, share
+from gpu_check.results import failed_part, trials_throughput
 from gpu_check.trial_clock import KindClock, item_flops
 from gpu_check.trial_cost import (
     COPIES,
@@ -332,22 +333,6 @@ def _notes(m: dict, size: dict, shipped, tasks, batch: int, scaled: dict) -> lis
     return notes
 
 
-def _throughput(ctx, p: dict) -> dict:
-    """merge_bytes_per_s from the host-placement pass (the placement layerswap picks at 8B);
-    {} when its trials swapped nothing in (no rate to give)."""
-    timed = [r for r in p["rows"] if not r["first"]]
-    nbytes, secs = sum(r["moved_bytes"] for r in timed), sum(r["compose_s"] + r["move_s"] for r in timed)  # fmt: skip
-    if not nbytes:
-        return {}
-    return {"merge_bytes_per_s": {
-        "value": nbytes / secs, "unit": "B/s",
-        "shape": f"{ctx.shape}: {p['depth']} layers, vocab {ctx.config().vocab_size}, bf16, random weights",
-        "result": f"{len(timed)} trials after the first, experts in host memory, changed tensors copied: "
-                  f"{nbytes / 2**30:.2f} GiB swapped in over {secs:.2f} s of compose (move included)",
-        "derivation": "bytes of the tensors whose assembly op changed / TrialResult.t_compose_s, summed over the trials",
-    }}  # fmt: skip
-
-
 def run(ctx) -> dict:
     from layerswap.spaces.search_experiment import load_search_experiment
 
@@ -386,7 +371,7 @@ def _result(ctx, m: dict, size: dict, shipped) -> dict:
         if p is None:  # not run yet (a part kept before it: ctx.keep)
             continue
         if p.get("failed"):
-            figures.append(Figure(f"trials pass finished ({label})", 0.0, "yes=1", Target(">=", 1), note=p["failed"]))  # fmt: skip
+            figures.append(failed_part(f"trials pass finished ({label})", p["failed"]))  # fmt: skip
             continue
         if p.get("does_not_fit"):
             figures.append(Figure(f"shipped-config trials per GPU-hour, every trial kept ({label})", None,
@@ -400,5 +385,5 @@ def _result(ctx, m: dict, size: dict, shipped) -> dict:
     res = {"figures": figures, "notes": _notes(m, size, shipped, tasks, batch, scaled), "measured": m,
            "shipped": scaled, "assumed": assumed}  # fmt: skip
     if not ctx.smoke and "host" in scaled:
-        res["throughput"] = _throughput(ctx, m["passes"]["host"])
+        res["throughput"] = trials_throughput(ctx, m["passes"]["host"])
     return res
