@@ -136,12 +136,16 @@ def _experiment(args, strategy: str, offload: bool, use_gpu: bool, lr: float = 1
 
 
 def _plan(exp, cfg, device):
-    """The trainer's memory plan for `exp` on `cfg` (GiB of the device when it is a GPU)."""
+    """The trainer's memory plan for `exp` on `cfg`, judged against the GPU's memory (its
+    torch.cuda.mem_get_info total, a memory cap included) when `device` is a GPU."""
     import torch
 
     from layerswap.trainables.train.memory_plan import memory_plan
 
-    gpu = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None  # fmt: skip
+    # The device's memory as mem_get_info reports it, not get_device_properties: the GPU check
+    # caps a larger GPU (an H200 at 80 GiB, gpu_check/common.apply_memory_cap) by patching
+    # mem_get_info, and the plan must judge fit against that cap, as the trainer's placement does.
+    gpu = torch.cuda.mem_get_info(device)[1] / GIB if device.type == "cuda" else None
     return memory_plan(exp, cfg, source=f"shapes.py {cfg.num_hidden_layers} layers", gpu_memory=gpu)  # fmt: skip
 
 

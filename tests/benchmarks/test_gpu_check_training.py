@@ -149,6 +149,34 @@ def test_wrap_figure_ratio():
     assert T._wrap_figure(w | {"peak_bytes": None}).verdict == "not measured"
 
 
+# ------------------------------------------------------------------------------ memory cap
+
+
+def test_the_plan_and_auto_judge_fit_against_the_memory_cap(monkeypatch):
+    """An H200 (139.7 GiB to torch) capped at 80 GiB as the check caps it (apply_memory_cap,
+    which patches torch.cuda.mem_get_info): the training plan and bench_train_step's `auto`
+    judge fit against 80 GiB, so a 20-layer 8B-width ddp run (~94 GiB) does not fit, and `auto`
+    takes fsdp with offload, as on an H100."""
+    from gpu_check.common import apply_memory_cap, cap_plan
+
+    h200 = int(139.7 * GIB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Namespace(total_memory=h200, name="NVIDIA H200"))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (h200 - GIB, h200))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device=None: None)  # fmt: skip
+    apply_memory_cap(cap_plan(h200, None))  # monkeypatch restores the real mem_get_info after
+    assert torch.cuda.mem_get_info(0)[1] == 80 * GIB
+    cfg = LlamaConfig(vocab_size=128256, **(SHAPES["llama-8b"] | {"num_hidden_layers": 20}))
+    cfg.dtype = torch.bfloat16
+    args = Namespace(micro_batch=1, seq_len=1024, accumulate=1, warmup=1, steps=1, strategy="auto",
+                     offload=False, gradient_checkpointing=True, precision="bf16-mixed")  # fmt: skip
+    device = torch.device("cuda", 0)
+    plan = bts._plan(bts._experiment(args, "ddp", False, True), cfg, device)
+    assert plan.gpu_bytes == pytest.approx(80 * GIB)
+    assert 80 * GIB < plan.gpu_total < h200 and plan.fits is False
+    assert bts._choose(args, cfg, device) == ("fsdp", True)
+
+
 # ------------------------------------------------------------------------------ smoke
 
 
