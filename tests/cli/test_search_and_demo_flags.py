@@ -33,7 +33,7 @@ def test_search_verbose_reaches_promotion(search_yaml, tmp_path, monkeypatch, ca
 
     seen = {}
 
-    def run_search(exp, run_dir, resume=False, **kw):
+    def run_search(exp, run_dir, resume=False, before_writing=None, **kw):
         seen["search"] = kw
         return SimpleNamespace(n_trials=6, trials_path="T", study_path="S")
 
