@@ -39,9 +39,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
     _check(exp, run_dir, args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.search.search import lost_line, run_search, search_outputs
-    from layerswap.search.search_dir import explicit
 
-    ran = {"experiment": json.loads(explicit(exp).model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
+    ran = {"experiment": json.loads(exp.explicit().model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
     record = run_dir / "search" / FINISHED
     finished = args.cont and _finished(record, ran)
     if not finished:  # a finished search reads no task data

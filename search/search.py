@@ -23,7 +23,7 @@ from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.reconcile import NEVER_RAN, reconcile, requeue_lost
 from layerswap.search.results import TrialStore
-from layerswap.search.search_dir import check_search_dir, explicit, search_identity
+from layerswap.search.search_dir import check_search_dir, search_identity
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
@@ -107,7 +107,7 @@ def run_search(
     sdir.mkdir(parents=True, exist_ok=True)
     write_marker(sdir, "search", search_identity(exp))
     # Proxies spelled out: what this search optimised, whatever later defaults become.
-    atomic_write_text(sdir / "experiment.json", explicit(exp).model_dump_json(indent=1))
+    atomic_write_text(sdir / "experiment.json", exp.explicit().model_dump_json(indent=1))
     atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
     spec = TrialSpec(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth,

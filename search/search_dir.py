@@ -1,6 +1,6 @@
 """What RUN/search holds and whether an experiment may start or resume it: the search's identity
-(`search_identity`), its proxies spelled out (`explicit`), and the refusals a search checks before
-Ray starts or anything is written (`check_search_dir`).
+(`search_identity`) and the refusals a search checks before Ray starts or anything is written
+(`check_search_dir`).
 Tests: .venv/bin/python -m pytest -q tests/search/test_preflight_study.py tests/cli/test_bad_input_resume.py
 """
 
@@ -16,18 +16,13 @@ from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.trainables.outputs import OutputError, check_output
 
 
-def explicit(exp: SearchExperiment) -> SearchExperiment:
-    """`exp` with its proxies spelled out (the world default resolved)."""
-    return exp.model_copy(update={"proxies": exp.proxy_list})
-
-
 def search_identity(exp: SearchExperiment) -> str:
     """A stable id of what a search compares (its budget and promotion may change on resume).
 
     Default proxies count as the list they resolve to, so a search saved with them spelled out
     (RUN/search/experiment.json) is the same search, and a changed default is a different one.
     """
-    text = explicit(exp).model_dump_json(exclude={"search", "promote"})
+    text = exp.explicit().model_dump_json(exclude={"search", "promote"})
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

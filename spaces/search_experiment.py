@@ -306,6 +306,11 @@ class SearchExperiment(StrictModel):
     def target_task(self) -> str:
         return self.target or family("mgsm").world_task(self.language)
 
+    def explicit(self) -> SearchExperiment:
+        """This experiment with its proxies spelled out (the world default resolved): what a
+        search saves as RUN/search/experiment.json and what its identity hashes."""
+        return self.model_copy(update={"proxies": self.proxy_list})
+
 
 def world_readings(language: str) -> dict[str, Proxy]:
     """Every world dev reading a search may use as a proxy, by task, each on its own scale:

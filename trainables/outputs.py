@@ -56,14 +56,13 @@ KINDS = {
 }
 
 
-# Kinds whose folder holds other outputs: a demo run is the pipeline's run folder (its world,
-# training runs, search, best model and analysis), a merge-only demo holds its generated family
-# and the merged model. Every other output holds only its own files.
-CONTAINERS = {"demo", "merge-demo"}
-# The outputs a container's own steps write inside it, which its --overwrite replaces with it;
-# any other output inside (`merge --out mo/my_swap`, `analyze mo`) is the user's, named and kept.
-# A demo run keeps no file list (a long run: its --overwrite replaces the whole run).
-CONTAINER_STEPS = {"merge-demo": ("merged",)}
+# Kinds whose folder holds other outputs, each with the outputs its own steps write inside it
+# (which its --overwrite replaces with it): a demo run is the pipeline's run folder (its world,
+# training runs, search, best model and analysis; it keeps no file list: a long run, its
+# --overwrite replaces the whole run), a merge-only demo holds its generated family and its
+# merged/. Any other output inside (`merge --out mo/my_swap`, `analyze mo`) is the user's, named
+# and kept. Every other kind holds only its own files.
+CONTAINERS: dict[str, tuple[str, ...]] = {"demo": (), "merge-demo": ("merged",)}
 # The outputs beside RUN/search that a search and its promotion write (`claim_sibling`).
 SEARCH_SIBLINGS = ("promotion", "leaderboard.md", "best")
 
@@ -132,7 +131,7 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
             if str(rel / d) in dirs:
                 continue
             subdirs.remove(d)  # its contents go with it: named once
-            own_step = str(rel / d) in CONTAINER_STEPS.get(found.get("kind"), ())
+            own_step = str(rel / d) in CONTAINERS.get(found.get("kind"), ())
             inner = read_marker(out / rel / d) if own_step else None
             if inner is None:
                 foreign.append(f"{rel / d}/")

@@ -12,7 +12,7 @@ import pytest
 from layerswap.search.reconcile import reconcile
 from layerswap.search.results import TrialStore
 from layerswap.search.search import _make_searcher, batch_size
-from layerswap.search.search_dir import check_search_dir, explicit
+from layerswap.search.search_dir import check_search_dir
 from layerswap.search.tune_trial import META
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
 from layerswap.spaces.search_space import ExpertPool
@@ -90,7 +90,7 @@ def test_resume_with_another_seed_is_refused_naming_both(tmp_path):
     sdir = tmp_path / "search"
     sdir.mkdir()
     write_marker(sdir, "search", "s")
-    (sdir / "experiment.json").write_text(explicit(_exp(0)).model_dump_json())
+    (sdir / "experiment.json").write_text(_exp(0).explicit().model_dump_json())
     store = TrialStore(sdir / "trials.parquet")
     with pytest.raises(OutputError, match=r"--resume: search.seed was 0, is now 5 \("):
         check_search_dir(_exp(5), sdir, store, sdir / "study.db", resume=True)

@@ -220,13 +220,13 @@ def test_default_proxies_are_saved_spelled_out_and_resuming_other_proxies_is_ref
     """No Ray: the search's own checks. A search saved before the world default changed (its
     experiment.json left the proxies implicit) must not continue under the new objective."""
     from layerswap.search.results import TrialStore
-    from layerswap.search.search_dir import check_search_dir, explicit, search_identity
+    from layerswap.search.search_dir import check_search_dir, search_identity
     from layerswap.spaces.search_experiment import SearchExperiment
     from layerswap.trainables.outputs import OutputError, write_marker
 
     exp = SearchExperiment(language="xa", base="b", task_experts=["m"], language_experts=["l"])
-    assert exp.proxies is None and explicit(exp).proxies == exp.proxy_list
-    assert search_identity(explicit(exp)) == search_identity(exp)
+    assert exp.proxies is None and exp.explicit().proxies == exp.proxy_list
+    assert search_identity(exp.explicit()) == search_identity(exp)
     sdir = tmp_path / "search"
     store = TrialStore(sdir / "trials.parquet")
     store.append({"trial_id": "0000", "status": "ok", "objective": 0.9,

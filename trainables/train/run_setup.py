@@ -53,7 +53,7 @@ def _adamw(named, exp: TrainExperiment) -> torch.optim.AdamW:
 
 
 def _load(exp: TrainExperiment, resume_from: Path | None):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     trc = exp.trust_remote_code
     tok = AutoTokenizer.from_pretrained(exp.base, trust_remote_code=trc)
@@ -61,11 +61,13 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
         tok.pad_token = tok.eos_token
     # Full-weight modes resume from the checkpoint's own weights; LoRA from base + adapter.
     src = resume_from if (resume_from is not None and not exp.is_lora) else exp.base
+    # A Hub base the CLI could not read (not cached): its family is checked from config.json
+    # alone, before the weights (an 8B download) are fetched and loaded.
+    config = AutoConfig.from_pretrained(src, trust_remote_code=trc)
+    check_model_type(config.to_dict(), f"base {exp.base}")
     # safetensors only: a Hub base (the CLI reads local folders' headers, not a Hub id's) with
     # pickled weights alone is refused by transformers instead of unpickled
-    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", trust_remote_code=trc, use_safetensors=True)  # fmt: skip
-    # a Hub base the CLI could not read (not cached): its family is checked once loaded
-    check_model_type(model.config.to_dict(), f"base {exp.base}")
+    model = AutoModelForCausalLM.from_pretrained(src, config=config, dtype="auto", trust_remote_code=trc, use_safetensors=True)  # fmt: skip
     check_loaded_weights(model, src)  # a NaN in the base: named now, not as a NaN loss later
     return tok, model
 
