@@ -20,7 +20,14 @@ import json
 import os
 from pathlib import Path
 
-from huggingface_hub import try_to_load_from_cache
+from huggingface_hub import hf_hub_download, try_to_load_from_cache
+from huggingface_hub.errors import (
+    GatedRepoError,
+    LocalEntryNotFoundError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from layerswap.cli.args import continue_clash, finite_float
@@ -89,18 +96,42 @@ def _hub_base_problems(base: str) -> list[str]:
         return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
     if isinstance(cached := try_to_load_from_cache(base, "config.json"), str):
         return _model_type_problems(Path(cached))  # online or not: the family is known here
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
-        return []  # the Hub is reachable as far as we know: the trainer downloads it
-    return [
-        f"base: {base}: not a folder here, and not in the Hugging Face cache while "
-        "HF_HUB_OFFLINE=1 (fetch it with `layerswap prefetch`, or give a local folder)"
-    ]
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return [
+            f"base: {base}: not a folder here, and not in the Hugging Face cache while "
+            "HF_HUB_OFFLINE=1 (fetch it with `layerswap prefetch`, or give a local folder)"
+        ]
+    return _fetched_config_problems(base)
+
+
+def _fetched_config_problems(base: str) -> list[str]:
+    """Fetch an uncached Hub base's config.json (a few KB, into the HF cache the trainer reads)
+    and check its family: a gated, missing or unreachable base, or one of a family no merge
+    takes, used to fail in the trainer after the run folder was marked."""
+    try:
+        config = hf_hub_download(base, "config.json")
+    except GatedRepoError:  # a RepositoryNotFoundError: caught first
+        return [
+            f"base: {base}: a gated Hub repo this machine may not read (accept its license on "
+            "huggingface.co and log in: `hf auth login` or HF_TOKEN)"
+        ]
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        return [f"base: {base}: no such Hub repo (or a private one this machine may not read)"]
+    except RemoteEntryNotFoundError:
+        return [f"base: {base}: the Hub repo has no config.json, so it is not a model"]
+    except LocalEntryNotFoundError:  # the Hub did not answer and the cache has no copy
+        return [
+            f"base: {base}: the Hugging Face Hub did not answer and its config.json is not "
+            "cached (check the connection, or fetch it with `layerswap prefetch` on a "
+            "machine online)"
+        ]
+    return _model_type_problems(Path(config))
 
 
 def _model_type_problems(config: Path) -> list[str]:
     """A base of a family layerswap does not merge (trainables/merge/arch.py), named before
-    any GPU hour is spent on an expert no merge would take. A Hub base read only when training
-    starts is checked there (trainables/train/run_setup.py)."""
+    any GPU hour is spent on an expert no merge would take. The worker checks again from the
+    config it loads (trainables/train/run_setup.py), for a sweep's trials on other nodes."""
     try:
         mtype = json.loads(config.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError) as e:

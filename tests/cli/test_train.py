@@ -6,14 +6,23 @@ Run: .venv/bin/python -m pytest tests/cli/test_train.py
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
 
 import huggingface_hub.constants as hub_constants
+import pytest
 import yaml
+from huggingface_hub.errors import (
+    GatedRepoError,
+    LocalEntryNotFoundError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+)
 
 from layerswap.cli import main
+from layerswap.cli import train as cli_train
 from tests.trainables.train.train_helpers import make_exp
 
 
@@ -130,3 +139,49 @@ def test_a_cached_hub_base_of_an_unmerged_family_is_refused_online_too(tiny_worl
     assert main(["train", str(_write(tmp_path, exp)), "--out", str(run), "--no-ray"]) == 2
     assert "model_type 'gemma2' is not supported; supported: llama" in capsys.readouterr().err
     assert not run.exists()
+
+
+def _bare(cls):  # a huggingface_hub error without the HTTP response its __init__ needs
+    return cls.__new__(cls)
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ({"model_type": "gemma2"}, "model_type 'gemma2' is not supported; supported: llama"),
+        (_bare(GatedRepoError), "a gated Hub repo this machine may not read"),
+        (_bare(RepositoryNotFoundError), "no such Hub repo"),
+        (_bare(RemoteEntryNotFoundError), "the Hub repo has no config.json"),
+        (_bare(LocalEntryNotFoundError), "the Hugging Face Hub did not answer"),
+    ],
+)
+def test_an_uncached_hub_base_is_checked_online_before_the_run_is_marked(answer, message, tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    """Online, an uncached Hub base's config.json is fetched at the edge: a gated, missing or
+    unreachable repo, or an unmerged family, used to fail in the trainer after the run folder
+    was marked (and only after the whole model was downloaded, for a family)."""
+    fetched = []
+
+    def fake_download(repo_id, filename, **_kw):
+        fetched.append((repo_id, filename))
+        if isinstance(answer, Exception):
+            raise answer
+        (tmp_path / "config.json").write_text(json.dumps(answer))
+        return str(tmp_path / "config.json")
+
+    monkeypatch.setattr(cli_train, "hf_hub_download", fake_download)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    exp = make_exp(tiny_world, "full", base="acme/nothere").model_dump(mode="json")
+    run = tmp_path / "run"
+    assert main(["train", str(_write(tmp_path, exp)), "--out", str(run), "--no-ray"]) == 2
+    assert message in capsys.readouterr().err
+    assert fetched == [("acme/nothere", "config.json")]
+    assert not run.exists()
+
+
+def test_an_uncached_hub_base_of_a_merged_family_passes_the_edge(tiny_world, tmp_path, monkeypatch):  # fmt: skip
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    monkeypatch.setattr(cli_train, "hf_hub_download", lambda *a, **k: str(tmp_path / "config.json"))
+    cli_train.check_inputs(make_exp(tiny_world, "full", base="acme/llama"))  # no ValueError

@@ -61,8 +61,8 @@ def _load(exp: TrainExperiment, resume_from: Path | None):
         tok.pad_token = tok.eos_token
     # Full-weight modes resume from the checkpoint's own weights; LoRA from base + adapter.
     src = resume_from if (resume_from is not None and not exp.is_lora) else exp.base
-    # A Hub base the CLI could not read (not cached): its family is checked from config.json
-    # alone, before the weights (an 8B download) are fetched and loaded.
+    # The CLI checked the family where it ran; the worker checks the config it loads (another
+    # node's cache, the Python API), before the weights (an 8B download) are fetched and loaded.
     config = AutoConfig.from_pretrained(src, trust_remote_code=trc)
     check_model_type(config.to_dict(), f"base {exp.base}")
     # safetensors only: a Hub base (the CLI reads local folders' headers, not a Hub id's) with
