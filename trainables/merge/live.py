@@ -26,7 +26,12 @@ from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
-from layerswap.trainables.merge.lora import CONFIG, is_lora_adapter, load_adapter
+from layerswap.trainables.merge.lora import (
+    CONFIG,
+    check_adapter_base,
+    is_lora_adapter,
+    load_adapter,
+)
 from layerswap.trainables.merge.lora_deltas import (
     Adapter,
     Factors,
@@ -140,7 +145,10 @@ class ExpertCache:
             lora = probe and is_lora_adapter(
                 ref
             )  # reads adapter_config.json alone, even from a URI
-            self.adapters[ref] = load_adapter(local_copy(ref)) if lora else None
+            adapter = load_adapter(local_copy(ref)) if lora else None
+            if adapter is not None:  # folded into the search's base: it must be the adapter's own
+                check_adapter_base(self.base, adapter)
+            self.adapters[ref] = adapter
         return self.adapters[ref]
 
     def lora_terms(self, name: str, op: object) -> list[tuple[Factors, float]] | None:

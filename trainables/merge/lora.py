@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from layerswap.spaces.base import same_model
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe
 from layerswap.spaces.zones import layer_map, reverted
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
@@ -38,7 +39,7 @@ from layerswap.trainables.merge.lora_deltas import (
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 from layerswap.trainables.merge.terms import transition_weights
-from layerswap.trainables.model_ids import content_recipe_id
+from layerswap.trainables.model_ids import content_recipe_id, model_content_id
 from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.trainables.storage import is_uri, join, read_text
 
@@ -144,9 +145,27 @@ def load_adapter(path: str | Path) -> Adapter:
     return Adapter(root, cfg, modules)
 
 
+def _one_model(a: str, b: str) -> bool:
+    """Whether two model references name one model: `same_model`'s rule (one folder spelled two
+    ways; a Hub id or URI and a local copy of that name), or two local folders with one content
+    id (a copy of the base under another name)."""
+    if same_model(a, b):
+        return True
+    if (
+        is_uri(a)
+        or is_uri(b)
+        or not (Path(a).expanduser().is_dir() and Path(b).expanduser().is_dir())
+    ):
+        return False
+    # The recipe's base is hashed for the recipe id anyway (once per process), so this costs
+    # one hash of the other folder, and only when the names disagree.
+    ids = {model_content_id(str(Path(x).expanduser())) for x in (a, b)}
+    return len(ids) == 1 and next(iter(ids)).startswith("sha256:")
+
+
 def _check_pair(task: Adapter, lang: Adapter) -> None:
     a, b = task.config.get("base_model_name_or_path"), lang.config.get("base_model_name_or_path")
-    if a != b:
+    if a != b and not (a and b and _one_model(a, b)):
         raise CheckpointError(
             f"different bases: {CONFIG} field 'base_model_name_or_path' is {a!r} in {task.root} "
             f"but {b!r} in {lang.root}"
@@ -158,6 +177,27 @@ def _check_pair(task: Adapter, lang: Adapter) -> None:
                 f"module {name!r}: [out, in] = {[ft.b.shape[0], ft.a.shape[1]]} in {task.root} "
                 f"but {[fl.b.shape[0], fl.a.shape[1]]} in {lang.root}"
             )
+
+
+def check_adapter_base(recipe_base: str | None, task: Adapter) -> None:
+    """Refuse a `base` that is not the model an adapter was trained on: a fold would add its
+    deltas to another model's weights (same shapes: silently wrong), and the depth would be read
+    from that other model. The disk merge and the live model (the search) both ask this.
+
+    Args:
+        recipe_base: the recipe's (or search's) base reference; None: nothing to check.
+        task: an adapter; one that names no `base_model_name_or_path` cannot be checked.
+    Raises:
+        RecipeError naming both references.
+    """
+    trained_on = task.config.get("base_model_name_or_path")
+    if recipe_base is None or not trained_on or _one_model(recipe_base, trained_on):
+        return
+    raise RecipeError(
+        f"base {recipe_base!r} is not the model the adapters were trained on: {CONFIG} "
+        f"field 'base_model_name_or_path' is {trained_on!r} in {task.root}; set `base` to that "
+        f"model or a copy of it"
+    )
 
 
 def _base_config(ref: str) -> dict:
@@ -320,6 +360,7 @@ def merge_lora_to_disk(
         raise RecipeError("fold=True needs `base` (the full checkpoint the deltas are added to)")
     task, lang = load_adapter(recipe.task_expert), load_adapter(recipe.language_expert)
     _check_pair(task, lang)
+    check_adapter_base(recipe.base, task)
     base_cfg = _base_config(recipe.base or task.config.get("base_model_name_or_path") or "")
     check_model_type(base_cfg, "base config.json")
     depth = num_layers(base_cfg, "base config.json")

@@ -342,3 +342,35 @@ def test_cli_detects_lora_experts_and_folds(world, tmp_path):
     assert main(["merge", str(path), "--out", str(tmp_path / "full"), "--fold", "-q"]) == 0
     folded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "full").state_dict()
     assert_states_close(folded, peft_merged(world, tmp_path / "adapter"), atol=1e-5)
+
+
+def test_base_must_be_the_adapters_own(world, tmp_path, capsys):
+    """A base other than the one the adapters name (same shapes) is refused, by the CLI (exit 2,
+    one line naming both), the disk merge and the live model; a copy of it is accepted."""
+    import yaml
+
+    from layerswap.cli import main
+    from layerswap.trainables.merge.live import ExpertCache
+
+    other = world["root"] / "fam" / "task"  # the same tiny Llama shapes, other weights
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**recipe(world).model_dump(mode="json"), "base": str(other)}))
+    assert main(["merge", str(path), "--out", str(tmp_path / "out"), "--fold", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(other) in err and str(world["base"]) in err, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(RecipeError, match="base_model_name_or_path"):
+        merge_lora_to_disk(recipe(world, base=str(other)), tmp_path / "out")  # unfolded too
+    with pytest.raises(RecipeError, match="not the model the adapters were trained on"):
+        ExpertCache(str(other)).adapter(str(world["task"]))
+    # A copy of the base under another name (one content id), and a Hub id against a local
+    # copy of that name (spaces.base.same_model's rule), are the adapters' base.
+    copy = Path(shutil.copytree(world["base"], tmp_path / "base-copy"))
+    want = load_file(merge_lora_to_disk(recipe(world, base=str(world["base"])), tmp_path / "a", fold=True) / "model.safetensors")  # fmt: skip
+    got = load_file(merge_lora_to_disk(recipe(world, base=str(copy)), tmp_path / "b", fold=True) / "model.safetensors")  # fmt: skip
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    hub = {}
+    for side in ("task", "lang"):
+        hub[side] = _copy(world, tmp_path, side)
+        _edit_config(hub[side], base_model_name_or_path="someorg/base-copy")
+    merge_lora_to_disk(recipe(hub, base=str(copy)), tmp_path / "c")
