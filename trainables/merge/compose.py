@@ -18,10 +18,33 @@ from layerswap.trainables.merge.terms import Assembly, Terms
 StateDict = Mapping[str, torch.Tensor]
 
 
+def untied(state: StateDict) -> StateDict:
+    """`state` without a second name for one tensor: `model.state_dict()` of a tied-embedding
+    model holds `lm_head.weight` as the embedding itself, which the model's files (and so the disk
+    merge) leave out. A name whose tensor is the same view of the same storage as an earlier
+    name's is dropped (transformers lists the embedding first), so such a state dict merges as
+    its files do. Returns `state` itself when nothing is shared.
+    """
+    seen: set[tuple] = set()
+    drop = []
+    for name, t in state.items():
+        key = (
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            t.stride(),
+            t.dtype,
+        )
+        if t.numel() and key in seen:
+            drop.append(name)
+        seen.add(key)
+    return {n: t for n, t in state.items() if n not in drop} if drop else state
+
+
 def memory_mav_oracle(sources: Mapping[str, StateDict], base: str, chunk_elems: int = 1 << 23):
     """Mean row-wise MAV of (combination - base) over all 1-D/2-D float tensors."""
     cache: dict[Terms, float] = {}
-    shapes = {n: tuple(t.shape) for n, t in sources[base].items() if t.is_floating_point()}
+    shapes = {n: tuple(t.shape) for n, t in untied(sources[base]).items() if t.is_floating_point()}
 
     def read(ref: str, name: str, start: int, count: int) -> torch.Tensor:
         return sources[ref][name].reshape(-1)[start : start + count]
@@ -62,7 +85,8 @@ def compose_recipe(
 
     Args:
         recipe: a validated recipe.
-        sources: {ref: state dict}, one per checkpoint the recipe names.
+        sources: {ref: state dict}, one per checkpoint the recipe names (a tied model's
+            `model.state_dict()` is fine: its `lm_head.weight` alias is left out, see `untied`).
         num_layers: the models' depth.
     Returns:
         The merged state dict (sharing storage with `sources` where a tensor is taken whole).
@@ -71,6 +95,7 @@ def compose_recipe(
     missing = [r for r in refs if r not in sources]
     if missing:
         raise RecipeError(f"compose: no state dict loaded for {missing}")
+    sources = {r: untied(sources[r]) for r in refs}
     names = list(sources[refs[0]])
     for ref in refs[1:]:
         if set(sources[ref]) != set(names):

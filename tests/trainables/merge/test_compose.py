@@ -114,6 +114,27 @@ def test_compose_equals_disk_for_bf16_and_tied(fixture, request, tmp_path):
         assert torch.equal(mem[name], t), name
 
 
+def test_tied_model_state_dicts_compose_as_their_files(tied_family, tmp_path):
+    """`model.state_dict()` of a tied model names the embedding twice (`lm_head.weight` is it):
+    composed with magnitude weights it equals the disk merge exactly, with the same names."""
+    from transformers import AutoModelForCausalLM
+
+    fam = tied_family
+    kw = dict(bottom=3, top=2, bottom_transition=2, top_transition=1)
+    recipe = parse_recipe(swap(fam, transition_weights="magnitude", **kw))
+    merge_to_disk(recipe, tmp_path / "out")
+    disk = load_dir(tmp_path / "out")
+    models = {r: AutoModelForCausalLM.from_pretrained(r).state_dict() for r in recipe_refs(recipe)}
+    assert "lm_head.weight" in models[fam.ref("base")] and "lm_head.weight" not in disk
+    mem = compose_recipe(recipe, models, L)
+    assert set(mem) == set(disk)
+    assert all(torch.equal(mem[name], t) for name, t in disk.items())
+    files = sources_for(fam, recipe)
+    terms = ((fam.ref("task"), 1.0),)
+    base = fam.ref("base")
+    assert memory_mav_oracle(models, base)(terms) == memory_mav_oracle(files, base)(terms)
+
+
 def test_taken_tensors_share_storage_averaged_do_not(family):
     recipe = parse_recipe(swap(family, bottom=3, top=2, bottom_transition=1, top_transition=1))
     src = sources_for(family, recipe)
