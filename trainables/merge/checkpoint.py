@@ -127,9 +127,17 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
 
 
 def find_weights(root: Path) -> list[Path]:
-    """The .safetensors shards of a checkpoint folder; refuses pickle-only checkpoints."""
+    """The .safetensors shards of a checkpoint folder; refuses pickle-only checkpoints and a folder
+    holding both a single weights file and a shard index (which of them is stale is unknown)."""
     for stem in WEIGHT_FILES:
         index = root / f"{stem}.index.json"
+        if index.exists() and (root / stem).exists():
+            # transformers loads the single file and ignores the index; reading the shards would
+            # merge other weights than the model the folder loads as (one of them is stale).
+            raise CheckpointError(
+                f"{root}: holds both {stem} and {index.name}, two sets of weights (transformers "
+                f"loads {stem}); remove the stale one"
+            )
         if index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]

@@ -23,7 +23,7 @@ import torch
 from layerswap.spaces.recipe import LayerSwapRecipe, Recipe
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
-from layerswap.trainables.merge.checkpoint import CheckpointError
+from layerswap.trainables.merge.checkpoint import CheckpointError, find_weights
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
 from layerswap.trainables.merge.lora import (
@@ -47,11 +47,8 @@ from layerswap.trainables.storage import is_uri, join, local_copy
 def _load_state(path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{path}: no .safetensors files (pickled checkpoints are refused)")
     out: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in find_weights(Path(path)):  # the disk merge's rule for which files hold the weights
         out.update(load_file(f))
     return out
 

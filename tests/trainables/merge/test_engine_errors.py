@@ -259,6 +259,28 @@ def test_pickle_only_checkpoint_is_refused_unloaded(family, tmp_path, nothing_wr
     assert not marker.exists()
 
 
+def test_single_file_beside_a_shard_index_is_refused(family, sharded_family, tmp_path, capsys):
+    """A folder with model.safetensors and a (stale) shard index: transformers loads the single
+    file, so merging the shards would merge another model. Exit 2, one line naming both files."""
+    import yaml
+
+    from layerswap.cli import main
+
+    lang = Path(shutil.copytree(sharded_family.paths["language"], tmp_path / "mixed"))
+    shutil.copy(family.paths["task"] / "model.safetensors", lang / "model.safetensors")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_swap_with_language(family, lang, base=None)))
+    assert main(["merge", str(recipe), "--out", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert str(lang) in err and "model.safetensors and model.safetensors.index.json" in err, err
+    assert not (tmp_path / "out").exists()
+    from layerswap.trainables.merge.live import load_expert
+
+    with pytest.raises(ValueError, match="both model"):  # the search's live model: same rule
+        load_expert(str(lang), None)
+
+
 def test_missing_checkpoint_folder(family, tmp_path, nothing_written):
     _expect_refusal(
         _swap_with_language(family, tmp_path / "nowhere"),
