@@ -32,6 +32,7 @@ from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
 from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 from layerswap.trainables.merge.terms import Assembly, Linear, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
+from layerswap.trainables.merge.tokenizer_match import check_same_tokenizer
 from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.trainables.storage import is_uri, local_copy
@@ -102,7 +103,7 @@ def _first_line(e: Exception) -> str:
 
 
 def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
-    """Open and cross-check every checkpoint a recipe names.
+    """Open and cross-check every checkpoint a recipe names (architecture, tensors, tokenizer).
 
     Raises:
         CheckpointError / ArchitectureError naming the folder, field or tensor that disagrees.
@@ -143,6 +144,7 @@ def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
                     f"tensor {name!r}: {list(info.shape)} {info.dtype} in {first.root} but "
                     f"{list(other.shape)} {other.dtype} in {ck.root}"
                 )
+    check_same_tokenizer([ck.root for ck in ckpts.values()])
     return ckpts
 
 
