@@ -152,7 +152,8 @@ class TrainExperiment(StrictModel):
     checkpoint_every_samples: int | None = Field(None, gt=0)
     """Save a checkpoint every N training samples, besides the final one (None: final only)."""
     keep_checkpoints: int | None = Field(None, ge=1)
-    """Keep only the newest N checkpoints (None: all)."""
+    """Keep only the run's newest N checkpoints, counting those written before a resume (None:
+    all). An older one goes only once a newer one is written whole."""
     resume_state: Literal["newest", "all"] = "newest"
     """Which checkpoints keep what resuming needs beyond the weights (AdamW state, fp32 masters,
     FSDP's sharded state): only the newest (resuming starts there; at 8B that state is ~96 GB a

@@ -39,6 +39,7 @@ from layerswap.trainables.train.run_setup import (
     _restore,
 )
 from layerswap.trainables.train.state import (
+    checkpoints_up_to,
     keep_resume_state_of_newest,
     prune_checkpoints,
     read_manifest,
@@ -57,7 +58,7 @@ class TrainResult:
     # this rank's per-step train losses: one worker's is the step's token mean; with several,
     # each rank's share scaled by the world size, whose mean over ranks is (train_step.py)
     losses: list[float] = field(default_factory=list)
-    checkpoints: list[Path] = field(default_factory=list)  # rank 0 only
+    checkpoints: list[Path] = field(default_factory=list)  # rank 0: this process's, still there
 
 
 def _checkpoint(
@@ -72,13 +73,15 @@ def _checkpoint(
     _check_finite_checkpoint(run, metrics, done)
     path = _save_checkpoint(run, done, samples, lr, val, metrics["loss"])
     if path is not None:
-        result.checkpoints.append(path)
+        # Only now, with the new checkpoint whole: the folder's older ones (also those a killed
+        # process wrote before this one resumed, the resume point among them) may go.
         result.final_checkpoint = path
-        prune_checkpoints(result.checkpoints, run.exp.keep_checkpoints)
+        prune_checkpoints(checkpoints_up_to(path), run.exp.keep_checkpoints)
+        result.checkpoints = [p for p in [*result.checkpoints, path] if p.is_dir()]
     if run.world > 1:
         dist.barrier()  # every rank's files of the new checkpoint are written
     if path is not None and run.rank == 0 and run.exp.resume_state == "newest":
-        keep_resume_state_of_newest(result.checkpoints)
+        keep_resume_state_of_newest(checkpoints_up_to(path))
     return path
 
 

@@ -349,3 +349,34 @@ def prune_checkpoints(paths: list[Path], keep: int | None) -> None:
         old = paths.pop(0)
         if old.exists():
             shutil.rmtree(old)
+
+
+def checkpoints_up_to(newest: Path) -> list[Path]:
+    """The checkpoint folders beside `newest` (`samples_<digits>`, temporaries left out) at no
+    more samples than it, oldest first, ending with `newest`: what keep_checkpoints and
+    `resume_state: newest` apply to once `newest` is written whole.
+
+    The folder is scanned, not a list this process kept, so checkpoints a killed process wrote
+    before a resume count too (they were left beside the new ones). Folder names, not
+    manifests: an FSDP rank's own folder holds its shards without one. Folders at more samples
+    belong to a run resumed from an earlier checkpoint; they are left alone (this run
+    rewrites each as it reaches its step).
+
+    Args:
+        newest: the checkpoint folder just written.
+    Returns:
+        the folders, by samples.
+    """
+    cap = _samples_of(newest.name)
+    found = [
+        p
+        for p in newest.parent.iterdir()
+        if p.is_dir() and (n := _samples_of(p.name)) is not None and n <= cap
+    ]
+    return sorted(found, key=lambda p: _samples_of(p.name))
+
+
+def _samples_of(name: str) -> int | None:
+    """The samples count in a checkpoint folder's name `samples_<digits>`, or None."""
+    head, _, digits = name.partition("_")
+    return int(digits) if head == "samples" and digits.isdigit() else None
