@@ -19,6 +19,7 @@ from layerswap.search.preflight_report import Preflight
 from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.trainables.merge.arch import SUPPORTED_MODEL_TYPES, arch_differences
+from layerswap.trainables.merge.tokenizer_match import TokenizerMismatch, check_same_tokenizer
 from layerswap.trainables.storage import exists, is_uri
 
 # Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES} and lora.CONFIG: those
@@ -100,6 +101,8 @@ def _weights_problem(root: Path) -> str | None:
     """What trainables.merge.checkpoint.find_weights would refuse in `root` (None: it finds shards)."""
     for stem in WEIGHT_FILES:
         index = root / f"{stem}.index.json"
+        if index.exists() and (root / stem).exists():
+            return f"holds both {stem} and {index.name}, two sets of weights; remove the stale one"
         if index.exists():
             try:
                 shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -238,6 +241,19 @@ def _check_tokenizer(
         )
 
 
+def _check_same_tokenizer(
+    exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
+) -> None:
+    """The disk merge's tokenizer rule (trainables/merge/tokenizer_match.py) over the local
+    folders: the live trials do not check it, so a pool of mixed vocabularies was refused only
+    when the best recipe was written, after the whole search."""
+    folders = [Path(f.path).expanduser() for f in [*experts, base] if f is not None and f.exists]
+    try:
+        check_same_tokenizer(folders)
+    except TokenizerMismatch as e:
+        out.problems.append(str(e))
+
+
 def _check_expert_kinds(
     exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
 ) -> None:
@@ -257,5 +273,6 @@ FOLDER_CHECKS: tuple[Callable[..., None], ...] = (
     _check_agreement,
     _check_depth_source,
     _check_tokenizer,
+    _check_same_tokenizer,
     _check_expert_kinds,
 )

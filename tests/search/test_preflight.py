@@ -318,6 +318,18 @@ def test_three_problems_are_all_reported(tiny_world, paths, tmp_path):
     assert problems[2].startswith("proxies[0].task world_belebele_xq_dev: unknown task")
 
 
+def test_experts_of_another_vocabulary_are_refused_before_the_search(tiny_world, paths, tmp_path):
+    """The disk merge's tokenizer rule, at the preflight: the live trials do not check it, so
+    the search ran to its end and was refused only when writing RUN/best."""
+    lang = Path(shutil.copytree(paths["language"], tmp_path / "lang_other_vocab"))
+    tj = json.loads((lang / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    tj["model"]["vocab"] = dict(zip(vocab, reversed(list(vocab.values())), strict=True))
+    (lang / "tokenizer.json").write_text(json.dumps(tj))
+    exp = experiment(tiny_world, paths, language_experts=[str(lang)])
+    _only(check_search(exp), "different tokenizers: tokenizer.json", str(lang))
+
+
 def test_torch_free_mirrors_agree_with_the_engine(paths, tmp_path):
     from layerswap.search import preflight_folders as pf
     from layerswap.trainables.merge import checkpoint, lora
@@ -328,7 +340,9 @@ def test_torch_free_mirrors_agree_with_the_engine(paths, tmp_path):
     (empty := tmp_path / "empty").mkdir()
     (pickled := tmp_path / "pickled").mkdir()
     (pickled / "model.pt").write_bytes(b"")
-    for folder in (paths["task"], _adapter(tmp_path / "adapter"), empty, pickled):
+    both = Path(shutil.copytree(paths["task"], tmp_path / "both"))
+    (both / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model.safetensors"}}')
+    for folder in (paths["task"], _adapter(tmp_path / "adapter"), empty, pickled, both):
         try:
             checkpoint.find_weights(folder)
             engine_ok = True

@@ -106,7 +106,8 @@ def open_checkpoints(refs: list[str]) -> dict[str, Checkpoint]:
     """Open and cross-check every checkpoint a recipe names (architecture, tensors, tokenizer).
 
     Raises:
-        CheckpointError / ArchitectureError naming the folder, field or tensor that disagrees.
+        CheckpointError / ArchitectureError / TokenizerMismatch naming the folder, field,
+        tensor or tokenizer file that disagrees.
     """
     ckpts = {ref: Checkpoint.open(resolve_ref(ref)) for ref in refs}
     first_ref = refs[0]

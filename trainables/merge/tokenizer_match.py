@@ -1,7 +1,8 @@
 """Whether a merge's checkpoints share one tokenizer: token ids index the embedding rows, so
 experts of the same shapes but another vocabulary merge into nonsense without any error.
 
-`check_same_tokenizer([folder, ...])` is called by the disk merge (engine.open_checkpoints).
+`check_same_tokenizer([folder, ...])` is called by the disk merge (engine.open_checkpoints) and
+by the search's preflight (search/preflight_folders.py), so it imports no torch.
 Run: `python -c "from layerswap.trainables.merge.tokenizer_match import tokenizer_fingerprint as f; print(f(__import__('pathlib').Path('DIR')))"`.
 """
 
@@ -13,7 +14,10 @@ import os
 import threading
 from pathlib import Path
 
-from layerswap.trainables.merge.checkpoint import CheckpointError
+
+class TokenizerMismatch(ValueError):
+    """Checkpoints of one merge whose tokenizers differ, or a tokenizer file that cannot be read."""
+
 
 # What is compared, per file: what decides which token an id stands for. Not the bytes of the
 # JSON files: one tokenizer re-saved by another transformers/tokenizers version is other bytes
@@ -66,7 +70,7 @@ def _digest(path: Path) -> str | None:
     try:
         content = _content(path.name, raw)
     except (ValueError, AttributeError, TypeError) as e:
-        raise CheckpointError(f"{path}: not a readable tokenizer file ({e})") from None
+        raise TokenizerMismatch(f"{path}: not a readable tokenizer file ({e})") from None
     digest = None
     if content is not None:
         text = json.dumps(content, sort_keys=True, separators=(",", ":"))
@@ -99,14 +103,14 @@ def check_same_tokenizer(folders: list[Path]) -> None:
     Args:
         folders: the checkpoint folders of one merge.
     Raises:
-        CheckpointError naming the file and the two folders that differ.
+        TokenizerMismatch naming the file and the two folders that differ.
     """
     seen: dict[str, tuple[str, Path]] = {}
     for folder in folders:
         for name, digest in tokenizer_fingerprint(folder).items():
             first = seen.setdefault(name, (digest, folder))
             if first[0] != digest:
-                raise CheckpointError(
+                raise TokenizerMismatch(
                     f"different tokenizers: {name} of {folder} differs from that of {first[1]} "
                     f"(vocabulary, merges or added tokens); the experts of a merge must share "
                     f"one tokenizer, as token ids index the embedding rows"
