@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from layerswap.trainables.evaluate.decoding import decoding_rules
 from layerswap.trainables.evaluate.finite_outputs import watch_logits
 from layerswap.trainables.evaluate.lm_eval_api import apply_filters, load_tasks
 from layerswap.trainables.evaluate.proxy_lm import (
@@ -59,6 +60,7 @@ class _TaskCache:
     order: list[int]  # seeded permutation of item positions; fidelity takes a prefix
     until: list[str] = field(default_factory=list)
     max_gen_toks: int = 0
+    gen_kwargs: dict = field(default_factory=dict)  # generate_until: see decoding.py
     triggers: list[int] | None = None  # generate_until: see proxy_lm.stop_triggers
 
 
@@ -268,11 +270,11 @@ class ProxyEvaluator:
         cache = _TaskCache(name, task, kind, split, items, _seeded_order(seed, name, len(items)))
         if kind == "generate_until":
             kw = normalize_gen_kwargs(task.config.generation_kwargs, 256)  # HFLM max_gen_toks
-            if kw.get("do_sample"):
-                raise ValueError(f"{name}: only greedy generation is supported")
             eos = self.tokenizer.decode(self.tokenizer.eos_token_id, skip_special_tokens=False)
-            cache.until = handle_stop_sequences(kw.get("until"), eos=eos)
-            cache.max_gen_toks = kw["max_gen_toks"]
+            cache.until = handle_stop_sequences(kw.pop("until", None), eos=eos)
+            cache.max_gen_toks = kw.pop("max_gen_toks")
+            cache.gen_kwargs = kw  # what HFLM passes on to model.generate
+            decoding_rules(None, kw, cache.max_gen_toks, f"task {name}")  # refused before any work
             cache.triggers = stop_triggers(self.tokenizer, cache.until)
         return cache
 
@@ -359,12 +361,12 @@ class ProxyEvaluator:
         return out
 
     def _score_gen(self, c: _TaskCache, chosen: list[_Item], model, max_length) -> list:
-        import copy
-
         max_ctx = max_length - c.max_gen_toks  # HFLM.generate_until left truncation
         if max_ctx <= 0:
             raise ValueError(f"{c.name}: max_gen_toks {c.max_gen_toks} >= max_length {max_length}")
-        stop_ids = eos_ids(model, self.tokenizer)
+        name = getattr(model.config, "name_or_path", "") or type(model).__name__
+        rules = decoding_rules(model, c.gen_kwargs, c.max_gen_toks, f"task {c.name} on model {name}")  # fmt: skip
+        stop_ids = set(rules.eos_ids) if rules.eos_ids else eos_ids(model, self.tokenizer)
         # Longest first, like HFLM's Collator; batches of one reproduce HFLM exactly.
         todo = sorted(range(len(chosen)), key=lambda i: -len(chosen[i].ctx_ids))
         texts: dict[int, str] = {}
@@ -373,8 +375,9 @@ class ProxyEvaluator:
             rows = todo[start:stop]
             ctxs = [chosen[i].ctx_ids[-max_ctx:] for i in rows]
             outs = greedy_generate(
-                model, self.tokenizer, ctxs, c.until, c.max_gen_toks, stop_ids, c.triggers
-            )
+                model, self.tokenizer, ctxs, c.until, rules.max_new_tokens, stop_ids, c.triggers,
+                rules.processors,
+            )  # fmt: skip
             texts.update(zip(rows, outs, strict=True))
 
         self.sizer.run(len(todo), chunk, model_device(model), "generate_until")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from lm_eval.models.utils import postprocess_generated_text
+from transformers.generation import LogitsProcessorList
 
 from layerswap.trainables.devices import is_out_of_memory
 from layerswap.trainables.evaluate.harness import check_batch_size
@@ -208,6 +209,7 @@ def greedy_generate(
     max_gen_toks: int,
     stop_ids: set[int],
     triggers: list[int] | None = None,
+    processors: Callable[[torch.Tensor], LogitsProcessorList | None] | None = None,
 ) -> list[str]:
     """Greedy continuations of a batch of contexts, cut at the first stop string.
 
@@ -227,6 +229,9 @@ def greedy_generate(
         max_gen_toks: new-token budget.
         stop_ids: EOS ids that end a row.
         triggers: see `stop_triggers` (None: check the text after every token).
+        processors: pad lengths [rows] -> the logits processors generate() would apply
+            (decoding.DecodingRules.processors), run as generate runs them: on float32 logits,
+            over each row's padded context and the tokens chosen so far.
     Returns:
         Per row, the decoded continuation (special tokens skipped), cut at the stop strings.
     """
@@ -241,10 +246,18 @@ def greedy_generate(
     gen: list[list[int]] = [[] for _ in ctxs]
     active = list(range(len(ctxs)))  # batch position -> row
     done: set[int] = set()
+    pad_lens = torch.tensor([ids.shape[1] - len(c) for c in ctxs], device=device)  # [a]
+    procs = processors(pad_lens) if processors is not None else None
+    seq = ids  # [a, w + step]: what the processors read
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
     cache_kw = cache_argument(model)
     for step in range(max_gen_toks):
-        nxt = out.logits[:, -1].argmax(-1)  # [a]
+        logits = out.logits[:, -1]  # [a, V]
+        if procs is not None:
+            logits = procs(seq, logits.to(dtype=torch.float32, copy=True))
+        nxt = logits.argmax(-1)  # [a]
+        if procs is not None:
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
         eos = torch.isin(nxt, stop_t)
         check = torch.isin(nxt, trig_t) if trig_t is not None else torch.ones_like(eos)
         toks, eos_l, check_l = torch.stack([nxt, eos.long(), check.long()]).tolist()  # one sync
@@ -263,6 +276,9 @@ def greedy_generate(
             nxt = nxt[idx]
             extra = {k: v[idx] for k, v in extra.items()}
             active = [active[b] for b in keep]
+            if procs is not None:
+                seq, pad_lens = seq[idx], pad_lens[idx]
+                procs = processors(pad_lens)
         if extra:
             mask = extra["attention_mask"]
             extra = {

@@ -115,3 +115,21 @@ def tiny_models(tok, n: int = 3, seed: int = 0):
         m.load_state_dict(perturbed(state, 0.05, seed * 100 + i))
         models.append(m.eval())
     return models
+
+
+def lm_eval_samples(model, tok, world, tasks, gen_kwargs) -> dict:
+    """lm-eval's own per-sample log: {task: {(doc_id, filter): sample}}."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok),
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(world), include_defaults=False),
+        log_samples=True,
+        gen_kwargs=dict(gen_kwargs),
+        bootstrap_iters=0,
+        cache_requests=False,
+    )
+    return {t: {(s["doc_id"], s["filter"]): s for s in out["samples"][t]} for t in tasks}

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from proxy_fixtures import tiny_models, write_world
+from proxy_fixtures import lm_eval_samples, tiny_models, write_world
 
 from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 
@@ -33,24 +33,6 @@ def models(tok):
 @pytest.fixture(scope="module")
 def evaluator(world, tok):
     return ProxyEvaluator(TASKS, tok, include_path=str(world), gen_kwargs=GEN)
-
-
-def lm_eval_samples(model, tok, world, tasks, gen_kwargs) -> dict:
-    """lm-eval's own per-sample log: {task: {(doc_id, filter): sample}}."""
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-
-    out = lm_eval.simple_evaluate(
-        model=HFLM(pretrained=model, tokenizer=tok),
-        tasks=tasks,
-        task_manager=TaskManager(include_path=str(world), include_defaults=False),
-        log_samples=True,
-        gen_kwargs=dict(gen_kwargs),
-        bootstrap_iters=0,
-        cache_requests=False,
-    )
-    return {t: {(s["doc_id"], s["filter"]): s for s in out["samples"][t]} for t in tasks}
 
 
 def assert_same_as_lm_eval(result, samples) -> int:
