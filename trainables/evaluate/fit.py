@@ -204,7 +204,8 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
 
     On a GPU: the largest batch <= `want` whose longest prompt fits the free memory (an int
     `want`). On any device, "auto" is lm-eval's own search with max_length bounded to the
-    longest prompt plus max_gen_toks: its probe otherwise runs at the model's max_length
+    longest prompt plus max_gen_toks, capped at the window HFLM resolves for the model (so
+    prompts are truncated as in a run without the bound): its probe otherwise runs at that
     (131,072 for Llama 3.1; on a GPU it settles on 1, on a CPU it never runs out of memory and
     spends most of a small evaluation on 64 rows of that length). On a CPU, an int as it is.
 
@@ -219,7 +220,7 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
 
     # lazy: the evaluator imports lm-eval; the estimate above is plain arithmetic
     from layerswap.trainables.evaluate.proxy import ProxyEvaluator
-    from layerswap.trainables.evaluate.proxy_lm import model_device
+    from layerswap.trainables.evaluate.proxy_lm import hflm_max_length, model_device
     from layerswap.trainables.train.model_shape import model_shape
 
     device = model_device(model)
@@ -230,7 +231,10 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
         gen_kwargs={"max_gen_toks": max_gen_toks},
     )  # fmt: skip
     rows = task_rows(ev)
-    bound = max((r.tokens + r.new_tokens for r in rows), default=0) or None
+    # Never past lm-eval's own window: a longer bound reads past the model's positions where
+    # lm-eval's default left-truncates, so scores would depend on the batch setting.
+    longest = max((r.tokens + r.new_tokens for r in rows), default=0)
+    bound = min(longest, hflm_max_length(model, tokenizer)) or None
     if want == "auto":
         return EvalBatch("auto", bound, f"lm-eval's auto, max_length bounded to {bound}")
     free, _ = torch.cuda.mem_get_info(device)

@@ -21,6 +21,7 @@ from layerswap.trainables.evaluate.proxy_lm import (
     choice_loglikelihoods,
     eos_ids,
     greedy_generate,
+    hflm_max_length,
     model_device,
     stop_triggers,
 )
@@ -307,11 +308,9 @@ class ProxyEvaluator:
         Returns:
             ProxyResult with per-item predictions and lm-eval-keyed aggregates per task.
         """
-        from lm_eval.models.utils import resolve_max_length
-
         t0 = time.perf_counter()
         model.eval()
-        max_length = resolve_max_length(model.config, self.tokenizer, default=2048)
+        max_length = hflm_max_length(model, self.tokenizer)
         # NaN logits score as numbers (an argmax over NaNs picks the first option), as in
         # lm-eval; watched per forward without a sync, read once per task (_score_tasks).
         with watch_logits(model) as logits:

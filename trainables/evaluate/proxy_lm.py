@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from lm_eval.models.utils import postprocess_generated_text
+from lm_eval.models.utils import DEFAULT_MAX_LENGTH, postprocess_generated_text, resolve_max_length
 from transformers.generation import LogitsProcessorList
 
 from layerswap.trainables.devices import is_out_of_memory
@@ -23,6 +23,17 @@ from layerswap.trainables.evaluate.harness import check_batch_size
 # GPU the evaluator halves it on out-of-memory and remembers what fit; on a CPU rows are cheap
 # to add until the cores are busy (benchmarks/bench_eval.py measured 16 as the knee).
 AUTO_START = {"cpu": 16, "cuda": 64}
+
+
+def hflm_max_length(model, tokenizer) -> int:
+    """The context window lm-eval's HFLM gives `model` when no max_length is passed.
+
+    Args:
+        model: the causal LM (its config; an object without one gets HFLM's default).
+        tokenizer: its tokenizer (model_max_length, when the config names no length).
+    """
+    config = getattr(model, "config", None)
+    return resolve_max_length(config, tokenizer, default=DEFAULT_MAX_LENGTH)  # HFLM's default
 
 
 def model_device(model) -> torch.device:

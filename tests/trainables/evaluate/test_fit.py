@@ -145,3 +145,27 @@ def test_auto_on_a_cpu_bounds_lm_evals_probe_to_the_longest_row(monkeypatch):
     assert (auto.batch_size, auto.max_length) == ("auto", 54)
     four = fit.eval_batch(model, None, ["t"], want=4, **kw)
     assert (four.batch_size, four.max_length) == (4, None)
+
+
+def test_the_bound_never_passes_the_models_own_window(tok, tmp_path):
+    """A prompt longer than the model's window: lm-eval at the bounded "auto" truncates it as
+    at its default window (it read past max_position_embeddings, 2.9 nats off on the world)."""
+    from proxy_fixtures import tiny_models, write_world
+
+    from layerswap.trainables.evaluate.harness import evaluate
+
+    world, model = write_world(tmp_path), tiny_models(tok, n=1)[0]
+    model.config.max_position_embeddings = 48  # rotary positions: nothing else reads it
+    kw = dict(include_path=str(world), limit=3, num_fewshot=None)
+    plan = fit.eval_batch(model, tok, ["bele_dev"], max_gen_toks=8, want="auto", **kw)
+    assert plan.max_length == 48
+    run = dict(tokenizer=tok, device="cpu", verbose=False, **kw)
+    bounded = evaluate(model, ["bele_dev"], batch_size="auto", max_length=plan.max_length, **run)
+    default = evaluate(model, ["bele_dev"], batch_size=1, **run)
+    lls = [
+        {s["doc_id"]: [r[0][0] for r in s["resps"]] for s in raw["samples"]["bele_dev"]}
+        for raw in (bounded, default)
+    ]
+    assert lls[0].keys() == lls[1].keys()
+    for d in lls[1]:
+        assert lls[0][d] == pytest.approx(lls[1][d], abs=1e-4)
