@@ -53,16 +53,18 @@ from layerswap.trainables.train.ray_failures import (
     quiet_own_errors,
 )
 from layerswap.trainables.train.ray_fit import fit_interruptibly
+from layerswap.trainables.train.ray_keep import prune_untracked, untracked_checkpoints
 from layerswap.trainables.train.ray_progress import printing, sender
 from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
     read_manifest,
     resume_problem,
+    samples_of,
 )
 
 
-def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True):
+def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True, keep: int | None = None, untracked: list[str] | None = None):  # fmt: skip
     """A `checkpoint_upload_fn` that copies a checkpoint into the local run folder atomically.
 
     Ray's own upload copies file by file into storage: a worker killed mid-copy (an interrupted
@@ -70,7 +72,8 @@ def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True):
     (its manifest is there) but is not. Built beside and renamed into place, it is whole or absent.
     `merged` (FSDP: every rank reports the folder of its own shards): each rank copies its files
     into one staging folder, and rank 0 renames it once all have (a collective: every rank
-    reports a checkpoint at the same step).
+    reports a checkpoint at the same step). Then, the new one whole, keep_checkpoints prunes the
+    `untracked` checkpoints (those Ray does not know of: trainables/train/ray_keep.py).
     """
     import torch.distributed as dist
 
@@ -79,6 +82,7 @@ def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True):
         if not merged:
             with atomic_dir(dest, overwrite=True) as tmp:
                 shutil.copytree(checkpoint.path, tmp, dirs_exist_ok=True)
+            prune_untracked(dest, keep, untracked or [])
             if newest_only:  # resume_state: newest
                 keep_resume_state_of_newest(find_checkpoints(run_dir))
             return Checkpoint.from_directory(str(dest))
@@ -94,6 +98,7 @@ def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True):
             with atomic_dir(dest, overwrite=True) as tmp:
                 tmp.rmdir()
                 os.rename(stage, tmp)
+            prune_untracked(dest, keep, untracked or [])
             if newest_only:
                 keep_resume_state_of_newest(find_checkpoints(run_dir))
         dist.barrier()
@@ -182,6 +187,7 @@ def _worker(config: dict) -> None:
     merged = exp.scaling.strategy == "fsdp" and ctx.get_world_size() > 1
 
     progress = sender(config.get("progress")) if ctx.get_world_rank() == 0 else None
+    untracked: list[str] = []  # of config["untracked"], those this attempt may prune (below)
 
     def report(metrics: dict, path: Path | None) -> None:
         forward(metrics, path)
@@ -213,7 +219,9 @@ def _worker(config: dict) -> None:
                 checkpoint=Checkpoint.from_directory(str(path)),
                 checkpoint_dir_name=path.name,
                 delete_local_checkpoint_after_upload=True,
-                checkpoint_upload_fn=_upload_into(run_dir, merged, exp.resume_state == "newest")
+                checkpoint_upload_fn=_upload_into(
+                    run_dir, merged, exp.resume_state == "newest", exp.keep_checkpoints, untracked
+                )
                 if run_dir
                 else None,
             )
@@ -223,16 +231,22 @@ def _worker(config: dict) -> None:
     # Looked up again by every attempt: a worker group restarted after a lost worker may start
     # before Ray's controller has taken in the last checkpoint's report (a ~2 s poll).
     on_disk = _resume_point(exp, Path(run_dir)) if run_dir else None
+
+    def start(work: str, resume: str | None) -> None:
+        # Untracked checkpoints after the resume point are rewritten by this run (Ray then
+        # knows them): only those up to it are pruned here.
+        cap = samples_of(Path(resume).name) if resume is not None else -1
+        untracked[:] = [n for n in config.get("untracked", []) if samples_of(n) <= cap]
+        run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
+
     with tempfile.TemporaryDirectory(prefix=f"lsw-{ctx.get_world_rank()}-") as work:
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
-            resume = _newest(None, on_disk)
-            run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
+            start(work, _newest(None, on_disk))
         else:
             with ckpt.as_directory() as restored:
                 check_restored(exp, restored, ckpt.path)
-                resume = _newest(restored, on_disk)
-                run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
+                start(work, _newest(restored, on_disk))
 
 
 @dataclass
@@ -272,7 +286,9 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
         # A worker killed mid-upload (see _upload_into) leaves its temp folder: no one else
         # writes this run now, so it goes.
         remove_left_temps(run_dir)
-        local = {"run_dir": str(run_dir)}
+        # Checkpoints Ray's snapshot does not name, read before Ray runs: its workers prune them
+        # by keep_checkpoints (Ray prunes only those it registered).
+        local = {"run_dir": str(run_dir), "untracked": untracked_checkpoints(run_dir)}
         inputs.append(run_lock(run_dir))  # its workers write their checkpoints there
     return OwnErrorsTrainer(
         _worker,

@@ -367,16 +367,16 @@ def checkpoints_up_to(newest: Path) -> list[Path]:
     Returns:
         the folders, by samples.
     """
-    cap = _samples_of(newest.name)
+    cap = samples_of(newest.name)
     found = [
         p
         for p in newest.parent.iterdir()
-        if p.is_dir() and (n := _samples_of(p.name)) is not None and n <= cap
+        if p.is_dir() and (n := samples_of(p.name)) is not None and n <= cap
     ]
-    return sorted(found, key=lambda p: _samples_of(p.name))
+    return sorted(found, key=lambda p: samples_of(p.name))
 
 
-def _samples_of(name: str) -> int | None:
+def samples_of(name: str) -> int | None:
     """The samples count in a checkpoint folder's name `samples_<digits>`, or None."""
     head, _, digits = name.partition("_")
     return int(digits) if head == "samples" and digits.isdigit() else None
