@@ -20,13 +20,15 @@ from layerswap.trainables.evaluate.harness import (
     evaluate,
     resolve_device,
 )
-from layerswap.trainables.evaluate.lm_eval_api import include_list, task_configs
+from layerswap.trainables.evaluate.lm_eval_api import include_list, single_configs, task_index
 from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from layerswap.trainables.evaluate.scoring import (
+    aggregate_score,
     config_higher_is_better,
-    group_score,
+    leaf_tasks,
+    pooled_score,
     task_higher_is_better,
-    task_key,
+    task_score,
 )
 from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
 from layerswap.trainables.merge.lora import is_lora_adapter
@@ -135,8 +137,8 @@ class IndicatorScorer:
     """Scores checkpoints on fixed indicator tasks; prompts are built once (proxy backend).
 
     Args:
-        tasks: lm-eval task or group names (a group's score is the item-weighted mean of its
-            leaves, as lm-eval's weight_by_size aggregation).
+        tasks: lm-eval task, group or tag names (a group's or tag's score is the item-weighted
+            mean of its tasks' scores, scoring.pooled_score, by either backend).
         tokenizer: the experts' shared tokenizer.
         include_path: folder(s) of task YAMLs (world tasks); None for built-in tasks only.
         limit: first N items of each (leaf) task; None for all.
@@ -177,6 +179,7 @@ class IndicatorScorer:
         self.max_gen_toks = max_gen_toks
         self.backend = backend
         self._evals: dict[str, ProxyEvaluator] = {}
+        self._tags: dict[str, list[str]] = {}  # lm_eval backend: tag -> members
         if backend == "proxy":
             paths = include_list(include_path)
             if any(not is_world_task(t) for t in self.tasks):
@@ -194,7 +197,9 @@ class IndicatorScorer:
                 for leaf, cache in self._evals[name].tasks.items():
                     refuse_lower_is_better(name, *task_higher_is_better(cache.task), leaf)
         else:  # lm-eval loads the tasks per run; their configs tell the direction now
-            for name, cfg in task_configs(self.tasks, include_path).items():
+            index = task_index(self.tasks, include_path)
+            self._tags = tag_members(index)
+            for name, cfg in single_configs(index, self.tasks).items():
                 if cfg is not None and cfg.get("metric_list"):  # a group's leaves: per run
                     refuse_lower_is_better(name, *config_higher_is_better(cfg, name))
 
@@ -213,11 +218,11 @@ class IndicatorScorer:
         if self.backend == "proxy":
             for name, ev in self._evals.items():
                 res = ev.score(model)
-                values: list[float] = []
-                for leaf, items in res.items.items():
-                    metric, filt = task_key(ev.tasks[leaf].task)
-                    values += [float(it.metrics[f"{metric},{filt}"]) for it in items]
-                scores[name], counts[name] = sum(values) / len(values), len(values)
+                parts = [
+                    (aggregate_score(ev.tasks[leaf].task, res.aggregate[leaf]), len(items))
+                    for leaf, items in res.items.items()
+                ]
+                scores[name], counts[name] = pooled_score(parts), sum(n for _, n in parts)
         else:
             raw = evaluate(
                 model,
@@ -231,8 +236,11 @@ class IndicatorScorer:
                 device=self.device,
             )
             for name in self.tasks:
-                scores[name] = group_score(raw, name)
-                counts[name] = _lm_eval_count(raw, name)
+                parts = [
+                    (task_score(raw, leaf), _lm_eval_count(raw, leaf))
+                    for leaf in leaf_tasks(raw, name, self._tags)
+                ]
+                scores[name], counts[name] = pooled_score(parts), sum(n for _, n in parts)
         return IndicatorScores(scores, counts, time.perf_counter() - t0)
 
     def score_checkpoint(self, path: str | Path, *, base: str | Path | None = None, trust_remote_code: bool = False) -> IndicatorScores:  # fmt: skip
@@ -249,14 +257,18 @@ class IndicatorScorer:
 
 
 def _lm_eval_count(raw: dict, task: str) -> int:
-    """Items lm-eval scored for a task or group (a group sums its leaves)."""
-    n = raw.get("n-samples") or {}
-    if task in n:
-        return int(n[task]["effective"])
-    leaves = (raw.get("group_subtasks") or {}).get(task)
-    if not leaves:
+    """Items lm-eval scored for a single task."""
+    n = (raw.get("n-samples") or {}).get(task)
+    if n is None:
         raise ValueError(f"task {task!r}: no sample count in these lm-eval results")
-    return sum(_lm_eval_count(raw, leaf) for leaf in leaves)
+    return int(n["effective"])
+
+
+def tag_members(index: dict[str, Any]) -> dict[str, list[str]]:
+    """{tag: member names} of an lm-eval task index (a tag entry's `tags` are its members)."""
+    from lm_eval.tasks._index import Kind
+
+    return {name: sorted(e.tags) for name, e in index.items() if e.kind == Kind.TAG}
 
 
 def score_checkpoint(

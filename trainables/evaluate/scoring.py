@@ -50,18 +50,36 @@ def task_score(raw: dict, task: str) -> float:
     return float(raw["results"][task][f"{metric},{filt}"])
 
 
-def group_score(raw: dict, task: str) -> float:
-    """A task's reported score, or a group's aggregate under its first leaf's metric key."""
+def leaf_tasks(raw: dict, task: str, tags: dict[str, list[str]] | None = None) -> list[str]:
+    """The single tasks of an lm-eval result that a name covers, in results order.
+
+    Args:
+        raw: an lm-eval result dict.
+        task: a task, group (its `group_subtasks`, nested) or tag name.
+        tags: {tag: member names} (lm-eval expands a tag into its members and records no trace
+            of it in the results; see indicators.tag_members).
+    """
     if task in raw.get("configs", {}):
-        return task_score(raw, task)
-    leaf = task
-    while leaf not in raw.get("configs", {}):
-        subs = (raw.get("group_subtasks") or {}).get(leaf)
-        if not subs:
-            raise ValueError(f"task {task!r} not in these lm-eval results")
-        leaf = subs[0]
-    metric, filt = score_key(raw, leaf)
-    return float(raw["results"][task][f"{metric},{filt}"])
+        return [task]
+    subs = (raw.get("group_subtasks") or {}).get(task) or (tags or {}).get(task)
+    if not subs:
+        raise ValueError(f"task {task!r} not in these lm-eval results")
+    return [leaf for sub in subs for leaf in leaf_tasks(raw, sub, tags)]
+
+
+def pooled_score(parts: list[tuple[float, int]]) -> float:
+    """A score over several tasks: their item-weighted mean, as if their items were one task
+    (a group or tag indicator, by either backend; lm-eval's weight_by_size group mean).
+
+    Args:
+        parts: (task's reported score, items it was scored on) per task.
+    """
+    if len(parts) == 1:
+        return float(parts[0][0])  # the task's own number, not rounded through score * n / n
+    n = sum(k for _, k in parts)
+    if n <= 0:
+        raise ValueError("no items scored")
+    return float(sum(score * k for score, k in parts) / n)
 
 
 def aggregate_score(task: Any, aggregate: dict[str, float]) -> float:

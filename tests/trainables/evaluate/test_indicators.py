@@ -169,3 +169,21 @@ def test_score_moves_the_model_to_the_scorer_device(world, scorer, monkeypatch):
     got = scorer.score(model)
     assert moved == [(scorer.device,)]
     assert got.n_items == {t: LIMIT for t in TASKS}
+
+
+@pytest.mark.slow
+def test_a_tag_indicator_scores_alike_with_both_backends(world, tasks_dir):
+    """world_belebele_dev tags the en/xa/xb dev tasks: lm-eval records no trace of a tag in its
+    results, so the lm_eval backend pools the members as the proxy does (it raised only after
+    the whole run)."""
+    tok, model = load_tokenizer(world / "base"), load_model(world / "base", device="cpu")
+    kw = dict(include_path=tasks_dir, limit=4, device="cpu")
+    got = {
+        b: IndicatorScorer(["world_belebele_dev"], tok, backend=b, **kw).score(model)
+        for b in ("proxy", "lm_eval")
+    }
+    assert got["proxy"].n_items == got["lm_eval"].n_items == {"world_belebele_dev": 12}
+    assert got["proxy"].scores == pytest.approx(got["lm_eval"].scores, abs=1e-12)
+    leaves = [f"world_belebele_{lang}_dev" for lang in ("en", "xa", "xb")]
+    each = IndicatorScorer(leaves, tok, **kw).score(model).scores
+    assert got["proxy"].scores["world_belebele_dev"] == pytest.approx(sum(each.values()) / 3)

@@ -9,7 +9,8 @@ import pytest
 
 from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
-    group_score,
+    leaf_tasks,
+    pooled_score,
     score_key,
     scoring_key,
     task_key,
@@ -48,11 +49,19 @@ def test_raw_and_task_objects_agree():
     for name, cfg in (("mgsm", MGSM), ("bele", BELE)):
         assert score_key(raw, name) == task_key(_task(name, cfg))
     assert task_score(raw, "mgsm") == 0.25
-    assert group_score(raw, "bele") == 0.5
-    assert group_score(raw, "grp") == 0.75  # the group's aggregate, under its leaf's key
+    assert leaf_tasks(raw, "bele") == ["bele"] and leaf_tasks(raw, "grp") == ["bele"]
+    # A tag leaves no trace in lm-eval's results: its members come from the task index.
+    assert leaf_tasks(raw, "tg", {"tg": ["grp", "mgsm"]}) == ["bele", "mgsm"]
+    with pytest.raises(ValueError, match="'tg' not in these lm-eval results"):
+        leaf_tasks(raw, "tg")
     with pytest.raises(ValueError, match="not in these results"):
         task_score(raw, "grp")
     agg = {"exact_match,flexible-extract": 0.5, "exact_match,strict-match": 0.0}
     assert aggregate_score(_task("mgsm", MGSM), agg) == 0.5
     with pytest.raises(ValueError, match="no 'acc,none'"):
         aggregate_score(_task("bele", BELE), agg)
+
+
+def test_pooled_score_is_the_item_weighted_mean():
+    assert pooled_score([(0.1, 49)]) == 0.1  # one task: its own number, not 0.1 * 49 / 49
+    assert pooled_score([(0.5, 10), (1.0, 30)]) == 0.875
