@@ -1,8 +1,9 @@
 """Model-side kernels of the proxy evaluator: batched choice loglikelihoods and greedy generation.
 
 Each mirrors lm-eval 0.4.13's HFLM on pre-tokenized ids, on the model's own device. With one row
-per forward pass the arithmetic is HFLM's at batch size 1; batches are left-padded (attention
-mask, positions counted from each row's first real token), which can move a float near-tie.
+per forward pass nothing is padded, as in HFLM at batch size 1 (its predictions; log-likelihoods
+within 1e-4, not bit for bit: only the logits needed are computed); batches are left-padded
+(attention mask, positions counted from each row's first real token): a float near-tie may move.
 Used by trainables/evaluate/proxy.py.
 """
 
@@ -90,8 +91,8 @@ def _logprobs(logits: torch.Tensor) -> torch.Tensor:
 def _left_pad(rows: Sequence[Sequence[int]], pad: int, device) -> tuple[torch.Tensor, dict]:
     """Rows left-padded to one width, and the mask/positions HF generate would use.
 
-    Without padding the mask is all ones: the model then takes its plain causal path, the
-    arithmetic of a batch-size-1 HFLM call.
+    Without padding no mask is passed: the model takes its plain causal path, as in a
+    batch-size-1 HFLM call.
     Returns:
         (ids [n, width], {"attention_mask", "position_ids"} or {} when no row is padded)
     """
@@ -134,7 +135,7 @@ def choice_loglikelihoods(
         model: causal LM in eval mode.
         items: (context ids, [continuation ids per choice]) per item; all non-empty.
         max_length: the model's context window as HFLM resolves it.
-        sizer: rows per forward pass (default: one row, HFLM's batch-size-1 arithmetic).
+        sizer: rows per forward pass (default: one row, unpadded as HFLM at batch size 1).
         pad_id: id written into padding (masked out).
     Returns:
         per item, [(loglikelihood, is_greedy)] in choice order.
@@ -230,7 +231,7 @@ def greedy_generate(
     only after a `triggers` token; HFLM's MultiTokenEOSCriteria watches a short token window,
     so it can only stop later; both texts are then cut at the first stop string, so they
     agree). Finished rows leave the batch once a quarter of it is done. With one context
-    there is no padding and the arithmetic is HFLM's at batch size 1.
+    there is no padding, as in HFLM at batch size 1.
 
     Args:
         model: causal LM in eval mode.
