@@ -58,7 +58,9 @@ class Hyper(StrictModel):
     larger one fewer (training prints them; the manifest records `passes`). Equalise their
     sizes with the datasets' `limit` for `epochs` passes of each."""
     seq_len: int = Field(1024, gt=1, le=MAX_SEQ_LEN)
-    """Longest training sample in tokens; longer ones are truncated."""
+    """Longest training sample in tokens. A longer row is cut to it (the end of its answer turn,
+    end-of-turn token included, is lost), or dropped when its prompt turn fills it; training
+    prints how many of each per dataset, and the manifest records `n_truncated`, `n_dropped`."""
     seed: int = 0
     """Seeds data order, the validation split and dropout."""
     val_share: float = Field(0.05, ge=0, lt=1)

@@ -136,10 +136,17 @@ def check_sizes(exp: TrainExperiment, counts: list[int], after: str = "") -> int
 
 
 def encode(tok, prompt: str, response: str, seq_len: int) -> Encoded | None:
-    """Token ids of the chat-formatted pair and labels with the prompt masked (-100).
+    """Token ids of the chat-formatted pair and labels with the prompt masked (-100), cut to
+    `seq_len` tokens (the end of the answer turn, its end-of-turn token with it, is lost).
 
     Returns None when truncation to `seq_len` leaves no response token.
     """
+    ids, n_head = _chat_ids(tok, prompt, response)
+    return _fit(ids, n_head, seq_len)
+
+
+def _chat_ids(tok, prompt: str, response: str) -> tuple[list[int], int]:
+    """The whole chat-formatted pair's token ids and how many of them are the prompt turn."""
     head = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)  # fmt: skip
     full = tok.apply_chat_template(
         [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
@@ -148,7 +155,13 @@ def encode(tok, prompt: str, response: str, seq_len: int) -> Encoded | None:
     if not full.startswith(head):  # templates that rewrite the prompt turn would mis-mask
         raise ValueError("chat template: the prompt turn is not a prefix of the full chat")
     n_head = len(tok(head, add_special_tokens=False)["input_ids"])
-    ids = tok(full, add_special_tokens=False)["input_ids"][:seq_len]
+    return tok(full, add_special_tokens=False)["input_ids"], n_head
+
+
+def _fit(ids: list[int], n_head: int, seq_len: int) -> Encoded | None:
+    """`ids` cut to `seq_len` with the prompt's labels masked; None when no response token is
+    left (encode's rule, one place)."""
+    ids = ids[:seq_len]
     if len(ids) <= n_head:
         return None
     return ids, [-100] * n_head + ids[n_head:]
@@ -219,23 +232,27 @@ class Stream:
 class TrainData:
     streams: list[Stream]  # simultaneous: one per dataset; mix: one (the union); else one
     val: list[list[Encoded]]  # validation examples per dataset
-    info: list[dict]  # per dataset: spec, n_train, n_val, n_dropped
+    info: list[dict]  # per dataset: spec, n_train, n_val, n_dropped, n_truncated
 
 
 def build_data(exp: TrainExperiment, tok) -> TrainData:
     """Load, encode and split the experiment's datasets (deterministic in `hyper.seed`).
 
     Validation takes the same number of examples from every dataset (a `val_share` of the
-    smallest), drawn by a seeded shuffle; the rest trains.
+    smallest), drawn by a seeded shuffle; the rest trains. Rows longer than `hyper.seq_len`
+    are cut to it (`n_truncated`), or dropped when the prompt turn fills it (`n_dropped`):
+    `seq_len_note` says so.
     """
     h = exp.hyper
     encoded: list[list[Encoded]] = []
     info = []
     for spec in exp.datasets:
-        enc = [encode(tok, p, r, h.seq_len) for p, r in load_pairs(spec)]
+        whole = [_chat_ids(tok, p, r) for p, r in load_pairs(spec)]
+        enc = [_fit(ids, n_head, h.seq_len) for ids, n_head in whole]
         kept = [e for e in enc if e is not None]
+        cut = sum(e is not None and len(ids) > h.seq_len for e, (ids, _) in zip(enc, whole, strict=True))  # fmt: skip
         encoded.append(kept)
-        info.append({"spec": spec.model_dump(mode="json"), "n_dropped": len(enc) - len(kept)})
+        info.append({"spec": spec.model_dump(mode="json"), "n_dropped": len(enc) - len(kept), "n_truncated": cut})  # fmt: skip
     after = f"that fit hyper.seq_len {h.seq_len}"
     n_val = check_sizes(exp, [len(e) for e in encoded], after)
     train, val = [], []
@@ -303,6 +320,22 @@ def passes_note(exp: TrainExperiment, data: TrainData, total: int) -> str | None
         f"layerswap: simultaneous streams of unequal size alternate batch by batch over {total} "
         f"steps: {parts} (equalise them with the datasets' `limit` for equal passes)"
     )
+
+
+def seq_len_notes(exp: TrainExperiment, data: TrainData) -> list[str]:
+    """One line per dataset with rows longer than `hyper.seq_len`: how many were dropped (the
+    prompt turn fills seq_len: no answer token left) and how many truncated (the end of the
+    answer turn cut, its end-of-turn token with it); none for a dataset whose rows all fit."""
+    lines = []
+    for i, (spec, d) in enumerate(zip(exp.datasets, data.info, strict=True)):
+        if d["n_dropped"] or d["n_truncated"]:
+            rows = d["n_dropped"] + d["n_train"] + d["n_val"]
+            lines.append(
+                f"layerswap: data: datasets[{i}] ({spec.label}): {d['n_dropped']} of {rows} rows "
+                f"dropped (the prompt fills hyper.seq_len {exp.hyper.seq_len}), "
+                f"{d['n_truncated']} truncated (the answer turn cut, its end-of-turn token lost)"
+            )
+    return lines
 
 
 def collate(examples: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ and checkpoint steps trainables/train/checkpoint_step.py.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from layerswap.trainables.train.checkpoint_step import (
     _validate,
     checkpoint_due,
 )
-from layerswap.trainables.train.data import build_data, passes_note, total_steps
+from layerswap.trainables.train.data import build_data, passes_note, seq_len_notes, total_steps
 from layerswap.trainables.train.precision import resolve_precision
 from layerswap.trainables.train.run_setup import (
     _adamw,
@@ -105,6 +106,7 @@ def run_training(
     resume_from: str | Path | None = None,
     report=None,
     device: str | torch.device | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train the experiment's expert; checkpoints go to `workdir/checkpoints/samples_*`.
 
@@ -116,6 +118,9 @@ def run_training(
             log step and checkpoint (checkpoint set on rank 0 only); the metrics carry what the
             progress line prints (trainables/train/progress.py).
         device: default cuda:$LOCAL_RANK when scaling.use_gpu and CUDA is there, else cpu.
+        say: how rank 0 tells the user a line about the run before it trains (rows cut to
+            seq_len, unequal simultaneous streams); None: print it. A Ray worker's stdout is
+            nobody's: it sends them to the driver (trainables/train/ray_progress.py).
     Returns:
         TrainResult.
     """
@@ -136,9 +141,10 @@ def run_training(
     policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
     data = build_data(exp, tok)
     total = total_steps(exp, data)
-    note = passes_note(exp, data, total)
-    if note is not None and rank == 0:
-        print(note, flush=True)
+    if rank == 0:
+        note = passes_note(exp, data, total)
+        for line in seq_len_notes(exp, data) + ([note] if note is not None else []):
+            say(line) if say is not None else print(line, flush=True)
     strategy = pick(exp, world)
     prep = _prepare_model(model, exp, device, policy, strategy)
     _check_accumulation(prep.model, exp)

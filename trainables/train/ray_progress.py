@@ -50,6 +50,25 @@ def sender(channel: Queue | None) -> Callable[[dict, Path | None], None] | None:
     return send
 
 
+def teller(channel: Queue | None) -> Callable[[str], None] | None:
+    """The rank 0 worker's side of a line about the run that is no progress line (rows cut to
+    seq_len, say): the driver prints it as it is, in order with the progress lines.
+
+    Returns:
+        a `say(line)` callable, or None when there is no channel.
+    """
+    if channel is None:
+        return None
+
+    def say(line: str) -> None:
+        try:  # as for progress: a driver gone does not stop the training
+            channel.put_nowait(line)
+        except Exception:
+            pass
+
+    return say
+
+
 def _persisted(run: str | Path, name: str | None) -> str | Path | None:
     """Where the checkpoint `name` lands in the run folder (a URI in cloud storage)."""
     if name is None:
@@ -61,13 +80,17 @@ def _print_all(channel: Queue, run: str | Path, done: threading.Event) -> None:
     """The driver's thread: print each line as it comes, until `done` and the queue is empty."""
     while True:
         try:
-            metrics, name = channel.get(timeout=_POLL_S)
+            item = channel.get(timeout=_POLL_S)
         except Empty:
             if done.is_set():
                 return  # fit() has returned: every worker's put had finished before
             continue
         except Exception:  # Ray shut down under it (an interrupted driver)
             return
+        if isinstance(item, str):  # a line of teller's
+            print(item, flush=True)
+            continue
+        metrics, name = item
         print(progress_line(metrics, _persisted(run, name)), flush=True)
 
 

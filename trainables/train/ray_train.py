@@ -54,7 +54,7 @@ from layerswap.trainables.train.ray_failures import (
 )
 from layerswap.trainables.train.ray_fit import fit_interruptibly
 from layerswap.trainables.train.ray_keep import prune_untracked, untracked_checkpoints
-from layerswap.trainables.train.ray_progress import printing, sender
+from layerswap.trainables.train.ray_progress import printing, sender, teller
 from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
@@ -187,6 +187,7 @@ def _worker(config: dict) -> None:
     merged = exp.scaling.strategy == "fsdp" and ctx.get_world_size() > 1
 
     progress = sender(config.get("progress")) if ctx.get_world_rank() == 0 else None
+    say = teller(config.get("progress")) if ctx.get_world_rank() == 0 else None
     untracked: list[str] = []  # of config["untracked"], those this attempt may prune (below)
 
     def report(metrics: dict, path: Path | None) -> None:
@@ -237,7 +238,7 @@ def _worker(config: dict) -> None:
         # knows them): only those up to it are pruned here.
         cap = samples_of(Path(resume).name) if resume is not None else -1
         untracked[:] = [n for n in config.get("untracked", []) if samples_of(n) <= cap]
-        run_training(exp, workdir=work, resume_from=resume, report=report, device=device)
+        run_training(exp, workdir=work, resume_from=resume, report=report, device=device, say=say)
 
     with tempfile.TemporaryDirectory(prefix=f"lsw-{ctx.get_world_rank()}-") as work:
         ckpt = ray.train.get_checkpoint()

@@ -28,8 +28,9 @@ LINE = re.compile(
 
 
 def _exp_yaml(world: Path, tmp: Path) -> Path:
-    """12 steps of 8 samples, a checkpoint every 4 steps, a report every step."""
-    exp = make_exp(world, name="p", checkpoint_every_samples=32, storage_path=str(tmp / "store"))
+    """12 steps of 8 samples, a checkpoint every 4 steps, a report every step; seq_len 80 cuts
+    some answers (one line says so before the progress lines)."""
+    exp = make_exp(world, name="p", checkpoint_every_samples=32, storage_path=str(tmp / "store"), hyper={"seq_len": 80})  # fmt: skip
     f = tmp / "exp.yaml"
     f.write_text(yaml.safe_dump(exp.model_dump(mode="json", exclude_none=True)))
     return f
@@ -41,7 +42,11 @@ def _progress(out: str) -> list[re.Match]:
 
 def _check_lines(out: str, run: Path) -> None:
     """The first report, then each checkpoint with its validation loss and its path, which
-    holds the checkpoint; nothing else in a run this short (~30 s between other lines)."""
+    holds the checkpoint; nothing else in a run this short (~30 s between other lines). Before
+    them, once, the line on the rows cut to seq_len (a worker's: the driver prints it)."""
+    notes = [ln for ln in out.splitlines() if ln.startswith("layerswap: data: datasets[0]")]
+    assert len(notes) == 1 and "0 of 120 rows dropped" in notes[0], out
+    assert out.index(notes[0]) < out.index("step 1 of 12"), out
     lines = _progress(out)
     assert [int(m[1]) for m in lines] == [1, 4, 8, 12], out
     assert [int(m[2]) for m in lines] == [8, 32, 64, 96], out
