@@ -34,9 +34,14 @@ def untracked_checkpoints(run_dir: Path) -> list[str]:
     if not run_dir.is_dir():
         return []
     try:
-        known = set(_dir_names(json.loads((run_dir / SNAPSHOT).read_text())))
+        snapshot = json.loads((run_dir / SNAPSHOT).read_text())
     except (OSError, ValueError):  # no snapshot (or none readable): Ray restores nothing
-        known = set()
+        snapshot = None
+    known = set(_dir_names(snapshot))
+    if snapshot is not None and not known:
+        # Ray writes its snapshot only once it has registered a checkpoint, so one naming none
+        # is a format this does not read (a newer Ray): prune nothing rather than Ray's own.
+        return []
     found = [p.name for p in run_dir.iterdir() if p.is_dir() and samples_of(p.name) is not None]
     return sorted((n for n in found if n not in known), key=samples_of)
 

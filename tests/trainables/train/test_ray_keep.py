@@ -39,6 +39,18 @@ def test_untracked_are_the_checkpoints_rays_snapshot_does_not_name(tmp_path):
     assert untracked_checkpoints(tmp_path / "none") == []
 
 
+def test_the_snapshot_mirrored_is_rays_and_an_unread_one_prunes_nothing(tmp_path):
+    """ray_keep reads a private file of Ray Train (pinned here: a rename fails this test); a
+    snapshot in a format it cannot read must never make Ray's own checkpoints look untracked."""
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    assert SNAPSHOT == CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+    run = tmp_path / "run"
+    _folders(run, 16, 32)
+    (run / SNAPSHOT).write_text(json.dumps({"results": [{"dir": n} for n in _names(16, 32)]}))
+    assert untracked_checkpoints(run) == []
+
+
 def test_prune_untracked_deletes_only_untracked_outside_the_newest(tmp_path):
     run = tmp_path / "run"
     _folders(run, 32, 48, 64, 80, 96)
