@@ -84,6 +84,8 @@ def hflm_generate_kwargs(kwargs: dict) -> dict:
 def _effective(model, kw: dict) -> tuple[GenerationConfig, dict]:
     """generate()'s own merge: model.generation_config under the call's kwargs (no model: the
     global defaults, to check a task's kwargs before any model exists)."""
+    # Private transformers API (5.24; pyproject allows <6), used so the merge is generate's
+    # own: tests/trainables/evaluate/test_decoding.py compares with HFLM and fails if it moves.
     if model is not None:
         return model._prepare_generation_config(None, **kw)
     g = GenerationConfig()
