@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from layerswap.spaces.base import same_model
+from layerswap.spaces.base import is_hub_id, same_model
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe
 from layerswap.spaces.zones import layer_map, reverted
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
@@ -179,6 +179,20 @@ def _check_pair(task: Adapter, lang: Adapter) -> None:
             )
 
 
+def _shown_different(a: str, b: str) -> bool:
+    """Whether two model references are known to name two models: two local folders of other
+    contents, or two Hub ids / URIs of other names. A folder named in an adapter trained on
+    another machine (no such path here), or a local copy of a Hub model under another name,
+    cannot be told apart from the model it may be: not shown different."""
+    if _one_model(a, b):
+        return False
+    here = [Path(x).expanduser().is_dir() for x in (a, b)]
+    if all(here):  # _one_model compared their contents
+        return True
+    remote = [is_uri(x) or is_hub_id(x) for x in (a, b)]
+    return all(r and not h for r, h in zip(remote, here, strict=True))
+
+
 def check_adapter_base(recipe_base: str | None, task: Adapter) -> None:
     """Refuse a `base` that is not the model an adapter was trained on: a fold would add its
     deltas to another model's weights (same shapes: silently wrong), and the depth would be read
@@ -186,12 +200,13 @@ def check_adapter_base(recipe_base: str | None, task: Adapter) -> None:
 
     Args:
         recipe_base: the recipe's (or search's) base reference; None: nothing to check.
-        task: an adapter; one that names no `base_model_name_or_path` cannot be checked.
+        task: an adapter; one that names no `base_model_name_or_path`, or one this machine
+            cannot compare (`_shown_different`), is not refused.
     Raises:
         RecipeError naming both references.
     """
     trained_on = task.config.get("base_model_name_or_path")
-    if recipe_base is None or not trained_on or _one_model(recipe_base, trained_on):
+    if recipe_base is None or not trained_on or not _shown_different(recipe_base, trained_on):
         return
     raise RecipeError(
         f"base {recipe_base!r} is not the model the adapters were trained on: {CONFIG} "

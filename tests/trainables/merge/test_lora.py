@@ -374,3 +374,19 @@ def test_base_must_be_the_adapters_own(world, tmp_path, capsys):
         hub[side] = _copy(world, tmp_path, side)
         _edit_config(hub[side], base_model_name_or_path="someorg/base-copy")
     merge_lora_to_disk(recipe(hub, base=str(copy)), tmp_path / "c")
+
+
+def test_adapters_trained_on_another_machines_path_are_not_refused(world, tmp_path):
+    """An adapter names the base as its training node saw it: a path this machine lacks cannot
+    be compared with the recipe's base, so it is not refused (only a base shown to be another
+    model is: two local folders of other contents, or two Hub ids of other names)."""
+    moved = {}
+    for side in ("task", "lang"):
+        moved[side] = _copy(world, tmp_path, side)
+        _edit_config(moved[side], base_model_name_or_path="/cluster/scratch/runs/world/base")
+    out = merge_lora_to_disk(recipe(moved, base=str(world["base"])), tmp_path / "out", fold=True)
+    assert (out / "model.safetensors").is_file()
+    for side in ("task", "lang"):
+        _edit_config(moved[side], base_model_name_or_path="someorg/llama-base")
+    with pytest.raises(RecipeError, match="not the model the adapters were trained on"):
+        merge_lora_to_disk(recipe(moved, base="otherorg/llama-base"), tmp_path / "hub", fold=True)
