@@ -75,9 +75,9 @@ def paired_rows(scores: dict[str, np.ndarray], n_resamples: int, seed: int) -> l
     Returns:
         [{"model", "target", "items", "vs_better_expert", "vs_base"}]; a comparison is
         {"reference", "difference", "low", "high"}, or None (the model itself, the reference
-        absent, or models scored on other items).
+        absent, or this pair scored on other items: decided per pair, so one model's odd item
+        count blanks only its own comparisons; `mismatches` names them).
     """
-    n = {len(v) for v in scores.values()}
     refs = _references(scores)
     rows = []
     for model in sorted(scores, key=lambda m: -scores[m].mean()):
@@ -85,11 +85,23 @@ def paired_rows(scores: dict[str, np.ndarray], n_resamples: int, seed: int) -> l
         for key in _REFERENCES:
             ref = refs.get(key)
             row[key] = None
-            if ref is not None and len(n) == 1 and model != ref:
+            if ref is not None and model != ref and len(scores[model]) == len(scores[ref]):
                 d, lo, hi = paired_diff(scores[model], scores[ref], n_resamples, seed)
                 row[key] = {"reference": ref, "difference": d, "low": lo, "high": hi}
         rows.append(row)
     return rows
+
+
+def mismatches(scores: dict[str, np.ndarray]) -> list[str]:
+    """The pairs `paired_rows` leaves blank because their item counts differ, as text
+    ("language_expert (249 items) vs base (250)")."""
+    refs = _references(scores).values()
+    return [
+        f"{m} ({len(scores[m])} items) vs {r} ({len(scores[r])})"
+        for r in refs
+        for m in sorted(scores)
+        if m != r and len(scores[m]) != len(scores[r])
+    ]
 
 
 def paired_table(rows: list[dict], scores: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -123,5 +135,7 @@ def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> S
             f"seed {seed}); from promotion's raw lm-eval JSON.",
             df,
         )
+        if odd := mismatches(scores):
+            sec.text(f"{task}: not paired, scored on other numbers of items: {'; '.join(odd)}.")
         sec.data[task] = rows  # numbers, not the table's text
     return sec

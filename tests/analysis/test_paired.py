@@ -50,3 +50,16 @@ def test_a_run_without_raw_results_gets_a_note_and_a_broken_file_is_named(tmp_pa
 def test_models_scored_on_other_items_are_not_paired(tmp_path):
     sec = paired_section(_run(tmp_path, {"base": [1.0, 0.0, 0.0], "math_expert": [1.0, 1.0]}))
     assert all(r["vs_base"] is r["vs_better_expert"] is None for r in sec.data[TASK])
+
+
+def test_one_model_with_other_items_blanks_only_its_own_pairs_and_is_named(tmp_path):
+    full = [1.0, 0.0, 1.0, 0.0]
+    s = {"base": full, "math_expert": [1.0, 1.0, 1.0, 0.0], "candidate_a": [1.0, 1.0, 0.0, 1.0]}
+    s["language_expert"] = [0.0, 0.0, 1.0]  # one item short
+    sec = paired_section(_run(tmp_path, s), n_resamples=50)
+    rows = {r["model"]: r for r in sec.data[TASK]}
+    assert rows["candidate_a"]["vs_better_expert"]["reference"] == "math_expert"
+    assert rows["candidate_a"]["vs_base"]["difference"] == pytest.approx(0.25)
+    assert rows["language_expert"]["vs_base"] is None
+    text = " ".join(b for b in sec.blocks if isinstance(b, str))
+    assert "language_expert (3 items) vs base (4)" in text
