@@ -22,12 +22,14 @@ TITLE = "Against the experts (paired, per item)"
 EXPERTS = ("math_expert", "language_expert")  # promotion's baseline names (search/promote.py)
 
 
-def item_scores(run: RunData, task: str) -> dict[str, np.ndarray]:
-    """{model: per-item scores on `task`'s test split, in doc order} for every promoted model
-    whose raw lm-eval JSON is on disk.
+def item_scores(run: RunData, task: str) -> dict[str, pd.Series]:
+    """{model: per-item scores on `task`'s test split, indexed by lm-eval's doc_id} for every
+    promoted model whose raw lm-eval JSON is on disk. Pairs are matched by doc_id, never by
+    position: two files may log other items (a sample lost, another limit or shard).
 
     Raises:
-        ValueError: a raw JSON file that is not JSON or has no logged samples (naming it).
+        ValueError: a raw JSON file that is not JSON, has no logged samples or logs a doc twice
+            (naming it).
     """
     p = run.promotion
     if p is None or "raw_json" not in p.columns:
@@ -40,9 +42,13 @@ def item_scores(run: RunData, task: str) -> dict[str, np.ndarray]:
             continue
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            out[str(model)] = np.array([r["score"] for r in predictions(raw, task)], dtype=float)
+            items = predictions(raw, task)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+        ids = [r["doc_id"] for r in items]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{path}: task {task!r} logs a doc_id more than once")
+        out[str(model)] = pd.Series([r["score"] for r in items], index=ids, dtype=float)
     return out
 
 
@@ -61,22 +67,24 @@ def paired_diff(a: np.ndarray, b: np.ndarray, n_resamples: int, seed: int) -> tu
 _REFERENCES = {"vs_better_expert": "better expert", "vs_base": "base"}
 
 
-def _references(scores: dict[str, np.ndarray]) -> dict[str, str]:
+def _references(scores: dict[str, pd.Series]) -> dict[str, str]:
     """{summary key: model} of the references present: the better expert (by mean), the base."""
     experts = [m for m in scores if m.startswith(EXPERTS)]
     refs = {"vs_better_expert": max(experts, key=lambda m: scores[m].mean())} if experts else {}
     return refs | ({"vs_base": "base"} if "base" in scores else {})
 
 
-def paired_rows(scores: dict[str, np.ndarray], n_resamples: int, seed: int) -> list[dict]:
+def paired_rows(scores: dict[str, pd.Series], n_resamples: int, seed: int) -> list[dict]:
     """One record per model, best first: its score, its item count, and its difference [95 % CI]
     to the better expert and to the base, as numbers (summary.json's form).
 
+    Each pair is compared on the doc ids both logged (`mismatches` names the pairs whose item
+    sets differ), so one model's odd items touch only its own comparisons.
+
     Returns:
         [{"model", "target", "items", "vs_better_expert", "vs_base"}]; a comparison is
-        {"reference", "difference", "low", "high"}, or None (the model itself, the reference
-        absent, or this pair scored on other items: decided per pair, so one model's odd item
-        count blanks only its own comparisons; `mismatches` names them).
+        {"reference", "difference", "low", "high", "items"} (items: the doc ids paired), or None
+        (the model itself, the reference absent, or no doc id in common).
     """
     refs = _references(scores)
     rows = []
@@ -85,26 +93,40 @@ def paired_rows(scores: dict[str, np.ndarray], n_resamples: int, seed: int) -> l
         for key in _REFERENCES:
             ref = refs.get(key)
             row[key] = None
-            if ref is not None and model != ref and len(scores[model]) == len(scores[ref]):
-                d, lo, hi = paired_diff(scores[model], scores[ref], n_resamples, seed)
-                row[key] = {"reference": ref, "difference": d, "low": lo, "high": hi}
+            common = _common(scores, model, ref)
+            if ref is not None and model != ref and len(common):
+                a, b = scores[model][common].to_numpy(), scores[ref][common].to_numpy()
+                d, lo, hi = paired_diff(a, b, n_resamples, seed)
+                row[key] = {"reference": ref, "difference": d, "low": lo, "high": hi, "items": len(common)}  # fmt: skip
         rows.append(row)
     return rows
 
 
-def mismatches(scores: dict[str, np.ndarray]) -> list[str]:
-    """The pairs `paired_rows` leaves blank because their item counts differ, as text
-    ("language_expert (249 items) vs base (250)")."""
-    refs = _references(scores).values()
-    return [
-        f"{m} ({len(scores[m])} items) vs {r} ({len(scores[r])})"
-        for r in refs
-        for m in sorted(scores)
-        if m != r and len(scores[m]) != len(scores[r])
-    ]
+def _common(scores: dict[str, pd.Series], model: str, ref: str | None) -> pd.Index:
+    """The doc ids both `model` and `ref` logged, sorted (empty without a reference)."""
+    if ref is None:
+        return pd.Index([])
+    return scores[model].index.intersection(scores[ref].index).sort_values()
 
 
-def paired_table(rows: list[dict], scores: dict[str, np.ndarray]) -> pd.DataFrame:
+def mismatches(scores: dict[str, pd.Series]) -> list[str]:
+    """The pairs `paired_rows` compares on fewer items than either logged, as text ("language_expert
+    vs base: paired on the 249 doc ids both logged (0 of language_expert's 249 and 1 of base's
+    250 dropped)"); "no doc id in common" where the pair is left blank."""
+    out = []
+    for r in dict.fromkeys(_references(scores).values()):
+        for m in sorted(scores):
+            na, nb, n = len(scores[m]), len(scores[r]), len(_common(scores, m, r))
+            if m == r or n == na == nb:
+                continue
+            if not n:
+                out.append(f"{m} vs {r}: no doc id in common, not paired")
+                continue
+            out.append(f"{m} vs {r}: paired on the {n} doc ids both logged ({na - n} of {m}'s {na} and {nb - n} of {r}'s {nb} dropped)")  # fmt: skip
+    return out
+
+
+def paired_table(rows: list[dict], scores: dict[str, pd.Series]) -> pd.DataFrame:
     """`paired_rows` as the report's table: a column per reference present, each comparison as
     "+d [lo, hi]" text (blank where there is none)."""
     refs = _references(scores)
@@ -136,6 +158,6 @@ def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> S
             df,
         )
         if odd := mismatches(scores):
-            sec.text(f"{task}: not paired, scored on other numbers of items: {'; '.join(odd)}.")
+            sec.text(f"{task}: item sets differ; each pair is compared on the doc ids both logged: {'; '.join(odd)}.")  # fmt: skip
         sec.data[task] = rows  # numbers, not the table's text
     return sec

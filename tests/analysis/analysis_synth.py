@@ -55,18 +55,19 @@ def write_changed(base: Path, out: Path, layers, rows=CHANGED_ROWS, types=TYPES,
     return out
 
 
-def lm_eval_raw(task: str, scores: list[float]) -> dict:
+def lm_eval_raw(task: str, scores: list[float] | dict[int, float]) -> dict:
     """An lm-eval result of an MGSM-style `task` whose flexible-extract samples score `scores`
     (the other filter scores the opposite, so reading the wrong filter shows), docs in reverse
-    order."""
+    order; a list is docs 0..n-1, a dict {doc_id: score}."""
+    by_id = scores if isinstance(scores, dict) else dict(enumerate(scores))
     config = {
         "output_type": "generate_until",
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
         "filter_list": [{"name": "remove_whitespace"}, {"name": "flexible-extract"}],
     }
     samples = []
-    for i in reversed(range(len(scores))):
-        for filt, v in (("remove_whitespace", 1.0 - scores[i]), ("flexible-extract", scores[i])):
+    for i in sorted(by_id, reverse=True):
+        for filt, v in (("remove_whitespace", 1.0 - by_id[i]), ("flexible-extract", by_id[i])):
             samples.append({"doc_id": i, "filter": filt, "target": "1", "filtered_resps": ["1"], "exact_match": v})  # fmt: skip
     return {"configs": {task: config}, "samples": {task: samples}, "results": {task: {}}}
 
@@ -181,9 +182,10 @@ def make_study(path: Path, trials: pd.DataFrame) -> None:
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dist, value=float(r["objective"])))  # fmt: skip
 
 
-def promotion_run(tmp_path: Path, task: str, models: dict[str, list[float]], raw: bool = True):
+def promotion_run(tmp_path: Path, task: str, models: dict[str, list[float] | dict[int, float]], raw: bool = True):  # fmt: skip
     """A run folder holding only promotion's results on `task` (one baseline row per model, its
-    per-item `scores` in a raw lm-eval JSON unless `raw` is False), loaded as analysis reads it."""
+    per-item `scores` in a raw lm-eval JSON unless `raw` is False; see `lm_eval_raw`), loaded as
+    analysis reads it."""
     run = tmp_path / "run"
     (run / "promotion").mkdir(parents=True)
     rows = []
@@ -191,6 +193,6 @@ def promotion_run(tmp_path: Path, task: str, models: dict[str, list[float]], raw
         path = run / "promotion" / f"{model}.json"
         if raw:
             path.write_text(json.dumps(lm_eval_raw(task, scores)))
-        rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": task, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
+        rows.append({"model": model, "kind": "baseline", "recipe_id": "", "task": task, "split": "test", "metric": "exact_match,flexible-extract", "value": float(np.mean(list(scores.values()) if isinstance(scores, dict) else scores)), "n_items": len(scores), "raw_json": str(path)})  # fmt: skip
     pd.DataFrame(rows).to_parquet(run / "promotion" / "results.parquet")
     return load_run(run)

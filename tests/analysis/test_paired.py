@@ -47,9 +47,26 @@ def test_a_run_without_raw_results_gets_a_note_and_a_broken_file_is_named(tmp_pa
         paired_section(run)
 
 
-def test_models_scored_on_other_items_are_not_paired(tmp_path):
-    sec = paired_section(_run(tmp_path, {"base": [1.0, 0.0, 0.0], "math_expert": [1.0, 1.0]}))
+def test_pairs_are_matched_by_doc_id_on_the_items_both_logged(tmp_path):
+    rng = np.random.default_rng(1)
+    math = dict(enumerate(rng.integers(0, 2, 30).astype(float)))
+    cand = {i + 1: v for i, v in enumerate(rng.integers(0, 2, 30).astype(float))}  # docs 1..30
+    s = {"base": math, "math_expert": math, "candidate_a": cand}
+    sec = paired_section(_run(tmp_path, s), n_resamples=300, seed=2)
+    vs = {r["model"]: r for r in sec.data[TASK]}["candidate_a"]["vs_better_expert"]
+    ids = range(1, 30)  # the 29 docs both logged
+    diff = np.array([cand[i] - math[i] for i in ids])
+    lo, hi = np.quantile(diff[bootstrap_indices(29, 300, 2)].mean(axis=1), [0.025, 0.975])
+    assert (vs["difference"], vs["low"], vs["high"], vs["items"]) == pytest.approx((diff.mean(), lo, hi, 29))  # fmt: skip
+    text = " ".join(b for b in sec.blocks if isinstance(b, str))
+    assert "candidate_a vs math_expert: paired on the 29 doc ids both logged (1 of candidate_a's 30 and 1 of math_expert's 30 dropped)" in text  # fmt: skip
+
+
+def test_models_with_no_doc_id_in_common_are_not_paired_and_said(tmp_path):
+    s = {"base": {0: 1.0, 1: 0.0}, "math_expert": {5: 1.0, 6: 1.0}}
+    sec = paired_section(_run(tmp_path, s))
     assert all(r["vs_base"] is r["vs_better_expert"] is None for r in sec.data[TASK])
+    assert "math_expert vs base: no doc id in common" in " ".join(b for b in sec.blocks if isinstance(b, str))  # fmt: skip
 
 
 def test_one_model_with_other_items_blanks_only_its_own_pairs_and_is_named(tmp_path):
@@ -60,6 +77,6 @@ def test_one_model_with_other_items_blanks_only_its_own_pairs_and_is_named(tmp_p
     rows = {r["model"]: r for r in sec.data[TASK]}
     assert rows["candidate_a"]["vs_better_expert"]["reference"] == "math_expert"
     assert rows["candidate_a"]["vs_base"]["difference"] == pytest.approx(0.25)
-    assert rows["language_expert"]["vs_base"] is None
+    assert rows["language_expert"]["vs_base"]["items"] == 3  # paired on the docs both logged
     text = " ".join(b for b in sec.blocks if isinstance(b, str))
-    assert "language_expert (3 items) vs base (4)" in text
+    assert "language_expert vs base: paired on the 3 doc ids both logged (0 of language_expert's 3 and 1 of base's 4 dropped)" in text  # fmt: skip
