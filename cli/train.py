@@ -45,6 +45,7 @@ from layerswap.spaces.train_experiment import (
     absolute_local_paths,
     load_train_experiment,
 )
+from layerswap.trainables.evaluate.lm_eval_api import offline_defaults
 from layerswap.trainables.merge.arch import model_type_problem
 from layerswap.trainables.outputs import OutputError, output_problems
 from layerswap.trainables.storage import exists, is_uri, join
@@ -188,6 +189,8 @@ def _data_problems(exp: TrainExperiment) -> list[str]:
                 get_source(ds.source)
             except ValueError as e:  # DataSourceError names the known ones
                 problems.append(f"datasets[{i}].source: {e}")
+            else:
+                problems += _hub_source_problems(i, ds)
         for f in ds.data_files or []:
             if not Path(f).is_file():
                 problems.append(f"datasets[{i}].data_files: {f} does not exist")
@@ -201,6 +204,35 @@ def _data_problems(exp: TrainExperiment) -> list[str]:
     except ValueError as e:
         problems.append(str(e))
     return problems
+
+
+def _hub_source_problems(i: int, ds) -> list[str]:
+    """A Hub training source the workers could not read: not in the local datasets cache while
+    downloads are off (found only in the Ray workers, a minute in, with datasets' bare
+    ConnectionError). Online, nothing is read here: the trainer downloads it.
+
+    Args:
+        i: the dataset's index in `datasets`.
+        ds: the DatasetSpec (a registered `source`).
+    Returns:
+        one line naming the field and how to fetch the data, or none.
+    """
+    # lazy: the trainer's source readers (datasets loads only when one is read); --help stays fast
+    from layerswap.trainables.prefetch import datasets_offline, uncached_dataset
+
+    if ds.data_files or not datasets_offline():  # local files: checked above; online: trainer's
+        return []
+    try:
+        why = uncached_dataset(ds.source, ds.language)
+    except ValueError as e:  # DataSourceError: a language the source does not serve
+        return [f"datasets[{i}].source: {e}"]
+    if why is None:
+        return []
+    return [
+        f"datasets[{i}].source: {ds.source} is not in the local Hugging Face datasets cache and "
+        f"downloads are off ({why}); download it first with `layerswap prefetch CONFIG` (this "
+        "experiment's YAML), or allow downloads with HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0"
+    ]
 
 
 def _inputs(exp: TrainExperiment) -> list[Path]:
@@ -308,6 +340,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if clash := continue_clash(args, "starts, resumes or skips the run as it stands"):
         raise ValueError(clash)
     exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
+    if exp.sweep is not None:
+        # A sweep runs offline by default (its task-data check sets it, and every trial gets
+        # the driver's variables): its inputs are checked as its trials will read them.
+        offline_defaults()
     check_inputs(exp)
     if exp.sweep is not None:
         return _cmd_sweep(exp, args)
