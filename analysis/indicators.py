@@ -30,6 +30,7 @@ from layerswap.analysis.load import (
 )
 from layerswap.analysis.sections import Figure, Section, absent, fmt_ci
 from layerswap.analysis.stats import METHODS, MIN_PAIRS, Correlation, correlate, topk_agreement
+from layerswap.spaces.task_families import find_family, indicator_task
 
 TITLE = "Merging indicators vs target score"
 MAX_SCATTERS = 24
@@ -53,6 +54,31 @@ def _dev_scores(run: RunData) -> dict[tuple[str, str], tuple[float, float]]:
         (m, t): (float(v), k)
         for m, t, v, k in zip(dev["model"], dev["task"], dev["value"], n, strict=True)
     }
+
+
+def lower_is_better(run: RunData, task: str) -> bool:
+    """Whether a lower score on `task` is the better one: the run's search experiment says so
+    for its proxy (Proxy.best < worst), or the task's world metric (a Brier-scored twin's
+    brier_score) is not higher-is-better. The one rule for merge- and expert-level indicators.
+    """
+    if task in run.lower_is_better:
+        return True
+    fam = find_family(task)
+    stems = sorted(fam.world_stems.items(), key=lambda kv: -len(kv[0])) if fam else []
+    for stem, metrics in stems:
+        if task.startswith(f"{stem}_"):
+            return bool(metrics) and metrics[0].get("higher_is_better") is False
+    return False
+
+
+def _oriented(run: RunData, task: str, name: str, value) -> tuple[str, object]:
+    """(name, value) with a lower-is-better indicator negated and labelled so, so that a good
+    indicator's correlation, top-k and regret read as for the others (higher = better). The
+    name does not depend on the value: a merge without one stays a gap in the same column."""
+    if not lower_is_better(run, task):
+        return name, value
+    missing = value is None or pd.isna(value)
+    return f"{name} (negated: lower is better)", None if missing else -float(value)
 
 
 def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -95,9 +121,7 @@ def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, st
                     value, row["_fidelity"] = dev[(r["model"], proxy)]
                 else:
                     value = tr[c] if tr is not None else None
-                if proxy in run.lower_is_better and value is not None:
-                    # so that a good indicator's correlation is positive, as for the others
-                    name, value = f"{name} (negated: lower is better)", -float(value)
+                name, value = _oriented(run, proxy, name, value)
             row[name] = value
             levels[name] = "merge"
         for side, col in (
@@ -108,8 +132,9 @@ def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, st
             if reg is None or eid is None or eid not in reg.index:
                 continue
             for c in indicator_columns(reg):
-                name = f"{side}: {short(c[len('ind__') :])}"
-                row[name] = reg.loc[eid, c]
+                task = indicator_task(c)
+                name, value = _oriented(run, task, f"{side}: {short(task)}", reg.loc[eid, c])
+                row[name] = value
                 levels[name] = "expert"
         rows.append(row)
     df = pd.DataFrame(rows)
