@@ -1,7 +1,7 @@
 """An expert sweep's run folder for `layerswap train` (cli/train.py): RUN/train/<name> replaced only
 on --overwrite, resumed by `train --continue` when it holds an unfinished sweep of the same
-experiment, and SWEEP_FINISHED written there once the sweep has run its course, which `train
---continue` reads to skip it; the old sweep's registry rows, kept in its set-aside folder while
+experiment, and SWEEP_FINISHED written there once the sweep has run its course with a scored
+checkpoint, which `train --continue` reads to skip it (a sweep that scored none stays resumable); the old sweep's registry rows, kept in its set-aside folder while
 an --overwrite runs (ROWS_ASIDE, put back with it); and the check, before any trial trains,
 that the indicator tasks its trials are scored on can read their data offline.
 
@@ -12,6 +12,7 @@ tests/cli/test_sweep_continue.py tests/cli/test_sweep_overwrite_kill.py
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,13 +50,16 @@ def sweep_data_problem(exp: TrainExperiment) -> str | None:
     return task_data_problem(tasks, world, [])
 
 
-# In RUN/train/<name> of a sweep that ran its course (every trial ended, failed ones included).
+# In RUN/train/<name> of a sweep that ran its course (every trial ended, failed ones included)
+# with at least one scored checkpoint: a sweep of no registry row gave the searches nothing, so it
+# is never finished (`--continue` resumes it and Tune retries its failed trials).
 SWEEP_FINISHED = "sweep_finished.json"
 
 
 def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
     """The record a sweep of `exp` left in `folder` when it ran its course, else None (none
-    ran, it was interrupted, or it is another experiment's).
+    ran, it was interrupted, it is another experiment's, or it scored no checkpoint: a record of
+    0 rows, as versions before this rule wrote for a sweep whose trials all failed).
 
     Returns:
         {"identity", "trials": {trial_id: status}, "rows", "registry"}, or None.
@@ -65,7 +69,7 @@ def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     same = isinstance(rec, dict) and rec.get("identity") == experiment_identity(exp)
-    return rec if same else None
+    return rec if same and rec.get("rows") else None
 
 
 def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
@@ -222,7 +226,8 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     experts printed; both cover every trial of the sweep, those before a resume included.
 
     Returns:
-        0 when every trial finished, 1 when some failed (their rows are still kept).
+        0 when every trial finished, 1 when some failed (their rows are still kept) or no
+        checkpoint was scored (then it is not recorded finished: `--continue` resumes it).
     """
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.sweep import run_sweep
@@ -230,6 +235,8 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     # Tune's verbosity: 1 is its default
     res = run_sweep(exp, run_dir, verbose=int(verbose), resume=resume)
     failed = sorted(t for t, s in res.trials.items() if s != "ok")
+    if not res.rows:
+        return _no_expert(exp, run_dir, res.trials, failed)
     # Ran its course (failed trials too: running it again would meet them again): `--continue`
     # skips it. Written inside the sweep's folder, which is kept only if the command ends here.
     record = {"identity": experiment_identity(exp), "trials": res.trials, "rows": len(res.rows)}
@@ -245,3 +252,24 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     if failed:
         print(f"  failed trials: {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def _no_expert(exp: TrainExperiment, run_dir: Path, trials: dict, failed: list[str]) -> int:
+    """A sweep that ran its course without scoring a checkpoint: not recorded finished (its
+    searches would find no expert of it), one line on stderr naming its failed trials and what
+    to run. Its folder and Tune state stay, so `--continue` resumes it: Tune's restore
+    (experts/sweep_tuner.py make_tuner, resume_errored) runs each failed trial once more, from its
+    newest checkpoint or, with none, from the start.
+
+    Returns:
+        1.
+    """
+    folder = run_dir / "train" / exp.name
+    why = f"its trials {', '.join(failed)} failed (their errors are above)" if failed else "every checkpoint was left unscored (see above)"  # fmt: skip
+    again = "; after fixing the cause, run it again with --continue (it retries the failed trials) or --overwrite (it starts over)" if failed else "; --overwrite runs it again"  # fmt: skip
+    print(
+        f"layerswap: expert sweep {exp.name}: {len(trials)} trials, no checkpoint scored, so no "
+        f"expert registered and the sweep is not finished: {why}{again} ({folder})",
+        file=sys.stderr,
+    )
+    return 1

@@ -46,7 +46,10 @@ def _fake_sweep(monkeypatch, outcome: Callable[[], dict]) -> list:
     def run_sweep(exp, run_dir, resume=False, **kw):
         calls.append(f"{exp.name} resumed" if resume else exp.name)
         trials = outcome()
-        return SimpleNamespace(trials=trials, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
+        rows = [
+            {"trial_id": t} for t, s in trials.items() if s == "ok"
+        ]  # one scored row per ok trial
+        return SimpleNamespace(trials=trials, rows=rows, best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
 
     fake.run_sweep = run_sweep
     fake.start_sweep_ray = lambda exp, verbose=0: None  # no Ray for a stubbed sweep
@@ -75,6 +78,61 @@ def test_continue_skips_a_sweep_that_ran_its_course(tiny_world, tmp_path, monkey
     assert calls == ["t", "t"]
 
 
+def _tune_state(folder: Path) -> None:
+    """What Tune keeps, as sweep_tuner.restore_problem reads it before Ray starts: the tuner, a
+    parseable experiment state and the searcher's state files (their unpickling, in make_tuner,
+    is stubbed away with the sweep)."""
+    (folder / "tuner.pkl").write_bytes(b"stub")
+    state = {"runner_data": {}, "trial_data": []}
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
+    for name in ("search_gen_state-1.json", "searcher-state-1.pkl", "basic-variant-state-1.json"):  # fmt: skip
+        (folder / name).write_text("stub")
+
+
+def test_a_sweep_whose_trials_all_failed_is_not_finished(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    # Every trial failed (e.g. its training data was not cached): no expert was registered, so
+    # the searches after it in commands.sh would fail on a missing registry. It used to be
+    # recorded finished (rows 0) and `--continue` skipped it, exit 0, with the cause fixed.
+    folder = tmp_path / "run/train/t"
+
+    def all_failed() -> dict:
+        _tune_state(folder)
+        return {"a": "error", "b": "error"}
+
+    outcomes = [all_failed, lambda: {"a": "ok", "b": "ok"}]
+    calls = _fake_sweep(monkeypatch, lambda: outcomes.pop(0)())
+    argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(tmp_path / "run"), "--continue"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "expert sweep t: 2 trials, no checkpoint scored" in err and "trials a, b failed" in err
+    assert "run it again with --continue (it retries the failed trials) or --overwrite" in err
+    assert not (folder / "sweep_finished.json").exists()
+    assert main(argv) == 0  # the cause fixed: --continue resumes it (Tune retries the trials)
+    assert calls == ["t", "t resumed"]
+    assert json.loads((folder / "sweep_finished.json").read_text())["rows"] == 2
+    assert main(argv) == 0 and calls == ["t", "t resumed"]  # finished now: skipped
+
+
+def test_a_record_of_no_rows_left_by_an_older_version_is_not_finished(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    folder = tmp_path / "run/train/t"
+
+    def all_failed() -> dict:
+        _tune_state(folder)
+        return {"a": "error"}
+
+    outcomes = [all_failed, lambda: {"a": "ok"}]
+    calls = _fake_sweep(monkeypatch, lambda: outcomes.pop(0)())
+    argv = ["train", str(_sweep_yaml(tiny_world, tmp_path)), "--out", str(tmp_path / "run"), "--continue"]  # fmt: skip
+    assert main(argv) == 1
+    identity = json.loads((folder / ".layerswap.json").read_text())["identity"]
+    old = {"identity": identity, "trials": {"a": "error"}, "rows": 0, "registry": "r"}
+    (folder / "sweep_finished.json").write_text(json.dumps(old))  # as the old code wrote it
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert calls == ["t", "t resumed"]
+    assert "already finished" not in capsys.readouterr().out
+
+
 def test_continue_refuses_a_sweep_that_was_cut_short(tiny_world, tmp_path, monkeypatch, capsys):
     def cut_short() -> dict:
         raise RunFailed("the driver was lost")
@@ -94,14 +152,7 @@ def test_continue_resumes_a_sweep_cut_after_tune_saved_its_state(tiny_world, tmp
     folder = tmp_path / "run/train/t"
 
     def cut_after_saving() -> dict:
-        # What Tune keeps, as sweep_tuner.restore_problem reads it before Ray starts: the tuner,
-        # a parseable experiment state and the searcher's state files (their unpickling, in
-        # make_tuner, is stubbed away with the sweep)
-        (folder / "tuner.pkl").write_bytes(b"stub")
-        state = {"runner_data": {}, "trial_data": []}
-        (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
-        for name in ("search_gen_state-1.json", "searcher-state-1.pkl", "basic-variant-state-1.json"):  # fmt: skip
-            (folder / name).write_text("stub")
+        _tune_state(folder)
         raise RunFailed("the driver was lost")
 
     outcomes = [cut_after_saving, lambda: {"a": "ok", "b": "ok"}]
