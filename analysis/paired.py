@@ -3,17 +3,21 @@ base, item by item, with a percentile-bootstrap 95 % CI of the difference.
 
 Per-item correctness comes from the raw lm-eval JSON that promotion keeps (its `raw_json`
 column; trainables.evaluate.harness.predictions); a run without those files gets a note instead.
+Which expert is "better" is decided by promotion/results.parquet's values (load.target_scores,
+the scores every other section uses), not by the raw files that happen to be on disk; a model
+whose raw file is missing is named, and a comparison with it is blank with that reason.
 Part of `layerswap analyze RUN` (analysis/report.py).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from layerswap.analysis.load import RunData, target_tasks
+from layerswap.analysis.load import RunData, target_scores, target_tasks
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci
 from layerswap.trainables.evaluate.harness import predictions
@@ -22,23 +26,38 @@ TITLE = "Against the experts (paired, per item)"
 EXPERTS = ("math_expert", "language_expert")  # promotion's baseline names (search/promote.py)
 
 
+def _raw_paths(run: RunData, task: str) -> list[tuple[str, Path | None]]:
+    """(model, its raw lm-eval JSON as found on disk, or None) per promotion row of `task`'s
+    test split; [] when promotion keeps no raw files."""
+    p = run.promotion
+    if p is None or "raw_json" not in p.columns:
+        return []
+    rows = p[(p["task"] == task) & (p.get("split", "test") == "test")]
+    out = []
+    for model, recorded in zip(rows["model"], rows["raw_json"], strict=True):
+        path = run.resolve(recorded) if isinstance(recorded, str) else None
+        out.append((str(model), path if path is not None and path.is_file() else None))
+    return out
+
+
+def missing_raw(run: RunData, task: str) -> list[str]:
+    """The promoted models of `task` whose raw lm-eval JSON is not on disk, sorted."""
+    return sorted({m for m, path in _raw_paths(run, task) if path is None})
+
+
 def item_scores(run: RunData, task: str) -> dict[str, pd.Series]:
     """{model: per-item scores on `task`'s test split, indexed by lm-eval's doc_id} for every
-    promoted model whose raw lm-eval JSON is on disk. Pairs are matched by doc_id, never by
-    position: two files may log other items (a sample lost, another limit or shard).
+    promoted model whose raw lm-eval JSON is on disk (`missing_raw`: the others). Pairs are
+    matched by doc_id, never by position: two files may log other items (a sample lost,
+    another limit or shard).
 
     Raises:
         ValueError: a raw JSON file that is not JSON, has no logged samples or logs a doc twice
             (naming it).
     """
-    p = run.promotion
-    if p is None or "raw_json" not in p.columns:
-        return {}
-    rows = p[(p["task"] == task) & (p.get("split", "test") == "test")]
     out = {}
-    for model, recorded in zip(rows["model"], rows["raw_json"], strict=True):
-        path = run.resolve(recorded) if isinstance(recorded, str) else None
-        if path is None or not path.is_file():
+    for model, path in _raw_paths(run, task):
+        if path is None:
             continue
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
@@ -48,7 +67,7 @@ def item_scores(run: RunData, task: str) -> dict[str, pd.Series]:
         ids = [r["doc_id"] for r in items]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{path}: task {task!r} logs a doc_id more than once")
-        out[str(model)] = pd.Series([r["score"] for r in items], index=ids, dtype=float)
+        out[model] = pd.Series([r["score"] for r in items], index=ids, dtype=float)
     return out
 
 
@@ -67,16 +86,21 @@ def paired_diff(a: np.ndarray, b: np.ndarray, n_resamples: int, seed: int) -> tu
 _REFERENCES = {"vs_better_expert": "better expert", "vs_base": "base"}
 
 
-def _references(scores: dict[str, pd.Series]) -> dict[str, str]:
-    """{summary key: model} of the references present: the better expert (by mean), the base."""
-    experts = [m for m in scores if m.startswith(EXPERTS)]
-    refs = {"vs_better_expert": max(experts, key=lambda m: scores[m].mean())} if experts else {}
-    return refs | ({"vs_base": "base"} if "base" in scores else {})
+def references(run: RunData, task: str) -> dict[str, str]:
+    """{summary key: model} of the references promotion scored on `task`: the better expert by
+    promotion/results.parquet's value (load.target_scores; ties: the first name), and the base.
+    Whether their raw files are on disk does not enter: a missing one blanks its comparisons."""
+    tgt = target_scores(run, task).dropna(subset=["value"])
+    experts = tgt[tgt["model"].astype(str).str.startswith(EXPERTS)]
+    best = experts.sort_values(["value", "model"], ascending=[False, True], kind="stable")
+    refs = {"vs_better_expert": str(best["model"].iloc[0])} if len(best) else {}
+    return refs | ({"vs_base": "base"} if (tgt["model"] == "base").any() else {})
 
 
-def paired_rows(scores: dict[str, pd.Series], n_resamples: int, seed: int) -> list[dict]:
-    """One record per model, best first: its score, its item count, and its difference [95 % CI]
-    to the better expert and to the base, as numbers (summary.json's form).
+def paired_rows(scores: dict[str, pd.Series], refs: dict[str, str], n_resamples: int, seed: int) -> list[dict]:  # fmt: skip
+    """One record per model with items, best first: its score, its item count, and its
+    difference [95 % CI] to each reference of `refs` (`references`), as numbers (summary.json's
+    form).
 
     Each pair is compared on the doc ids both logged (`mismatches` names the pairs whose item
     sets differ), so one model's odd items touch only its own comparisons.
@@ -84,9 +108,9 @@ def paired_rows(scores: dict[str, pd.Series], n_resamples: int, seed: int) -> li
     Returns:
         [{"model", "target", "items", "vs_better_expert", "vs_base"}]; a comparison is
         {"reference", "difference", "low", "high", "items"} (items: the doc ids paired), or None
-        (the model itself, the reference absent, or no doc id in common).
+        (the model itself, no such reference, the reference's raw file missing, or no doc id in
+        common: `blank_reason` says which).
     """
-    refs = _references(scores)
     rows = []
     for model in sorted(scores, key=lambda m: -scores[m].mean()):
         row = {"model": model, "target": round(float(scores[model].mean()), 4), "items": len(scores[model])}  # fmt: skip
@@ -103,18 +127,28 @@ def paired_rows(scores: dict[str, pd.Series], n_resamples: int, seed: int) -> li
 
 
 def _common(scores: dict[str, pd.Series], model: str, ref: str | None) -> pd.Index:
-    """The doc ids both `model` and `ref` logged, sorted (empty without a reference)."""
-    if ref is None:
+    """The doc ids both `model` and `ref` logged, sorted (empty when either has no items)."""
+    if ref is None or ref not in scores or model not in scores:
         return pd.Index([])
     return scores[model].index.intersection(scores[ref].index).sort_values()
 
 
-def mismatches(scores: dict[str, pd.Series]) -> list[str]:
+def blank_reason(scores: dict[str, pd.Series], model: str, ref: str) -> str:
+    """Why `paired_rows` left the comparison of `model` with `ref` blank ("" for the model
+    itself)."""
+    if model == ref:
+        return ""
+    if ref not in scores:
+        return f"n/a: {ref}'s raw lm-eval JSON missing"
+    return "n/a: no doc id in common"
+
+
+def mismatches(scores: dict[str, pd.Series], refs: dict[str, str]) -> list[str]:
     """The pairs `paired_rows` compares on fewer items than either logged, as text ("language_expert
     vs base: paired on the 249 doc ids both logged (0 of language_expert's 249 and 1 of base's
     250 dropped)"); "no doc id in common" where the pair is left blank."""
     out = []
-    for r in dict.fromkeys(_references(scores).values()):
+    for r in dict.fromkeys(v for v in refs.values() if v in scores):
         for m in sorted(scores):
             na, nb, n = len(scores[m]), len(scores[r]), len(_common(scores, m, r))
             if m == r or n == na == nb:
@@ -126,38 +160,57 @@ def mismatches(scores: dict[str, pd.Series]) -> list[str]:
     return out
 
 
-def paired_table(rows: list[dict], scores: dict[str, pd.Series]) -> pd.DataFrame:
-    """`paired_rows` as the report's table: a column per reference present, each comparison as
-    "+d [lo, hi]" text (blank where there is none)."""
-    refs = _references(scores)
+def paired_table(rows: list[dict], scores: dict[str, pd.Series], refs: dict[str, str]) -> pd.DataFrame:  # fmt: skip
+    """`paired_rows` as the report's table: a column per reference, each comparison as
+    "+d [lo, hi]" text, or `blank_reason` where there is none."""
     out = []
     for r in rows:
         cells = {"model": r["model"], "target": r["target"], "items": r["items"]}
         for key, ref in refs.items():
             c = r[key]
-            text = "" if c is None else f"{c['difference']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"  # fmt: skip
+            text = blank_reason(scores, r["model"], ref) if c is None else f"{c['difference']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"  # fmt: skip
             cells[f"vs {_REFERENCES[key]} ({ref})"] = text
         out.append(cells)
     return pd.DataFrame(out)
 
 
+def _missing_note(task: str, missing: list[str]) -> str:
+    return (
+        f"{task}: raw lm-eval JSON missing for {', '.join(missing)} (promotion/results.parquet's "
+        "raw_json, not on disk): not in the table, and every comparison with it is blank."
+    )
+
+
 def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> Section:
-    """The section: per target task, `paired_table` of the promoted models."""
-    tables = {t: item_scores(run, t) for t in target_tasks(run)}
-    tables = {t: s for t, s in tables.items() if s}
-    if not tables:
-        return absent("paired", TITLE, "no per-item target results (promotion's raw lm-eval JSON).")  # fmt: skip
+    """The section: per target task, `paired_table` of the promoted models, with the models
+    whose raw files are missing named.
+
+    Returns:
+        The Section; its data: {task: `paired_rows`}.
+    """
+    tasks = target_tasks(run)
+    scores = {t: item_scores(run, t) for t in tasks}
+    missing = {t: missing_raw(run, t) for t in tasks}
+    if not any(scores.values()):
+        why = "no per-item target results (promotion's raw lm-eval JSON)"
+        notes = [_missing_note(t, m) for t, m in missing.items() if m]
+        return absent("paired", TITLE, f"{why}." + "".join(f" {n}" for n in notes))
     sec = Section("paired", TITLE)
-    for task, scores in tables.items():
-        rows = paired_rows(scores, n_resamples, seed)
-        df = paired_table(rows, scores)
+    for task in tasks:
+        if not scores[task]:
+            sec.text(_missing_note(task, missing[task]) if missing[task] else f"{task}: no per-item results.")  # fmt: skip
+            continue
+        refs = references(run, task)
+        rows = paired_rows(scores[task], refs, n_resamples, seed)
         sec.table(
-            f"{task} (test): each promoted model's difference to the better expert and to the base, "
-            f"item by item, with a percentile-bootstrap 95 % CI ({n_resamples} paired resamples, "
-            f"seed {seed}); from promotion's raw lm-eval JSON.",
-            df,
+            f"{task} (test): each promoted model's difference to the better expert (by "
+            f"promotion's score) and to the base, item by item, with a percentile-bootstrap 95 % "
+            f"CI ({n_resamples} paired resamples, seed {seed}); from promotion's raw lm-eval JSON.",
+            paired_table(rows, scores[task], refs),
         )
-        if odd := mismatches(scores):
+        if missing[task]:
+            sec.text(_missing_note(task, missing[task]))
+        if odd := mismatches(scores[task], refs):
             sec.text(f"{task}: item sets differ; each pair is compared on the doc ids both logged: {'; '.join(odd)}.")  # fmt: skip
         sec.data[task] = rows  # numbers, not the table's text
     return sec

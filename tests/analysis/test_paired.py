@@ -11,6 +11,7 @@ import pytest
 from analysis_synth import promotion_run
 
 from layerswap.analysis.paired import paired_section
+from layerswap.analysis.sections import Table
 from layerswap.analysis.stats import bootstrap_indices
 
 TASK = "world_mgsm_direct_xa"
@@ -80,3 +81,27 @@ def test_one_model_with_other_items_blanks_only_its_own_pairs_and_is_named(tmp_p
     assert rows["language_expert"]["vs_base"]["items"] == 3  # paired on the docs both logged
     text = " ".join(b for b in sec.blocks if isinstance(b, str))
     assert "language_expert vs base: paired on the 3 doc ids both logged (0 of language_expert's 3 and 1 of base's 4 dropped)" in text  # fmt: skip
+
+
+def test_a_missing_raw_file_is_named_and_the_better_expert_comes_from_promotion(tmp_path):
+    s = {"base": [0.0, 1.0, 0.0, 0.0], "math_expert": [1.0, 1.0, 1.0, 0.0]}
+    s |= {"language_expert": [0.0, 0.0, 0.0, 1.0], "candidate_a": [1.0, 1.0, 0.0, 1.0]}
+    run = _run(tmp_path, s)
+    (run.root / "promotion" / "math_expert.json").unlink()  # the better expert's items are gone
+    sec = paired_section(run, n_resamples=50)
+    rows = {r["model"]: r for r in sec.data[TASK]}
+    assert "math_expert" not in rows
+    assert rows["candidate_a"]["vs_better_expert"] is None  # not against the language expert
+    assert rows["candidate_a"]["vs_base"]["difference"] == pytest.approx(0.5)
+    table = next(b for b in sec.blocks if isinstance(b, Table)).df.set_index("model")
+    cell = table.loc["candidate_a", "vs better expert (math_expert)"]
+    assert cell == "n/a: math_expert's raw lm-eval JSON missing"
+    assert "raw lm-eval JSON missing for math_expert" in " ".join(b for b in sec.blocks if isinstance(b, str))  # fmt: skip
+
+
+def test_every_raw_file_missing_names_the_models(tmp_path):
+    run = _run(tmp_path, {"base": [1.0, 0.0], "math_expert": [1.0, 1.0]})
+    for m in ("base", "math_expert"):
+        (run.root / "promotion" / f"{m}.json").unlink()
+    sec = paired_section(run)
+    assert not sec.data and "raw lm-eval JSON missing for base, math_expert" in sec.blocks[0]
