@@ -14,12 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from layerswap.trainables.evaluate.lm_eval_api import task_manager
+from layerswap.trainables.model_files import MODEL_FILES, MODEL_SKIP
 from layerswap.trainables.train.sources import load_sft
-
-# What a model snapshot needs to load: no *.bin / *.pt (pickles), no original/ consolidated
-# checkpoints Meta ships beside the HF weights (another 16 GB of the same model).
-MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.py"]
-MODEL_SKIP = ["original/*", "*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt"]
 
 
 def fetch_model(repo_id: str) -> str:

@@ -33,6 +33,7 @@ from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 from layerswap.trainables.merge.terms import Assembly, Linear, Op, Terms
 from layerswap.trainables.merge.threads import run_in_threads
 from layerswap.trainables.merge.tokenizer_match import check_same_tokenizer
+from layerswap.trainables.model_files import MODEL_FILES, MODEL_SKIP
 from layerswap.trainables.model_ids import content_recipe_id
 from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.trainables.storage import is_uri, local_copy
@@ -82,10 +83,9 @@ def resolve_ref(ref: str) -> Path:
         from huggingface_hub import snapshot_download
 
         try:
+            # prefetch's list: a checkpoint prefetched for an offline merge has what this reads
             return Path(
-                snapshot_download(
-                    ref, allow_patterns=["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja"]
-                )
+                snapshot_download(ref, allow_patterns=MODEL_FILES, ignore_patterns=MODEL_SKIP)
             )
         except Exception as e:  # offline, unknown repo, auth: one line naming both places looked
             raise CheckpointError(
