@@ -174,21 +174,27 @@ def proxy_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c.startswith("proxy__")]
 
 
+def target_rows(promotion: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Promotion's rows of `task` on its test split (a row without a split counts as test):
+    the rows every section reads a model's target score from."""
+    sel = promotion["task"] == task
+    if "split" in promotion.columns:
+        sel &= promotion["split"].fillna("test") == "test"
+    return promotion[sel]
+
+
 def target_scores(run: RunData, task: str) -> pd.DataFrame:
     """Per promoted model, its score on `task` (test split): columns model, kind, recipe_id,
     value, n_items. Empty when the run has no promotion results for it."""
     cols = ["model", "kind", "recipe_id", "value", "n_items"]
     if run.promotion is None:
         return pd.DataFrame(columns=cols)
-    p = run.promotion
-    sel = p["task"] == task
-    if "split" in p.columns:
-        sel &= p["split"].fillna("test") == "test"
-    p = p[sel].copy()
+    p = target_rows(run.promotion, task).copy()
     for c in cols:
         if c not in p.columns:
             p[c] = None
-    # One row per (model, task) by design; if a producer wrote several, average them.
+    # One row per (model, task) by design; if a producer wrote several (a promotion with several
+    # seeds), average them. analysis/paired.py averages each item over the same rows.
     agg = p.groupby("model", as_index=False).agg(
         kind=("kind", "first"),
         recipe_id=("recipe_id", "first"),

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from layerswap.analysis.load import RunData, target_scores, target_tasks
+from layerswap.analysis.load import RunData, target_rows, target_scores, target_tasks
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci
 from layerswap.trainables.evaluate.harness import predictions
@@ -26,48 +26,75 @@ TITLE = "Against the experts (paired, per item)"
 EXPERTS = ("math_expert", "language_expert")  # promotion's baseline names (search/promote.py)
 
 
-def _raw_paths(run: RunData, task: str) -> list[tuple[str, Path | None]]:
-    """(model, its raw lm-eval JSON as found on disk, or None) per promotion row of `task`'s
-    test split; [] when promotion keeps no raw files."""
+def _raw_paths(run: RunData, task: str) -> dict[str, list[Path | None]]:
+    """{model: its raw lm-eval JSON files as found on disk (None: not there)}, one per promotion
+    row of `task`'s test split (load.target_rows: the rows target_scores averages; several
+    for a promotion with several seeds); {} when promotion keeps no raw files."""
     p = run.promotion
     if p is None or "raw_json" not in p.columns:
-        return []
-    rows = p[(p["task"] == task) & (p.get("split", "test") == "test")]
-    out = []
+        return {}
+    rows = target_rows(p, task)
+    out: dict[str, list[Path | None]] = {}
     for model, recorded in zip(rows["model"], rows["raw_json"], strict=True):
         path = run.resolve(recorded) if isinstance(recorded, str) else None
-        out.append((str(model), path if path is not None and path.is_file() else None))
+        out.setdefault(str(model), []).append(path if path is not None and path.is_file() else None)  # fmt: skip
     return out
 
 
 def missing_raw(run: RunData, task: str) -> list[str]:
-    """The promoted models of `task` whose raw lm-eval JSON is not on disk, sorted."""
-    return sorted({m for m, path in _raw_paths(run, task) if path is None})
+    """The promoted models of `task` with a raw lm-eval JSON not on disk (of any of its rows:
+    the others' items alone would not average to its target score), sorted."""
+    return sorted(m for m, paths in _raw_paths(run, task).items() if None in paths)
 
 
-def item_scores(run: RunData, task: str) -> dict[str, pd.Series]:
+def _read_items(path: Path, task: str) -> pd.Series:
+    """One raw lm-eval JSON's per-item scores of `task`, indexed by doc_id."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        items = predictions(raw, task)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    ids = [r["doc_id"] for r in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: task {task!r} logs a doc_id more than once")
+    return pd.Series([r["score"] for r in items], index=ids, dtype=float)
+
+
+def item_scores(run: RunData, task: str, notes: list[str] | None = None) -> dict[str, pd.Series]:
     """{model: per-item scores on `task`'s test split, indexed by lm-eval's doc_id} for every
     promoted model whose raw lm-eval JSON is on disk (`missing_raw`: the others). Pairs are
     matched by doc_id, never by position: two files may log other items (a sample lost,
     another limit or shard).
 
+    A model with several promotion rows (several seeds) scores each doc as the mean over its
+    rows, on the docs every row logged: the one rule of load.target_scores, which averages the
+    rows' values, so the mean of its items is that average (when each file holds its row's
+    items).
+
+    Args:
+        notes: where to append a line per model averaged over several rows (its row count,
+            and the docs dropped because not every row logged them).
     Raises:
         ValueError: a raw JSON file that is not JSON, has no logged samples or logs a doc twice
             (naming it).
     """
     out = {}
-    for model, path in _raw_paths(run, task):
-        if path is None:
+    for model, paths in _raw_paths(run, task).items():
+        if None in paths:
             continue
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            items = predictions(raw, task)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-        ids = [r["doc_id"] for r in items]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"{path}: task {task!r} logs a doc_id more than once")
-        out[model] = pd.Series([r["score"] for r in items], index=ids, dtype=float)
+        runs = [_read_items(path, task) for path in paths]
+        if len(runs) == 1:
+            out[model] = runs[0]
+            continue
+        common, every = runs[0].index, runs[0].index
+        for r in runs[1:]:
+            common, every = common.intersection(r.index), every.union(r.index)
+        common = common.sort_values()
+        out[model] = pd.concat([r[common] for r in runs], axis=1).mean(axis=1)
+        dropped = len(every) - len(common)
+        if notes is not None:
+            tail = f" ({dropped} doc ids not logged by every row dropped)" if dropped else ""
+            notes.append(f"{model}: {len(runs)} promotion rows (seeds); each doc's score is their mean, as its target score is{tail}")  # fmt: skip
     return out
 
 
@@ -189,7 +216,8 @@ def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> S
         The Section; its data: {task: `paired_rows`}.
     """
     tasks = target_tasks(run)
-    scores = {t: item_scores(run, t) for t in tasks}
+    averaged: dict[str, list[str]] = {t: [] for t in tasks}
+    scores = {t: item_scores(run, t, averaged[t]) for t in tasks}
     missing = {t: missing_raw(run, t) for t in tasks}
     if not any(scores.values()):
         why = "no per-item target results (promotion's raw lm-eval JSON)"
@@ -210,6 +238,8 @@ def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> S
         )
         if missing[task]:
             sec.text(_missing_note(task, missing[task]))
+        if averaged[task]:
+            sec.text(f"{task}: {'; '.join(averaged[task])}.")
         if odd := mismatches(scores[task], refs):
             sec.text(f"{task}: item sets differ; each pair is compared on the doc ids both logged: {'; '.join(odd)}.")  # fmt: skip
         sec.data[task] = rows  # numbers, not the table's text

@@ -6,10 +6,14 @@ Run: .venv/bin/python -m pytest -q tests/analysis/test_paired.py
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from analysis_synth import promotion_run
+import json
 
+import numpy as np
+import pandas as pd
+import pytest
+from analysis_synth import lm_eval_raw, promotion_run
+
+from layerswap.analysis.load import PROMOTION, load_run, target_scores
 from layerswap.analysis.paired import paired_section
 from layerswap.analysis.sections import Table
 from layerswap.analysis.stats import bootstrap_indices
@@ -105,3 +109,22 @@ def test_every_raw_file_missing_names_the_models(tmp_path):
         (run.root / "promotion" / f"{m}.json").unlink()
     sec = paired_section(run)
     assert not sec.data and "raw lm-eval JSON missing for base, math_expert" in sec.blocks[0]
+
+
+def test_several_rows_of_a_model_average_per_item_as_its_target_score_does(tmp_path):
+    s = {"base": [0.0, 0.0, 1.0, 0.0], "math_expert": [1.0, 0.0, 0.0, 0.0], "candidate_a": [1.0, 1.0, 1.0, 0.0]}  # fmt: skip
+    run = _run(tmp_path, s)
+    seed1 = run.root / "promotion" / "math_expert_seed1.json"
+    seed1.write_text(json.dumps(lm_eval_raw(TASK, [1.0, 1.0, 1.0, 1.0])))
+    prom = run.promotion
+    row = prom[prom["model"] == "math_expert"].assign(value=1.0, raw_json=str(seed1))
+    prom = pd.concat([prom, row], ignore_index=True)
+    prom.loc[prom["model"] == "candidate_a", "split"] = None  # no split: test, as target_scores
+    prom.to_parquet(run.root / PROMOTION)
+    run = load_run(run.root)
+    sec = paired_section(run, n_resamples=50)
+    rows = {r["model"]: r for r in sec.data[TASK]}
+    assert rows["math_expert"]["target"] == target_scores(run, TASK).set_index("model").loc["math_expert", "value"] == 0.625  # fmt: skip
+    vs = rows["candidate_a"]["vs_better_expert"]
+    assert (vs["reference"], vs["difference"]) == ("math_expert", pytest.approx(0.75 - 0.625))
+    assert "math_expert: 2 promotion rows (seeds)" in " ".join(b for b in sec.blocks if isinstance(b, str))  # fmt: skip
