@@ -135,18 +135,26 @@ class Env:
     def train_exp(self, rel: str = "exp.yaml", **over) -> str:
         return self.yaml(rel, self.train_data(**over))
 
-    def train_run(self, out: str, exp_file: str) -> str:
-        """RUN/train/t as `layerswap train` leaves it once started on `exp_file` (no checkpoint)."""
+    def train_run(self, out: str, exp_file: str, step: int | None = None) -> str:
+        """RUN/train/t as `layerswap train` leaves it once started on `exp_file` (no checkpoint),
+        or once it saved a checkpoint at `step` (its manifest only)."""
         from layerswap.spaces.train_experiment import (
             absolute_local_paths,
             experiment_identity,
+            experiment_json,
             load_train_experiment,
         )
+        from layerswap.trainables.train.state import MANIFEST
 
         run = self.tmp / out / "train" / "t"
         run.mkdir(parents=True)
         exp = absolute_local_paths(load_train_experiment(exp_file))
         write_marker(run, "train", experiment_identity(exp))
+        if step is not None:
+            ck = run / "checkpoints" / f"samples_{step * exp.hyper.batch_size:09d}"
+            ck.mkdir(parents=True)
+            manifest = {"step": step, "experiment": experiment_json(exp)}
+            (ck / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
         return str(run)
 
     def search_data(self, **over) -> dict:
@@ -467,7 +475,7 @@ def world__unknown_action(e: Env):
 
 @case()
 def train__changed_config_without_overwrite(e: Env):
-    run = e.train_run("run", e.train_exp("old/exp.yaml"))
+    run = e.train_run("run", e.train_exp("old/exp.yaml"), step=2)
     new = e.train_exp(hyper=e.train_data()["hyper"] | {"lr": 0.5})
     argv = ["train", new, "--out", e.at("run"), "--no-ray"]
     return argv, [f"{run}: holds a training run of a different experiment (config changed)", ABSENT_FLAG]  # fmt: skip
@@ -475,7 +483,7 @@ def train__changed_config_without_overwrite(e: Env):
 
 @case()
 def train__changed_config_with_resume(e: Env):
-    run = e.train_run("run", e.train_exp("old/exp.yaml"))
+    run = e.train_run("run", e.train_exp("old/exp.yaml"), step=2)
     new = e.train_exp(hyper=e.train_data()["hyper"] | {"lr": 0.5})
     argv = ["train", new, "--out", e.at("run"), "--no-ray", "--resume"]
     return argv, [f"{run}: holds a training run of a different experiment"]

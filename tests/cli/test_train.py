@@ -185,3 +185,23 @@ def test_an_uncached_hub_base_of_a_merged_family_passes_the_edge(tiny_world, tmp
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     monkeypatch.setattr(cli_train, "hf_hub_download", lambda *a, **k: str(tmp_path / "config.json"))
     cli_train.check_inputs(make_exp(tiny_world, "full", base="acme/llama"))  # no ValueError
+
+
+def test_a_changed_config_takes_over_a_run_that_saved_no_checkpoint(tiny_world, tmp_path, capsys):  # fmt: skip
+    # A run that failed in its workers (rows too long for seq_len) left its marked folder and
+    # no checkpoint: the corrected config reruns without --overwrite, saying so in one line.
+    from layerswap.spaces.train_experiment import absolute_local_paths, experiment_identity
+    from layerswap.trainables.outputs import write_marker
+
+    failed = make_exp(tiny_world, "full", hyper={"max_steps": 2, "seq_len": 8}, name="tk")
+    run = tmp_path / "run/train/tk"
+    run.mkdir(parents=True)
+    write_marker(run, "train", experiment_identity(absolute_local_paths(failed)))
+    (run / "left_by_ray.json").write_text("{}")
+    fixed = make_exp(tiny_world, "full", hyper={"max_steps": 2}, checkpoint_every_samples=8, name="tk")  # fmt: skip
+    f = _write(tmp_path, fixed.model_dump(mode="json"))
+    assert main(["train", str(f), "--out", str(tmp_path / "run"), "--no-ray"]) == 0
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if "saved no checkpoint" in ln]
+    assert said == [f"layerswap: {run}: holds a run of another experiment that saved no checkpoint; this one replaces it"], err  # fmt: skip
+    assert _steps(run) == [1, 2] and not (run / "left_by_ray.json").exists()

@@ -3,7 +3,7 @@
 `train_expert(exp, "runs/exp/train")` is what `layerswap train EXP.yaml` calls. Re-runs into an
 existing run folder are explicit (`decide`, for a local folder and a run in a store alike): the
 same experiment continues only with `resume`, a finished one is not trained again, a different
-one needs `overwrite`.
+one needs `overwrite` once it saved a checkpoint (before that it has nothing to lose).
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/train/test_uri_rerun.py
 tests/cli/test_train.py
@@ -91,7 +91,7 @@ def run_started(run: Path | str) -> bool:
     return run.exists() and not (run.is_dir() and not any(run.iterdir()))
 
 
-def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable[[], bool], last: Callable[[], tuple[object, bool]], changed: Callable[[], str], resume: bool, overwrite: bool) -> Rerun:  # fmt: skip
+def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable[[], bool], saved: Callable[[], bool], last: Callable[[], tuple[object, bool]], changed: Callable[[], str], resume: bool, overwrite: bool) -> Rerun:  # fmt: skip
     """The one rerun rule, for a local run folder and a run in a store (s3://, file://) alike.
 
     Args:
@@ -99,15 +99,17 @@ def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable
         started: whether it holds anything.
         check: raises when what it holds is no training run of layerswap's.
         same: whether it holds this very experiment.
+        saved: whether it holds a checkpoint (a manifest: its state is not read).
         last: its last checkpoint and whether that is the final step's.
         changed: what differs from the experiment it holds, as a phrase ("" when unknown).
         resume, overwrite: the user's flags.
     Returns:
         "fresh" (nothing there), "resume" (same experiment, unfinished, `resume`), "done"
-        (same experiment, finished: nothing to train), "replace" (`overwrite`).
+        (same experiment, finished: nothing to train), "replace" (`overwrite`, or another
+        experiment's run that saved no checkpoint: said on stderr).
     Raises:
-        OutputError: it holds another experiment or something else, and no flag says what to
-            do with it.
+        OutputError: it holds another experiment's checkpoints or something else, and no flag
+            says what to do with it.
     """
     if resume and overwrite:
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
@@ -119,6 +121,11 @@ def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable
     if overwrite:
         return "replace"
     if not same():
+        if not saved():
+            # A run that failed before its first checkpoint (data too long for seq_len, a
+            # worker's error): nothing to lose, and the corrected rerun must not need a flag.
+            print(f"layerswap: {run}: holds a run of another experiment that saved no checkpoint; this one replaces it", file=sys.stderr)  # fmt: skip
+            return "replace"
         what = changed()
         raise OutputError(
             f"{run}: holds a training run of a different experiment (config changed)"
@@ -166,6 +173,7 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
         started=run_started(run),
         check=lambda: check_output(run, "train", overwrite=True),
         same=lambda: (read_marker(run) or {}).get("identity") == experiment_identity(exp),
+        saved=lambda: bool(find_checkpoints(run)),
         last=lambda: last_checkpoint(run),
         changed=changed,
         resume=resume,
@@ -273,7 +281,9 @@ def _train_in_store(exp: TrainExperiment, storage: str, resume: bool, overwrite:
         return changes(found[-1][1].get("experiment") or {}, exp) if found else ""
 
     want = experiment_identity(exp)
-    plan = decide(run, started=store.run_started(run), check=check, same=lambda: store.stored_identity(run, old) == want, last=lambda: store.last_checkpoint(folder), changed=changed, resume=resume, overwrite=overwrite)  # fmt: skip
+    # a generation (an --overwrite's) may sit beside older checkpoints: only a first run counts
+    # as having saved none
+    plan = decide(run, started=store.run_started(run), check=check, same=lambda: store.stored_identity(run, old) == want, saved=lambda: bool(gen or store.checkpoints(run)), last=lambda: store.last_checkpoint(folder), changed=changed, resume=resume, overwrite=overwrite)  # fmt: skip
     if plan == "done":
         ckpt, _ = store.last_checkpoint(folder)
         print(f"{run}: this experiment is already trained; nothing to do")
