@@ -59,3 +59,31 @@ def test_uncached_target_fails_the_search_before_it_runs(tiny_world, expert_pair
     assert "world_" not in err  # the world's tasks are readable: only the target is named
     assert not out.exists(), sorted(p.name for p in out.iterdir())  # nothing ran, nothing written
     assert took < 120, took
+
+
+_TASK = """task: {name}
+dataset_path: layerswap-test/not-a-dataset
+dataset_name: sw
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{q}}}}"
+doc_to_target: "{{{{a}}}}"
+metric_list:
+  - metric: exact_match
+    higher_is_better: true
+"""
+
+
+def test_a_proxy_reading_the_targets_test_split_is_said_beside_the_missing_data(tiny_world, expert_pair, tmp_path):  # fmt: skip
+    # The proxy scores the target's test split under another name (as mgsm_native_cot_sw does
+    # for target mgsm_direct_sw), and neither dataset is cached: the data error alone sent the
+    # user to download data for a config the search refuses once the data is there.
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("leaky_proxy", "leaky_target"):
+        (tasks / f"{name}.yaml").write_text(_TASK.format(name=name))
+    exp = experiment(tiny_world, expert_pair, include_path=[str(tasks)], proxies=[{"task": "leaky_proxy"}], target="leaky_target")  # fmt: skip
+    said = uncached_problem(exp)
+    assert said is not None and "task data not in the local Hugging Face cache" in said
+    assert "proxies[0].task 'leaky_proxy' scores dataset_path layerswap-test/not-a-dataset" in said
+    assert "the test split of target 'leaky_target'" in said
