@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pandas as pd
 
+from layerswap.analysis.friedman_cells import FriedmanCells, friedman_cells, friedman_paragraph
 from layerswap.analysis.load import (
     IND,
     RunData,
@@ -24,7 +24,6 @@ from layerswap.analysis.load import (
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Section, absent
-from layerswap.analysis.stats import friedman
 from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"
@@ -75,7 +74,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
     recs = []
     prom = run.promotion
     modes_by_recipe = _layer_swap_modes(run)
-    chosen, mean_row = chosen_swap(run), candidates_mean_row(run)
+    chosen, mean_row = chosen_swaps(run), candidates_mean_row(run)
     for task in tasks:
         lang = task_language(task)
         if prom is not None:
@@ -89,7 +88,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     mode = modes_by_recipe.get(r.get("recipe_id"), "full")
                     value = float(r["value"])
                     recs.append((mean_row, mode, lang, (base_name, lang), value, "test", "promotion"))  # fmt: skip
-                    if r.get("recipe_id") != chosen:
+                    if r.get("recipe_id") != chosen.get(task):
                         continue
                     treat = "layer swap"
                 elif "revert" in model:
@@ -140,22 +139,56 @@ def _candidates(run: RunData) -> pd.DataFrame:
     """The promotion's rows of layer-swap candidates on a target task (none: empty)."""
     prom = run.promotion
     if prom is None:
-        return pd.DataFrame(columns=["model", "recipe_id"])
+        return pd.DataFrame(columns=["model", "recipe_id", "task"])
     sel = prom[prom["task"].isin(target_tasks(run))]
     return sel[[_is_candidate(r) for _, r in sel.iterrows()]]
 
 
-def chosen_swap(run: RunData) -> str | None:
-    """The recipe id of the layer swap the papers' row stands for: of the promoted candidates,
-    the one with the best search objective (dev proxies only), as promotion selects it by
-    default; ties go to the first promoted. None without candidates that have an objective."""
+def chosen_swaps(run: RunData) -> dict[str, str | None]:
+    """Per target task, the recipe id of the layer swap the papers' row stands for there.
+
+    Of the candidates promoted on that task, the one with the best search objective (dev proxies
+    only), as promotion selects it by default; ties go to the first promoted. Where some of them
+    were built with a language expert of the task's language (the registry says), only those
+    compete: a search for another language has an objective on another scale. Chosen per task,
+    so that a run with two target languages has a swap in each (one choice over all tasks left
+    the other language's cell empty, and the greedy Friedman drop then removed the swap).
+
+    Returns:
+        {target task: recipe id, or None without a promoted candidate with an objective}.
+    """
     trials = trial_by_recipe(run)
+    cands = _candidates(run)
+    out: dict[str, str | None] = dict.fromkeys(target_tasks(run))
     if trials is None or "objective" not in trials.columns:
-        return None
+        return out
     objective = pd.to_numeric(trials["objective"], errors="coerce")
-    rids = [r for r in _candidates(run)["recipe_id"].unique() if r in objective.index]
-    rids = [r for r in rids if pd.notna(objective[r])]
-    return max(rids, key=lambda r: objective[r]) if rids else None  # max keeps the first tie
+    langs = _language_expert_languages(run)
+    for task in out:
+        rids = [r for r in cands.loc[cands["task"] == task, "recipe_id"].unique() if r in objective.index]  # fmt: skip
+        rids = [r for r in rids if pd.notna(objective[r])]
+        own = [r for r in rids if langs.get(r) == task_language(task)]
+        rids = own or rids
+        out[task] = (
+            max(rids, key=lambda r: objective[r]) if rids else None
+        )  # max keeps the first tie
+    return out
+
+
+def _language_expert_languages(run: RunData) -> dict[str, str]:
+    """recipe_id -> the language of the language expert it was built with (where known)."""
+    trials, reg = trial_by_recipe(run), run.registry
+    need = {"expert_id", "language"}
+    if trials is None or reg is None or not need <= set(reg.columns):
+        return {}
+    if "language_expert_id" not in trials.columns:
+        return {}
+    lang = reg.drop_duplicates("expert_id").set_index("expert_id")["language"].astype(str)
+    return {
+        rid: lang[eid]
+        for rid, eid in trials["language_expert_id"].items()
+        if isinstance(eid, str) and eid in lang.index
+    }
 
 
 def candidates_mean_row(run: RunData) -> str:
@@ -245,22 +278,15 @@ def _label(treat: str, mode: str) -> str:
     return treat if mode == "base" else f"{treat} / {mode}"
 
 
-def friedman_matrix(vals: pd.DataFrame) -> tuple[np.ndarray, list[str], list[str]]:
-    """Blocks × treatments matrix of mean values over the paper's treatments (math-only,
+def friedman_matrix(vals: pd.DataFrame) -> FriedmanCells:
+    """Conditions × treatments matrix of mean values over the paper's treatments (math-only,
     language-only, data mixing, simultaneous, layer swap; each SFT type a treatment; the base
-    model and extra baselines excluded), with missing cells
-    removed greedily: repeatedly drop the row or column with the largest share of gaps."""
+    model and extra baselines excluded); test-split cells only, gaps dropped greedily
+    (friedman_cells)."""
     v = vals[vals["treatment"].isin(ROWS[1:])].copy()
     v["label"] = [_label(t, m) for t, m in zip(v["treatment"], v["mode"], strict=True)]
     v["blk"] = [f"{b[0]} / {b[1]}" for b in v["block"]]
-    m = v.pivot_table(index="blk", columns="label", values="value", aggfunc="mean")
-    while m.size and m.isna().to_numpy().any():
-        rows, cols = m.isna().mean(axis=1), m.isna().mean(axis=0)
-        if rows.max() >= cols.max():
-            m = m.drop(index=rows.idxmax())
-        else:
-            m = m.drop(columns=cols.idxmax())
-    return m.to_numpy(float), list(m.columns), list(m.index)
+    return friedman_cells(v)
 
 
 def treatments_section(run: RunData) -> Section:
@@ -301,16 +327,28 @@ def treatments_section(run: RunData) -> Section:
 
 def _layer_swap_note(sec: Section, run: RunData) -> None:
     """Which model the "layer swap" row is, and what the candidates' mean row averages."""
-    chosen, n = chosen_swap(run), _candidates(run)["model"].nunique()
+    chosen, n = chosen_swaps(run), _candidates(run)["model"].nunique()
     if n == 0:
         return
-    which = (
-        f"the swap the search chose: candidate_{chosen}, the promoted candidate with the best "
+    picks = set(chosen.values())
+    how = (
         "search objective (dev proxies only, as promotion selects by default; the test split "
         "does not choose)"
-        if chosen is not None
-        else "not shown: no promoted candidate has a search objective to choose it by"
     )
+    if picks == {None}:
+        which = "not shown: no promoted candidate has a search objective to choose it by"
+    elif len(picks) == 1:
+        which = f"the swap the search chose: candidate_{picks.pop()}, the promoted candidate with the best {how}"  # fmt: skip
+    else:
+        each = "; ".join(
+            f"{task}: " + (f"candidate_{rid}" if rid else "none (no candidate with an objective)")
+            for task, rid in chosen.items()
+        )
+        which = (
+            f"per target language, the swap the search chose there ({each}): of the candidates "
+            f"promoted on that task (those built with a language expert of its language, where "
+            f"there are some), the one with the best {how}"
+        )
     sec.text(
         f'"layer swap" is one model, {which}. "{candidates_mean_row(run)}" averages every '
         "candidate promotion evaluated; it is not one model and is left out of the Friedman test."
@@ -319,40 +357,7 @@ def _layer_swap_note(sec: Section, run: RunData) -> None:
 
 def _friedman(sec: Section, vals: pd.DataFrame) -> None:
     """The Friedman test's paragraph, saying what it ranks over what; its numbers to sec.data."""
-    mat, treats, blocks = friedman_matrix(vals)
-    what = (
-        "a condition is a base model and target language; a treatment is one of the table's rows "
-        "with its SFT type, the base model and the extra baselines excluded; each cell is the "
-        "treatment's mean over its instances"
-    )
-    if len(treats) < 3 or len(blocks) < 2:
-        sec.text(
-            f"Friedman test: not computable (needs >= 3 treatments with scores in >= 2 common "
-            f"conditions; this run has {len(treats)} treatment(s) over {len(blocks)} condition(s); "
-            f"{what})."
-        )
-        return
-    f = friedman(mat, treats)
-    head = (
-        f"Friedman test over {f.n} conditions (base model × target language) × {f.k} treatments "
-        f"({what}; conditions: {', '.join(blocks)})"
-    )
-    sec.data["friedman"] = {
-        "conditions": f.n,
-        "treatments": f.k,
-        "df": f.k - 1,
-        "statistic": f.statistic,
-        "p_value": f.p_value,
-        "mean_ranks": f.mean_ranks,
-    }
-    if np.isnan(f.statistic):
-        sec.text(f"{head}: cannot tell (every treatment scores the same in every condition).")
-        return
-    ranks = ", ".join(f"{t} {r:.2f}" for t, r in sorted(f.mean_ranks.items(), key=lambda kv: -kv[1]))  # fmt: skip
-    sec.text(
-        f"{head}: χ² = {f.statistic:.3f} with {f.k - 1} degrees of freedom, p = {f.p_value:.4f}. "
-        f"Mean ranks (of {f.k}, higher = better): {ranks}."
-    )
+    friedman_paragraph(sec, friedman_matrix(vals))
 
 
 def _revert(sec: Section, run: RunData) -> None:

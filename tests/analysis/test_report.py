@@ -134,7 +134,8 @@ def test_treatments_table_and_friedman_matrix(run_dir):
     assert t1.loc["simultaneous", "partial"] == "0.165†"  # registry, dev split
     assert "(n=" not in t3.loc["xa", "layer swap / full"]  # one model: the chosen swap
     assert t3.loc["xa", "layer swap (mean of 8 promoted candidates) / full"].endswith("(n=8)")
-    mat, treats, blocks = friedman_matrix(vals)
+    cells = friedman_matrix(vals)
+    mat, treats, blocks = cells.matrix, cells.treatments, cells.conditions
     assert mat.shape == (2, len(treats)) and len(blocks) == 2
     assert "base model" not in treats and "TIES / full" not in treats
     assert "layer swap / full" in treats
@@ -149,8 +150,9 @@ def test_friedman_matrix_drops_gaps():
         ("data mixing", "full", "xa", ("b", "xa"), 0.2, "test", "promotion"),
     ]
     vals = pd.DataFrame(rows, columns=["treatment", "mode", "language", "block", "value", "split", "source"])  # fmt: skip
-    mat, treats, _ = friedman_matrix(vals)
-    assert treats == ["layer swap / full", "math-only / full"] and mat.shape == (2, 2)
+    cells = friedman_matrix(vals)
+    assert cells.treatments == ["layer swap / full", "math-only / full"]
+    assert cells.matrix.shape == (2, 2) and cells.dropped_treatments == ["data mixing / full"]
 
 
 def test_missing_files_say_not_in_this_run(tmp_path, capsys):
