@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -325,6 +326,14 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
         return run_sweep_recorded(exp, run_dir, args.verbose, resume=resume)
 
 
+def _say_out_replaces(exp: TrainExperiment, out: Path) -> None:
+    """One line on stderr when `--out` sends the checkpoints elsewhere than the experiment's own
+    `storage_path` (an s3://... run went to the local --out folder without a word)."""
+    where = out / "train" / exp.name
+    if is_uri(exp.storage_path) or Path(exp.storage_path).resolve() != where.parent.resolve():
+        print(f"layerswap: --out {out} replaces storage_path {exp.storage_path}: checkpoints go to {where}", file=sys.stderr)  # fmt: skip
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     args.experiment, args.resume = experiment_and_resume(args)
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
@@ -339,7 +348,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     if clash := continue_clash(args, "starts, resumes or skips the run as it stands"):
         raise ValueError(clash)
-    exp = absolute_local_paths(load_train_experiment(args.experiment))  # Ray workers run elsewhere
+    loaded = load_train_experiment(args.experiment)
+    exp = absolute_local_paths(loaded)  # Ray workers run elsewhere
+    if args.out is not None and "storage_path" in loaded.model_fields_set:
+        _say_out_replaces(exp, args.out)
     if exp.sweep is not None:
         # A sweep runs offline by default (its task-data check sets it, and every trial gets
         # the driver's variables): its inputs are checked as its trials will read them.
@@ -394,8 +406,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument(
         "--out",
         type=Path,
-        help="run folder RUN: the run goes to RUN/train/<name>/ "
-        "(default: <the config's storage_path>/<name>/)",
+        help="run folder RUN: the run goes to RUN/train/<name>/, in place of the config's "
+        "storage_path (said on stderr when it sets one; default: <storage_path>/<name>/)",
     )
     t.add_argument("--no-ray", action="store_true", help="train in this process (1 worker)")
     t.add_argument(

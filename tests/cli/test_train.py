@@ -205,3 +205,19 @@ def test_a_changed_config_takes_over_a_run_that_saved_no_checkpoint(tiny_world, 
     said = [ln for ln in err.splitlines() if "saved no checkpoint" in ln]
     assert said == [f"layerswap: {run}: holds a run of another experiment that saved no checkpoint; this one replaces it"], err  # fmt: skip
     assert _steps(run) == [1, 2] and not (run / "left_by_ray.json").exists()
+
+
+def test_out_replacing_storage_path_is_said(tiny_world, tmp_path, monkeypatch, capsys):
+    import layerswap.trainables.train as train_pkg
+
+    went = []
+    monkeypatch.setattr(train_pkg, "train_expert", lambda exp, storage, **kw: went.append(storage))
+    exp = make_exp(tiny_world, "full", name="sp").model_dump(mode="json")
+    out = tmp_path / "run"
+    for storage_path, said in (("s3://my-bucket/runs", True), (str(out / "train"), False)):
+        f = _write(tmp_path, exp | {"storage_path": storage_path})
+        assert main(["train", str(f), "--out", str(out), "--no-ray"]) == 0
+        err = capsys.readouterr().err
+        line = f"layerswap: --out {out} replaces storage_path {storage_path}: checkpoints go to {out / 'train/sp'}"  # fmt: skip
+        assert (line in err.splitlines()) is said, err
+    assert went == [str(out / "train")] * 2
