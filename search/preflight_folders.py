@@ -207,6 +207,10 @@ def _check_depth_source(
     exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
 ) -> None:
     """layerswap.search.pool.model_depth reads num_hidden_layers of the first full task expert, else base."""
+    if exp.experts is not None and not any(f.side == "task" for f in experts):
+        # The registry gave no task expert (missing, unreadable, none of this base: its problem
+        # is said): the depth source is unknown, a full task expert of it would be one.
+        return
     like = next((f for f in experts if f.side == "task" and f.kind == "full"), base)
     if like is None:
         return  # no base and LoRA task experts only: _check_base_needed says so

@@ -106,6 +106,16 @@ def test_registry_missing_or_not_parquet(tiny_world, paths, tmp_path):
     _only(check_search(exp), f"experts.registry {reg}: not a readable Parquet file")
 
 
+def test_a_missing_registry_is_the_only_problem_of_a_hub_base(tiny_world, paths, tmp_path):
+    # The shipped real searches before their sweeps ran: the depth is read from a task expert,
+    # which the registry would give, so the Hub-id base is no problem; it was also said to be
+    # ("the search reads the depth from config.json in a local folder ... a Hub id is not one").
+    reg = tmp_path / "experts" / "registry.parquet"
+    over = dict(task_experts=[], language_experts=[], experts={"registry": str(reg)})
+    exp = experiment(tiny_world, paths, base="Qwen/Qwen2.5-7B-Instruct", **over)
+    _only(check_search(exp), f"experts.registry {reg}: no such file")
+
+
 def test_registry_of_the_wrong_schema(tiny_world, paths, tmp_path):
     reg = tmp_path / "registry.parquet"
     pq.write_table(pa.table({"expert_id": ["e0"], "language": ["en"], "mode": ["full"]}), reg)
