@@ -120,13 +120,26 @@ def scatter(
     return to_png(fig)
 
 
-def best_so_far(objective: np.ndarray, *, title: str, ylabel: str) -> bytes:
-    """Each trial's objective (dots) and the running best (line), in finishing order."""
+def best_so_far(
+    objective: np.ndarray, *, title: str, ylabel: str, pruned: np.ndarray | None = None
+) -> bytes:
+    """Each trial's objective (dots) and the running best (line), in finishing order.
+
+    Args:
+        objective: one value per trial in finishing order (NaN for a pruned trial).
+        pruned: True where the trial was pruned: marked on the x axis, with no objective.
+    """
     fig, ax = plt.subplots(layout="constrained", figsize=(5.5, 3.4))
     xs = np.arange(1, len(objective) + 1)
-    ax.scatter(xs, objective, s=12, alpha=0.6, label="trial")
-    ax.plot(xs, np.fmax.accumulate(objective), color="tab:red", lw=1.5, label="best so far")
-    ax.set_xlabel("trial (finishing order)")
+    pruned = np.zeros(len(objective), bool) if pruned is None else np.asarray(pruned, bool)
+    ax.scatter(xs[~pruned], objective[~pruned], s=12, alpha=0.6, label="trial")
+    if pruned.any():
+        # x in data, y in axes units: along the bottom edge, whatever the objective's range
+        ax.scatter(xs[pruned], np.full(pruned.sum(), 0.03), marker="x", s=14, color="tab:gray",
+                   transform=ax.get_xaxis_transform(), label="pruned (no objective)")  # fmt: skip
+    best = np.fmax.accumulate(objective)  # a pruned trial keeps the best before it
+    ax.plot(xs, best, color="tab:red", lw=1.5, drawstyle="steps-post", label="best so far")
+    ax.set_xlabel("trial (finishing order, pruned included)" if pruned.any() else "trial (finishing order)")  # fmt: skip
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

@@ -24,6 +24,9 @@ from layerswap.analysis.load import (
 from layerswap.analysis.sections import Section, absent, fmt
 
 TITLE = "The merge search"
+# Trials the progress figure counts: scored ones and those the fidelity schedule pruned (both
+# ran); failed, duplicate (served from an earlier row) and lost trials did not add a trial.
+PROGRESS_STATUSES = ("ok", "pruned")
 # What tells two promoted recipes apart (trials.parquet columns, search/results.py); the
 # transition weighting among them, else two recipes differing only there read alike.
 RECIPE_COLUMNS = (
@@ -74,7 +77,7 @@ def search_section(run: RunData) -> Section:
         sec.text("Not in this run: no finished trial has an objective.")
         return sec
     t = t[t["objective"].notna()]
-    _progress_figure(sec, t)
+    _progress_figure(sec, run.trials)
     _layer_swap_figures(sec, t)
     _importances(sec, run.study_db)
     _promoted(sec, run)
@@ -84,10 +87,13 @@ def search_section(run: RunData) -> Section:
 def _status_paragraph(sec: Section, raw: pd.DataFrame) -> None:
     """How many trials ended in each status."""
     counts = raw["status"].value_counts().to_dict()
+    left = sorted(set(counts) - set(PROGRESS_STATUSES))
     sec.text(
         f"{len(raw)} trials: "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-        + ". Failed and duplicate trials are left out below."
+        + ". The progress figure shows every ok and pruned trial (pruned ones marked, without an "
+        "objective); the other figures use ok trials only"
+        + (f"; {', '.join(left)} trials are left out of all." if left else ".")
     )
 
 
@@ -102,14 +108,24 @@ def _fidelity_note(t: pd.DataFrame) -> str:
     )
 
 
-def _progress_figure(sec: Section, t: pd.DataFrame) -> None:
-    """Objective per finished trial and the best so far."""
-    png = best_so_far(t["objective"].to_numpy(float), title="Search progress", ylabel="objective")
+def _progress_figure(sec: Section, raw: pd.DataFrame) -> None:
+    """Objective per trial that ran (ok or pruned), in finishing order, and the best so far.
+
+    Pruned trials keep their place on the x axis, marked, so that the axis counts the trials the
+    search ran (the demo's best trial is its 13th of 16, not the 6th)."""
+    t = raw[raw["status"].isin(PROGRESS_STATUSES)] if "status" in raw.columns else raw
+    if "finished_at" in t.columns:
+        t = t.sort_values("finished_at", kind="stable")
+    pruned = (t["status"] == "pruned").to_numpy() if "status" in t.columns else None
+    obj = pd.to_numeric(t["objective"], errors="coerce").to_numpy(float)
+    png = best_so_far(obj, title="Search progress", ylabel="objective", pruned=pruned)
+    n_pruned = int(pruned.sum()) if pruned is not None else 0
+    which = f" ({len(t) - n_pruned} scored, {n_pruned} pruned: marked at the bottom)" if n_pruned else ""  # fmt: skip
     sec.figure(
         "search_progress",
         png,
-        f"Objective of {len(t)} finished trials in finishing order and the best so far "
-        f"(search/trials.parquet).{_fidelity_note(t)}",
+        f"Objective of {len(t)} trials{which} in finishing order and the best so far "
+        f"(search/trials.parquet).{_fidelity_note(t[t['objective'].notna()])}",
     )
 
 
