@@ -34,8 +34,11 @@ from its last checkpoint, a search from its finished trials, a promotion keeping
 it evaluated, an expert sweep keeping its finished trials and their registry rows), the rest
 run. Only an expert sweep cut before Ray Tune saved any state stops the script, saying so; run
 its line with --overwrite instead of --continue (its trials and registry rows start over), then
-this script again. A report is rewritten when its run changed after it was written. Review every --out before running; relative paths (runs/...) are
-relative to the folder this is run from, as the study's own are."""
+this script again. A step that fails stops the script: fix the cause it names, then run the
+script again; an expert sweep whose trials all failed (no expert registered) then retries them,
+one of which only some failed is finished and not retried (--overwrite reruns it). A report is
+rewritten when its run changed after it was written. Review every --out before running;
+relative paths (runs/...) are relative to the folder this is run from, as the study's own are."""
 
 
 def _yaml(data: dict, header: str) -> str:
