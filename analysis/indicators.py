@@ -30,6 +30,7 @@ from layerswap.analysis.load import (
 )
 from layerswap.analysis.sections import Figure, Section, absent, fmt_ci
 from layerswap.analysis.stats import METHODS, MIN_PAIRS, Correlation, correlate, topk_agreement
+from layerswap.experts.registry import N_ITEMS
 from layerswap.spaces.task_families import find_family, indicator_task
 
 TITLE = "Merging indicators vs target score"
@@ -41,6 +42,9 @@ CANNOT_TELL = "cannot tell"
 TOO_FEW = "too few merges"
 UNDEFINED = Correlation("", 0, float("nan"), float("nan"), float("nan"), float("nan"))
 TOPK_COLUMNS = ("top-3 overlap", "top-1 in target top-3", "regret")
+# indicator_table's column of the dev items each merge's value of an indicator rests on: kept per
+# indicator, as two proxies (a 100-item Belebele, a 50-item MGSM) have different counts.
+ITEMS = "_items:"
 
 
 def _dev_scores(run: RunData) -> dict[tuple[str, str], tuple[float, float]]:
@@ -101,28 +105,22 @@ def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, st
         tr = trials.loc[rid] if rid in trials.index else None
         if tr is None and r.get("kind") != "baseline":
             continue
-        row = {
-            "recipe_id": rid,
-            "target": float(r["value"]),
-            "_n_items": r.get("n_items"),
-            "_fidelity": tr.get("fidelity")
-            if tr is not None and "fidelity" in trials.columns
-            else None,
-        }
+        fidelity = tr.get("fidelity") if tr is not None and "fidelity" in trials.columns else None
+        row = {"recipe_id": rid, "target": float(r["value"]), "_n_items": r.get("n_items")}
         for c in [*proxy_columns(trials), "objective"]:
             if c == "objective":
                 if tr is None or c not in trials.columns:
                     continue
-                name, value = "merge: objective", tr[c]
+                name, value, n = "merge: objective", tr[c], fidelity
             else:
                 proxy = c[len("proxy__") :]
                 name = f"merge: {short(proxy)}"
                 if (r["model"], proxy) in dev:  # promotion's lm-eval items, same for all
-                    value, row["_fidelity"] = dev[(r["model"], proxy)]
+                    value, n = dev[(r["model"], proxy)]
                 else:
-                    value = tr[c] if tr is not None else None
+                    value, n = (tr[c] if tr is not None else None), fidelity
                 name, value = _oriented(run, proxy, name, value)
-            row[name] = value
+            row[name], row[ITEMS + name] = value, n
             levels[name] = "merge"
         for side, col in (
             ("math expert", "task_expert_id"),
@@ -134,7 +132,9 @@ def indicator_table(run: RunData, task: str) -> tuple[pd.DataFrame, dict[str, st
             for c in indicator_columns(reg):
                 task = indicator_task(c)
                 name, value = _oriented(run, task, f"{side}: {short(task)}", reg.loc[eid, c])
+                n_col = N_ITEMS + task
                 row[name] = value
+                row[ITEMS + name] = reg.loc[eid, n_col] if n_col in reg.columns else None
                 levels[name] = "expert"
         rows.append(row)
     df = pd.DataFrame(rows)
@@ -199,7 +199,7 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
             f"indicators; at least 2 are needed (at least {MIN_PAIRS} for a correlation)."
         )
         return False
-    items = _items(df)
+    target_items = f"target scored on {_span(df, '_n_items')} test items"
     rows, data, figs = [], [], []
     for ind, level in sorted(levels.items(), key=lambda kv: (kv[1] != "expert", kv[0])):
         pair = df[[ind, "target"]].dropna()
@@ -210,16 +210,18 @@ def _task_indicators(sec: Section, run: RunData, task: str, n_resamples: int, se
         else:
             cors = {c.method: c for c in correlate(x, y, n_resamples=n_resamples, seed=seed)}
             tk = {t.k: t for t in topk_agreement(x, y)}
-        rows.append(_indicator_row(ind, level, len(x), cors, tk, constant))
-        data.append(_indicator_data(ind, level, len(x), cors, tk))
+        items = _span(df.loc[pair.index], ITEMS + ind)
+        rows.append(_indicator_row(ind, level, len(x), items, cors, tk, constant))
+        data.append(_indicator_data(ind, level, len(x), cors, tk) | {"dev_items": _range(df.loc[pair.index], ITEMS + ind)})  # fmt: skip
         if len(figs) < MAX_SCATTERS and not constant:
             labels = [str(r)[:6] for r in df.loc[pair.index, "recipe_id"]]
             rho = cors["spearman"].estimate
+            items = f"{target_items}, the indicator on {items} dev items"
             figs.append(_scatter_figure(task, ind, level, x, y, labels, rho, items, len(figs) + 1))
     table = pd.DataFrame(rows).sort_values(["level", "_rho"], ascending=[True, False])
     sec.table(
-        f"Indicators vs {task} (test split), {len(df)} promoted merges ({items}); expert-level rows "
-        "first, each sorted by Spearman.",
+        f"Indicators vs {task} (test split), {len(df)} promoted merges ({target_items}; each "
+        "indicator's dev items in its row); expert-level rows first, each sorted by Spearman.",
         table.drop(columns="_rho").reset_index(drop=True),
     )
     # Scatters were collected in the loop; they go after the table, which needs every row first.
@@ -237,18 +239,21 @@ def _constant(x: np.ndarray, y: np.ndarray) -> str:
     return "target" if np.ptp(y) == 0 else ""
 
 
-def _indicator_row(ind: str, level: str, n: int, cors: dict, tk: dict, constant: str) -> dict:
+def _indicator_row(
+    ind: str, level: str, n: int, items: str, cors: dict, tk: dict, constant: str
+) -> dict:
     """One table row: correlations with CIs and top-k agreement (`_rho` for sorting); a row
     whose indicator or target is constant says it cannot tell in every statistic's cell."""
     if constant:
         cells = {f"{m} [95% CI]": CANNOT_TELL for m in METHODS} | dict.fromkeys(TOPK_COLUMNS, CANNOT_TELL)  # fmt: skip
         cells["spearman [95% CI]"] = f"{CANNOT_TELL}: constant {constant}"
-        return {"level": level, "indicator": ind, "n": n, **cells, "_rho": float("nan")}
+        return {"level": level, "indicator": ind, "n": n, "dev items": items, **cells, "_rho": float("nan")}  # fmt: skip
     few = n < MIN_PAIRS
     return {
         "level": level,
         "indicator": ind,
         "n": n,
+        "dev items": items,
         **{f"{m} [95% CI]": f"{TOO_FEW} (n={n})" if few else fmt_ci(*_e(cors[m])) for m in METHODS},
         "top-3 overlap": _overlap_cell(tk[3]) if 3 in tk else "–",
         "top-1 in target top-3": _hit_cell(tk[3]) if 3 in tk else "–",
@@ -330,16 +335,15 @@ def _e(c) -> tuple[float, float, float]:
     return c.estimate, c.low, c.high
 
 
-def _items(df: pd.DataFrame) -> str:
-    """How many items the numbers rest on: target test items, search proxy fidelity."""
+def _range(df: pd.DataFrame, col: str) -> list[int] | None:
+    """[fewest, most] items a column gives over the merges (None when unknown)."""
+    v = pd.to_numeric(df[col], errors="coerce").dropna() if col in df else pd.Series([])
+    return None if v.empty else [int(v.min()), int(v.max())]
 
-    def span(col: str) -> str:
-        v = pd.to_numeric(df[col], errors="coerce").dropna() if col in df else pd.Series([])
-        if v.empty:
-            return "unknown"
-        lo, hi = int(v.min()), int(v.max())
-        return str(lo) if lo == hi else f"{lo}-{hi}"
 
-    return (
-        f"target scored on {span('_n_items')} test items, proxies on {span('_fidelity')} dev items"
-    )
+def _span(df: pd.DataFrame, col: str) -> str:
+    """How many items a column gives over the merges: "250", "25-100" or "unknown"."""
+    r = _range(df, col)
+    if r is None:
+        return "unknown"
+    return str(r[0]) if r[0] == r[1] else f"{r[0]}-{r[1]}"

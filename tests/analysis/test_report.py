@@ -36,7 +36,7 @@ def test_report_renders_with_embedded_figures_and_tables(report):
         "Against the experts",
     ):
         assert title in html and f"## {title}" in md
-    assert "| level | indicator | n | spearman [95% CI]" in md
+    assert "| level | indicator | n | dev items | spearman [95% CI]" in md
     assert "| treatment | base | partial | lora | full |" in md
     assert "| model | target | items | vs better expert (language_expert) | vs base (base) |" in md
     assert "Friedman test over 2 conditions" in md and "not in this run" not in md.lower()

@@ -72,7 +72,7 @@ def test_indicator_correlations_are_numbers(run_dir):
     for (task, rows), table in zip(data.items(), tables, strict=True):
         assert [r["indicator"] for r in rows] == table["indicator"].tolist()  # the table's order
         for row, cell in zip(rows, table.to_dict(orient="records"), strict=True):
-            assert set(row) == {"level", "indicator", "n", "spearman", "kendall", "pearson", "top3_overlap", "top1_in_target_top3", "regret", "tied_at_top"}  # fmt: skip
+            assert set(row) == {"level", "indicator", "n", "spearman", "kendall", "pearson", "top3_overlap", "top1_in_target_top3", "regret", "tied_at_top", "dev_items"}  # fmt: skip
             for method in ("spearman", "kendall", "pearson"):
                 c = row[method]
                 assert set(c) == {"estimate", "low", "high"}
@@ -87,3 +87,5 @@ def test_indicator_correlations_are_numbers(run_dir):
             assert hit is None or (isinstance(hit, float) and 0.0 <= hit <= 1.0)
             assert row["tied_at_top"] is None or isinstance(row["tied_at_top"], int)
             assert row["regret"] is None or isinstance(row["regret"], float)
+            items = row["dev_items"]  # [fewest, most] dev items over the merges, None unknown
+            assert items is None or (len(items) == 2 and all(isinstance(v, int) for v in items))
