@@ -5,7 +5,11 @@ Where values come from: promotion/results.parquet (test split) for the base, the
 the promoted layer-swap candidates; experts/registry.parquet for the SFT treatments
 (math-only, language-only, data mixing, simultaneous: `kind` and `mode`), read from the column
 `ind__<target task>` or, failing that, `ind__<target task>_dev` (marked as dev in the table).
-A promotion value wins over a registry value for the same treatment, mode and language.
+A promotion value wins over a registry value for the same treatment, mode and language. The
+"layer swap" row is chosen per target language (chosen_swaps); the Friedman test ranks
+test-split cells only and names what it leaves out (analysis/friedman_cells.py).
+
+Run: .venv/bin/python -m pytest -q tests/analysis/test_treatments_two_languages.py
 """
 
 from __future__ import annotations
