@@ -57,7 +57,8 @@ def test_train_validates_before_any_work(tiny_world, tmp_path, capsys):
 def test_sweep_block_goes_to_the_sweep_hook(tiny_world, tmp_path, monkeypatch):
     calls = []
     fake = types.ModuleType("layerswap.experts.sweep")
-    done = types.SimpleNamespace(trials={}, rows=[], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
+    # one ok trial with one scored checkpoint: a sweep that scored none exits 1 (cli/train_sweep.py)
+    done = types.SimpleNamespace(trials={"t0": "ok"}, rows=[{"trial_id": "t0"}], best=[], seconds=0.0, registry="r", metric_task="m")  # fmt: skip
     fake.run_sweep = lambda exp, run_dir, **kw: calls.append((exp.name, run_dir)) or done
     # Ray starts, and every node's view of the inputs is checked, before the sweep's folder
     fake.start_sweep_ray = lambda exp, verbose=0: calls.append(("nodes checked", (tmp_path / "run").exists()))  # fmt: skip
