@@ -20,7 +20,12 @@ from layerswap.trainables.evaluate.harness import (
     evaluate,
     resolve_device,
 )
-from layerswap.trainables.evaluate.lm_eval_api import include_list, single_configs, task_index
+from layerswap.trainables.evaluate.lm_eval_api import (
+    include_list,
+    single_configs,
+    tag_members,
+    task_index,
+)
 from layerswap.trainables.evaluate.proxy import ProxyEvaluator
 from layerswap.trainables.evaluate.scoring import (
     aggregate_score,
@@ -262,13 +267,6 @@ def _lm_eval_count(raw: dict, task: str) -> int:
     if n is None:
         raise ValueError(f"task {task!r}: no sample count in these lm-eval results")
     return int(n["effective"])
-
-
-def tag_members(index: dict[str, Any]) -> dict[str, list[str]]:
-    """{tag: member names} of an lm-eval task index (a tag entry's `tags` are its members)."""
-    from lm_eval.tasks._index import Kind
-
-    return {name: sorted(e.tags) for name, e in index.items() if e.kind == Kind.TAG}
 
 
 def score_checkpoint(

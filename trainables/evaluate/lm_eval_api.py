@@ -2,7 +2,8 @@
 
 The cached proxy evaluator mirrors lm-eval's HFLM and Task pipeline, so it needs a few things
 lm-eval does not promise to keep: a Task's filter pipelines (`Task._filters`), the task-dict
-shape `get_task_dict` returns and the task index's resolved configs (`task_index[name].cfg`);
+shape `get_task_dict` returns, the task index's resolved configs (`task_index[name].cfg`) and
+its tags' members (`tag_members`);
 `lm_eval_output` and `request_bars_off`, which hide lm-eval's log and progress bars, need the
 tqdm of `lm_eval.api.task` and HFLM's `disable_tqdm`; `quiet_git_probe` replaces the
 `get_git_commit_hash` that `lm_eval.evaluator` imported. They are reached only here;
@@ -195,10 +196,17 @@ def task_configs(task_names: list[str], include_path: str | Path | list) -> dict
 
 def single_configs(index: dict[str, Any], task_names: list[str]) -> dict[str, dict | None]:
     """`task_configs` from a task index already built (`task_index`): one index, several reads."""
-    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._index import Kind  # lazy: lm-eval's import takes seconds; callers hold one
 
     single = (Kind.TASK, Kind.PY_TASK)
     return {n: index[n].cfg if index[n].kind in single else None for n in task_names}
+
+
+def tag_members(index: dict[str, Any]) -> dict[str, list[str]]:
+    """{tag: member names} of an lm-eval task index (a tag entry's `tags` are its members)."""
+    from lm_eval.tasks._index import Kind  # lazy: as in single_configs
+
+    return {name: sorted(e.tags) for name, e in index.items() if e.kind == Kind.TAG}
 
 
 def apply_filters(task: Any, instances: list) -> None:

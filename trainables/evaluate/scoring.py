@@ -57,7 +57,7 @@ def leaf_tasks(raw: dict, task: str, tags: dict[str, list[str]] | None = None) -
         raw: an lm-eval result dict.
         task: a task, group (its `group_subtasks`, nested) or tag name.
         tags: {tag: member names} (lm-eval expands a tag into its members and records no trace
-            of it in the results; see indicators.tag_members).
+            of it in the results; see lm_eval_api.tag_members).
     """
     if task in raw.get("configs", {}):
         return [task]

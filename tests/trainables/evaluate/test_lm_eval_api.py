@@ -17,7 +17,9 @@ from layerswap.trainables.evaluate.lm_eval_api import (
     apply_filters,
     load_tasks,
     quiet_git_probe,
+    tag_members,
     task_configs,
+    task_index,
 )
 from layerswap.trainables.evaluate.scoring import config_higher_is_better
 
@@ -151,3 +153,14 @@ def test_quiet_git_probe_mirrors_lm_evals_and_prints_nothing(tmp_path, monkeypat
     _git(repo, "commit", "-q", "--allow-empty", "-m", "x")
     monkeypatch.chdir(repo)
     assert quiet() == original() == _git(repo, "describe", "--always")
+
+
+def test_tag_members_reads_a_tags_tasks_from_the_index(tmp_path):
+    """A tag indicator is pooled from its member tasks, which only the task index records
+    (lm-eval's results hold no row for a tag): the index's entry kinds and `tags` must hold."""
+    world = write_world(tmp_path / "w", n_mgsm=3, n_bele=3)
+    for name in ("bele_dev", "mgsm_dev"):  # the same tasks again, under a tag
+        text = (world / f"{name}.yaml").read_text().replace(f"task: {name}", f"task: {name}_t")
+        (world / f"{name}_t.yaml").write_text(text + "tag: my_tag\n")
+    index = task_index(["my_tag"], world)
+    assert tag_members(index).get("my_tag") == ["bele_dev_t", "mgsm_dev_t"], CHANGED
