@@ -30,7 +30,7 @@ from layerswap.analysis.load import (
 )
 from layerswap.analysis.sections import Figure, Section, absent, fmt_ci
 from layerswap.analysis.stats import METHODS, MIN_PAIRS, Correlation, correlate, topk_agreement
-from layerswap.experts.registry import N_ITEMS
+from layerswap.spaces.task_families import N_ITEMS_PREFIX as N_ITEMS
 from layerswap.spaces.task_families import find_family, indicator_task
 
 TITLE = "Merging indicators vs target score"

@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 
 from layerswap.spaces.sweep import EXPERT_KINDS
 from layerswap.spaces.task_families import INDICATOR_PREFIX as IND
+from layerswap.spaces.task_families import N_ITEMS_PREFIX as N_ITEMS
 from layerswap.spaces.train_modes import MODE_NAMES
 from layerswap.trainables.atomic import atomic_write, read_parquet
 from layerswap.trainables.storage import absolute, is_under
 
 REGISTRY_REL = Path("experts") / "registry.parquet"
-N_ITEMS = "n_items__"
 # Fixed columns, in file order.
 COLUMNS: dict[str, pa.DataType] = {
     "expert_id": pa.string(),

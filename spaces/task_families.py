@@ -26,6 +26,8 @@ DEV_SUFFIX = "_dev"
 WORLD_PREFIX = "world_"
 # The expert registry's indicator columns are `ind__<task>` (experts/registry.py writes them).
 INDICATOR_PREFIX = "ind__"
+# ...and each has an item-count column `n_items__<task>` beside it.
+N_ITEMS_PREFIX = "n_items__"
 
 
 def task_split(task: str) -> Split:

@@ -22,7 +22,7 @@ from huggingface_hub.errors import (
 )
 
 from layerswap.cli import main
-from layerswap.cli import train as cli_train
+from layerswap.cli import train_inputs as cli_train
 from tests.trainables.train.train_helpers import make_exp
 
 

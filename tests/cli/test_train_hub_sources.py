@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from layerswap.cli import main
-from layerswap.cli import train as cli_train
+from layerswap.cli import train_inputs as cli_train
 from layerswap.spaces.train_experiment import load_train_experiment
 from layerswap.trainables import prefetch
 from tests.trainables.train.train_helpers import make_exp

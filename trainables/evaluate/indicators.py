@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from layerswap.spaces.task_families import INDICATOR_PREFIX as IND
+from layerswap.spaces.task_families import N_ITEMS_PREFIX as N_ITEMS
 from layerswap.spaces.task_families import is_world_task
 from layerswap.trainables.evaluate.harness import (
     BatchSize,
@@ -39,7 +40,6 @@ from layerswap.trainables.evaluate.tasks import lm_eval_tasks_dir
 from layerswap.trainables.merge.lora import is_lora_adapter
 
 Backend = Literal["proxy", "lm_eval"]
-N_ITEMS = "n_items__"  # registry column prefix (experts/registry.py); IND: task_families'
 
 
 @dataclass(frozen=True)
