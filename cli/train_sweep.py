@@ -1,8 +1,8 @@
 """An expert sweep's run folder for `layerswap train` (cli/train.py): RUN/train/<name> replaced only
 on --overwrite, resumed by `train --continue` when it holds an unfinished sweep of the same
 experiment, and SWEEP_FINISHED written there once the sweep has run its course with a scored
-checkpoint, which `train --continue` reads to skip it (a sweep that scored none stays resumable); the old sweep's registry rows, kept in its set-aside folder while
-an --overwrite runs (ROWS_ASIDE, put back with it); and the check, before any trial trains,
+checkpoint, which `train --continue` reads to skip it (a sweep that scored none stays
+resumable); the old sweep's registry rows, kept in its set-aside folder while an --overwrite runs (ROWS_ASIDE, put back with it); and the check, before any trial trains,
 that the indicator tasks its trials are scored on can read their data offline.
 
 Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
