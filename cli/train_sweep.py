@@ -2,8 +2,9 @@
 on --overwrite, resumed by `train --continue` when it holds an unfinished sweep of the same
 experiment, and SWEEP_FINISHED written there once the sweep has run its course with a scored
 checkpoint, which `train --continue` reads to skip it (a sweep that scored none stays
-resumable); the old sweep's registry rows, kept in its set-aside folder while an --overwrite runs (ROWS_ASIDE, put back with it); and the check, before any trial trains,
-that the indicator tasks its trials are scored on can read their data offline.
+resumable); the old sweep's registry rows, kept in its set-aside folder while an --overwrite
+runs (ROWS_ASIDE, put back with it); and the check, before any trial trains, that the indicator
+tasks its trials are scored on can read their data offline.
 
 Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
 tests/cli/test_sweep_continue.py tests/cli/test_sweep_overwrite_kill.py
