@@ -28,9 +28,9 @@ from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
 from layerswap.trainables.merge.lora import (
     CONFIG,
-    check_adapter_base,
     is_lora_adapter,
     load_adapter,
+    warn_adapter_base,
 )
 from layerswap.trainables.merge.lora_deltas import (
     Adapter,
@@ -143,8 +143,8 @@ class ExpertCache:
                 ref
             )  # reads adapter_config.json alone, even from a URI
             adapter = load_adapter(local_copy(ref)) if lora else None
-            if adapter is not None:  # folded into the search's base: it must be the adapter's own
-                check_adapter_base(self.base, adapter)
+            if adapter is not None:  # folded into the search's base: said if another model
+                warn_adapter_base(self.base, adapter)
             self.adapters[ref] = adapter
         return self.adapters[ref]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,10 +182,10 @@ def _check_pair(task: Adapter, lang: Adapter) -> None:
 
 def _shown_different(a: str, b: str) -> bool:
     """Whether two model references are known to name two models: two local folders of other
-    contents, or two Hub ids / URIs of other names. A folder named in an adapter trained on
-    another machine (no such path here), or a local copy of a Hub model under another name,
-    cannot be told apart from the model it may be: not shown different."""
-    if _one_model(a, b):
+    contents, or two Hub ids / URIs of other names (case aside). Not proof of other weights: a
+    mirror, a renamed repo, a 4-bit copy an adapter was trained on (QLoRA) or a re-saved config
+    differ the same way; a path this machine lacks (the training node's) is not compared."""
+    if _one_model(a, b) or a.casefold() == b.casefold():
         return False
     here = [Path(x).expanduser().is_dir() for x in (a, b)]
     if all(here):  # _one_model compared their contents
@@ -193,25 +194,25 @@ def _shown_different(a: str, b: str) -> bool:
     return all(r and not h for r, h in zip(remote, here, strict=True))
 
 
-def check_adapter_base(recipe_base: str | None, task: Adapter) -> None:
-    """Refuse a `base` that is not the model an adapter was trained on: a fold would add its
-    deltas to another model's weights (same shapes: silently wrong), and the depth would be read
-    from that other model. The disk merge and the live model (the search) both ask this.
+def warn_adapter_base(recipe_base: str | None, task: Adapter) -> None:
+    """Warn, on stderr, when the `base` the deltas are folded into is shown to be another model
+    than the adapters name: with the same shapes nothing else would tell (the weights come out
+    silently other), but a mirror, a renamed repo or the full-precision original of a QLoRA
+    adapter's 4-bit base differ the same way and are right, so it is not refused. The disk
+    merge and the live model (the search, once per adapter) both ask this.
 
     Args:
         recipe_base: the recipe's (or search's) base reference; None: nothing to check.
-        task: an adapter; one that names no `base_model_name_or_path`, or one this machine
-            cannot compare (`_shown_different`), is not refused.
-    Raises:
-        RecipeError naming both references.
+        task: an adapter; one that names no `base_model_name_or_path` is not checked.
     """
     trained_on = task.config.get("base_model_name_or_path")
     if recipe_base is None or not trained_on or not _shown_different(recipe_base, trained_on):
         return
-    raise RecipeError(
-        f"base {recipe_base!r} is not the model the adapters were trained on: {CONFIG} "
-        f"field 'base_model_name_or_path' is {trained_on!r} in {task.root}; set `base` to that "
-        f"model or a copy of it"
+    print(
+        f"layerswap: warning: base {recipe_base!r} is not the model the adapters name "
+        f"({CONFIG} 'base_model_name_or_path' is {trained_on!r} in {task.root}); their deltas are "
+        f"added to {recipe_base!r}'s weights, which is right only if it is that model",
+        file=sys.stderr,
     )
 
 
@@ -375,7 +376,7 @@ def merge_lora_to_disk(
         raise RecipeError("fold=True needs `base` (the full checkpoint the deltas are added to)")
     task, lang = load_adapter(recipe.task_expert), load_adapter(recipe.language_expert)
     _check_pair(task, lang)
-    check_adapter_base(recipe.base, task)
+    warn_adapter_base(recipe.base, task)
     base_cfg = _base_config(recipe.base or task.config.get("base_model_name_or_path") or "")
     check_model_type(base_cfg, "base config.json")
     depth = num_layers(base_cfg, "base config.json")
