@@ -208,6 +208,29 @@ def test_a_changed_config_takes_over_a_run_that_saved_no_checkpoint(tiny_world, 
     assert _steps(run) == [1, 2] and not (run / "left_by_ray.json").exists()
 
 
+@pytest.mark.parametrize("left", ["tuner.pkl", "sweep_finished.json"])
+def test_a_sweeps_folder_is_not_taken_over_without_overwrite(left, tiny_world, tmp_path, capsys):
+    """An expert sweep's folder holds Tune's state (what its --continue resumes from) and no
+    checkpoint of its own: a plain run of the same name needs --overwrite to replace it."""
+    from layerswap.cli.train_sweep import SWEEP_FINISHED
+    from layerswap.experts.sweep_tuner import TUNER_FILE
+    from layerswap.spaces.train_experiment import absolute_local_paths, experiment_identity
+    from layerswap.trainables.outputs import write_marker
+    from layerswap.trainables.train.run import SWEEP_FILES
+
+    assert SWEEP_FILES == (TUNER_FILE, SWEEP_FINISHED)  # the mirror, pinned
+    sweep = make_exp(tiny_world, "full", name="sw", sweep={"num_samples": 2, "params": {"hyper.lr": {"low": 1e-4, "high": 1e-2, "log": True}}})  # fmt: skip
+    run = tmp_path / "run/train/sw"
+    run.mkdir(parents=True)
+    write_marker(run, "train", experiment_identity(absolute_local_paths(sweep)))
+    (run / left).write_bytes(b"state")
+    plain = make_exp(tiny_world, "full", hyper={"max_steps": 2}, name="sw")
+    f = _write(tmp_path, plain.model_dump(mode="json"))
+    assert main(["train", str(f), "--out", str(tmp_path / "run"), "--no-ray"]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert (run / left).read_bytes() == b"state"
+
+
 def test_out_replacing_storage_path_is_said(tiny_world, tmp_path, monkeypatch, capsys):
     import layerswap.trainables.train as train_pkg
 

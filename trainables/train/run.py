@@ -160,6 +160,16 @@ def changes(old: dict, exp: TrainExperiment, most: int = 4) -> str:
     return ", ".join(diff[:most]) + (f" and {len(diff) - most} more" if len(diff) > most else "")
 
 
+# What an expert sweep keeps in its folder (mirrors experts/sweep_tuner.TUNER_FILE and
+# cli/train_sweep.SWEEP_FINISHED; tests/cli/test_train.py pins both): Tune's
+# state, which its `--continue` resumes from, is worth keeping although no checkpoint is there.
+SWEEP_FILES = ("tuner.pkl", "sweep_finished.json")
+
+
+def _holds_sweep(run: Path) -> bool:
+    return any((run / name).exists() for name in SWEEP_FILES)
+
+
 def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
     """What to do with the local run folder `run` (storage/<name>) of `exp`, or why not
     (`decide`: the rule; the marker's identity says which experiment the folder holds)."""
@@ -173,7 +183,7 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
         started=run_started(run),
         check=lambda: check_output(run, "train", overwrite=True),
         same=lambda: (read_marker(run) or {}).get("identity") == experiment_identity(exp),
-        saved=lambda: bool(find_checkpoints(run)),
+        saved=lambda: bool(find_checkpoints(run)) or _holds_sweep(run),  # a sweep: --overwrite
         last=lambda: last_checkpoint(run),
         changed=changed,
         resume=resume,
