@@ -10,7 +10,9 @@ Tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_trai
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 from pathlib import Path
 
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -87,6 +89,12 @@ def _fetched_config_problems(base: str) -> list[str]:
     """Fetch an uncached Hub base's config.json (a few KB, into the HF cache the trainer reads)
     and check its family: a gated, missing or unreachable base, or one of a family no merge
     takes, used to fail in the trainer after the run folder was marked."""
+    # huggingface_hub retries a failed connection 5 times (~23 s), each with a warning line: one
+    # line of ours says why the command waits, and the refusal below says what to do.
+    http_log = logging.getLogger("huggingface_hub.utils._http")
+    level = http_log.level
+    http_log.setLevel(logging.ERROR)
+    print(f"layerswap: base {base}: reading its config.json from the Hub", file=sys.stderr)
     try:
         config = hf_hub_download(base, "config.json")
     except GatedRepoError:  # a RepositoryNotFoundError: caught first
@@ -101,9 +109,11 @@ def _fetched_config_problems(base: str) -> list[str]:
     except LocalEntryNotFoundError:  # the Hub did not answer and the cache has no copy
         return [
             f"base: {base}: the Hugging Face Hub did not answer and its config.json is not "
-            "cached (check the connection, or fetch it with `layerswap prefetch` on a "
-            "machine online)"
+            "cached (check the connection; on a machine without internet set HF_HUB_OFFLINE=1 "
+            "and fetch the model with `layerswap prefetch` on one online)"
         ]
+    finally:
+        http_log.setLevel(level)
     return _model_type_problems(Path(config))
 
 

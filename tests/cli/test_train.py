@@ -245,3 +245,27 @@ def test_out_replacing_storage_path_is_said(tiny_world, tmp_path, monkeypatch, c
         line = f"layerswap: --out {out} replaces storage_path {storage_path}: checkpoints go to {out / 'train/sp'}"  # fmt: skip
         assert (line in err.splitlines()) is said, err
     assert went == [str(out / "train")] * 2
+
+
+def test_an_unreachable_hub_is_one_line_not_five_retries(tiny_world, tmp_path, monkeypatch, capsys):  # fmt: skip
+    """huggingface_hub logs each of its 5 connection retries (~23 s): the edge says once why it
+    waits, and what to do, not five "Retrying in 8s" lines."""
+    import logging
+
+    http_log = logging.getLogger("huggingface_hub.utils._http")
+
+    def unreachable(*_a, **_kw):
+        for s in (1, 2, 4, 8, 8):
+            http_log.warning(f"Retrying in {s}s [Retry n/5].")
+        raise _bare(LocalEntryNotFoundError)
+
+    monkeypatch.setattr(cli_train, "hf_hub_download", unreachable)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    level = http_log.level
+    exp = make_exp(tiny_world, "full", base="acme/far").model_dump(mode="json")
+    assert main(["train", str(_write(tmp_path, exp)), "--out", str(tmp_path / "run"), "--no-ray"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "Retrying" not in err and "set HF_HUB_OFFLINE=1" in err, err
+    assert "layerswap: base acme/far: reading its config.json from the Hub" in err, err
+    assert http_log.level == level
