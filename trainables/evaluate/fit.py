@@ -171,12 +171,18 @@ def backing_off(run: Callable[[int], T], batch: int, on_backoff: Callable[[int, 
         batch = nxt
 
 
-def task_rows(evaluator) -> list[RowShape]:
+def task_rows(evaluator, model=None) -> list[RowShape]:
     """The longest request of each task a ProxyEvaluator prompted and tokenized.
 
     Args:
         evaluator: a trainables.evaluate.proxy.ProxyEvaluator (its prompts, as HFLM builds them).
+        model: the model that will generate, whose generation_config may set a larger budget
+            than the task's max_gen_toks (`max_new_tokens`, which generate() obeys over the
+            max_length lm-eval passes: 2048 for some bases); None: max_gen_toks.
     """
+    # lazy: decoding imports transformers' generation processors, needed only with a model
+    from layerswap.trainables.evaluate.decoding import decoding_rules
+
     rows = []
     for c in evaluator.tasks.values():
         if not c.items:
@@ -186,7 +192,10 @@ def task_rows(evaluator) -> list[RowShape]:
             rows.append(RowShape("loglikelihood", longest))
         else:
             longest = max(len(it.ctx_ids) for it in c.items)
-            rows.append(RowShape("generate", longest, c.max_gen_toks))
+            new = c.max_gen_toks
+            if model is not None:
+                new = decoding_rules(model, c.gen_kwargs, new, f"task {c.name}").max_new_tokens
+            rows.append(RowShape("generate", longest, new))
     return rows
 
 
@@ -230,7 +239,7 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
         tasks, tokenizer, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
         gen_kwargs={"max_gen_toks": max_gen_toks},
     )  # fmt: skip
-    rows = task_rows(ev)
+    rows = task_rows(ev, model)
     # Never past lm-eval's own window: a longer bound reads past the model's positions where
     # lm-eval's default left-truncates, so scores would depend on the batch setting.
     longest = max((r.tokens + r.new_tokens for r in rows), default=0)

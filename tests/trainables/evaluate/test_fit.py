@@ -138,7 +138,7 @@ def test_auto_on_a_cpu_bounds_lm_evals_probe_to_the_longest_row(monkeypatch):
 
     monkeypatch.setattr(proxy, "ProxyEvaluator", lambda *a, **kw: "evaluator")
     rows = [RowShape("loglikelihood", 50), RowShape("generate", 30, 24)]
-    monkeypatch.setattr(fit, "task_rows", lambda ev: rows if ev == "evaluator" else [])
+    monkeypatch.setattr(fit, "task_rows", lambda ev, model=None: rows if ev == "evaluator" else [])
     model = torch.nn.Linear(2, 2)  # on the CPU
     kw = dict(include_path=None, limit=2, num_fewshot=0, max_gen_toks=24)
     auto = fit.eval_batch(model, None, ["t"], want="auto", **kw)
@@ -169,3 +169,24 @@ def test_the_bound_never_passes_the_models_own_window(tok, tmp_path):
     assert lls[0].keys() == lls[1].keys()
     for d in lls[1]:
         assert lls[0][d] == pytest.approx(lls[1][d], abs=1e-4)
+
+
+def test_a_generation_config_budget_sizes_the_generate_rows(tok, tmp_path):
+    """generate() obeys generation_config's max_new_tokens over the max_length lm-eval passes
+    (the proxy does too), so promotion's memory estimate and bound must count it, not the
+    task's max_gen_toks: an int batch sized for 8 new tokens would run out of memory at 2048."""
+    from proxy_fixtures import tiny_models, write_world
+
+    from layerswap.trainables.evaluate.proxy import ProxyEvaluator
+    from layerswap.trainables.evaluate.proxy_lm import hflm_max_length
+
+    world, model = write_world(tmp_path), tiny_models(tok, n=1)[0]
+    kw = dict(include_path=str(world), limit=3, num_fewshot=None)
+    ev = ProxyEvaluator(["mgsm_dev"], tok, gen_kwargs={"max_gen_toks": 8}, **kw)
+    assert [r.new_tokens for r in fit.task_rows(ev)] == [8]
+    assert [r.new_tokens for r in fit.task_rows(ev, model)] == [8]
+    model.generation_config.max_new_tokens = 40
+    assert [r.new_tokens for r in fit.task_rows(ev, model)] == [40]
+    plan = fit.eval_batch(model, tok, ["mgsm_dev"], max_gen_toks=8, want="auto", **kw)
+    longest = max(r.tokens for r in fit.task_rows(ev))
+    assert plan.max_length == min(longest + 40, hflm_max_length(model, tok))
