@@ -66,7 +66,7 @@ def _cache_only() -> Iterator[None]:
     """datasets and huggingface_hub offline for the block: both read their switch once, at
     import, so a process that imported them online (or before the sweep's offline default set
     the variables) would otherwise download where the check means to look only."""
-    import datasets.config  # heavy; only the check needs it
+    import datasets.config  # lazy: datasets takes seconds to import; only this check reads it
     import huggingface_hub.constants as hub
 
     old = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
