@@ -153,7 +153,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ValueError(clash)
     loaded = load_train_experiment(args.experiment)
     exp = absolute_local_paths(loaded)  # Ray workers run elsewhere
-    if args.out is not None and "storage_path" in loaded.model_fields_set:
+    # Only a storage_path the YAML chose: a config written out whole (model_dump, an export)
+    # carries the default too, and replacing that is what --out is for.
+    chosen = loaded.storage_path != TrainExperiment.model_fields["storage_path"].default
+    if args.out is not None and "storage_path" in loaded.model_fields_set and chosen:
         _say_out_replaces(exp, args.out)
     if exp.sweep is not None:
         # A sweep runs offline by default (its task-data check sets it, and every trial gets
