@@ -173,6 +173,11 @@ def _holding_locked(where: Path) -> None:
             )
 
 
+def is_lock_file(name: str) -> bool:
+    """Whether a file name is one of layerswap's lock files (`.NAME.layerswap.lock`)."""
+    return name.startswith(".") and name.endswith(SUFFIX)
+
+
 def live_owner(out: Path | str) -> str | None:
     """Who holds `out`'s lock, as one phrase, while another live process holds it; else None."""
     path = lock_path(Path(out))

@@ -36,7 +36,13 @@ from layerswap.trainables.atomic import (
     output_path,
     writer_sibling,
 )
-from layerswap.trainables.locks import OutputLocked, command_line, live_owner, writing
+from layerswap.trainables.locks import (
+    OutputLocked,
+    command_line,
+    is_lock_file,
+    live_owner,
+    writing,
+)
 
 __all__ = ["OutputLocked", "command_line", "writing"]  # the lock, from the one output policy
 
@@ -137,7 +143,11 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
                 foreign.append(f"{rel / d}/")
             else:  # an output of the container's own steps (the merge-only demo's merged/)
                 foreign += [str(rel / d / f) for f in _foreign_files(out / rel / d, inner)]
-        foreign += [str(rel / n) for n in names if str(rel / n) not in files]
+        # a step's lock file (.merged.layerswap.lock) is layerswap's: held by a running step
+        # (that writer is refused by the lock itself) or left by a killed one
+        foreign += [
+            str(rel / n) for n in names if str(rel / n) not in files and not is_lock_file(n)
+        ]
     return sorted(foreign)
 
 

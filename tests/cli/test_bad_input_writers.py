@@ -301,3 +301,15 @@ def test_merge_only_demo_overwrite_owns_its_merged_model(env: Env, capsys):
     code, err = _run(["demo", "--merge-only", "--out", out, "--overwrite"], capsys)
     assert code == 2 and f"{out}: holds what layerswap did not write there (merged/mine.txt)" in err, err  # fmt: skip
     assert Path(out, "merged", "mine.txt").read_text() == "my notes\n"
+
+
+def test_a_steps_lock_file_inside_a_demo_is_not_the_users(env: Env, capsys):
+    """A killed merge-only demo leaves its merged/ step's lock file (.merged.layerswap.lock)
+    inside the demo's folder: layerswap's own, not a file to keep, so --overwrite replaces the
+    demo (it was named as "what layerswap did not write there"; CI met it while a running
+    demo held that lock, where the lock's own refusal naming the holder belongs)."""
+    out = env.at("ml")
+    assert _run(["demo", "--merge-only", "--out", out], capsys)[0] == 0
+    Path(out, ".merged.layerswap.lock").write_text('{"pid": 999999999}')  # stale: nobody holds it
+    code, err = _run(["demo", "--merge-only", "--out", out, "--overwrite"], capsys)
+    assert code == 0, err
