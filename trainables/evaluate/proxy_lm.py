@@ -213,6 +213,17 @@ _TRIGGERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
+def _one_step_on(extra: dict) -> dict:
+    """A padded batch's attention mask and positions for its next single token ({} unpadded)."""
+    if not extra:
+        return extra
+    mask = extra["attention_mask"]  # [a, w + step]
+    return {
+        "attention_mask": torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1),
+        "position_ids": extra["position_ids"][:, -1:] + 1,  # [a, 1]
+    }
+
+
 def greedy_generate(
     model,
     tokenizer,
@@ -291,12 +302,7 @@ def greedy_generate(
             if procs is not None:
                 seq, pad_lens = seq[idx], pad_lens[idx]
                 procs = processors(pad_lens)
-        if extra:
-            mask = extra["attention_mask"]
-            extra = {
-                "attention_mask": torch.cat([mask, mask.new_ones(len(active), 1)], dim=1),
-                "position_ids": extra["position_ids"][:, -1:] + 1,  # [a, 1]
-            }
+        extra = _one_step_on(extra)
         out = model(
             input_ids=nxt[:, None],
             **{cache_kw: cache_of(out)},

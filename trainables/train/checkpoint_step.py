@@ -16,7 +16,7 @@ from pathlib import Path
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.train.finite import check_checkpoint, nonfinite_weight
 from layerswap.trainables.train.sharded import save_sharded
-from layerswap.trainables.train.state import build_manifest, save_checkpoint
+from layerswap.trainables.train.state import build_manifest, checkpoint_name, save_checkpoint
 from layerswap.trainables.train.train_step import _Run, _StepOut
 from layerswap.trainables.train.validation import sum_over_ranks, validation_losses
 
@@ -65,7 +65,7 @@ def _save_checkpoint(
 ) -> Path | None:
     """Write `workdir/checkpoints/samples_*` for the step and return the folder holding this
     rank's files: rank 0's job under ddp (None elsewhere), every rank's under fsdp."""
-    path = run.workdir / "checkpoints" / f"samples_{samples:09d}"
+    path = run.workdir / "checkpoints" / checkpoint_name(samples)
     manifest = build_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy, run.strategy.sharded)  # fmt: skip
     state = {"step": done, "samples": samples, "lr": lr, "total_steps": run.total}
     if run.strategy.sharded:

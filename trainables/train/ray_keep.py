@@ -56,6 +56,19 @@ def _dir_names(node) -> list[str]:
     return []
 
 
+def untracked_up_to(untracked: list[str], resume: str | Path | None) -> list[str]:
+    """Those of `untracked` at or before the checkpoint an attempt resumes from: a later one is
+    rewritten by this run (and Ray then knows it). None when it starts fresh, or when the
+    resume point's name gives no samples count (prune nothing rather than guess).
+
+    Args:
+        untracked: names from untracked_checkpoints.
+        resume: the checkpoint folder the attempt resumes from, or None.
+    """
+    cap = samples_of(Path(resume).name) if resume is not None else None
+    return [] if cap is None else [n for n in untracked if samples_of(n) <= cap]
+
+
 def prune_untracked(newest: Path, keep: int | None, untracked: list[str]) -> list[str]:
     """Once `newest` is uploaded whole: delete the `untracked` checkpoints that fall outside
     the folder's newest `keep` (Ray deletes its own).

@@ -53,14 +53,17 @@ from layerswap.trainables.train.ray_failures import (
     quiet_own_errors,
 )
 from layerswap.trainables.train.ray_fit import fit_interruptibly
-from layerswap.trainables.train.ray_keep import prune_untracked, untracked_checkpoints
+from layerswap.trainables.train.ray_keep import (
+    prune_untracked,
+    untracked_checkpoints,
+    untracked_up_to,
+)
 from layerswap.trainables.train.ray_progress import printing, sender, teller
 from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
     read_manifest,
     resume_problem,
-    samples_of,
 )
 
 
@@ -236,8 +239,7 @@ def _worker(config: dict) -> None:
     def start(work: str, resume: str | None) -> None:
         # Untracked checkpoints after the resume point are rewritten by this run (Ray then
         # knows them): only those up to it are pruned here.
-        cap = samples_of(Path(resume).name) if resume is not None else -1
-        untracked[:] = [n for n in config.get("untracked", []) if samples_of(n) <= cap]
+        untracked[:] = untracked_up_to(config.get("untracked", []), resume)
         run_training(exp, workdir=work, resume_from=resume, report=report, device=device, say=say)
 
     with tempfile.TemporaryDirectory(prefix=f"lsw-{ctx.get_world_rank()}-") as work:

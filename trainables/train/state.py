@@ -376,6 +376,11 @@ def checkpoints_up_to(newest: Path) -> list[Path]:
     return sorted(found, key=lambda p: samples_of(p.name))
 
 
+def checkpoint_name(samples: int) -> str:
+    """A checkpoint folder's name: `samples_` and the samples seen, 9 digits (`samples_of` reads it)."""
+    return f"samples_{samples:09d}"
+
+
 def samples_of(name: str) -> int | None:
     """The samples count in a checkpoint folder's name `samples_<digits>`, or None."""
     head, _, digits = name.partition("_")

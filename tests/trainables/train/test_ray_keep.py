@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from layerswap.spaces.train_experiment import parse_train_experiment
-from layerswap.trainables.train.ray_keep import SNAPSHOT, prune_untracked, untracked_checkpoints
+from layerswap.trainables.train.ray_keep import (
+    SNAPSHOT,
+    prune_untracked,
+    untracked_checkpoints,
+    untracked_up_to,
+)
 
 
 def _names(*samples: int) -> list[str]:
@@ -49,6 +54,13 @@ def test_the_snapshot_mirrored_is_rays_and_an_unread_one_prunes_nothing(tmp_path
     _folders(run, 16, 32)
     (run / SNAPSHOT).write_text(json.dumps({"results": [{"dir": n} for n in _names(16, 32)]}))
     assert untracked_checkpoints(run) == []
+
+
+def test_an_attempt_prunes_only_untracked_checkpoints_up_to_its_resume_point(tmp_path):
+    names = _names(16, 32, 64)
+    assert untracked_up_to(names, tmp_path / _names(32)[0]) == _names(16, 32)
+    assert untracked_up_to(names, None) == []  # a fresh start resumes from nothing
+    assert untracked_up_to(names, tmp_path / "tmpa1b2c3") == []  # a name telling no samples
 
 
 def test_prune_untracked_deletes_only_untracked_outside_the_newest(tmp_path):
