@@ -267,24 +267,17 @@ def greedy_generate(
         torch.tensor(triggers, dtype=torch.long, device=device) if triggers is not None else None
     )
     gen: list[list[int]] = [[] for _ in ctxs]
-    active = list(range(len(ctxs)))  # batch position -> row
     done: set[int] = set()
     pad_lens = torch.tensor([ids.shape[1] - len(c) for c in ctxs], device=device)  # [a]
-    procs = processors(pad_lens) if processors is not None else None
-    seq = ids  # [a, w + step]: what the processors read
+    live = _Rows(list(range(len(ctxs))), extra, ids, pad_lens, processors)
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
     cache_kw = cache_argument(model)
     for step in range(max_gen_toks):
-        logits = out.logits[:, -1]  # [a, V]
-        if procs is not None:
-            logits = procs(seq, logits.to(dtype=torch.float32, copy=True))
-        nxt = logits.argmax(-1)  # [a]
-        if procs is not None:
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
+        nxt = live.choose(out.logits[:, -1])  # [a]
         eos = torch.isin(nxt, stop_t)
         check = torch.isin(nxt, trig_t) if trig_t is not None else torch.ones_like(eos)
         toks, eos_l, check_l = torch.stack([nxt, eos.long(), check.long()]).tolist()  # one sync
-        for b, row in enumerate(active):
+        for b, row in enumerate(live.rows):
             if row in done:
                 continue
             gen[row].append(toks[b])
@@ -292,28 +285,59 @@ def greedy_generate(
                 done.add(row)
         if len(done) == len(ctxs) or step == max_gen_toks - 1:
             break  # the budget's last token is chosen: no forward for a token never used
-        keep = [b for b, row in enumerate(active) if row not in done]
-        if len(keep) <= 0.75 * len(active):  # drop finished rows: less work per step
-            idx = torch.tensor(keep, device=device)
-            cache_of(out).batch_select_indices(idx)
-            nxt = nxt[idx]
-            extra = {k: v[idx] for k, v in extra.items()}
-            active = [active[b] for b in keep]
-            if procs is not None:
-                seq, pad_lens = seq[idx], pad_lens[idx]
-                procs = processors(pad_lens)
-        extra = _one_step_on(extra)
+        keep = [b for b, row in enumerate(live.rows) if row not in done]
+        if len(keep) <= 0.75 * len(live.rows):  # drop finished rows: less work per step
+            nxt = live.select(keep, cache_of(out), nxt)
+        live.extra = _one_step_on(live.extra)
         out = model(
             input_ids=nxt[:, None],
             **{cache_kw: cache_of(out)},
             use_cache=True,
             logits_to_keep=1,
-            **extra,
+            **live.extra,
         )
     texts = tokenizer.batch_decode(gen, skip_special_tokens=True)
     return [
         postprocess_generated_text(generation=t, stop=until, think_end_token=None) for t in texts
     ]
+
+
+class _Rows:
+    """The rows greedy_generate still runs, in batch order, and what each next step reads.
+
+    Args:
+        rows: batch position -> row of the caller's contexts.
+        extra: the forward's per-row inputs (attention mask [a, w + step], positions).
+        seq: [a, w] the padded contexts (the processors read them and the tokens chosen).
+        pad_lens: [a] left padding per row.
+        processors: pad lengths -> the logits processors (None: argmax of the logits).
+    """
+
+    def __init__(self, rows, extra, seq, pad_lens, processors):
+        self.rows: list[int] = rows
+        self.extra: dict[str, torch.Tensor] = extra
+        self.seq, self.pad_lens, self.processors = seq, pad_lens, processors
+        self.procs = processors(pad_lens) if processors is not None else None
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token of every row from its last logits [a, V]; the processors see it."""
+        if self.procs is None:
+            return logits.argmax(-1)
+        logits = self.procs(self.seq, logits.to(dtype=torch.float32, copy=True))
+        nxt = logits.argmax(-1)  # [a]
+        self.seq = torch.cat([self.seq, nxt[:, None]], dim=1)
+        return nxt
+
+    def select(self, keep: list[int], cache, nxt: torch.Tensor) -> torch.Tensor:
+        """Keep only batch positions `keep` (here and in the KV cache); returns nxt of those."""
+        idx = torch.tensor(keep, device=nxt.device)
+        cache.batch_select_indices(idx)
+        self.extra = {k: v[idx] for k, v in self.extra.items()}
+        self.rows = [self.rows[b] for b in keep]
+        if self.procs is not None:  # their state is per row: made again for the rows left
+            self.seq, self.pad_lens = self.seq[idx], self.pad_lens[idx]
+            self.procs = self.processors(self.pad_lens)
+        return nxt[idx]
 
 
 def cache_argument(model) -> str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray.train
 import torch
+import torch.distributed as dist
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig
 
@@ -43,7 +43,7 @@ from layerswap.trainables.node_paths import (
 )
 from layerswap.trainables.ray_session import init_ray
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
-from layerswap.trainables.train.checkpoint_store import check_restored, drop_older_in_store
+from layerswap.trainables.train.checkpoint_store import check_restored
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.ray_capacity import check_capacity
@@ -59,6 +59,7 @@ from layerswap.trainables.train.ray_keep import (
     untracked_up_to,
 )
 from layerswap.trainables.train.ray_progress import printing, sender, teller
+from layerswap.trainables.train.ray_report import RayReporter
 from layerswap.trainables.train.state import (
     find_checkpoints,
     keep_resume_state_of_newest,
@@ -78,7 +79,6 @@ def _upload_into(run_dir: str, merged: bool = False, newest_only: bool = True, k
     reports a checkpoint at the same step). Then, the new one whole, keep_checkpoints prunes the
     `untracked` checkpoints (those Ray does not know of: trainables/train/ray_keep.py).
     """
-    import torch.distributed as dist
 
     def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
         dest = Path(run_dir) / dir_name
@@ -176,61 +176,23 @@ def _worker(config: dict) -> None:
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     device = _worker_device(exp.scaling.use_gpu)
 
-    # Ray Train V2 hands each report to the controller through a one-slot queue that the
-    # controller drains on its ~2 s health-check poll, and every report also syncs all ranks: a
-    # report per step would cost up to 2 s per step. Metric-only reports are therefore forwarded
-    # at most every `min_report_interval_s` (rank 0's clock decides, broadcast so every rank
-    # makes the same number of calls); checkpoint reports always go through.
-    interval = float(config.get("min_report_interval_s", 2.0))
-    last = [float("-inf")]
     run_dir = config.get("run_dir")  # local storage only: checkpoints land there atomically
-    store_run = config.get("store_run")  # a store's Ray run folder (URI): Ray's upload writes it
     # FSDP: each worker trains in its own folder below and writes its own shards, so every rank
     # reports a checkpoint and the uploads merge (Ray's own upload merges in cloud storage).
     merged = exp.scaling.strategy == "fsdp" and ctx.get_world_size() > 1
-
-    progress = sender(config.get("progress")) if ctx.get_world_rank() == 0 else None
-    say = teller(config.get("progress")) if ctx.get_world_rank() == 0 else None
+    rank0 = ctx.get_world_rank() == 0
+    say = teller(config.get("progress")) if rank0 else None
     untracked: list[str] = []  # of config["untracked"], those this attempt may prune (below)
-
-    def report(metrics: dict, path: Path | None) -> None:
-        forward(metrics, path)
-        if progress is not None:  # after the upload: the line names a checkpoint that is there
-            progress(metrics, path)
-
-    def forward(metrics: dict, path: Path | None) -> None:
-        # `checkpoint` is set on every rank at a checkpoint step (only rank 0 has the path), so
-        # all ranks take the same branch and make the same number of report calls.
-        if not metrics.get("checkpoint"):
-            due = time.monotonic() - last[0] >= interval
-            if ctx.get_world_size() > 1:
-                import torch.distributed as dist
-
-                flag = torch.tensor([int(due)])
-                dist.broadcast(flag, src=0)
-                due = bool(flag.item())
-            if not due:
-                return
-            last[0] = time.monotonic()
-            ray.train.report(metrics)
-        elif path is None:
-            last[0] = time.monotonic()
-            ray.train.report(metrics)
-        else:
-            last[0] = time.monotonic()
-            ray.train.report(
-                metrics,
-                checkpoint=Checkpoint.from_directory(str(path)),
-                checkpoint_dir_name=path.name,
-                delete_local_checkpoint_after_upload=True,
-                checkpoint_upload_fn=_upload_into(
-                    run_dir, merged, exp.resume_state == "newest", exp.keep_checkpoints, untracked
-                )
-                if run_dir
-                else None,
-            )
-        if metrics.get("checkpoint") and store_run and exp.resume_state == "newest":
-            drop_older_in_store(store_run, ctx.get_world_rank(), ctx.get_world_size())
+    newest_only = exp.resume_state == "newest"
+    report = RayReporter(
+        interval_s=float(config.get("min_report_interval_s", 2.0)),
+        upload=_upload_into(run_dir, merged, newest_only, exp.keep_checkpoints, untracked)
+        if run_dir
+        else None,
+        # a store's Ray run folder (URI): Ray's upload writes it
+        store_run=config.get("store_run") if newest_only else None,
+        progress=sender(config.get("progress")) if rank0 else None,
+    )
 
     # Looked up again by every attempt: a worker group restarted after a lost worker may start
     # before Ray's controller has taken in the last checkpoint's report (a ~2 s poll).
