@@ -70,6 +70,14 @@ def layer_map(recipe: LayerSwapRecipe, num_layers: int) -> dict[Component, list[
     return out
 
 
+def unused_sides(owner: dict[Component, list[LayerSource]]) -> list[Side]:
+    """The sides whose expert owns no layer of any component in `owner` (a layer_map); a
+    transition layer counts for both. E.g. partition B (first 8 + last 4 layers) on 12 layers
+    gives the task expert none."""
+    used = {source for sources in owner.values() for source in sources}
+    return [] if "transition" in used else [s for s in ("task", "language") if s not in used]
+
+
 def reverted(specs: list[RevertSpec], num_layers: int) -> tuple[set[tuple[int, Component]], bool]:
     """The (layer, component) pairs the revert specs reset to base, and whether non-layer is reset."""
 

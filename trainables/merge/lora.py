@@ -37,6 +37,7 @@ from layerswap.trainables.merge.lora_deltas import (
     fold_terms,
     rank_factor,
 )
+from layerswap.trainables.merge.methods import warn_unused_sides
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
 from layerswap.trainables.merge.terms import transition_weights
@@ -271,6 +272,7 @@ def _swap(recipe: LayerSwapRecipe, task: Adapter, lang: Adapter, depth: int) -> 
     task_terms, lang_terms = ((recipe.task_expert, 1.0),), ((recipe.language_expert, 1.0),)
     w_t, w_l = transition_weights(recipe, task_terms, lang_terms, adapter_mav_oracle(by_ref))
     owner = layer_map(recipe, depth)
+    warn_unused_sides(owner, depth)
     cells, non_layer_reverted = reverted(recipe.revert, depth) if recipe.revert else (set(), False)
     non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
     weights = {"task": (1.0, 0.0), "language": (0.0, 1.0), "transition": (w_t, w_l)}

@@ -10,6 +10,7 @@ assembly). The disk engine, the in-memory composer and the search all reach meth
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from layerswap.spaces.recipe import (
     TaskArithmeticRecipe,
     TiesRecipe,
 )
-from layerswap.spaces.zones import layer_map
+from layerswap.spaces.zones import layer_map, unused_sides
 from layerswap.trainables.merge.arch import param_slot
 from layerswap.trainables.merge.terms import (
     Assembly,
@@ -52,6 +53,18 @@ def _task_primary(recipe: LayerSwapRecipe) -> str:
     return e if isinstance(e, str) else e.soup[0]
 
 
+def warn_unused_sides(owner: dict, num_layers: int) -> None:
+    """Say on stderr when a layer swap takes no layer from one expert (its zones cover the whole
+    depth): valid, but most likely a recipe written for a deeper model (the paper's partitions
+    are for 32 layers), whose merge is the other expert's layers."""
+    for side in unused_sides(owner):
+        print(
+            f"layerswap: warning: the recipe gives {side}_expert none of the model's "
+            f"{num_layers} layers: every layer is the other expert's",
+            file=sys.stderr,
+        )
+
+
 def _layer_swap_assembly(
     recipe: LayerSwapRecipe, names: Iterable[str], num_layers: int, mav: MagnitudeOracle
 ) -> Assembly:
@@ -65,6 +78,7 @@ def _layer_swap_assembly(
     }
     non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
     owner = layer_map(recipe, num_layers)
+    warn_unused_sides(owner, num_layers)
     assembly: Assembly = {}
     for name in names:
         slot = param_slot(name)

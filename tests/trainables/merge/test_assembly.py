@@ -325,3 +325,22 @@ def test_linear_take():
     assert Linear((("a", 1.0),)).take == "a"
     assert Linear((("a", 0.5),)).take is None
     assert Linear((("a", 0.5), ("b", 0.5))).take is None
+
+
+@pytest.mark.parametrize(
+    ("zones", "unused"),
+    [
+        ({"partition": "B"}, "task_expert"),  # first 8 + last 4 of 12 layers: no task layer
+        ({"bottom": 0, "top": 0}, "language_expert"),
+        ({"bottom": 8, "top": 4, "mlp": "task"}, None),  # the MLPs are the task expert's
+        ({"bottom": 6, "top": 4, "bottom_transition": 2}, None),  # averaged layers: both
+        ({"partition": "C"}, None),
+    ],
+)
+def test_a_swap_that_takes_no_layer_from_an_expert_is_warned_of(zones, unused, capsys):
+    build_assembly(swap(**zones), llama_names(), L)
+    err = capsys.readouterr().err
+    if unused is None:
+        assert err == ""
+    else:
+        assert f"gives {unused} none of the model's {L} layers" in err
