@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
+from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.recipe import LayerSwapRecipe, Recipe
 from layerswap.spaces.search_space import ExpertPool
-from layerswap.trainables.merge.assembly import build_assembly, recipe_refs
+from layerswap.trainables.merge.assembly import build_assembly, primary_ref, recipe_refs
 from layerswap.trainables.merge.checkpoint import CheckpointError, find_weights
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
@@ -42,6 +43,16 @@ from layerswap.trainables.merge.lora_deltas import (
 from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.terms import Linear
 from layerswap.trainables.storage import is_uri, join, local_copy
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _cached_hub_folder(repo_id: str, name: str) -> str | None:
+    """The local snapshot folder holding a Hub repo's `name` if the cache has it (no network)."""
+    from huggingface_hub import try_to_load_from_cache  # lazy: only for Hub-id experts
+
+    found = try_to_load_from_cache(repo_id, name)
+    return str(Path(found).parent) if isinstance(found, str) else None
 
 
 def _load_state(path: str) -> dict[str, torch.Tensor]:
@@ -117,7 +128,7 @@ class ExpertCache:
         self.adapters: dict[str, Adapter | None] = {}  # ref -> its LoRA factors (None: full)
         self._mav = None
         self._lora_mav: dict[str, float] = {}  # ref -> lora_deltas.mav_sum, once per process
-        self._config_dirs: dict[str, str | None] = {}
+        self._config_dirs: dict[tuple[str, str], str | None] = {}
 
     def get(self, ref: str) -> dict[str, torch.Tensor]:
         if ref not in self.states:
@@ -164,21 +175,22 @@ class ExpertCache:
             if name.endswith(".weight") and module in a.modules
         ]
 
-    def config_dir(self, ref: str | None) -> str | None:
-        """A local folder holding `ref`'s config.json (for a URI, a copy of that file alone:
-        a trial served by the node store needs no weights here), or None if it has none."""
+    def config_dir(self, ref: str | None, name: str = "config.json") -> str | None:
+        """A local folder holding `ref`'s file `name` (config.json, generation_config.json; for
+        a URI, a copy of that file alone: a trial served by the node store needs no weights
+        here), or None if it has none."""
         if ref is None:
             return None
-        if ref not in self._config_dirs:
+        if (ref, name) not in self._config_dirs:
             if is_uri(ref):
                 try:
-                    found = str(local_copy(join(ref, "config.json")).parent)
+                    found = str(local_copy(join(ref, name)).parent)
                 except FileNotFoundError:
                     found = None
             else:
-                found = ref if (Path(ref) / "config.json").is_file() else None
-            self._config_dirs[ref] = found
-        return self._config_dirs[ref]
+                found = ref if (Path(ref) / name).is_file() else None
+            self._config_dirs[ref, name] = found
+        return self._config_dirs[ref, name]
 
     def nbytes(self) -> int:
         """Bytes of every state held (tensors shared between states counted once)."""
@@ -240,6 +252,7 @@ class LiveModel:
         self.keep_on_device = False
         self.placement = "cpu: experts shared with the model, no copies"
         self.t_move_s = 0.0  # seconds copying expert tensors to the device, over all loads
+        self._decoding_from: str | None = None  # whose generation_config the model carries
         like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
         if like in cache.states:
             self._build(self._like([like]), cache.states[like])
@@ -259,6 +272,27 @@ class LiveModel:
             if self.device.type == "cuda":
                 self._place()
         return self.model
+
+    def _decode_as(self, ref: str) -> None:
+        """Give the model the generation settings of the folder a disk merge of it would write:
+        `ref`'s generation_config.json (a LoRA adapter: its base's, as merge_lora_to_disk
+        copies), else those its config.json implies. lm-eval's generate and the proxy's
+        decoding rules (trainables/evaluate/decoding.py) read them: Qwen2.5's
+        repetition_penalty 1.05, extra eos ids and max_new_tokens 2048 live only there."""
+        src = self.cache.base if self.cache.adapter(ref) else ref
+        if src == self._decoding_from:
+            return
+        from transformers import GenerationConfig  # lazy: as _build's transformers import
+
+        folder = self.cache.config_dir(src, GENERATION_CONFIG)
+        if folder is None and src is not None and is_hub_id(src):
+            folder = _cached_hub_folder(src, GENERATION_CONFIG)
+        self.model.generation_config = (
+            GenerationConfig.from_pretrained(folder)
+            if folder
+            else GenerationConfig.from_model_config(self.model.config)
+        )
+        self._decoding_from = src
 
     def _like(self, refs: list[str]) -> str:
         """Where the model's config comes from: the first of `refs` with a config.json (its
@@ -314,6 +348,7 @@ class LiveModel:
         sources = {r: self.cache.get(r) for r in refs}
         first = sources[refs[0]]
         self._build(self._like(refs), first)
+        self._decode_as(primary_ref(recipe))
         names = list(first)
         unknown = [n for n in names if n not in self.params]
         if unknown:
@@ -324,6 +359,7 @@ class LiveModel:
         """Make the live model equal to one checkpoint (an expert or the base)."""
         state = self.cache.get(ref)
         self._build(self._like([ref]), state)
+        self._decode_as(ref)
         return self._apply({n: Linear(((ref, 1.0),)) for n in state}, [ref])
 
     def _apply(self, assembly: dict, refs: list[str]) -> int:
