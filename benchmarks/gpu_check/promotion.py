@@ -1,4 +1,4 @@
-"""Stage 6 of the GPU check: does the shipped promotion fit on one GPU at its batch size?
+"""Stage 5 of the GPU check: does the shipped promotion fit on one GPU at its batch size?
 
 The shipped promotion (spaces/examples/real_llama31_8b_{sw,bn,te}_search.yaml `promote:`,
 search/promote.py's shot_groups) runs lm-eval's HFLM at batch_size 32 on the target's MGSM

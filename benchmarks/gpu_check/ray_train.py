@@ -1,4 +1,4 @@
-"""Stage 5 of the GPU check: `layerswap train` through Ray Train + FSDP2 (NCCL on a GPU), killed
+"""Stage 6 of the GPU check: `layerswap train` through Ray Train + FSDP2 (NCCL on a GPU), killed
 like a lost node once its first sharded checkpoint is on disk, then resumed with `--resume`.
 
 Everything is checked from outside the command, as a user would: the tiny world's base trained

@@ -16,7 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 
 from gpu_check.figures import Figure, fmt
 
-RUNNING = "still running when this was written (the run may have been SIGKILLed there)"
+# run.py's hang watchdog writes the blocked threads' tracebacks here (under the run's folder)
+HANG_FILE = "hung_traceback.txt"
+RUNNING = (
+    "still running when this was written (the run may have been SIGKILLed there, or ended by "
+    f"its hang watchdog: then {HANG_FILE} says where it was blocked)"
+)
 SMOKE = "smoke (tiny shapes, CPU: checks the stages run; the numbers mean nothing)"
 
 

@@ -5,8 +5,9 @@ Run on a GPU machine (about 6 minutes on one H100; it ends by --budget-s + GRACE
     python benchmarks/gpu_check/run.py --out DIR [--stages evaluator,training] [--budget-s 480]
 On the lent GPU machine, without the project's .venv (`python3` is the image's CUDA Python with
 torch, transformers, lm-eval and Ray; the budget counts from this process's start, world build
-included; 480 + 30 s grace end well inside the outer timeout's 540):
-    source .gpu/on_device.sh && timeout 540 python3 benchmarks/gpu_check/run.py --out $OUT/gpu_check
+included; 480 + 30 s grace, and the hang watchdog's 20 s after them, end inside the outer
+timeout's 540; its -k 15 SIGKILLs what still ignores its SIGTERM):
+    source .gpu/on_device.sh && timeout -k 15 540 python3 benchmarks/gpu_check/run.py --out $OUT/gpu_check
 Smoke run (every stage at a tiny shape on the CPU, ~2 minutes; CI runs it so the check cannot rot):
     python benchmarks/gpu_check/run.py --smoke --out DIR
 
@@ -15,16 +16,23 @@ Stages, in order (one module each in this folder, `run(ctx) -> dict`):
   evaluator  layerswap's cached evaluator vs lm-eval HFLM at the 8B shape, bf16
   trials     search trials composed from two 8B-shaped experts, both placements
   training   bf16-mixed full SFT at 8B width: tokens/s, MFU, peak vs --plan, masters that moved
-  ray_train  `layerswap train` through Ray Train + FSDP2 (+ NCCL on a GPU), killed and resumed
   promotion  lm-eval on the shipped promotion's longest prompts at its batch size
-Each stage's JSON is written to DIR/NN_stage.json as soon as it ends (a stage that fails is
-recorded with its error and the next one runs), and DIR/report.md is rewritten after every stage,
-so a run cut short keeps what it measured. Within a stage, each part that finishes (an evaluator
-candidate, a trials placement, a training LR, a promotion case, ...: Context.keep) is written into
-its record (status "running") and the report at once; a stage that then fails or is cut keeps
-those parts, marked partial, and throughput.py uses their figures, marked partial too. SIGTERM or SIGINT (an outer `timeout`), or the budget's
-own alarm at --budget-s + GRACE_S, ends the running stage: its record says `killed`, the processes
-it started are killed, the report names it, and the exit status is 128 + the signal.
+  ray_train  `layerswap train` through Ray Train + FSDP2 (+ NCCL on a GPU), killed and resumed
+(promotion, a quick fits-or-not answer, before ray_train, the longest stage and the likeliest to
+hang on NCCL). Each stage's JSON is written to DIR/NN_stage.json with status "running" as it
+starts and again as soon as it ends (a stage that fails is recorded with its error and the next
+one runs), and DIR/report.md is rewritten at both, so a run cut short keeps what it measured and
+a SIGKILL leaves the stage it was in marked "still running". Within a stage, each part that
+finishes (an evaluator candidate, a trials placement, a training LR, a promotion case, ...:
+Context.keep) is written into its record (status "running") and the report at once; a stage
+that then fails or is cut keeps those parts, marked partial, and throughput.py uses their
+figures, marked partial too. SIGTERM or SIGINT (an outer `timeout`), or the budget's own alarm at
+--budget-s + GRACE_S, ends the running stage: its record says `killed`, the processes it started
+are killed, the report names it, and the exit status is 128 + the signal. A stage blocked inside
+one C call (a hung CUDA sync or NCCL wait) runs no signal handler: HANG_MARGIN_S after the alarm,
+a watchdog thread (faulthandler) writes every thread's traceback into DIR/hung_traceback.txt
+(report.HANG_FILE) and ends the process with exit status 1, leaving the processes the stage
+started; that stage's record and the report say "running".
 On a GPU with more memory than the issue's H100 80 GB (an H200: 139 GiB), the check caps its own
 memory at 80 GiB by default (--memory-cap-gib; 0 for none), so what fits is answered as on an
 H100; speeds are the GPU's own (an H200's 4.8 TB/s against an H100's 3.35: docs/guides/gpus.md). The throughput
@@ -43,6 +51,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
+import faulthandler
 import importlib
 import signal
 import sys
@@ -62,13 +71,17 @@ sys.path.insert(0, str(_HERE.parent))
 
 from gpu_check.common import Context, apply_memory_cap, as_result, cap_plan, free, write_json  # noqa: E402
 from gpu_check.figures import gpu_spec  # noqa: E402
-from gpu_check.report import write_report  # noqa: E402
+from gpu_check.report import HANG_FILE, write_report  # noqa: E402
 from gpu_check.throughput import assumed_profile, check_profile, save_measured, update_throughput  # noqa: E402
 
 BUDGET_S, SMOKE_BUDGET_S = 480.0, 600.0
 # Past the deadline a stage has this long to end on its own before the alarm cuts it (the
 # stages check ctx.remaining() at their own steps; a hung CUDA call or NCCL wait does not).
 GRACE_S = 30.0
+# Past the alarm, the cut stage's cleanup (ray_train's process-group kill, the records) has this
+# long before the watchdog ends a process whose main thread never returned to Python (`_watch`):
+# 480 + 30 + 20 = 530 s, before the device command's `timeout -k 15 540`.
+HANG_MARGIN_S = 20.0
 CUT_BY = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGALRM: "the budget's alarm (--budget-s + GRACE_S)"}  # fmt: skip
 
 
@@ -91,14 +104,16 @@ def _on_signal(signum, frame) -> None:
     raise Cut(signum)
 
 
-# (module, seconds it needs at least on a GPU: a stage is skipped, and says so, when less is left)
+# (module, seconds it needs at least on a GPU: a stage is skipped, and says so, when less is left).
+# promotion (a quick fits-or-not) before ray_train: that one took 112 s of the smoke's ~135 and is
+# the stage likeliest to hang on an NCCL wait, so it goes last.
 STAGES: list[tuple[str, float]] = [
     ("env", 0),
     ("evaluator", 60),
     ("trials", 60),
     ("training", 45),
-    ("ray_train", 60),
     ("promotion", 20),
+    ("ray_train", 60),
 ]
 
 
@@ -174,8 +189,9 @@ def with_kept(record: dict, kept: dict | None) -> dict:
 
 
 def run_stage(ctx: Context, index: int, name: str, min_s: float, report: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
-    """Run one stage module; its record (status, seconds, result or error) is written at once,
-    and each part the stage keeps (Context.keep) as it finishes, with `report(record)` after.
+    """Run one stage module; its record is written with status "running" as it starts (a
+    SIGKILL or a hang leaves that), again with each part the stage keeps (Context.keep), and
+    with its status, seconds and result or error as it ends; `report(record)` after each write.
     A stage that fails or is cut keeps those parts (`with_kept`)."""
     record = {"stage": name, "index": index, "status": "ok", "seconds": 0.0}
     path = ctx.out / f"{index:02d}_{name}.json"
@@ -191,6 +207,7 @@ def run_stage(ctx: Context, index: int, name: str, min_s: float, report: Callabl
                 report(running)
 
         ctx.kept, ctx.on_keep = None, on_keep
+        on_keep()  # before the stage's first step: a run killed in it says where
         try:
             mod = importlib.import_module(f"gpu_check.{name}")
             record["title"] = mod.TITLE
@@ -285,6 +302,29 @@ def _stages(ctx: Context, args, profile: str | None) -> list[dict]:
     return records
 
 
+def _watch(out: Path, seconds: float, started: float):
+    """Arm the hang watchdog: in `seconds`, faulthandler's own thread (it needs neither the GIL
+    nor the main thread) writes every thread's traceback into out/HANG_FILE and ends the
+    process (exit status 1). Returns the open file, for `_unwatch`."""
+    f = open(out / HANG_FILE, "w")  # kept open: faulthandler writes into it until disarmed
+    at = time.monotonic() - started + seconds
+    f.write(f"run.py's hang watchdog (faulthandler.dump_traceback_later), armed for {at:.0f} s after "
+            "the check's start: a traceback below means the process was still running then, its main "
+            "thread blocked (a hung CUDA sync or NCCL wait?), and was ended there with exit status 1; "
+            "the stage it was in says 'running' in its record and the report. No traceback: the "
+            "process was ended from outside (SIGKILL) before.\n\n")  # fmt: skip
+    f.flush()
+    faulthandler.dump_traceback_later(seconds, exit=True, file=f)
+    return f
+
+
+def _unwatch(f) -> None:
+    """Disarm the watchdog; its file goes with it (the run ended on its own, nothing hung)."""
+    faulthandler.cancel_dump_traceback_later()
+    f.close()
+    Path(f.name).unlink(missing_ok=True)
+
+
 def main(argv=None, started: float | None = None) -> int:
     """The check (module docstring); `started`: time.monotonic() the budget counts from
     (default: now). Returns the exit status: 1 when a stage did not finish, 128 + the signal
@@ -293,6 +333,7 @@ def main(argv=None, started: float | None = None) -> int:
     args = parse_args(argv)
     for s in CUT_BY:
         signal.signal(s, _on_signal)
+    watch = None
     try:
         with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
             world = args.world
@@ -303,13 +344,18 @@ def main(argv=None, started: float | None = None) -> int:
             ctx = _context(args, world, started)
             profile = _profile(args, ctx)
             args.out.mkdir(parents=True, exist_ok=True)
-            signal.setitimer(signal.ITIMER_REAL, max(1.0, ctx.remaining() + GRACE_S))
+            alarm = max(1.0, ctx.remaining() + GRACE_S)
+            signal.setitimer(signal.ITIMER_REAL, alarm)
+            watch = _watch(args.out, alarm + HANG_MARGIN_S, started)
             print(f"gpu-check on {ctx.gpu_name} ({'smoke' if ctx.smoke else 'full'}), out {args.out}", flush=True)  # fmt: skip
             records = _stages(ctx, args, profile)
             signal.setitimer(signal.ITIMER_REAL, 0)
     except Cut as cut:
         print(f"gpu-check cut by {cut}; report: {args.out / 'report.md'}", file=sys.stderr)
         return 128 + cut.signum
+    finally:
+        if watch is not None:
+            _unwatch(watch)
     print(f"report: {args.out / 'report.md'}")
     if args.update_throughput:
         update_throughput(records, ctx, profile, " ".join(sys.argv))

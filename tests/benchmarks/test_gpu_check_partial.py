@@ -1,8 +1,9 @@
 """The GPU check's one shot keeps every finished part: a stage that fails, or is cut by a real
 SIGTERM, after a part finished keeps that part (its record, the report and the measured
-throughput figures say partial); training's FSDP2 wrap failing keeps both LR runs; a writer of
-the report or the measured figures that raises stops no stage; and the memory cap that makes an
-H200 answer as the issue's H100 80 GB (its arithmetic on a faked total; on CPU: not applicable).
+throughput figures say partial); a stage is recorded "running" before its first step; training's
+FSDP2 wrap failing keeps both LR runs; a writer of the report or the measured figures that raises
+stops no stage; and the memory cap that makes an H200 answer as the issue's H100 80 GB (its
+arithmetic on a faked total; on CPU: not applicable).
 
 Run: .venv/bin/python -m pytest -q tests/benchmarks/test_gpu_check_partial.py
 """
@@ -27,6 +28,7 @@ from gpu_check import common as C  # noqa: E402
 from gpu_check import run as gc_run  # noqa: E402
 from gpu_check.common import GIB, Context  # noqa: E402
 from gpu_check.figures import Figure, Target  # noqa: E402
+from gpu_check.report import RUNNING  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"
 FIG = {"value": 2.5e12, "unit": "B/s", "shape": "s", "result": "forward 7 ms", "derivation": "d"}
@@ -77,6 +79,24 @@ def test_a_stage_failing_after_a_part_keeps_it_in_its_record_report_and_figures(
     )
 
 
+def test_a_stage_is_recorded_running_before_its_first_step(tmp_path, monkeypatch):
+    """A stage SIGKILLed (or hung) before it keeps any part still leaves a trace: its record
+    says "running" and the report names it from the stage's start, not a clean run."""
+    seen = {}
+
+    def first_step(ctx):  # what a SIGKILL here would leave on disk
+        seen["record"] = json.loads((tmp_path / "02_fake_b.json").read_text())
+        seen["report"] = (tmp_path / "report.md").read_text()
+        return {"figures": []}
+
+    _fake_stages(monkeypatch, {"fake_a": lambda ctx: {"figures": []}, "fake_b": first_step})
+    _run_stages(tmp_path)
+    assert seen["record"]["status"] == "running" and "partial" not in seen["record"]
+    assert "2 stage(s) run, 1 finished" in seen["report"]
+    assert f"**fake_b** running: {RUNNING}" in seen["report"]
+    assert json.loads((tmp_path / "02_fake_b.json").read_text())["status"] == "ok"
+
+
 def test_a_raising_save_measured_stops_no_stage_and_the_report_says_it(tmp_path, monkeypatch):
     def disk_full(*a, **k):
         raise OSError("No space left on device")
@@ -112,7 +132,8 @@ def test_sigterm_in_the_evaluators_second_candidate_keeps_the_first(tmp_path, ti
 
     def kept() -> bool:
         try:
-            return json.loads(record.read_text()).get("status") == "running"
+            rec = json.loads(record.read_text())  # "running" from its start: wait for the part
+            return rec.get("status") == "running" and bool(rec.get("partial"))
         except (OSError, ValueError):
             return False
 

@@ -42,7 +42,7 @@ def test_shipped_promotion_is_read_from_the_real_configs():
 @pytest.mark.slow
 def test_smoke_run_measures_every_case(gpu_check_smoke):
     out = gpu_check_smoke
-    res = json.loads((out / "06_promotion.json").read_text())["result"]
+    res = json.loads((out / "05_promotion.json").read_text())["result"]
     assert res["batch_size"] == P.SMOKE_BATCH
     cases = res["cases"]
     assert [c["case"] for c in cases] == [c[0] for c in P.SMOKE_CASES]

@@ -85,7 +85,7 @@ def test_experiment_is_fsdp_and_checkpoints_before_its_last_step(tmp_path, gpu):
 @pytest.mark.slow
 def test_smoke_run_kills_and_resumes_layerswap_train(gpu_check_smoke):
     out = gpu_check_smoke
-    res = json.loads((out / "05_ray_train.json").read_text())["result"]
+    res = json.loads((out / "06_ray_train.json").read_text())["result"]
     assert res["resume"]["resumed_from"] >= 1 and res["resume"]["continued"]
     assert res["final_checkpoint"]["loads"] and res["final_checkpoint"]["step"] == R.STEPS
     assert res["final_checkpoint"]["dcp_files"] == [".metadata", "__0_0.distcp"]

@@ -72,7 +72,7 @@ def test_sigterm_during_ray_train_records_it_and_leaves_no_process(tmp_path, tin
             check.kill()
     output = check.stdout.read()
     assert rc == 128 + signal.SIGTERM, output[-3000:]
-    record = json.loads((out / "05_ray_train.json").read_text())
+    record = json.loads((out / "06_ray_train.json").read_text())
     assert record["status"] == "killed" and record["error"].startswith("cut by SIGTERM"), record
     report = (out / "report.md").read_text()
     assert "**ray_train** killed: cut by SIGTERM" in report

@@ -211,8 +211,22 @@ def test_a_ray_train_command_gets_no_more_than_is_left(tmp_path):
 
 
 def test_the_default_budget_and_its_grace_end_before_the_device_commands_timeout():
-    """The documented device command is `timeout 540 python3 .../run.py`: the check's own alarm
-    (budget + grace, counted from the process's start) must cut a stage and write the report
-    before that SIGTERM, with room for the cut stage's cleanup."""
+    """The documented device command is `timeout -k 15 540 python3 .../run.py`: the check's own
+    alarm (budget + grace, counted from the process's start) must cut a stage and write the
+    report before that SIGTERM, with room for the cut stage's cleanup; the hang watchdog (a
+    stage blocked in C runs no handler) must end it before that SIGTERM too; and the -k must be
+    there, or a process that ignores the SIGTERM (`_on_signal` ignores a second one) runs on."""
     assert gc_run.BUDGET_S + gc_run.GRACE_S <= 540 - 25
-    assert "timeout 540 python3 benchmarks/gpu_check/run.py" in gc_run.__doc__
+    assert gc_run.BUDGET_S + gc_run.GRACE_S + gc_run.HANG_MARGIN_S <= 540 - 5
+    command = "timeout -k 15 540 python3 benchmarks/gpu_check/run.py"
+    assert command in gc_run.__doc__
+    for doc in ("Makefile", "docs/guides/gpus.md"):
+        text = (ROOT / doc).read_text()
+        assert command in text and "timeout 540" not in text, doc
+
+
+def test_promotion_runs_before_ray_train_which_runs_last():
+    """promotion (a quick fits-or-not) must not wait behind ray_train, the longest stage (112 s
+    of the smoke's ~135) and the one likeliest to hang on NCCL."""
+    names = [n for n, _ in gc_run.STAGES]
+    assert names == ["env", "evaluator", "trials", "training", "promotion", "ray_train"]
