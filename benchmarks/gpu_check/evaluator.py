@@ -252,7 +252,7 @@ def _agreement_figures(race: dict, n: int) -> list[Figure]:
         figs.append(Figure(
             f"share of {task} generations differing from HFLM batch 1", share(d, t), "share",
             note=f"{d} of {t} items over {n} candidates; no target: greedy decoding of random "
-            "bf16 weights, where one rounding difference between our left-padded batch and "
+            "weights (bf16 on a GPU), where one rounding difference between our left-padded batch and "
             "HFLM's unpadded row changes every later token, so one item differing is "
             f"{share(1, t) or 0:.1%} here without any fault in the evaluator",
         ))  # fmt: skip

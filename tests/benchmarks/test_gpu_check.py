@@ -174,6 +174,7 @@ def test_without_a_gpu_the_full_check_says_so(tmp_path, tiny_world):
 def test_smoke_runs_every_stage_on_cpu(gpu_check_smoke):
     """What CI runs: every stage at a tiny shape finishes, writes its JSON and joins the report,
     within the ~2 minutes the issue gives it (on 2 shared cores: 5 minutes of slack)."""
+    from gpu_check.report import HANG_FILE
     from gpu_check.run import STAGES
 
     out = gpu_check_smoke
@@ -182,6 +183,7 @@ def test_smoke_runs_every_stage_on_cpu(gpu_check_smoke):
     assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
     report = (out / "report.md").read_text()
     assert f"{len(STAGES)} stage(s) run, {len(STAGES)} finished" in report
+    assert not (out / HANG_FILE).exists()  # the hang watchdog's file goes with a run that ended
     # On a CPU a target is met or not measured (no GPU figure); a miss means a broken path.
     # Except a race of timings: on 2 shared cores under load the evaluator's speed-up read
     # 1.2-1.9x with and without a change (14.6x on a quiet machine), which says nothing of a path.
