@@ -87,3 +87,38 @@ def test_a_proxy_reading_the_targets_test_split_is_said_beside_the_missing_data(
     assert said is not None and "task data not in the local Hugging Face cache" in said
     assert "proxies[0].task 'leaky_proxy' scores dataset_path layerswap-test/not-a-dataset" in said
     assert "the test split of target 'leaky_target'" in said
+
+
+_JSON_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    {split}: {file}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{q}}}}"
+doc_to_target: "{{{{a}}}}"
+metric_list:
+  - metric: exact_match
+    higher_is_better: true
+"""
+
+
+def test_a_target_whose_test_split_is_missing_is_named_without_reading_it(tiny_world, expert_pair, tmp_path):  # fmt: skip
+    # Promotion's tasks are checked from their configs (the test split is never opened, not
+    # even here): a data file that is not there, and a dataset that has no test split.
+    rows = tmp_path / "train.jsonl"
+    rows.write_text('{"q": "1+1", "a": "2"}\n')
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    gone = tmp_path / "gone" / "test.jsonl"
+    (tasks / "t_gone.yaml").write_text(_JSON_TASK.format(name="t_gone", split="test", file=gone))
+    (tasks / "t_nosplit.yaml").write_text(_JSON_TASK.format(name="t_nosplit", split="train", file=rows))  # fmt: skip
+    for target, said in [
+        ("t_gone", f"task 't_gone': Unable to find '{gone}'"),
+        ("t_nosplit", "scores split 'test', which dataset_path json does not have (it has: train)"),
+    ]:
+        exp = experiment(tiny_world, expert_pair, include_path=[str(tasks)], target=target)
+        problem = uncached_problem(exp)
+        assert problem is not None and said in problem, problem
+        assert uncached_problem(exp, promote=False) is None  # the proxies alone are fine

@@ -4,17 +4,24 @@ The trials' own `splits_read` says which splits the evaluator meant to read; the
 with an audit hook in every Ray process (tests/search/audit_hook), which world files were really
 opened, so a task wired to the wrong file cannot hide behind a correct-looking report.
 
-Run: .venv/bin/python -m pytest -q tests/search/test_split_audit.py   (Ray starts per test)
+The first test runs `layerswap search` itself, with promotion on, through the command's preflight
+(its checks of every task's data, promotion's test-split tasks included) up to where the trials
+would start: the driver must not open a test split either.
+
+Run: .venv/bin/python -m pytest -q tests/search/test_split_audit.py   (Ray starts per slow test)
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from audit_hook import sitecustomize as audit
 from audit_hook.sitecustomize import read_log
 from search_fixtures import audited_ray, experiment, make_experts
 
@@ -69,6 +76,46 @@ def assert_opened(opens: list[tuple[int, str, str]], files: list[Path]) -> None:
         assert any(_real(path) == f.resolve() for _, _, path in opens), (
             f"no Ray worker was seen opening {f}; recorded: {opens}"
         )
+
+
+# `layerswap search` as the console script runs it, its trials replaced by a line saying the
+# command got there: the preflight, the data check included, is the command's own.
+_CLI = """import sys
+import layerswap.search.search as search
+def trials(*args, **kwargs):
+    print("PREFLIGHT PASSED", flush=True)
+    raise SystemExit(0)
+search.run_search = trials
+from layerswap.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_search_command_with_promotion_opens_no_test_split_before_its_trials(tiny_world, experts, tmp_path):  # fmt: skip
+    # Before: the data check built promotion's tasks (the target, the proxies' held-out twins) as
+    # lm-eval builds them, parsing the xa MGSM, xa Belebele and English MGSM test.jsonl files.
+    proxies = [*world_proxies("xa"), {"task": "world_mgsm_direct_en_dev"}]
+    exp = experiment(tiny_world, experts, proxies=proxies)
+    assert exp.promote is not None and exp.target_task == "world_mgsm_direct_xa"
+    cfg = tmp_path / "search.yaml"
+    cfg.write_text(yaml.safe_dump(exp.model_dump(mode="json")))
+    log_dir, cache = tmp_path / "audit", tmp_path / "hf_datasets_cache"
+    log_dir.mkdir()
+    env = {**os.environ, **audit.environment(log_dir, [tiny_world, cache])}
+    env |= {"HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI, "search", str(cfg), "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0 and "PREFLIGHT PASSED" in proc.stdout, proc.stdout + proc.stderr
+    opens = read_log(log_dir)
+    assert_no_test_split_opened(opens, tiny_world)
+    # Not vacuously: the data check was watched parsing the proxies' dev files.
+    data = tiny_world / "data"
+    assert_opened(opens, [data / "belebele/xa/dev.jsonl", data / "mgsm/en/dev.jsonl"])
 
 
 @pytest.mark.slow
