@@ -5,9 +5,18 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 import subprocess
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: no versions compared
+    tomllib = None
 
 TITLE = "Environment"
 LIBRARIES = ("transformers", "lm_eval", "ray", "peft", "optuna", "accelerate")
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _version(dist: str) -> str:
@@ -26,6 +35,29 @@ def _nvidia_smi() -> str:
         return out.stdout.strip() or out.stderr.strip()
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"unavailable ({type(e).__name__})"
+
+
+def outside_requirements(pyproject: Path = PYPROJECT) -> list[str]:
+    """One note per installed dependency whose version pyproject.toml does not allow.
+
+    The lent GPU machine runs its image's own torch and transformers (the project is installed
+    there without its dependencies), so a figure may be of another version than CI tests.
+    """
+    if tomllib is None:
+        return ["versions not compared with pyproject.toml (Python 3.10 has no tomllib)"]
+    notes = []
+    for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        found = _version(req.name)
+        if found != "not installed" and not req.specifier.contains(found, prereleases=True):
+            notes.append(
+                f"{req.name} {found} is outside pyproject.toml's {req.name}{req.specifier}: "
+                "every figure here is of the installed version, not the one CI tests"
+            )
+    return notes
 
 
 def run(ctx) -> dict:
@@ -53,4 +85,4 @@ def run(ctx) -> dict:
     )
     versions["memory cap (--memory-cap-gib)"] = ctx.memory_cap.get("note", "not set")
     versions["memory bandwidth B/s (datasheet)"] = f"{ctx.bandwidth:.3g}" if ctx.bandwidth else "unknown"  # fmt: skip
-    return {"versions": versions, "figures": []}
+    return {"versions": versions, "figures": [], "notes": outside_requirements()}
