@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     continue_hint.set_command(args.command)
+    if getattr(args, "verbose", None) is False:  # search, demo, train without --verbose
+        quiet_progress_bars()
     if startup.starting() and _uses_torch(args):
         startup.preload_torch()  # while a signal still ends the process at once (startup.py)
     # Markers and locks written by this command's Ray workers and children name it (locks.py).
@@ -93,6 +95,22 @@ def main(argv: list[str] | None = None) -> int:
             # ignores signals (its "while starting" line would be wrong now).
             signal.signal(s, signal.SIG_IGN if startup.is_startup(handler) else handler)
         sys.unraisablehook = unraisable
+
+
+def quiet_progress_bars() -> None:
+    """Hold back `datasets`' "Generating ... split" and transformers' "Loading weights" bars (a
+    command's default output is layerswap's own lines; --verbose keeps them). Hub download bars
+    stay: a model download can take minutes. A user's HF_DATASETS_DISABLE_PROGRESS_BARS wins.
+    """
+    # datasets reads it at import (datasets.config); the switch covers an import already made.
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1" and "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    # lazy: transformers' logging module (0.5 s measured after torch), loaded only by the
+    # commands that load models anyway; its bar switch has no environment variable of its own
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def _run_command(args: argparse.Namespace) -> int:
