@@ -59,6 +59,7 @@ bench-merge: install
 # and set beside its target in OUT/report.md. `make gpu-check ARGS=--smoke` runs it on a CPU at a
 # tiny shape (the test suite does, so it cannot rot). On the lent GPU machine, where there is no
 # .venv: `source .gpu/on_device.sh && timeout -k 15 540 python3 benchmarks/gpu_check/run.py --out $$OUT/gpu_check`
+# (.gpu/ is written by `bash ../shared/gpu/prepare.sh`, a workplace script outside this repository)
 # (it ends by its --budget-s 480 + 30 s, or its hang watchdog 20 s later; -k 15: SIGKILL what
 # ignores timeout's SIGTERM; the measurements come back under $$OUT/gpu_check: apply them
 # here with `python benchmarks/gpu_check/throughput.py DIR`).
