@@ -7,7 +7,8 @@ promotion's test-split tasks are checked from their configs and the dataset's de
 (`datasets.load_dataset_builder`: a local file's existence, a cached Hub dataset's
 dataset_info.json), never a row of a test split opened: the search never opens one
 (docs/guarantees.md). Unlike search/preflight.py it loads lm-eval (~1.5 s, ~12 s more when a
-built-in task makes it index lm-eval's own task YAMLs), so the CLI runs it last.
+built-in task makes it index lm-eval's own task YAMLs: twice when both the proxies and promotion's
+tasks are built-ins, one index each), so the CLI runs it last.
 
 Tests: .venv/bin/python -m pytest -q tests/search/test_preflight_data.py tests/search/test_split_audit.py
 """
