@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # pyproject.toml allows instead (tests/test_cluster_constraints.py then names what moved).
 CONSTRAINTS ?= cluster-constraints.txt
 
-.PHONY: install demo test lint format bench-merge docs schemas gpu-check
+.PHONY: install demo test lint format bench-merge docs schemas gpu-check gpu-carry
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
@@ -59,10 +59,14 @@ bench-merge: install
 # and set beside its target in OUT/report.md. `make gpu-check ARGS=--smoke` runs it on a CPU at a
 # tiny shape (the test suite does, so it cannot rot). On the lent GPU machine, where there is no
 # .venv: `source .gpu/on_device.sh && timeout -k 15 540 python3 benchmarks/gpu_check/run.py --out $$OUT/gpu_check`
-# (.gpu/ is written by `bash ../shared/gpu/prepare.sh`, a workplace script outside this repository)
+# (.gpu/ is written by `bash ../shared/gpu/prepare.sh`, a workplace script outside this repository,
+# then slimmed by `make gpu-carry` to fit the machine's 64 MiB per call with the tree)
 # (it ends by its --budget-s 480 + 30 s, or its hang watchdog 20 s later; -k 15: SIGKILL what
 # ignores timeout's SIGTERM; the measurements come back under $$OUT/gpu_check: apply them
 # here with `python benchmarks/gpu_check/throughput.py DIR`).
 GPU_CHECK_OUT ?= benchmarks/logs/gpu_check/$(shell date +%Y-%m-%d-%H%M)
 gpu-check:
 	$(if $(wildcard $(PY)),$(PY),python3) benchmarks/gpu_check/run.py --out $(GPU_CHECK_OUT) $(ARGS)
+
+gpu-carry: install
+	$(PY) benchmarks/gpu_check/carry.py

@@ -6,7 +6,8 @@ Run on a GPU machine (about 6 minutes on one H100; it ends by --budget-s + GRACE
 On the lent GPU machine, without the project's .venv (`python3` is the image's CUDA Python with
 torch, transformers, lm-eval and Ray; the budget counts from this process's start, world build
 included; 480 + 30 s grace, and the hang watchdog's 20 s after them, end inside the outer
-timeout's 540; its -k 15 SIGKILLs what still ignores its SIGTERM):
+timeout's 540; its -k 15 SIGKILLs what still ignores its SIGTERM; .gpu/ comes from the
+workplace's `bash ../shared/gpu/prepare.sh`, slimmed to fit the call by `make gpu-carry`):
     source .gpu/on_device.sh && timeout -k 15 540 python3 benchmarks/gpu_check/run.py --out $OUT/gpu_check
 Smoke run (every stage at a tiny shape on the CPU, ~2 minutes; CI runs it so the check cannot rot):
     python benchmarks/gpu_check/run.py --smoke --out DIR
