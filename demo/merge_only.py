@@ -1,28 +1,24 @@
 """`layerswap demo --merge-only`: one layer swap, end to end, on a tiny model family made here.
 
 Runs on CPU in seconds: generate base + two experts, write a recipe, merge to disk, reload the
-merged model with transformers, check every layer's source, generate a few tokens.
+merged model with transformers, check every layer's source, generate a few tokens; all of it in a
+hidden sibling of --out, renamed into place at the end. Run: layerswap demo --merge-only --out DIR
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from layerswap.spaces.recipe import dump_recipe, load_recipe, parse_recipe
+from layerswap.spaces.recipe import Recipe, dump_recipe, load_recipe, parse_recipe
 from layerswap.spaces.zones import layer_map, paper_default
-from layerswap.trainables.atomic import output_path, temp_sibling
-from layerswap.trainables.locks import writing
+from layerswap.trainables.atomic import output_path
 from layerswap.trainables.merge.checkpoint import Checkpoint
 from layerswap.trainables.merge.engine import merge_to_disk
 from layerswap.trainables.model_ids import content_recipe_id
-from layerswap.trainables.outputs import check_output, output_dir, replacing
+from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.world.tiny import make_tiny_family
 
 NUM_LAYERS = 12
@@ -47,83 +43,72 @@ def _layer_sources(merged: Path, paths: dict[str, Path], num_layers: int) -> lis
 
 
 def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
-    """Build the tiny family, merge it, reload and report. Writes everything under `out`.
+    """Build the tiny family, merge it, reload and report, all under `out`.
 
-    The demo is one output: interrupted or failed at any stage, `out` is removed (an earlier
-    demo it replaces comes back), as the CLI's "nothing half-written was kept" says.
+    The demo is one output, built whole in a hidden sibling (`.NAME.tmp-PID-*`) and renamed into
+    place once its four stages passed: interrupted, killed or failed at any stage, `out` is as
+    it was (an earlier demo it replaces goes only after the rename), and a killed demo's sibling
+    is removed by the next writer of `out`, which takes over its stale lock.
+
+    Args:
+        out: the demo's folder.
+        overwrite: replace an earlier merge-only demo there.
     """
     check_output(out, "merge-demo", overwrite=overwrite)
-    # Where it really is (given as a symbolic link: its target): the demo is built there and
-    # removed by renaming it when it fails, which must move the target, never the user's link.
+    # Where it really is (given as a symbolic link: its target): the paths the merged model's
+    # recipe and card name once the folder is in place.
     real = output_path(out)
-    # One writer from the first change to the last stage: setting an earlier demo aside is
-    # already a write, stages 2-4 write into `out` after output_dir's own lock is released, and
-    # the failure path removes `out`, which must never be another writer's demo.
-    with writing(out):
-        check_output(out, "merge-demo", overwrite=overwrite)  # again, under the lock
-        with replacing([real]), _removed_unless_finished(real):
-            _run(real)
+    t0 = time.perf_counter()
+    with output_dir(out, "merge-demo", overwrite=overwrite) as tmp:
+        _run(tmp, real)
+    print(
+        f"done in {time.perf_counter() - t0:.1f}s: merged model at {real / 'merged'}, "
+        f"recipe at {real / 'recipe.yaml'} (rerun: layerswap merge {real / 'recipe.yaml'} --out DIR)"
+    )
 
 
-@contextmanager
-def _removed_unless_finished(out: Path) -> Iterator[None]:
-    """Remove `out` when the block fails: hidden first (one rename), then deleted."""
-    try:
-        yield
-    except BaseException:
-        if out.exists():
-            # temp_sibling's name (it carries this pid): a kill -9 mid-removal leaves a folder
-            # the next writer of `out` recognises as a dead writer's and sweeps.
-            hidden = temp_sibling(out)
-            os.rename(out, hidden)
-            # The merge's writer threads may still finish a file for a moment after the
-            # interrupt (seen: a folder not empty yet): removed again until it is gone.
-            for _ in range(50):
-                shutil.rmtree(hidden, ignore_errors=True)
-                if not hidden.exists():
-                    break
-                time.sleep(0.1)
-        raise
+def _recipe(models: str) -> Recipe:
+    """The demo's recipe, its checkpoints under the folder `models`."""
+    zones = paper_default(NUM_LAYERS)
+    return parse_recipe(
+        {
+            "method": "layer_swap",
+            "task_expert": f"{models}/task",
+            "language_expert": f"{models}/language",
+            "base": f"{models}/base",
+            **zones.model_dump(),
+            "bottom_transition": 1,
+            "top_transition": 1,
+            "transition_weights": "magnitude",
+            "non_layer": "average",
+        }
+    )
 
 
-def _run(out: Path) -> None:
-    """The demo's four stages into `out`, which does not exist yet."""
+def _run(tmp: Path, real: Path) -> None:
+    """The demo's four stages into `tmp`, the hidden folder that becomes `real` at the end."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    t0 = time.perf_counter()
-    with output_dir(out, "merge-demo") as tmp:
-        print(f"[1/4] generating a tiny Llama family ({NUM_LAYERS} layers) ...")
-        make_tiny_family(tmp / "models", num_layers=NUM_LAYERS, dtype=torch.bfloat16)
-        zones = paper_default(NUM_LAYERS)
-        # Relative paths: load_recipe resolves them against the recipe's folder, so the
-        # recipe stays valid after the temporary folder is renamed into place.
-        recipe = parse_recipe(
-            {
-                "method": "layer_swap",
-                "task_expert": "models/task",
-                "language_expert": "models/language",
-                "base": "models/base",
-                **zones.model_dump(),
-                "bottom_transition": 1,
-                "top_transition": 1,
-                "transition_weights": "magnitude",
-                "non_layer": "average",
-            }
-        )
-        # No id in this header: the relative paths resolve once the folder is in place, and
-        # the id (by content) is what the merged folder's recipe names.
-        (tmp / "recipe.yaml").write_text(dump_recipe(recipe))
-    recipe = load_recipe(out / "recipe.yaml")
-    paths = {k: out / "models" / k for k in ("base", "task", "language")}
+    print(f"[1/4] generating a tiny Llama family ({NUM_LAYERS} layers) ...")
+    make_tiny_family(tmp / "models", num_layers=NUM_LAYERS, dtype=torch.bfloat16)
+    # Relative paths: load_recipe resolves them against the recipe's folder, so the recipe stays
+    # valid after the folder is renamed into place. No id in this header: the id (by content)
+    # is what the merged folder's recipe names.
+    (tmp / "recipe.yaml").write_text(dump_recipe(_recipe("models")))
+    recipe = load_recipe(tmp / "recipe.yaml")
+    paths = {k: tmp / "models" / k for k in ("base", "task", "language")}
     print(
         f"[2/4] merging recipe {content_recipe_id(recipe)} (paper default scaled to depth, "
         f"b={recipe.bottom} u={recipe.top}, 1-layer transitions, magnitude weights) ..."
     )
-    merge_to_disk(recipe, out / "merged", overwrite=True, progress=True)
+    # Read in the hidden folder; the merged folder's recipe and card name the experts where
+    # they will be once it is in place.
+    final = _recipe(str(real / "models"))
+    merge_to_disk(recipe, tmp / "merged", progress=True, recorded_as=final)
 
     print("[3/4] checking each merged layer against the experts ...")
     expected = layer_map(recipe, NUM_LAYERS)["attention"]
-    found = _layer_sources(out / "merged", paths, NUM_LAYERS)
+    found = _layer_sources(tmp / "merged", paths, NUM_LAYERS)
     for i, (e, f) in enumerate(zip(expected, found, strict=True)):
         want = "mixed" if e == "transition" else e
         mark = "ok" if want == f else "MISMATCH"
@@ -132,13 +117,9 @@ def _run(out: Path) -> None:
             raise RuntimeError(f"layer {i}: expected {want}, found {f}")
 
     print("[4/4] loading with AutoModelForCausalLM and generating ...")
-    model = AutoModelForCausalLM.from_pretrained(out / "merged")
-    tok = AutoTokenizer.from_pretrained(out / "merged")
+    model = AutoModelForCausalLM.from_pretrained(tmp / "merged")
+    tok = AutoTokenizer.from_pretrained(tmp / "merged")
     ids = tok("the math expert", return_tensors="pt")
     gen = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.eos_token_id)
     # The tiny model is random, so the text is noise: the point is that it loads and generates.
     print(f"  generated: {tok.decode(gen[0], skip_special_tokens=True)!r}")
-    print(
-        f"done in {time.perf_counter() - t0:.1f}s: merged model at {out / 'merged'}, "
-        f"recipe at {out / 'recipe.yaml'} (rerun: layerswap merge {out / 'recipe.yaml'} --out DIR)"
-    )

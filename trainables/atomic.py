@@ -145,7 +145,18 @@ _WRITER_SIBLING = re.compile(r"\.(.+)\.(tmp|old|replaced)-(\d+)-[0-9a-f]{8}")
 def is_writer_sibling(name: str) -> bool:
     """Whether a file or folder name is a writer's `writer_sibling` (a temporary, or an output
     set aside), of any pid: not content anyone reads as an input."""
-    return _WRITER_SIBLING.fullmatch(name) is not None
+    return writer_sibling_parts(name) is not None
+
+
+def writer_sibling_parts(name: str) -> tuple[str, str, int] | None:
+    """(output name, kind, pid) of a `writer_sibling` name (`.merged.tmp-942-0a1b2c3d`:
+    ("merged", "tmp", 942)); None for any other name.
+
+    Args:
+        name: a file or folder name.
+    """
+    m = _WRITER_SIBLING.fullmatch(name)
+    return None if m is None else (m.group(1), m.group(2), int(m.group(3)))
 
 
 def dead_writer_temps(out: Path, pid: int, kind: str = "tmp") -> list[Path]:

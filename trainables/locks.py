@@ -14,9 +14,9 @@ the owner's pid, host and command as JSON and is locked with `fcntl.flock`, whic
 drops when the owner dies: a lock file whose flock is free is stale (its owner was killed), and
 is taken over, saying so. The file is removed when the lock is released, so nothing is left
 beside the output. Taking over a stale lock also removes the temporary siblings its dead owner
-left (`.NAME.tmp-PID-*`, trainables/atomic.py), puts back an output it was swapping out
-(`.NAME.old-PID-*`) and names one its long run was replacing (`.NAME.replaced-PID-*`), each in
-one line.
+left (`.NAME.tmp-PID-*`, trainables/atomic.py), beside the output and inside it (a step it
+was writing there), puts back an output it was swapping out (`.NAME.old-PID-*`) and names one
+its long run was replacing (`.NAME.replaced-PID-*`), each in one line.
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
 """
@@ -271,6 +271,8 @@ def _sweep_dead_temps(out: Path, owner: dict) -> None:
             continue
         _remove(tmp)
         _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
+    if here and out.is_dir():
+        _sweep_inside(out, pid)
     for name, aside in dead_writer_siblings(out.parent, pid, "replaced"):
         # The user asked for it to be replaced, but the run replacing it never finished: which
         # of the two to keep is theirs to say. Any output beside `out`: a search locks RUN/search
@@ -280,6 +282,30 @@ def _sweep_dead_temps(out: Path, owner: dict) -> None:
             f"left {aside.name}: it holds the {name} that pid {pid} was replacing when it "
             f"stopped; move it back over {out.parent / name} to keep it, or remove it",
         )
+
+
+def _sweep_inside(out: Path, pid: int) -> None:
+    """What the killed writer `pid` left inside its output `out` while writing a step there (a
+    merge-only demo of an older version merged into `out/merged` in place): its temporaries are
+    removed, a swap it cut is settled, and its step's stale lock file removed, each in one line.
+
+    Only names carrying `pid`, under `out`'s lock: a live writer of a step inside `out` would
+    have made `writing(out)` refuse (`_holding_locked`), and no new one can start (its
+    `_inside_locked` meets this lock).
+    """
+    for name, old in dead_writer_siblings(out, pid, "old"):
+        _settle_swap(out / name, old, pid)
+    for _, tmp in dead_writer_siblings(out, pid, "tmp"):
+        _remove(tmp)
+        _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
+    for path in out.glob(f".*{SUFFIX}"):
+        try:
+            owner = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(owner, dict) and owner.get("pid") == pid and _busy_owner(path) is None:
+            path.unlink(missing_ok=True)
+            _say(out, f"removed {path.name}, the stale lock of pid {pid}")
 
 
 def _settle_swap(out: Path, old: Path, pid: int) -> None:

@@ -35,6 +35,7 @@ from layerswap.trainables.atomic import (
     link_problem,
     output_path,
     writer_sibling,
+    writer_sibling_parts,
 )
 from layerswap.trainables.locks import (
     OutputLocked,
@@ -128,7 +129,9 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
     listed = found.get("files")
     if not isinstance(listed, list):
         return []
-    files = set(listed) | {MARKER}
+    steps = CONTAINERS.get(found.get("kind"), ())
+    # A step built inside its container carries its own marker, which no marker lists
+    files = set(listed) | {MARKER} | {f"{step}/{MARKER}" for step in steps}
     dirs = {str(parent) for f in listed for parent in Path(f).parents if str(parent) != "."}
     foreign = []
     for root, subdirs, names in os.walk(out):
@@ -137,7 +140,9 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
             if str(rel / d) in dirs:
                 continue
             subdirs.remove(d)  # its contents go with it: named once
-            own_step = str(rel / d) in CONTAINERS.get(found.get("kind"), ())
+            if rel == Path(".") and _steps_leftover(d, steps):
+                continue
+            own_step = str(rel / d) in steps
             inner = read_marker(out / rel / d) if own_step else None
             if inner is None:
                 foreign.append(f"{rel / d}/")
@@ -146,9 +151,22 @@ def _foreign_files(out: Path, found: dict) -> list[str]:
         # a step's lock file (.merged.layerswap.lock) is layerswap's: held by a running step
         # (that writer is refused by the lock itself) or left by a killed one
         foreign += [
-            str(rel / n) for n in names if str(rel / n) not in files and not is_lock_file(n)
+            str(rel / n)
+            for n in names
+            if str(rel / n) not in files
+            and not is_lock_file(n)
+            and not (rel == Path(".") and _steps_leftover(n, steps))
         ]
     return sorted(foreign)
+
+
+def _steps_leftover(name: str, steps: tuple[str, ...]) -> bool:
+    """Whether `name`, inside a container, is what a writer of one of its `steps` builds or sets
+    aside beside it (`.merged.tmp-PID-*`, `.merged.old-PID-*`): layerswap's, left by a killed
+    step (the lock's takeover sweeps it), never the user's. A long run's set-aside copy
+    (`.NAME.replaced-*`) is not: it holds what the user may want back."""
+    parts = writer_sibling_parts(name)
+    return parts is not None and parts[0] in steps and parts[1] in ("tmp", "old")
 
 
 def claim_sibling(search_dir: Path, name: str) -> None:

@@ -292,3 +292,28 @@ def test_interrupted_merge_only_demo_leaves_no_folder(tmp_path):
     assert proc.returncode == 130, "".join(lines) + err
     assert "nothing half-written was kept" in err and "Traceback" not in err, err
     assert not out.exists() and not leftovers(tmp_path), sorted(os.listdir(tmp_path))
+
+
+@pytest.mark.slow
+def test_killed_merge_only_demo_leaves_no_folder_and_the_rerun_sweeps(tmp_path):
+    """SIGKILL while the demo merges (a red-team's repro): the demo put its folder in place
+    after stage 1 and merged inside it, so a kill left a half-built demo that a re-run called
+    "already exists" and --overwrite refused over the dead merge's `.merged.tmp-*`. Now nothing
+    is in place until the end, and the re-run takes over the stale lock and sweeps the rest."""
+    out = tmp_path / "demo"
+    proc = _spawn("demo", "--merge-only", "--out", str(out))
+    merging = [f"{out.name}/.merged.tmp-*", f".{out.name}.tmp-*/.merged.tmp-*"]  # before, after
+    deadline = time.monotonic() + 120
+    while not any(p for g in merging for p in tmp_path.glob(g)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not out.exists(), sorted(os.listdir(out))
+    rerun = _spawn("demo", "--merge-only", "--out", str(out))
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    assert f"removed .{out.name}.tmp-{proc.pid}-" in err, err
+    assert (out / "merged" / "model.safetensors").is_file()
+    assert not leftovers(tmp_path), leftovers(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name], sorted(os.listdir(tmp_path))

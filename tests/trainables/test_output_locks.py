@@ -178,6 +178,37 @@ def test_output_dir_lists_what_it_wrote_and_overwrite_refuses_the_rest(tmp_path)
         check_output(out, "merge", overwrite=True)
 
 
+def test_a_killed_steps_leftovers_inside_a_container_are_layerswaps(tmp_path, capsys):
+    """A merge-only demo of an older version, killed while merging in place, left its merged/
+    step's temporary folder and stale lock inside the demo: --overwrite called the temporary
+    the user's and refused. Now they are layerswap's, and the next writer (taking over the
+    demo's stale lock) removes them; a long run's set-aside copy inside is still named."""
+    import socket
+
+    out = tmp_path / "mo"
+    (out / "models").mkdir(parents=True)
+    (out / "models" / "w.bin").write_bytes(b"w")
+    write_marker(out, "merge-demo", files=["models/w.bin"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    pid = int(dead.stdout)
+    owner = json.dumps({"pid": pid, "host": socket.gethostname(), "command": "c", "since": "s"})
+    temp = out / f".merged.tmp-{pid}-0123abcd"
+    temp.mkdir()
+    (temp / "model.safetensors").write_bytes(b"half")
+    (out / ".merged.layerswap.lock").write_text(owner)
+    check_output(out, "merge-demo", overwrite=True)  # nothing of the user's inside
+    lock_path(out).write_text(owner)
+    with writing(out):
+        pass
+    err = capsys.readouterr().err
+    assert not temp.exists() and f"removed {temp.name}" in err, err
+    assert not (out / ".merged.layerswap.lock").exists(), err
+    assert (out / "models" / "w.bin").read_bytes() == b"w"
+    (out / f".merged.replaced-{pid}-0123abcd").mkdir()
+    with pytest.raises(ValueError, match=rf"did not write there \(.merged.replaced-{pid}-0123abcd/\)"):  # fmt: skip
+        check_output(out, "merge-demo", overwrite=True)
+
+
 def test_outputs_do_not_nest_nor_go_into_the_package(tmp_path):
     world = tmp_path / "w"
     world.mkdir()

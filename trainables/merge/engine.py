@@ -352,6 +352,7 @@ def merge_to_disk(
     overwrite: bool = False,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: bool = False,
+    recorded_as: Recipe | None = None,
 ) -> Path:
     """Apply a recipe to checkpoints on disk and write the merged checkpoint.
 
@@ -360,6 +361,9 @@ def merge_to_disk(
         out: output folder; must not exist unless `overwrite`.
         max_shard_bytes: largest safetensors shard to write.
         progress: show a progress bar.
+        recorded_as: the recipe the folder's recipe file and model card name: `recipe` with its
+            checkpoints where they will be once the folder holding them is renamed into place
+            (the merge-only demo builds its family and merge in a hidden sibling); None: `recipe`.
     Returns:
         The output folder, complete: weights (+ index), config, tokenizer, recipe, model card.
     """
@@ -378,8 +382,9 @@ def merge_to_disk(
         with output_dir(out, "merge", overwrite=overwrite, identity=rid) as tmp:
             write_assembly(assembly, ckpts, tmp, max_shard_bytes=max_shard_bytes, progress=progress)
             copy_side_files(primary.root, tmp)
-            (tmp / RECIPE_FILE).write_text(dump_recipe(recipe, rid))
-            (tmp / "README.md").write_text(model_card(recipe, depth, rid))
+            shown = recipe if recorded_as is None else recorded_as
+            (tmp / RECIPE_FILE).write_text(dump_recipe(shown, rid))
+            (tmp / "README.md").write_text(model_card(shown, depth, rid))
     finally:
         for ck in ckpts.values():
             ck.close()
