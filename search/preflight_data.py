@@ -20,7 +20,13 @@ from pathlib import Path
 
 from layerswap.search.promote import promotion_tasks
 from layerswap.spaces.search_experiment import SearchExperiment
-from layerswap.trainables.evaluate.lm_eval_api import task_index, uncached_message, uncached_tasks
+from layerswap.trainables.evaluate.lm_eval_api import (
+    offline_defaults,
+    task_index,
+    task_manager,
+    uncached_message,
+    uncached_tasks,
+)
 from layerswap.trainables.evaluate.task_data import fewshot_source, leaf_configs, scored_split
 from layerswap.trainables.evaluate.tasks import write_world_tasks
 
@@ -57,8 +63,10 @@ def uncached_problem(exp: SearchExperiment, promote: bool = True) -> str | None:
         if exp.world is not None:
             write_world_tasks(Path(exp.world), Path(tmp))
             paths.insert(0, tmp)
-        missing = uncached_tasks(proxies, paths or None)  # dev splits: built as lm-eval builds them
-        lines = test_data_problems(held_out, paths, missing) if held_out else []
+        # One index of every task for both checks: lm-eval's built-ins take seconds to index.
+        tm = task_manager([*proxies, *held_out], paths or None)
+        missing = uncached_tasks(proxies, manager=tm)  # dev splits: built as lm-eval builds them
+        lines = test_data_problems(held_out, paths, missing, tm.task_index) if held_out else []
     if missing:  # in the order the search reads them: target, held-out splits, proxies
         order = {t: i for i, t in enumerate(searched_tasks(exp, promote))}
         missing = dict(sorted(missing.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -69,7 +77,7 @@ def uncached_problem(exp: SearchExperiment, promote: bool = True) -> str | None:
     return "\n  ".join(lines if refused is None else [refused, *lines])
 
 
-def test_data_problems(tasks: list[str], include_path: list[str], missing: dict[str, str]) -> list[str]:  # fmt: skip
+def test_data_problems(tasks: list[str], include_path: list[str], missing: dict[str, str], index: dict | None = None) -> list[str]:  # fmt: skip
     """Check that each task's data is there without reading any row of it: each single task of
     `tasks` (a group's or tag's members too) must name a dataset `datasets` resolves offline (a
     local data file that exists; a Hub dataset in the local cache) that declares the split the
@@ -83,13 +91,16 @@ def test_data_problems(tasks: list[str], include_path: list[str], missing: dict[
         tasks: lm-eval task, group or tag names (promotion's test-split tasks).
         include_path: folders of task YAMLs (the world's scratch copy first).
         missing: {task: why} to add each task whose dataset is not in the local cache to.
+        index: lm-eval's task index knowing every task (None: built from include_path).
     Returns:
         one line for each task whose data file is missing or whose dataset lacks a split.
     Raises:
         ValueError: naming the tasks neither `include_path` nor lm-eval knows.
     """
-    index = task_index(tasks, include_path)  # sets the offline default before datasets loads
-    # lazy: datasets reads HF_HUB_OFFLINE once, at import; task_index has set layerswap's default
+    if index is None:
+        index = task_index(tasks, include_path)
+    offline_defaults()
+    # lazy: datasets reads HF_HUB_OFFLINE once, at import: after layerswap's offline default
     import datasets
 
     if not datasets.config.HF_HUB_OFFLINE:

@@ -53,7 +53,7 @@ def offline_hint(tasks: list[str]) -> Iterator[None]:
         ) from None
 
 
-def uncached_tasks(task_names: list[str], include_path: str | Path | list | None = None) -> dict[str, str]:  # fmt: skip
+def uncached_tasks(task_names: list[str], include_path: str | Path | list | None = None, manager=None) -> dict[str, str]:  # fmt: skip
     """The tasks whose data cannot be read here, offline: each task is built as lm-eval builds it
     (its dataset read from the local Hugging Face cache) before any model loads, so a run that
     would fail at its first evaluation (or at promotion, hours into a search) fails in seconds.
@@ -64,6 +64,8 @@ def uncached_tasks(task_names: list[str], include_path: str | Path | list | None
     Args:
         task_names: lm-eval task names (world tasks, include_path tasks or built-ins).
         include_path: folders of task YAMLs, as for `task_manager`.
+        manager: a `task_manager` already built that knows every task (None: one is built):
+            indexing lm-eval's built-ins costs seconds, once per caller.
     Returns:
         {task: why} for each task whose data is not in the local cache ({} when all are).
     Raises:
@@ -76,7 +78,7 @@ def uncached_tasks(task_names: list[str], include_path: str | Path | list | None
     if not datasets.config.HF_HUB_OFFLINE:
         return {}
     lm_eval_output(verbose=False)  # a check, not a run: lm-eval's "Selected tasks" log stays out
-    tm = task_manager(list(task_names), include_path)
+    tm = manager if manager is not None else task_manager(list(task_names), include_path)
     missing: dict[str, str] = {}
     for name in dict.fromkeys(task_names):  # one by one: the message names each missing task
         try:
