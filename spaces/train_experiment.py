@@ -45,7 +45,9 @@ class DatasetSpec(StrictModel):
     source: str | None = None
     """A registered source name (trainables/train/sources.py SOURCES), read from the Hub."""
     language: str | None = None
-    """The language to read from a multilingual `source`."""
+    """The language to read from a multilingual `source` (it filters the source's rows). Not
+    for a `path`, which trains every row it holds: for a multilingual file in a source's schema
+    (Aya's inputs/targets/language) give `source: aya`, `data_files: [FILE]` and `language`."""
     data_files: list[str] | None = None
     """Local files in the `source`'s schema, read instead of the Hub."""
     limit: int | None = Field(None, gt=0)
@@ -57,6 +59,15 @@ class DatasetSpec(StrictModel):
             raise ValueError("give exactly one of `path` (local file) or `source` (SOURCES name)")
         if self.path is not None and self.data_files is not None:
             raise ValueError("data_files goes with `source`; a `path` dataset is one file")
+        if self.path is not None and self.language is not None:
+            # A `path` is read whole (no language filter): the language would label the expert
+            # while every language in the file trains. A source filters its rows by language.
+            raise ValueError(
+                f"language: {self.language} goes with `source`; a `path` dataset trains every "
+                f"row of {self.path} whatever its language. To train one language of a "
+                "multilingual file in a source's schema, give `source: aya` (or another "
+                f"SOURCES name), `data_files: [{self.path}]` and `language: {self.language}`"
+            )
         return self
 
     @property

@@ -144,6 +144,22 @@ def test_invalid(over, msg):
         parse_train_experiment(_base(**over))
 
 
+def test_language_on_a_path_is_refused_pointing_to_a_source(tmp_path):
+    # A `path` is read whole: `language` there filtered nothing, so a multilingual Aya export
+    # trained every language while the expert was registered under the one named.
+    cfg = tmp_path / "exp.yaml"
+    data = _base(kind="language", language="swh", datasets=[{"path": "aya.jsonl", "language": "swh"}])  # fmt: skip
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError) as e:
+        load_train_experiment(cfg)
+    msg = str(e.value)
+    assert str(cfg) in msg and "datasets.0" in msg and "language: swh" in msg
+    assert "source: aya" in msg and "data_files: [aya.jsonl]" in msg
+    # what the message points to is accepted: the source filters its rows by language
+    fixed = _base(kind="language", language="swh", datasets=[{"source": "aya", "data_files": ["aya.jsonl"], "language": "swh"}])  # fmt: skip
+    assert parse_train_experiment(fixed).datasets[0].language == "swh"
+
+
 def test_modes_and_overrides():
     exp = parse_train_experiment(_base(mode={"type": "lora", "rank": 8}))
     assert exp.is_lora and exp.mode.alpha == 32 and exp.mode.rslora
