@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from layerswap.cli.args import continue_clash, count, finite_float
+from layerswap.trainables.outputs import nothing_to_do
 
 # Bootstrap indices are [resamples, pairs] int64: a million resamples of 100 pairs are 0.8 GB
 # (a billion asked for 37 GiB).
@@ -35,7 +36,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             raise ValueError(clash)
         state = report_state(args.run_dir, args.out) if args.run_dir.is_dir() else "none"
         if state == "current":
-            print(f"{report_dir(args.run_dir, args.out)}: the report of {args.run_dir} is up to date; nothing to do")  # fmt: skip
+            out = report_dir(args.run_dir, args.out)
+            nothing_to_do(out, f"{out}: the report of {args.run_dir} is up to date; nothing to do")
             return 0
         overwrite = state == "stale"  # only this run's own report; anything else is refused
     out = analyze_run(

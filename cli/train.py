@@ -35,7 +35,7 @@ from layerswap.spaces.train_experiment import (
     load_train_experiment,
 )
 from layerswap.trainables.evaluate.lm_eval_api import offline_defaults
-from layerswap.trainables.outputs import OutputError, output_problems
+from layerswap.trainables.outputs import OutputError, nothing_to_do, output_problems
 from layerswap.trainables.storage import is_uri, join
 
 
@@ -113,7 +113,7 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
         put_back_rows(run_dir, folder)  # a finished sweep moved back over a killed --overwrite
         failed = sum(s != "ok" for s in done.get("trials", {}).values())
         note = f", {failed} of them failed" if failed else ""
-        print(f"{folder}: this expert sweep is already finished ({len(done.get('trials', {}))} trials{note}); nothing to do")  # fmt: skip
+        nothing_to_do(folder, f"{folder}: this expert sweep is already finished ({len(done.get('trials', {}))} trials{note}); nothing to do")  # fmt: skip
         return 0
     if (problem := sweep_data_problem(exp)) is not None:
         raise ValueError(problem)

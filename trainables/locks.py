@@ -407,6 +407,25 @@ def writing(out: Path | str) -> Iterator[Path]:
             _release(path, fd, made)
 
 
+def clear_stale(out: Path | str) -> None:
+    """Clear what a killed writer of `out` left (its stale lock, its temporaries, a swap it cut)
+    without writing `out`: for a command that finds its output finished and leaves it as it is
+    (outputs.nothing_to_do). The stale lock is taken over, which sweeps (saying so), and
+    released. A lock a live process holds, or this one, is left alone: a reader is never blocked.
+
+    Args:
+        out: the output folder or file.
+    """
+    path = lock_path(Path(out))
+    if path in _HELD or not path.exists() or _busy_owner(path) is not None:
+        return
+    try:
+        with writing(out):
+            pass
+    except ValueError:  # a live writer took it meanwhile, or the folder is read-only: left
+        pass
+
+
 def _drop_parents(made: list[Path]) -> None:
     """Remove the folders made for a lock, innermost first, while they are empty: a refused or
     failed command leaves no new empty folders."""

@@ -39,6 +39,7 @@ from layerswap.trainables.atomic import (
 )
 from layerswap.trainables.locks import (
     OutputLocked,
+    clear_stale,
     command_line,
     is_lock_file,
     live_owner,
@@ -167,6 +168,20 @@ def _steps_leftover(name: str, steps: tuple[str, ...]) -> bool:
     (`.NAME.replaced-*`) is not: it holds what the user may want back."""
     parts = writer_sibling_parts(name)
     return parts is not None and parts[0] in steps and parts[1] in ("tmp", "old")
+
+
+def nothing_to_do(out: Path, message: str | None) -> None:
+    """The one way a command leaves an output it found finished ("nothing to do"): it says
+    `message` (stdout), after clearing what a killed writer of `out` left beside it (a stale lock,
+    temporaries: `locks.clear_stale`), which would otherwise stay until a writer's next change.
+
+    Args:
+        out: the finished output (the path the command locks when it writes it).
+        message: the line to print (None: nothing, for a quiet caller).
+    """
+    clear_stale(out)
+    if message is not None:
+        print(message)
 
 
 def claim_sibling(search_dir: Path, name: str) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from layerswap.spaces.world import WorldConfig, WorldSize, world_config
-from layerswap.trainables.outputs import OutputError, output_dir
+from layerswap.trainables.outputs import OutputError, nothing_to_do, output_dir
 from layerswap.world.data import instruction_rows, make_datasets, tagged_corpus, world_languages
 from layerswap.world.lang import LANG_NAMES
 from layerswap.world.manifest import MANIFEST, sha256_file, verify_world, world_config_of
@@ -51,8 +51,8 @@ def _already_built(out: Path, cfg: WorldConfig, overwrite: bool, progress: bool)
         return False
     problems = verify_world(out)
     if not problems:
-        if progress:
-            print(f"world: {out} is complete (seed {seed}, size {size}); nothing to do")
+        said = f"world: {out} is complete (seed {seed}, size {size}); nothing to do"
+        nothing_to_do(out, said if progress else None)
         return True
     if not overwrite:
         raise ValueError(

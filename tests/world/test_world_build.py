@@ -248,3 +248,27 @@ def test_mgsm_problems_are_the_worlds_mgsm_rows(tiny_world, jsonl):
             assert [r["answer_number"] for r in rows] == [p.answer for p in probs]
     train = jsonl(tiny_world / "data/mgsm/en/train.jsonl")
     assert [r["equation_solution"] for r in train] == [p.equation for p in problems["train"]]
+
+
+def test_nothing_to_do_clears_a_killed_writers_leftovers(tiny_world, tmp_path, capsys):
+    """A `world build --overwrite` killed while building left its temporary folder and its
+    lock beside a complete world; the same-config re-run said "nothing to do" and left both
+    (guarantees.md: temporaries live until the next writer of that output takes over)."""
+    import socket
+
+    from layerswap.trainables.locks import lock_path
+
+    out = tmp_path / "wb"
+    shutil.copytree(tiny_world, out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)  # fmt: skip
+    pid = int(dead.stdout)
+    owner = {"pid": pid, "host": socket.gethostname(), "command": "world build", "since": "s"}
+    lock_path(out).write_text(json.dumps(owner))
+    temp = tmp_path / f".wb.tmp-{pid}-0123abcd"
+    temp.mkdir()
+    (temp / "half.jsonl").write_text("{")
+    build_world(out, seed=0, size="tiny", progress=True)
+    said = capsys.readouterr()
+    assert "nothing to do" in said.out
+    assert f"removed {temp.name}" in said.err, said.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wb"]
