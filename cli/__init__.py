@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     the atomic writers on the way out; the line says how the command continues (continue_hint).
     """
     args = build_parser().parse_args(argv)
-    continue_hint.set_command(args.command)
+    continue_hint.set_command(args.command, [k for k, v in vars(args).items() if v is True])
     if getattr(args, "verbose", None) is False:  # search, demo, train without --verbose
         quiet_progress_bars()
     if startup.starting() and _uses_torch(args):

@@ -203,12 +203,17 @@ def remove_left_temps(folder: Path) -> list[Path]:
 
 
 @contextmanager
-def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(
+    out: Path, *, overwrite: bool = False, on_placed: Callable[[bool], None] | None = None
+) -> Iterator[Path]:
     """Yield a temporary folder next to `out`; on success it becomes `out`, on error it vanishes.
 
     Args:
         out: the final folder.
         overwrite: replace an existing `out` (only after the new one is complete).
+        on_placed: called once the new folder is `out` (with whether it replaced an old one),
+            also when an interrupt lands after that rename, while the old one is deleted: the
+            command's interrupted line then says the output is complete (trainables/outcome.py).
     """
     given, out = out, output_path(out)  # through a link: into its target, the link kept
     if out.exists() and not overwrite:
@@ -226,6 +231,9 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
             os.rename(out, old)
         os.rename(tmp, out)
     except BaseException as e:
+        # Only the rename moves the temporary folder away: gone, the new output is in place
+        if on_placed is not None and not tmp.exists():
+            on_placed(old is not None)
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and old.exists():
             if out.exists():  # interrupted right after the swap: the new output is complete
@@ -235,6 +243,8 @@ def atomic_dir(out: Path, *, overwrite: bool = False) -> Iterator[Path]:
         if (failed := write_failure(e, given)) is not None and failed is not e:
             raise failed from None  # a full disk is one line naming the output, no traceback
         raise
+    if on_placed is not None:
+        on_placed(old is not None)
     if old is not None:
         try:
             shutil.rmtree(old)

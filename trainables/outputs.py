@@ -27,8 +27,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
+from layerswap.trainables import outcome
 from layerswap.trainables.atomic import (
     atomic_dir,
     atomic_write_text,
@@ -420,7 +422,8 @@ def output_dir(
     check_output(out, kind, overwrite=overwrite, inputs=inputs, maintainer=maintainer)
     with writing(out):
         check_output(out, kind, overwrite=overwrite, inputs=inputs, maintainer=maintainer)
-        with atomic_dir(Path(out), overwrite=overwrite) as tmp:
+        placed = partial(outcome.placed, Path(out))
+        with atomic_dir(Path(out), overwrite=overwrite, on_placed=placed) as tmp:
             yield tmp
             write_marker(tmp, kind, identity, files=written_files(tmp))
 
@@ -453,7 +456,7 @@ def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
                     p.mkdir()  # the link leads to a folder still: no mkdir through a dangling one
         yield {given: aside for given, _, aside in moved}
     except BaseException:
-        for _, p, aside in reversed(moved):
+        for given, p, aside in reversed(moved):
             if not (aside.exists() or aside.is_symlink()):
                 continue  # interrupted before its rename: p is still the old one
             if p.is_dir() and not p.is_symlink():
@@ -461,6 +464,7 @@ def replacing(paths: Iterable[Path]) -> Iterator[dict[Path, Path]]:
             elif p.exists() or p.is_symlink():
                 p.unlink()
             os.rename(aside, p)
+            outcome.put_back(given)  # the interrupted line says so (not "continue it")
         raise
     for _, _, aside in moved:  # an interrupt here leaves only hidden leftovers of the old run
         if aside.is_dir() and not aside.is_symlink():
