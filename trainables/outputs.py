@@ -321,7 +321,18 @@ def output_problems(
     if not (overwrite or allow_existing):
         problems.append(f"{out}: already exists; pass --overwrite to replace it")
         return problems
+    if (p := _writable_beside(out, where)) is not None:
+        return [*problems, p]
     return problems + _existing_problems(out, where, kind, overwrite)
+
+
+def _writable_beside(out: Path, where: Path) -> str | None:
+    """A problem with writing beside the existing `out` (really `where`), or None: its lock, a
+    replacement's temporary and the set-aside old one are made in its folder, so a read-only
+    mount is named here, before work, not by the lock's write failing (exit 1)."""
+    if os.access(where.parent, os.W_OK | os.X_OK):
+        return None
+    return f"{out}: cannot be replaced or continued, {where.parent} is not writable"
 
 
 def _existing_problems(out: Path, where: Path, kind: str, overwrite: bool) -> list[str]:
@@ -392,6 +403,8 @@ def check_output_file(
     elif where.exists():
         if not overwrite:
             problems.append(f"{out}: already exists; pass --overwrite to replace it")
+        elif (p := _writable_beside(out, where)) is not None:
+            problems.append(p)
         elif not ours(where):
             problems.append(f"{out}: is not {what}; refusing to replace it")
     elif (p := _writable_parent(where)) is not None:

@@ -317,3 +317,28 @@ def test_killed_merge_only_demo_leaves_no_folder_and_the_rerun_sweeps(tmp_path):
     assert (out / "merged" / "model.safetensors").is_file()
     assert not leftovers(tmp_path), leftovers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name], sorted(os.listdir(tmp_path))
+
+
+@pytest.mark.slow
+def test_overwrite_on_a_read_only_mount_is_refused_before_work(family, tmp_path):
+    """`merge --overwrite` of an output on a read-only mount ended with exit 1 naming its lock
+    file (the lock's write failed); it is an output location refused before work: exit 2,
+    naming the output. A real read-only bind mount, in a mount namespace of the command's own."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "layer_swap", "task_expert": family.ref("task"), "language_expert": family.ref("language"), "bottom": 2, "top": 2}))  # fmt: skip
+    assert main(["merge", str(recipe), "--out", str(folder / "m"), "-q"]) == 0
+    read_only = f"mount --bind '{folder}' '{folder}' && mount -o remount,bind,ro '{folder}'"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", read_only], capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and no read-only mount can be made here: {probe.stderr}")
+        pytest.skip(f"no read-only mount can be made here: {probe.stderr.strip()}")
+    merge = (
+        f"{sys.executable} -m layerswap.cli merge '{recipe}' --out '{folder / 'm'}' --overwrite -q"
+    )
+    env = os.environ | {"PYTHONPATH": PYTHONPATH, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", f"{read_only} && exec {merge}"], env=env, cwd="/", capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"layerswap: error: {folder / 'm'}: cannot be replaced or continued, {folder} is not writable\n"  # fmt: skip
