@@ -66,7 +66,7 @@ def _save_checkpoint(
     """Write `workdir/checkpoints/samples_*` for the step and return the folder holding this
     rank's files: rank 0's job under ddp (None elsewhere), every rank's under fsdp."""
     path = run.workdir / "checkpoints" / checkpoint_name(samples)
-    manifest = build_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy, run.strategy.sharded)  # fmt: skip
+    manifest = build_manifest(run.exp, run.prep, run.data, done, samples, run.world, val, train_loss, run.policy, run.strategy.sharded, run.fingerprint)  # fmt: skip
     state = {"step": done, "samples": samples, "lr": lr, "total_steps": run.total}
     if run.strategy.sharded:
         return save_sharded(path, model=run.prep.model, tokenizer=run.tok, optimizers=run.optimizers, manifest=manifest, state=state, policy=run.policy)  # fmt: skip

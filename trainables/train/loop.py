@@ -28,6 +28,7 @@ from layerswap.trainables.train.checkpoint_step import (
     checkpoint_due,
 )
 from layerswap.trainables.train.data import build_data, passes_note, seq_len_notes, total_steps
+from layerswap.trainables.train.data_fingerprint import data_fingerprint, resume_data_problem
 from layerswap.trainables.train.precision import resolve_precision
 from layerswap.trainables.train.run_setup import (
     _adamw,
@@ -136,6 +137,12 @@ def run_training(
         # worker's workdir is a fresh temporary folder.
         remove_left_temps(workdir / "checkpoints")
     resume = Path(resume_from) if resume_from is not None else None
+    # Taken before the data is read, and compared before any weight loads: a checkpoint trained
+    # on other content of a dataset file is not continued (the driver refused it already; this
+    # covers Ray's own restore, `--resume CKPT` and the Python API).
+    fingerprint = data_fingerprint(exp)
+    if resume is not None and (problem := resume_data_problem(exp, read_manifest(resume), fingerprint)):  # fmt: skip
+        raise ValueError(f"{resume}: {problem}")
     torch.manual_seed(h.seed)  # LoRA init and anything else drawn at set-up
     tok, model = _load(exp, resume)
     policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
@@ -171,6 +178,7 @@ def run_training(
         total=total,
         step_log=Path(exp.debug.step_log) if exp.debug.step_log and rank == 0 else None,
         t0=time.time(),
+        fingerprint=fingerprint,
     )
     return _train_steps(run, report)
 

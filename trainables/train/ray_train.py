@@ -44,6 +44,7 @@ from layerswap.trainables.node_paths import (
 from layerswap.trainables.ray_session import init_ray
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.checkpoint_store import check_restored
+from layerswap.trainables.train.data_fingerprint import data_fingerprint, resume_data_problem
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.ray_capacity import check_capacity
@@ -120,10 +121,11 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
     workers start from this one when it is newer than what Ray restores.
     """
 
-    want = experiment_identity(exp)
+    want, now = experiment_identity(exp), data_fingerprint(exp)
 
-    def same(manifest: dict) -> bool:
-        return experiment_identity(manifest.get("experiment") or {}) == want
+    def same(manifest: dict) -> bool:  # this experiment, trained on the dataset files as they are
+        mine = experiment_identity(manifest.get("experiment") or {}) == want
+        return mine and resume_data_problem(exp, manifest, now) is None
 
     found = [c for c in find_checkpoints(run_dir) if same(read_manifest(c))] if run_dir.is_dir() else []  # fmt: skip
     intact = [

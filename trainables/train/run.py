@@ -3,7 +3,8 @@
 `train_expert(exp, "runs/exp/train")` is what `layerswap train EXP.yaml` calls. Re-runs into an
 existing run folder are explicit (`decide`, for a local folder and a run in a store alike): the
 same experiment continues only with `resume`, a finished one is not trained again, a different
-one needs `overwrite` once it saved a checkpoint (before that it has nothing to lose).
+one needs `overwrite` once it saved a checkpoint (before that it has nothing to lose), and so
+does the same one whose dataset files changed since its checkpoints (data_fingerprint.py).
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/train/test_uri_rerun.py
 tests/cli/test_train.py
@@ -38,6 +39,7 @@ from layerswap.trainables.outputs import (
 )
 from layerswap.trainables.storage import is_uri, join
 from layerswap.trainables.train import checkpoint_store as store
+from layerswap.trainables.train.data_fingerprint import resume_data_problem
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.progress import printer
 from layerswap.trainables.train.state import (
@@ -91,7 +93,7 @@ def run_started(run: Path | str) -> bool:
     return run.exists() and not (run.is_dir() and not any(run.iterdir()))
 
 
-def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable[[], bool], saved: Callable[[], bool], last: Callable[[], tuple[object, bool]], changed: Callable[[], str], resume: bool, overwrite: bool) -> Rerun:  # fmt: skip
+def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable[[], bool], saved: Callable[[], bool], last: Callable[[], tuple[object, bool]], changed: Callable[[], str], data: Callable[[], str | None], resume: bool, overwrite: bool) -> Rerun:  # fmt: skip
     """The one rerun rule, for a local run folder and a run in a store (s3://, file://) alike.
 
     Args:
@@ -102,6 +104,8 @@ def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable
         saved: whether it holds a checkpoint (a manifest: its state is not read).
         last: its last checkpoint and whether that is the final step's.
         changed: what differs from the experiment it holds, as a phrase ("" when unknown).
+        data: why its newest checkpoint's data is not the data there now (a dataset file
+            changed: data_fingerprint.resume_data_problem), or None.
         resume, overwrite: the user's flags.
     Returns:
         "fresh" (nothing there), "resume" (same experiment, unfinished, `resume`), "done"
@@ -109,7 +113,8 @@ def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable
         experiment's run that saved no checkpoint: said on stderr).
     Raises:
         OutputError: it holds another experiment's checkpoints or something else, and no flag
-            says what to do with it.
+            says what to do with it; or this experiment's, trained on a dataset file that has
+            changed since (neither "done" nor "resume": the expert would not be of this data).
     """
     if resume and overwrite:
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
@@ -132,6 +137,8 @@ def decide(run: str, *, started: bool, check: Callable[[], None], same: Callable
             f"{'; its newest checkpoint differs in ' + what if what else ''}; pass --overwrite to "
             "start over (the old run is kept until the new one finishes) or choose another --out"
         )
+    if (problem := data()) is not None:
+        raise OutputError(f"{run}: {problem}")
     ckpt, finished = last()
     if finished:
         return "done"
@@ -178,6 +185,10 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
         found = find_checkpoints(run)
         return changes(read_manifest(found[-1]).get("experiment") or {}, exp) if found else ""
 
+    def data() -> str | None:
+        found = find_checkpoints(run)
+        return resume_data_problem(exp, read_manifest(found[-1])) if found else None
+
     return decide(
         str(run),
         started=run_started(run),
@@ -186,6 +197,7 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
         saved=lambda: bool(find_checkpoints(run)) or _holds_sweep(run),  # a sweep: --overwrite
         last=lambda: last_checkpoint(run),
         changed=changed,
+        data=data,
         resume=resume,
         overwrite=overwrite,
     )
@@ -290,10 +302,14 @@ def _train_in_store(exp: TrainExperiment, storage: str, resume: bool, overwrite:
         found = store.checkpoints(folder)
         return changes(found[-1][1].get("experiment") or {}, exp) if found else ""
 
+    def data() -> str | None:
+        found = store.checkpoints(folder)
+        return resume_data_problem(exp, found[-1][1]) if found else None
+
     want = experiment_identity(exp)
     # a generation (an --overwrite's) may sit beside older checkpoints: only a first run counts
     # as having saved none
-    plan = decide(run, started=store.run_started(run), check=check, same=lambda: store.stored_identity(run, old) == want, saved=lambda: bool(gen or store.checkpoints(run)), last=lambda: store.last_checkpoint(folder), changed=changed, resume=resume, overwrite=overwrite)  # fmt: skip
+    plan = decide(run, started=store.run_started(run), check=check, same=lambda: store.stored_identity(run, old) == want, saved=lambda: bool(gen or store.checkpoints(run)), last=lambda: store.last_checkpoint(folder), changed=changed, data=data, resume=resume, overwrite=overwrite)  # fmt: skip
     if plan == "done":
         ckpt, _ = store.last_checkpoint(folder)
         print(f"{run}: this experiment is already trained; nothing to do")

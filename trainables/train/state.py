@@ -127,8 +127,9 @@ def _masters_at(policy: Policy, prep: Prepared, sharded: bool) -> str | None:
     return f"{STATE_DIR}/{MASTER}" if policy.keeps_master and not prep.is_lora else None
 
 
-def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None, policy: Policy | None = None, sharded: bool = False) -> dict:  # fmt: skip
-    """The manifest (layerswap_train.json) of a checkpoint at `step`: config, data, losses."""
+def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None, policy: Policy | None = None, sharded: bool = False, fingerprint: dict | None = None) -> dict:  # fmt: skip
+    """The manifest (layerswap_train.json) of a checkpoint at `step`: config, data (with the
+    dataset files' `fingerprint`, trainables/train/data_fingerprint.py), losses."""
     n_train = sum(len(s) for s in data.streams)
     return {
         "experiment": experiment_json(exp),
@@ -145,6 +146,9 @@ def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: 
         "world_size": world,
         "hparams": exp.hyper.model_dump(mode="json"),
         "data": data.info,
+        # what the dataset files held when this run read them: a rerun or resume on other
+        # content is refused (data_fingerprint.resume_data_problem)
+        "data_fingerprint": fingerprint,
         "val_loss": (sum(val) / len(val)) if val else None,
         "val_losses": val,
         "train_loss": train_loss,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ class _Run:
     step_log: Path | None  # rank 0 only
     t0: float
     tokens_local: float = 0.0  # non-padding tokens this rank has trained on since `start`
+    # the dataset files' content as this run read them (data_fingerprint.py), for manifests
+    fingerprint: dict = field(default_factory=dict)
 
 
 @dataclass
