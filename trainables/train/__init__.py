@@ -52,7 +52,7 @@ Training:
     trainer_state/state.json (step, samples, lr, total_steps) — no pickle.
   read_manifest(checkpoint_dir) -> dict with keys: experiment (full config as JSON), name,
     kind, language, mode, base, step, samples, epoch, seed, world_size, hparams (Hyper as
-    dict), data ([{spec, n_train, n_val, n_dropped, n_truncated}]), val_loss (mean), val_losses (per
+    dict), data ([{spec, n_train, n_val, n_empty, n_dropped, n_truncated}]), val_loss (mean), val_losses (per
     dataset), train_loss, is_lora, groups, files (each model file outside trainer_state/ and
     its size: a store's checkpoint is complete only with all of them), created_at.
   find_checkpoints(root) -> [dirs with a manifest under root], sorted by step (works for the

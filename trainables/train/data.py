@@ -1,4 +1,5 @@
-"""SFT data for the trainer: load, encode through the chat template, split, order, batch.
+"""SFT data for the trainer: encode through the chat template, split, order, batch (the rows are
+read by trainables/train/pairs.py).
 
 Loss is on response tokens only (prompt tokens are labelled -100). The order of examples is a
 pure function of (seed, stream, epoch, batch size), and which examples a step sees a pure
@@ -10,77 +11,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from layerswap.spaces.base import iter_jsonl, load_json
-from layerswap.spaces.train_experiment import DatasetSpec, TrainExperiment
-from layerswap.trainables.atomic import read_parquet
-from layerswap.trainables.storage import local_copy
-from layerswap.trainables.train.sources import load_sft
+from layerswap.spaces.train_experiment import TrainExperiment
+from layerswap.trainables.train.pairs import load_pairs, path_problem, read_pairs
 
-Pair = tuple[str, str]
+__all__ = ["load_pairs", "path_problem", "read_pairs"]  # the readers' home: pairs.py
+
 Encoded = tuple[list[int], list[int]]  # input ids, labels
-
-
-def _row_pair(row: dict, where: str) -> Pair:
-    for p, r in (("prompt", "response"), ("question", "answer"), ("inputs", "targets")):
-        if p in row and r in row:
-            return str(row[p]).strip(), str(row[r]).strip()
-    raise ValueError(
-        f"{where}: row has none of prompt/response, question/answer (Orca), inputs/targets "
-        f"(Aya); keys: {sorted(row)}"
-    )
-
-
-def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """(where, row) for every row of a local .jsonl/.json/.parquet file; `where` names the file
-    and the JSONL line (or the row of a .json array / Parquet table)."""
-    if path.suffix == ".parquet":
-        try:
-            rows = read_parquet(path).to_pylist()
-        except (OSError, ValueError) as e:  # pyarrow's ArrowIOError / ArrowInvalid
-            raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
-    elif path.suffix == ".json":
-        rows = load_json(path, "dataset")
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: expected a JSON array of rows, got {type(rows).__name__}")
-    else:
-        return [(f"{path}:{n}", row) for n, row in iter_jsonl(path, objects=True)]
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}: row {i + 1} is not an object: {row!r:.80}")
-    return [(f"{path}: row {i + 1}", row) for i, row in enumerate(rows)]
-
-
-def load_pairs(spec: DatasetSpec) -> list[Pair]:
-    """(prompt, response) pairs of one dataset, in file order, empty sides dropped.
-
-    Args:
-        spec: a local file (`path`: .jsonl/.json/.parquet) or a registered `source`.
-    Returns:
-        The pairs (at most `spec.limit`).
-    Raises:
-        ValueError: a missing, empty, non-UTF-8 or malformed file (naming the file and line), a
-            row without a known prompt/response pair of columns, or no usable pair at all.
-    """
-    if spec.source is not None:
-        recs = load_sft(spec.source, language=spec.language, data_files=spec.data_files, limit=spec.limit)  # fmt: skip
-        pairs = [(r["prompt"], r["response"]) for r in recs]
-        if not pairs:
-            raise ValueError(f"datasets: {spec.label} has no usable examples")
-        return pairs
-    path = local_copy(spec.path)  # type: ignore[arg-type]  # a URI: its cached local copy
-    if not path.is_file():
-        raise ValueError(f"datasets: file {path} does not exist")
-    rows = _read_rows(path)
-    if not rows:
-        raise ValueError(f"{path}: no rows (an empty dataset)")
-    pairs = [p for p in (_row_pair(row, where) for where, row in rows) if p[0] and p[1]]
-    if not pairs:
-        raise ValueError(f"{path}: no usable rows ({len(rows)} rows, each with an empty prompt or response)")  # fmt: skip
-    return pairs[: spec.limit] if spec.limit is not None else pairs
 
 
 def check_datasets(exp: TrainExperiment) -> None:
@@ -167,6 +106,24 @@ def _fit(ids: list[int], n_head: int, seq_len: int) -> Encoded | None:
     return ids, [-100] * n_head + ids[n_head:]
 
 
+def special_ids(tok) -> frozenset[int]:
+    """The tokenizer's special token ids (eos, end-of-turn markers such as <|im_end|> and
+    <|eot_id|>, ...): its named specials and every added token marked special."""
+    named = set(tok.all_special_ids)
+    added = {i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special}
+    return frozenset(named | added)
+
+
+def _answer_end(ids: list[int], n_head: int, specials: frozenset[int]) -> int:
+    """Tokens needed to keep the answer and its end-of-turn token: up to the answer turn's last
+    special token (Qwen2.5 puts a plain "\n" after <|im_end|>, which teaches no stop), or the
+    whole chat when the answer turn has none."""
+    for i in range(len(ids) - 1, n_head - 1, -1):
+        if ids[i] in specials:
+            return i + 1
+    return len(ids)
+
+
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed that is a pure function of `parts` (seed, purpose, step, ...)."""
     h = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
@@ -232,27 +189,31 @@ class Stream:
 class TrainData:
     streams: list[Stream]  # simultaneous: one per dataset; mix: one (the union); else one
     val: list[list[Encoded]]  # validation examples per dataset
-    info: list[dict]  # per dataset: spec, n_train, n_val, n_dropped, n_truncated
+    info: list[dict]  # per dataset: spec, n_train, n_val, n_empty, n_dropped, n_truncated
 
 
 def build_data(exp: TrainExperiment, tok) -> TrainData:
     """Load, encode and split the experiment's datasets (deterministic in `hyper.seed`).
 
     Validation takes the same number of examples from every dataset (a `val_share` of the
-    smallest), drawn by a seeded shuffle; the rest trains. Rows longer than `hyper.seq_len`
-    are cut to it (`n_truncated`), or dropped when the prompt turn fills it (`n_dropped`):
-    `seq_len_note` says so.
+    smallest), drawn by a seeded shuffle; the rest trains. Rows with a null, NaN or blank
+    prompt or response are dropped (`n_empty`); rows longer than `hyper.seq_len` are cut to it
+    (`n_truncated`: counted when the answer or its end-of-turn token is cut), or dropped when
+    the prompt turn fills it (`n_dropped`): `seq_len_notes` says so.
     """
     h = exp.hyper
+    specials = special_ids(tok)
     encoded: list[list[Encoded]] = []
     info = []
     for spec in exp.datasets:
-        whole = [_chat_ids(tok, p, r) for p, r in load_pairs(spec)]
+        pairs, n_empty = read_pairs(spec)
+        whole = [_chat_ids(tok, p, r) for p, r in pairs]
         enc = [_fit(ids, n_head, h.seq_len) for ids, n_head in whole]
         kept = [e for e in enc if e is not None]
-        cut = sum(e is not None and len(ids) > h.seq_len for e, (ids, _) in zip(enc, whole, strict=True))  # fmt: skip
+        # truncated: the answer or its end-of-turn token cut (not only tokens after it)
+        cut = sum(e is not None and _answer_end(ids, n_head, specials) > h.seq_len for e, (ids, n_head) in zip(enc, whole, strict=True))  # fmt: skip
         encoded.append(kept)
-        info.append({"spec": spec.model_dump(mode="json"), "n_dropped": len(enc) - len(kept), "n_truncated": cut})  # fmt: skip
+        info.append({"spec": spec.model_dump(mode="json"), "n_empty": n_empty, "n_dropped": len(enc) - len(kept), "n_truncated": cut})  # fmt: skip
     after = f"that fit hyper.seq_len {h.seq_len}"
     n_val = check_sizes(exp, [len(e) for e in encoded], after)
     train, val = [], []
@@ -323,15 +284,20 @@ def passes_note(exp: TrainExperiment, data: TrainData, total: int) -> str | None
 
 
 def seq_len_notes(exp: TrainExperiment, data: TrainData) -> list[str]:
-    """One line per dataset with rows longer than `hyper.seq_len`: how many were dropped (the
-    prompt turn fills seq_len: no answer token left) and how many truncated (the end of the
-    answer turn cut, its end-of-turn token with it); none for a dataset whose rows all fit."""
+    """The dropped-rows lines, per dataset: one for rows with an empty side (a null, NaN or
+    blank prompt or response), one for rows longer than `hyper.seq_len`: how many were dropped
+    (the prompt turn fills seq_len: no answer token left) and how many truncated (the answer or
+    its end-of-turn token cut); none for a dataset whose rows are all whole and fit."""
     lines = []
     for i, (spec, d) in enumerate(zip(exp.datasets, data.info, strict=True)):
+        empty = d.get("n_empty", 0)
+        rows = empty + d["n_dropped"] + d["n_train"] + d["n_val"]
+        where = f"layerswap: data: datasets[{i}] ({spec.label})"
+        if empty:
+            lines.append(f"{where}: {empty} of {rows} rows dropped (a null, NaN or empty prompt or response)")  # fmt: skip
         if d["n_dropped"] or d["n_truncated"]:
-            rows = d["n_dropped"] + d["n_train"] + d["n_val"]
             lines.append(
-                f"layerswap: data: datasets[{i}] ({spec.label}): {d['n_dropped']} of {rows} rows "
+                f"{where}: {d['n_dropped']} of {rows} rows "
                 f"dropped (the prompt fills hyper.seq_len {exp.hyper.seq_len}), "
                 f"{d['n_truncated']} truncated (the answer turn cut, its end-of-turn token lost)"
             )

@@ -44,12 +44,23 @@ def resolve_language(code: str) -> Language:
 # Adapters: pure functions (row, language) -> zero or more records. They never touch files.
 
 
-def _text(row: Row, col: str) -> str:
-    value = row.get(col)
-    # CSV/parquet readers give None (or NaN) for empty cells.
+def cell_text(value: Any) -> str:
+    """A cell as training text: the one rule for null cells, for `source:` rows and `path:` rows
+    (trainables/train/data.py) alike.
+
+    Args:
+        value: a row's cell as its reader gives it.
+    Returns:
+        the stripped text; "" for None or NaN (JSON null, an empty CSV/Parquet cell, pandas'
+        float NaN), which `str` would make the strings "None" / "nan" and train on.
+    """
     if value is None or (isinstance(value, float) and value != value):
         return ""
     return str(value).strip()
+
+
+def _text(row: Row, col: str) -> str:
+    return cell_text(row.get(col))
 
 
 def _record(prompt: str, response: str, source: str, language: str) -> list[Record]:
@@ -82,7 +93,7 @@ def _alpaca(
 def adapt_nllb(row: Row, lang: Language, source: str) -> list[Record]:
     """One NLLB sentence pair -> two translation records (English->target, target->English)."""
     pair = row.get("translation") or {}
-    eng, other = str(pair.get("eng_Latn") or "").strip(), str(pair.get(lang.nllb) or "").strip()
+    eng, other = cell_text(pair.get("eng_Latn")), cell_text(pair.get(lang.nllb))
     out: list[Record] = []
     for src_text, src_name, tgt_text, tgt_name in (
         (eng, "English", other, lang.name),
@@ -103,7 +114,7 @@ def adapt_indic_align(row: Row, lang: Language, source: str) -> list[Record]:
     turns = row.get(lang.nllb) or []
     if not turns or len(turns[0]) < 2:
         return []
-    return _record(str(turns[0][0]).strip(), str(turns[0][1]).strip(), source, lang.code)
+    return _record(cell_text(turns[0][0]), cell_text(turns[0][1]), source, lang.code)
 
 
 @dataclass(frozen=True)

@@ -220,6 +220,7 @@ def load_sft(
     split: str = "train",
     limit: int | None = None,
     data_files: str | Path | Sequence[str | Path] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> list[Record]:
     """Read one source as SFT records, from the Hub or from local json/jsonl/parquet/csv files.
 
@@ -230,6 +231,8 @@ def load_sft(
         split: split to read (local files are read as this split).
         limit: stop after this many records (None: all).
         data_files: local files in the source's own schema; when given, nothing is downloaded.
+        counts: when given, `counts["empty"]` is set to the rows read that gave no record (a
+            null, NaN or blank side: `sft_records.cell_text`), for the trainer's dropped-rows line.
 
     Returns:
         Records {"prompt", "response", "source", "language"}, in file order.
@@ -261,7 +264,7 @@ def load_sft(
         )
     out: list[Record] = []
     seen_langs: dict[str, int] = {}
-    matched = 0
+    matched = empty = 0
     for row in _rows(ds, spec, local):
         if spec.row_language is not None:
             values = spec.row_language(row)
@@ -270,9 +273,15 @@ def load_sft(
                 seen_langs[key] = seen_langs.get(key, 0) + 1
                 continue
         matched += 1
-        out += spec.adapt(row, lang, spec.name)
+        recs = spec.adapt(row, lang, spec.name)
+        empty += not recs
+        out += recs
         if limit is not None and len(out) >= limit:
-            return out[:limit]
+            break
+    if counts is not None:
+        counts["empty"] = empty
+    if limit is not None and len(out) >= limit:
+        return out[:limit]
     if spec.row_language is not None and matched == 0:
         seen = ", ".join(f"{k} ({n})" for k, n in sorted(seen_langs.items())) or "none"
         raise DataSourceError(
