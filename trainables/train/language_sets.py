@@ -108,7 +108,9 @@ def mix(
         size: target total (train + validation); fewer if the sources run out.
         seed: sampling and shuffling seed; same inputs and seed give the same output.
         val_share: fraction of the mix held out for validation.
-        weights: relative share per source (default: equal).
+        weights: relative share per source (default: equal). Given, it must name every
+            source of `parts` (0 leaves one out), each weight finite and >= 0: a dict naming
+            only some would silently drop the others.
         drop_math: drop records `looks_like_math` flags.
 
     Returns:
@@ -122,6 +124,13 @@ def mix(
     unknown = set(weights) - set(parts)
     if unknown:
         raise ValueError(f"weights for sources not in parts: {sorted(unknown)}")
+    if missing := sorted(set(parts) - set(weights)):
+        raise ValueError(
+            f"weights name no weight for sources {missing} (of {sorted(parts)}): give each "
+            "source its weight (0 leaves one out)"
+        )
+    if bad := {k: w for k, w in weights.items() if not 0 <= w < float("inf")}:
+        raise ValueError(f"weights must be finite and >= 0, got {bad}")
     rng = random.Random(seed)
     seen: set[tuple[str, str]] = set()
     clean: dict[str, list[Record]] = {}

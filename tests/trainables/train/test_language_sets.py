@@ -70,6 +70,17 @@ def test_mix_quotas_and_shortfall():
     assert m.per_source == {"big": 8, "small": 2}
 
 
+def test_weights_that_leave_a_source_out_are_refused_naming_it():
+    # {"aya": 2.0} meant "double aya's share"; it dropped every other source without a word
+    parts = {s: [_rec(f"{s}{i}") for i in range(20)] for s in ("aya", "nllb", "xp3mt")}
+    with pytest.raises(ValueError, match=r"no weight for sources \['nllb', 'xp3mt'\]"):
+        mix(parts, size=20, seed=0, weights={"aya": 2.0})
+    with pytest.raises(ValueError, match=r"finite and >= 0, got \{'nllb': -1\}"):
+        mix(parts, size=20, seed=0, weights={"aya": 2.0, "nllb": -1, "xp3mt": 1})
+    m = mix(parts, size=20, seed=0, val_share=0.0, weights={"aya": 2.0, "nllb": 1, "xp3mt": 0})
+    assert m.per_source == {"aya": 14, "nllb": 6}  # 0 leaves a source out, said so
+
+
 def test_mix_drops_duplicates_and_keeps_math_when_asked():
     parts = {"a": [_rec("same"), _rec("2 + 2 = 4")], "b": [_rec("same")]}
     m = mix(parts, size=10, seed=0, val_share=0.0, drop_math=False)
