@@ -59,6 +59,7 @@ def check_inputs(exp: TrainExperiment) -> None:
         else:
             problems += _model_type_problems(base / "config.json")
             problems += [f"base: {p}" for p in _weights_problems(base)]
+            problems += _chat_template_problems(exp.base, base / "tokenizer_config.json")
     else:
         problems += _hub_base_problems(exp.base)
     problems += _data_problems(exp)
@@ -76,7 +77,8 @@ def _hub_base_problems(base: str) -> list[str]:
     if not (is_hub_id(base) or _bare_hub_name(base)):
         return [f"base: {base}: no such folder, and not a Hub id (owner/name)"]
     if isinstance(cached := try_to_load_from_cache(base, "config.json"), str):
-        return _model_type_problems(Path(cached))  # online or not: the family is known here
+        # online or not: the family is known here, and the chat template when it is cached
+        return _model_type_problems(Path(cached)) + _hub_template_problems(base)
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         return [
             f"base: {base}: not a folder here, and not in the Hugging Face cache while "
@@ -129,6 +131,46 @@ def _model_type_problems(config: Path) -> list[str]:
     return [] if problem is None else [f"base: {config}: {problem}"]
 
 
+def _chat_template_problems(base: str, tokenizer_config: Path) -> list[str]:
+    """A base whose tokenizer has no chat template: training formats every row with it
+    (trainables/train/data.py), and without one it failed after the run folder was marked, with
+    transformers' own message (on Ray, inside a worker). transformers reads the template from
+    `chat_template.jinja` beside `tokenizer_config.json`, or from that file's `chat_template`.
+
+    Args:
+        base: the experiment's `base`, as written (for the message).
+        tokenizer_config: the base's tokenizer_config.json (a folder's, or a cached Hub copy's).
+    Returns:
+        one line naming the base and what it lacks, or none.
+    """
+    if (tokenizer_config.parent / "chat_template.jinja").is_file():
+        return []
+    try:
+        config = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        config = {}  # no tokenizer config: no template either (said below)
+    except (OSError, ValueError) as e:
+        return [f"base: {tokenizer_config}: not a readable tokenizer config ({e})"]
+    if isinstance(config, dict) and config.get("chat_template"):
+        return []
+    return [
+        f"base: {base}: its tokenizer has no chat template (no chat_template.jinja, no "
+        "`chat_template` in tokenizer_config.json); training formats every row with it: use "
+        "an Instruct base or add its template (tokenizer.chat_template = ...; save_pretrained)"
+    ]
+
+
+def _hub_template_problems(base: str) -> list[str]:
+    """A cached Hub base's chat template (`_chat_template_problems`), checked only when the
+    cache knows: its tokenizer_config.json is there, and chat_template.jinja is there or known
+    absent (an uncached base is the trainer's to download; nothing is fetched for this)."""
+    config = try_to_load_from_cache(base, "tokenizer_config.json")
+    jinja = try_to_load_from_cache(base, "chat_template.jinja")
+    if not isinstance(config, str) or jinja is None:  # not cached, or not known either way
+        return []
+    return _chat_template_problems(base, Path(config))
+
+
 def _bare_hub_name(base: str) -> bool:
     """A Hub name without an owner (gpt2, t5-small): valid by huggingface_hub's rule, no `/`.
     spaces.base.is_hub_id leaves those out (a bare name is as likely a folder); with no folder
@@ -161,14 +203,16 @@ def _data_problems(exp: TrainExperiment) -> list[str]:
     """Every dataset missing, unreadable, in no known schema or too small, named: read here,
     because the trainer reads its data only after the run folder is marked and the base model
     loaded (a problem found then would leave a marked run that blocks the corrected rerun)."""
+    # lazy: the trainer's readers (~0.9 s: the sources' table, pyarrow); --help stays fast
+    from layerswap.trainables.train.pairs import path_problem
+
     problems = []
     for i, ds in enumerate(exp.datasets):
         if is_uri(ds.path):  # cloud storage: there or not here; read when training starts
             if not exists(ds.path):
                 problems.append(f"datasets[{i}].path: {ds.path} does not exist")
-        elif ds.path is not None and not Path(ds.path).is_file():
-            what = "is a folder, not a data file" if Path(ds.path).is_dir() else "does not exist"
-            problems.append(f"datasets[{i}].path: {ds.path} {what}")
+        elif ds.path is not None and (problem := path_problem(ds.path)) is not None:
+            problems.append(f"datasets[{i}].path: {problem}")  # a folder, a .csv: what is read
         if ds.source is not None:
             # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
             from layerswap.trainables.train.sources import get_source
