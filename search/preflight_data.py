@@ -15,6 +15,7 @@ Tests: .venv/bin/python -m pytest -q tests/search/test_preflight_data.py tests/s
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_data_problems(tasks: list[str], include_path: list[str], missing: dict[
                 builder = datasets.load_dataset_builder(
                     cfg["dataset_path"],
                     cfg.get("dataset_name"),
-                    **(cfg.get("dataset_kwargs") or {}),
+                    **_builder_kwargs(cfg.get("dataset_kwargs") or {}),
                 )
             except FileNotFoundError as e:  # a local data file the config names is not there
                 lines.append(f"task {leaf!r}: {e}")
@@ -139,6 +140,17 @@ def test_data_problems(tasks: list[str], include_path: list[str], missing: dict[
                         f"not have (it has: {', '.join(sorted(declared))})"
                     )
     return lines
+
+
+def _builder_kwargs(kwargs: dict) -> dict:
+    """A task's `dataset_kwargs` (what lm-eval passes to `datasets.load_dataset`) without those
+    only `load_dataset` takes (verification_mode, num_proc, ...): `load_dataset_builder` would
+    take them for builder-config fields and raise."""
+    import datasets  # lazy: imported by the caller already, after the offline default
+
+    load = inspect.signature(datasets.load_dataset).parameters
+    builder = inspect.signature(datasets.load_dataset_builder).parameters
+    return {k: v for k, v in kwargs.items() if k not in load or k in builder}
 
 
 def _config_problem(exp: SearchExperiment) -> str | None:

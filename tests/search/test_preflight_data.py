@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from layerswap.search.preflight_data import searched_tasks, uncached_problem
+from layerswap.search.preflight_data import searched_tasks, test_data_problems, uncached_problem
 from tests.search.search_fixtures import experiment, make_experts
 
 
@@ -122,3 +122,24 @@ def test_a_target_whose_test_split_is_missing_is_named_without_reading_it(tiny_w
         problem = uncached_problem(exp)
         assert problem is not None and said in problem, problem
         assert uncached_problem(exp, promote=False) is None  # the proxies alone are fine
+
+
+def test_dataset_kwargs_only_load_dataset_takes_are_accepted(tmp_path):
+    """lm-eval passes a task's dataset_kwargs to `datasets.load_dataset`, which takes
+    verification_mode (num_proc, ...); the split check's `load_dataset_builder` raised
+    TypeError on them, refusing a search over a task lm-eval runs fine."""
+    rows = tmp_path / "test.jsonl"
+    rows.write_text('{"q": "1+1", "a": "2"}\n')
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    kwargs = {"data_files": {"test": str(rows)}, "verification_mode": "no_checks", "num_proc": 1}
+    task = {
+        "task": "vm_task",
+        "dataset_path": "json",
+        "test_split": "test",
+        "dataset_kwargs": kwargs,
+    }
+    task |= {"output_type": "generate_until", "doc_to_text": "{{q}}", "doc_to_target": "{{a}}"}
+    task |= {"metric_list": [{"metric": "exact_match"}]}
+    (tasks / "vm.yaml").write_text(yaml.safe_dump(task))
+    assert test_data_problems(["vm_task"], [str(tasks)], {}) == []

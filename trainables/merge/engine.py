@@ -27,6 +27,7 @@ from layerswap.trainables.merge.checkpoint import (
     CheckpointError,
     byte_view,
 )
+from layerswap.trainables.merge.methods import warn_unused_sides
 from layerswap.trainables.merge.modelcard import model_card
 from layerswap.trainables.merge.ops import mean_row_mav, op_kind, row_chunks
 from layerswap.trainables.merge.shard_writer import OutSpec, ShardWriter
@@ -377,6 +378,7 @@ def merge_to_disk(
                 f"{next(iter(ckpts.values())).root}: is a PEFT adapter; use trainables.merge.api.merge (layerswap merge does this for layer_swap recipes)"
             )
         assembly, depth = assembly_for(recipe, ckpts)
+        warn_unused_sides(recipe, depth)
         primary = ckpts[primary_ref(recipe)]
         rid = content_recipe_id(recipe)  # after validation: a bad recipe is named first
         with output_dir(out, "merge", overwrite=overwrite, identity=rid) as tmp:

@@ -276,23 +276,33 @@ class LiveModel:
     def _decode_as(self, ref: str) -> None:
         """Give the model the generation settings of the folder a disk merge of it would write:
         `ref`'s generation_config.json (a LoRA adapter: its base's, as merge_lora_to_disk
-        copies), else those its config.json implies. lm-eval's generate and the proxy's
-        decoding rules (trainables/evaluate/decoding.py) read them: Qwen2.5's
-        repetition_penalty 1.05, extra eos ids and max_new_tokens 2048 live only there."""
+        copies), else those `ref`'s config.json implies (the one the merge copies, not the one
+        the model was built from). lm-eval's generate and the proxy's decoding rules
+        (trainables/evaluate/decoding.py) read them: Qwen2.5's repetition_penalty 1.05, extra
+        eos ids and max_new_tokens 2048 live only there."""
         src = self.cache.base if self.cache.adapter(ref) else ref
         if src == self._decoding_from:
             return
-        from transformers import GenerationConfig  # lazy: as _build's transformers import
+        # lazy: as _build's transformers import
+        from transformers import AutoConfig, GenerationConfig
 
-        folder = self.cache.config_dir(src, GENERATION_CONFIG)
-        if folder is None and src is not None and is_hub_id(src):
-            folder = _cached_hub_folder(src, GENERATION_CONFIG)
-        self.model.generation_config = (
-            GenerationConfig.from_pretrained(folder)
-            if folder
-            else GenerationConfig.from_model_config(self.model.config)
-        )
+        folder = self._side_dir(src, GENERATION_CONFIG)
+        if folder is not None:
+            generation = GenerationConfig.from_pretrained(folder)
+        else:
+            config_dir = self._side_dir(src, "config.json")
+            config = AutoConfig.from_pretrained(config_dir) if config_dir else self.model.config
+            generation = GenerationConfig.from_model_config(config)
+        self.model.generation_config = generation
         self._decoding_from = src
+
+    def _side_dir(self, ref: str | None, name: str) -> str | None:
+        """A local folder holding `ref`'s file `name`: its own folder, a URI's local copy, or a
+        Hub id's cached snapshot (no network); None if there is none."""
+        folder = self.cache.config_dir(ref, name)
+        if folder is None and ref is not None and is_hub_id(ref):
+            folder = _cached_hub_folder(ref, name)
+        return folder
 
     def _like(self, refs: list[str]) -> str:
         """Where the model's config comes from: the first of `refs` with a config.json (its

@@ -272,7 +272,6 @@ def _swap(recipe: LayerSwapRecipe, task: Adapter, lang: Adapter, depth: int) -> 
     task_terms, lang_terms = ((recipe.task_expert, 1.0),), ((recipe.language_expert, 1.0),)
     w_t, w_l = transition_weights(recipe, task_terms, lang_terms, adapter_mav_oracle(by_ref))
     owner = layer_map(recipe, depth)
-    warn_unused_sides(owner, depth)
     cells, non_layer_reverted = reverted(recipe.revert, depth) if recipe.revert else (set(), False)
     non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
     weights = {"task": (1.0, 0.0), "language": (0.0, 1.0), "transition": (w_t, w_l)}
@@ -383,6 +382,7 @@ def merge_lora_to_disk(
     check_model_type(base_cfg, "base config.json")
     depth = num_layers(base_cfg, "base config.json")
     merged = _swap(recipe, task, lang, depth)
+    warn_unused_sides(recipe, depth)
     rid = content_recipe_id(recipe)
     card = model_card(recipe, depth, rid)
     with output_dir(out, "merge", overwrite=overwrite, identity=rid) as tmp:

@@ -53,11 +53,15 @@ def _task_primary(recipe: LayerSwapRecipe) -> str:
     return e if isinstance(e, str) else e.soup[0]
 
 
-def warn_unused_sides(owner: dict, num_layers: int) -> None:
+def warn_unused_sides(recipe: Recipe, num_layers: int) -> None:
     """Say on stderr when a layer swap takes no layer from one expert (its zones cover the whole
     depth): valid, but most likely a recipe written for a deeper model (the paper's partitions
-    are for 32 layers), whose merge is the other expert's layers."""
-    for side in unused_sides(owner):
+    are for 32 layers), whose merge is the other expert's layers. For the merges a user asks
+    for (the disk engine, LoRA merges); the search's live model composes sampled recipes, which
+    on a model of a few layers may round a zone to 0 by design, and says nothing."""
+    if recipe.method != "layer_swap":
+        return
+    for side in unused_sides(layer_map(recipe, num_layers)):
         print(
             f"layerswap: warning: the recipe gives {side}_expert none of the model's "
             f"{num_layers} layers: every layer is the other expert's",
@@ -78,7 +82,6 @@ def _layer_swap_assembly(
     }
     non_layer = {"average": "transition", "language": "language", "task": "task"}[recipe.non_layer]
     owner = layer_map(recipe, num_layers)
-    warn_unused_sides(owner, num_layers)
     assembly: Assembly = {}
     for name in names:
         slot = param_slot(name)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
-from transformers import GenerationConfig
+from transformers import AutoConfig, GenerationConfig
 
 from layerswap.spaces.recipe import parse_recipe
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
@@ -29,7 +30,11 @@ def test_live_model_carries_the_generation_config_a_disk_merge_writes(family, tm
     task = tmp_path / "task"
     shutil.copytree(family.paths["task"], task)
     (task / "generation_config.json").write_text(json.dumps(QWEN_LIKE))
-    lang = family.ref("language")  # no generation_config.json: config.json's settings
+    lang = str(tmp_path / "language")  # no generation_config.json: its config.json's settings
+    shutil.copytree(family.paths["language"], lang)
+    config = json.loads((Path(lang) / "config.json").read_text())
+    (Path(lang) / "config.json").write_text(json.dumps({**config, "eos_token_id": 7}))
+    (Path(lang) / "generation_config.json").unlink()
     pool = ExpertPool(
         task=[ExpertRef(path=str(task))], language=[ExpertRef(path=lang)], base=family.ref("base")
     )
@@ -49,12 +54,28 @@ def test_live_model_carries_the_generation_config_a_disk_merge_writes(family, tm
         live.load(recipe)
         merge(recipe, out)
         # what lm-eval's HFLM loads the merged folder with (defaults from config.json if absent)
-        want = GenerationConfig.from_pretrained(out) if (out / "generation_config.json").exists() else GenerationConfig.from_model_config(live.model.config)  # fmt: skip
+        own = (out / "generation_config.json").exists()
+        want = GenerationConfig.from_pretrained(out) if own else GenerationConfig.from_model_config(AutoConfig.from_pretrained(out))  # fmt: skip
         assert _rules(live.model.generation_config) == _rules(want)
 
     live.load(swap)
     assert _rules(live.model.generation_config) == (1.05, [2, 3], 2048)
-    live.load_ref(lang)  # a baseline of promotion: its own (here none)
+    live.load_ref(lang)  # a baseline of promotion: its own config.json's (eos 7)
     assert live.model.generation_config.repetition_penalty in (None, 1.0)
+    assert live.model.generation_config.eos_token_id == 7
     live.load_ref(str(task))
     assert _rules(live.model.generation_config) == (1.05, [2, 3], 2048)
+
+
+def test_a_merge_that_takes_no_layer_from_an_expert_is_warned_of_a_trial_is_not(family, tmp_path, capsys):  # fmt: skip
+    """`partition: B` (first 8 + last 4 layers) on the 12-layer family gives the task expert no
+    layer: the disk merge says so; the search's live model, which composes sampled recipes (on
+    a few layers a zone may round to 0 by design), stays silent."""
+    experts = {"task_expert": family.ref("task"), "language_expert": family.ref("language")}
+    recipe = parse_recipe({"method": "layer_swap", **experts, "partition": "B"})
+    merge(recipe, tmp_path / "b")
+    assert "gives task_expert none of the model's 12 layers" in capsys.readouterr().err
+    task, lang = ExpertRef(path=family.ref("task")), ExpertRef(path=family.ref("language"))
+    pool = ExpertPool(task=[task], language=[lang], base=family.ref("base"))
+    LiveModel(ExpertCache(family.ref("base")), pool).load(recipe)
+    assert capsys.readouterr().err == ""
