@@ -108,9 +108,13 @@ def quiet_progress_bars() -> None:
         sys.modules["datasets"].disable_progress_bars()
     # lazy: transformers' logging module (0.5 s measured after torch), loaded only by the
     # commands that load models anyway; its bar switch has no environment variable of its own
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
     from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()
+    hub_off = are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # Hub's bars too: turned back on below
+    if not hub_off:
+        enable_progress_bars()
 
 
 def _run_command(args: argparse.Namespace) -> int:

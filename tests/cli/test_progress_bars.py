@@ -60,3 +60,22 @@ def test_progress_bars_only_with_verbose(search_yaml, tmp_path, verbose):
     assert proc.returncode == 0 and "TRIALS STAND-IN DONE" in proc.stdout, out
     for bar in BARS:
         assert (bar in out) == verbose, f"{bar!r} {'missing' if verbose else 'shown'}:\n{out}"
+
+
+def test_hub_download_bars_stay(monkeypatch):
+    """transformers' switch also turns off huggingface_hub's bars; a model download can take
+    minutes, so those are turned back on (unless the user's HF_HUB_DISABLE_PROGRESS_BARS)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    from layerswap.cli import quiet_progress_bars
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "0")  # only transformers' switch
+    try:
+        quiet_progress_bars()
+        assert not transformers_logging.is_progress_bar_enabled()
+        assert not are_progress_bars_disabled()
+    finally:
+        transformers_logging.enable_progress_bar()
+        enable_progress_bars()
