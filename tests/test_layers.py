@@ -32,6 +32,7 @@ RAY_ALLOWED = {
     "trainables/train/ray_progress.py",  # ray_train's progress lines: a Ray queue to the driver
     "trainables/train/ray_capacity.py",  # ray_train's check that the cluster's nodes hold its workers
     "trainables/train/ray_fit.py",  # ray_train's fit() under a driver's SIGINT and SIGTERM
+    "trainables/train/ray_report.py",  # ray_train's worker reports: rate-limited ray.train.report calls
     "trainables/ray_session.py",
     "trainables/node_paths.py",  # one task pinned to each Ray node: what each node sees of a path
 }
