@@ -151,7 +151,9 @@ def _kept_results(exp: SearchExperiment, setup: Setup, ev: Evaluation) -> dict[s
     task_files = tasks_digest(exp, setup.include_path)
     for name, _, _, what in setup.models:
         try:
-            prints = fingerprints(exp, what, setup.groups, setup.device, task_files)
+            prints = fingerprints(
+                exp, what, setup.groups, setup.device, task_files, setup.pool.base
+            )
         except Exception as e:  # e.g. a baseline's checkpoint that is gone: that model fails
             _failed(ev, name, e)
             continue

@@ -2,7 +2,9 @@
 
 Promotion writes each model's raw lm-eval result per task (RUN/promotion/lm_eval/<model>/<task>.json)
 as soon as that model is done, with `fingerprint(...)` under config.layerswap_promotion: what was
-evaluated (the model's content id, recomputed now: an expert changed on disk is another model), on
+evaluated (the model's content id, recomputed now: an expert changed on disk is another model), how
+it decoded (the digest of the generation settings its primary checkpoint gives it, which content
+ids do not hash: trainables/merge/generation.py; a result written without one is evaluated again), on
 which task and task content (`tasks_digest`: the world's manifest and every file of the task
 folders, so a rebuilt world or an edited task YAML evaluates again), with which few-shot count,
 item limit, token budget, device and lm-eval version. A later promotion of the same run (`search --resume`, `demo --resume`)
@@ -23,6 +25,8 @@ import lm_eval  # its package only (4 ms): the task modules load when a run need
 
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.trainables.atomic import is_writer_sibling
+from layerswap.trainables.merge.assembly import primary_ref
+from layerswap.trainables.merge.generation import decoding_digest
 from layerswap.trainables.model_ids import content_recipe_id, model_content_id
 from layerswap.world.manifest import MANIFEST
 
@@ -73,8 +77,20 @@ def model_id(what: object) -> str:
     return model_content_id(what) if isinstance(what, str) else content_recipe_id(what)
 
 
+def model_decoding(what: object, base: str | None) -> str:
+    """The digest of the generation settings a promoted model decodes with, taken now: a
+    checkpoint reference's, or a recipe's primary checkpoint's (what a disk merge copies)."""
+    return decoding_digest(what if isinstance(what, str) else primary_ref(what), base)
+
+
 def fingerprint(
-    exp: SearchExperiment, model: str, task: str, shots: int | None, device: str, tasks: str
+    exp: SearchExperiment,
+    model: str,
+    task: str,
+    shots: int | None,
+    device: str,
+    tasks: str,
+    decoding: str | None = None,
 ) -> dict:
     """What decides one model's result on one task, as JSON data.
 
@@ -86,9 +102,11 @@ def fingerprint(
         device: where it is evaluated ("cpu", "cuda"): kernels differ, and a leaderboard whose
             models were scored on different devices could differ by more than the models do.
         tasks: `tasks_digest` of this promotion.
+        decoding: `model_decoding` of the model (lm-eval's generate reads its generation config).
     """
     return {
         "model_id": model,
+        "decoding": decoding,
         "task": task,
         "task_files": tasks,
         "num_fewshot": shots,
@@ -100,12 +118,12 @@ def fingerprint(
 
 
 def fingerprints(
-    exp: SearchExperiment, what: object, groups: list[tuple[int | None, list[str]]], device: str, tasks: str
+    exp: SearchExperiment, what: object, groups: list[tuple[int | None, list[str]]], device: str, tasks: str, base: str | None = None
 ) -> dict[str, dict]:  # fmt: skip
     """Task -> `fingerprint` of one model over the promotion's (shots, tasks) groups; its content
-    id is taken once, not per task."""
-    model = model_id(what)
-    return {t: fingerprint(exp, model, t, shots, device, tasks) for shots, ts in groups for t in ts}
+    id and decoding are taken once, not per task (`base`: the pool's, a LoRA adapter's decoding)."""
+    model, decoding = model_id(what), model_decoding(what, base)
+    return {t: fingerprint(exp, model, t, shots, device, tasks, decoding) for shots, ts in groups for t in ts}  # fmt: skip
 
 
 def raw_path(pdir: Path, name: str, task: str) -> Path:

@@ -140,3 +140,35 @@ def test_the_task_digest_does_not_follow_where_the_world_lies(tiny_world, tmp_pa
         exp = experiment(tiny_world, make_experts(tiny_world, tmp_path / "made"))
         tasks[name] = tasks_digest(exp.model_copy(update={"world": str(world)}), [str(folder)])
     assert tasks["a"] == tasks["b"]
+
+
+def _generation(folder: Path) -> dict:
+    """The generation settings a model built from `folder` decodes with, as a JSON dict (as
+    lm-eval's HFLM loads a merged folder: its generation_config.json, else config.json's)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    if (folder / "generation_config.json").exists():
+        return GenerationConfig.from_pretrained(folder).to_dict()
+    return GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder)).to_dict()
+
+
+def test_a_changed_decoding_of_the_primary_is_evaluated_again_a_resave_is_kept(run, monkeypatch):
+    """Content ids do not hash generation_config.json, but lm-eval's generate reads it: the
+    candidate (whose recipe's primary is the task expert) decoded with another
+    repetition_penalty is another result; the same settings saved again by another
+    transformers version, in another key order, are the same one."""
+    exp, run_dir, cand, paths = run
+    settings = _generation(paths["task"])
+    resaved = dict(reversed(list(settings.items()))) | {"transformers_version": "4.40.0"}
+    (paths["task"] / "generation_config.json").write_text(json.dumps(resaved, indent=4))
+    seen = _counted(monkeypatch)
+    promote(exp, run_dir, progress=False)
+    assert seen == []  # same settings: both models kept
+    changed = settings | {"repetition_penalty": 1.05}
+    (paths["task"] / "generation_config.json").write_text(json.dumps(changed))
+    res = promote(exp, run_dir, progress=False)
+    assert len(seen) == 1  # the candidate's one shot group; the base decodes as before: kept
+    raw = json.loads((run_dir / "promotion" / "lm_eval" / cand / f"{TARGET}.json").read_text())
+    base_raw = json.loads((run_dir / "promotion" / "lm_eval" / "base" / f"{TARGET}.json").read_text())  # fmt: skip
+    assert raw["config"]["layerswap_promotion"]["decoding"] != base_raw["config"]["layerswap_promotion"]["decoding"]  # fmt: skip
+    assert res.best_model == cand

@@ -20,15 +20,19 @@ from pathlib import Path
 
 import torch
 
-from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.recipe import LayerSwapRecipe, Recipe
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.trainables.merge.assembly import build_assembly, primary_ref, recipe_refs
 from layerswap.trainables.merge.checkpoint import CheckpointError, find_weights
 from layerswap.trainables.merge.compose import compose, memory_mav_oracle
 from layerswap.trainables.merge.engine import all_finite
+from layerswap.trainables.merge.generation import (
+    decoding_source,
+    file_dir,
+    generation_config,
+    is_adapter,
+)
 from layerswap.trainables.merge.lora import (
-    CONFIG,
     is_lora_adapter,
     load_adapter,
     warn_adapter_base,
@@ -42,17 +46,7 @@ from layerswap.trainables.merge.lora_deltas import (
 )
 from layerswap.trainables.merge.ops import op_kind
 from layerswap.trainables.merge.terms import Linear
-from layerswap.trainables.storage import is_uri, join, local_copy
-
-GENERATION_CONFIG = "generation_config.json"
-
-
-def _cached_hub_folder(repo_id: str, name: str) -> str | None:
-    """The local snapshot folder holding a Hub repo's `name` if the cache has it (no network)."""
-    from huggingface_hub import try_to_load_from_cache  # lazy: only for Hub-id experts
-
-    found = try_to_load_from_cache(repo_id, name)
-    return str(Path(found).parent) if isinstance(found, str) else None
+from layerswap.trainables.storage import local_copy
 
 
 def _load_state(path: str) -> dict[str, torch.Tensor]:
@@ -147,13 +141,9 @@ class ExpertCache:
         8B model), or None for a full checkpoint. Read here even when a loader serves the folded
         states: the disk merge computes from the factors, so the live model does too."""
         if ref not in self.adapters:
-            # A local folder without adapter_config.json is a full checkpoint: a stat, so trial
-            # processes that a node store serves open none of a full expert's files.
-            probe = is_uri(ref) or Path(ref, CONFIG).exists()
-            lora = probe and is_lora_adapter(
-                ref
-            )  # reads adapter_config.json alone, even from a URI
-            adapter = load_adapter(local_copy(ref)) if lora else None
+            # A stat, or adapter_config.json alone (even from a URI): trial processes that a
+            # node store serves open none of a full expert's files (generation.is_adapter).
+            adapter = load_adapter(local_copy(ref)) if is_adapter(ref) else None
             if adapter is not None:  # folded into the search's base: said if another model
                 warn_adapter_base(self.base, adapter)
             self.adapters[ref] = adapter
@@ -182,14 +172,7 @@ class ExpertCache:
         if ref is None:
             return None
         if (ref, name) not in self._config_dirs:
-            if is_uri(ref):
-                try:
-                    found = str(local_copy(join(ref, name)).parent)
-                except FileNotFoundError:
-                    found = None
-            else:
-                found = ref if (Path(ref) / name).is_file() else None
-            self._config_dirs[ref, name] = found
+            self._config_dirs[ref, name] = file_dir(ref, name)
         return self._config_dirs[ref, name]
 
     def nbytes(self) -> int:
@@ -274,35 +257,16 @@ class LiveModel:
         return self.model
 
     def _decode_as(self, ref: str) -> None:
-        """Give the model the generation settings of the folder a disk merge of it would write:
-        `ref`'s generation_config.json (a LoRA adapter: its base's, as merge_lora_to_disk
-        copies), else those `ref`'s config.json implies (the one the merge copies, not the one
-        the model was built from). lm-eval's generate and the proxy's decoding rules
-        (trainables/evaluate/decoding.py) read them: Qwen2.5's repetition_penalty 1.05, extra
-        eos ids and max_new_tokens 2048 live only there."""
-        src = self.cache.base if self.cache.adapter(ref) else ref
+        """Give the model the generation settings of the folder a disk merge of it would write
+        (trainables/merge/generation.py: `ref`'s generation_config.json, a LoRA adapter's base's,
+        else those the config.json the merge copies implies). lm-eval's generate and the proxy's
+        decoding rules (trainables/evaluate/decoding.py) read them; promotion's kept results
+        and a resumed search compare their decoding_digest, of the same rule."""
+        src = decoding_source(ref, self.cache.base, adapter=self.cache.adapter(ref) is not None)
         if src == self._decoding_from:
             return
-        # lazy: as _build's transformers import
-        from transformers import AutoConfig, GenerationConfig
-
-        folder = self._side_dir(src, GENERATION_CONFIG)
-        if folder is not None:
-            generation = GenerationConfig.from_pretrained(folder)
-        else:
-            config_dir = self._side_dir(src, "config.json")
-            config = AutoConfig.from_pretrained(config_dir) if config_dir else self.model.config
-            generation = GenerationConfig.from_model_config(config)
-        self.model.generation_config = generation
+        self.model.generation_config = generation_config(src, self.cache.config_dir, self.model.config)  # fmt: skip
         self._decoding_from = src
-
-    def _side_dir(self, ref: str | None, name: str) -> str | None:
-        """A local folder holding `ref`'s file `name`: its own folder, a URI's local copy, or a
-        Hub id's cached snapshot (no network); None if there is none."""
-        folder = self.cache.config_dir(ref, name)
-        if folder is None and ref is not None and is_hub_id(ref):
-            folder = _cached_hub_folder(ref, name)
-        return folder
 
     def _like(self, refs: list[str]) -> str:
         """Where the model's config comes from: the first of `refs` with a config.json (its
