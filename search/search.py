@@ -23,7 +23,13 @@ from layerswap.search.optuna_tune import ErrorNotes
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.reconcile import NEVER_RAN, reconcile, requeue_lost
 from layerswap.search.results import TrialStore
-from layerswap.search.search_dir import check_search_dir, search_identity
+from layerswap.search.search_dir import (
+    check_decoding,
+    check_search_dir,
+    pool_decoding,
+    search_identity,
+    write_decoding,
+)
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
 from layerswap.search.trial import check_proxy_scales
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
@@ -79,7 +85,7 @@ def run_search(
     Args:
         experiment: the validated experiment.
         run_dir: RUN; writes RUN/search/{trials.parquet,study.db,experiment.json,splits_read.json,
-            model_ids.json}.
+            model_ids.json,decoding.json}.
         resume: continue an interrupted search (finished trials are kept, not repeated).
         progress: print one line per finished trial.
         verbose: also Ray's, Tune's and Optuna's own notices (see ray_session.tune_output).
@@ -96,6 +102,8 @@ def run_search(
     check_proxy_scales(exp)  # before anything is written: a wrong scale fails every trial
     check_search_dir(exp, sdir, store, db, resume)
     pool = resolve_pool(exp)
+    decoding = pool_decoding(pool)  # what its trials decode with: a --resume must not mix two
+    check_decoding(sdir, decoding, resume)
     depth = model_depth(pool)
     # With a world its trials read RUN/search/tasks: RUN counts, as the search's lock there (the
     # CLI holds it; a direct call holds none, and RUN is then not checked).
@@ -109,6 +117,7 @@ def run_search(
     # Proxies spelled out: what this search optimised, whatever later defaults become.
     atomic_write_text(sdir / "experiment.json", exp.explicit().model_dump_json(indent=1))
     atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
+    write_decoding(sdir, decoding)
     spec = TrialSpec(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth,
         node_inputs=tuple(described(inputs)),  # each trial's node checks too (a later one)

@@ -1,19 +1,27 @@
 """What RUN/search holds and whether an experiment may start or resume it: the search's identity
-(`search_identity`) and the refusals a search checks before Ray starts or anything is written
-(`check_search_dir`).
+(`search_identity`), the refusals a search checks before Ray starts or anything is written
+(`check_search_dir`), and the decoding its experts gave its trials (`pool_decoding`,
+`check_decoding`, RUN/search/decoding.json).
 Tests: .venv/bin/python -m pytest -q tests/search/test_preflight_study.py tests/cli/test_bad_input_resume.py
+tests/search/test_search_decoding.py
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from layerswap.search.preflight_study import study_problem
 from layerswap.search.results import PROXY_PREFIX, TrialStore
 from layerswap.spaces.search_experiment import SearchExperiment, SearchSettings
+from layerswap.spaces.search_space import ExpertPool
+from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.merge.generation import decoding_digest
 from layerswap.trainables.outputs import OutputError, check_output
+
+DECODING = "decoding.json"  # RUN/search/decoding.json: each pool checkpoint's decoding digest
 
 
 def search_identity(exp: SearchExperiment) -> str:
@@ -103,3 +111,62 @@ def _saved_experiment(saved: Path) -> SearchExperiment:
     if isinstance(fidelity, dict) and "policy" not in fidelity:
         fidelity["policy"] = "screen" if fidelity.get("screen") is not None else "none"
     return SearchExperiment.model_validate(data)
+
+
+def pool_decoding(pool: ExpertPool) -> dict[str, str]:
+    """Each checkpoint of the pool (the base, then the task and language experts) -> the digest
+    of the generation settings a trial built on it decodes with (trainables/merge/generation.py:
+    a recipe decodes as its primary checkpoint, a LoRA adapter as the base).
+
+    A checkpoint whose settings cannot be read gets "unreadable: ..." (its trials fail on their
+    own, as a broken expert's do), so a later change is still seen.
+    """
+    refs = [r for r in (pool.base, *(e.path for e in (*pool.task, *pool.language))) if r]
+    out = {}
+    for ref in dict.fromkeys(refs):
+        try:
+            out[ref] = decoding_digest(ref, pool.base)
+        except Exception as e:  # a corrupt generation_config.json: every trial on it fails
+            out[ref] = f"unreadable: {type(e).__name__}"
+    return out
+
+
+def check_decoding(sdir: Path, now: dict[str, str], resume: bool) -> None:
+    """Refuse to resume a search one of whose checkpoints now decodes otherwise (reads only).
+
+    Trials score the live model, which decodes with its recipe's primary checkpoint's generation
+    settings: rows scored before and after a changed generation_config.json are not comparable,
+    in the trials table nor in the Optuna study, as with a changed experiment. A run folder
+    saved without RUN/search/decoding.json (before it was recorded) is resumed with one line on
+    stderr saying so.
+
+    Args:
+        sdir: RUN/search.
+        now: `pool_decoding` of the pool the search resumes with.
+        resume: --resume (or --continue); a new search checks nothing.
+    Raises:
+        OutputError naming the checkpoint and both digests.
+    """
+    saved = sdir / DECODING
+    if not resume or not (sdir / "experiment.json").exists():
+        return
+    try:
+        before = json.loads(saved.read_text())["decoding"]
+    except FileNotFoundError:
+        print(f"layerswap: {saved} missing (a search started before it was recorded): the experts' decoding could not be compared with its earlier trials'", file=sys.stderr)  # fmt: skip
+        return
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OutputError(f"--resume: {saved}: unreadable ({e}); start a new search (--out) or --overwrite") from e  # fmt: skip
+    changed = [(ref, before[ref], now[ref]) for ref in now if ref in before and before[ref] != now[ref]]  # fmt: skip
+    if changed:
+        said = "; ".join(f"{ref}: decoding {a} when the search started, {b} now" for ref, a, b in changed)  # fmt: skip
+        raise OutputError(
+            f"--resume: the generation settings (generation_config.json, else config.json) of "
+            f"{said} ({saved}): its earlier trials decoded otherwise; put the old settings back, "
+            "or start a new search (--out) or --overwrite"
+        )
+
+
+def write_decoding(sdir: Path, now: dict[str, str]) -> None:
+    """Record `pool_decoding` in RUN/search/decoding.json (atomically), for a later --resume."""
+    atomic_write_text(sdir / DECODING, json.dumps({"format": 1, "decoding": now}, indent=1, sort_keys=True))  # fmt: skip

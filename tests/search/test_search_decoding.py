@@ -1,0 +1,75 @@
+"""A resumed search refuses to continue once a pool checkpoint's generation settings changed
+(its earlier trials decoded otherwise), naming the checkpoint and both digests, before Ray
+starts; a run folder saved before the record existed resumes with one line saying so
+(search/search_dir.py: pool_decoding, check_decoding). Run:
+.venv/bin/python -m pytest -q tests/search/test_search_decoding.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from search_fixtures import experiment, make_experts
+
+from layerswap.search import search as search_mod
+from layerswap.search.pool import resolve_pool
+from layerswap.search.search_dir import (
+    DECODING,
+    check_decoding,
+    pool_decoding,
+    search_identity,
+    write_decoding,
+)
+from layerswap.trainables.outputs import OutputError, write_marker
+
+
+class RayWouldStart(Exception):
+    """Raised where the search would start Ray: every check before it has passed."""
+
+
+@pytest.fixture
+def started(tiny_world, tmp_path, monkeypatch):
+    """(experiment, RUN/search, experts) of a search that recorded its start, as run_search does."""
+    made = make_experts(tiny_world, tmp_path / "made")
+    paths = {k: Path(shutil.copytree(v, tmp_path / "experts" / k)) for k, v in made.items()}
+    exp = experiment(tiny_world, paths)
+    sdir = tmp_path / "run" / "search"
+    sdir.mkdir(parents=True)
+    write_marker(sdir, "search", search_identity(exp))
+    (sdir / "experiment.json").write_text(exp.explicit().model_dump_json(indent=1))
+    write_decoding(sdir, pool_decoding(resolve_pool(exp)))
+
+    def no_ray(*a, **kw):
+        raise RayWouldStart
+
+    monkeypatch.setattr(search_mod, "start_checked", no_ray)
+    return exp, sdir, paths
+
+
+def test_a_resume_after_an_expert_decodes_otherwise_is_refused_by_name(started):
+    exp, sdir, paths = started
+    with pytest.raises(RayWouldStart):  # unchanged: the checks pass
+        search_mod.run_search(exp, sdir.parent, resume=True, progress=False)
+    before = json.loads((sdir / DECODING).read_text())["decoding"][str(paths["language"])]
+    (paths["language"] / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2, "repetition_penalty": 1.05})
+    )
+    with pytest.raises(OutputError) as e:
+        search_mod.run_search(exp, sdir.parent, resume=True, progress=False)
+    now = pool_decoding(resolve_pool(exp))[str(paths["language"])]
+    assert now != before
+    said = str(e.value)
+    assert f"{paths['language']}: decoding {before} when the search started, {now} now" in said
+    assert str(paths["task"]) not in said  # the unchanged expert is not named
+
+
+def test_a_run_without_the_record_resumes_saying_it_could_not_compare(started, capsys):
+    exp, sdir, _ = started
+    (sdir / DECODING).unlink()
+    check_decoding(sdir, pool_decoding(resolve_pool(exp)), resume=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "decoding could not be compared" in err, err
+    check_decoding(sdir, {"x": "y"}, resume=False)  # a new search compares nothing
