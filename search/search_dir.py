@@ -113,25 +113,26 @@ def _saved_experiment(saved: Path) -> SearchExperiment:
     return SearchExperiment.model_validate(data)
 
 
-def pool_decoding(pool: ExpertPool) -> dict[str, str]:
+def pool_decoding(pool: ExpertPool) -> dict[str, str | None]:
     """Each checkpoint of the pool (the base, then the task and language experts) -> the digest
     of the generation settings a trial built on it decodes with (trainables/merge/generation.py:
     a recipe decodes as its primary checkpoint, a LoRA adapter as the base).
 
     A checkpoint whose settings cannot be read gets "unreadable: ..." (its trials fail on their
-    own, as a broken expert's do), so a later change is still seen.
+    own, as a broken expert's do), so a later change is still seen; one whose settings are not
+    here yet (a Hub id not in the cache) gets None: not compared.
     """
     refs = [r for r in (pool.base, *(e.path for e in (*pool.task, *pool.language))) if r]
     out = {}
     for ref in dict.fromkeys(refs):
         try:
-            out[ref] = decoding_digest(ref, pool.base)
+            out[ref] = decoding_digest(ref, pool.base, known_only=True)
         except Exception as e:  # a corrupt generation_config.json: every trial on it fails
             out[ref] = f"unreadable: {type(e).__name__}"
     return out
 
 
-def check_decoding(sdir: Path, now: dict[str, str], resume: bool) -> None:
+def check_decoding(sdir: Path, now: dict[str, str | None], resume: bool) -> None:
     """Refuse to resume a search one of whose checkpoints now decodes otherwise (reads only).
 
     Trials score the live model, which decodes with its recipe's primary checkpoint's generation
@@ -157,7 +158,10 @@ def check_decoding(sdir: Path, now: dict[str, str], resume: bool) -> None:
         return
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise OutputError(f"--resume: {saved}: unreadable ({e}); start a new search (--out) or --overwrite") from e  # fmt: skip
-    changed = [(ref, before[ref], now[ref]) for ref in now if ref in before and before[ref] != now[ref]]  # fmt: skip
+    unknown = [ref for ref in now if ref in before and None in (before[ref], now[ref])]
+    if unknown:  # a Hub id not in the cache when the search started, or now
+        print(f"layerswap: the decoding of {', '.join(unknown)} could not be compared with the search's start (its settings were not in the local cache then, or are not now)", file=sys.stderr)  # fmt: skip
+    changed = [(ref, before[ref], now[ref]) for ref in now if ref in before and ref not in unknown and before[ref] != now[ref]]  # fmt: skip
     if changed:
         said = "; ".join(f"{ref}: decoding {a} when the search started, {b} now" for ref, a, b in changed)  # fmt: skip
         raise OutputError(
@@ -167,6 +171,6 @@ def check_decoding(sdir: Path, now: dict[str, str], resume: bool) -> None:
         )
 
 
-def write_decoding(sdir: Path, now: dict[str, str]) -> None:
+def write_decoding(sdir: Path, now: dict[str, str | None]) -> None:
     """Record `pool_decoding` in RUN/search/decoding.json (atomically), for a later --resume."""
     atomic_write_text(sdir / DECODING, json.dumps({"format": 1, "decoding": now}, indent=1, sort_keys=True))  # fmt: skip

@@ -73,3 +73,17 @@ def test_a_run_without_the_record_resumes_saying_it_could_not_compare(started, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "decoding could not be compared" in err, err
     check_decoding(sdir, {"x": "y"}, resume=False)  # a new search compares nothing
+
+
+def test_a_checkpoint_not_in_the_cache_at_the_start_is_said_not_compared(tmp_path, capsys):
+    """A Hub id the first trial downloads had no settings here when the search started: its
+    digest then (None) is no change, and the line names it."""
+    sdir = tmp_path / "search"
+    sdir.mkdir()
+    (sdir / "experiment.json").write_text("{}")
+    write_decoding(sdir, {"org/base-8b": None, "/e/task": "aa"})
+    check_decoding(sdir, {"org/base-8b": "bb", "/e/task": "aa"}, resume=True)
+    err = capsys.readouterr().err
+    assert "org/base-8b could not be compared" in err and "/e/task" not in err, err
+    with pytest.raises(OutputError, match="/e/task: decoding aa when the search started, cc now"):
+        check_decoding(sdir, {"org/base-8b": "bb", "/e/task": "cc"}, resume=True)

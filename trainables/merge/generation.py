@@ -118,13 +118,19 @@ def settings_digest(generation) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def decoding_digest(ref: str, base: str | None = None) -> str:
+def decoding_digest(ref: str, base: str | None = None, *, known_only: bool = False) -> str | None:
     """The digest of the generation settings a model built from `ref` decodes with.
 
     Args:
         ref: a checkpoint reference (for a recipe: its primary_ref).
         base: the pool's base (a LoRA adapter decodes as it; its config.json is the last resort).
+        known_only: None instead of a fallback's digest when the checkpoint whose settings
+            count has neither generation_config.json nor config.json here (a Hub id not yet in
+            the cache: its first trial downloads it, and the digest would change under it).
     Returns:
-        16 hex digits (settings_digest).
+        16 hex digits (settings_digest), or None (known_only).
     """
-    return settings_digest(generation_config(decoding_source(ref, base), base=base))
+    src = decoding_source(ref, base)
+    if known_only and not (side_dir(src, GENERATION_CONFIG) or side_dir(src, "config.json")):
+        return None
+    return settings_digest(generation_config(src, base=base))

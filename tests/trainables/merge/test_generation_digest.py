@@ -46,3 +46,12 @@ def test_a_lora_adapter_decodes_as_its_base(tmp_path):
     (adapter / "generation_config.json").write_text(json.dumps({"max_new_tokens": 9}))
     assert decoding_digest(str(adapter), base) == decoding_digest(base)
     assert decoding_digest(str(adapter), base) != decoding_digest(str(adapter))  # no base: its own
+
+
+def test_a_hub_id_not_in_the_cache_has_no_known_digest(tmp_path):
+    """Never the network: a Hub id whose files the cache lacks decodes as the fallback (the
+    base's config.json) and, asked for what is known only, has no digest."""
+    base = _checkpoint(tmp_path / "base")
+    hub = "layerswap-tests/never-downloaded"
+    assert decoding_digest(hub, known_only=True) is None
+    assert decoding_digest(hub, base) == decoding_digest(base)
