@@ -130,19 +130,7 @@ def run_training(
     _check_scaling(exp, world)
     device = _resolve_device(exp, device)
     workdir = Path(workdir)
-    if rank == 0:  # before any checkpoint (which needs every rank's steps first)
-        # A SIGKILLed run's half-written checkpoint (a whole model each) goes. The caller is the
-        # run's one writer: `train --no-ray` holds the run's lock (run.train_expert), an in-trial
-        # sweep trial works for the sweep that holds its folder's (experts/sweep.py), and a Ray
-        # worker's workdir is a fresh temporary folder.
-        remove_left_temps(workdir / "checkpoints")
-    resume = Path(resume_from) if resume_from is not None else None
-    # Taken before the data is read, and compared before any weight loads: a checkpoint trained
-    # on other content of a dataset file is not continued (the driver refused it already; this
-    # covers Ray's own restore, `--resume CKPT` and the Python API).
-    fingerprint = data_fingerprint(exp)
-    if resume is not None and (problem := resume_data_problem(exp, read_manifest(resume), fingerprint)):  # fmt: skip
-        raise ValueError(f"{resume}: {problem}")
+    resume, fingerprint = _starting_point(exp, workdir, resume_from, rank)
     torch.manual_seed(h.seed)  # LoRA init and anything else drawn at set-up
     tok, model = _load(exp, resume)
     policy = resolve_precision(exp)  # from the base's config: a resumed run's weights may differ
@@ -181,6 +169,27 @@ def run_training(
         fingerprint=fingerprint,
     )
     return _train_steps(run, report)
+
+
+def _starting_point(exp: TrainExperiment, workdir: Path, resume_from, rank: int) -> tuple[Path | None, dict]:  # fmt: skip
+    """The checkpoint to resume (None: from scratch) and the data fingerprint of this run, after
+    clearing a killed run's half-written checkpoint (rank 0).
+
+    A SIGKILLed run's half-written checkpoint (a whole model each) goes before any checkpoint is
+    written. The caller is the run's one writer: `train --no-ray` holds the run's lock
+    (run.train_expert), an in-trial sweep trial works for the sweep that holds its folder's
+    (experts/sweep.py), and a Ray worker's workdir is a fresh temporary folder. The fingerprint
+    is taken before the data is read and compared before any weight loads: a checkpoint trained
+    on other content of a dataset file is not continued (the driver refused it already; this
+    covers Ray's own restore, `--resume CKPT` and the Python API).
+    """
+    if rank == 0:
+        remove_left_temps(workdir / "checkpoints")
+    resume = Path(resume_from) if resume_from is not None else None
+    fingerprint = data_fingerprint(exp)
+    if resume is not None and (problem := resume_data_problem(exp, read_manifest(resume), fingerprint)):  # fmt: skip
+        raise ValueError(f"{resume}: {problem}")
+    return resume, fingerprint
 
 
 def _train_steps(run: _Run, report) -> TrainResult:
