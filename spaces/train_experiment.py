@@ -323,7 +323,7 @@ def absolute_local_paths(exp: TrainExperiment, cwd: str | Path | None = None) ->
     sp = data["storage_path"]
     if not is_uri(sp) and not Path(sp).is_absolute():
         data["storage_path"] = str((root / sp).resolve())
-    return parse_train_experiment(data, source=exp.name)
+    return _keep_mode_defaults(exp, parse_train_experiment(data, source=exp.name))
 
 
 def with_overrides(exp: TrainExperiment, overrides: dict[str, object]) -> TrainExperiment:
@@ -339,7 +339,18 @@ def with_overrides(exp: TrainExperiment, overrides: dict[str, object]) -> TrainE
         if last not in node:
             raise ValueError(f"override {dotted!r}: no field {last!r}")
         node[last] = value
-    return parse_train_experiment(data, source=f"{exp.name} with {overrides}")
+    return _keep_mode_defaults(exp, parse_train_experiment(data, source=f"{exp.name} with {overrides}"))  # fmt: skip
+
+
+def _keep_mode_defaults(old: TrainExperiment, new: TrainExperiment) -> TrainExperiment:
+    """`new` (a full dump of `old` re-validated) with the mode's fields that `old` left to their
+    default and that kept their value marked unset again: a dump sets every field, and the run
+    start reads `mode.model_fields_set` to tell a chosen `sides` from the dataset-order default
+    (trainables/train/side_notes.py)."""
+    if type(old.mode) is type(new.mode):
+        kept = {f for f in new.mode.model_fields_set if f in old.mode.model_fields_set or getattr(new.mode, f) != getattr(old.mode, f)}  # fmt: skip
+        object.__setattr__(new.mode, "__pydantic_fields_set__", kept)
+    return new
 
 
 def experiment_identity(exp: TrainExperiment | dict) -> str:

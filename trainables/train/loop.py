@@ -40,6 +40,7 @@ from layerswap.trainables.train.run_setup import (
     _resolve_device,
     _restore,
 )
+from layerswap.trainables.train.side_notes import side_notes
 from layerswap.trainables.train.state import (
     checkpoints_up_to,
     keep_resume_state_of_newest,
@@ -120,8 +121,9 @@ def run_training(
             progress line prints (trainables/train/progress.py).
         device: default cuda:$LOCAL_RANK when scaling.use_gpu and CUDA is there, else cpu.
         say: how rank 0 tells the user a line about the run before it trains (rows cut to
-            seq_len, unequal simultaneous streams); None: print it. A Ray worker's stdout is
-            nobody's: it sends them to the driver (trainables/train/ray_progress.py).
+            seq_len, unequal simultaneous streams, a partition's sides and data); None: print
+            it. A Ray worker's stdout is nobody's: it sends them to the driver
+            (trainables/train/ray_progress.py).
     Returns:
         TrainResult.
     """
@@ -138,7 +140,8 @@ def run_training(
     total = total_steps(exp, data)
     if rank == 0:
         note = passes_note(exp, data, total)
-        for line in seq_len_notes(exp, data) + ([note] if note is not None else []):
+        notes = side_notes(exp, model.config.num_hidden_layers) + seq_len_notes(exp, data)
+        for line in notes + ([note] if note is not None else []):
             say(line) if say is not None else print(line, flush=True)
     strategy = pick(exp, world)
     prep = _prepare_model(model, exp, device, policy, strategy)
