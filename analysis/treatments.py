@@ -28,6 +28,7 @@ from layerswap.analysis.load import (
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Section, absent
+from layerswap.search.leaderboard import merged_baseline
 from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"
@@ -98,8 +99,11 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                 elif "revert" in model:
                     continue  # the revert table's
                 else:
-                    # math_expert_2, language_expert_3: further experts of the pool
+                    # math_expert_2, language_expert_3: further experts of the pool;
+                    # soup_uniform_t2_l1: a merged baseline's further pairs (its cell is the
+                    # mean over pairs, the paper's "avg of 9 pairs", n shown)
                     key = re.sub(r"^(math_expert|language_expert)_\d+$", r"\1", model)
+                    key = merged_baseline(key) or key
                     treat, mode = BASELINE_ROWS.get(key, model), "full"
                 if treat == "base model":
                     mode = "base"

@@ -1,13 +1,36 @@
-"""The promotion leaderboard: RUN/leaderboard.md, one row per evaluated model, best first, and
-every model whose evaluation failed with the reason.
+"""The promotion leaderboard: RUN/leaderboard.md, one row per evaluated model, best first, every
+model whose evaluation failed with the reason, and each merged baseline's best pair and mean over
+the pool's (task, language) pairs (the ICLR paper's "best config, 9 pairs" and mean).
 
 Written by search/promote.py; tests: tests/search/test_promote.py.
 """
 
 from __future__ import annotations
 
+import math
+import re
+
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.task_families import heldout_task
+
+# The merged baselines: built from one (task, language) expert pair each (search/promote.py).
+MERGED_BASELINES = ("soup_uniform", "soup_magnitude", "ties", "paper_default")
+_PAIRED = re.compile(rf"^({'|'.join(MERGED_BASELINES)})_t(\d+)_l(\d+)$")
+
+
+def pair_name(baseline: str, task_index: int, language_index: int) -> str:
+    """The model name of a merged baseline built from the pool's task expert `task_index` and
+    language expert `language_index` (0-based; named 1-based, as math_expert_2 is the second)."""
+    return f"{baseline}_t{task_index + 1}_l{language_index + 1}"
+
+
+def merged_baseline(model: str) -> str | None:
+    """The merged baseline a promoted model's name is ("soup_uniform" for soup_uniform and
+    soup_uniform_t2_l3), or None for any other model."""
+    m = _PAIRED.match(model)
+    if m:
+        return m.group(1)
+    return model if model in MERGED_BASELINES else None
 
 
 def leaderboard(
@@ -17,6 +40,7 @@ def leaderboard(
     best: str | None,
     cands: dict,
     failed: dict[str, str] | None = None,
+    pairs: dict[str, str] | None = None,
 ) -> str:
     """Markdown: model, kind, recipe id, proxy dev scores, proxy test scores, target test score.
 
@@ -27,6 +51,10 @@ def leaderboard(
         best: the selected model's name, if any.
         cands: {name: trials.parquet row} of the candidates.
         failed: {model: why its evaluation failed}.
+        pairs: {"t1": task expert path, "l1": language expert path, ...} naming the experts the
+            merged baselines' pair names refer to (None or {}: no legend).
+    Returns:
+        The leaderboard's markdown.
     """
     failed = failed or {}
     proxies = [p.task for p in exp.proxy_list]
@@ -61,10 +89,43 @@ def leaderboard(
         cells += [f"{scores.get((name, heldout_task(t)), float('nan')):.4f}" for t in proxies]
         cells += [f"{scores.get((name, exp.target_task), float('nan')):.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _pair_summary(exp, models, scores, failed, pairs or {})
     if failed:
         lines += ["", "Failed evaluations (no scores):", ""]
         lines += [f"- {name}: {why}" for name, why in failed.items()]
     return "\n".join(lines) + "\n"
+
+
+def _pair_summary(exp, models: list, scores: dict, failed: dict, pairs: dict) -> list[str]:
+    """Per merged baseline evaluated on more than one expert pair: the pairs, the best pair and
+    the mean over the pairs on the target (the ICLR paper's Table 1/2 aggregates); [] else."""
+    groups: dict[str, list[str]] = {}
+    for name, _kind, _rid, _ in models:
+        fam = merged_baseline(name)
+        if fam is not None and name != fam:
+            groups.setdefault(fam, []).append(name)
+    if not groups:
+        return []
+    out = [
+        "",
+        f"Merged baselines over the pool's expert pairs (`{exp.target_task}`, test; a failed "
+        "pair is left out and counted):",
+        "",
+        "| baseline | pairs scored | mean over pairs | best pair | best pair's score |",
+        "|---|---|---|---|---|",
+    ]
+    for fam, names in groups.items():
+        got = {n: scores[(n, exp.target_task)] for n in names if (n, exp.target_task) in scores}
+        got = {n: v for n, v in got.items() if n not in failed and not math.isnan(v)}
+        if not got:
+            out.append(f"| {fam} | 0 of {len(names)} | nan | | nan |")
+            continue
+        best = max(got, key=lambda n: (got[n], -names.index(n)))
+        mean = sum(got.values()) / len(got)
+        out.append(f"| {fam} | {len(got)} of {len(names)} | {mean:.4f} | {best} | {got[best]:.4f} |")  # fmt: skip
+    if pairs:
+        out += ["", "Pairs: " + "; ".join(f"{k} = `{v}`" for k, v in pairs.items())]
+    return out
 
 
 def _objective_legend(exp) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from layerswap.search.leaderboard import leaderboard
+from layerswap.search.leaderboard import MERGED_BASELINES, leaderboard, pair_name
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.promote_best import write_best
 from layerswap.search.promote_eval import Evaluation, Setup, evaluate_models
@@ -53,9 +53,47 @@ class Promotion:
     rows: list[dict] = field(default_factory=list)
 
 
+# Magnitude weights and TIES need the base the experts share: without one they are not built.
+_NEED_BASE = ("soup_magnitude", "ties")
+
+
+def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, str, str]]:
+    """The (task, language) expert pairs the merged baselines are built from.
+
+    Every pair of the pool (`promote.baseline_pairs: all`, the ICLR paper's "9 pairs"), or its
+    first task and first language expert (`first`). Names carry the pair (soup_uniform_t2_l1)
+    whenever the pool has more than one pair, so a row says which experts it merged.
+
+    Returns:
+        [(name suffix, task expert path, language expert path)]; the suffix is "" for a pool of
+        one pair.
+    """
+    if len(pool.task) * len(pool.language) == 1:
+        return [("", pool.task[0].path, pool.language[0].path)]
+    every = [(i, j) for i in range(len(pool.task)) for j in range(len(pool.language))]
+    chosen = every if exp.promote.baseline_pairs == "all" else every[:1]
+    return [(pair_name("", i, j), pool.task[i].path, pool.language[j].path) for i, j in chosen]
+
+
+def pair_legend(pool: ExpertPool) -> dict[str, str]:
+    """{"t1": task expert path, "l1": ...}: what the merged baselines' pair names refer to
+    ({} for a pool of one pair, whose baselines carry no pair in their names)."""
+    if len(pool.task) * len(pool.language) == 1:
+        return {}
+    legend = {f"t{i + 1}": r.path for i, r in enumerate(pool.task)}
+    return legend | {f"l{j + 1}": r.path for j, r in enumerate(pool.language)}
+
+
 def baselines(exp: SearchExperiment, pool: ExpertPool, depth: int) -> list[tuple[str, object]]:
-    """(model name, checkpoint path or recipe) for every configured baseline."""
-    t0, l0 = pool.task[0].path, pool.language[0].path
+    """(model name, checkpoint path or recipe) for every configured baseline.
+
+    Args:
+        exp: the search experiment (its `promote.baselines`, `baseline_pairs`, `ties_density`).
+        pool: the search's expert pool.
+        depth: the experts' number of layers (the paper default's zones scale with it).
+    Returns:
+        The base, each expert, then each merged baseline once per expert pair (baseline_pairs).
+    """
     out: list[tuple[str, object]] = []
     want = exp.promote.baselines
     if "base" in want and pool.base is not None:
@@ -64,40 +102,33 @@ def baselines(exp: SearchExperiment, pool: ExpertPool, depth: int) -> list[tuple
         for side, refs in (("math_expert", pool.task), ("language_expert", pool.language)):
             for i, r in enumerate(refs):
                 out.append((side if i == 0 else f"{side}_{i + 1}", r.path))
-    if "soup_uniform" in want:
-        out.append(("soup_uniform", SoupRecipe(method="soup", models=[t0, l0])))
-    if "soup_magnitude" in want and pool.base is not None:
-        out.append(
-            (
-                "soup_magnitude",
-                SoupRecipe(method="soup", models=[t0, l0], weights="magnitude", base=pool.base),
-            )
-        )
-    if "ties" in want and pool.base is not None:
-        out.append(
-            (
-                "ties",
-                TiesRecipe(
-                    method="ties", base=pool.base, models=[t0, l0], density=exp.promote.ties_density
-                ),
-            )
-        )
-    if "paper_default" in want:
-        z = paper_default(depth)
-        out.append(
-            (
-                "paper_default",
-                LayerSwapRecipe(
-                    method="layer_swap",
-                    task_expert=t0,
-                    language_expert=l0,
-                    base=pool.base,
-                    bottom=z.bottom,
-                    top=z.top,
-                ),
-            )
-        )
+    pairs = baseline_pairs(exp, pool)
+    for name in MERGED_BASELINES:
+        if name not in want or (name in _NEED_BASE and pool.base is None):
+            continue
+        out += [(name + sfx, _merged(name, exp, pool, depth, t, lang)) for sfx, t, lang in pairs]
     return out
+
+
+def _merged(name: str, exp: SearchExperiment, pool: ExpertPool, depth: int, t: str, lang: str):
+    """The recipe of merged baseline `name` over task expert `t` and language expert `lang`."""
+    if name == "soup_uniform":
+        return SoupRecipe(method="soup", models=[t, lang])
+    if name == "soup_magnitude":
+        return SoupRecipe(method="soup", models=[t, lang], weights="magnitude", base=pool.base)
+    if name == "ties":
+        return TiesRecipe(
+            method="ties", base=pool.base, models=[t, lang], density=exp.promote.ties_density
+        )
+    z = paper_default(depth)
+    return LayerSwapRecipe(
+        method="layer_swap",
+        task_expert=t,
+        language_expert=lang,
+        base=pool.base,
+        bottom=z.bottom,
+        top=z.top,
+    )
 
 
 def _select(exp: SearchExperiment, cands: list[tuple[str, dict]], scores: dict) -> str | None:
@@ -227,7 +258,16 @@ def _write_results(
     board = run_dir / "leaderboard.md"
     claim_sibling(run_dir / "search", board.name)
     atomic_write_text(
-        board, leaderboard(exp, setup.models, ev.scores, best, dict(setup.cands), ev.failed)
+        board,
+        leaderboard(
+            exp,
+            setup.models,
+            ev.scores,
+            best,
+            dict(setup.cands),
+            ev.failed,
+            pair_legend(setup.pool),
+        ),
     )
     if len(ev.failed) == len(setup.models):
         why = "; ".join(f"{n}: {r}" for n, r in ev.failed.items())

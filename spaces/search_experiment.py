@@ -239,6 +239,10 @@ class PromoteSettings(StrictModel):
     """Few-shot examples for the target task (None: the task's own default)."""
     baselines: list[Baseline] = Field(default_factory=lambda: list(BASELINES))
     """Reference models evaluated beside the recipes."""
+    baseline_pairs: Literal["all", "first"] = "all"
+    """Expert pairs the merged baselines (soups, TIES, paper default) are built from: "all" (every
+    task x language pair of the pool, as the ICLR paper's "best config, 9 pairs"; the leaderboard
+    gives each one's best pair and mean) or "first" (the first task and language expert only)."""
     ties_density: float = Field(0.2, gt=0, le=1)
     """TIES density of the "ties" baseline."""
     select_by: Literal["proxy", "target"] = "proxy"

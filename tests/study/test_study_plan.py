@@ -187,17 +187,18 @@ def test_search_counts_and_hours(plan):
 
 def test_promotion_counts_and_hours(plan):
     r = _row(plan, "promotion")
-    # top 2 + base, 3 experts, uniform and magnitude soups, TIES, paper default = 2 + 8
+    # top 2 + base, 3 experts, and uniform and magnitude soups, TIES, paper default on each of
+    # the 2 expert pairs (t1+l1, t2+l1: promote.baseline_pairs "all") = 2 + 12
     assert r.counts == {
-        "models": 10,
-        "baselines": 8,
+        "models": 14,
+        "baselines": 12,
         "tasks": 3,
-        "evaluations": 30,
+        "evaluations": 42,
         "items/model": 30,
     }
     mgsm = 10 * 20 * fwd(20) / 1e6 + 2 * 4 * (WEIGHT_BYTES / 1e3 + 0.5)  # batch 5: 2 batches
     bele = 10 * 4 * 62 * fwd(62) / 1e6  # lm-eval: a row per option, 1 shot: 60 + 2 tokens
-    assert r.hours == pytest.approx(10 * (2 * mgsm + bele + WEIGHT_BYTES / 1e3) / 3600)
+    assert r.hours == pytest.approx(14 * (2 * mgsm + bele + WEIGHT_BYTES / 1e3) / 3600)
     assert "mgsm_direct_sw, mgsm_direct_en, belebele_swh_Latn" in r.where
 
 
