@@ -205,6 +205,23 @@ class LayerSwapRecipe(_RecipeBase):
         return data
 
     @model_validator(mode="after")
+    def _transitions_used(self) -> LayerSwapRecipe:
+        # Both components with their own spec: the layer-level zones merge nothing, yet are
+        # stored and hashed; a transition there (partition A + bottom_transition: 2) would claim
+        # a swap not made, unless they repeat a component's (the search's form: the MLP's).
+        # bottom/top stay unchecked: training partitions build recipes with any.
+        if self.attention is None or self.mlp is None or self.zones in (self.attention, self.mlp):
+            return self
+        for name in ("bottom_transition", "top_transition"):
+            if value := getattr(self, name):
+                raise ValueError(
+                    f"{name} {value} is used by no component: attention and mlp both have their "
+                    "own spec (a partition such as A sets both); give the transition in mlp or "
+                    "attention (with a partition: write out its keys instead of `partition:`)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _magnitude_needs_base(self) -> LayerSwapRecipe:
         needs = self.transition_weights == "magnitude" or any(
             isinstance(e, ExpertSoup) and e.weights == "magnitude"

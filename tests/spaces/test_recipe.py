@@ -38,6 +38,10 @@ EXAMPLES = {
     "layer_swap": SWAP,
     "layer_swap_full": {
         **SWAP,
+        # both components have their own spec: the layer-level zones repeat the MLP's
+        "bottom": 2,
+        "top": 1,
+        "top_transition": 0,
         "attention": "language",
         "mlp": {"bottom": 2, "top": 1, "bottom_transition": 1},
         "transition_weights": {"task": 3.0, "language": 1.0},

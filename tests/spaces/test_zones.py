@@ -79,9 +79,9 @@ def test_check_fits_names_fields_and_depth():
 
 def test_layer_map_applies_component_overrides():
     r = _swap(
-        bottom=2,
-        top=1,
-        bottom_transition=1,
+        bottom=3,
+        top=2,
+        top_transition=1,
         attention="task",
         mlp={"bottom": 3, "top": 2, "top_transition": 1},
     )
