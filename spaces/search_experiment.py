@@ -77,7 +77,8 @@ class Proxy(StrictModel):
     worst: float = Field(0.0, allow_inf_nan=False)
     """The other end of the per-item range (bounds early rejection, `search.fidelity`)."""
     num_fewshot: int = Field(0, ge=0)
-    """In-context examples in each prompt (lm-eval num_fewshot)."""
+    """In-context examples in each prompt (lm-eval num_fewshot). Default 0-shot; the papers:
+    MGSM 8-shot (ICLR) or 2-shot (follow-up), Belebele 5-shot (ICLR)."""
 
     @model_validator(mode="after")
     def _scale(self) -> Proxy:
@@ -236,7 +237,8 @@ class PromoteSettings(StrictModel):
     """Where models are evaluated: "auto" (the GPU when there is one), "cpu" or "cuda"."""
     # 0 like the proxies' default, so target and proxies share one lm-eval run per model.
     num_fewshot: int | None = Field(0, ge=0)
-    """Few-shot examples for the target task (None: the task's own default)."""
+    """Few-shot examples for the target task (None: the task's own default). Default 0-shot;
+    the papers report MGSM 8-shot (ICLR) or 2-shot (follow-up)."""
     baselines: list[Baseline] = Field(default_factory=lambda: list(BASELINES))
     """Reference models evaluated beside the recipes."""
     baseline_pairs: Literal["all", "first"] = "all"

@@ -103,7 +103,8 @@ class SweepConfig(StrictModel):
     limit: int | None = Field(None, ge=1)
     """First N items of each indicator task (None: all)."""
     num_fewshot: int = Field(0, ge=0)
-    """Few-shot examples in indicator prompts."""
+    """Few-shot examples in indicator prompts. Default 0-shot; the papers: MGSM 8-shot (ICLR)
+    or 2-shot (follow-up), Belebele 5-shot (ICLR)."""
     max_gen_toks: int = Field(256, ge=1, le=MAX_GEN_TOKS)
     """Generation budget (tokens) of generate_until indicators such as MGSM."""
     backend: Literal["proxy", "lm_eval"] = "proxy"

@@ -104,7 +104,8 @@ class SimultaneousMode(StrictModel):
     k: int = Field(1, ge=1)
     """Steps on one dataset before switching to the other."""
     sides: tuple[Side, Side] = ("task", "language")
-    """The side each of the two datasets trains, in dataset order."""
+    """The side each of the two datasets trains, in dataset order (default: the first trains the
+    task side; the run warns when the datasets' own labels say the reverse)."""
     lora: LoraSpec | None = None
     """Train LoRA adapters on each side's projections instead of its full weights."""
 
