@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from layerswap.experts.registry import COLUMNS
@@ -21,6 +21,7 @@ from layerswap.spaces.search_space import ExpertPool, ExpertRef
 from layerswap.spaces.task_families import INDICATOR_PREFIX, family, held_out_reason
 from layerswap.trainables.atomic import read_parquet
 from layerswap.trainables.evaluate.tasks import write_world_tasks
+from layerswap.trainables.merge.adapter_kind import expert_kind
 from layerswap.trainables.storage import join, read_text
 
 # The registry columns the pool reads (their types: experts/registry.py COLUMNS, which writes them).
@@ -36,10 +37,7 @@ def resolve_pool(exp: SearchExperiment) -> ExpertPool:
         ValueError naming the registry file and every problem found in it.
     """
     if exp.experts is None:
-        return ExpertPool.from_paths(exp.task_experts, exp.language_experts, exp.base)
-    # lazy: torch (~3 s); the preflight, which must not load it, imports this module
-    from layerswap.trainables.merge.lora import is_lora_adapter
-
+        return explicit_pool(exp.task_experts, exp.language_experts, exp.base)
     rows, problems = registry_problems(exp.experts.registry)
     picks: dict[str, list[dict[str, Any]]] = {}
     if not problems:
@@ -52,13 +50,44 @@ def resolve_pool(exp: SearchExperiment) -> ExpertPool:
             ExpertRef(
                 path=r["path"],
                 expert_id=r["expert_id"],
-                # partial/simultaneous/mix runs may write adapters too: ask the folder itself
-                kind="lora" if r["mode"] == "lora" or is_lora_adapter(r["path"]) else "full",
+                kind=expert_kind(r["path"], r["mode"]),
             )
             for r in picks[side]
         ]
 
     return ExpertPool(task=refs("task"), language=refs("language"), base=pool_base(exp, rows))
+
+
+def explicit_pool(task: list[str], language: list[str], base: str | None = None) -> ExpertPool:
+    """The pool of an experiment's explicit `task_experts` / `language_experts`.
+
+    Each expert is typed by its folder (expert_kind: the registry route's rule) and given an id
+    that is unique in the pool (explicit_ids), so trials.parquet tells its experts apart.
+    """
+    ids = explicit_ids([*task, *language])
+
+    def refs(paths: list[str]) -> list[ExpertRef]:
+        return [ExpertRef(path=p, expert_id=ids[p], kind=expert_kind(p)) for p in paths]
+
+    return ExpertPool(task=refs(task), language=refs(language), base=base)
+
+
+def explicit_ids(paths: list[str]) -> dict[str, str]:
+    """path -> id: the folder's name, or, where two different paths share it (every layerswap
+    checkpoint is checkpoints/samples_<n>), the shortest tail of folders that tells it apart
+    (math_lora/checkpoints/samples_000000096). The id depends on the path and on which other
+    paths share its name, nothing else; a path that is the tail of another is kept whole."""
+    distinct = list(dict.fromkeys(paths))
+    parts = {p: PurePosixPath(str(p).rstrip("/")).parts for p in distinct}
+    out: dict[str, str] = {}
+    for p in distinct:
+        out[p] = str(p)  # the path itself when no shorter tail is unique
+        for n in range(1, len(parts[p])):
+            tail = parts[p][-n:]
+            if all(q == p or parts[q][-n:] != tail for q in distinct):
+                out[p] = "/".join(tail)
+                break
+    return out
 
 
 def pool_base(exp: SearchExperiment, rows: list[dict[str, Any]]) -> str | None:
@@ -199,6 +228,7 @@ def _bases(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def model_depth(pool: ExpertPool) -> int:
+    """num_hidden_layers of the first full task expert, else of the base (LoRA experts only)."""
     like = next((r.path for r in pool.task if r.kind == "full"), pool.base)
     if like is None:
         raise ValueError("cannot tell the depth: LoRA experts need `base`")
@@ -208,6 +238,8 @@ def model_depth(pool: ExpertPool) -> int:
 
 
 def expert_id(pool: ExpertPool, ref) -> str:
+    """The id trials.parquet records for an expert (or soup) of the pool: its registry or
+    explicit id (explicit_ids); a pool.json written before explicit ids: the folder's name."""
     if isinstance(ref, ExpertSoup):
         return "soup(" + "+".join(expert_id(pool, r) for r in ref.soup) + ")"
     for r in (*pool.task, *pool.language):

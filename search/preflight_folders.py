@@ -18,15 +18,15 @@ from layerswap.search.pool import pool_base, registry_picks, registry_problems
 from layerswap.search.preflight_report import Preflight
 from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.search_experiment import SearchExperiment
+from layerswap.trainables.merge.adapter_kind import expert_kind, is_lora_adapter
 from layerswap.trainables.merge.arch import SUPPORTED_MODEL_TYPES, arch_differences
 from layerswap.trainables.merge.tokenizer_match import TokenizerMismatch, check_same_tokenizer
 from layerswap.trainables.storage import exists, is_uri
 
-# Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES} and lora.CONFIG: those
-# modules import torch, and the preflight must not (tests/search/test_preflight.py pins them).
+# Mirrors of trainables.merge.checkpoint.{WEIGHT_FILES,PICKLE_SUFFIXES}: that
+# module imports torch, and the preflight must not (tests/search/test_preflight.py pins them).
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-ADAPTER_CONFIG = "adapter_config.json"
 # AutoTokenizer needs one of these where the search loads it: the first task expert (search/trial.py).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -61,9 +61,9 @@ def check_folders(exp: SearchExperiment, out: Preflight) -> None:
 def _pool_folders(exp: SearchExperiment, out: Preflight) -> tuple[list[_Folder], _Folder | None]:
     """The folders search.pool.resolve_pool would hand the search, with the fields naming them."""
     if exp.experts is None:
-        # ExpertPool.from_paths records every explicit expert as a full checkpoint.
+        # search.pool.explicit_pool types each explicit expert by its folder, as below
         experts = [
-            _Folder(f"{name}[{i}]", p, side, "full")
+            _Folder(f"{name}[{i}]", p, side, expert_kind(p))
             for side, name in (("task", "task_experts"), ("language", "language_experts"))
             for i, p in enumerate(getattr(exp, name))
         ]
@@ -79,7 +79,7 @@ def _pool_folders(exp: SearchExperiment, out: Preflight) -> tuple[list[_Folder],
             f"experts.registry {reg}: {side} expert {r['expert_id']}",
             r["path"],
             side,
-            "lora" if r["mode"] == "lora" or _is_lora_adapter(Path(r["path"])) else "full",
+            expert_kind(r["path"], r["mode"]),
         )
         for side in ("task", "language")
         for r in picks.get(side, [])
@@ -87,14 +87,6 @@ def _pool_folders(exp: SearchExperiment, out: Preflight) -> tuple[list[_Folder],
     base = pool_base(exp, rows)
     label = "base" if exp.base else f"base (from experts.registry {reg})"
     return experts, _Folder(label, base, "base", "full") if base else None
-
-
-def _is_lora_adapter(path: Path) -> bool:
-    """layerswap.trainables.merge.lora.is_lora_adapter, without importing torch."""
-    try:
-        return json.loads((path / ADAPTER_CONFIG).read_text()).get("peft_type") == "LORA"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _weights_problem(root: Path) -> str | None:
@@ -142,7 +134,7 @@ def _inspect(f: _Folder, out: Preflight) -> None:
     if not p.is_dir():
         out.problems.append(f"{where}: a file, expected a checkpoint folder")
         return
-    f.exists, f.adapter = True, _is_lora_adapter(p)
+    f.exists, f.adapter = True, is_lora_adapter(p)
     if f.adapter and f.side == "base":
         out.problems.append(f"{where}: a LoRA adapter, expected a full checkpoint")
     bad = _weights_problem(p)
@@ -206,7 +198,8 @@ def _check_agreement(
 def _check_depth_source(
     exp: SearchExperiment, experts: list[_Folder], base: _Folder | None, out: Preflight
 ) -> None:
-    """layerswap.search.pool.model_depth reads num_hidden_layers of the first full task expert, else base."""
+    """layerswap.search.pool.model_depth reads num_hidden_layers of the first full task expert,
+    else of the base (a pool of LoRA task experts: their base, which _check_base_needed asks for)."""
     if exp.experts is not None and not any(f.side == "task" for f in experts):
         # The registry gave no task expert (missing, unreadable, none of this base: its problem
         # is said): the depth source is unknown, a full task expert of it would be one.
@@ -219,12 +212,6 @@ def _check_depth_source(
         out.problems.append(
             f"{where}: the search reads the depth from config.json in a local folder "
             f"(search.pool.model_depth); a Hub id is not one"
-        )
-    elif like.adapter:
-        out.problems.append(
-            f"{where}: a LoRA adapter, but explicit experts are taken as full checkpoints and the "
-            f"search reads the depth from its config.json: list a full task expert first, or "
-            f"give the experts through experts.registry"
         )
     elif like.config is not None:
         n = like.config.get("num_hidden_layers")

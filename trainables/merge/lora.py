@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from layerswap.spaces.base import is_hub_id, same_model
 from layerswap.spaces.recipe import ExpertSoup, LayerSwapRecipe, RecipeError, dump_recipe
 from layerswap.spaces.zones import layer_map, reverted
+from layerswap.trainables.merge.adapter_kind import CONFIG, is_lora_adapter
 from layerswap.trainables.merge.arch import check_model_type, num_layers, param_slot
 from layerswap.trainables.merge.assembly import recipe_refs
 from layerswap.trainables.merge.checkpoint import Checkpoint, CheckpointError, byte_view
@@ -45,7 +46,6 @@ from layerswap.trainables.model_ids import content_recipe_id, model_content_id
 from layerswap.trainables.outputs import check_output, output_dir
 from layerswap.trainables.storage import is_uri, join, read_text
 
-CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PEFT's key prefix; the rest is the module name in the base model
 _TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
@@ -58,15 +58,6 @@ _UNSUPPORTED = (
 ).split()
 # Initialisations that rewrite the base weights: such an adapter is a delta from a different base.
 _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
-
-
-def is_lora_adapter(path: str | Path) -> bool:
-    """Whether `path` (a folder or URI) is a PEFT LoRA adapter (adapter_config.json with
-    peft_type LORA)."""
-    try:
-        return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _pattern(patterns: dict | None, module: str, default):

@@ -1,0 +1,36 @@
+"""What kind of expert a checkpoint folder is: a PEFT LoRA adapter or full weights. No torch.
+
+The one rule the search's pool (explicit paths and registry rows alike), its preflight and the
+merge engine type experts by. Tests: .venv/bin/python -m pytest -q tests/search/test_pool_kinds.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from layerswap.trainables.storage import join, read_text
+
+CONFIG = "adapter_config.json"  # PEFT's adapter config, next to adapter_model.safetensors
+
+
+def is_lora_adapter(path: str | Path) -> bool:
+    """Whether `path` (a folder or URI) is a PEFT LoRA adapter (adapter_config.json with
+    peft_type LORA)."""
+    try:
+        return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def expert_kind(path: str | Path, mode: str | None = None) -> str:
+    """The expert format the search records for a checkpoint.
+
+    Args:
+        path: the checkpoint folder (or URI).
+        mode: its training mode from the expert registry, when it came from there (partial,
+            simultaneous and mix runs may write adapters too, so the folder is asked as well).
+    Returns:
+        "lora" for a LoRA run or an adapter folder, else "full".
+    """
+    return "lora" if mode == "lora" or is_lora_adapter(path) else "full"
