@@ -29,11 +29,14 @@ from layerswap.analysis.load import (
 )
 from layerswap.analysis.sections import Section, absent
 from layerswap.search.leaderboard import merged_baseline
+from layerswap.search.pool import expert_id
+from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"
 ROWS = ["base model", "math-only", "language-only", "data mixing", "simultaneous", "layer swap"]
 MODES = ["partial", "lora", "full"]  # the paper's column order (Partial, LoRA, Full SFT)
+POOL_JSON = "search/pool.json"  # the search's expert pool (search/search.py writes it)
 BASELINE_ROWS = {
     "base": "base model",
     "math_expert": "math-only",
@@ -205,17 +208,31 @@ def candidates_mean_row(run: RunData) -> str:
 
 
 def _layer_swap_modes(run: RunData) -> dict[str, str]:
-    """recipe_id -> the experts' mode (full/lora/partial) via trials and the registry."""
+    """recipe_id -> the experts' mode (full/lora/partial): the registry's training mode, else
+    the kind the search's pool recorded (RUN/search/pool.json: explicit experts have no registry
+    row); "full" where neither tells, or where the two experts differ."""
     trials, reg = trial_by_recipe(run), run.registry
-    if trials is None or reg is None or "mode" not in reg.columns:
+    if trials is None:
         return {}
-    modes = reg.drop_duplicates("expert_id").set_index("expert_id")["mode"].to_dict()
+    modes = _pool_kinds(run)
+    if reg is not None and {"expert_id", "mode"} <= set(reg.columns):
+        modes |= reg.drop_duplicates("expert_id").set_index("expert_id")["mode"].to_dict()
     out = {}
     for rid, tr in trials.iterrows():
         ms = {modes.get(tr.get("task_expert_id")), modes.get(tr.get("language_expert_id"))}
         ms.discard(None)
         out[rid] = ms.pop() if len(ms) == 1 and next(iter(ms)) in MODES else "full"
     return out
+
+
+def _pool_kinds(run: RunData) -> dict[str, str]:
+    """expert id (as trials.parquet records it) -> kind ("full"/"lora") from RUN/search/pool.json;
+    {} when the run has none or it does not read as a pool (an older schema)."""
+    try:
+        pool = ExpertPool.model_validate_json((run.root / POOL_JSON).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {expert_id(pool, r.path): r.kind for r in (*pool.task, *pool.language)}
 
 
 def _cell(g: pd.DataFrame) -> str:
