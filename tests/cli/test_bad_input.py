@@ -358,6 +358,25 @@ def merge__adapter_task_expert_with_a_full_language_expert(e: Env):
 
 
 @case()
+def merge__soup_over_lora_adapters(e: Env):
+    # soups and TIES of adapters are built in memory by the search only: refused in one line
+    task, lang = _fake_adapter(e, "lora_task"), _fake_adapter(e, "lora_lang")
+    r = e.yaml(
+        "soup.yaml", {"method": "soup", "models": [task, lang], "base": str(e.family["base"])}
+    )
+    return ["merge", r, "--out", e.at("m")], [f"soup over LoRA adapters ({task}) is not supported by `layerswap merge`", "merge_and_unload()"]  # fmt: skip
+
+
+@case()
+def merge__fold_of_ties_over_lora_adapters(e: Env):
+    task, lang = _fake_adapter(e, "lora_task"), _fake_adapter(e, "lora_lang")
+    r = e.yaml(
+        "ties.yaml", {"method": "ties", "models": [task, lang], "base": str(e.family["base"])}
+    )
+    return ["merge", r, "--out", e.at("m"), "--fold"], [f"ties over LoRA adapters ({task}) is not supported"]  # fmt: skip
+
+
+@case()
 def merge__recipe_not_a_mapping(e: Env):
     r = e.file("recipe.yaml", "- layer_swap\n- bottom: 2\n")
     return ["merge", r, "--out", e.at("m")], [f"{r}: expected a mapping with a `method` key"]

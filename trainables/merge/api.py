@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerswap.spaces.recipe import Recipe
+from layerswap.trainables.merge.assembly import recipe_refs
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.merge.engine import (
     DEFAULT_SHARD_BYTES,
@@ -33,6 +34,7 @@ def is_lora_recipe(recipe: Recipe) -> bool:
     """
     experts = {f: getattr(recipe, f, None) for f in ("task_expert", "language_expert")}
     if recipe.method != "layer_swap" or not all(isinstance(e, str) for e in experts.values()):
+        _refuse_adapters(recipe)
         return False
     paths = {f: resolve_ref(ref) for f, ref in experts.items()}
     lora = [f for f, path in paths.items() if is_lora_adapter(path)]
@@ -43,6 +45,24 @@ def is_lora_recipe(recipe: Recipe) -> bool:
             "both must be one kind"
         )
     return bool(lora)
+
+
+def _refuse_adapters(recipe: Recipe) -> None:
+    """Soups, TIES and soup experts over LoRA adapters: not built on disk (the search and
+    promotion compose them in memory only), so refused in one line saying what works.
+
+    Raises:
+        CheckpointError naming the method and the first adapter.
+    """
+    adapter = next((r for r in recipe_refs(recipe) if is_lora_adapter(r)), None)
+    if adapter is None:
+        return
+    what = "layer_swap with a soup expert" if recipe.method == "layer_swap" else recipe.method
+    raise CheckpointError(
+        f"{what} over LoRA adapters ({adapter}) is not supported by `layerswap merge`, which "
+        "merges adapters in layer_swap recipes of two adapter experts only; fold each adapter "
+        "into a full model first (PEFT's merge_and_unload()) and merge those"
+    )
 
 
 def merge(
