@@ -33,6 +33,16 @@ def merged_baseline(model: str) -> str | None:
     return model if model in MERGED_BASELINES else None
 
 
+# Merged baselines that `layerswap merge` does not build over LoRA adapters (trainables/merge/api.py
+# refuses all but layer swaps); promotion composes them in memory.
+ADAPTER_UNMERGEABLE = tuple(b for b in MERGED_BASELINES if b != "paper_default")
+LORA_NOTE = (
+    "The pool holds LoRA adapters: its soups and TIES were built in memory (the adapters' deltas "
+    "composed on the base) and `layerswap merge` does not rebuild them (it refuses soups and TIES "
+    "of adapters); fold the adapters into full models first (PEFT's merge_and_unload()) to write one."
+)
+
+
 def leaderboard(
     exp: SearchExperiment,
     models: list,
@@ -41,6 +51,7 @@ def leaderboard(
     cands: dict,
     failed: dict[str, str] | None = None,
     pairs: dict[str, str] | None = None,
+    lora: bool = False,
 ) -> str:
     """Markdown: model, kind, recipe id, proxy dev scores, proxy test scores, target test score.
 
@@ -53,6 +64,8 @@ def leaderboard(
         failed: {model: why its evaluation failed}.
         pairs: {"t1": task expert path, "l1": language expert path, ...} naming the experts the
             merged baselines' pair names refer to (None or {}: no legend).
+        lora: whether the pool holds LoRA adapters (a note says its soups and TIES are not
+            rebuilt by `layerswap merge`).
     Returns:
         The leaderboard's markdown.
     """
@@ -90,6 +103,8 @@ def leaderboard(
         cells += [f"{scores.get((name, exp.target_task), float('nan')):.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _pair_summary(exp, models, scores, failed, pairs or {})
+    if lora and any(merged_baseline(m[0]) in ADAPTER_UNMERGEABLE for m in models):
+        lines += ["", LORA_NOTE]
     if failed:
         lines += ["", "Failed evaluations (no scores):", ""]
         lines += [f"- {name}: {why}" for name, why in failed.items()]

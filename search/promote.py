@@ -267,6 +267,7 @@ def _write_results(
             dict(setup.cands),
             ev.failed,
             pair_legend(setup.pool),
+            lora=any(r.kind == "lora" for r in (*setup.pool.task, *setup.pool.language)),
         ),
     )
     if len(ev.failed) == len(setup.models):

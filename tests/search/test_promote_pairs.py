@@ -73,6 +73,13 @@ def test_leaderboard_gives_each_baseline_its_best_pair_and_mean():
     assert "t1 = `m1`; l1 = `l1`" in board
 
 
+def test_leaderboard_says_a_lora_pools_soups_are_not_rebuilt_by_merge():
+    exp = _exp(baselines=["soup_uniform"])
+    models = [("soup_uniform", "baseline", "rid", None)]
+    assert "`layerswap merge` does not rebuild them" in leaderboard(exp, models, {}, None, {}, lora=True)  # fmt: skip
+    assert "LoRA" not in leaderboard(exp, models, {}, None, {})  # a pool of full checkpoints
+
+
 def test_analyze_counts_every_pair_under_its_baselines_row(tmp_path):
     target = "world_mgsm_direct_xa"
     rows = [
