@@ -343,7 +343,7 @@ def test_experts_of_another_vocabulary_are_refused_before_the_search(tiny_world,
 
 def test_torch_free_mirrors_agree_with_the_engine(paths, tmp_path):
     from layerswap.search import preflight_folders as pf
-    from layerswap.trainables.merge import checkpoint, lora
+    from layerswap.trainables.merge import checkpoint
 
     assert pf.WEIGHT_FILES == checkpoint.WEIGHT_FILES
     assert pf.PICKLE_SUFFIXES == checkpoint.PICKLE_SUFFIXES
