@@ -49,7 +49,7 @@ def uncached_problem(exp: SearchExperiment, promote: bool = True) -> str | None:
     Args:
         exp: the validated search experiment (its world and include_path already checked).
         promote: the promotion runs too (its held-out and target tasks are checked, by their
-            declared splits: `test_data_problems`).
+            declared splits: `split_data_problems`).
     Returns:
         one line naming each task whose data is not in the local cache, and how to get it, and a
         line for each promotion task whose split is missing; the config's refusal on a line
@@ -67,7 +67,7 @@ def uncached_problem(exp: SearchExperiment, promote: bool = True) -> str | None:
         # One index of every task for both checks: lm-eval's built-ins take seconds to index.
         tm = task_manager([*proxies, *held_out], paths or None)
         missing = uncached_tasks(proxies, manager=tm)  # dev splits: built as lm-eval builds them
-        lines = test_data_problems(held_out, paths, missing, tm.task_index) if held_out else []
+        lines = split_data_problems(held_out, paths, missing, tm.task_index) if held_out else []
     if missing:  # in the order the search reads them: target, held-out splits, proxies
         order = {t: i for i, t in enumerate(searched_tasks(exp, promote))}
         missing = dict(sorted(missing.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -78,7 +78,7 @@ def uncached_problem(exp: SearchExperiment, promote: bool = True) -> str | None:
     return "\n  ".join(lines if refused is None else [refused, *lines])
 
 
-def test_data_problems(tasks: list[str], include_path: list[str], missing: dict[str, str], index: dict | None = None) -> list[str]:  # fmt: skip
+def split_data_problems(tasks: list[str], include_path: list[str], missing: dict[str, str], index: dict | None = None) -> list[str]:  # fmt: skip
     """Check that each task's data is there without reading any row of it: each single task of
     `tasks` (a group's or tag's members too) must name a dataset `datasets` resolves offline (a
     local data file that exists; a Hub dataset in the local cache) that declares the split the

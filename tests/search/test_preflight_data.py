@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from layerswap.search.preflight_data import searched_tasks, test_data_problems, uncached_problem
+from layerswap.search.preflight_data import searched_tasks, split_data_problems, uncached_problem
 from tests.search.search_fixtures import experiment, make_experts
 
 
@@ -142,4 +142,4 @@ def test_dataset_kwargs_only_load_dataset_takes_are_accepted(tmp_path):
     task |= {"output_type": "generate_until", "doc_to_text": "{{q}}", "doc_to_target": "{{a}}"}
     task |= {"metric_list": [{"metric": "exact_match"}]}
     (tasks / "vm.yaml").write_text(yaml.safe_dump(task))
-    assert test_data_problems(["vm_task"], [str(tasks)], {}) == []
+    assert split_data_problems(["vm_task"], [str(tasks)], {}) == []
