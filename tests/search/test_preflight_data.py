@@ -61,10 +61,8 @@ def test_uncached_target_fails_the_search_before_it_runs(tiny_world, expert_pair
     assert took < 120, took
 
 
-_TASK = """task: {name}
-dataset_path: layerswap-test/not-a-dataset
-dataset_name: sw
-test_split: test
+# What every test task here scores (the dataset lines differ; braces doubled for .format).
+_SCORED = """test_split: test
 output_type: generate_until
 doc_to_text: "{{{{q}}}}"
 doc_to_target: "{{{{a}}}}"
@@ -72,6 +70,13 @@ metric_list:
   - metric: exact_match
     higher_is_better: true
 """
+_TASK = (
+    """task: {name}
+dataset_path: layerswap-test/not-a-dataset
+dataset_name: sw
+"""
+    + _SCORED
+)
 
 
 def test_a_proxy_reading_the_targets_test_split_is_said_beside_the_missing_data(tiny_world, expert_pair, tmp_path):  # fmt: skip
@@ -89,19 +94,15 @@ def test_a_proxy_reading_the_targets_test_split_is_said_beside_the_missing_data(
     assert "the test split of target 'leaky_target'" in said
 
 
-_JSON_TASK = """task: {name}
+_JSON_TASK = (
+    """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
     {split}: {file}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{q}}}}"
-doc_to_target: "{{{{a}}}}"
-metric_list:
-  - metric: exact_match
-    higher_is_better: true
 """
+    + _SCORED
+)
 
 
 def test_a_target_whose_test_split_is_missing_is_named_without_reading_it(tiny_world, expert_pair, tmp_path):  # fmt: skip
