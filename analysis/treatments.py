@@ -28,9 +28,8 @@ from layerswap.analysis.load import (
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Section, absent
-from layerswap.search.leaderboard import merged_baseline
-from layerswap.search.pool import expert_id
-from layerswap.spaces.search_space import ExpertPool
+from layerswap.spaces.baselines import merged_baseline
+from layerswap.spaces.search_space import ExpertPool, expert_id
 from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"

@@ -8,30 +8,10 @@ Written by search/promote.py; tests: tests/search/test_promote.py.
 from __future__ import annotations
 
 import math
-import re
 
+from layerswap.spaces.baselines import MERGED_BASELINES, merged_baseline
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.task_families import heldout_task
-
-# The merged baselines: built from one (task, language) expert pair each (search/promote.py).
-MERGED_BASELINES = ("soup_uniform", "soup_magnitude", "ties", "paper_default")
-_PAIRED = re.compile(rf"^({'|'.join(MERGED_BASELINES)})_t(\d+)_l(\d+)$")
-
-
-def pair_name(baseline: str, task_index: int, language_index: int) -> str:
-    """The model name of a merged baseline built from the pool's task expert `task_index` and
-    language expert `language_index` (0-based; named 1-based, as math_expert_2 is the second)."""
-    return f"{baseline}_t{task_index + 1}_l{language_index + 1}"
-
-
-def merged_baseline(model: str) -> str | None:
-    """The merged baseline a promoted model's name is ("soup_uniform" for soup_uniform and
-    soup_uniform_t2_l3), or None for any other model."""
-    m = _PAIRED.match(model)
-    if m:
-        return m.group(1)
-    return model if model in MERGED_BASELINES else None
-
 
 # Merged baselines that `layerswap merge` does not build over LoRA adapters (trainables/merge/api.py
 # refuses all but layer swaps); promotion composes them in memory.

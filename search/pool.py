@@ -15,7 +15,6 @@ from typing import Any
 from layerswap.experts.registry import COLUMNS
 from layerswap.spaces.base import same_model
 from layerswap.spaces.languages import same_language
-from layerswap.spaces.recipe import ExpertSoup
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool, ExpertRef
 from layerswap.spaces.task_families import INDICATOR_PREFIX, family, held_out_reason
@@ -235,17 +234,6 @@ def model_depth(pool: ExpertPool) -> int:
 
     cfg = json.loads(read_text(join(like, "config.json")))
     return int(cfg["num_hidden_layers"])
-
-
-def expert_id(pool: ExpertPool, ref) -> str:
-    """The id trials.parquet records for an expert (or soup) of the pool: its registry or
-    explicit id (explicit_ids); a pool.json written before explicit ids: the folder's name."""
-    if isinstance(ref, ExpertSoup):
-        return "soup(" + "+".join(expert_id(pool, r) for r in ref.soup) + ")"
-    for r in (*pool.task, *pool.language):
-        if r.path == ref:
-            return r.expert_id or Path(r.path).name
-    return Path(str(ref)).name
 
 
 def model_ids_file(run_dir: Path) -> Path:

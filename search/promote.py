@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from layerswap.search.leaderboard import MERGED_BASELINES, leaderboard, pair_name
+from layerswap.search.leaderboard import leaderboard
 from layerswap.search.pool import include_paths, model_depth, model_ids_file, resolve_pool
 from layerswap.search.promote_best import write_best
 from layerswap.search.promote_eval import Evaluation, Setup, evaluate_models
 from layerswap.search.results import TrialStore, write_parquet_atomic
+from layerswap.spaces.baselines import MERGED_BASELINES, pair_name
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe
 from layerswap.spaces.search_experiment import SearchExperiment

@@ -20,7 +20,6 @@ import optuna
 
 from layerswap.search.fidelity import gates, rung_values
 from layerswap.search.optuna_tune import OptunaTuneSearch, trial_error
-from layerswap.search.pool import expert_id
 from layerswap.search.progress import TrialProgress
 from layerswap.search.results import (
     LOST,
@@ -34,7 +33,7 @@ from layerswap.search.trial import combine
 from layerswap.search.tune_trial import META, TWIN, served_result
 from layerswap.spaces.recipe import dump_recipe
 from layerswap.spaces.search_experiment import Proxy, SearchExperiment
-from layerswap.spaces.search_space import ExpertPool, decode, recipe_fields, suggest
+from layerswap.spaces.search_space import ExpertPool, decode, expert_id, recipe_fields, suggest
 from layerswap.trainables.model_ids import content_recipe_id
 
 STATES = optuna.trial.TrialState

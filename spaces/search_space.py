@@ -6,6 +6,7 @@ pool)` is pure and returns a validated layer-swap recipe. Pure data: no torch, n
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -343,3 +344,14 @@ def recipe_fields(recipe: MergeRecipe) -> dict:
         "non_layer": recipe.non_layer,
         "granularity": gran,
     }
+
+
+def expert_id(pool: ExpertPool, ref) -> str:
+    """The id trials.parquet records for an expert (or soup) of the pool: its registry or
+    explicit id (explicit_ids); a pool.json written before explicit ids: the folder's name."""
+    if isinstance(ref, ExpertSoup):
+        return "soup(" + "+".join(expert_id(pool, r) for r in ref.soup) + ")"
+    for r in (*pool.task, *pool.language):
+        if r.path == ref:
+            return r.expert_id or Path(r.path).name
+    return Path(str(ref)).name

@@ -12,7 +12,8 @@ import pandas as pd
 
 from layerswap.analysis.load import load_run
 from layerswap.analysis.treatments import treatment_values
-from layerswap.search.pool import expert_id, explicit_pool
+from layerswap.search.pool import explicit_pool
+from layerswap.spaces.search_space import expert_id
 
 TASK = "world_mgsm_direct_xa"
 

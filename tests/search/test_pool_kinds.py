@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from search_fixtures import experiment, make_experts
 
-from layerswap.search.pool import expert_id, explicit_ids, model_depth, resolve_pool
+from layerswap.search.pool import explicit_ids, model_depth, resolve_pool
 from layerswap.search.preflight import check_search
-from layerswap.spaces.search_space import _choices
+from layerswap.spaces.search_space import _choices, expert_id
 
 
 @pytest.fixture(scope="module")

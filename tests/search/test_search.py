@@ -96,15 +96,17 @@ def test_search_end_to_end_with_failures_repeats_and_promotion(
     board = promote(exp, run, progress=False)
     got = read_parquet(board.results_path).to_pylist()
     models = {r["model"] for r in got}
-    # paper_default uses language expert 0 (the NaN one): reported failed, promotion goes on
-    assert "base" in models and "paper_default" not in models
+    # paper_default over each pair (baseline_pairs: all): the one with language expert 1 (the
+    # NaN one) is reported failed, the other is scored, and promotion goes on
+    assert "base" in models and "paper_default_t1_l1" not in models
+    assert "paper_default_t1_l2" in models
     assert any(m.startswith("candidate_") for m in models)
     assert {"world_mgsm_direct_xa", "world_belebele_brier_xa", "world_belebele_brier_xa_dev"} <= {
         r["task"] for r in got
     }
     assert all(Path(r["raw_json"]).is_file() for r in got)
     text = board.leaderboard.read_text()
-    assert "paper_default (failed)" in text and "(best)" in text
+    assert "paper_default_t1_l1 (failed)" in text and "(best)" in text
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(board.best_dir)

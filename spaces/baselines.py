@@ -1,0 +1,28 @@
+"""The names of promotion's merged baselines: which baselines are merged from an expert pair,
+and how a model's name says its pair (soup_uniform_t2_l1). Pure naming, shared by the search's
+promotion (search/promote.py, search/leaderboard.py) and the analysis (analysis/treatments.py).
+Tests: .venv/bin/python -m pytest -q tests/search/test_promote_pairs.py
+"""
+
+from __future__ import annotations
+
+import re
+
+# The merged baselines: built from one (task, language) expert pair each (search/promote.py).
+MERGED_BASELINES = ("soup_uniform", "soup_magnitude", "ties", "paper_default")
+_PAIRED = re.compile(rf"^({'|'.join(MERGED_BASELINES)})_t(\d+)_l(\d+)$")
+
+
+def pair_name(baseline: str, task_index: int, language_index: int) -> str:
+    """The model name of a merged baseline built from the pool's task expert `task_index` and
+    language expert `language_index` (0-based; named 1-based, as math_expert_2 is the second)."""
+    return f"{baseline}_t{task_index + 1}_l{language_index + 1}"
+
+
+def merged_baseline(model: str) -> str | None:
+    """The merged baseline a promoted model's name is ("soup_uniform" for soup_uniform and
+    soup_uniform_t2_l3), or None for any other model."""
+    m = _PAIRED.match(model)
+    if m:
+        return m.group(1)
+    return model if model in MERGED_BASELINES else None
