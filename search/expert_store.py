@@ -12,6 +12,7 @@ with it. Used by search/tune_trial.py.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -177,7 +178,28 @@ def stop_stores(key: str) -> int:
     except Exception:  # the stores end with their owner anyway
         n = 0
     ray.kill(owner)
+    _wait_gone(key, timeout_s=10.0)
     return n
+
+
+def _wait_gone(key: str, timeout_s: float) -> None:
+    """Wait (bounded) until no actor of search `key`'s stores is still named: `ray.kill` returns
+    before the actor is gone, and a next search of the same key that started meanwhile found the
+    dying store by its name (a test saw it listed after stop_stores, and the next search hang)."""
+    prefix = f"{stores_name(key)}-"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            named = ray.util.list_named_actors(all_namespaces=True)
+        except Exception:  # Ray going down with the command: nothing left to wait for
+            return
+        if not any(
+            a.get("namespace") == NAMESPACE
+            and (a.get("name") == stores_name(key) or a.get("name", "").startswith(prefix))
+            for a in named
+        ):
+            return
+        time.sleep(0.1)
 
 
 def expert_bytes(pool: ExpertPool) -> int:
