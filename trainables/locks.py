@@ -13,10 +13,12 @@ writers would then lock two different files. It lies beside where the output rea
 the owner's pid, host and command as JSON and is locked with `fcntl.flock`, which the kernel
 drops when the owner dies: a lock file whose flock is free is stale (its owner was killed), and
 is taken over, saying so. The file is removed when the lock is released, so nothing is left
-beside the output. Taking over a stale lock also removes the temporary siblings its dead owner
-left (`.NAME.tmp-PID-*`, trainables/atomic.py), beside the output and inside it (a step it
-was writing there), puts back an output it was swapping out (`.NAME.old-PID-*`) and names one
-its long run was replacing (`.NAME.replaced-PID-*`), each in one line.
+beside the output. The lock file itself (path, owner record, held or not) is
+trainables/lock_files.py. Taking over a stale lock also clears what its dead owner left
+(trainables/lock_recovery.py): its temporary siblings (`.NAME.tmp-PID-*`, trainables/atomic.py)
+beside the output and inside it (a step it was writing there) are removed, an output it was
+swapping out (`.NAME.old-PID-*`) is put back, and one its long run was replacing
+(`.NAME.replaced-PID-*`) is named, each in one line.
 
 Run its tests: .venv/bin/python -m pytest -q tests/trainables/test_output_locks.py
 """
@@ -27,7 +29,6 @@ import fcntl
 import json
 import os
 import shlex
-import shutil
 import socket
 import sys
 import time
@@ -36,9 +37,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from layerswap.trainables.atomic import dead_writer_siblings, dead_writer_temps, output_path
+from layerswap.trainables.lock_files import SUFFIX, busy_owner, lock_path, owner_text, read_owner
+from layerswap.trainables.lock_recovery import sweep_dead_writer
 
-SUFFIX = ".layerswap.lock"
 # Pids holding locks that this process's tree writes under: children (Ray's processes started
 # after the lock, subprocesses) inherit it, and may write outputs inside those of their owner.
 OWNERS_ENV = "LAYERSWAP_LOCK_OWNERS"
@@ -60,32 +61,6 @@ class OutputLocked(ValueError):
     """Another live process is writing the output (the message names it); exit 2."""
 
 
-def lock_path(out: Path) -> Path:
-    """The lock file of the output `out`: `.NAME.layerswap.lock` beside where it really is
-    (`atomic.output_path`: an output given as a symbolic link is locked beside its target,
-    where its temporaries are made), so every spelling of one output shares one lock."""
-    where = output_path(out)
-    return where.parent / f".{where.name}{SUFFIX}"
-
-
-def _owner_text(info: dict) -> str:
-    """'pid 123 on host h since 2026-01-01T00:00:00Z (`layerswap world build ...`)'."""
-    return (
-        f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')} "
-        f"(`{info.get('command')}`)"
-    )
-
-
-def _read_owner(fd: int) -> dict:
-    """The owner record in an open lock file ({} when empty or unreadable: being written)."""
-    try:
-        raw = os.pread(fd, 65536, 0)
-        info = json.loads(raw.decode("utf-8")) if raw else {}
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
 def _open_locked(path: Path, out: Path) -> int:
     """Open `path` and flock it, or raise OutputLocked naming its owner.
 
@@ -98,14 +73,14 @@ def _open_locked(path: Path, out: Path) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            info = _read_owner(fd)
+            info = read_owner(fd)
             os.close(fd)
             tries += 1
             if tries < PROBE_RETRIES:  # another writer's brief probe (`_inside_locked`) passes
                 time.sleep(0.02)
                 continue
             raise OutputLocked(
-                f"{out}: another layerswap command is writing it: {_owner_text(info)}; wait for "
+                f"{out}: another layerswap command is writing it: {owner_text(info)}; wait for "
                 f"it to finish or stop it (its lock: {path})"
             ) from None
         except BaseException:
@@ -147,12 +122,12 @@ def _inside_locked(where: Path) -> None:
         path = anc.parent / f".{anc.name}{SUFFIX}"
         if path in _HELD or not path.exists():
             continue
-        info = _busy_owner(path)
+        info = busy_owner(path)
         if info is None or _working_for(info.get("pid")):
             continue  # free, or e.g. the demo's training runs in Ray workers of its driver
         raise OutputLocked(
             f"{where}: lies inside {anc}, which another layerswap command is writing: "
-            f"{_owner_text(info)}; wait for it to finish or choose another output"
+            f"{owner_text(info)}; wait for it to finish or choose another output"
         )
 
 
@@ -164,18 +139,13 @@ def _holding_locked(where: Path) -> None:
     for path in where.rglob(f".*{SUFFIX}"):
         if path in _HELD:
             continue
-        info = _busy_owner(path)
+        info = busy_owner(path)
         if info is not None:
             inner = path.parent / path.name[1 : -len(SUFFIX)]
             raise OutputLocked(
                 f"{where}: holds {inner}, which another layerswap command is writing: "
-                f"{_owner_text(info)}; wait for it to finish or stop it"
+                f"{owner_text(info)}; wait for it to finish or stop it"
             )
-
-
-def is_lock_file(name: str) -> bool:
-    """Whether a file name is one of layerswap's lock files (`.NAME.layerswap.lock`)."""
-    return name.startswith(".") and name.endswith(SUFFIX)
 
 
 def live_owner(out: Path | str) -> str | None:
@@ -183,24 +153,8 @@ def live_owner(out: Path | str) -> str | None:
     path = lock_path(Path(out))
     if path in _HELD:  # this process's own lock (it checks again under it)
         return None
-    info = _busy_owner(path)
-    return None if info is None or _working_for(info.get("pid")) else _owner_text(info)
-
-
-def _busy_owner(path: Path) -> dict | None:
-    """The owner recorded in lock file `path` while another process holds it; None when it is
-    free (stale) or cannot be read. Only tries the lock (shared, never kept)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _read_owner(fd)
-    finally:
-        os.close(fd)  # also drops a shared lock taken on a stale file
-    return None
+    info = busy_owner(path)
+    return None if info is None or _working_for(info.get("pid")) else owner_text(info)
 
 
 def _make_parents(parent: Path) -> list[Path]:
@@ -218,15 +172,15 @@ def _take(path: Path, out: Path) -> int:
     """Flock `path` for this process and write the owner record; a stale one is named."""
     fd = _open_locked(path, out)
     try:
-        before = _read_owner(fd)
+        before = read_owner(fd)
         if before and (before.get("pid") != os.getpid() or before.get("nonce") != _NONCE):
             print(
-                f"layerswap: {out}: taking over a stale lock of {_owner_text(before)}, which is "
+                f"layerswap: {out}: taking over a stale lock of {owner_text(before)}, which is "
                 "no longer running",
                 file=sys.stderr,
                 flush=True,
             )
-            _sweep_dead_temps(path.parent / path.name[1 : -len(SUFFIX)], before)
+            sweep_dead_writer(path.parent / path.name[1 : -len(SUFFIX)], before)
         record = {
             "pid": os.getpid(),
             "nonce": _NONCE,
@@ -243,99 +197,6 @@ def _take(path: Path, out: Path) -> int:
         _release(path, fd, [])  # goes as on a normal release, not left behind as a stale file
         raise
     return fd
-
-
-def _sweep_dead_temps(out: Path, owner: dict) -> None:
-    """Clean up after a killed writer of `out`: its half-built temporary siblings are removed, an
-    output it was swapping out is put back (or removed, when its replacement was already in
-    place), and an output its long run was replacing is named, never removed.
-
-    Called under `out`'s lock, taken over from `owner`'s stale one: no live process writes `out`,
-    and only names `atomic.writer_sibling` gave that pid are touched (never a user's file, nor
-    those of another writer). Only for an owner on this host: where a shared file system
-    keeps flocks per node (NFS mounted with local_lock), a writer on another host can look dead
-    from here while it runs, so its siblings are named and left.
-    """
-    pid = owner.get("pid")
-    if not isinstance(pid, int):
-        return
-    here = owner.get("host") == socket.gethostname()
-    for old in dead_writer_temps(out, pid, "old"):
-        if here:
-            _settle_swap(out, old, pid)
-        else:
-            _say(out, f"left {old.name}: {_elsewhere(pid, owner)}")
-    for tmp in dead_writer_temps(out, pid):
-        if not here:
-            _say(out, f"left {tmp.name}: {_elsewhere(pid, owner)}")
-            continue
-        _remove(tmp)
-        _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
-    if here and out.is_dir():
-        _sweep_inside(out, pid)
-    for name, aside in dead_writer_siblings(out.parent, pid, "replaced"):
-        # The user asked for it to be replaced, but the run replacing it never finished: which
-        # of the two to keep is theirs to say. Any output beside `out`: a search locks RUN/search
-        # and sets aside RUN/promotion, RUN/best and RUN/leaderboard.md with it.
-        _say(
-            out,
-            f"left {aside.name}: it holds the {name} that pid {pid} was replacing when it "
-            f"stopped; move it back over {out.parent / name} to keep it, or remove it",
-        )
-
-
-def _sweep_inside(out: Path, pid: int) -> None:
-    """What the killed writer `pid` left inside its output `out` while writing a step there (a
-    merge-only demo of an older version merged into `out/merged` in place): its temporaries are
-    removed, a swap it cut is settled, and its step's stale lock file removed, each in one line.
-
-    Only names carrying `pid`, under `out`'s lock: a live writer of a step inside `out` would
-    have made `writing(out)` refuse (`_holding_locked`), and no new one can start (its
-    `_inside_locked` meets this lock).
-    """
-    for name, old in dead_writer_siblings(out, pid, "old"):
-        _settle_swap(out / name, old, pid)
-    for _, tmp in dead_writer_siblings(out, pid, "tmp"):
-        _remove(tmp)
-        _say(out, f"removed {tmp.name}, the unfinished output of pid {pid}")
-    for path in out.glob(f".*{SUFFIX}"):
-        try:
-            owner = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(owner, dict) and owner.get("pid") == pid and _busy_owner(path) is None:
-            path.unlink(missing_ok=True)
-            _say(out, f"removed {path.name}, the stale lock of pid {pid}")
-
-
-def _settle_swap(out: Path, old: Path, pid: int) -> None:
-    """Finish `atomic_dir`'s swap that a kill cut: the old output goes back when nothing took its
-    place (the writer failed, so its command changed nothing), and goes when its replacement was
-    already renamed in (the writer died deleting it)."""
-    if out.exists() or out.is_symlink():
-        _remove(old)
-        _say(out, f"removed {old.name}, the output pid {pid} had already replaced")
-    else:
-        os.rename(old, out)
-        _say(out, f"put back {out.name} from {old.name}: pid {pid} was killed while replacing it")
-
-
-def _elsewhere(pid: int, owner: dict) -> str:
-    return (
-        f"its writer, pid {pid}, ran on host {owner.get('host')}; remove it by hand once that is "
-        "surely not running"
-    )
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _say(out: Path, what: str) -> None:
-    print(f"layerswap: {out}: {what}", file=sys.stderr, flush=True)
 
 
 def _release(path: Path, fd: int, made: list[Path]) -> None:
@@ -417,7 +278,7 @@ def clear_stale(out: Path | str) -> None:
         out: the output folder or file.
     """
     path = lock_path(Path(out))
-    if path in _HELD or not path.exists() or _busy_owner(path) is not None:
+    if path in _HELD or not path.exists() or busy_owner(path) is not None:
         return
     try:
         with writing(out):

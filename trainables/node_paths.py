@@ -25,8 +25,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from layerswap.trainables.locks import SUFFIX as LOCK_SUFFIX
-from layerswap.trainables.locks import lock_path
+from layerswap.trainables.lock_files import SUFFIX as LOCK_SUFFIX
+from layerswap.trainables.lock_files import lock_path
 from layerswap.trainables.ray_session import init_ray
 
 TIMEOUT_S = 60.0  # a node that has not answered by then is named on stderr and left unchecked

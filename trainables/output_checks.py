@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from layerswap.trainables.atomic import link_problem, output_path, writer_sibling_parts
-from layerswap.trainables.locks import is_lock_file, live_owner
+from layerswap.trainables.lock_files import is_lock_file
+from layerswap.trainables.locks import live_owner
 from layerswap.trainables.output_markers import CONTAINERS, KINDS, MARKER, read_marker
 
 

@@ -81,7 +81,8 @@ def test_a_trial_whose_node_does_not_see_the_inputs_fails_without_retry(tiny_wor
     from ray import tune
 
     from layerswap.experts import sweep
-    from layerswap.trainables.locks import lock_path, writing
+    from layerswap.trainables.lock_files import lock_path
+    from layerswap.trainables.locks import writing
     from layerswap.trainables.node_paths import RUN_FIELD
 
     exp = always_failing(tiny_world, tmp_path, tmp_path / "steps.jsonl", max_failures=3)

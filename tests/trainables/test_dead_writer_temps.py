@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from layerswap.trainables.locks import lock_path, writing
+from layerswap.trainables.lock_files import lock_path
+from layerswap.trainables.locks import writing
 
 
 def _layerswap(*args: str, **kw) -> subprocess.Popen:

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from layerswap.trainables import node_paths
-from layerswap.trainables.locks import lock_path, writing
+from layerswap.trainables.lock_files import lock_path
+from layerswap.trainables.locks import writing
 from layerswap.trainables.node_paths import (
     FIX,
     NodePathError,

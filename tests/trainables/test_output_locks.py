@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from layerswap.trainables.locks import OutputLocked, lock_path, writing
+from layerswap.trainables.lock_files import lock_path
+from layerswap.trainables.locks import OutputLocked, writing
 from layerswap.trainables.outputs import check_output, output_dir, write_marker
 from layerswap.world import prebuilt
 

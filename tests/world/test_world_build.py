@@ -256,7 +256,7 @@ def test_nothing_to_do_clears_a_killed_writers_leftovers(tiny_world, tmp_path, c
     (guarantees.md: temporaries live until the next writer of that output takes over)."""
     import socket
 
-    from layerswap.trainables.locks import lock_path
+    from layerswap.trainables.lock_files import lock_path
 
     out = tmp_path / "wb"
     shutil.copytree(tiny_world, out)
