@@ -12,6 +12,7 @@ with it. Used by search/tune_trial.py.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 
@@ -185,19 +186,31 @@ def stop_stores(key: str) -> int:
 def _wait_gone(key: str, timeout_s: float) -> None:
     """Wait (bounded) until no actor of search `key`'s stores is still named: `ray.kill` returns
     before the actor is gone, and a next search of the same key that started meanwhile found the
-    dying store by its name (a test saw it listed after stop_stores, and the next search hang)."""
+    dying store by its name (a test saw it listed after stop_stores, and the next search hang).
+    Past the bound, one stderr line names the actors still listed: a later hang on one of them
+    is then explained, not silent."""
     prefix = f"{stores_name(key)}-"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         try:
             named = ray.util.list_named_actors(all_namespaces=True)
         except Exception:  # Ray going down with the command: nothing left to wait for
             return
-        if not any(
-            a.get("namespace") == NAMESPACE
-            and (a.get("name") == stores_name(key) or a.get("name", "").startswith(prefix))
+        left = sorted(
+            a.get("name", "")
             for a in named
-        ):
+            if a.get("namespace") == NAMESPACE
+            and (a.get("name") == stores_name(key) or a.get("name", "").startswith(prefix))
+        )
+        if not left:
+            return
+        if time.monotonic() >= deadline:
+            print(
+                f"layerswap: expert store actors still listed {timeout_s:g} s after stop "
+                f"(namespace {NAMESPACE}): {', '.join(left)}; a next search in this Ray "
+                "session may wait on them",
+                file=sys.stderr,
+            )
             return
         time.sleep(0.1)
 

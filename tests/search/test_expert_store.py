@@ -199,3 +199,25 @@ def test_expert_bytes_counts_uris_like_local_folders(world_and_experts):
     want = sum(f.stat().st_size for k in roles for f in Path(paths[k]).glob("*.safetensors"))
     assert local == want > 0
     assert expert_bytes(pool(uri=True)) == local
+
+
+def test_a_store_still_listed_after_the_wait_is_named_on_stderr(monkeypatch, capsys):
+    """stop_stores waits a bounded time for its actors to go; past it, one line names those
+    still listed (a later search's hang on one of them is then explained)."""
+    import ray
+
+    from layerswap.search import expert_store
+
+    listed = [
+        {"namespace": expert_store.NAMESPACE, "name": expert_store.stores_name("k") + "-node1"},
+        {"namespace": expert_store.NAMESPACE, "name": expert_store.stores_name("other")},
+        {"namespace": "elsewhere", "name": expert_store.stores_name("k")},
+    ]
+    monkeypatch.setattr(ray.util, "list_named_actors", lambda all_namespaces=False: listed)
+    expert_store._wait_gone("k", timeout_s=0.2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expert_store.stores_name("k") + "-node1" in err[0], err
+    assert expert_store.stores_name("other") not in err[0]
+    listed.clear()  # all gone: nothing said
+    expert_store._wait_gone("k", timeout_s=0.2)
+    assert capsys.readouterr().err == ""
