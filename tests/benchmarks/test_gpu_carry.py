@@ -88,3 +88,14 @@ def test_the_total_is_measured_against_the_limit(tmp_path, monkeypatch, capsys):
     assert carry.main(["--gpu-dir", str(gpu), "--check-only"]) == 1
     assert "OVER the device's limit" in capsys.readouterr().out
     assert carry.main(["--gpu-dir", str(tmp_path / "none")]) == 2
+
+
+def test_ray_loses_serve_and_llm_only(tmp_path):
+    """Ray Serve and Ray LLM go (nothing imports them); Ray Data stays: Ray Train v2 imports it."""
+    path = tmp_path / "ray-0.0.1-cp312-cp312-manylinux2014_x86_64.whl"
+    kept = ["ray/__init__.py", "ray/data/__init__.py", "ray/tune/__init__.py", "ray/train/__init__.py", "ray/serve.py"]  # fmt: skip
+    with zipfile.ZipFile(path, "w") as z:
+        for name in [*kept, "ray/serve/__init__.py", "ray/serve/api.py", "ray/llm/__init__.py"]:
+            z.writestr(name, b"")
+    carry.slim_wheel(path, None)
+    assert sorted(zipfile.ZipFile(path).namelist()) == sorted(kept)
