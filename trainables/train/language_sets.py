@@ -9,6 +9,7 @@ training experiment's `datasets: [{path: ...}]` (see spaces/examples/real_llama3
 from __future__ import annotations
 
 import json
+import numbers
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -109,8 +110,8 @@ def mix(
         seed: sampling and shuffling seed; same inputs and seed give the same output.
         val_share: fraction of the mix held out for validation.
         weights: relative share per source (default: equal). Given, it must name every
-            source of `parts` (0 leaves one out), each weight finite and >= 0: a dict naming
-            only some would silently drop the others.
+            source of `parts` (0 leaves one out), each weight a real number (not bool), finite
+            and >= 0, not all 0: a dict naming only some would silently drop the others.
         drop_math: drop records `looks_like_math` flags.
 
     Returns:
@@ -129,8 +130,13 @@ def mix(
             f"weights name no weight for sources {missing} (of {sorted(parts)}): give each "
             "source its weight (0 leaves one out)"
         )
+    # a real number each (bool is an int to Python, a str would fail in the sums below)
+    if bad := {k: w for k, w in weights.items() if isinstance(w, bool) or not isinstance(w, numbers.Real)}:  # fmt: skip
+        raise ValueError(f"weights must be numbers, got {bad}")
     if bad := {k: w for k, w in weights.items() if not 0 <= w < float("inf")}:
         raise ValueError(f"weights must be finite and >= 0, got {bad}")
+    if weights and not sum(weights.values()) > 0:  # all 0: an empty mix, silently
+        raise ValueError(f"weights must not all be 0 (at least one source must be drawn), got {weights}")  # fmt: skip
     rng = random.Random(seed)
     seen: set[tuple[str, str]] = set()
     clean: dict[str, list[Record]] = {}

@@ -81,6 +81,20 @@ def test_weights_that_leave_a_source_out_are_refused_naming_it():
     assert m.per_source == {"aya": 14, "nllb": 6}  # 0 leaves a source out, said so
 
 
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        ({"aya": 0.0, "xp3mt": 0}, r"not all be 0.*'aya': 0.0"),  # an empty mix, silently
+        ({"aya": "2", "xp3mt": 1}, r"must be numbers, got \{'aya': '2'\}"),  # a TypeError
+        ({"aya": True, "xp3mt": 1}, r"must be numbers, got \{'aya': True\}"),  # weighed as 1
+    ],
+)
+def test_weights_that_are_all_zero_or_not_numbers_are_refused_naming_them(weights, said):
+    parts = {s: [_rec(f"{s}{i}") for i in range(10)] for s in ("aya", "xp3mt")}
+    with pytest.raises(ValueError, match=said):
+        mix(parts, size=10, seed=0, val_share=0.0, weights=weights)
+
+
 def test_mix_drops_duplicates_and_keeps_math_when_asked():
     parts = {"a": [_rec("same"), _rec("2 + 2 = 4")], "b": [_rec("same")]}
     m = mix(parts, size=10, seed=0, val_share=0.0, drop_math=False)
