@@ -5,7 +5,8 @@ Where values come from: promotion/results.parquet (test split) for the base, the
 the promoted layer-swap candidates; experts/registry.parquet for the SFT treatments
 (math-only, language-only, data mixing, simultaneous: `kind` and `mode`), read from the column
 `ind__<target task>` or, failing that, `ind__<target task>_dev` (marked as dev in the table).
-A promotion value wins over a registry value for the same treatment, mode and language. The
+A promotion value wins over a registry value for the same treatment, mode and language. A
+promoted model's SFT-type column is its experts' mode (analysis/treatment_modes.py). The
 "layer swap" row is chosen per target language (chosen_swaps); the Friedman test ranks
 test-split cells only and names what it leaves out (analysis/friedman_cells.py).
 
@@ -22,20 +23,23 @@ from layerswap.analysis.friedman_cells import FriedmanCells, friedman_cells, fri
 from layerswap.analysis.load import (
     IND,
     RunData,
-    hparams,
     is_target_family,
     target_tasks,
     trial_by_recipe,
 )
 from layerswap.analysis.sections import Section, absent
+from layerswap.analysis.treatment_modes import (
+    MODES,
+    expert_mode,
+    expert_row,
+    layer_swap_modes,
+    promoted_modes,
+)
 from layerswap.spaces.baselines import merged_baseline
-from layerswap.spaces.search_space import ExpertPool, expert_id
 from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"
 ROWS = ["base model", "math-only", "language-only", "data mixing", "simultaneous", "layer swap"]
-MODES = ["partial", "lora", "full"]  # the paper's column order (Partial, LoRA, Full SFT)
-POOL_JSON = "search/pool.json"  # the search's expert pool (search/search.py writes it)
 BASELINE_ROWS = {
     "base": "base model",
     "math_expert": "math-only",
@@ -47,30 +51,6 @@ BASELINE_ROWS = {
 }
 
 
-def _expert_mode(row: pd.Series) -> str:
-    """The table column of an expert: its mode, with mix/simultaneous placed by their hparams
-    (the paper puts data mixing under LoRA/Full and simultaneous SFT under the partial columns)."""
-    mode = str(row.get("mode", "full"))
-    if mode in MODES:
-        return mode
-    hp = hparams(row)
-    lora = any(
-        k in hp and hp[k] not in (None, False, 0) for k in ("lora", "lora_r", "lora_rank", "peft")
-    )
-    if mode == "simultaneous":
-        return "partial"
-    return "lora" if lora else "full"
-
-
-def _expert_row(row: pd.Series) -> str | None:
-    mode, kind = str(row.get("mode", "full")), str(row.get("kind", ""))
-    if mode == "mix":
-        return "data mixing"
-    if mode == "simultaneous":
-        return "simultaneous"
-    return {"math": "math-only", "language": "language-only"}.get(kind)
-
-
 def treatment_values(run: RunData) -> pd.DataFrame:
     """Long table: treatment, mode, language, block, value, split, source (one row per model)."""
     tasks = target_tasks(run)
@@ -80,7 +60,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
         base_name = str(reg["base"].iloc[0])
     recs = []
     prom = run.promotion
-    modes_by_recipe = _layer_swap_modes(run)
+    modes_by_recipe, modes_by_model = layer_swap_modes(run), promoted_modes(run)
     chosen, mean_row = chosen_swaps(run), candidates_mean_row(run)
     for task in tasks:
         lang = task_language(task)
@@ -106,7 +86,8 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     # mean over pairs, the paper's "avg of 9 pairs", n shown)
                     key = re.sub(r"^(math_expert|language_expert)_\d+$", r"\1", model)
                     key = merged_baseline(key) or key
-                    treat, mode = BASELINE_ROWS.get(key, model), "full"
+                    treat = BASELINE_ROWS.get(key, model)
+                    mode = modes_by_model.get(model, "full")  # its experts' (treatment_modes)
                 if treat == "base model":
                     mode = "base"
                 recs.append(
@@ -117,14 +98,14 @@ def treatment_values(run: RunData) -> pd.DataFrame:
             if col is None:
                 continue
             for _, r in reg.iterrows():
-                treat = _expert_row(r)
+                treat = expert_row(r)
                 if treat is None or pd.isna(r[col]):
                     continue
                 if treat != "math-only" and "language" in r.index and str(r["language"]) != lang:
                     continue  # a language expert for another language
                 block = (str(r.get("base", base_name)), lang)
                 split = task_split(col)
-                recs.append((treat, _expert_mode(r), lang, block, float(r[col]), split, "registry"))
+                recs.append((treat, expert_mode(r), lang, block, float(r[col]), split, "registry"))
     df = pd.DataFrame(
         recs, columns=["treatment", "mode", "language", "block", "value", "split", "source"]
     )
@@ -204,34 +185,6 @@ def _language_expert_languages(run: RunData) -> dict[str, str]:
 def candidates_mean_row(run: RunData) -> str:
     """The row label of the mean over every promoted candidate, naming how many it averages."""
     return f"layer swap (mean of {_candidates(run)['model'].nunique()} promoted candidates)"
-
-
-def _layer_swap_modes(run: RunData) -> dict[str, str]:
-    """recipe_id -> the experts' mode (full/lora/partial): the registry's training mode, else
-    the kind the search's pool recorded (RUN/search/pool.json: explicit experts have no registry
-    row); "full" where neither tells, or where the two experts differ."""
-    trials, reg = trial_by_recipe(run), run.registry
-    if trials is None:
-        return {}
-    modes = _pool_kinds(run)
-    if reg is not None and {"expert_id", "mode"} <= set(reg.columns):
-        modes |= reg.drop_duplicates("expert_id").set_index("expert_id")["mode"].to_dict()
-    out = {}
-    for rid, tr in trials.iterrows():
-        ms = {modes.get(tr.get("task_expert_id")), modes.get(tr.get("language_expert_id"))}
-        ms.discard(None)
-        out[rid] = ms.pop() if len(ms) == 1 and next(iter(ms)) in MODES else "full"
-    return out
-
-
-def _pool_kinds(run: RunData) -> dict[str, str]:
-    """expert id (as trials.parquet records it) -> kind ("full"/"lora") from RUN/search/pool.json;
-    {} when the run has none or it does not read as a pool (an older schema)."""
-    try:
-        pool = ExpertPool.model_validate_json((run.root / POOL_JSON).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {expert_id(pool, r.path): r.kind for r in (*pool.task, *pool.language)}
 
 
 def _cell(g: pd.DataFrame) -> str:
