@@ -131,11 +131,39 @@ def _model_type_problems(config: Path) -> list[str]:
     return [] if problem is None else [f"base: {config}: {problem}"]
 
 
+# Where transformers 5 (tokenization_utils_base.from_pretrained) finds a tokenizer's chat
+# templates: this file is the template named "default"; each NAME.jinja in the folder is one named
+# NAME; and only where there are no such files, tokenizer_config.json's `chat_template` (one
+# template, or a list of {name, template}).
+TEMPLATE_FILE = "chat_template.jinja"
+TEMPLATE_DIR = "additional_chat_templates"
+
+
+def _has_default_template(folder: Path, config: dict) -> bool:
+    """Whether transformers would give this tokenizer a default chat template, the one
+    apply_chat_template uses when no template is named (as training calls it): template files,
+    where there are any, replace tokenizer_config.json's; among named ones only "default" counts.
+
+    Args:
+        folder: the tokenizer's folder (or a Hub cache snapshot's).
+        config: its tokenizer_config.json, parsed ({} when there is none).
+    """
+    named = {"default"} if (folder / TEMPLATE_FILE).is_file() else set()
+    if (folder / TEMPLATE_DIR).is_dir():
+        named |= {f.name.removesuffix(".jinja") for f in (folder / TEMPLATE_DIR).glob("*.jinja")}
+    if named:
+        return "default" in named
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        return any(isinstance(t, dict) and t.get("name") == "default" and t.get("template") for t in template)  # fmt: skip
+    return isinstance(template, str) and bool(template)
+
+
 def _chat_template_problems(base: str, tokenizer_config: Path) -> list[str]:
-    """A base whose tokenizer has no chat template: training formats every row with it
+    """A base whose tokenizer has no default chat template: training formats every row with it
     (trainables/train/data.py), and without one it failed after the run folder was marked, with
-    transformers' own message (on Ray, inside a worker). transformers reads the template from
-    `chat_template.jinja` beside `tokenizer_config.json`, or from that file's `chat_template`.
+    transformers' own message (on Ray, inside a worker). The rule is transformers'
+    (`_has_default_template`).
 
     Args:
         base: the experiment's `base`, as written (for the message).
@@ -143,29 +171,32 @@ def _chat_template_problems(base: str, tokenizer_config: Path) -> list[str]:
     Returns:
         one line naming the base and what it lacks, or none.
     """
-    if (tokenizer_config.parent / "chat_template.jinja").is_file():
-        return []
+    folder = tokenizer_config.parent
     try:
         config = json.loads(tokenizer_config.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        config = {}  # no tokenizer config: no template either (said below)
+        config = {}  # no tokenizer config: templates only from files
     except (OSError, ValueError) as e:
+        if (folder / TEMPLATE_FILE).is_file():
+            return []  # the template is the file's (the tokenizer itself is another check's)
         return [f"base: {tokenizer_config}: not a readable tokenizer config ({e})"]
-    if isinstance(config, dict) and config.get("chat_template"):
+    if _has_default_template(folder, config if isinstance(config, dict) else {}):
         return []
     return [
-        f"base: {base}: its tokenizer has no chat template (no chat_template.jinja, no "
-        "`chat_template` in tokenizer_config.json); training formats every row with it: use "
-        "an Instruct base or add its template (tokenizer.chat_template = ...; save_pretrained)"
+        f"base: {base}: its tokenizer has no default chat template (no {TEMPLATE_FILE}, no "
+        f"{TEMPLATE_DIR}/default.jinja, no `chat_template` in tokenizer_config.json); training "
+        "formats every row with it: use an Instruct base or add its template "
+        "(tokenizer.chat_template = ...; save_pretrained)"
     ]
 
 
 def _hub_template_problems(base: str) -> list[str]:
-    """A cached Hub base's chat template (`_chat_template_problems`), checked only when the
-    cache knows: its tokenizer_config.json is there, and chat_template.jinja is there or known
-    absent (an uncached base is the trainer's to download; nothing is fetched for this)."""
+    """A cached Hub base's chat template (`_chat_template_problems`, on its cache snapshot),
+    checked only when the cache knows: its tokenizer_config.json is there, and chat_template.jinja
+    is there or known absent (an uncached base is the trainer's to download; nothing is fetched
+    for this). `layerswap prefetch` caches additional_chat_templates/ with it."""
     config = try_to_load_from_cache(base, "tokenizer_config.json")
-    jinja = try_to_load_from_cache(base, "chat_template.jinja")
+    jinja = try_to_load_from_cache(base, TEMPLATE_FILE)
     if not isinstance(config, str) or jinja is None:  # not cached, or not known either way
         return []
     return _chat_template_problems(base, Path(config))
