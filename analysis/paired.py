@@ -20,6 +20,7 @@ import pandas as pd
 from layerswap.analysis.load import RunData, target_rows, target_scores, target_tasks
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci
+from layerswap.analysis.treatment_modes import promoted_experts
 from layerswap.trainables.evaluate.harness import predictions
 
 TITLE = "Against the experts (paired, per item)"
@@ -116,12 +117,35 @@ _REFERENCES = {"vs_better_expert": "better expert", "vs_base": "base"}
 def references(run: RunData, task: str) -> dict[str, str]:
     """{summary key: model} of the references promotion scored on `task`: the better expert by
     promotion/results.parquet's value (load.target_scores; ties: the first name), and the base.
-    Whether their raw files are on disk does not enter: a missing one blanks its comparisons."""
+    No better expert while any expert lacks a usable score (`expert_gaps`): the best of the rest
+    is not the better expert. Whether raw files are on disk does not enter: a missing one blanks
+    its comparisons."""
     tgt = target_scores(run, task).dropna(subset=["value"])
     experts = tgt[tgt["model"].astype(str).str.startswith(EXPERTS)]
     best = experts.sort_values(["value", "model"], ascending=[False, True], kind="stable")
-    refs = {"vs_better_expert": str(best["model"].iloc[0])} if len(best) else {}
+    ok = len(best) and not expert_gaps(run, task)
+    refs = {"vs_better_expert": str(best["model"].iloc[0])} if ok else {}
     return refs | ({"vs_base": "base"} if (tgt["model"] == "base").any() else {})
+
+
+def expert_gaps(run: RunData, task: str) -> list[str]:
+    """The experts without a usable promotion score on `task`, each with why: "language_expert
+    (no promotion row)" (its evaluation failed, or promotion left it out), "math_expert (score
+    NaN)". The experts expected are the pool's (RUN/search/pool.json, by promotion's names),
+    else math_expert and language_expert once promotion scored any expert; [] when none is
+    expected."""
+    tgt = target_scores(run, task)
+    names = tgt["model"].astype(str)
+    scored = dict(zip(names, tgt["value"], strict=True))
+    expected = [m for m in promoted_experts(run) if m.startswith(EXPERTS)]
+    if not expected and names.str.startswith(EXPERTS).any():
+        expected = list(EXPERTS)
+    expected += sorted(m for m in scored if m.startswith(EXPERTS) and m not in expected)
+    return [
+        f"{m} (no promotion row)" if m not in scored else f"{m} (score NaN)"
+        for m in expected
+        if m not in scored or pd.isna(scored[m])
+    ]
 
 
 def paired_rows(scores: dict[str, pd.Series], refs: dict[str, str], n_resamples: int, seed: int) -> list[dict]:  # fmt: skip
@@ -236,6 +260,8 @@ def paired_section(run: RunData, *, n_resamples: int = 2000, seed: int = 0) -> S
             f"CI ({n_resamples} paired resamples, seed {seed}); from promotion's raw lm-eval JSON.",
             paired_table(rows, scores[task], refs),
         )
+        if gaps := expert_gaps(run, task):
+            sec.text(f"{task}: no comparison with the better expert: {', '.join(gaps)}; the best of the other experts is not the better expert (summary.json: vs_better_expert null).")  # fmt: skip
         if missing[task]:
             sec.text(_missing_note(task, missing[task]))
         if averaged[task]:

@@ -56,7 +56,7 @@ def test_pairs_are_matched_by_doc_id_on_the_items_both_logged(tmp_path):
     rng = np.random.default_rng(1)
     math = dict(enumerate(rng.integers(0, 2, 30).astype(float)))
     cand = {i + 1: v for i, v in enumerate(rng.integers(0, 2, 30).astype(float))}  # docs 1..30
-    s = {"base": math, "math_expert": math, "candidate_a": cand}
+    s = {"base": math, "math_expert": math, "language_expert": dict.fromkeys(math, 0.0), "candidate_a": cand}  # fmt: skip
     sec = paired_section(_run(tmp_path, s), n_resamples=300, seed=2)
     vs = {r["model"]: r for r in sec.data[TASK]}["candidate_a"]["vs_better_expert"]
     ids = range(1, 30)  # the 29 docs both logged
@@ -113,6 +113,7 @@ def test_every_raw_file_missing_names_the_models(tmp_path):
 
 def test_several_rows_of_a_model_average_per_item_as_its_target_score_does(tmp_path):
     s = {"base": [0.0, 0.0, 1.0, 0.0], "math_expert": [1.0, 0.0, 0.0, 0.0], "candidate_a": [1.0, 1.0, 1.0, 0.0]}  # fmt: skip
+    s["language_expert"] = [0.0, 0.0, 0.0, 0.0]
     run = _run(tmp_path, s)
     seed1 = run.root / "promotion" / "math_expert_seed1.json"
     seed1.write_text(json.dumps(lm_eval_raw(TASK, [1.0, 1.0, 1.0, 1.0])))
@@ -128,3 +129,25 @@ def test_several_rows_of_a_model_average_per_item_as_its_target_score_does(tmp_p
     vs = rows["candidate_a"]["vs_better_expert"]
     assert (vs["reference"], vs["difference"]) == ("math_expert", pytest.approx(0.75 - 0.625))
     assert "math_expert: 2 promotion rows (seeds)" in " ".join(b for b in sec.blocks if isinstance(b, str))  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["no row", "NaN"])
+def test_an_expert_without_a_score_leaves_no_better_expert_and_is_named(tmp_path, how):
+    s = {"base": [0.0, 0.0, 0.0, 0.0], "math_expert": [1.0, 1.0, 1.0, 0.0]}
+    s |= {"language_expert": [0.0, 0.0, 0.0, 1.0], "candidate_a": [1.0, 1.0, 0.0, 1.0]}
+    run = _run(tmp_path, s)
+    prom = run.promotion
+    if how == "no row":  # its evaluation failed: promotion writes no row for it
+        prom = prom[prom["model"] != "math_expert"]
+    else:
+        prom = prom.assign(value=prom["value"].where(prom["model"] != "math_expert"))
+    prom.to_parquet(run.root / PROMOTION)
+    sec = paired_section(load_run(run.root), n_resamples=50)
+    rows = {r["model"]: r for r in sec.data[TASK]}
+    assert rows["candidate_a"]["vs_better_expert"] is None  # not the language expert's +0.5
+    assert rows["candidate_a"]["vs_base"]["difference"] == pytest.approx(0.75)
+    table = next(b for b in sec.blocks if isinstance(b, Table)).df
+    assert not [c for c in table.columns if c.startswith("vs better expert")]
+    why = "no promotion row" if how == "no row" else "score NaN"
+    text = " ".join(b for b in sec.blocks if isinstance(b, str))
+    assert f"no comparison with the better expert: math_expert ({why})" in text
