@@ -125,18 +125,27 @@ def output_problems(
     if not (overwrite or allow_existing):
         problems.append(f"{out}: already exists; pass --overwrite to replace it")
         return problems
-    if (p := writable_beside(out, where)) is not None:
+    if (p := writable_beside(out, where, inside=allow_existing and not overwrite)) is not None:
         return [*problems, p]
     return problems + _existing_problems(out, where, kind, overwrite)
 
 
-def writable_beside(out: Path, where: Path) -> str | None:
+def writable_beside(out: Path, where: Path, *, inside: bool = False) -> str | None:
     """A problem with writing beside the existing `out` (really `where`), or None: its lock, a
     replacement's temporary and the set-aside old one are made in its folder, so a read-only
-    mount is named here, before work, not by the lock's write failing (exit 1)."""
-    if os.access(where.parent, os.W_OK | os.X_OK):
-        return None
-    return f"{out}: cannot be replaced or continued, {where.parent} is not writable"
+    mount is named here, before work, not by the lock's write failing (exit 1).
+
+    Args:
+        out: the output, as the user named it.
+        where: its real path (through a symbolic link).
+        inside: the command continues `out` (--resume, --continue) and so writes into it too:
+            a read-only `where` in a writable folder is refused as well.
+    """
+    if not os.access(where.parent, os.W_OK | os.X_OK):
+        return f"{out}: cannot be replaced or continued, {where.parent} is not writable"
+    if inside and not os.access(where, os.W_OK | os.X_OK):  # a read-only mount too, for root
+        return f"{out}: cannot be continued, it is not writable"
+    return None
 
 
 def _existing_problems(out: Path, where: Path, kind: str, overwrite: bool) -> list[str]:

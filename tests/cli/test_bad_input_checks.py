@@ -27,6 +27,12 @@ import pytest
 import yaml
 
 from layerswap.cli import main
+from layerswap.spaces.train_experiment import (
+    absolute_local_paths,
+    experiment_identity,
+    load_train_experiment,
+)
+from layerswap.trainables.output_markers import write_marker
 from tests.cli.cli_process import leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -319,6 +325,20 @@ def test_killed_merge_only_demo_leaves_no_folder_and_the_rerun_sweeps(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name], sorted(os.listdir(tmp_path))
 
 
+def _on_a_read_only_mount(folder: Path, command: str) -> subprocess.CompletedProcess:
+    """Run the shell `command` with `folder` a read-only bind mount, in a mount namespace of its
+    own (root ignores a folder's modes; a read-only file system it cannot); skipped where no such
+    mount can be made, failed on CI."""
+    read_only = f"mount --bind '{folder}' '{folder}' && mount -o remount,bind,ro '{folder}'"
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", read_only], capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and no read-only mount can be made here: {probe.stderr}")
+        pytest.skip(f"no read-only mount can be made here: {probe.stderr.strip()}")
+    env = os.environ | {"PYTHONPATH": PYTHONPATH, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", f"{read_only} && exec {command}"], env=env, cwd="/", capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_overwrite_on_a_read_only_mount_is_refused_before_work(family, tmp_path):
     """`merge --overwrite` of an output on a read-only mount ended with exit 1 naming its lock
@@ -329,16 +349,24 @@ def test_overwrite_on_a_read_only_mount_is_refused_before_work(family, tmp_path)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"method": "layer_swap", "task_expert": family.ref("task"), "language_expert": family.ref("language"), "bottom": 2, "top": 2}))  # fmt: skip
     assert main(["merge", str(recipe), "--out", str(folder / "m"), "-q"]) == 0
-    read_only = f"mount --bind '{folder}' '{folder}' && mount -o remount,bind,ro '{folder}'"
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", read_only], capture_output=True, text=True)  # fmt: skip
-    if probe.returncode != 0:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and no read-only mount can be made here: {probe.stderr}")
-        pytest.skip(f"no read-only mount can be made here: {probe.stderr.strip()}")
     merge = (
         f"{sys.executable} -m layerswap.cli merge '{recipe}' --out '{folder / 'm'}' --overwrite -q"
     )
-    env = os.environ | {"PYTHONPATH": PYTHONPATH, "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", f"{read_only} && exec {merge}"], env=env, cwd="/", capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = _on_a_read_only_mount(folder, merge)
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"layerswap: error: {folder / 'm'}: cannot be replaced or continued, {folder} is not writable\n"  # fmt: skip
+
+
+@pytest.mark.slow
+def test_resume_of_a_read_only_run_folder_in_a_writable_one_is_refused_before_work(tiny_world, tmp_path):  # fmt: skip
+    """`train --resume` writes inside its run folder: a read-only one (here a mount) in a
+    writable folder passed the check and failed at the first write, exit 1; it is refused before
+    work, exit 2, naming the run folder."""
+    f = _exp(tiny_world, tmp_path)
+    run = tmp_path / "run" / "train" / "t"  # as `train` leaves it once started
+    run.mkdir(parents=True)
+    write_marker(run, "train", experiment_identity(absolute_local_paths(load_train_experiment(f))))
+    train = f"{sys.executable} -m layerswap.cli train '{f}' --out '{tmp_path / 'run'}' --resume --no-ray"  # fmt: skip
+    r = _on_a_read_only_mount(run, train)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"layerswap: error: {run}: cannot be continued, it is not writable\n"
