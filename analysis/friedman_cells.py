@@ -25,6 +25,7 @@ class FriedmanCells(NamedTuple):
     all_conditions: list[str]  # every condition some treatment has a score in
     dropped_treatments: list[str]  # left out by the greedy drop of gaps
     dropped_conditions: list[str]
+    no_score: dict[str, list[str]]  # treatment -> conditions with an instance scored NaN
 
 
 def friedman_cells(v: pd.DataFrame) -> FriedmanCells:
@@ -33,7 +34,8 @@ def friedman_cells(v: pd.DataFrame) -> FriedmanCells:
     Test-split scores only: a dev-split registry score is on other items than promotion's test
     scores, so ranking the two against each other would compare splits, not treatments. Missing
     cells are then removed greedily: repeatedly drop the condition or treatment with the
-    largest share of gaps. Both removals are returned, for the text to name.
+    largest share of gaps. Both removals are returned, for the text to name, as are the
+    instances whose score is NaN (left out of their cell's mean; a cell of only those is a gap).
 
     Args:
         v: rows with columns label (treatment / SFT type), blk (condition), value, split.
@@ -41,6 +43,11 @@ def friedman_cells(v: pd.DataFrame) -> FriedmanCells:
         FriedmanCells.
     """
     test = v[v["split"] != "dev"]
+    nan = test[test["value"].isna()].drop_duplicates(["label", "blk"])
+    no_score: dict[str, list[str]] = {}
+    for lab, blk in sorted(zip(nan["label"], nan["blk"], strict=True)):
+        no_score.setdefault(lab, []).append(blk)
+    test = test[test["value"].notna()]
     dev_only = v[v["split"] == "dev"].drop_duplicates(["label", "blk"])
     test_cells = set(zip(test["label"], test["blk"], strict=True))
     dev: dict[str, list[str]] = {}
@@ -65,6 +72,7 @@ def friedman_cells(v: pd.DataFrame) -> FriedmanCells:
         sorted(set(v["blk"])),
         gone_t,
         gone_c,
+        no_score,
     )
 
 
@@ -103,6 +111,7 @@ def friedman_paragraph(sec: Section, cells: FriedmanCells) -> None:
         "p_value": f.p_value,
         "mean_ranks": f.mean_ranks,
         "left_out_dev_split": cells.dev_split,
+        "left_out_no_score": cells.no_score,
         "left_out_for_gaps": {
             "treatments": cells.dropped_treatments,
             "conditions": cells.dropped_conditions,
@@ -126,6 +135,9 @@ def _left_out(cells: FriedmanCells) -> str:
             " Left out as dev-split scores (registry indicators on other items than promotion's "
             f"test split, which the test ranks): {_dev_cells(cells)}."
         )
+    if cells.no_score:
+        each = ", ".join(f"{t} ({', '.join(c)})" for t, c in cells.no_score.items())
+        out += f" Left out as no score (NaN in promotion's results; the cell averages the rest, a cell of none is a gap): {each}."  # fmt: skip
     gaps = [f"treatment {t}" for t in cells.dropped_treatments]
     gaps += [f"condition {c}" for c in cells.dropped_conditions]
     if gaps:

@@ -52,7 +52,10 @@ BASELINE_ROWS = {
 
 
 def treatment_values(run: RunData) -> pd.DataFrame:
-    """Long table: treatment, mode, language, block, value, split, source (one row per model)."""
+    """Long table: treatment, mode, language, block, value, split, source, model (one row per
+    model; the registry's: its expert id). A promotion score that is NaN stays, as NaN, for the
+    section to name (`unscored`); the tables and the Friedman test leave it out (`scored`), and
+    a registry score of its cell is then kept."""
     tasks = target_tasks(run)
     base_name = "run"
     reg = run.registry
@@ -74,7 +77,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     # every candidate counts in the mean's row; only the chosen one is the swap
                     mode = modes_by_recipe.get(r.get("recipe_id"), "full")
                     value = float(r["value"])
-                    recs.append((mean_row, mode, lang, (base_name, lang), value, "test", "promotion"))  # fmt: skip
+                    recs.append((mean_row, mode, lang, (base_name, lang), value, "test", "promotion", model))  # fmt: skip
                     if r.get("recipe_id") != chosen.get(task):
                         continue
                     treat = "layer swap"
@@ -90,9 +93,8 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     mode = modes_by_model.get(model, "full")  # its experts' (treatment_modes)
                 if treat == "base model":
                     mode = "base"
-                recs.append(
-                    (treat, mode, lang, (base_name, lang), float(r["value"]), "test", "promotion")
-                )
+                value = float(r["value"])
+                recs.append((treat, mode, lang, (base_name, lang), value, "test", "promotion", model))  # fmt: skip
         if reg is not None:
             col = next((c for c in (IND + task, IND + dev_task(task)) if c in reg.columns), None)
             if col is None:
@@ -105,14 +107,17 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     continue  # a language expert for another language
                 block = (str(r.get("base", base_name)), lang)
                 split = task_split(col)
-                recs.append((treat, expert_mode(r), lang, block, float(r[col]), split, "registry"))
+                recs.append((treat, expert_mode(r), lang, block, float(r[col]), split, "registry", str(r.get("expert_id", ""))))  # fmt: skip
     df = pd.DataFrame(
-        recs, columns=["treatment", "mode", "language", "block", "value", "split", "source"]
+        recs,
+        columns=["treatment", "mode", "language", "block", "value", "split", "source", "model"],
     )
     if df.empty:
         return df
     # A promotion value wins over registry values of the same cell and language.
-    has_prom = df[df["source"] == "promotion"].groupby(["treatment", "mode", "language"]).size()
+    has_prom = (
+        scored(df[df["source"] == "promotion"]).groupby(["treatment", "mode", "language"]).size()
+    )
     keep = [
         not (s == "registry" and (t, m, lang) in has_prom.index)
         for t, m, lang, s in zip(
@@ -193,9 +198,23 @@ def _cell(g: pd.DataFrame) -> str:
     return f"{g['value'].mean():.3f}{mark}{n}"
 
 
+def scored(vals: pd.DataFrame) -> pd.DataFrame:
+    """`treatment_values`' rows with a score (NaN rows: `unscored`)."""
+    return vals[vals["value"].notna()]
+
+
+def unscored(vals: pd.DataFrame) -> str:
+    """The promoted models whose score is NaN, as text ("math_expert (math-only / full, xa)"),
+    "" when none."""
+    nan = vals[vals["value"].isna() & (vals["treatment"] != "layer swap")]  # also in the mean's
+    return ", ".join(f"{m} ({_label(t, md)}, {lang})" for m, t, md, lang in zip(nan["model"], nan["treatment"], nan["mode"], nan["language"], strict=True))  # fmt: skip
+
+
 def treatment_tables(vals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(Table-1 shape: treatments × modes, averaged over languages; Table-3 shape: languages
-    (+ average) × treatment/mode). Cells are means over instances (n shown when > 1)."""
+    (+ average) × treatment/mode). Cells are means over instances (n shown when > 1); NaN
+    scores are left out."""
+    vals = scored(vals)
     langs = sorted(vals["language"].unique())
     means = sorted(t for t in set(vals["treatment"]) if t.startswith("layer swap (mean of "))
     order = ROWS + means + sorted(set(vals["treatment"]) - set(ROWS) - set(means))
@@ -281,7 +300,9 @@ def treatments_section(run: RunData) -> Section:
         return sec
     sec = Section("treatments", TITLE)
     t1, t3 = treatment_tables(vals)
-    counted = vals[vals["treatment"] != "layer swap"]  # the chosen swap is also in the mean's row
+    counted = scored(vals)[
+        lambda d: d["treatment"] != "layer swap"
+    ]  # the chosen swap is also in the mean's row
     srcs = ", ".join(f"{k}: {v}" for k, v in counted["source"].value_counts().items())
     prom = run.promotion
     if prom is not None and "n_items" in prom.columns:
@@ -296,6 +317,8 @@ def treatments_section(run: RunData) -> Section:
         t1,
     )
     sec.table("Per language (rows) and treatment / SFT type (columns); n = instances averaged.", t3)
+    if nan := unscored(vals):
+        sec.text(f"No score (NaN in promotion/results.parquet), left out of the tables and the Friedman test: {nan}.")  # fmt: skip
     _layer_swap_note(sec, run)
     _friedman(sec, vals)
     _revert(sec, run)

@@ -90,3 +90,23 @@ def test_the_greedy_drop_names_what_it_removes(tmp_path):
     sec = treatments_section(run)
     text = next(t for t in _texts(sec) if t.startswith("Friedman"))
     assert "Left out for gaps" in text and "treatment layer swap / full" in text, text
+
+
+def test_a_nan_score_is_named_not_dropped_silently(tmp_path):
+    """math_expert's xb score is NaN (promotion wrote no number): the tables leave it out, the
+    section names it, and the Friedman test names the cell it could not rank (the registry's
+    dev score fills the table's cell, marked †, as where promotion has no score)."""
+    run = _two_language_run(tmp_path)
+    prom = run.promotion
+    nan = (prom["model"] == "math_expert") & (prom["task"] == "world_mgsm_direct_xb")
+    prom.assign(value=prom["value"].mask(nan)).to_parquet(tmp_path / "promotion/results.parquet")
+    sec = treatments_section(load_run(tmp_path))
+    t3 = next(b.df for b in sec.blocks if isinstance(b, Table) and b.caption.startswith("Per language"))  # fmt: skip
+    # xb's cell: the registry's dev score (marked), as where promotion has no score
+    assert t3.loc["xb", "math-only / full"] == "0.280†" and t3.loc["xa", "math-only / full"] == "0.290"  # fmt: skip
+    texts = " ".join(_texts(sec))
+    assert "left out of the tables and the Friedman test: math_expert (math-only / full, xb)" in texts  # fmt: skip
+    cells = friedman_matrix(treatment_values(load_run(tmp_path)))
+    assert cells.no_score == {"math-only / full": [f"{BASE} / xb"]}
+    text = next(t for t in _texts(sec) if t.startswith("Friedman"))
+    assert "Left out as no score (NaN in promotion's results" in text and f"math-only / full ({BASE} / xb)" in text  # fmt: skip
