@@ -11,8 +11,10 @@ Run its tests: .venv/bin/python -m pytest -q tests/search/test_promote.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -23,7 +25,7 @@ from layerswap.search.promote_eval import Evaluation, Setup, evaluate_models
 from layerswap.search.results import TrialStore, write_parquet_atomic
 from layerswap.spaces.baselines import MERGED_BASELINES, pair_name
 from layerswap.spaces.errors import RunFailed
-from layerswap.spaces.recipe import LayerSwapRecipe, SoupRecipe, TiesRecipe, parse_recipe
+from layerswap.spaces.recipe import LayerSwapRecipe, Recipe, SoupRecipe, TiesRecipe, parse_recipe
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 from layerswap.spaces.task_families import heldout_task
@@ -54,8 +56,9 @@ class Promotion:
     rows: list[dict] = field(default_factory=list)
 
 
-# Magnitude weights and TIES need the base the experts share: without one they are not built.
-_NEED_BASE = ("soup_magnitude", "ties")
+def _one_pair(pool: ExpertPool) -> bool:
+    """A pool of one (task, language) pair: its merged baselines carry no pair in their names."""
+    return len(pool.task) * len(pool.language) == 1
 
 
 def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, str, str]]:
@@ -69,7 +72,7 @@ def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, s
         [(name suffix, task expert path, language expert path)]; the suffix is "" for a pool of
         one pair.
     """
-    if len(pool.task) * len(pool.language) == 1:
+    if _one_pair(pool):
         return [("", pool.task[0].path, pool.language[0].path)]
     every = [(i, j) for i in range(len(pool.task)) for j in range(len(pool.language))]
     chosen = every if exp.promote.baseline_pairs == "all" else every[:1]
@@ -79,7 +82,7 @@ def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, s
 def pair_legend(pool: ExpertPool) -> dict[str, str]:
     """{"t1": task expert path, "l1": ...}: what the merged baselines' pair names refer to
     ({} for a pool of one pair, whose baselines carry no pair in their names)."""
-    if len(pool.task) * len(pool.language) == 1:
+    if _one_pair(pool):
         return {}
     legend = {f"t{i + 1}": r.path for i, r in enumerate(pool.task)}
     return legend | {f"l{j + 1}": r.path for j, r in enumerate(pool.language)}
@@ -105,31 +108,48 @@ def baselines(exp: SearchExperiment, pool: ExpertPool, depth: int) -> list[tuple
                 out.append((side if i == 0 else f"{side}_{i + 1}", r.path))
     pairs = baseline_pairs(exp, pool)
     for name in MERGED_BASELINES:
-        if name not in want or (name in _NEED_BASE and pool.base is None):
+        if name not in want or (MERGED[name].needs_base and pool.base is None):
             continue
-        out += [(name + sfx, _merged(name, exp, pool, depth, t, lang)) for sfx, t, lang in pairs]
+        build = MERGED[name].build
+        out += [(name + sfx, build(exp, pool, depth, t, lang)) for sfx, t, lang in pairs]
     return out
 
 
-def _merged(name: str, exp: SearchExperiment, pool: ExpertPool, depth: int, t: str, lang: str):
-    """The recipe of merged baseline `name` over task expert `t` and language expert `lang`."""
-    if name == "soup_uniform":
-        return SoupRecipe(method="soup", models=[t, lang])
-    if name == "soup_magnitude":
-        return SoupRecipe(method="soup", models=[t, lang], weights="magnitude", base=pool.base)
-    if name == "ties":
-        return TiesRecipe(
-            method="ties", base=pool.base, models=[t, lang], density=exp.promote.ties_density
-        )
-    z = paper_default(depth)
+def _soup_uniform(exp: SearchExperiment, pool: ExpertPool, depth: int, t: str, lang: str):
+    return SoupRecipe(method="soup", models=[t, lang])
+
+
+def _soup_magnitude(exp: SearchExperiment, pool: ExpertPool, depth: int, t: str, lang: str):
+    return SoupRecipe(method="soup", models=[t, lang], weights="magnitude", base=pool.base)
+
+
+def _ties(exp: SearchExperiment, pool: ExpertPool, depth: int, t: str, lang: str):
+    density = exp.promote.ties_density
+    return TiesRecipe(method="ties", base=pool.base, models=[t, lang], density=density)
+
+
+def _paper_default(exp: SearchExperiment, pool: ExpertPool, depth: int, t: str, lang: str):
+    z = paper_default(depth)  # the paper's zones, scaled to the experts' depth
     return LayerSwapRecipe(
-        method="layer_swap",
-        task_expert=t,
-        language_expert=lang,
-        base=pool.base,
-        bottom=z.bottom,
-        top=z.top,
-    )
+        method="layer_swap", task_expert=t, language_expert=lang, base=pool.base,
+        bottom=z.bottom, top=z.top,
+    )  # fmt: skip
+
+
+class _Merged(NamedTuple):
+    """How one merged baseline is built from task expert `t` and language expert `lang`."""
+
+    needs_base: bool  # magnitude weights and TIES need the base the experts share
+    build: Callable[[SearchExperiment, ExpertPool, int, str, str], Recipe]
+
+
+# Keyed by spaces.baselines.MERGED_BASELINES (tests/search/test_promote_pairs.py: they agree).
+MERGED: dict[str, _Merged] = {
+    "soup_uniform": _Merged(False, _soup_uniform),
+    "soup_magnitude": _Merged(True, _soup_magnitude),
+    "ties": _Merged(True, _ties),
+    "paper_default": _Merged(False, _paper_default),
+}
 
 
 def _select(exp: SearchExperiment, cands: list[tuple[str, dict]], scores: dict) -> str | None:

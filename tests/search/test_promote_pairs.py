@@ -14,8 +14,10 @@ from pydantic import ValidationError
 
 from layerswap.analysis.load import RunData
 from layerswap.analysis.treatments import treatment_values
+from layerswap.search import promote
 from layerswap.search.leaderboard import leaderboard
 from layerswap.search.promote import baselines
+from layerswap.spaces.baselines import MERGED_BASELINES
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 
@@ -46,6 +48,10 @@ def test_every_merged_baseline_is_built_from_every_pair_and_named_by_it():
             for j, lang in enumerate(LANGS)
         }
         assert name not in got  # no unnamed pair beside them
+
+
+def test_every_named_baseline_has_one_builder():
+    assert tuple(promote.MERGED) == MERGED_BASELINES == MERGED  # one list of names, in order
 
 
 def test_first_pair_only_when_asked_and_plain_names_for_one_pair():
