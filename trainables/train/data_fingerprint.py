@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from layerswap.spaces.train_experiment import TrainExperiment
@@ -80,20 +81,24 @@ def _size(fp: dict) -> str:
     return f"{fp['lines']} lines, {fp['bytes']} bytes"
 
 
-def data_change(recorded: dict | None, now: dict[str, dict]) -> str:
+def data_change(recorded: dict | None, now: dict[str, dict] | Callable[[], dict[str, dict]], trained: str = "the run") -> str:  # fmt: skip
     """What differs between the data a checkpoint was trained on and the data there now.
 
     Args:
         recorded: a manifest's `data_fingerprint` (None: written before fingerprints were
             recorded, or by a Python caller that gave none: nothing to compare).
-        now: `data_fingerprint(exp)` as the files are now.
+        now: `data_fingerprint(exp)` as the files are now, or a function that takes it: called
+            only when something fingerprinted was recorded (no hashing with nothing to compare).
+        trained: what trained on the recorded data, as the phrase names it ("the sweep").
     Returns:
         "" when every fingerprinted file is unchanged (or nothing was recorded), else one
         phrase naming each changed file: "datasets[0].path /d/x.jsonl changed since the run
         trained on it (8 lines, 560 bytes -> 4 lines, 300 bytes)".
     """
-    if not recorded:
-        return ""
+    if not isinstance(recorded, dict) or not any(isinstance(o, dict) and o.get("sha256") for o in recorded.values()):  # fmt: skip
+        return ""  # nothing recorded, or only Hub sources: nothing to hash for
+    if callable(now):
+        now = now()
     diffs = []
     for field, old in sorted(recorded.items()):
         new = now.get(field)
@@ -103,22 +108,23 @@ def data_change(recorded: dict | None, now: dict[str, dict]) -> str:
             diffs.append(f"{field} {old.get('file')} is no longer read")
         elif new["sha256"] != old["sha256"]:
             what = f"{_size(old)} -> {_size(new)}" if _size(old) != _size(new) else f"same size, other content: sha256 {old['sha256'][:12]} -> {new['sha256'][:12]}"  # fmt: skip
-            diffs.append(f"{field} {new['file']} changed since the run trained on it ({what})")
+            diffs.append(f"{field} {new['file']} changed since {trained} trained on it ({what})")
     return "; ".join(diffs)
 
 
-def resume_data_problem(exp: TrainExperiment, manifest: dict, now: dict | None = None) -> str | None:  # fmt: skip
+def resume_data_problem(exp: TrainExperiment, manifest: dict, now: dict | Callable[[], dict] | None = None) -> str | None:  # fmt: skip
     """Why a run of `exp` must not finish or continue from a checkpoint with this manifest, by
     its data: the one rule the driver's rerun decision, Ray's resume point and the loop apply.
 
     Args:
         exp: the experiment.
         manifest: a checkpoint's manifest.
-        now: `data_fingerprint(exp)` when already taken (default: taken now).
+        now: `data_fingerprint(exp)` when already taken, or a function that takes it (default:
+            taken here, only when the manifest recorded a fingerprint to compare with).
     Returns:
         one line naming the changed file and the way out (--overwrite), or None.
     """
-    what = data_change(manifest.get(KEY), now if now is not None else data_fingerprint(exp))
+    what = data_change(manifest.get(KEY), now if now is not None else lambda: data_fingerprint(exp))
     if not what:
         return None
     return (

@@ -10,6 +10,7 @@ and checkpoint steps trainables/train/checkpoint_step.py.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,10 +190,12 @@ def _starting_point(exp: TrainExperiment, workdir: Path, resume_from, rank: int)
     if rank == 0:
         remove_left_temps(workdir / "checkpoints")
     resume = Path(resume_from) if resume_from is not None else None
-    fingerprint = data_fingerprint(exp)
-    if resume is not None and (problem := resume_data_problem(exp, read_manifest(resume), fingerprint)):  # fmt: skip
+    now = functools.cache(lambda: data_fingerprint(exp))  # one hash, whoever asks first
+    if resume is not None and (problem := resume_data_problem(exp, read_manifest(resume), now)):
         raise ValueError(f"{resume}: {problem}")
-    return resume, fingerprint
+    # Only rank 0 writes manifests (checkpoint_step, sharded.save_sharded): the other ranks
+    # hash only to compare a checkpoint they resume from, above.
+    return resume, now() if rank == 0 else {}
 
 
 def _train_steps(run: _Run, report) -> TrainResult:

@@ -10,6 +10,7 @@ local cluster.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -121,7 +122,9 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
     workers start from this one when it is newer than what Ray restores.
     """
 
-    want, now = experiment_identity(exp), data_fingerprint(exp)
+    # Hashed only once a checkpoint of this experiment has a fingerprint to compare with (a
+    # fresh run has none), and once for all of them.
+    want, now = experiment_identity(exp), functools.cache(lambda: data_fingerprint(exp))
 
     def same(manifest: dict) -> bool:  # this experiment, trained on the dataset files as they are
         mine = experiment_identity(manifest.get("experiment") or {}) == want

@@ -8,6 +8,9 @@ Run: .venv/bin/python -m pytest -q tests/trainables/train/test_data_fingerprint.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,38 @@ def test_what_is_compared(tmp_path):
     assert data_fingerprint(hub) == {"datasets[0].source": {"source": "orca_math", "sha256": None}}
     assert data_change(data_fingerprint(hub), data_fingerprint(hub)) == ""  # not fingerprinted
     json.dumps(old)  # recorded in manifests as JSON
+
+
+_OPENED: dict[str, int] = {}  # path -> times opened, for the paths a test watches
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if event == "open" and str(args[0]) in _OPENED:
+        _OPENED[str(args[0])] += 1
+
+
+sys.addaudithook(_count_opens)  # an audit hook stays for the process: it counts watched paths only
+
+
+def test_the_files_are_read_only_where_compared_or_recorded(tmp_path):
+    """A fresh Ray run reads no dataset file to find its resume point (nothing to compare), a
+    worker of rank > 0 none to start (rank 0 records the manifests' fingerprint), and rank 0
+    one read (files actually opened, counted by an audit hook)."""
+    from layerswap.trainables.train.loop import _starting_point
+    from layerswap.trainables.train.ray_train import _resume_point
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"question": "q", "answer": "x"}\n')
+    os.utime(data, (time.time() - 60, time.time() - 60))  # not racy: a second hash is cached
+    exp = make_exp(tmp_path, "full", base="b", datasets=[{"path": str(data)}])
+    _OPENED[str(data)] = 0
+    try:
+        (tmp_path / "run").mkdir()
+        assert _resume_point(exp, tmp_path / "run") is None
+        assert _OPENED[str(data)] == 0  # a fresh run: nothing to compare
+        assert _starting_point(exp, tmp_path / "w1", None, rank=1) == (None, {})
+        assert _OPENED[str(data)] == 0
+        _, fp = _starting_point(exp, tmp_path / "w0", None, rank=0)
+        assert fp == data_fingerprint(exp) and _OPENED[str(data)] == 1
+    finally:
+        del _OPENED[str(data)]
