@@ -9,7 +9,7 @@ when the command runs.
 `--continue` takes the run wherever it stands (what a study's exported commands.sh passes): it
 starts a run RUN_DIR does not hold, resumes an unfinished one and says a finished one is finished
 (exit 0). A sweep likewise: one that has run its course leaves SWEEP_FINISHED in its folder and
-is skipped; an unfinished sweep of the same experiment is resumed from its Ray Tune state
+is skipped (unless a dataset file changed since it trained: refused, as an unfinished one is); an unfinished sweep of the same experiment is resumed from its Ray Tune state
 (cli/train_sweep.py sweep_folder, experts/sweep_tuner.py make_tuner).
 """
 
@@ -23,6 +23,7 @@ from layerswap.cli.args import continue_clash, finite_float
 from layerswap.cli.train_inputs import check_inputs
 from layerswap.cli.train_sweep import (
     SWEEP_FINISHED,
+    check_sweep_data,
     finished_sweep,
     put_back_rows,
     run_sweep_recorded,
@@ -110,6 +111,7 @@ def _cmd_sweep(exp: TrainExperiment, args: argparse.Namespace) -> int:
     folder = run_dir / "train" / exp.name
     check_run_folder(exp, folder)
     if args.cont and (done := finished_sweep(exp, folder)) is not None:
+        check_sweep_data(exp, folder, done)  # finished on the data it trained on, or refused
         put_back_rows(run_dir, folder)  # a finished sweep moved back over a killed --overwrite
         failed = sum(s != "ok" for s in done.get("trials", {}).values())
         note = f", {failed} of them failed" if failed else ""

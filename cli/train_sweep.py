@@ -2,16 +2,20 @@
 on --overwrite, resumed by `train --continue` when it holds an unfinished sweep of the same
 experiment, and SWEEP_FINISHED written there once the sweep has run its course with a scored
 checkpoint, which `train --continue` reads to skip it (a sweep that scored none stays
-resumable); the old sweep's registry rows, kept in its set-aside folder while an --overwrite
+resumable); SWEEP_DATA, the dataset files' content it trains on, which `--continue` compares
+with the files as they are (refused when one changed: never a registry of two datasets); the old
+sweep's registry rows, kept in its set-aside folder while an --overwrite
 runs (ROWS_ASIDE, put back with it); and the check, before any trial trains, that the indicator
 tasks its trials are scored on can read their data offline.
 
 Run its tests: .venv/bin/python -m pytest -q tests/cli/test_train.py tests/cli/test_rerun_commands.py
 tests/cli/test_sweep_continue.py tests/cli/test_sweep_overwrite_kill.py
+tests/cli/test_train_sweep.py tests/cli/test_sweep_data_changed.py
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import contextmanager
@@ -35,6 +39,8 @@ from layerswap.trainables.outputs import (
     writing,
 )
 from layerswap.trainables.storage import is_under
+from layerswap.trainables.train.data_fingerprint import KEY as DATA_KEY
+from layerswap.trainables.train.data_fingerprint import data_change, data_fingerprint
 
 
 def sweep_data_problem(exp: TrainExperiment) -> str | None:
@@ -73,6 +79,57 @@ def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
     return rec if same and rec.get("rows") else None
 
 
+# In RUN/train/<name>, written when the sweep starts (beside its marker): the content of the
+# dataset files its trials train on (trainables/train/data_fingerprint.py); SWEEP_FINISHED copies
+# it. A sweep started before this file existed has none: a resume records the files as its
+# trials' checkpoints were checked to hold.
+SWEEP_DATA = "sweep_data.json"
+
+
+def _record_data(exp: TrainExperiment, folder: Path) -> None:
+    atomic_write_text(folder / SWEEP_DATA, json.dumps(data_fingerprint(exp), indent=1))
+
+
+def _recorded_data(folder: Path) -> dict | None:
+    try:
+        rec = json.loads((folder / SWEEP_DATA).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def check_sweep_data(exp: TrainExperiment, folder: Path, finished: dict | None = None) -> None:
+    """Refuse to skip or resume the sweep in `folder` when one of its dataset files changed
+    since it trained (data_fingerprint.data_change: the rule a plain run's rerun follows), before
+    any work. The files are hashed only when something recorded is there to compare with.
+
+    Args:
+        exp: the experiment.
+        folder: RUN/train/<name>.
+        finished: its SWEEP_FINISHED record; None: an unfinished sweep, compared with its
+            SWEEP_DATA and with every checkpoint its trials wrote (a sweep started before
+            SWEEP_DATA has only those).
+    Raises:
+        OutputError: one line naming each changed file and --overwrite.
+    """
+    if finished is not None:
+        recorded = [finished.get(DATA_KEY)]
+    else:
+        # lazy: torch (trainables/train/state.py imports it); only for a sweep about to resume
+        from layerswap.trainables.train.state import find_checkpoints, read_manifest
+
+        recorded = [_recorded_data(folder)] + [read_manifest(c).get(DATA_KEY) for c in find_checkpoints(folder)]  # fmt: skip
+    now = functools.cache(lambda: data_fingerprint(exp))  # hashed once, if at all
+    for rec in recorded:
+        if what := data_change(rec, now, trained="the sweep"):
+            raise OutputError(
+                f"{folder}: {what}; its experts were trained on the old data, so the sweep is "
+                "neither finished nor continued on the new (a registry of experts of two "
+                "datasets): pass --overwrite to run it again on the data as it is now (its "
+                "registry rows go with it)"
+            )
+
+
 def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
     """Refuse to resume the sweep in `folder` unless `--continue` asks to and it is this
     experiment's (not finished: the caller skips a finished one) with its Tune state there.
@@ -80,6 +137,7 @@ def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
     Raises:
         OutputError: another experiment's sweep is there (or, without --continue, any sweep),
             which only --overwrite may replace; with --continue it names what changed.
+            Or a dataset file changed since the sweep trained (check_sweep_data).
         SweepStateError: the same experiment's, but its Tune state is missing or unreadable.
     """
     if not cont:
@@ -97,6 +155,7 @@ def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
             "only as it started (num_samples and the sweep: block included); pass --overwrite to "
             "run it again (its registry rows go with it) or choose another --out"
         )
+    check_sweep_data(exp, folder)
     if (problem := restore_problem(folder, exp.sweep.algorithm)) is not None:
         raise cannot_restore(folder, problem)
 
@@ -190,6 +249,8 @@ def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: boo
     def resume():
         with writing(folder):  # one writer; an interrupt leaves it resumable again
             put_back_rows(run_dir, folder)
+            if _recorded_data(folder) is None:  # started before SWEEP_DATA: checked just now
+                _record_data(exp, folder)
             yield
 
     @contextmanager
@@ -213,6 +274,7 @@ def sweep_folder(exp: TrainExperiment, run_dir: Path, overwrite: bool, cont: boo
                     drop_rows_under(reg, folder)
                     folder.mkdir(parents=True, exist_ok=True)
                     write_marker(folder, "train", experiment_identity(exp))
+                    _record_data(exp, folder)  # what its trials train on, for --continue
                     yield
             except BaseException:
                 put_back_rows(run_dir, folder)  # replacing put the old sweep back: its rows too
@@ -242,6 +304,7 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     # skips it. Written inside the sweep's folder, which is kept only if the command ends here.
     record = {"identity": experiment_identity(exp), "trials": res.trials, "rows": len(res.rows)}
     record["registry"] = str(res.registry)
+    record[DATA_KEY] = _recorded_data(run_dir / "train" / exp.name)  # as the sweep started
     atomic_write_text(run_dir / "train" / exp.name / SWEEP_FINISHED, json.dumps(record, indent=1))
     print(
         f"expert sweep {exp.name}: {len(res.trials)} trials, {len(res.rows)} checkpoints "
