@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/analysis/test_treatments_two_languages.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -109,6 +110,8 @@ def friedman_paragraph(sec: Section, cells: FriedmanCells) -> None:
         "df": f.k - 1,
         "statistic": f.statistic,
         "p_value": f.p_value,
+        "p_method": f.p_method,
+        "p_asymptotic": f.p_asymptotic,
         "mean_ranks": f.mean_ranks,
         "left_out_dev_split": cells.dev_split,
         "left_out_no_score": cells.no_score,
@@ -122,7 +125,7 @@ def friedman_paragraph(sec: Section, cells: FriedmanCells) -> None:
         return
     ranks = ", ".join(f"{t} {r:.2f}" for t, r in sorted(f.mean_ranks.items(), key=lambda kv: -kv[1]))  # fmt: skip
     sec.text(
-        f"{head}: χ² = {f.statistic:.3f} with {f.k - 1} degrees of freedom, p = {f.p_value:.4f}. "
+        f"{head}: χ² = {f.statistic:.3f} with {f.k - 1} degrees of freedom, {_p_text(f)}. "
         f"Mean ranks (of {f.k}, higher = better): {ranks}.{left}"
     )
 
@@ -154,3 +157,12 @@ def _dev_cells(cells: FriedmanCells) -> str:
         f"{t} ({'every condition' if c == cells.all_conditions else ', '.join(c)})"
         for t, c in cells.dev_split.items()
     )
+
+
+def _p_text(f) -> str:
+    """The p-value and which it is: exact over every within-condition ordering where those are
+    few enough to enumerate, else the χ² approximation (named so; poor with few conditions)."""
+    if f.p_method == "exact permutation":
+        n = math.factorial(f.k) ** f.n
+        return f"exact permutation p = {f.p_value:.4f} (over all {n} orderings within the conditions; asymptotic χ² p {f.p_asymptotic:.4f})"  # fmt: skip
+    return f"asymptotic χ² p = {f.p_value:.4f} (too many orderings to enumerate for an exact p)"

@@ -173,6 +173,40 @@ def test_friedman_matches_scipy(ties):
     assert f.mean_ranks["d"] == pytest.approx(sps.rankdata(m, axis=1)[:, 3].mean())
 
 
+def _brute_force_p(m: np.ndarray) -> float:
+    """Every within-block permutation of the matrix, its Friedman statistic against the observed."""
+    obs = sps.friedmanchisquare(*m.T).statistic
+    hits = total = 0
+    for perms in itertools.product(itertools.permutations(range(m.shape[1])), repeat=len(m)):
+        mm = np.array([row[list(p)] for row, p in zip(m, perms, strict=True)])
+        hits += sps.friedmanchisquare(*mm.T).statistic >= obs - 1e-9
+        total += 1
+    return hits / total
+
+
+@pytest.mark.parametrize(
+    "m",
+    [
+        [[0.1, 0.2, 0.3], [0.15, 0.25, 0.35]],  # one ranking in both: exact 1/6, χ² 0.135
+        [[0.1, 0.2, 0.3], [0.3, 0.2, 0.1], [0.2, 0.1, 0.3]],
+        [[0.1, 0.1, 0.3], [0.2, 0.3, 0.3], [0.1, 0.2, 0.2]],  # ties
+        [[0.1, 0.2, 0.3, 0.4], [0.2, 0.1, 0.4, 0.3]],
+    ],
+)
+def test_friedman_p_is_exact_when_the_orderings_are_few(m):
+    m = np.array(m)
+    f = friedman(m, [f"t{i}" for i in range(m.shape[1])])
+    assert f.p_method == "exact permutation"
+    assert f.p_value == pytest.approx(_brute_force_p(m), abs=1e-12)
+    assert f.p_asymptotic == pytest.approx(sps.friedmanchisquare(*m.T).pvalue)
+
+
+def test_friedman_p_is_asymptotic_and_says_so_when_the_orderings_are_many():
+    m = np.random.default_rng(1).standard_normal((5, 5))  # 120^5 orderings
+    f = friedman(m, list("abcde"))
+    assert f.p_method == "asymptotic χ²" and f.p_value == f.p_asymptotic
+
+
 def test_friedman_refuses_undefined_cases():
     with pytest.raises(ValueError, match="3 treatments"):
         friedman(np.ones((4, 2)), ["a", "b"])

@@ -79,6 +79,8 @@ def test_friedman_leaves_out_dev_split_cells_and_says_so(tmp_path):
     assert f["left_out_dev_split"] == {"data mixing / full": [f"{BASE} / xa", f"{BASE} / xb"]}
     text = next(t for t in _texts(sec) if t.startswith("Friedman"))
     assert "Left out as dev-split scores" in text and "data mixing / full (every condition)" in text
+    # 2 conditions × 3 treatments: 36 orderings, so the p is exact, and the text says so
+    assert f["p_method"] == "exact permutation" and f"exact permutation p = {f['p_value']:.4f}" in text  # fmt: skip
 
 
 def test_the_greedy_drop_names_what_it_removes(tmp_path):
