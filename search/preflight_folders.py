@@ -20,6 +20,7 @@ from layerswap.spaces.base import is_hub_id
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.trainables.merge.adapter_kind import expert_kind, is_lora_adapter
 from layerswap.trainables.merge.arch import SUPPORTED_MODEL_TYPES, arch_differences
+from layerswap.trainables.merge.generation import generation_file_problem
 from layerswap.trainables.merge.tokenizer_match import TokenizerMismatch, check_same_tokenizer
 from layerswap.trainables.storage import exists, is_uri
 
@@ -142,6 +143,8 @@ def _inspect(f: _Folder, out: Preflight) -> None:
         out.problems.append(f"{where}: {bad}")
     if f.adapter:
         return  # an adapter's architecture is its base's; adapter_config.json has no ARCH_FIELDS
+    if (bad := generation_file_problem(p)) is not None:  # its trials would each fail on it
+        out.problems.append(f"{f.label}: {bad}")
     try:
         cfg = json.loads((p / "config.json").read_text())
     except FileNotFoundError:

@@ -199,6 +199,15 @@ def test_base_missing_or_without_config(tiny_world, paths, tmp_path):
     )
 
 
+def test_a_generation_config_that_is_not_json_is_named_before_the_search(tiny_world, paths, tmp_path):  # fmt: skip
+    """Every trial on it failed with transformers' OSError; a resumed search saw 'unreadable'."""
+    base = tmp_path / "base"
+    shutil.copytree(paths["base"], base)
+    (base / "generation_config.json").write_text("{not json")
+    problems = check_search(experiment(tiny_world, paths, base=str(base)))
+    _only(problems, f"base: {base / 'generation_config.json'}: not readable JSON")
+
+
 def test_lora_experts_need_a_base(tiny_world, paths, tmp_path):
     lora = _adapter(tmp_path / "lora_lang")
     space = {"weighting": ["uniform"]}  # magnitude weights need a base anyway

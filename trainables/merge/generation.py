@@ -7,7 +7,8 @@ as merge_lora_to_disk copies it), else transformers derives the settings from th
 it copies; lm-eval's generate and the proxies' decoding rules read them (Qwen2.5's
 repetition_penalty 1.05, extra eos ids and max_new_tokens 2048 live only there). Content ids
 (trainables/model_ids.py) do not hash generation_config.json, so `decoding_digest` is what says
-two evaluations of one checkpoint decoded alike.
+two evaluations of one checkpoint decoded alike: it hashes only the settings that change what
+generate() returns (DECODING_FIELDS), so equal settings however written give one digest.
 Run: `python -c "from layerswap.trainables.merge.generation import decoding_digest as d; print(d('DIR'))"`.
 Tests: tests/trainables/merge/test_generation_digest.py tests/trainables/merge/test_live_decoding.py
 """
@@ -23,9 +24,40 @@ from layerswap.spaces.base import is_hub_id
 from layerswap.trainables.storage import is_uri, join, local_copy
 
 GENERATION_CONFIG = "generation_config.json"
-# Fields a saved generation config carries that say who wrote it, not how it decodes: a re-save
-# by another transformers version (or one derived from config.json, then saved) differs only here.
-BOOKKEEPING = frozenset({"transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash"})  # fmt: skip
+# The GenerationConfig fields that change what generate() returns, greedy or sampled (transformers
+# 5.x), each with the value generate() uses when the field is unset: the settings digest hashes
+# only these, so fields that change no output (use_cache, output_attentions and the other output_*
+# and cache_* flags that a config derived from config.json carries, compile and assistant
+# settings), who saved the file (transformers_version, _from_model_config) and keys transformers
+# does not know all leave it alone. Defaults: GenerationConfig._get_default_generation_params,
+# else None or False (off).
+# fmt: off
+DECODING_FIELDS: dict[str, object] = {
+    # special tokens: which ids end a sequence, pad the finished ones of a batch, start one
+    "eos_token_id": None, "bos_token_id": None, "pad_token_id": None,
+    "decoder_start_token_id": None,
+    # length and stopping
+    "max_length": 20, "max_new_tokens": None, "min_length": 0, "min_new_tokens": None,
+    "early_stopping": False, "max_time": None, "stop_strings": None,
+    # decoding strategy
+    "do_sample": False, "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
+    "penalty_alpha": None, "dola_layers": None, "num_return_sequences": 1,
+    # logits processing and sampling
+    "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "top_h": None, "typical_p": 1.0,
+    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "force_words_ids": None,
+    "constraints": None, "sequence_bias": None, "renormalize_logits": False,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "remove_invalid_values": False,
+    "exponential_decay_length_penalty": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "guidance_scale": None, "token_healing": False,
+    "watermarking_config": None,
+}
+# fmt: on
+# Fields one value of which means a one-element list: generate() stops at any id of a list, so
+# eos_token_id 2 and [2] decode alike (one digest); a list's order is kept (its first id pads
+# finished sequences when pad_token_id is unset).
+AS_LIST = frozenset({"eos_token_id", "stop_strings"})
 
 Lookup = Callable[[str, str], "str | None"]
 
@@ -83,6 +115,25 @@ def decoding_source(ref: str, base: str | None, adapter: bool | None = None) -> 
     return ref
 
 
+def generation_file_problem(folder: str | Path) -> str | None:
+    """Why `folder`'s generation_config.json cannot be read as generation settings (not UTF-8
+    JSON, not a JSON object), one line naming the file; None if it can, or there is none.
+
+    Args:
+        folder: a local checkpoint folder.
+    """
+    path = Path(folder) / GENERATION_CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, or bytes that are not UTF-8
+        return f"{path}: not readable JSON ({e})"
+    if not isinstance(data, dict):
+        return f"{path}: not a JSON object (a {type(data).__name__})"
+    return None
+
+
 def generation_config(src: str, lookup: Lookup = file_dir, fallback=None, base: str | None = None):
     """The GenerationConfig a disk merge whose primary is `src` carries: `src`'s
     generation_config.json, else the settings its config.json implies, else those of `fallback`
@@ -95,12 +146,16 @@ def generation_config(src: str, lookup: Lookup = file_dir, fallback=None, base: 
         base: the pool's base, whose config.json is read when there is no `fallback`.
     Returns:
         a transformers GenerationConfig.
+    Raises:
+        ValueError naming a generation_config.json that is not a JSON object.
     """
     # lazy: transformers (0.9 s here after torch), which the study planner never needs
     from transformers import AutoConfig, GenerationConfig
 
     folder = side_dir(src, GENERATION_CONFIG, lookup)
     if folder is not None:
+        if (problem := generation_file_problem(folder)) is not None:
+            raise ValueError(problem)  # one line naming the file, not transformers' OSError
         return GenerationConfig.from_pretrained(folder)
     config_dir = side_dir(src, "config.json", lookup)
     if config_dir is None and fallback is None:
@@ -109,12 +164,45 @@ def generation_config(src: str, lookup: Lookup = file_dir, fallback=None, base: 
     return GenerationConfig.from_model_config(config) if config is not None else GenerationConfig()
 
 
+def _plain(value):
+    """`value` as JSON-able data that equal settings share: tuples as lists, a float with an
+    integral value as an int (1.0 and 1 are one setting), a config object as its dict."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if hasattr(value, "to_dict"):  # watermarking_config
+        return _plain(value.to_dict())
+    return value
+
+
+def decoding_settings(generation) -> dict:
+    """The DECODING_FIELDS of a GenerationConfig that differ from what generate() uses when
+    unset, normalised (`_plain`; AS_LIST fields as lists).
+
+    Args:
+        generation: a transformers GenerationConfig.
+    Returns:
+        field -> value, only fields off their default.
+    """
+    out = {}
+    for field, default in DECODING_FIELDS.items():
+        value = getattr(generation, field, None)
+        value = _plain(default if value is None else value)
+        if field in AS_LIST and value is not None and not isinstance(value, list):
+            value = [value]
+        if value != _plain(default):
+            out[field] = value
+    return out
+
+
 def settings_digest(generation) -> str:
-    """16 hex digits of a GenerationConfig's settings: its fields that differ from transformers'
-    defaults, less BOOKKEEPING, as sorted JSON (equal settings saved by any version, in any key
-    order, or derived from config.json, give one digest)."""
-    fields = {k: v for k, v in generation.to_diff_dict().items() if k not in BOOKKEEPING}
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    """16 hex digits of a GenerationConfig's decoding settings (`decoding_settings`) as sorted
+    JSON: equal settings give one digest however they were written (saved by any transformers
+    version, in any key order, derived from config.json, with fields that change no output)."""
+    text = json.dumps(decoding_settings(generation), sort_keys=True, separators=(",", ":"), default=str)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from transformers import AutoConfig, GenerationConfig
 
-from layerswap.trainables.merge.generation import decoding_digest
+from layerswap.trainables.merge.generation import DECODING_FIELDS, decoding_digest
 
 # A config.json transformers can read, with the generation fields it derives settings from.
 CONFIG = {"model_type": "llama", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
@@ -55,3 +56,57 @@ def test_a_hub_id_not_in_the_cache_has_no_known_digest(tmp_path):
     hub = "layerswap-tests/never-downloaded"
     assert decoding_digest(hub, known_only=True) is None
     assert decoding_digest(hub, base) == decoding_digest(base)
+
+
+# Files that say what the bare config.json implies (bos 1, eos 2, pad 0), however written.
+IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+SAME = {
+    "a 4.x save": IDS | {"_from_model_config": True, "transformers_version": "4.40.0"},
+    "eos as a list of one": IDS | {"eos_token_id": [2]},
+    "defaults spelled out": IDS
+    | {"do_sample": False, "temperature": 1, "top_k": 50, "num_beams": 1, "max_length": 20.0},
+    "fields that change no output": IDS
+    | {"use_cache": False, "output_scores": True, "my_custom": 3},
+}
+# ...and files that decode otherwise.
+OTHER = {
+    "sampling": {"do_sample": True},
+    "top_k": {"top_k": 5},
+    "a stop string": {"stop_strings": "\n\n"},
+    "another eos order": {"eos_token_id": [3, 2]},
+    "min_new_tokens": {"min_new_tokens": 4},
+    "no pad": {"pad_token_id": 5},
+}
+
+
+@pytest.mark.parametrize("case", list(SAME))
+def test_equal_decoding_settings_written_otherwise_give_one_digest(tmp_path, case):
+    """A base without generation_config.json (settings derived from config.json carry use_cache
+    and output_* flags) and one whose file holds the same ids gave two digests: a search
+    --resume refused, kept promotion results were evaluated again."""
+    bare = _checkpoint(tmp_path / "bare")
+    assert decoding_digest(_checkpoint(tmp_path / "file", SAME[case])) == decoding_digest(bare)
+
+
+@pytest.mark.parametrize("case", list(OTHER))
+def test_a_changed_decoding_setting_gives_another_digest(tmp_path, case):
+    ids = {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0}
+    same = _checkpoint(tmp_path / "same", ids)
+    other = _checkpoint(tmp_path / "other", ids | OTHER[case])
+    assert decoding_digest(other) != decoding_digest(same)
+
+
+def test_the_decoding_fields_are_transformers_own_with_its_defaults():
+    """Each hashed field is one GenerationConfig has, and its unset value is the one generate()
+    fills in (a typo, or a default transformers changed, would split or merge digests)."""
+    known = vars(GenerationConfig())
+    assert not [f for f in DECODING_FIELDS if f not in known]
+    defaults = GenerationConfig._get_default_generation_params()
+    assert {f: d for f, d in DECODING_FIELDS.items() if f in defaults and d != defaults[f]} == {}
+
+
+def test_a_generation_config_that_is_not_json_is_named(tmp_path):
+    broken = _checkpoint(tmp_path / "broken", {})
+    (tmp_path / "broken" / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'broken' / 'generation_config.json'}: not readable JSON"):  # fmt: skip
+        decoding_digest(broken)
