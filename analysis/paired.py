@@ -21,10 +21,11 @@ from layerswap.analysis.load import RunData, target_rows, target_scores, target_
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci
 from layerswap.analysis.treatment_modes import promoted_experts
+from layerswap.spaces.baselines import EXPERT_BASELINES
 from layerswap.trainables.evaluate.harness import predictions
 
 TITLE = "Against the experts (paired, per item)"
-EXPERTS = ("math_expert", "language_expert")  # promotion's baseline names (search/promote.py)
+EXPERTS = tuple(EXPERT_BASELINES.values())  # promotion's names (math_expert, math_expert_2, ...)
 
 
 def _raw_paths(run: RunData, task: str) -> dict[str, list[Path | None]]:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import pandas as pd
 
 from layerswap.analysis.load import RunData, hparams, trial_by_recipe
-from layerswap.spaces.baselines import MERGED_BASELINES, pair_name
+from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, pair_name
 from layerswap.spaces.search_space import ExpertPool, expert_id
 
 MODES = ["partial", "lora", "full"]  # the paper's column order (Partial, LoRA, Full SFT)
 POOL_JSON = "search/pool.json"  # the search's expert pool (search/search.py writes it)
-# Promotion's names of the pool's experts (search/promote.py `baselines`: the i-th expert of a
-# side is "<side>" for the first, "<side>_<i+1>" after it); key: the pool's side.
-EXPERT_NAMES = {"task": "math_expert", "language": "language_expert"}
 
 
 def expert_mode(row: pd.Series) -> str:
@@ -91,9 +88,8 @@ def promoted_experts(run: RunData) -> dict[str, tuple[str, ...]]:
     sides = {"task": pool.task, "language": pool.language}
     ids = {s: [expert_id(pool, r.path) for r in refs] for s, refs in sides.items()}
     out: dict[str, tuple[str, ...]] = {}
-    for side, name in EXPERT_NAMES.items():
-        for i, eid in enumerate(ids[side]):
-            out[name if i == 0 else f"{name}_{i + 1}"] = (eid,)
+    for side, side_ids in ids.items():
+        out |= {expert_name(side, i): (eid,) for i, eid in enumerate(side_ids)}
     for b in MERGED_BASELINES:
         if len(ids["task"]) * len(ids["language"]) == 1:
             out[b] = (ids["task"][0], ids["language"][0])

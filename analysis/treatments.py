@@ -15,8 +15,6 @@ Run: .venv/bin/python -m pytest -q tests/analysis/test_treatments_two_languages.
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
 from layerswap.analysis.friedman_cells import FriedmanCells, friedman_cells, friedman_paragraph
@@ -35,7 +33,7 @@ from layerswap.analysis.treatment_modes import (
     layer_swap_modes,
     promoted_modes,
 )
-from layerswap.spaces.baselines import merged_baseline
+from layerswap.spaces.baselines import expert_baseline, merged_baseline
 from layerswap.spaces.task_families import dev_task, heldout_task, task_language, task_split
 
 TITLE = "Treatments"
@@ -87,8 +85,7 @@ def treatment_values(run: RunData) -> pd.DataFrame:
                     # math_expert_2, language_expert_3: further experts of the pool;
                     # soup_uniform_t2_l1: a merged baseline's further pairs (its cell is the
                     # mean over pairs, the paper's "avg of 9 pairs", n shown)
-                    key = re.sub(r"^(math_expert|language_expert)_\d+$", r"\1", model)
-                    key = merged_baseline(key) or key
+                    key = expert_baseline(model) or merged_baseline(model) or model
                     treat = BASELINE_ROWS.get(key, model)
                     mode = modes_by_model.get(model, "full")  # its experts' (treatment_modes)
                 if treat == "base model":

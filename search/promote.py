@@ -23,7 +23,7 @@ from layerswap.search.pool import include_paths, model_depth, model_ids_file, re
 from layerswap.search.promote_best import write_best
 from layerswap.search.promote_eval import Evaluation, Setup, evaluate_models
 from layerswap.search.results import TrialStore, write_parquet_atomic
-from layerswap.spaces.baselines import MERGED_BASELINES, pair_name
+from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, pair_name
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, Recipe, SoupRecipe, TiesRecipe, parse_recipe
 from layerswap.spaces.search_experiment import SearchExperiment
@@ -103,9 +103,8 @@ def baselines(exp: SearchExperiment, pool: ExpertPool, depth: int) -> list[tuple
     if "base" in want and pool.base is not None:
         out.append(("base", pool.base))
     if "experts" in want:
-        for side, refs in (("math_expert", pool.task), ("language_expert", pool.language)):
-            for i, r in enumerate(refs):
-                out.append((side if i == 0 else f"{side}_{i + 1}", r.path))
+        for side, refs in (("task", pool.task), ("language", pool.language)):
+            out += [(expert_name(side, i), r.path) for i, r in enumerate(refs)]
     pairs = baseline_pairs(exp, pool)
     for name in MERGED_BASELINES:
         if name not in want or (MERGED[name].needs_base and pool.base is None):

@@ -1,5 +1,5 @@
-"""The names of promotion's merged baselines: which baselines are merged from an expert pair,
-and how a model's name says its pair (soup_uniform_t2_l1). Pure naming, shared by the search's
+"""The names of promotion's baselines: the pool's experts (math_expert, math_expert_2), which
+baselines are merged from an expert pair, and how a model's name says its pair (soup_uniform_t2_l1). Pure naming, shared by the search's
 promotion (search/promote.py, search/leaderboard.py) and the analysis (analysis/treatments.py).
 Tests: .venv/bin/python -m pytest -q tests/search/test_promote_pairs.py
 """
@@ -7,6 +7,10 @@ Tests: .venv/bin/python -m pytest -q tests/search/test_promote_pairs.py
 from __future__ import annotations
 
 import re
+
+# Promotion's names of the pool's experts, by side: the first plain, further ones numbered.
+EXPERT_BASELINES = {"task": "math_expert", "language": "language_expert"}
+_EXPERT = re.compile(rf"^({'|'.join(EXPERT_BASELINES.values())})(?:_(\d+))?$")
 
 # The merged baselines: built from one (task, language) expert pair each (search/promote.py).
 MERGED_BASELINES = ("soup_uniform", "soup_magnitude", "ties", "paper_default")
@@ -26,3 +30,17 @@ def merged_baseline(model: str) -> str | None:
     if m:
         return m.group(1)
     return model if model in MERGED_BASELINES else None
+
+
+def expert_name(side: str, index: int) -> str:
+    """The model name of the pool's expert `index` (0-based) of `side` ("task" or "language"):
+    math_expert for the first task expert, math_expert_2 for the second."""
+    name = EXPERT_BASELINES[side]
+    return name if index == 0 else f"{name}_{index + 1}"
+
+
+def expert_baseline(model: str) -> str | None:
+    """The expert baseline a promoted model's name is ("math_expert" for math_expert and
+    math_expert_3), or None for any other model."""
+    m = _EXPERT.match(model)
+    return m.group(1) if m else None
