@@ -22,6 +22,10 @@ from layerswap.trainables.merge.generation import decoding_digest
 from layerswap.trainables.outputs import OutputError, check_output
 
 DECODING = "decoding.json"  # RUN/search/decoding.json: each pool checkpoint's decoding digest
+# The digest rule decoding.json's digests were made by (trainables/merge/generation.py): 2 hashes
+# DECODING_FIELDS only; 1 (an earlier layerswap) hashed every setting, so equal settings could
+# differ. Digests of two rules cannot be compared: a record of another rule is not.
+DECODING_FORMAT = 2
 
 
 def search_identity(exp: SearchExperiment) -> str:
@@ -138,8 +142,8 @@ def check_decoding(sdir: Path, now: dict[str, str | None], resume: bool) -> None
     Trials score the live model, which decodes with its recipe's primary checkpoint's generation
     settings: rows scored before and after a changed generation_config.json are not comparable,
     in the trials table nor in the Optuna study, as with a changed experiment. A run folder
-    saved without RUN/search/decoding.json (before it was recorded) is resumed with one line on
-    stderr saying so.
+    saved without RUN/search/decoding.json (before it was recorded), or with one an earlier digest
+    rule wrote (DECODING_FORMAT), is resumed with one line on stderr saying so.
 
     Args:
         sdir: RUN/search.
@@ -152,12 +156,16 @@ def check_decoding(sdir: Path, now: dict[str, str | None], resume: bool) -> None
     if not resume or not (sdir / "experiment.json").exists():
         return
     try:
-        before = json.loads(saved.read_text())["decoding"]
+        record = json.loads(saved.read_text())
+        before, written_by = record["decoding"], record.get("format")
     except FileNotFoundError:
         print(f"layerswap: {saved} missing (a search started before it was recorded): the experts' decoding could not be compared with its earlier trials'", file=sys.stderr)  # fmt: skip
         return
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise OutputError(f"--resume: {saved}: unreadable ({e}); start a new search (--out) or --overwrite") from e  # fmt: skip
+    if written_by != DECODING_FORMAT:
+        print(f"layerswap: {saved} was written by an earlier layerswap (digest rule {written_by}, now {DECODING_FORMAT}): the experts' decoding could not be compared with its earlier trials'; it is recorded anew", file=sys.stderr)  # fmt: skip
+        return
     unknown = [ref for ref in now if ref in before and None in (before[ref], now[ref])]
     if unknown:  # a Hub id not in the cache when the search started, or now
         print(f"layerswap: the decoding of {', '.join(unknown)} could not be compared with the search's start (its settings were not in the local cache then, or are not now)", file=sys.stderr)  # fmt: skip
@@ -173,4 +181,4 @@ def check_decoding(sdir: Path, now: dict[str, str | None], resume: bool) -> None
 
 def write_decoding(sdir: Path, now: dict[str, str | None]) -> None:
     """Record `pool_decoding` in RUN/search/decoding.json (atomically), for a later --resume."""
-    atomic_write_text(sdir / DECODING, json.dumps({"format": 1, "decoding": now}, indent=1, sort_keys=True))  # fmt: skip
+    atomic_write_text(sdir / DECODING, json.dumps({"format": DECODING_FORMAT, "decoding": now}, indent=1, sort_keys=True))  # fmt: skip

@@ -75,6 +75,18 @@ def test_a_run_without_the_record_resumes_saying_it_could_not_compare(started, c
     check_decoding(sdir, {"x": "y"}, resume=False)  # a new search compares nothing
 
 
+def test_a_record_of_an_earlier_digest_rule_is_said_not_compared(started, capsys):
+    """Digests of the earlier rule (every setting hashed) differ for equal settings: comparing
+    them would refuse a resume for nothing, so the record is named, not compared."""
+    exp, sdir, _ = started
+    record = json.loads((sdir / DECODING).read_text())
+    old = {"format": 1, "decoding": {ref: "0" * 16 for ref in record["decoding"]}}
+    (sdir / DECODING).write_text(json.dumps(old))
+    check_decoding(sdir, pool_decoding(resolve_pool(exp)), resume=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "digest rule 1, now 2" in err, err
+
+
 def test_a_checkpoint_not_in_the_cache_at_the_start_is_said_not_compared(tmp_path, capsys):
     """A Hub id the first trial downloads had no settings here when the search started: its
     digest then (None) is no change, and the line names it."""
