@@ -134,6 +134,29 @@ def check_cpu_size(n_params: int, device: str, what: str) -> None:
         )
 
 
+def free_cuda_bytes(device) -> int:
+    """Bytes a CUDA device can still hand this process: the driver's free memory plus what
+    PyTorch's caching allocator holds reserved but unused.
+
+    A model built on the GPU and then given other weights (trainables/merge/live.py builds with
+    random ones, then replaces every parameter) leaves its old storage cached: free to PyTorch,
+    not to the driver, so `mem_get_info` alone under-reads by about one model. Counted rather than
+    released with `empty_cache`: a read changes nothing for other models this process holds, and
+    the allocator releases its cache and retries before it reports out-of-memory, so cached bytes
+    serve an allocation of any size.
+
+    Args:
+        device: a CUDA device (torch.device or "cuda:N"); callers on other devices never ask.
+    Returns:
+        free bytes (under a memory cap that patches mem_get_info, the capped free plus the cache).
+    """
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free) + max(0, int(cached))
+
+
 # How a full GPU also shows, besides torch.OutOfMemoryError: a kernel's own allocation through
 # C10_CUDA_CHECK ("CUDA error: out of memory", a plain RuntimeError), and cuBLAS failing to make
 # its handle or workspace near the limit (lower case: compared with the message lowered).

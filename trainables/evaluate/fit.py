@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from layerswap.trainables.devices import is_out_of_memory
+from layerswap.trainables.devices import free_cuda_bytes, is_out_of_memory
 
 T = TypeVar("T")
 # Share of the free device memory an estimate may plan for: the allocator's fragmentation and
@@ -225,8 +225,6 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
             (num_fewshot None: each task's own).
         want: the configured batch size, an int or "auto".
     """
-    import torch
-
     # lazy: the evaluator imports lm-eval; the estimate above is plain arithmetic
     from layerswap.trainables.evaluate.proxy import ProxyEvaluator
     from layerswap.trainables.evaluate.proxy_lm import hflm_max_length, model_device
@@ -246,7 +244,7 @@ def eval_batch(model, tokenizer, tasks: list[str], *, include_path, limit, num_f
     bound = min(longest, hflm_max_length(model, tokenizer)) or None
     if want == "auto":
         return EvalBatch("auto", bound, f"lm-eval's auto, max_length bounded to {bound}")
-    free, _ = torch.cuda.mem_get_info(device)
+    free = free_cuda_bytes(device)  # cached-but-unused bytes count: the model was rebuilt
     dtype_bytes = next(model.parameters()).element_size()
     shape = model_shape(model.config)
     batch = fitting_batch(rows, shape, free, int(want), dtype_bytes)

@@ -190,3 +190,38 @@ def test_a_generation_config_budget_sizes_the_generate_rows(tok, tmp_path):
     plan = fit.eval_batch(model, tok, ["mgsm_dev"], max_gen_toks=8, want="auto", **kw)
     longest = max(r.tokens for r in fit.task_rows(ev))
     assert plan.max_length == min(longest + 40, hflm_max_length(model, tok))
+
+
+def test_a_gpu_batch_counts_the_allocators_cached_bytes_as_free(monkeypatch):
+    """Promotion builds its model on the GPU with random weights, then replaces every parameter:
+    the old storage stays in PyTorch's cache, free to PyTorch but not to the driver, and the
+    first batch was sized as if one model less fitted. mem_get_info's free plus reserved less
+    allocated is what the process can use; on a CPU none of them is read."""
+    from layerswap.trainables.evaluate import proxy, proxy_lm
+    from layerswap.trainables.train import model_shape
+
+    monkeypatch.setattr(proxy, "ProxyEvaluator", lambda *a, **kw: "evaluator")
+    rows = [RowShape("loglikelihood", 50)]
+    monkeypatch.setattr(fit, "task_rows", lambda ev, model=None: rows)
+    monkeypatch.setattr(model_shape, "model_shape", lambda config: SHAPE)
+    monkeypatch.setattr(proxy_lm, "hflm_max_length", lambda model, tok: 4096)
+
+    def unread(*a, **kw):
+        raise AssertionError("CUDA memory read for a CPU model")
+
+    for name in ("mem_get_info", "memory_reserved", "memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, unread)
+    model = torch.nn.Linear(2, 2)
+    model.config = None
+    kw = dict(include_path=None, limit=2, num_fewshot=0, max_gen_toks=24)
+    assert fit.eval_batch(model, None, ["t"], want=512, **kw).batch_size == 512  # CPU: as is
+
+    per_row = row_bytes(rows[0], SHAPE, 4)
+    monkeypatch.setattr(proxy_lm, "model_device", lambda m: torch.device("cuda", 0))
+    # the driver: 10 rows free; the cache: 50 rows reserved, 40 of them free since the rebuild
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (10 * per_row, 100 * per_row))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 50 * per_row)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 10 * per_row)
+    plan = fit.eval_batch(model, None, ["t"], want=512, **kw)
+    assert plan.batch_size == fitting_batch(rows, SHAPE, 50 * per_row, 512, 4)
+    assert plan.batch_size > fitting_batch(rows, SHAPE, 10 * per_row, 512, 4)
