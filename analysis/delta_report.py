@@ -96,19 +96,21 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
             if str(r.get("mode")) == "lora":
                 notes.append(f"{r['expert_id']}: LoRA adapter, not mapped")
                 continue
-            path, base = run.resolve(r["path"]), run.resolve(r["base"])
-            if path is None or base is None or not path.is_dir() or not base.is_dir():
-                notes.append(f"{r['expert_id']}: checkpoint or base not found ({r['path']})")
+            (path, no_path), (base, no_base) = run.model_folder(r["path"]), run.model_folder(r["base"])  # fmt: skip
+            if path is None or base is None:
+                notes.append(f"{r['expert_id']}: not mapped, {no_path or 'its base ' + no_base}")
                 continue
             out.append(ExpertRef(f"{kind} expert {r['expert_id']}", kind, path, base))
     elif run.recipe_yaml is not None:
         recipe = load_recipe(run.recipe_yaml)
         if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
-            base = run.resolve(recipe.base)
+            base, no_base = run.model_folder(recipe.base)
             for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):
-                path = run.resolve(ref) if isinstance(ref, str) else None
-                if path is not None and path.is_dir():
-                    out.append(ExpertRef(f"{kind} expert ({path.name})", kind, path, base))
+                path, no_path = run.model_folder(ref if isinstance(ref, str) else None)
+                if path is None or base is None:
+                    notes.append(f"{kind} expert: not mapped, {no_path or 'its base ' + no_base}")
+                    continue
+                out.append(ExpertRef(f"{kind} expert ({path.name})", kind, path, base))
     return out, notes
 
 

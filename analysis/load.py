@@ -8,11 +8,13 @@ read (or lacks a required column) raises ValueError naming the file.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from layerswap.spaces.base import is_hub_id, is_uri
 from layerswap.spaces.search_experiment import Proxy
 from layerswap.spaces.task_families import INDICATOR_PREFIX as IND
 from layerswap.spaces.task_families import (
@@ -23,6 +25,7 @@ from layerswap.spaces.task_families import (
     task_split,
 )
 from layerswap.trainables.atomic import read_parquet
+from layerswap.trainables.storage import local_copy
 
 REGISTRY = Path("experts/registry.parquet")
 TRIALS = Path("search/trials.parquet")
@@ -71,6 +74,37 @@ class RunData:
             if moved.exists():
                 return moved
         return p
+
+    def model_folder(self, ref: str | None) -> tuple[Path | None, str]:
+        """A local folder holding the weights of model `ref` as a result file records it: a
+        folder (`resolve`), a Hub id's snapshot in the local Hugging Face cache (never the
+        network), or a URI's copy in layerswap's download cache (trainables/storage.py; fetched
+        when not there yet). Returns (folder, "") or (None, why not, naming `ref`)."""
+        if ref is None or (isinstance(ref, float) and pd.isna(ref)) or ref == "":
+            return None, "no model recorded"
+        ref = str(ref)
+        here = self.resolve(ref)
+        if here is not None and here.is_dir():
+            return here, ""
+        if is_hub_id(ref):
+            from huggingface_hub import try_to_load_from_cache  # lazy: Hub-id models only
+
+            found = try_to_load_from_cache(ref, "config.json")
+            snapshot = Path(found).parent if isinstance(found, str) else None
+            if snapshot is not None and _has_weights(snapshot):
+                return snapshot, ""
+            return None, f"{ref}: not found here, nor as a Hub model in the local cache (`layerswap prefetch` of the run's configs downloads Hub models)"  # fmt: skip
+        if is_uri(ref):
+            print(f"analyze: reading {ref} (cached under layerswap's download cache)", file=sys.stderr)  # fmt: skip
+            try:
+                return local_copy(ref), ""
+            except (OSError, ValueError) as e:
+                return None, f"{ref}: cannot be read ({e})"
+        return None, f"{ref}: not found"
+
+
+def _has_weights(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.glob("*.safetensors"))
 
 
 def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
