@@ -32,6 +32,7 @@ from layerswap.search.search_dir import (
 )
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
 from layerswap.search.trial import check_proxy_scales
+from layerswap.search.trial_fit import check_trials_fit, trial_demand
 from layerswap.search.tune_trial import NODE_PATHS_KEY, TrialSpec, merge_trial
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.local_inputs import search_inputs
@@ -42,6 +43,7 @@ from layerswap.trainables.model_ids import saved_digests
 from layerswap.trainables.node_paths import NodePathError, described, run_lock, start_checked
 from layerswap.trainables.outputs import write_marker
 from layerswap.trainables.ray_session import cluster_line, init_ray, tune_output
+from layerswap.trainables.train.ray_capacity import node_room
 
 
 @dataclass
@@ -110,6 +112,7 @@ def run_search(
     inputs = [*search_inputs(exp, pool), *([run_lock(sdir)] if exp.world is not None else [])]
     if exp.search.num_samples > store.spent():  # trials will run: every node must see the inputs
         start_checked(inputs, verbose=verbose, **_RAY_INIT)
+        check_trials_fit(exp.search)  # before anything is written: refused, RUN stays as it was
     if before_writing is not None:
         before_writing()
     sdir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +228,7 @@ def _run_tuner(
     progress: bool = True,
     verbose: bool = False,
 ) -> None:
-    """Run the remaining trials with Ray Tune, as many at once as the CPUs and GPUs allow."""
+    """Run the remaining trials with Ray Tune, as many at once as the nodes' CPUs and GPUs allow."""
     import dataclasses
 
     from ray import tune
@@ -235,7 +238,7 @@ def _run_tuner(
         init_ray(verbose=verbose, **_RAY_INIT)
     if progress:
         print(f"search: {cluster_line()}")
-    limit, resources = _trial_resources(exp, ray.cluster_resources())
+    limit, resources = _trial_resources(exp, ray.nodes())
     store, why = choose_store(exp.search.expert_store, searcher.pool, resources)
     # A fresh key per run: no store of an earlier run of this folder can serve this one.
     key = f"{search_identity(exp)}-{hashlib.sha256(str(sdir).encode()).hexdigest()[:8]}-{uuid.uuid4().hex[:8]}"  # fmt: skip
@@ -290,25 +293,21 @@ def _run_tuner(
 BUDGET_AT_ONCE = 0.25
 
 
-def _trial_resources(exp: SearchExperiment, cluster: dict) -> tuple[int, dict[str, float]]:
-    """(trials at once, Ray resources per trial) for the cluster's CPUs and GPUs, at most
+def _trial_resources(exp: SearchExperiment, nodes: list[dict]) -> tuple[int, dict[str, float]]:
+    """(trials at once, Ray resources per trial) for the cluster's nodes, at most
     BUDGET_AT_ONCE of search.num_samples at once (an explicit search.max_concurrent wins).
 
-    Raises:
-        ValueError when trials ask for GPUs the cluster does not have (they would wait forever).
+    Args:
+        exp: the experiment.
+        nodes: `ray.nodes()`: a trial is placed on one node, so what runs at once is the sum
+            over nodes of the trials each holds, not the cluster's totals over the trial.
+    Returns:
+        (trials at once, never below 1: a joined cluster may still add a node that holds one,
+        see check_trials_fit; {"cpu": .., "gpu": ..} as tune.with_resources takes them)
     """
     s = exp.search
-    resources = {"cpu": s.cpus_per_trial}
-    limit = max(1, int(cluster.get("CPU", 1) // s.cpus_per_trial))
-    if s.gpus_per_trial > 0:
-        gpus = cluster.get("GPU", 0)
-        if gpus < s.gpus_per_trial:
-            raise ValueError(
-                f"search.gpus_per_trial {s.gpus_per_trial}: the Ray cluster has {gpus:g} GPU(s); "
-                "set it to 0 to search on CPUs"
-            )
-        resources["gpu"] = s.gpus_per_trial
-        limit = min(limit, max(1, math.floor(gpus / s.gpus_per_trial + 1e-9)))  # 1 // 0.1 == 9
+    resources = {"cpu": s.cpus_per_trial} | ({"gpu": s.gpus_per_trial} if s.gpus_per_trial else {})
+    limit = max(1, sum(node_room(trial_demand(s), nodes)))
     limit = min(limit, max(1, math.ceil(BUDGET_AT_ONCE * s.num_samples)))
     return s.max_concurrent or limit, resources
 

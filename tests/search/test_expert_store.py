@@ -37,27 +37,30 @@ def test_pack_round_trip_is_exact():
     assert all(o % 64 == 0 for _, _, _, o, _ in index)
 
 
+def _nodes(*shapes: tuple[float, float]) -> list[dict]:
+    """Fake `ray.nodes()`: one alive node per (CPUs, GPUs)."""
+    return [{"Alive": True, "Resources": {"CPU": c} | ({"GPU": g} if g else {})} for c, g in shapes]
+
+
 def test_resources_follow_gpus_per_trial(tmp_path):
     world = tmp_path / "w"
     paths = {k: tmp_path / k for k in ("base", "task", "language")}
     exp = experiment(
         world, paths, search={"max_concurrent": None, "gpus_per_trial": 0.5, "num_samples": 64}
     )
-    assert _trial_resources(exp, {"CPU": 8, "GPU": 1}) == (2, {"cpu": 1.0, "gpu": 0.5})
-    assert _trial_resources(exp, {"CPU": 1, "GPU": 4}) == (1, {"cpu": 1.0, "gpu": 0.5})
-    with pytest.raises(ValueError, match=r"gpus_per_trial 0\.5: the Ray cluster has 0 GPU"):
-        _trial_resources(exp, {"CPU": 8})
+    assert _trial_resources(exp, _nodes((8, 1))) == (2, {"cpu": 1.0, "gpu": 0.5})
+    assert _trial_resources(exp, _nodes((1, 4))) == (1, {"cpu": 1.0, "gpu": 0.5})
     cpu_only = experiment(world, paths, search={"max_concurrent": None, "num_samples": 64})
-    assert _trial_resources(cpu_only, {"CPU": 3}) == (3, {"cpu": 1.0})
+    assert _trial_resources(cpu_only, _nodes((3, 0))) == (3, {"cpu": 1.0})
     # 8 nodes x 8 GPUs for a 64-trial budget: 16 at once (a quarter), not 64 proposed blind
     big = experiment(
         world, paths, search={"max_concurrent": None, "gpus_per_trial": 1, "num_samples": 64}
     )
-    assert _trial_resources(big, {"CPU": 512, "GPU": 64}) == (16, {"cpu": 1.0, "gpu": 1})
+    assert _trial_resources(big, _nodes(*[(64, 8)] * 8)) == (16, {"cpu": 1.0, "gpu": 1})
     small = experiment(world, paths, search={"max_concurrent": None, "num_samples": 6})
-    assert _trial_resources(small, {"CPU": 8})[0] == 2  # ceil(6 / 4)
+    assert _trial_resources(small, _nodes((8, 0)))[0] == 2  # ceil(6 / 4)
     mine = experiment(world, paths, search={"max_concurrent": 40, "num_samples": 64})
-    assert _trial_resources(mine, {"CPU": 64})[0] == 40  # the user's own setting wins
+    assert _trial_resources(mine, _nodes((64, 0)))[0] == 40  # the user's own setting wins
     with pytest.raises(ValueError, match=r"gpus_per_trial 1\.5"):
         experiment(world, paths, search={"gpus_per_trial": 1.5})
 
