@@ -16,10 +16,25 @@ CONFIG = "adapter_config.json"  # PEFT's adapter config, next to adapter_model.s
 
 def is_lora_adapter(path: str | Path) -> bool:
     """Whether `path` (a folder or URI) is a PEFT LoRA adapter (adapter_config.json with
-    peft_type LORA)."""
+    peft_type LORA).
+
+    Args:
+        path: the checkpoint folder or URI.
+    Returns:
+        True for an adapter; False when there is no adapter_config.json (or no such folder).
+    Raises:
+        OSError: any other failure to read it (an S3 credentials or network error, a local
+            permission error): typing a LoRA adapter "full" on a bad read would merge it wrong.
+    """
     try:
-        return json.loads(read_text(join(path, CONFIG))).get("peft_type") == "LORA"
-    except (OSError, ValueError, AttributeError):
+        text = read_text(join(path, CONFIG))
+    # Only "not there" means "not an adapter" (StorageNotFoundError is a FileNotFoundError; a
+    # path that is a file gives NotADirectoryError); StorageError is an OSError too, so no broader.
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        return json.loads(text).get("peft_type") == "LORA"
+    except (ValueError, AttributeError):  # not JSON, or not an object: not PEFT's config
         return False
 
 
