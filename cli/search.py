@@ -84,14 +84,18 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     """Every problem with the experiment's inputs and the run folder, before Ray starts."""
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.search.preflight import check_search
+    from layerswap.search.preflight_device import cpu_size_problems
 
     problems = check_search(exp)
+    promote_device = None
     if not args.no_promote:
         # a promotion device that cannot run is refused before the search
         try:
-            resolve_device(exp.promote.device)
+            promote_device = resolve_device(exp.promote.device)
         except ValueError as e:
             problems.append(f"promote.device: {e}")
+    # a model too large for the CPU its trials or promotion would run on: refused before any trial
+    problems += cpu_size_problems(exp, promote_device)
     if args.resume and args.overwrite:
         problems.append("--resume and --overwrite: give one (continue the search, or start over)")
     if clash := continue_clash(args, "starts, resumes or skips the search as it stands"):
