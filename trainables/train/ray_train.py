@@ -145,13 +145,22 @@ def _newest(ray_ckpt: str | None, on_disk: str | None) -> str | None:
     return max(found, key=lambda p: read_manifest(p)["step"]) if found else None
 
 
-def _worker_device(use_gpu: bool):
+def _worker_device(use_gpu: bool, backend: str):
     """This worker's device: Ray's GPU for it under scaling.use_gpu, checked like a local run
     (trainables/devices.py): where CUDA is not usable, the one-line DeviceUnusable naming the
     setting, or the CPU with LAYERSWAP_ALLOW_CPU=1. Ray's get_device handed out cuda:N
-    unchecked, and the run failed deep in torch ("Torch not compiled with CUDA enabled")."""
+    unchecked, and the run failed deep in torch ("Torch not compiled with CUDA enabled").
 
-    if not use_gpu:
+    Args:
+        use_gpu: scaling.use_gpu.
+        backend: the process group's backend, as the driver chose it (process_group_backend).
+    Returns:
+        "cpu" or this worker's CUDA device. Always the CPU in a gloo-only group (a GPU run allowed
+        onto the CPU where the command runs): its CUDA tensors would go over gloo, which FSDP2's
+        reduce-scatter cannot take and DDP takes slowly, so every worker trains on its CPU.
+    """
+
+    if not use_gpu or "nccl" not in backend:
         return "cpu"
     require_cuda("scaling.use_gpu")  # raises unless CUDA works or the CPU was allowed
     return ray.train.torch.get_device() if torch.cuda.is_available() else "cpu"
@@ -160,9 +169,10 @@ def _worker_device(use_gpu: bool):
 def process_group_backend(use_gpu: bool) -> str:
     """torch.distributed's backend: gloo for CPU tensors everywhere, NCCL for CUDA ones on GPU
     runs. Gloo alone only for a GPU run allowed onto the CPU where this command runs
-    (LAYERSWAP_ALLOW_CPU=1 and no CUDA here), whose workers then run on their CPUs: NCCL cannot
-    start without a GPU. Decided here, for every worker: the cluster's nodes run one image, and
-    a worker whose GPU is unusable fails NCCL's start-up, which describe_failure names."""
+    (LAYERSWAP_ALLOW_CPU=1 and no CUDA here), whose workers then all run on their CPUs (those
+    with a GPU too: _worker_device reads this choice, so device and backend always agree): NCCL
+    cannot start without a GPU. Decided here, for every worker: the cluster's nodes run one
+    image, and a worker whose GPU is unusable fails NCCL's start-up, which describe_failure names."""
 
     if not use_gpu or (cpu_allowed() and not torch.cuda.is_available()):
         return "gloo"
@@ -179,7 +189,7 @@ def _worker(config: dict) -> None:
     exp = parse_train_experiment(config["experiment"], source="ray worker")
     ctx = ray.train.get_context()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    device = _worker_device(exp.scaling.use_gpu)
+    device = _worker_device(exp.scaling.use_gpu, config["backend"])
 
     run_dir = config.get("run_dir")  # local storage only: checkpoints land there atomically
     # FSDP: each worker trains in its own folder below and writes its own shards, so every rank
@@ -244,6 +254,7 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
 
     exp = absolute_local_paths(exp)  # workers do not share the driver's working folder
     s = exp.scaling
+    backend = process_group_backend(s.use_gpu)  # the workers' devices follow it (_worker_device)
     storage = storage_path or exp.storage_path
     local, fs = {}, None
     inputs = train_inputs(exp)
@@ -267,12 +278,13 @@ def trainer_for(exp: TrainExperiment, *, storage_path: str | None = None, name: 
             "threads": s.cpus_per_worker,
             "min_report_interval_s": min_report_interval_s,
             "progress": progress,
+            "backend": backend,
             "node_inputs": described(inputs),
             **local,
         },
         # CPU tensors take gloo on GPU workers too: the report flag broadcast, and FSDP's
         # gradient-norm reduction when cpu_offload keeps gradients on the host.
-        torch_config=TorchConfig(backend=process_group_backend(s.use_gpu)),
+        torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(
             num_workers=s.num_workers,
             use_gpu=s.use_gpu,

@@ -34,6 +34,28 @@ def test_the_backend_is_nccl_for_gpus_unless_the_cpu_is_allowed_here(monkeypatch
     assert process_group_backend(True) == "cpu:gloo,cuda:nccl"  # a GPU here: the opt-in is moot
 
 
+def test_a_worker_with_cuda_trains_on_its_cpu_when_the_driver_chose_gloo(monkeypatch):
+    """LAYERSWAP_ALLOW_CPU=1 on a driver without CUDA (a CPU login node joined to a GPU cluster)
+    makes the group gloo-only; a worker whose node has CUDA took its GPU anyway, and its CUDA
+    tensors went over gloo (FSDP2's reduce-scatter fails there, DDP crawls). The worker's device
+    follows the driver's backend: the CPU in a gloo group, its GPU in an NCCL one."""
+    import ray.train.torch
+    import torch
+
+    from layerswap.trainables.train import ray_train
+
+    monkeypatch.setenv("LAYERSWAP_ALLOW_CPU", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the driver
+    backend = process_group_backend(True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a worker on a GPU node
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cuda", 0))
+    assert ray_train._worker_device(True, backend) == "cpu"
+    assert ray_train._worker_device(True, process_group_backend(True)) == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a worker without CUDA
+    assert ray_train._worker_device(True, "cpu:gloo,cuda:nccl") == "cpu"  # allowed: its CPU
+    assert ray_train._worker_device(False, "gloo") == "cpu"
+
+
 @contextmanager
 def _fake_gpu_ray(allow_cpu: bool):
     """A local Ray with 1 GPU it does not have; its workers see LAYERSWAP_ALLOW_CPU as set here."""
