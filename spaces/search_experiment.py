@@ -10,7 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from layerswap.spaces.base import (
     MAX_GEN_TOKS,
@@ -192,7 +192,8 @@ class SearchSettings(StrictModel):
     cpus_per_trial: float = Field(1.0, gt=0)
     """CPUs a trial reserves."""
     gpus_per_trial: float = Field(0.0, ge=0)
-    """GPUs a trial reserves: a fraction shares one GPU (0.5: two trials per GPU); 0: CPU only."""
+    """GPUs a trial reserves: a fraction shares one GPU (0.5: two trials per GPU); 0: CPU only;
+    at most 1 (a trial composes and scores one model on one device)."""
     # On a GPU the experts also stay on the device when they fit (trial results say).
     expert_store: Literal["auto", "node", "process"] = "auto"
     """Where trials hold the experts: "node" (once per node, in Ray's object store), "process"
@@ -209,12 +210,14 @@ class SearchSettings(StrictModel):
     max_failures: int = Field(2, ge=0)
     """Times Tune reruns a trial whose process or node died (a lost node, an OOM kill)."""
 
-    @model_validator(mode="after")
-    def _whole_or_fraction(self) -> SearchSettings:
-        g = self.gpus_per_trial
-        if g > 1 and g != int(g):
-            raise ValueError(f"gpus_per_trial {g}: a fraction of one GPU or a whole number")
-        return self
+    @field_validator("gpus_per_trial")
+    @classmethod
+    def _one_device(cls, g: float) -> float:
+        # A trial builds its model on one device (search/tune_trial.py: "cuda", the first GPU
+        # Ray gave it): a second GPU would be reserved and sit idle, halving the trials at once.
+        if g > 1:
+            raise ValueError(f"gpus_per_trial {g}: a trial scores one model on one GPU; give it 1 at most (a fraction shares one GPU between trials)")  # fmt: skip
+        return g
 
 
 # The reference models promotion evaluates beside the searched recipes.

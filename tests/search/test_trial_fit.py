@@ -21,16 +21,11 @@ def _node(cpu: float, gpu: float = 0, alive: bool = True) -> dict:
 @pytest.mark.parametrize(
     "search, nodes, says",
     [
-        # The red team's clusters: 2 CPUs / 2 GPUs in total, but no node holds one trial.
+        # The red team's cluster: 2 CPUs in total, but no node holds one trial.
         (
             {"cpus_per_trial": 2},
             [_node(1), _node(1)],
             "search.cpus_per_trial 2: no node of this Ray cluster holds one trial (the largest has 1 CPU; its nodes: 1 CPU; 1 CPU); lower it",
-        ),
-        (
-            {"gpus_per_trial": 2},
-            [_node(4, 1), _node(4, 1)],
-            "search.gpus_per_trial 2: no node of this Ray cluster holds one trial (the largest has 1 GPU;",
         ),
         (
             {"gpus_per_trial": 0.5},

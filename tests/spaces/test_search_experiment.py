@@ -60,3 +60,14 @@ def test_infinite_or_nan_scales_are_refused():
         for bad in (float("inf"), float("nan")):
             with pytest.raises(ValidationError, match=field):
                 Proxy(task="t", **{field: bad})
+
+
+def test_a_trial_takes_one_gpu_at_most():
+    """A trial scores one model on one device: a second GPU would be reserved and sit idle."""
+    from layerswap.spaces.search_experiment import SearchSettings
+
+    assert SearchSettings(gpus_per_trial=0.5).gpus_per_trial == 0.5
+    assert SearchSettings(gpus_per_trial=1).gpus_per_trial == 1
+    for g in (2, 1.5):
+        with pytest.raises(ValueError, match=f"gpus_per_trial {float(g)}: a trial scores one model on one GPU"):  # fmt: skip
+            SearchSettings(gpus_per_trial=g)
