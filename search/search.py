@@ -24,10 +24,13 @@ from layerswap.search.pool import include_paths, model_depth, model_ids_file, re
 from layerswap.search.reconcile import NEVER_RAN, reconcile, requeue_lost
 from layerswap.search.results import TrialStore
 from layerswap.search.search_dir import (
+    check_contents,
     check_decoding,
     check_search_dir,
+    pool_contents,
     pool_decoding,
     search_identity,
+    write_contents,
     write_decoding,
 )
 from layerswap.search.searcher import STATES, LayerswapSearch, make_sampler
@@ -87,7 +90,7 @@ def run_search(
     Args:
         experiment: the validated experiment.
         run_dir: RUN; writes RUN/search/{trials.parquet,study.db,experiment.json,splits_read.json,
-            model_ids.json,decoding.json}.
+            model_ids.json,decoding.json,contents.json}.
         resume: continue an interrupted search (finished trials are kept, not repeated).
         progress: print one line per finished trial.
         verbose: also Ray's, Tune's and Optuna's own notices (see ray_session.tune_output).
@@ -106,6 +109,10 @@ def run_search(
     pool = resolve_pool(exp)
     decoding = pool_decoding(pool)  # what its trials decode with: a --resume must not mix two
     check_decoding(sdir, decoding, resume)
+    # What its trials scored: a --resume must not mix two versions of an expert either. The
+    # run's saved file digests: a resume hashes only files changed since (read, not written yet).
+    with saved_digests(model_ids_file(run_dir), save=False):
+        check_contents(sdir, pool_contents(pool), resume)
     depth = model_depth(pool)
     # With a world its trials read RUN/search/tasks: RUN counts, as the search's lock there (the
     # CLI holds it; a direct call holds none, and RUN is then not checked).
@@ -121,6 +128,8 @@ def run_search(
     atomic_write_text(sdir / "experiment.json", exp.explicit().model_dump_json(indent=1))
     atomic_write_text(sdir / "pool.json", pool.model_dump_json(indent=1))
     write_decoding(sdir, decoding)
+    with saved_digests(model_ids_file(run_dir)):  # saves the pool's digests for the next --resume
+        write_contents(sdir, pool_contents(pool))  # from the cache: no file is read again
     spec = TrialSpec(
         exp.model_dump_json(), pool.model_dump_json(), tuple(include_paths(exp, sdir)), depth,
         node_inputs=tuple(described(inputs)),  # each trial's node checks too (a later one)

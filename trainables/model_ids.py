@@ -130,7 +130,7 @@ def _unchanged(key: tuple[str, int, int, int]) -> bool:
 
 
 @contextmanager
-def saved_digests(path: Path | str) -> Iterator[None]:
+def saved_digests(path: Path | str, *, save: bool = True) -> Iterator[None]:
     """Reuse and save the file digests of a run: read `path` before the block, write it after.
 
     A saved digest is used only while its file has the same real path, size, mtime and inode
@@ -140,6 +140,7 @@ def saved_digests(path: Path | str) -> Iterator[None]:
 
     Args:
         path: the JSON file (a search's RUN/search/model_ids.json).
+        save: False: only read it (a check that may still refuse leaves the run as it was).
     """
     path = Path(path)
     saved = _read_saved(path)
@@ -158,7 +159,7 @@ def saved_digests(path: Path | str) -> Iterator[None]:
             keep = {k: _FILE_DIGESTS[k] for k in used if k in _FILE_DIGESTS}
         # Saved digests of files since changed or removed would never match again: dropped.
         keep = {k: v for k, v in saved.items() if _unchanged(k)} | keep
-        if keep != saved and path.parent.is_dir():
+        if save and keep != saved and path.parent.is_dir():
             _write_saved(path, keep)
 
 

@@ -15,6 +15,10 @@ from pathlib import Path
 from layerswap.spaces.search_experiment import SearchExperiment
 
 
+class RayWouldStart(Exception):
+    """Raised where a search would start Ray (the `started` fixture): every check passed."""
+
+
 def make_experts(world: Path, out: Path, *, nan_expert: bool = False) -> dict[str, Path]:
     """`task`, `language` (and maybe `nan_lang`, with a NaN tensor) checkpoints next to the base."""
     import shutil

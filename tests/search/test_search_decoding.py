@@ -8,11 +8,9 @@ starts; a run folder saved before the record existed resumes with one line sayin
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
-from search_fixtures import experiment, make_experts
+from search_fixtures import RayWouldStart
 
 from layerswap.search import search as search_mod
 from layerswap.search.pool import resolve_pool
@@ -20,33 +18,9 @@ from layerswap.search.search_dir import (
     DECODING,
     check_decoding,
     pool_decoding,
-    search_identity,
     write_decoding,
 )
-from layerswap.trainables.outputs import OutputError, write_marker
-
-
-class RayWouldStart(Exception):
-    """Raised where the search would start Ray: every check before it has passed."""
-
-
-@pytest.fixture
-def started(tiny_world, tmp_path, monkeypatch):
-    """(experiment, RUN/search, experts) of a search that recorded its start, as run_search does."""
-    made = make_experts(tiny_world, tmp_path / "made")
-    paths = {k: Path(shutil.copytree(v, tmp_path / "experts" / k)) for k, v in made.items()}
-    exp = experiment(tiny_world, paths)
-    sdir = tmp_path / "run" / "search"
-    sdir.mkdir(parents=True)
-    write_marker(sdir, "search", search_identity(exp))
-    (sdir / "experiment.json").write_text(exp.explicit().model_dump_json(indent=1))
-    write_decoding(sdir, pool_decoding(resolve_pool(exp)))
-
-    def no_ray(*a, **kw):
-        raise RayWouldStart
-
-    monkeypatch.setattr(search_mod, "start_checked", no_ray)
-    return exp, sdir, paths
+from layerswap.trainables.outputs import OutputError
 
 
 def test_a_resume_after_an_expert_decodes_otherwise_is_refused_by_name(started):
