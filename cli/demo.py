@@ -68,7 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue an interrupted demo run in --out: trained experts and finished search "
-        "trials are kept, unfinished training resumes from its last checkpoint",
+        "trials are kept, unfinished training resumes from its last checkpoint (an --out with "
+        "no demo run in it starts a new one, saying so)",
     )
     d.add_argument(
         "--world-size",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -247,6 +248,7 @@ def _check_previous_run(out: Path, overwrite: bool, resume: bool, identity: str)
     """Whether `out` holds a demo run to replace; refuse one without `overwrite` or `resume`.
 
     A folder with only a world in it (an earlier demo stopped after stage 1/5) is continued.
+    `resume` on a missing or empty `out` starts a new run, saying so on stderr.
     Raises:
         OutputError: a run exists and neither flag says what to do, both flags are given, or
             `resume` meets a run of another world seed or size.
@@ -256,6 +258,8 @@ def _check_previous_run(out: Path, overwrite: bool, resume: bool, identity: str)
         raise OutputError("--resume and --overwrite: give one (continue the run, or start over)")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         check_output(out, "demo", allow_existing=True)  # a parent that is a file, not writable
+        if resume:  # as `search --resume`: start one, but say so before the minutes of work
+            print(f"layerswap: {out}: no demo run to resume; starting a new one", file=sys.stderr)
         return False
     check_output(out, "demo", overwrite=True)  # a demo run of layerswap's, or refuse
     if resume:
