@@ -24,7 +24,9 @@ from layerswap.analysis.delta import (
 from layerswap.analysis.figures import heatmap
 from layerswap.analysis.load import RunData, ok_trials
 from layerswap.analysis.sections import Section, absent
+from layerswap.analysis.treatment_modes import read_pool
 from layerswap.spaces.recipe import LayerSwapRecipe, load_recipe
+from layerswap.spaces.search_space import expert_id
 
 TITLE = "Where the experts changed (ΔW)"
 # What the layer-swapping paper (§3.2, Fig. 2, Llama 3.1 8B) reports, to read the regions by.
@@ -76,17 +78,18 @@ class ExpertRef:
 
 
 def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], list[str]]:
-    """Experts to map: those of the best trial first, then registry order; up to
+    """Experts to map: those of the best trial first, then the registry's order (a search of
+    explicit experts: its pool's, RUN/search/pool.json; a demo: its recipe's); up to
     `max_per_kind` per kind. Returns (experts, notes on what was skipped)."""
     notes: list[str] = []
     out: list[ExpertRef] = []
     reg = run.registry
+    first = []
+    t = ok_trials(run)
+    if t is not None and "objective" in t.columns and t["objective"].notna().any():
+        best = t.loc[t["objective"].idxmax()]
+        first = [best.get("task_expert_id"), best.get("language_expert_id")]
     if reg is not None and {"path", "base"} <= set(reg.columns):
-        first = []
-        t = ok_trials(run)
-        if t is not None and "objective" in t.columns and t["objective"].notna().any():
-            best = t.loc[t["objective"].idxmax()]
-            first = [best.get("task_expert_id"), best.get("language_expert_id")]
         order = sorted(range(len(reg)), key=lambda i: reg.iloc[i]["expert_id"] not in first)
         for i in order:
             r = reg.iloc[i]
@@ -98,9 +101,24 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
                 continue
             (path, no_path), (base, no_base) = run.model_folder(r["path"]), run.model_folder(r["base"])  # fmt: skip
             if path is None or base is None:
-                notes.append(f"{r['expert_id']}: not mapped, {no_path or 'its base ' + no_base}")
+                notes.append(f"{r['expert_id']}: not mapped, {no_path or 'its base: ' + no_base}")
                 continue
             out.append(ExpertRef(f"{kind} expert {r['expert_id']}", kind, path, base))
+    elif (pool := read_pool(run)) is not None:  # a search of explicit experts: its pool
+        for kind, refs in (("math", pool.task), ("language", pool.language)):
+            order = sorted(refs, key=lambda r: expert_id(pool, r.path) not in first)
+            for ref in order:
+                if sum(e.kind == kind for e in out) >= max_per_kind:
+                    break
+                eid = expert_id(pool, ref.path)
+                if ref.kind == "lora":
+                    notes.append(f"{eid}: LoRA adapter, not mapped")
+                    continue
+                (path, no_path), (base, no_base) = run.model_folder(ref.path), run.model_folder(pool.base)  # fmt: skip
+                if path is None or base is None:
+                    notes.append(f"{eid}: not mapped, {no_path or 'its base: ' + no_base}")
+                    continue
+                out.append(ExpertRef(f"{kind} expert {eid}", kind, path, base))
     elif run.recipe_yaml is not None:
         recipe = load_recipe(run.recipe_yaml)
         if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
@@ -108,7 +126,7 @@ def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], 
             for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):
                 path, no_path = run.model_folder(ref if isinstance(ref, str) else None)
                 if path is None or base is None:
-                    notes.append(f"{kind} expert: not mapped, {no_path or 'its base ' + no_base}")
+                    notes.append(f"{kind} expert: not mapped, {no_path or 'its base: ' + no_base}")
                     continue
                 out.append(ExpertRef(f"{kind} expert ({path.name})", kind, path, base))
     return out, notes
@@ -134,7 +152,7 @@ def delta_section(
     thr = Threshold(threshold, quantile)
     experts, notes = pick_experts(run, max_per_kind)
     if not experts:
-        why = "no expert checkpoints with a base (experts/registry.parquet path/base, or recipe.yaml)."
+        why = "no expert checkpoints with a base (experts/registry.parquet path/base, search/pool.json, or recipe.yaml)."
         sec = absent("delta", TITLE, why + (" " + "; ".join(notes) if notes else ""))
         return sec
     sec = Section("delta", TITLE)

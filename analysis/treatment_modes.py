@@ -82,7 +82,7 @@ def promoted_experts(run: RunData) -> dict[str, tuple[str, ...]]:
     experts (math_expert_2: the second task expert) and the merged baselines (soup_uniform_t2_l1:
     task expert 2 and language expert 1; unsuffixed in a pool of one pair). {} without a
     readable RUN/search/pool.json (the names then say nothing about which experts)."""
-    pool = _pool(run)
+    pool = read_pool(run)
     if pool is None:
         return {}
     sides = {"task": pool.task, "language": pool.language}
@@ -107,7 +107,7 @@ def promoted_modes(run: RunData) -> dict[str, str]:
     return {m: pair_mode(modes.get(e) for e in eids) for m, eids in promoted_experts(run).items()}
 
 
-def _pool(run: RunData) -> ExpertPool | None:
+def read_pool(run: RunData) -> ExpertPool | None:
     """RUN/search/pool.json, or None when the run has none or it does not read as a pool (an
     older schema)."""
     try:
@@ -118,7 +118,7 @@ def _pool(run: RunData) -> ExpertPool | None:
 
 def _pool_kinds(run: RunData) -> dict[str, str]:
     """expert id (as trials.parquet records it) -> kind ("full"/"lora") from RUN/search/pool.json."""
-    pool = _pool(run)
+    pool = read_pool(run)
     if pool is None:
         return {}
     return {expert_id(pool, r.path): r.kind for r in (*pool.task, *pool.language)}

@@ -45,9 +45,29 @@ def test_a_hub_id_base_is_read_from_the_local_cache(tmp_path, monkeypatch):
 
     experts, notes = pick_experts(load_run(run))
     assert experts == [] and notes, notes  # not cached: named, not mistaken for RUN/org-x/...
-    assert f"its base {HUB_ID}: not found here, nor as a Hub model in the local cache" in notes[0]
+    assert f"its base: {HUB_ID}: not found here, nor as a Hub model in the local cache" in notes[0]
 
     _cache(cache, base)
     experts, notes = pick_experts(load_run(run))
     assert {e.kind for e in experts} == {"math", "language"}, notes
     assert all(e.base.parent.parent.name == "models--org-x--base-8b" for e in experts)
+
+
+def test_a_search_of_explicit_experts_is_mapped_from_its_pool(tmp_path):
+    """A search given expert folders writes no registry; its pool (search/pool.json) names the
+    experts and the base."""
+    from layerswap.spaces.search_space import ExpertPool
+
+    run = make_run(tmp_path / "made", with_study=False)
+    reg = pd.read_parquet(run / "experts" / "registry.parquet")
+    folders = {k: str(run / reg.loc[reg["kind"] == k, "path"].iloc[0]) for k in ("math", "language")}  # fmt: skip
+    pool = ExpertPool(
+        task=[{"path": folders["math"]}], language=[{"path": folders["language"]}],
+        base=str(run / reg["base"].iloc[0]),
+    )  # fmt: skip
+    (run / "experts" / "registry.parquet").unlink()
+    (run / "search").mkdir(exist_ok=True)
+    (run / "search" / "pool.json").write_text(pool.model_dump_json())
+
+    experts, notes = pick_experts(load_run(run))
+    assert [(e.kind, str(e.path)) for e in experts] == [("math", folders["math"]), ("language", folders["language"])], notes  # fmt: skip
