@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from layerswap.spaces.baselines import MERGED_BASELINES, merged_baseline
+from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, merged_baseline
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.task_families import heldout_task
 
@@ -43,7 +43,8 @@ def leaderboard(
         cands: {name: trials.parquet row} of the candidates.
         failed: {model: why its evaluation failed}.
         pairs: {"t1": task expert path, "l1": language expert path, ...} naming the experts the
-            merged baselines' pair names refer to (None or {}: no legend).
+            merged baselines' pair names and the expert rows (math_expert_2 is t2) refer to
+            (None or {}: no legend).
         lora: whether the pool holds LoRA adapters (a note says its soups and TIES are not
             rebuilt by `layerswap merge`).
     Returns:
@@ -82,7 +83,8 @@ def leaderboard(
         cells += [f"{scores.get((name, heldout_task(t)), float('nan')):.4f}" for t in proxies]
         cells += [f"{scores.get((name, exp.target_task), float('nan')):.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += _pair_summary(exp, models, scores, failed, pairs or {})
+    lines += _pair_summary(exp, models, scores, failed)
+    lines += _expert_legend(pairs or {})
     if lora and any(merged_baseline(m[0]) in ADAPTER_UNMERGEABLE for m in models):
         lines += ["", LORA_NOTE]
     if failed:
@@ -91,7 +93,7 @@ def leaderboard(
     return "\n".join(lines) + "\n"
 
 
-def _pair_summary(exp, models: list, scores: dict, failed: dict, pairs: dict) -> list[str]:
+def _pair_summary(exp, models: list, scores: dict, failed: dict) -> list[str]:
     """Per merged baseline evaluated on more than one expert pair: the pairs, the best pair and
     the mean over the pairs on the target (the ICLR paper's Table 1/2 aggregates); [] else."""
     groups: dict[str, list[str]] = {}
@@ -118,9 +120,17 @@ def _pair_summary(exp, models: list, scores: dict, failed: dict, pairs: dict) ->
         best = max(got, key=lambda n: (got[n], -names.index(n)))
         mean = sum(got.values()) / len(got)
         out.append(f"| {fam} | {len(got)} of {len(names)} | {mean:.4f} | {best} | {got[best]:.4f} |")  # fmt: skip
-    if pairs:
-        out += ["", "Pairs: " + "; ".join(f"{k} = `{v}`" for k, v in pairs.items())]
     return out
+
+
+def _expert_legend(pairs: dict[str, str]) -> list[str]:
+    """Which checkpoint each expert row and pair index is: "math_expert_2 = t2: `PATH`"; [] for
+    a pool of one pair (its rows are math_expert and language_expert, its baselines unpaired)."""
+    if not pairs:
+        return []
+    side = {"t": "task", "l": "language"}
+    named = [f"{expert_name(side[k[0]], int(k[1:]) - 1)} = {k}: `{v}`" for k, v in pairs.items()]
+    return ["", "Experts (row = pair index in the baselines' names: checkpoint): " + "; ".join(named)]  # fmt: skip
 
 
 def _objective_legend(exp) -> str:

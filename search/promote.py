@@ -80,8 +80,9 @@ def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, s
 
 
 def pair_legend(pool: ExpertPool) -> dict[str, str]:
-    """{"t1": task expert path, "l1": ...}: what the merged baselines' pair names refer to
-    ({} for a pool of one pair, whose baselines carry no pair in their names)."""
+    """{"t1": task expert path, "l1": ...}: what the merged baselines' pair names and the expert
+    rows refer to (t2 is math_expert_2: spaces.baselines.expert_name; {} for a pool of one pair,
+    whose baselines carry no pair in their names)."""
     if _one_pair(pool):
         return {}
     legend = {f"t{i + 1}": r.path for i, r in enumerate(pool.task)}

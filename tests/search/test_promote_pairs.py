@@ -76,7 +76,7 @@ def test_leaderboard_gives_each_baseline_its_best_pair_and_mean():
     board = leaderboard(exp, models, scores, None, {}, failed, {"t1": "m1", "l1": "l1"})
     row = next(x for x in board.splitlines() if x.startswith("| soup_uniform |"))
     assert row == "| soup_uniform | 5 of 6 | 0.1600 | soup_uniform_t1_l2 | 0.3000 |"
-    assert "t1 = `m1`; l1 = `l1`" in board
+    assert "math_expert = t1: `m1`; language_expert = l1: `l1`" in board
 
 
 def test_leaderboard_says_a_lora_pools_soups_are_not_rebuilt_by_merge():
