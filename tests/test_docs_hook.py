@@ -41,3 +41,12 @@ def test_an_unknown_marker_fails_the_build(hook):
 
     with pytest.raises(PluginError, match="configz"):
         hook.on_page_markdown("<!-- layerswap:configz -->", None, None, None)
+
+
+def test_the_github_only_note_is_on_the_source_page_and_not_the_built_one(hook):
+    # A reader of the Markdown on GitHub sees where the tables are; the built page has them.
+    for name in ("configs", "cli"):
+        source = (ROOT / f"docs/reference/{name}.md").read_text()
+        assert "`make docs` generates them" in source, name
+        built = hook.on_page_markdown(source, None, None, None)
+        assert "make docs" not in built and "github-only" not in built, name
