@@ -32,6 +32,7 @@ def leaderboard(
     failed: dict[str, str] | None = None,
     pairs: dict[str, str] | None = None,
     lora: bool = False,
+    items: dict[str, tuple[int, int | None]] | None = None,
 ) -> str:
     """Markdown: model, kind, recipe id, proxy dev scores, proxy test scores, target test score.
 
@@ -47,6 +48,8 @@ def leaderboard(
             (None or {}: no legend).
         lora: whether the pool holds LoRA adapters (a note says its soups and TIES are not
             rebuilt by `layerswap merge`).
+        items: {task: (items scored, items in its split or None)}; a column whose score rests
+            on fewer items than its split has says how many in its header.
     Returns:
         The leaderboard's markdown.
     """
@@ -54,9 +57,13 @@ def leaderboard(
     proxies = [p.task for p in exp.proxy_list]
     down = [", lower is better" if p.lower_is_better else "" for p in exp.proxy_list]
     head = ["model", "kind", "recipe id", "search objective"]
-    head += [f"{t} (dev{d})" for t, d in zip(proxies, down, strict=True)]
-    head += [f"{heldout_task(t)} (test{d})" for t, d in zip(proxies, down, strict=True)]
-    head += [f"**{exp.target_task} (target, test)**"]
+    items = items or {}
+    head += [f"{t} (dev{d}{_count(items, t)})" for t, d in zip(proxies, down, strict=True)]
+    head += [
+        f"{heldout_task(t)} (test{d}{_count(items, heldout_task(t))})"
+        for t, d in zip(proxies, down, strict=True)
+    ]
+    head += [f"**{exp.target_task} (target, test{_count(items, exp.target_task)})**"]
     lines = [
         f"# Leaderboard: {exp.name} (target language {exp.language})",
         "",
@@ -65,6 +72,8 @@ def leaderboard(
         f"{'the proxy objective' if exp.promote.select_by == 'proxy' else 'the target test score'}.",
         "",
         _objective_legend(exp),
+        "",
+        _search_items(exp),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -131,6 +140,26 @@ def _expert_legend(pairs: dict[str, str]) -> list[str]:
     side = {"t": "task", "l": "language"}
     named = [f"{expert_name(side[k[0]], int(k[1:]) - 1)} = {k}: `{v}`" for k, v in pairs.items()]
     return ["", "Experts (row = pair index in the baselines' names: checkpoint): " + "; ".join(named)]  # fmt: skip
+
+
+def _count(items: dict, task: str) -> str:
+    """ ", 40 of 250 items" when promotion scored `task` on fewer items than its split has
+    (promote.limit), ", 40 items" when the split's size is unknown; "" for the whole split."""
+    n, total = items.get(task, (None, None))
+    if n is None or (total is not None and n >= total):
+        return ""
+    return f", {n} of {total} items" if total is not None else f", {n} items"
+
+
+def _search_items(exp) -> str:
+    """Where the search objective's proxy scores come from, and why the dev columns may differ."""
+    first = exp.proxy_eval.limit
+    which = f"the first {first} dev items of each proxy" if first else "each proxy's dev items"
+    return (
+        f"The search objective rests on the search's own proxy scores ({which}, "
+        "search/trials.parquet); the dev columns here are promotion's lm-eval runs on its own "
+        "items, so the two can differ."
+    )
 
 
 def _objective_legend(exp) -> str:

@@ -289,6 +289,7 @@ def _write_results(
             ev.failed,
             pair_legend(setup.pool),
             lora=any(r.kind == "lora" for r in (*setup.pool.task, *setup.pool.language)),
+            items=ev.items,
         ),
     )
     if len(ev.failed) == len(setup.models):

@@ -94,6 +94,9 @@ class Evaluation:
     rows: list[dict] = field(default_factory=list)
     scores: dict[tuple[str, str], float] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # model -> why its evaluation failed
+    # task -> (items scored, items in its split or None): the leaderboard's headers say when a
+    # score rests on fewer items than the split has (promote.limit)
+    items: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 def evaluate_models(
@@ -222,7 +225,10 @@ def _record_model(
         metric, filt = score_key(raw, task)
         value = float(raw["results"][task][f"{metric},{filt}"])
         ev.scores[(name, task)] = value
-        n = (raw.get("n-samples") or {}).get(task, {}).get("effective")
+        counts = (raw.get("n-samples") or {}).get(task, {})
+        n = counts.get("effective")
+        if n is not None and task not in ev.items:
+            ev.items[task] = (n, counts.get("original"))
         ev.rows.append(
             {
                 "model": name,

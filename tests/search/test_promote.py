@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/search/test_promote.py
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -98,7 +99,11 @@ def test_promote_on_the_auto_device(tiny_world, experts, tmp_path):
         assert (raw["config"]["model"], raw["config"]["model_args"]) == want
         # the target at promote.num_fewshot, proxies (dev and held-out) at Proxy.num_fewshot
         assert raw["n-shot"] == {r["task"]: 1 if r["task"] == TARGET else 0}
-    assert "**candidate_" in res.leaderboard.read_text()
+    board = res.leaderboard.read_text()
+    assert "**candidate_" in board
+    # promote.limit 2: each column's header says its score rests on 2 of the split's items
+    assert re.search(rf"\*\*{TARGET} \(target, test, 2 of \d+ items\)\*\*", board), board
+    assert re.search(rf"{BELE} \(dev, 2 of \d+ items\)", board), board
 
 
 def _oom_above(k: int, seen: list[int]):
