@@ -68,7 +68,9 @@ def run_merge_demo(out: Path, *, overwrite: bool = False) -> None:
 
 
 def _recipe(models: str) -> Recipe:
-    """The demo's recipe, its checkpoints under the folder `models`."""
+    """The demo's recipe, its checkpoints under the folder `models`: the paper's default zones
+    (spaces.zones.paper_default, which has no transitions) plus a 1-layer magnitude-weighted
+    transition on each side, so the demo shows every kind of layer."""
     zones = paper_default(NUM_LAYERS)
     return parse_recipe(
         {
@@ -98,8 +100,8 @@ def _run(tmp: Path, real: Path) -> None:
     recipe = load_recipe(tmp / "recipe.yaml")
     paths = {k: tmp / "models" / k for k in ("base", "task", "language")}
     print(
-        f"[2/4] merging recipe {content_recipe_id(recipe)} (paper default scaled to depth, "
-        f"b={recipe.bottom} u={recipe.top}, 1-layer transitions, magnitude weights) ..."
+        f"[2/4] merging recipe {content_recipe_id(recipe)} (the paper's default zones scaled "
+        f"to depth, b={recipe.bottom} u={recipe.top}, plus 1-layer magnitude transitions) ..."
     )
     # Read in the hidden folder; the merged folder's recipe and card name the experts where
     # they will be once it is in place.

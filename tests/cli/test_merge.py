@@ -113,6 +113,13 @@ def test_demo_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "MISMATCH" not in out
     assert (tmp_path / "demo" / "merged" / "layerswap_recipe.yaml").exists()
+    # Its line says what it merges: the paper's default zones (which have no transitions) plus
+    # the 1-layer magnitude transitions its recipe has; it had called that "paper default".
+    recipe = yaml.safe_load((tmp_path / "demo" / "recipe.yaml").read_text())
+    assert (recipe["bottom_transition"], recipe["top_transition"]) == (1, 1)
+    assert recipe["transition_weights"] == "magnitude"
+    line = next(x for x in out.splitlines() if x.startswith("[2/4]"))
+    assert "the paper's default zones" in line and "plus 1-layer magnitude transitions" in line
 
 
 def test_eval_subcommand_is_wired():
