@@ -367,6 +367,20 @@ def experiment_identity(exp: TrainExperiment | dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def records_experiment(manifest: dict, exp: TrainExperiment) -> bool:
+    """Whether a checkpoint manifest records `exp` (by identity): the one comparison the
+    driver's rerun decision (trainables/train/run.py), Ray's workers' on-disk resume point and
+    their check of what Ray restored all make, so they never disagree about a checkpoint.
+
+    Args:
+        manifest: a checkpoint's layerswap_train.json, as read.
+        exp: the experiment as it is trained (with `--no-ray`, on its one worker).
+    Returns:
+        True when the manifest's experiment has `exp`'s identity.
+    """
+    return experiment_identity(manifest.get("experiment") or {}) == experiment_identity(exp)
+
+
 def experiment_json(exp: TrainExperiment) -> dict:
     """The experiment as plain JSON data (what checkpoint manifests record)."""
     return exp.model_dump(mode="json")

@@ -27,7 +27,11 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from layerswap.spaces.train_experiment import TrainExperiment, experiment_identity
+from layerswap.spaces.train_experiment import (
+    TrainExperiment,
+    experiment_identity,
+    records_experiment,
+)
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.outputs import MARKER, marker
 from layerswap.trainables.storage import cache_dir, filesystem, join, read_text, scheme
@@ -249,7 +253,7 @@ def check_restored(exp: TrainExperiment, restored: str, where: str) -> None:
     except (OSError, ValueError) as e:  # no manifest: nothing says whose it is
         raise CheckpointError(f"{where}: Ray restored it, but it has no readable {MANIFEST} ({e})") from None  # fmt: skip
     recorded = (recorded.get("experiment") if isinstance(recorded, dict) else None) or {}
-    if experiment_identity(recorded) != experiment_identity(exp):
+    if not records_experiment({"experiment": recorded}, exp):
         raise CheckpointError(
             f"{where}: Ray restored a checkpoint of another experiment (its manifest's identity "
             f"{experiment_identity(recorded)}, this one's {experiment_identity(exp)}); refusing "

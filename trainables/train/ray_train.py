@@ -28,9 +28,9 @@ from layerswap.spaces.local_inputs import train_inputs
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
     absolute_local_paths,
-    experiment_identity,
     experiment_json,
     parse_train_experiment,
+    records_experiment,
 )
 from layerswap.trainables.atomic import atomic_dir, remove_left_temps
 from layerswap.trainables.devices import DeviceUnusable, cpu_allowed, require_cuda
@@ -124,11 +124,12 @@ def _resume_point(exp: TrainExperiment, run_dir: Path) -> str | None:
 
     # Hashed only once a checkpoint of this experiment has a fingerprint to compare with (a
     # fresh run has none), and once for all of them.
-    want, now = experiment_identity(exp), functools.cache(lambda: data_fingerprint(exp))
+    now = functools.cache(lambda: data_fingerprint(exp))
 
     def same(manifest: dict) -> bool:  # this experiment, trained on the dataset files as they are
-        mine = experiment_identity(manifest.get("experiment") or {}) == want
-        return mine and resume_data_problem(exp, manifest, now) is None
+        # the driver's rule (run.rerun_plan): a checkpoint of another worker count is refused
+        # there before Ray starts, so no worker passes over one the driver planned to resume
+        return records_experiment(manifest, exp) and resume_data_problem(exp, manifest, now) is None  # fmt: skip
 
     found = [c for c in find_checkpoints(run_dir) if same(read_manifest(c))] if run_dir.is_dir() else []  # fmt: skip
     intact = [

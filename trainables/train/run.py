@@ -25,7 +25,7 @@ from layerswap.spaces.train_experiment import (
     TrainExperiment,
     experiment_identity,
     experiment_json,
-    with_overrides,
+    records_experiment,
 )
 from layerswap.trainables.outputs import (
     MARKER,
@@ -49,6 +49,7 @@ from layerswap.trainables.train.state import (
     resume_point,
     resume_problem,
 )
+from layerswap.trainables.train.worker_count import one_worker, worker_hint
 
 Rerun = Literal["fresh", "resume", "done", "replace"]
 
@@ -179,11 +180,26 @@ def _holds_sweep(run: Path) -> bool:
 
 def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool) -> Rerun:
     """What to do with the local run folder `run` (storage/<name>) of `exp`, or why not
-    (`decide`: the rule; the marker's identity says which experiment the folder holds)."""
+    (`decide`: the rule). Which experiment the folder holds is what its newest checkpoint's
+    manifest records, compared as Ray's workers compare it (records_experiment), so the driver
+    never plans a resume the workers pass over; before any checkpoint, its marker's identity.
+
+    Args:
+        exp: the experiment as it will be trained (`--no-ray`: on 1 worker, worker_count.one_worker).
+    """
+
+    def same() -> bool:
+        found = find_checkpoints(run)
+        if found:
+            return records_experiment(read_manifest(found[-1]), exp)
+        return (read_marker(run) or {}).get("identity") == experiment_identity(exp)
 
     def changed() -> str:
         found = find_checkpoints(run)
-        return changes(read_manifest(found[-1]).get("experiment") or {}, exp) if found else ""
+        if not found:
+            return ""
+        old = read_manifest(found[-1]).get("experiment") or {}
+        return changes(old, exp) + worker_hint(old, exp, found[-1].parent.name == "checkpoints")
 
     def data() -> str | None:
         found = find_checkpoints(run)
@@ -193,7 +209,7 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
         str(run),
         started=run_started(run),
         check=lambda: check_output(run, "train", overwrite=True),
-        same=lambda: (read_marker(run) or {}).get("identity") == experiment_identity(exp),
+        same=same,
         saved=lambda: bool(find_checkpoints(run)) or _holds_sweep(run),  # a sweep: --overwrite
         last=lambda: last_checkpoint(run),
         changed=changed,
@@ -224,6 +240,8 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
     if use_ray and isinstance(resume, Path):
         raise ValueError("--resume CKPT is for --no-ray; Ray resumes its own run (--resume)")
+    if not use_ray:  # before the rerun decision: the run is of what it trains
+        exp = one_worker(exp)
     if is_uri(storage):  # a store: the same rules, its marker and checkpoints read there
         with _store_writer(join(storage, exp.name)):
             return _train_in_store(exp, storage, bool(resume), overwrite, verbose)
@@ -360,10 +378,7 @@ def _ray_ready(exp: TrainExperiment, verbose: bool, run: Path | None = None) -> 
 def _train(exp: TrainExperiment, storage: str, use_ray: bool, start: Path | None, verbose: bool, name: str | None = None) -> Path | str | None:  # fmt: skip
     """Run the training itself (Ray restores its own run from `storage`/`name`, default
     exp.name, when there is one), printing progress lines (trainables/train/progress.py)."""
-    if not use_ray:
-        if exp.scaling.num_workers != 1:
-            print(f"--no-ray: running 1 worker (config asks for {exp.scaling.num_workers})")
-            exp = with_overrides(exp, {"scaling.num_workers": 1})
+    if not use_ray:  # exp is on one worker already (train_expert)
         res = run_training(
             exp,
             workdir=Path(storage) / exp.name,
