@@ -1,7 +1,8 @@
 # One entry point for humans and CI: `make demo`, `make test`, `make docs` (each sets up .venv on
 # first use).
 # torch is installed before the project so a CPU machine takes the CPU wheel (torch==2.13.0 is on
-# this kind of machine's disk) instead of pulling a multi-GB CUDA build through the torch>=2.4 range.
+# this kind of machine's disk) instead of pulling a multi-GB CUDA build through the torch>=2.6 range. A
+# torch already in .venv is kept when it is 2.6 or newer (what transformers 5.24 accepts).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
@@ -15,7 +16,7 @@ CONSTRAINTS ?= cluster-constraints.txt
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) < (2, 6))" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	grep -v '^torch==' $(or $(CONSTRAINTS),/dev/null) > $(VENV)/constraints.txt || true
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[test,docs]'
 	touch $@

@@ -15,12 +15,16 @@ import importlib.metadata as md
 import re
 from pathlib import Path
 
-import tomllib
 import yaml
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject: tomli for the tests there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "cluster-constraints.txt"

@@ -10,7 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject: tomli for the tests there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][

@@ -21,7 +21,11 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject: tomli for the tests there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
