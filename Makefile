@@ -2,7 +2,8 @@
 # first use).
 # torch is installed before the project so a CPU machine takes the CPU wheel (torch==2.13.0 is on
 # this kind of machine's disk) instead of pulling a multi-GB CUDA build through the torch>=2.6 range. A
-# torch already in .venv is kept when it is 2.6 or newer (what transformers 5.24 accepts).
+# torch already in .venv is kept when it is 2.6.0 or newer, as pip and transformers 5.24 compare
+# (a pre-release 2.6.0a0+git..., as NGC containers ship, is older: transformers disables it).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
@@ -11,12 +12,20 @@ TORCH ?= torch==2.13.0
 # pyproject.toml allows instead (tests/test_cluster_constraints.py then names what moved).
 CONSTRAINTS ?= cluster-constraints.txt
 
+define TORCH_OK
+import re, sys, torch
+m = re.match(r"(\d+)\.(\d+)\.?(\d*)([^+]*)", torch.__version__)
+v = tuple(int(x or 0) for x in m.groups()[:3])
+sys.exit(not (v > (2, 6, 0) or (v == (2, 6, 0) and not m[4])))
+endef
+export TORCH_OK
+
 .PHONY: install demo test lint format bench-merge docs schemas gpu-check gpu-carry
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) < (2, 6))" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -c "$$TORCH_OK" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	grep -v '^torch==' $(or $(CONSTRAINTS),/dev/null) > $(VENV)/constraints.txt || true
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e '.[test,docs]'
 	touch $@
