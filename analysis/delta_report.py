@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -77,58 +78,64 @@ class ExpertRef:
     base: Path
 
 
+class _Candidate(NamedTuple):
+    """An expert the run names: kind ("math" | "language"), id ("" for a demo recipe's), its
+    checkpoint and base as recorded, and whether it is a LoRA adapter (not mapped)."""
+
+    kind: str
+    eid: str
+    path: object
+    base: object
+    lora: bool
+
+
+def _candidates(run: RunData) -> list[_Candidate]:
+    """The run's experts, those of the best trial first: the registry's, else the search's pool
+    (RUN/search/pool.json: a search of explicit experts), else a demo recipe's."""
+    first: list[object] = []
+    t = ok_trials(run)
+    if t is not None and "objective" in t.columns and t["objective"].notna().any():
+        best = t.loc[t["objective"].idxmax()]
+        first = [best.get("task_expert_id"), best.get("language_expert_id")]
+    found: list[_Candidate] = []
+    reg = run.registry
+    if reg is not None and {"path", "base"} <= set(reg.columns):
+        for _, r in reg.iterrows():
+            lora = str(r.get("mode")) == "lora"
+            found.append(_Candidate(str(r.get("kind")), r["expert_id"], r["path"], r["base"], lora))
+    elif (pool := read_pool(run)) is not None:
+        for kind, refs in (("math", pool.task), ("language", pool.language)):
+            for ref in refs:
+                eid = expert_id(pool, ref.path)
+                found.append(_Candidate(kind, eid, ref.path, pool.base, ref.kind == "lora"))
+    elif run.recipe_yaml is not None:
+        recipe = load_recipe(run.recipe_yaml)
+        if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
+            for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):
+                path = ref if isinstance(ref, str) else None
+                found.append(_Candidate(kind, "", path, recipe.base, False))
+    return sorted(found, key=lambda c: c.eid not in first)  # stable: the source's order after
+
+
 def pick_experts(run: RunData, max_per_kind: int = 2) -> tuple[list[ExpertRef], list[str]]:
     """Experts to map: those of the best trial first, then the registry's order (a search of
     explicit experts: its pool's, RUN/search/pool.json; a demo: its recipe's); up to
     `max_per_kind` per kind. Returns (experts, notes on what was skipped)."""
     notes: list[str] = []
     out: list[ExpertRef] = []
-    reg = run.registry
-    first = []
-    t = ok_trials(run)
-    if t is not None and "objective" in t.columns and t["objective"].notna().any():
-        best = t.loc[t["objective"].idxmax()]
-        first = [best.get("task_expert_id"), best.get("language_expert_id")]
-    if reg is not None and {"path", "base"} <= set(reg.columns):
-        order = sorted(range(len(reg)), key=lambda i: reg.iloc[i]["expert_id"] not in first)
-        for i in order:
-            r = reg.iloc[i]
-            kind = str(r.get("kind"))
-            if sum(e.kind == kind for e in out) >= max_per_kind:
-                continue
-            if str(r.get("mode")) == "lora":
-                notes.append(f"{r['expert_id']}: LoRA adapter, not mapped")
-                continue
-            (path, no_path), (base, no_base) = run.model_folder(r["path"]), run.model_folder(r["base"])  # fmt: skip
-            if path is None or base is None:
-                notes.append(f"{r['expert_id']}: not mapped, {no_path or 'its base: ' + no_base}")
-                continue
-            out.append(ExpertRef(f"{kind} expert {r['expert_id']}", kind, path, base))
-    elif (pool := read_pool(run)) is not None:  # a search of explicit experts: its pool
-        for kind, refs in (("math", pool.task), ("language", pool.language)):
-            order = sorted(refs, key=lambda r: expert_id(pool, r.path) not in first)
-            for ref in order:
-                if sum(e.kind == kind for e in out) >= max_per_kind:
-                    break
-                eid = expert_id(pool, ref.path)
-                if ref.kind == "lora":
-                    notes.append(f"{eid}: LoRA adapter, not mapped")
-                    continue
-                (path, no_path), (base, no_base) = run.model_folder(ref.path), run.model_folder(pool.base)  # fmt: skip
-                if path is None or base is None:
-                    notes.append(f"{eid}: not mapped, {no_path or 'its base: ' + no_base}")
-                    continue
-                out.append(ExpertRef(f"{kind} expert {eid}", kind, path, base))
-    elif run.recipe_yaml is not None:
-        recipe = load_recipe(run.recipe_yaml)
-        if isinstance(recipe, LayerSwapRecipe) and recipe.base is not None:
-            base, no_base = run.model_folder(recipe.base)
-            for kind, ref in (("math", recipe.task_expert), ("language", recipe.language_expert)):
-                path, no_path = run.model_folder(ref if isinstance(ref, str) else None)
-                if path is None or base is None:
-                    notes.append(f"{kind} expert: not mapped, {no_path or 'its base: ' + no_base}")
-                    continue
-                out.append(ExpertRef(f"{kind} expert ({path.name})", kind, path, base))
+    for c in _candidates(run):
+        name = c.eid or f"{c.kind} expert"
+        if sum(e.kind == c.kind for e in out) >= max_per_kind:
+            continue
+        if c.lora:
+            notes.append(f"{name}: LoRA adapter, not mapped")
+            continue
+        (path, no_path), (base, no_base) = run.model_folder(c.path), run.model_folder(c.base)
+        if path is None or base is None:
+            notes.append(f"{name}: not mapped, {no_path or 'its base: ' + no_base}")
+            continue
+        label = f"{c.kind} expert {c.eid}" if c.eid else f"{c.kind} expert ({path.name})"
+        out.append(ExpertRef(label, c.kind, path, base))
     return out, notes
 
 

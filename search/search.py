@@ -315,7 +315,7 @@ def _trial_resources(exp: SearchExperiment, nodes: list[dict]) -> tuple[int, dic
         see check_trials_fit; {"cpu": .., "gpu": ..} as tune.with_resources takes them)
     """
     s = exp.search
-    resources = {"cpu": s.cpus_per_trial} | ({"gpu": s.gpus_per_trial} if s.gpus_per_trial else {})
+    resources = {k.lower(): v for k, v in trial_demand(s).items()}  # tune.with_resources' keys
     limit = max(1, sum(node_room(trial_demand(s), nodes)))
     limit = min(limit, max(1, math.ceil(BUDGET_AT_ONCE * s.num_samples)))
     return s.max_concurrent or limit, resources
