@@ -25,6 +25,7 @@ from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.search_experiment import load_search_experiment
 from layerswap.trainables.atomic import atomic_write_text
 from layerswap.trainables.devices import resolve_device  # light: torch loads when it runs
+from layerswap.trainables.output_checks import writable_inside
 from layerswap.trainables.outputs import output_problems, replacing, sibling_problems, writing
 
 FINISHED = "finished.json"  # in RUN/search: the experiment the last command there ran to its end
@@ -43,7 +44,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
     ran = {"experiment": json.loads(exp.explicit().model_dump_json()), "promoted": not args.no_promote}  # fmt: skip
     record = run_dir / "search" / FINISHED
     finished = args.cont and _finished(record, ran)
-    if not finished:  # a finished search reads no task data
+    if not finished:  # a finished search reads no task data and writes nothing into RUN/search
+        if not args.overwrite and (problem := writable_inside(run_dir / "search")) is not None:
+            raise ValueError(problem)  # a search it continues writes inside (--overwrite: beside)
         _check_data(exp, args)
     # One writer per search: a second search or a --resume of this one is refused, naming it
     with writing(run_dir / "search"), replacing(search_outputs(run_dir)) if args.overwrite else nullcontext():  # fmt: skip
@@ -102,7 +105,12 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
         problems.append(clash)
     inputs = _inputs(exp)
     problems += output_problems(
-        run_dir / "search", "search", overwrite=args.overwrite, allow_existing=True, inputs=inputs
+        run_dir / "search",
+        "search",
+        overwrite=args.overwrite,
+        allow_existing=True,
+        inputs=inputs,
+        inside=False,  # a finished one writes nothing there: _cmd_search checks it once it knows
     )
     if args.overwrite or (not args.no_promote and exp.promote.write_best):
         # Promotion replaces RUN/best (a merged model) at its very end, --overwrite at once.

@@ -95,6 +95,7 @@ def output_problems(
     inputs: Iterable[Path | str] = (),
     allow_existing: bool = False,
     maintainer: bool = False,
+    inside: bool = True,
 ) -> list[str]:
     """Every reason the policy refuses to write an output of `kind` at `out` (empty: allowed).
 
@@ -106,6 +107,9 @@ def output_problems(
         allow_existing: the caller continues an existing output of the same kind (a resume);
             an existing folder is then checked for its kind only.
         maintainer: a maintainer command may write into the installed package (world/bases/).
+        inside: with `allow_existing`, refuse an existing folder that is itself not writable;
+            False for a command that may find the output finished and write nothing into it
+            (`--continue`): it calls `writable_inside` once it knows it will write there.
     Returns:
         one message per problem, each naming the path.
     """
@@ -125,7 +129,9 @@ def output_problems(
     if not (overwrite or allow_existing):
         problems.append(f"{out}: already exists; pass --overwrite to replace it")
         return problems
-    if (p := writable_beside(out, where, inside=allow_existing and not overwrite)) is not None:
+    if (
+        p := writable_beside(out, where, inside=inside and allow_existing and not overwrite)
+    ) is not None:
         return [*problems, p]
     return problems + _existing_problems(out, where, kind, overwrite)
 
@@ -143,7 +149,23 @@ def writable_beside(out: Path, where: Path, *, inside: bool = False) -> str | No
     """
     if not os.access(where.parent, os.W_OK | os.X_OK):
         return f"{out}: cannot be replaced or continued, {where.parent} is not writable"
-    if inside and not os.access(where, os.W_OK | os.X_OK):  # a read-only mount too, for root
+    return writable_inside(out) if inside else None
+
+
+def writable_inside(out: Path) -> str | None:
+    """A problem with writing into the existing folder `out` (through a link: its target), or
+    None (also when it is no folder: nothing to continue). A read-only mount in a writable folder
+    is named here, before work, not by the first write inside it failing (exit 1).
+
+    Args:
+        out: an output the command continues (--resume, or --continue of an unfinished one).
+    Returns:
+        one line naming `out`, or None.
+    """
+    where = output_path(Path(out))
+    if where.is_dir() and not os.access(
+        where, os.W_OK | os.X_OK
+    ):  # a read-only mount too, for root
         return f"{out}: cannot be continued, it is not writable"
     return None
 

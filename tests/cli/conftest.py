@@ -2,11 +2,14 @@
 
 `expert_pair` (the tiny world's base and two perturbed experts, what a search takes),
 `analysis_run` (a synthetic run folder, what `analyze` reads) and `merged_model` (a folder
-`layerswap merge` wrote). The tiny world and the tiny family come from tests/conftest.py.
+`layerswap merge` wrote), and `read_only` (folders this process sees as a read-only mount). The
+tiny world and the tiny family come from tests/conftest.py.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,20 @@ def cli(tmp_path):
     yield start
     for c in started:
         c.kill()
+
+
+@pytest.fixture
+def read_only(monkeypatch) -> Callable[[Path], None]:
+    """`read_only(folder)`: from then on `os.access` says `folder` is not writable, as on a
+    read-only mount (root ignores a folder's modes; a real mount needs a namespace of its own:
+    tests/cli/test_bad_input_checks.py does that in its slow tests)."""
+    folders: list[Path] = []
+    real = os.access
+
+    def access(path, mode, *a, **kw) -> bool:
+        if mode & os.W_OK and Path(path).resolve() in folders:
+            return False
+        return real(path, mode, *a, **kw)
+
+    monkeypatch.setattr(os, "access", access)
+    return lambda folder: folders.append(Path(folder).resolve())
