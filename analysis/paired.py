@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from layerswap.analysis.load import RunData, target_rows, target_scores, target_tasks
+from layerswap.analysis.load import EXPERIMENT, RunData, target_rows, target_scores, target_tasks
 from layerswap.analysis.sections import Section, absent
 from layerswap.analysis.stats import bootstrap_indices, percentile_ci
 from layerswap.analysis.treatment_modes import promoted_experts
-from layerswap.spaces.baselines import EXPERT_BASELINES
+from layerswap.spaces.baselines import EXPERT_BASELINES, expert_baseline
 from layerswap.trainables.evaluate.harness import predictions
 
 TITLE = "Against the experts (paired, per item)"
@@ -122,7 +122,7 @@ def references(run: RunData, task: str) -> dict[str, str]:
     is not the better expert. Whether raw files are on disk does not enter: a missing one blanks
     its comparisons."""
     tgt = target_scores(run, task).dropna(subset=["value"])
-    experts = tgt[tgt["model"].astype(str).str.startswith(EXPERTS)]
+    experts = tgt[tgt["model"].astype(str).map(expert_baseline).notna()]
     best = experts.sort_values(["value", "model"], ascending=[False, True], kind="stable")
     ok = len(best) and not expert_gaps(run, task)
     refs = {"vs_better_expert": str(best["model"].iloc[0])} if ok else {}
@@ -132,21 +132,39 @@ def references(run: RunData, task: str) -> dict[str, str]:
 def expert_gaps(run: RunData, task: str) -> list[str]:
     """The experts without a usable promotion score on `task`, each with why: "language_expert
     (no promotion row)" (its evaluation failed, or promotion left it out), "math_expert (score
-    NaN)". The experts expected are the pool's (RUN/search/pool.json, by promotion's names),
-    else math_expert and language_expert once promotion scored any expert; [] when none is
-    expected."""
+    NaN)". The experts expected are the pool's (RUN/search/pool.json, by promotion's names)
+    when promotion was asked for them (`experts_asked`), else math_expert and language_expert
+    once promotion scored any expert; [] when none is expected."""
     tgt = target_scores(run, task)
     names = tgt["model"].astype(str)
     scored = dict(zip(names, tgt["value"], strict=True))
-    expected = [m for m in promoted_experts(run) if m.startswith(EXPERTS)]
-    if not expected and names.str.startswith(EXPERTS).any():
+    asked = experts_asked(run)
+    expected = [m for m in promoted_experts(run) if expert_baseline(m)] if asked else []
+    if not expected and names.map(expert_baseline).notna().any():
         expected = list(EXPERTS)
-    expected += sorted(m for m in scored if m.startswith(EXPERTS) and m not in expected)
+    expected += sorted(m for m in scored if expert_baseline(m) and m not in expected)
     return [
         f"{m} (no promotion row)" if m not in scored else f"{m} (score NaN)"
         for m in expected
         if m not in scored or pd.isna(scored[m])
     ]
+
+
+def experts_asked(run: RunData) -> bool:
+    """Whether promotion was asked to score the pool's experts: `experts` in the saved search
+    experiment's promote.baselines (RUN/search/experiment.json). A run without a readable one
+    (an older run, a demo) is taken to have asked, as the default baselines do.
+
+    Args:
+        run: the run analysed.
+    Returns:
+        False only when the saved experiment lists baselines without `experts`.
+    """
+    try:
+        baselines = json.loads((run.root / EXPERIMENT).read_text(encoding="utf-8"))["promote"]["baselines"]  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return not isinstance(baselines, list) or "experts" in baselines
 
 
 def paired_rows(scores: dict[str, pd.Series], refs: dict[str, str], n_resamples: int, seed: int) -> list[dict]:  # fmt: skip

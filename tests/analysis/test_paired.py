@@ -151,3 +151,20 @@ def test_an_expert_without_a_score_leaves_no_better_expert_and_is_named(tmp_path
     why = "no promotion row" if how == "no row" else "score NaN"
     text = " ".join(b for b in sec.blocks if isinstance(b, str))
     assert f"no comparison with the better expert: math_expert ({why})" in text
+
+
+@pytest.mark.parametrize("baselines", [["base", "soup_uniform"], ["base", "experts"]])
+def test_experts_are_expected_only_when_promotion_was_asked_for_them(tmp_path, baselines):
+    # promote.baselines without `experts`: no expert was scored, none failed
+    s = {"base": [0.0, 0.0, 1.0, 0.0], "soup_uniform": [1.0, 0.0, 1.0, 0.0], "candidate_a": [1.0, 1.0, 0.0, 1.0]}  # fmt: skip
+    run = _run(tmp_path, s)
+    pool = {"task": [{"path": "/x/math", "kind": "full"}], "language": [{"path": "/x/lang", "kind": "full"}], "base": "/x/base"}  # fmt: skip
+    (run.root / "search").mkdir()
+    (run.root / "search/pool.json").write_text(json.dumps(pool))
+    (run.root / "search/experiment.json").write_text(json.dumps({"promote": {"baselines": baselines}}))  # fmt: skip
+    sec = paired_section(load_run(run.root), n_resamples=50)
+    text = " ".join(b for b in sec.blocks if isinstance(b, str))
+    if "experts" in baselines:  # asked for, not scored: their evaluations failed
+        assert "math_expert (no promotion row), language_expert (no promotion row)" in text
+    else:
+        assert "no comparison with the better expert" not in text and "math_expert" not in text
