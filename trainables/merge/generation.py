@@ -58,6 +58,11 @@ DECODING_FIELDS: dict[str, object] = {
 # eos_token_id 2 and [2] decode alike (one digest); a list's order is kept (its first id pads
 # finished sequences when pad_token_id is unset).
 AS_LIST = frozenset({"eos_token_id", "stop_strings"})
+# Fields generate() reads only when it samples (its logits warpers, transformers 5.x
+# `_get_logits_processor`): with do_sample off they change no output, so they leave the digest.
+SAMPLING_ONLY = frozenset(
+    {"temperature", "top_h", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"}
+)
 
 Lookup = Callable[[str, str], "str | None"]
 
@@ -180,7 +185,8 @@ def _plain(value):
 
 def decoding_settings(generation) -> dict:
     """The DECODING_FIELDS of a GenerationConfig that differ from what generate() uses when
-    unset, normalised (`_plain`; AS_LIST fields as lists).
+    unset, normalised (`_plain`; AS_LIST fields as lists; eos ids once each, first occurrence
+    first: generate() stops at any of them); without do_sample, no SAMPLING_ONLY field.
 
     Args:
         generation: a transformers GenerationConfig.
@@ -193,8 +199,12 @@ def decoding_settings(generation) -> dict:
         value = _plain(default if value is None else value)
         if field in AS_LIST and value is not None and not isinstance(value, list):
             value = [value]
+        if field == "eos_token_id" and value is not None:
+            value = list(dict.fromkeys(value))  # [2, 2] is [2]; the first still pads (unset pad)
         if value != _plain(default):
             out[field] = value
+    if not out.get("do_sample"):  # greedy or beam search: generate() applies no warper
+        out = {k: v for k, v in out.items() if k not in SAMPLING_ONLY}
     return out
 
 

@@ -67,11 +67,13 @@ SAME = {
     | {"do_sample": False, "temperature": 1, "top_k": 50, "num_beams": 1, "max_length": 20.0},
     "fields that change no output": IDS
     | {"use_cache": False, "output_scores": True, "my_custom": 3},
+    "sampling fields of a greedy config": IDS
+    | {"do_sample": False, "temperature": 0.6, "top_k": 20, "top_p": 0.9, "min_p": 0.1},
+    "an eos id listed twice": IDS | {"eos_token_id": [2, 2]},
 }
 # ...and files that decode otherwise.
 OTHER = {
     "sampling": {"do_sample": True},
-    "top_k": {"top_k": 5},
     "a stop string": {"stop_strings": "\n\n"},
     "another eos order": {"eos_token_id": [3, 2]},
     "min_new_tokens": {"min_new_tokens": 4},
@@ -94,6 +96,17 @@ def test_a_changed_decoding_setting_gives_another_digest(tmp_path, case):
     same = _checkpoint(tmp_path / "same", ids)
     other = _checkpoint(tmp_path / "other", ids | OTHER[case])
     assert decoding_digest(other) != decoding_digest(same)
+
+
+@pytest.mark.parametrize("field,value", [("temperature", 0.6), ("top_k", 5), ("top_p", 0.9), ("min_p", 0.1)])  # fmt: skip
+def test_a_sampling_field_counts_only_when_sampling(tmp_path, field, value):
+    """A greedy config's temperature or top_p changes no output (generate() warps logits only
+    when it samples): one digest; a sampling config's changes its output: another."""
+    for do_sample in (False, True):
+        ids = IDS | {"do_sample": do_sample}
+        same = _checkpoint(tmp_path / f"same_{do_sample}", ids)
+        other = _checkpoint(tmp_path / f"other_{do_sample}", ids | {field: value})
+        assert (decoding_digest(other) != decoding_digest(same)) is do_sample
 
 
 def test_the_decoding_fields_are_transformers_own_with_its_defaults():
