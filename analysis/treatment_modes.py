@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from layerswap.analysis.load import RunData, hparams, trial_by_recipe
-from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, pair_name
+from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, one_pair, pair_name
 from layerswap.spaces.search_space import ExpertPool, expert_id
 
 MODES = ["partial", "lora", "full"]  # the paper's column order (Partial, LoRA, Full SFT)
@@ -91,7 +91,7 @@ def promoted_experts(run: RunData) -> dict[str, tuple[str, ...]]:
     for side, side_ids in ids.items():
         out |= {expert_name(side, i): (eid,) for i, eid in enumerate(side_ids)}
     for b in MERGED_BASELINES:
-        if len(ids["task"]) * len(ids["language"]) == 1:
+        if one_pair(len(ids["task"]), len(ids["language"])):
             out[b] = (ids["task"][0], ids["language"][0])
             continue
         for i, t in enumerate(ids["task"]):

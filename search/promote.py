@@ -23,7 +23,7 @@ from layerswap.search.pool import include_paths, model_depth, model_ids_file, re
 from layerswap.search.promote_best import write_best
 from layerswap.search.promote_eval import Evaluation, Setup, evaluate_models
 from layerswap.search.results import TrialStore, write_parquet_atomic
-from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, pair_name
+from layerswap.spaces.baselines import MERGED_BASELINES, expert_name, one_pair, pair_name
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.recipe import LayerSwapRecipe, Recipe, SoupRecipe, TiesRecipe, parse_recipe
 from layerswap.spaces.search_experiment import SearchExperiment
@@ -56,11 +56,6 @@ class Promotion:
     rows: list[dict] = field(default_factory=list)
 
 
-def _one_pair(pool: ExpertPool) -> bool:
-    """A pool of one (task, language) pair: its merged baselines carry no pair in their names."""
-    return len(pool.task) * len(pool.language) == 1
-
-
 def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, str, str]]:
     """The (task, language) expert pairs the merged baselines are built from.
 
@@ -72,7 +67,7 @@ def baseline_pairs(exp: SearchExperiment, pool: ExpertPool) -> list[tuple[str, s
         [(name suffix, task expert path, language expert path)]; the suffix is "" for a pool of
         one pair.
     """
-    if _one_pair(pool):
+    if one_pair(len(pool.task), len(pool.language)):
         return [("", pool.task[0].path, pool.language[0].path)]
     every = [(i, j) for i in range(len(pool.task)) for j in range(len(pool.language))]
     chosen = every if exp.promote.baseline_pairs == "all" else every[:1]
@@ -83,7 +78,7 @@ def pair_legend(pool: ExpertPool) -> dict[str, str]:
     """{"t1": task expert path, "l1": ...}: what the merged baselines' pair names and the expert
     rows refer to (t2 is math_expert_2: spaces.baselines.expert_name; {} for a pool of one pair,
     whose baselines carry no pair in their names)."""
-    if _one_pair(pool):
+    if one_pair(len(pool.task), len(pool.language)):
         return {}
     legend = {f"t{i + 1}": r.path for i, r in enumerate(pool.task)}
     return legend | {f"l{j + 1}": r.path for j, r in enumerate(pool.language)}

@@ -23,6 +23,13 @@ def pair_name(baseline: str, task_index: int, language_index: int) -> str:
     return f"{baseline}_t{task_index + 1}_l{language_index + 1}"
 
 
+def one_pair(n_task: int, n_language: int) -> bool:
+    """Whether a pool of `n_task` task and `n_language` language experts is one (task, language)
+    pair: its merged baselines then carry no pair in their names (soup_uniform, not
+    soup_uniform_t1_l1), and nothing names the pair."""
+    return n_task * n_language == 1
+
+
 def merged_baseline(model: str) -> str | None:
     """The merged baseline a promoted model's name is ("soup_uniform" for soup_uniform and
     soup_uniform_t2_l3), or None for any other model."""

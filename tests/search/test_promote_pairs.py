@@ -17,7 +17,7 @@ from layerswap.analysis.treatments import treatment_values
 from layerswap.search import promote
 from layerswap.search.leaderboard import leaderboard
 from layerswap.search.promote import baselines
-from layerswap.spaces.baselines import MERGED_BASELINES
+from layerswap.spaces.baselines import MERGED_BASELINES, one_pair
 from layerswap.spaces.search_experiment import SearchExperiment
 from layerswap.spaces.search_space import ExpertPool
 
@@ -63,6 +63,20 @@ def test_first_pair_only_when_asked_and_plain_names_for_one_pair():
     assert [k for k in one if k.startswith(MERGED)] == list(MERGED)
     with pytest.raises(ValidationError, match="baseline_pairs"):
         _exp(baseline_pairs="some")
+
+
+def test_promotion_and_the_analysis_name_one_pair_alike(tmp_path):
+    """One rule (spaces.baselines.one_pair) says when names carry no pair: promotion's names
+    and the analysis's map of them (treatment_modes.promoted_experts) agree, pool by pool."""
+    from layerswap.analysis.treatment_modes import promoted_experts  # lazy: analysis side only
+
+    assert [one_pair(t, lang) for t, lang in [(1, 1), (1, 2), (3, 1), (3, 3)]] == [True, False, False, False]  # fmt: skip
+    for tasks, langs in [(["m1"], ["l1"]), (TASKS, LANGS)]:
+        pool = ExpertPool.from_paths(tasks, langs, "b")
+        named = {k for k, _ in baselines(_exp(tasks, langs), pool, 32) if k.startswith(MERGED)}
+        (tmp_path / "search").mkdir(exist_ok=True)
+        (tmp_path / "search/pool.json").write_text(pool.model_dump_json())
+        assert named == {k for k in promoted_experts(RunData(root=tmp_path)) if k.startswith(MERGED)}  # fmt: skip
 
 
 def test_leaderboard_gives_each_baseline_its_best_pair_and_mean():
