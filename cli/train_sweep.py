@@ -39,8 +39,6 @@ from layerswap.trainables.outputs import (
     writing,
 )
 from layerswap.trainables.storage import is_under
-from layerswap.trainables.train.data_fingerprint import KEY as DATA_KEY
-from layerswap.trainables.train.data_fingerprint import data_change, data_fingerprint
 
 
 def sweep_data_problem(exp: TrainExperiment) -> str | None:
@@ -87,6 +85,9 @@ SWEEP_DATA = "sweep_data.json"
 
 
 def _record_data(exp: TrainExperiment, folder: Path) -> None:
+    # lazy: the trainables.train package loads torch (1 s); building the parser must not
+    from layerswap.trainables.train.data_fingerprint import data_fingerprint
+
     atomic_write_text(folder / SWEEP_DATA, json.dumps(data_fingerprint(exp), indent=1))
 
 
@@ -112,6 +113,10 @@ def check_sweep_data(exp: TrainExperiment, folder: Path, finished: dict | None =
     Raises:
         OutputError: one line naming each changed file and --overwrite.
     """
+    # lazy: the trainables.train package loads torch (1 s); building the parser must not
+    from layerswap.trainables.train.data_fingerprint import KEY as DATA_KEY
+    from layerswap.trainables.train.data_fingerprint import data_change, data_fingerprint
+
     if finished is not None:
         recorded = [finished.get(DATA_KEY)]
     else:
@@ -294,6 +299,7 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     """
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.sweep import run_sweep
+    from layerswap.trainables.train.data_fingerprint import KEY as DATA_KEY
 
     # Tune's verbosity: 1 is its default
     res = run_sweep(exp, run_dir, verbose=int(verbose), resume=resume)
