@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.trainables.train.train_helpers import make_exp
+from tests.trainables.train.train_helpers import TINY_SWEEP, make_exp
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +47,7 @@ def _search_yaml(world: Path, experts: dict[str, Path], tmp: Path) -> Path:
 
 
 def _sweep_yaml(world: Path, tmp: Path) -> Path:
-    sweep = {
-        "num_samples": 1,
-        "params": {"hyper.lr": {"choices": [1e-3]}},
-        "checkpoints": "last",
-        "indicators": ["world_belebele_en_dev"],
-        "limit": 2,
-        "max_gen_toks": 4,
-    }
+    sweep = dict(TINY_SWEEP)
     hyper = {"lr": 1e-3, "max_steps": 2, "batch_size": 4, "seq_len": 64, "warmup_steps": 0}
     exp = make_exp(world, name="sw", hyper=hyper, checkpoint_every_samples=8, sweep=sweep)
     f = tmp / "sweep.yaml"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from layerswap.cli.train_sweep import SWEEP_FINISHED
-from tests.trainables.train.train_helpers import make_exp
+from tests.trainables.train.train_helpers import TINY_SWEEP, make_exp
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +28,7 @@ def _sweep_yaml(world: Path, tmp: Path) -> tuple[Path, Path]:
     data = tmp / "rows.jsonl"
     rows = (world / "data/sft/math_en.jsonl").read_text().splitlines(True)
     data.write_text("".join(rows[:8]))
-    sweep = {
-        "num_samples": 1,
-        "params": {"hyper.lr": {"choices": [1e-3]}},
-        "checkpoints": "last",
-        "indicators": ["world_belebele_en_dev"],
-        "limit": 2,
-        "max_gen_toks": 4,
-    }
+    sweep = dict(TINY_SWEEP)
     hyper = {"max_steps": 2, "batch_size": 4, "seq_len": 64, "warmup_steps": 0, "val_share": 0.0}
     exp = make_exp(world, name="sw", hyper=hyper, datasets=[{"path": str(data)}], sweep=sweep)
     f = tmp / "sweep.yaml"

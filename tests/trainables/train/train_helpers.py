@@ -8,6 +8,16 @@ from layerswap.spaces.train_experiment import TrainExperiment, parse_train_exper
 
 # A custom partition that fits the tiny world's 4 layers: layers 0 and 3 language, 1-2 task.
 EDGE = {"bottom": 1, "top": 1}
+# The smallest expert sweep a CLI test runs: one trial of one lr, its last checkpoint scored on
+# 2 English Belebele dev items.
+TINY_SWEEP = {
+    "num_samples": 1,
+    "params": {"hyper.lr": {"choices": [1e-3]}},
+    "checkpoints": "last",
+    "indicators": ["world_belebele_en_dev"],
+    "limit": 2,
+    "max_gen_toks": 4,
+}
 
 
 def make_exp(world: Path, mode: str | dict = "full", **over) -> TrainExperiment:
