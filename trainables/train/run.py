@@ -23,6 +23,7 @@ from typing import Literal
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.train_experiment import (
     TrainExperiment,
+    absolute_local_paths,
     experiment_identity,
     experiment_json,
     records_experiment,
@@ -240,6 +241,10 @@ def train_expert(exp: TrainExperiment, storage: str, *, use_ray: bool = True, re
         raise ValueError(f"storage_path {storage}: --no-ray writes local folders only")
     if use_ray and isinstance(resume, Path):
         raise ValueError("--resume CKPT is for --no-ray; Ray resumes its own run (--resume)")
+    # What a worker records in its manifests, which the rerun decision compares with: Ray's
+    # workers record local paths made absolute (ray_train.trainer_for); a caller's relative ones
+    # would make every rerun "a different experiment".
+    exp = absolute_local_paths(exp)
     if not use_ray:  # before the rerun decision: the run is of what it trains
         exp = one_worker(exp)
     if is_uri(storage):  # a store: the same rules, its marker and checkpoints read there
