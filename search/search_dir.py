@@ -25,11 +25,12 @@ from layerswap.trainables.model_ids import model_content_id
 from layerswap.trainables.outputs import OutputError, check_output
 
 DECODING = "decoding.json"  # RUN/search/decoding.json: each pool checkpoint's decoding digest
-# The digest rule decoding.json's digests were made by (trainables/merge/generation.py): 3 drops
+# The digest rule decoding.json's digests were made by (trainables/merge/generation.py): 4 keeps
+# contrastive search's top_k and beam sampling's repeated eos ids, which 3 dropped; 3 drops
 # sampling-only fields when do_sample is off and repeated eos ids; 2 hashed DECODING_FIELDS only;
 # 1 (an earlier layerswap) hashed every setting. Under an older rule equal settings could differ:
 # digests of two rules cannot be compared, so a record of another rule is not.
-DECODING_FORMAT = 3
+DECODING_FORMAT = 4
 # RUN/search/contents.json: each pool checkpoint's content id (trainables/model_ids.py) when the
 # search started. 1: model_content_id's "sha256:" ids; a record of another rule is not compared.
 CONTENTS = "contents.json"

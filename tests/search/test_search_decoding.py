@@ -49,18 +49,19 @@ def test_a_run_without_the_record_resumes_saying_it_could_not_compare(started, c
     check_decoding(sdir, {"x": "y"}, resume=False)  # a new search compares nothing
 
 
-@pytest.mark.parametrize("rule", [1, 2])
+@pytest.mark.parametrize("rule", [1, 2, 3])
 def test_a_record_of_an_earlier_digest_rule_is_said_not_compared(started, capsys, rule):
     """Digests of an earlier rule (1: every setting hashed; 2: sampling fields of a greedy
-    config and repeated eos ids too) differ for equal settings: comparing them would refuse a
-    resume for nothing, so the record is named, not compared."""
+    config and repeated eos ids too; 3: not contrastive search's top_k) differ for equal or
+    differ for unequal settings: comparing them would refuse a resume for nothing or pass one
+    wrongly, so the record is named, not compared."""
     exp, sdir, _ = started
     record = json.loads((sdir / DECODING).read_text())
     old = {"format": rule, "decoding": {ref: "0" * 16 for ref in record["decoding"]}}
     (sdir / DECODING).write_text(json.dumps(old))
     check_decoding(sdir, pool_decoding(resolve_pool(exp)), resume=True)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"digest rule {rule}, now 3" in err, err
+    assert err.count("\n") == 1 and f"digest rule {rule}, now 4" in err, err
 
 
 def test_a_checkpoint_not_in_the_cache_at_the_start_is_said_not_compared(tmp_path, capsys):

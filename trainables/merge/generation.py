@@ -194,17 +194,22 @@ def decoding_settings(generation) -> dict:
         field -> value, only fields off their default.
     """
     out = {}
+    # Beam sampling keeps len(eos ids) + 1 tokens through its warpers (transformers 5.x
+    # generate()): there a repeated eos id changes the output, elsewhere it does not.
+    beam_sampling = bool(generation.do_sample) and (generation.num_beams or 1) > 1
     for field, default in DECODING_FIELDS.items():
         value = getattr(generation, field, None)
         value = _plain(default if value is None else value)
         if field in AS_LIST and value is not None and not isinstance(value, list):
             value = [value]
-        if field == "eos_token_id" and value is not None:
+        if field == "eos_token_id" and value is not None and not beam_sampling:
             value = list(dict.fromkeys(value))  # [2, 2] is [2]; the first still pads (unset pad)
         if value != _plain(default):
             out[field] = value
-    if not out.get("do_sample"):  # greedy or beam search: generate() applies no warper
-        out = {k: v for k, v in out.items() if k not in SAMPLING_ONLY}
+    if not out.get("do_sample"):  # greedy, beam or contrastive search: no warper
+        # contrastive search (penalty_alpha > 0) reads top_k as its number of candidates
+        unread = SAMPLING_ONLY - ({"top_k"} if out.get("penalty_alpha") else set())
+        out = {k: v for k, v in out.items() if k not in unread}
     return out
 
 

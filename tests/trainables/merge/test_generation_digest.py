@@ -109,6 +109,26 @@ def test_a_sampling_field_counts_only_when_sampling(tmp_path, field, value):
         assert (decoding_digest(other) != decoding_digest(same)) is do_sample
 
 
+@pytest.mark.parametrize(
+    "kind,both,a,b",
+    [
+        # contrastive search does not sample, yet reads top_k: its number of candidates
+        ("contrastive", {"penalty_alpha": 0.6}, {"top_k": 4}, {"top_k": 8}),
+        # beam sampling keeps len(eos ids) + 1 tokens through its warpers
+        (
+            "beam sampling",
+            {"do_sample": True, "num_beams": 2},
+            {"eos_token_id": [2, 3]},
+            {"eos_token_id": [2, 3, 3]},
+        ),
+    ],
+)
+def test_fields_greedy_decoding_ignores_count_where_they_are_read(tmp_path, kind, both, a, b):
+    one = _checkpoint(tmp_path / "a", IDS | both | a)
+    two = _checkpoint(tmp_path / "b", IDS | both | b)
+    assert decoding_digest(one) != decoding_digest(two), kind
+
+
 def test_the_decoding_fields_are_transformers_own_with_its_defaults():
     """Each hashed field is one GenerationConfig has, and its unset value is the one generate()
     fills in (a typo, or a default transformers changed, would split or merge digests)."""
