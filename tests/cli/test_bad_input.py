@@ -316,6 +316,13 @@ def merge__recipe_expert_missing(e: Env):
 
 
 @case()
+def merge__recipe_relative_expert_missing(e: Env):
+    """Looked for beside the recipe, then in the working folder: the message says both."""
+    r = e.recipe(task_expert="nothere")
+    return ["merge", r, "--out", e.at("m")], ["nothere: checkpoint folder not found", "nor beside the config file that names it"]  # fmt: skip
+
+
+@case()
 def merge__recipe_expert_path_typo_taken_for_a_hub_id(e: Env):
     # `fam6/nope` looks like a Hub id; offline (tests), huggingface_hub's three lines of advice
     # used to be the whole message, and the folder looked for was never named.

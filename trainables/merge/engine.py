@@ -93,7 +93,10 @@ def resolve_ref(ref: str) -> Path:
                 f"{ref}: no checkpoint folder at {path.absolute()}, and not downloadable as a "
                 f"Hub repository ({_first_line(e)})"
             ) from None
-    raise CheckpointError(f"{ref}: checkpoint folder not found (no folder at {path.absolute()})")
+    # A relative path was first looked for beside the config that names it (spaces.base's path
+    # rule); only this fallback, the working folder, is known here.
+    where = "" if path.is_absolute() else "; nor beside the config file that names it"
+    raise CheckpointError(f"{ref}: checkpoint folder not found (no folder at {path.absolute()}{where})")  # fmt: skip
 
 
 def _first_line(e: Exception) -> str:
