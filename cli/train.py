@@ -36,7 +36,6 @@ from layerswap.spaces.train_experiment import (
     load_train_experiment,
 )
 from layerswap.trainables.evaluate.lm_eval_api import offline_defaults
-from layerswap.trainables.output_checks import writable_inside
 from layerswap.trainables.outputs import OutputError, nothing_to_do, output_problems
 from layerswap.trainables.storage import is_uri, join
 
@@ -54,30 +53,11 @@ def check_run_folder(exp: TrainExperiment, run: Path) -> None:
     """Fail before any work when the run folder RUN/train/<name> is, holds or lies inside an
     input (e.g. `--out` at the base model, or a base inside the run `--overwrite` replaces),
     or cannot be created."""
-    # a finished run writes nothing inside: `check_continued` refuses a read-only one that resumes
+    # a finished run writes nothing inside; one the rerun rule continues is checked there
+    # (trainables/train/run.py `_train_local`: a read-only run folder, refused before work)
     problems = output_problems(run, "train", allow_existing=True, inputs=_inputs(exp), inside=False)
     if problems:
         raise OutputError("\n  ".join(problems))
-
-
-def check_continued(exp: TrainExperiment, run: Path, args: argparse.Namespace, resume: bool | Path) -> None:  # fmt: skip
-    """Fail before any work when the local run folder is not writable (a read-only mount) and
-    the rerun rule (trainables/train/run.rerun_plan) would write into it; a finished run it
-    only reports (`--continue` over an archived results mount: exit 0) passes.
-
-    Args:
-        exp: the experiment as loaded; run: its run folder; args: the command line;
-        resume: what train_expert will be given (`--continue`: whether the run started).
-    """
-    if args.overwrite or (problem := writable_inside(run)) is None:
-        return  # --overwrite sets the old run aside (beside it: check_run_folder checked that)
-    # lazy: the library (torch, Ray) loads when the command runs; --help stays fast
-    from layerswap.trainables.train.run import rerun_plan
-    from layerswap.trainables.train.worker_count import one_worker
-
-    trained = one_worker(exp) if args.no_ray else exp  # as train_expert decides
-    if rerun_plan(trained, run, resume=bool(resume), overwrite=False) != "done":
-        raise OutputError(problem)
 
 
 # What to type, in the error of a command line that names no experiment (or two).
@@ -196,8 +176,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     resume = args.resume
     if args.cont:  # a finished run: train_expert says so and trains nothing (in a store too)
         resume = run_started(join(storage, exp.name))
-    if not is_uri(storage):
-        check_continued(exp, Path(storage) / exp.name, args, resume)
     last = train_expert(
         exp,
         storage,

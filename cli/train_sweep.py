@@ -29,6 +29,8 @@ from layerswap.spaces.train_experiment import (
     world_dir,
 )
 from layerswap.trainables.atomic import atomic_write_text
+from layerswap.trainables.data_fingerprint import KEY as DATA_KEY
+from layerswap.trainables.data_fingerprint import data_change, data_fingerprint
 from layerswap.trainables.evaluate.tasks import task_data_problem
 from layerswap.trainables.outputs import (
     OutputError,
@@ -78,16 +80,13 @@ def finished_sweep(exp: TrainExperiment, folder: Path) -> dict | None:
 
 
 # In RUN/train/<name>, written when the sweep starts (beside its marker): the content of the
-# dataset files its trials train on (trainables/train/data_fingerprint.py); SWEEP_FINISHED copies
+# dataset files its trials train on (trainables/data_fingerprint.py); SWEEP_FINISHED copies
 # it. A sweep started before this file existed has none: a resume records the files as its
 # trials' checkpoints were checked to hold.
 SWEEP_DATA = "sweep_data.json"
 
 
 def _record_data(exp: TrainExperiment, folder: Path) -> None:
-    # lazy: the trainables.train package loads torch (1 s); building the parser must not
-    from layerswap.trainables.train.data_fingerprint import data_fingerprint
-
     atomic_write_text(folder / SWEEP_DATA, json.dumps(data_fingerprint(exp), indent=1))
 
 
@@ -113,10 +112,6 @@ def check_sweep_data(exp: TrainExperiment, folder: Path, finished: dict | None =
     Raises:
         OutputError: one line naming each changed file and --overwrite.
     """
-    # lazy: the trainables.train package loads torch (1 s); building the parser must not
-    from layerswap.trainables.train.data_fingerprint import KEY as DATA_KEY
-    from layerswap.trainables.train.data_fingerprint import data_change, data_fingerprint
-
     if finished is not None:
         recorded = [finished.get(DATA_KEY)]
     else:
@@ -299,7 +294,6 @@ def run_sweep_recorded(exp: TrainExperiment, run_dir: Path, verbose: bool = Fals
     """
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.experts.sweep import run_sweep
-    from layerswap.trainables.train.data_fingerprint import KEY as DATA_KEY
 
     # Tune's verbosity: 1 is its default
     res = run_sweep(exp, run_dir, verbose=int(verbose), resume=resume)

@@ -220,7 +220,13 @@ def check_decoding(sdir: Path, now: dict[str, str | None], resume: bool) -> None
 
 def write_decoding(sdir: Path, now: dict[str, str | None]) -> None:
     """Record `pool_decoding` in RUN/search/decoding.json (atomically), for a later --resume."""
-    atomic_write_text(sdir / DECODING, json.dumps({"format": DECODING_FORMAT, "decoding": now}, indent=1, sort_keys=True))  # fmt: skip
+    _write_record(sdir, DECODING, "decoding", DECODING_FORMAT, now)
+
+
+def _write_record(sdir: Path, name: str, key: str, rule: int, now: dict[str, str | None]) -> None:
+    """RUN/search/NAME: {checkpoint: digest} under `key`, with the digest rule as its `format`
+    (what `_recorded` reads back), written atomically."""
+    atomic_write_text(sdir / name, json.dumps({"format": rule, key: now}, indent=1, sort_keys=True))  # fmt: skip
 
 
 def _pool_refs(pool: ExpertPool) -> list[str]:
@@ -316,4 +322,4 @@ def check_contents(sdir: Path, now: dict[str, str | None], resume: bool) -> None
 
 def write_contents(sdir: Path, now: dict[str, str | None]) -> None:
     """Record `pool_contents` in RUN/search/contents.json (atomically), for a later --resume."""
-    atomic_write_text(sdir / CONTENTS, json.dumps({"format": CONTENTS_FORMAT, "contents": now}, indent=1, sort_keys=True))  # fmt: skip
+    _write_record(sdir, CONTENTS, "contents", CONTENTS_FORMAT, now)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from layerswap.spaces.train_experiment import TrainExperiment
 from layerswap.trainables.atomic import remove_left_temps
+from layerswap.trainables.data_fingerprint import data_fingerprint, resume_data_problem
 from layerswap.trainables.train.checkpoint_step import (
     _check_finite_checkpoint,
     _metrics,
@@ -29,7 +30,6 @@ from layerswap.trainables.train.checkpoint_step import (
     checkpoint_due,
 )
 from layerswap.trainables.train.data import build_data, passes_note, seq_len_notes, total_steps
-from layerswap.trainables.train.data_fingerprint import data_fingerprint, resume_data_problem
 from layerswap.trainables.train.precision import resolve_precision
 from layerswap.trainables.train.run_setup import (
     _adamw,

@@ -33,6 +33,7 @@ from layerswap.spaces.train_experiment import (
     records_experiment,
 )
 from layerswap.trainables.atomic import atomic_dir, remove_left_temps
+from layerswap.trainables.data_fingerprint import data_fingerprint, resume_data_problem
 from layerswap.trainables.devices import DeviceUnusable, cpu_allowed, require_cuda
 from layerswap.trainables.merge.checkpoint import CheckpointError
 from layerswap.trainables.node_paths import (
@@ -45,7 +46,6 @@ from layerswap.trainables.node_paths import (
 from layerswap.trainables.ray_session import init_ray
 from layerswap.trainables.storage import filesystem, is_uri, join, uri_of
 from layerswap.trainables.train.checkpoint_store import check_restored
-from layerswap.trainables.train.data_fingerprint import data_fingerprint, resume_data_problem
 from layerswap.trainables.train.finite import NonFiniteTraining
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.ray_capacity import check_capacity

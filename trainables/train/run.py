@@ -12,6 +12,7 @@ tests/cli/test_train.py
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import uuid
@@ -28,6 +29,8 @@ from layerswap.spaces.train_experiment import (
     experiment_json,
     records_experiment,
 )
+from layerswap.trainables.data_fingerprint import resume_data_problem
+from layerswap.trainables.output_checks import writable_inside
 from layerswap.trainables.outputs import (
     MARKER,
     OutputError,
@@ -40,7 +43,6 @@ from layerswap.trainables.outputs import (
 )
 from layerswap.trainables.storage import is_uri, join
 from layerswap.trainables.train import checkpoint_store as store
-from layerswap.trainables.train.data_fingerprint import resume_data_problem
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.progress import printer
 from layerswap.trainables.train.state import (
@@ -189,29 +191,34 @@ def rerun_plan(exp: TrainExperiment, run: Path, *, resume: bool, overwrite: bool
         exp: the experiment as it will be trained (`--no-ray`: on 1 worker, worker_count.one_worker).
     """
 
-    def same() -> bool:
+    @functools.cache
+    def newest() -> tuple[Path, dict] | None:
+        """The newest checkpoint and its manifest, read once for every question below."""
         found = find_checkpoints(run)
-        if found:
-            return records_experiment(read_manifest(found[-1]), exp)
+        return (found[-1], read_manifest(found[-1])) if found else None
+
+    def same() -> bool:
+        if (ckpt := newest()) is not None:
+            return records_experiment(ckpt[1], exp)
         return (read_marker(run) or {}).get("identity") == experiment_identity(exp)
 
     def changed() -> str:
-        found = find_checkpoints(run)
-        if not found:
+        if (ckpt := newest()) is None:
             return ""
-        old = read_manifest(found[-1]).get("experiment") or {}
-        return changes(old, exp) + worker_hint(old, exp, found[-1].parent.name == "checkpoints")
+        path, manifest = ckpt
+        old = manifest.get("experiment") or {}
+        return changes(old, exp) + worker_hint(old, exp, path.parent.name == "checkpoints")
 
     def data() -> str | None:
-        found = find_checkpoints(run)
-        return resume_data_problem(exp, read_manifest(found[-1])) if found else None
+        ckpt = newest()
+        return resume_data_problem(exp, ckpt[1]) if ckpt is not None else None
 
     return decide(
         str(run),
         started=run_started(run),
         check=lambda: check_output(run, "train", overwrite=True),
         same=same,
-        saved=lambda: bool(find_checkpoints(run)) or _holds_sweep(run),  # a sweep: --overwrite
+        saved=lambda: newest() is not None or _holds_sweep(run),  # a sweep: --overwrite
         last=lambda: last_checkpoint(run),
         changed=changed,
         data=data,
@@ -265,6 +272,8 @@ def _train_local(exp: TrainExperiment, run: Path, storage: str, use_ray: bool, r
         ckpt, _ = last_checkpoint(run)
         print(f"{run}: this experiment is already trained; nothing to do")
         return ckpt
+    if plan != "replace" and (problem := writable_inside(run)) is not None:
+        raise OutputError(problem)  # a read-only run folder: refused now, not at its first write
     start = resume if isinstance(resume, Path) else None
     if isinstance(resume, Path) and (problem := resume_problem(resume)) is not None:
         raise ValueError(f"--resume {resume}: {problem}")
@@ -337,6 +346,8 @@ def _train_in_store(exp: TrainExperiment, storage: str, resume: bool, overwrite:
         ckpt, _ = store.last_checkpoint(folder)
         print(f"{run}: this experiment is already trained; nothing to do")
         return ckpt
+    if plan != "replace" and (problem := writable_inside(run)) is not None:
+        raise OutputError(problem)  # a read-only run folder: refused now, not at its first write
     _ray_ready(exp, verbose)
     gen, replaces = _generation(plan, old)
     store.write_store_marker(run, store.new_marker(want, gen, replaces))

@@ -129,7 +129,7 @@ def _masters_at(policy: Policy, prep: Prepared, sharded: bool) -> str | None:
 
 def build_manifest(exp: TrainExperiment, prep: Prepared, data: TrainData, step: int, samples: int, world: int, val: list[float], train_loss: float | None, policy: Policy | None = None, sharded: bool = False, fingerprint: dict | None = None) -> dict:  # fmt: skip
     """The manifest (layerswap_train.json) of a checkpoint at `step`: config, data (with the
-    dataset files' `fingerprint`, trainables/train/data_fingerprint.py), losses."""
+    dataset files' `fingerprint`, trainables/data_fingerprint.py), losses."""
     n_train = sum(len(s) for s in data.streams)
     return {
         "experiment": experiment_json(exp),

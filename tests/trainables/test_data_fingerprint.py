@@ -2,7 +2,7 @@
 rerun of a finished run and a `--resume` after a dataset file changed are refused (naming the
 file and its lines/bytes), as is a checkpoint of other data at the loop and Ray's resume point.
 
-Run: .venv/bin/python -m pytest -q tests/trainables/train/test_data_fingerprint.py
+Run: .venv/bin/python -m pytest -q tests/trainables/test_data_fingerprint.py
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from layerswap.cli import main
-from layerswap.trainables.train.data_fingerprint import data_change, data_fingerprint
+from layerswap.trainables.data_fingerprint import data_change, data_fingerprint
 from layerswap.trainables.train.loop import run_training
 from layerswap.trainables.train.state import find_checkpoints, read_manifest
 from tests.trainables.train.train_helpers import make_exp

@@ -8,7 +8,7 @@ changed file before any work (trainables/train/run.py `decide`), Ray's workers p
 checkpoint of other data (ray_train._resume_point) and the loop refuses to resume one
 (loop.run_training). A source read from the Hub is not fingerprinted (its revision is not known
 here without a network call). Tests:
-.venv/bin/python -m pytest -q tests/trainables/train/test_data_fingerprint.py
+.venv/bin/python -m pytest -q tests/trainables/test_data_fingerprint.py
 """
 
 from __future__ import annotations
