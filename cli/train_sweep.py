@@ -162,11 +162,11 @@ def _check_resumable(exp: TrainExperiment, folder: Path, cont: bool) -> None:
 
 def _sweep_changes(exp: TrainExperiment, folder: Path) -> str:
     """What differs between `exp` and the experiment the sweep in `folder` trained, as the
-    plain run's refusal names it (run.changes), read from a trial's newest checkpoint manifest:
+    plain run's refusal names it (rerun_rule.changes), read from a trial's newest checkpoint manifest:
     its swept parameters and trial seed are the trial's own, so they are not counted. "" when no
     trial wrote a checkpoint yet."""
     # lazy: torch (trainables/train/state.py imports it); --help stays fast
-    from layerswap.trainables.train.run import changes
+    from layerswap.trainables.train.rerun_rule import changes
     from layerswap.trainables.train.state import find_checkpoints, read_manifest
 
     found = find_checkpoints(folder)  # every trial's, by step

@@ -4,7 +4,7 @@ compares them: a run is finished, or continued, only on the data its checkpoints
 `data_fingerprint(exp)` hashes each `path:` file (a URI's cached local copy) and each
 `data_files:` file of a `source:` (sha256 of the bytes, streamed); checkpoint manifests record it
 (`data_fingerprint`), and `data_change(recorded, now)` says what differs. The driver refuses a
-changed file before any work (trainables/train/run.py `decide`), Ray's workers pick no on-disk
+changed file before any work (trainables/train/rerun_rule.py `decide`), Ray's workers pick no on-disk
 checkpoint of other data (ray_train._resume_point) and the loop refuses to resume one
 (loop.run_training). A source read from the Hub is not fingerprinted (its revision is not known
 here without a network call). Tests:
