@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from layerswap.cli.args import continue_clash
+from layerswap.search.preflight_device import cpu_size_problems  # light: 0.1 s, transformers lazily
 from layerswap.spaces.errors import RunFailed
 from layerswap.spaces.search_experiment import load_search_experiment
 from layerswap.trainables.atomic import atomic_write_text
@@ -87,7 +88,6 @@ def _check(exp, run_dir: Path, args: argparse.Namespace) -> None:
     """Every problem with the experiment's inputs and the run folder, before Ray starts."""
     # lazy: the library (torch, Ray, lm-eval) loads when the command runs; --help stays fast
     from layerswap.search.preflight import check_search
-    from layerswap.search.preflight_device import cpu_size_problems
 
     problems = check_search(exp)
     promote_device = None
