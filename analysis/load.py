@@ -25,6 +25,7 @@ from layerswap.spaces.task_families import (
     task_split,
 )
 from layerswap.trainables.atomic import read_parquet
+from layerswap.trainables.merge.generation import cached_hub_folder
 from layerswap.trainables.storage import local_copy
 
 REGISTRY = Path("experts/registry.parquet")
@@ -87,12 +88,9 @@ class RunData:
         if here is not None and here.is_dir():
             return here, ""
         if is_hub_id(ref):
-            from huggingface_hub import try_to_load_from_cache  # lazy: Hub-id models only
-
-            found = try_to_load_from_cache(ref, "config.json")
-            snapshot = Path(found).parent if isinstance(found, str) else None
-            if snapshot is not None and _has_weights(snapshot):
-                return snapshot, ""
+            snapshot = cached_hub_folder(ref, "config.json")
+            if snapshot is not None and _has_weights(Path(snapshot)):
+                return Path(snapshot), ""
             return None, f"{ref}: not found here, nor as a Hub model in the local cache (`layerswap prefetch` of the run's configs downloads Hub models)"  # fmt: skip
         if is_uri(ref):
             print(f"analyze: reading {ref} (cached under layerswap's download cache)", file=sys.stderr)  # fmt: skip

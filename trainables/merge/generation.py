@@ -78,7 +78,7 @@ def file_dir(ref: str, name: str) -> str | None:
     return ref if (Path(ref) / name).is_file() else None
 
 
-def _cached_hub_folder(repo_id: str, name: str) -> str | None:
+def cached_hub_folder(repo_id: str, name: str) -> str | None:
     """The local snapshot folder holding a Hub repo's `name` if the cache has it (no network)."""
     from huggingface_hub import try_to_load_from_cache  # lazy: only for Hub-id experts
 
@@ -93,7 +93,7 @@ def side_dir(ref: str | None, name: str, lookup: Lookup = file_dir) -> str | Non
         return None
     folder = lookup(ref, name)
     if folder is None and is_hub_id(ref):
-        folder = _cached_hub_folder(ref, name)
+        folder = cached_hub_folder(ref, name)
     return folder
 
 
